@@ -1,0 +1,132 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/sut"
+)
+
+const checkHelp = `Usage: turncheck check [--mutant NAME] [--checks N] [--steps N] [--seed S]
+
+Runs the state machine against the embedded reference server: new
+conversations, continuations (streamed or not), invalid continuations,
+retries of failed turns and a second API key reusing a conversation id,
+while the fake model injects errors, timeouts, cut streams and malformed
+chunks and the client aborts. Every step is checked against the reference
+model. A violation is shrunk to a short sequence and printed with the seed
+and the command that replays it.
+
+Example:
+  turncheck check --mutant commit-on-stream-error --checks 200
+`
+
+const replayHelp = `Usage: turncheck replay --seed S [--mutant NAME]
+
+Replays the run that a seed starts, as 'turncheck check' printed it, and
+prints the same report: the broken invariant, the shrunk steps with what the
+model saw, and a curl command per request.
+
+Example:
+  turncheck replay --seed 4015895127573847763 --mutant mutate-before-run
+`
+
+func cmdCheck(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("check", checkHelp, stderr)
+	mutant := fs.String("mutant", "", "switch on a mutant of the reference server (see 'turncheck mutants')")
+	checks := fs.Int("checks", 100, "state-machine runs to try")
+	steps := fs.Int("steps", 30, "average steps per run")
+	seed := fs.Uint64("seed", 0, "seed of the first run; 0 draws one")
+	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking a failure")
+	if code := parse(fs, args); code >= 0 {
+		return code
+	}
+	if *checks <= 0 || *steps <= 0 || *shrink <= 0 {
+		return fail(stderr, "check", fmt.Errorf("--checks, --steps and --shrink-time must be positive"))
+	}
+	return checkAndReport("check", *mutant, scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink}, stdout, stderr)
+}
+
+func cmdReplay(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("replay", replayHelp, stderr)
+	mutant := fs.String("mutant", "", "the mutant the seed was found with, if any")
+	seed := fs.Uint64("seed", 0, "the seed to replay (required)")
+	steps := fs.Int("steps", 30, "average steps per run: the value the seed was found with")
+	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking the failure")
+	if code := parse(fs, args); code >= 0 {
+		return code
+	}
+	if *seed == 0 {
+		return fail(stderr, "replay", fmt.Errorf("--seed is required: the seed a failing 'turncheck check' printed"))
+	}
+	if *steps <= 0 || *shrink <= 0 {
+		return fail(stderr, "replay", fmt.Errorf("--steps and --shrink-time must be positive"))
+	}
+	return checkAndReport("replay", *mutant, scenarios.Options{Checks: 1, Steps: *steps, Seed: *seed, ShrinkTime: *shrink}, stdout, stderr)
+}
+
+// checkAndReport runs a check against the reference server and prints the
+// summary and, on a violation, the report and how to replay it.
+func checkAndReport(cmd, mutantName string, opts scenarios.Options, stdout, stderr io.Writer) int {
+	mutant, err := sut.ParseMutant(mutantName)
+	if err != nil {
+		return fail(stderr, cmd, err)
+	}
+	label := "none"
+	if mutant != sut.Clean {
+		label = string(mutant)
+	}
+	if isTerminal(stderr) {
+		opts.Progress = func(s scenarios.Stats) {
+			fmt.Fprintf(stderr, "\r\033[K%d checks, %d steps...", s.Checks, s.Steps)
+		}
+	}
+	res, err := scenarios.Check(scenarios.Reference{Mutant: mutant}, opts)
+	if opts.Progress != nil {
+		fmt.Fprint(stderr, "\r\033[K")
+	}
+	if err != nil {
+		return fail(stderr, cmd, err)
+	}
+	fmt.Fprintf(stdout, "turncheck %s: reference server, mutant %s, seed %d\n", cmd, label, res.Seed)
+	f := res.Failure
+	if f == nil {
+		fmt.Fprintf(stdout, "PASS: no invariant broken\n%s\nelapsed: %s\n", res.Summary(), res.Elapsed.Round(time.Millisecond))
+		return exitOK
+	}
+	if f.Violation != nil {
+		fmt.Fprintf(stdout, "FAIL: %s (%s) broken\n\n", f.Violation.Invariant, f.Violation.Invariant.Title())
+	} else {
+		fmt.Fprintf(stdout, "FAIL\n\n")
+	}
+	fmt.Fprintln(stdout, strings.TrimRight(f.Report, "\n"))
+	fmt.Fprintf(stdout, "\n%s\n", res.Summary())
+	fmt.Fprintf(stdout, "found after %d check(s) in %s; shrunk to %d step(s); elapsed: %s\n",
+		f.FoundAfter, f.FoundIn.Round(time.Millisecond), len(f.Steps), res.Elapsed.Round(time.Millisecond))
+	if f.Seed != 0 {
+		replay := fmt.Sprintf("turncheck replay --seed %d", f.Seed)
+		if mutant != sut.Clean {
+			replay += " --mutant " + string(mutant)
+		}
+		if opts.Steps != 30 {
+			replay += fmt.Sprintf(" --steps %d", opts.Steps)
+		}
+		fmt.Fprintf(stdout, "seed: %d\nreplay: %s\n", f.Seed, replay)
+	}
+	return exitViolation
+}
+
+// isTerminal reports whether w is a terminal, where a progress line that
+// rewrites itself helps rather than litters.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

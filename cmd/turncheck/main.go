@@ -1,0 +1,124 @@
+// Command turncheck checks that a session server behind an OpenAI-compatible
+// chat endpoint keeps its conversations transactional under retries,
+// timeouts and stream errors.
+//
+//	turncheck check                  check the embedded reference server
+//	turncheck check --mutant NAME    check it with a real bug switched back on
+//	turncheck replay --seed S        replay one failing run and explain it
+//	turncheck serve ...              run the reference server
+//	turncheck model ...              run the fake model provider
+//	turncheck mutants                list the mutants and the bugs they bring back
+//
+// Exit status: 0 when no invariant was broken, 1 when one was, 2 for a
+// usage or setup error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// Exit statuses.
+const (
+	exitOK        = 0
+	exitViolation = 1
+	exitUsage     = 2
+)
+
+const usage = `turncheck checks that a session server keeps conversations transactional:
+a failed turn changes nothing, a committed turn stays, a request without a new
+user message is refused, and conversations never leak into each other.
+
+Usage:
+  turncheck <command> [flags]
+
+Commands:
+  check     run the state machine against the embedded reference server
+  replay    replay one seed and explain what it finds
+  serve     run the reference session server
+  model     run the fake model provider standalone
+  mutants   list the mutants: real bugs the reference server can bring back
+
+Examples:
+  turncheck check
+  turncheck check --mutant mutate-before-run --checks 200
+  turncheck replay --seed 4015895127573847763 --mutant mutate-before-run
+  turncheck model --listen 127.0.0.1:9090 &
+  turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data
+
+Run 'turncheck <command> --help' for a command's flags.
+Exit status: 0 no invariant broken, 1 an invariant broken, 2 usage or setup error.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is the whole CLI, minus the process: it returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "check":
+		return cmdCheck(rest, stdout, stderr)
+	case "replay":
+		return cmdReplay(rest, stdout, stderr)
+	case "serve":
+		return cmdServe(ctx, rest, stdout, stderr)
+	case "model":
+		return cmdModel(ctx, rest, stdout, stderr)
+	case "mutants":
+		return cmdMutants(rest, stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "turncheck: unknown command %q\n\n%s", cmd, usage)
+		return exitUsage
+	}
+}
+
+// newFlags returns a flag set whose --help prints summary, an example, and
+// the flags.
+func newFlags(name, summary string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("turncheck "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "%s\nFlags:\n", strings.TrimSpace(summary)+"\n")
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args; it returns the exit status to stop with, or -1 to go on.
+func parse(fs *flag.FlagSet, args []string) int {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return exitUsage
+	}
+	return -1
+}
+
+func fail(stderr io.Writer, cmd string, err error) int {
+	fmt.Fprintf(stderr, "turncheck %s: %v\n", cmd, err)
+	return exitUsage
+}

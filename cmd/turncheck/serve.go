@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/sut"
+)
+
+const serveHelp = `Usage: turncheck serve --model-url URL --data-dir DIR [flags]
+
+Runs the reference session server: POST /v1/chat/completions, with the
+conversation named by the X-Conversation-Id header kept server-side in a
+SQLite store under --data-dir. It prints the address it listens on, and
+stops on Ctrl-C or SIGTERM after the turns in flight end.
+
+Example:
+  turncheck model --listen 127.0.0.1:9090 &
+  turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data --key secret
+  curl -sS http://127.0.0.1:8080/v1/chat/completions -H 'Authorization: Bearer secret' \
+    -H 'X-Conversation-Id: c1' -d '{"model":"m","messages":[{"role":"user","content":"hi tc-u1"}]}'
+`
+
+const modelHelp = `Usage: turncheck model [--listen ADDR]
+
+Runs the fake model provider: an OpenAI-compatible POST /v1/chat/completions
+(stream or not) that answers every request with a reply carrying the reply
+token of the request's last user message (tc-u7 -> tc-a7), and logs the
+tokens each request carried: what the server holds for the conversation.
+Faults are injected only by 'turncheck check'.
+
+Example:
+  turncheck model --listen 127.0.0.1:9090
+`
+
+// keyList is a repeatable --key flag.
+type keyList []string
+
+func (k *keyList) String() string { return strings.Join(*k, ",") }
+func (k *keyList) Set(v string) error {
+	if v == "" {
+		return errors.New("a key may not be empty")
+	}
+	*k = append(*k, v)
+	return nil
+}
+
+func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("serve", serveHelp, stderr)
+	listen := fs.String("listen", "127.0.0.1:8080", "address to listen on (loopback by default)")
+	modelURL := fs.String("model-url", "", "the model provider's OpenAI-compatible base URL (required)")
+	dataDir := fs.String("data-dir", "", "directory of the durable store (required)")
+	mutant := fs.String("mutant", "", "switch on a mutant (see 'turncheck mutants')")
+	convMax := fs.Int("conversations-max", sut.DefaultConversationsMax, "conversations kept in the in-memory cache")
+	timeout := fs.Duration("request-timeout", sut.DefaultRequestTimeout, "deadline of each model call")
+	header := fs.String("conversation-header", sut.DefaultConversationHeader, "header that names the conversation")
+	var keys keyList
+	fs.Var(&keys, "key", "API key to accept as a bearer token; repeat for several (none: no auth)")
+	if code := parse(fs, args); code >= 0 {
+		return code
+	}
+	switch {
+	case *modelURL == "":
+		return fail(stderr, "serve", errors.New("--model-url is required"))
+	case *dataDir == "":
+		return fail(stderr, "serve", errors.New("--data-dir is required"))
+	case *convMax <= 0:
+		return fail(stderr, "serve", errors.New("--conversations-max must be positive"))
+	case *timeout <= 0:
+		return fail(stderr, "serve", errors.New("--request-timeout must be positive"))
+	}
+	if err := checkListen(*listen); err != nil {
+		return fail(stderr, "serve", err)
+	}
+	m, err := sut.ParseMutant(*mutant)
+	if err != nil {
+		return fail(stderr, "serve", err)
+	}
+	run, err := sut.Start(sut.Config{
+		ModelURL:           *modelURL,
+		DataDir:            *dataDir,
+		ConversationsMax:   *convMax,
+		RequestTimeout:     *timeout,
+		ConversationHeader: *header,
+		Keys:               keys,
+		Mutant:             m,
+		Logger:             slog.New(slog.NewTextHandler(stderr, nil)),
+	}, *listen)
+	if err != nil {
+		return fail(stderr, "serve", err)
+	}
+	fmt.Fprintf(stdout, "turncheck serve: listening on %s\n", run.URL())
+	<-ctx.Done()
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := run.Shutdown(stopCtx); err != nil {
+		fmt.Fprintf(stderr, "turncheck serve: stop: %v\n", err)
+		return exitUsage
+	}
+	return exitOK
+}
+
+func cmdModel(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("model", modelHelp, stderr)
+	listen := fs.String("listen", "127.0.0.1:9090", "address to listen on (loopback by default)")
+	if code := parse(fs, args); code >= 0 {
+		return code
+	}
+	if err := checkListen(*listen); err != nil {
+		return fail(stderr, "model", err)
+	}
+	m, err := faults.StartModel(faults.ModelConfig{Addr: *listen, Log: stderr})
+	if err != nil {
+		return fail(stderr, "model", err)
+	}
+	fmt.Fprintf(stdout, "turncheck model: listening on %s (base URL %s)\n", "http://"+m.Addr(), m.URL())
+	<-ctx.Done()
+	_ = m.Close()
+	return exitOK
+}
+
+// checkListen refuses an address that is not host:port.
+func checkListen(addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("--listen %q: want host:port, such as 127.0.0.1:8080", addr)
+	}
+	return nil
+}
+
+func cmdMutants(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("mutants", "Usage: turncheck mutants\n\nLists the mutants of the reference server: each brings back a real bug.\nCheck one with 'turncheck check --mutant NAME'.", stderr)
+	if code := parse(fs, args); code >= 0 {
+		return code
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MUTANT\tFROM\tBREAKS\tBUG")
+	for _, m := range sut.Mutants() {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.Mutant, m.Issue, m.Breaks, m.Bug)
+	}
+	_ = tw.Flush()
+	return exitOK
+}
+
+var _ flag.Value = (*keyList)(nil)

@@ -1,0 +1,76 @@
+// Package faults holds what turncheck injects into a server under test: the
+// fake model provider that records what the server sends it and answers, or
+// fails, by the token of each turn.
+package faults
+
+import (
+	"fmt"
+)
+
+// Kind is a kind of model fault.
+type Kind int
+
+// The kinds of model fault.
+const (
+	// None: the model answers normally.
+	None Kind = iota
+	// Status: the model answers an error status (500, 502, 503, 429).
+	Status
+	// Hold: the model holds the call, without answering, until the server
+	// gives up on it (its timeout) or the call is otherwise cancelled (the
+	// client aborted). No timer on the model's side decides anything.
+	Hold
+	// Cut: the model cuts the stream after After chunks.
+	Cut
+	// Malformed: the model sends a malformed chunk after After good ones.
+	Malformed
+)
+
+var kindNames = [...]string{"none", "model-error", "model-timeout", "stream-cut", "malformed-chunk"}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Fault is the fake model's script for one turn's token.
+type Fault struct {
+	Kind Kind
+	// Status is the HTTP status of a Status fault.
+	Status int
+	// RetryHint adds a Retry-After header to a Status fault.
+	RetryHint bool
+	// After is how many reply chunks go out before a Cut or Malformed fault.
+	After int
+	// Times limits the fault to the first Times calls of the turn; later
+	// calls (a server retrying the model) are answered normally. 0: every
+	// call.
+	Times int
+}
+
+func (f Fault) String() string {
+	var s string
+	switch f.Kind {
+	case None:
+		return "none"
+	case Status:
+		s = fmt.Sprintf("model-error %d", f.Status)
+		if f.RetryHint {
+			s += " with Retry-After"
+		}
+	case Hold:
+		s = "model-timeout: the model holds the call until the server gives up"
+	case Cut:
+		s = fmt.Sprintf("stream-cut after %d chunk(s)", f.After)
+	case Malformed:
+		s = fmt.Sprintf("malformed-chunk after %d chunk(s)", f.After)
+	default:
+		s = f.Kind.String()
+	}
+	if f.Times > 0 {
+		s += fmt.Sprintf(" on the first %d call(s)", f.Times)
+	}
+	return s
+}

@@ -1,0 +1,301 @@
+package faults
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/internal/sse"
+	"github.com/turncheck/turncheck/model"
+)
+
+// maxModelRequest bounds the body of a request to the fake model.
+const maxModelRequest = 8 << 20
+
+// ModelConfig configures a fake model.
+type ModelConfig struct {
+	// Addr is the address to listen on; "" means 127.0.0.1:0.
+	Addr string
+	// Log, if set, receives one line per call: the tokens it carried and the
+	// fault injected.
+	Log io.Writer
+}
+
+// Model is a fake OpenAI-compatible model provider on loopback. It records
+// every chat-completion request as the tokens it carries, and answers each by
+// the script set for the token of the request's last user message: a reply
+// carrying the matching reply token, or a fault.
+type Model struct {
+	cfg     ModelConfig
+	ln      net.Listener
+	srv     *http.Server
+	serving chan struct{}
+	closing chan struct{}
+	once    sync.Once
+	active  sync.WaitGroup
+
+	mu      sync.Mutex
+	calls   []model.Call
+	scripts map[model.Token]*script
+}
+
+type script struct {
+	fault   Fault
+	calls   int
+	arrived chan struct{}
+}
+
+// StartModel starts a fake model and returns once it is listening.
+func StartModel(cfg ModelConfig) (*Model, error) {
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("fake model: %w", err)
+	}
+	m := &Model{
+		cfg:     cfg,
+		ln:      ln,
+		serving: make(chan struct{}),
+		closing: make(chan struct{}),
+		scripts: map[model.Token]*script{},
+	}
+	m.srv = &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		defer close(m.serving)
+		_ = m.srv.Serve(ln)
+	}()
+	return m, nil
+}
+
+// URL is the base URL to configure a server with, ending in /v1; the model
+// answers POST {URL}/chat/completions (and the same path without /v1).
+func (m *Model) URL() string { return "http://" + m.ln.Addr().String() + "/v1" }
+
+// Addr is the address the model listens on.
+func (m *Model) Addr() string { return m.ln.Addr().String() }
+
+// Close releases held calls, closes every connection and waits for the
+// model's goroutines to end.
+func (m *Model) Close() error {
+	m.once.Do(func() {
+		close(m.closing)
+		_ = m.srv.Close()
+		<-m.serving
+		m.active.Wait()
+	})
+	return nil
+}
+
+// Script sets the fault for the next calls of the turn whose user token is
+// tok, replacing any earlier script for it and resetting its call count. The
+// returned channel is closed when the first call of tok arrives, so that a
+// client can abort at a known point rather than after a guessed delay.
+func (m *Model) Script(tok model.Token, f Fault) <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := &script{fault: f, arrived: make(chan struct{})}
+	m.scripts[tok] = s
+	return s.arrived
+}
+
+// CallCount is how many calls the model has recorded.
+func (m *Model) CallCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.calls)
+}
+
+// CallsSince returns the calls recorded after the first n.
+func (m *Model) CallsSince(n int) []model.Call {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n >= len(m.calls) {
+		return nil
+	}
+	return append([]model.Call(nil), m.calls[n:]...)
+}
+
+// ServeHTTP answers the chat-completion endpoint.
+func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m.active.Add(1)
+	defer m.active.Done()
+	if r.URL.Path != "/v1/chat/completions" && r.URL.Path != "/chat/completions" {
+		writeError(w, http.StatusNotFound, "not_found", "the fake model serves POST /v1/chat/completions")
+		return
+	}
+	if r.Method != http.MethodPost {
+		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "use POST")
+		return
+	}
+	var req openai.ChatRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxModelRequest)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "malformed request: "+err.Error())
+		return
+	}
+	call := readCall(req.Messages)
+	fault, arrived := m.record(call)
+	if m.cfg.Log != nil {
+		fmt.Fprintf(m.cfg.Log, "call turn=%s stream=%t fault=%q history=%s\n",
+			orDash(call.Turn), req.Stream, fault, model.FormatTokens(call.History))
+	}
+	if arrived != nil {
+		close(arrived)
+	}
+	m.answer(w, r, call.Turn, req.Stream, fault)
+}
+
+// record appends call and returns the fault to inject for it, and the
+// arrival channel to close if this is the first call of its turn.
+func (m *Model) record(call model.Call) (Fault, chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.calls = append(m.calls, call)
+	s := m.scripts[call.Turn]
+	if s == nil || call.Turn == "" {
+		return Fault{}, nil
+	}
+	s.calls++
+	arrived := s.arrived
+	s.arrived = nil
+	if s.fault.Times > 0 && s.calls > s.fault.Times {
+		return Fault{}, arrived
+	}
+	return s.fault, arrived
+}
+
+// readCall reads a request as tokens: all of them in message order, and the
+// token of the last user message.
+func readCall(msgs []openai.Message) model.Call {
+	var call model.Call
+	lastUser := -1
+	for i, msg := range msgs {
+		call.History = append(call.History, model.Tokens(string(msg.Content))...)
+		if msg.Role == openai.RoleUser {
+			lastUser = i
+		}
+	}
+	if lastUser >= 0 {
+		for _, t := range model.Tokens(string(msgs[lastUser].Content)) {
+			if t.IsUser() {
+				call.Turn = t
+				break
+			}
+		}
+	}
+	if call.History == nil {
+		call.History = []model.Token{}
+	}
+	return call
+}
+
+// ReplyChunks is the reply the fake model writes for the turn tok, as the
+// chunks it streams. The reply token comes first, so that a reply cut after
+// one chunk still carries it.
+func ReplyChunks(tok model.Token) []string {
+	return []string{string(tok.Reply()), " acknowledges", " your", " message."}
+}
+
+func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token, stream bool, f Fault) {
+	switch f.Kind {
+	case Status:
+		if f.RetryHint {
+			w.Header().Set("Retry-After", "0")
+		}
+		writeError(w, f.Status, "server_error", fmt.Sprintf("injected model error %d", f.Status))
+		return
+	case Hold:
+		select {
+		case <-r.Context().Done():
+		case <-m.closing:
+		}
+		return
+	}
+	chunks := ReplyChunks(turn)
+	if turn == "" {
+		chunks = []string{"no turn token in the last user message"}
+	}
+	if !stream {
+		m.answerWhole(w, chunks, f)
+		return
+	}
+	sw := sse.NewWriter(w)
+	w.WriteHeader(http.StatusOK)
+	_ = sw.Data(mustJSON(chunk("", openai.RoleAssistant, nil)))
+	for i, c := range chunks {
+		if i == f.After {
+			switch f.Kind {
+			case Cut:
+				panic(http.ErrAbortHandler) // the connection drops mid-stream
+			case Malformed:
+				_ = sw.Data(`{"id":"fake","object":"chat.completion.chunk","choices":[{"delta":`)
+			}
+		}
+		_ = sw.Data(mustJSON(chunk(c, "", nil)))
+	}
+	if f.Kind == Cut && f.After >= len(chunks) {
+		panic(http.ErrAbortHandler)
+	}
+	_ = sw.Data(mustJSON(chunk("", "", openai.Ptr(openai.FinishStop))))
+	_ = sw.Data(openai.DoneSentinel)
+}
+
+func (m *Model) answerWhole(w http.ResponseWriter, chunks []string, f Fault) {
+	body := mustJSON(openai.Completion{
+		ID: "fake", Object: openai.ObjectCompletion, Model: "fake",
+		Choices: []openai.Choice{{
+			Message:      &openai.Message{Role: openai.RoleAssistant, Content: openai.Content(strings.Join(chunks, ""))},
+			FinishReason: openai.Ptr(openai.FinishStop),
+		}},
+	})
+	w.Header().Set("Content-Type", "application/json")
+	switch f.Kind {
+	case Cut:
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, body[:len(body)/2])
+		if fl, ok := w.(http.Flusher); ok {
+			fl.Flush()
+		}
+		panic(http.ErrAbortHandler)
+	case Malformed:
+		body = body[:len(body)/2]
+	}
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.WriteString(w, body)
+}
+
+func chunk(content, role string, finish *string) openai.Completion {
+	return openai.Completion{
+		ID: "fake", Object: openai.ObjectChunk, Model: "fake",
+		Choices: []openai.Choice{{Delta: &openai.Delta{Role: role, Content: content}, FinishReason: finish}},
+	}
+}
+
+func writeError(w http.ResponseWriter, status int, typ, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, mustJSON(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: typ}}))
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(errors.New("faults: cannot encode " + err.Error()))
+	}
+	return string(b)
+}
+
+func orDash(t model.Token) string {
+	if t == "" {
+		return "-"
+	}
+	return string(t)
+}

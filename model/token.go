@@ -1,0 +1,99 @@
+// Package model is turncheck's reference model of transactional conversation
+// state: what a session server must have committed, given the turns a client
+// sent and their outcomes, and the invariants of PROTOCOL.md as checks over
+// what the fake model was sent.
+//
+// The package is pure: no I/O, no clocks, no goroutines. Every message is
+// identified by the token it carries, never by its exact text, so servers
+// that decorate messages or prepend system prompts are judged fairly.
+package model
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Token marks one message: the harness puts a user token ("tc-u7") in every
+// user message it sends, and the fake model puts the matching reply token
+// ("tc-a7") in every reply it writes.
+type Token string
+
+var tokenPattern = regexp.MustCompile(`\btc-[ua][0-9]+\b`)
+
+// UserToken returns the n-th user token.
+func UserToken(n int) Token { return Token("tc-u" + strconv.Itoa(n)) }
+
+// IsUser reports whether t marks a user message.
+func (t Token) IsUser() bool { return strings.HasPrefix(string(t), "tc-u") }
+
+// Reply returns the token of the reply to the user message t.
+func (t Token) Reply() Token {
+	if !t.IsUser() {
+		return t
+	}
+	return Token("tc-a" + strings.TrimPrefix(string(t), "tc-u"))
+}
+
+// Tokens returns the tokens in text, in order.
+func Tokens(text string) []Token {
+	found := tokenPattern.FindAllString(text, -1)
+	if len(found) == 0 {
+		return nil
+	}
+	out := make([]Token, len(found))
+	for i, s := range found {
+		out[i] = Token(s)
+	}
+	return out
+}
+
+// ConversationRef names a server-side conversation: its id as the client
+// sends it, scoped by the API key it was sent with ("" without keys).
+type ConversationRef struct {
+	Key string
+	ID  string
+}
+
+func (c ConversationRef) String() string {
+	if c.Key == "" {
+		return fmt.Sprintf("%q", c.ID)
+	}
+	return fmt.Sprintf("%q (key %s)", c.ID, c.Key)
+}
+
+// Outcome is what the client learned of a turn (Jepsen's ok / fail / info).
+type Outcome int
+
+// The outcomes of a turn.
+const (
+	// OK: 200 and, when streamed, a clean end. The turn is committed.
+	OK Outcome = iota
+	// Fail: a status from 400 up, or an error chunk. Nothing was committed.
+	Fail
+	// Unknown: the client could not learn the outcome. The turn may or may
+	// not have been committed; later turns tell.
+	Unknown
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OK:
+		return "ok"
+	case Fail:
+		return "fail"
+	case Unknown:
+		return "unknown"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Call is one request the server made to the model, read as tokens.
+type Call struct {
+	// History is every token the request carried, in message order.
+	History []Token
+	// Turn is the token of the request's last user message, or "" if it has
+	// none; a call belongs to the turn whose user token this is.
+	Turn Token
+}

@@ -1,0 +1,296 @@
+// Package scenarios runs turncheck's rapid state machine against a server
+// under test: it draws turns, continuations, retries and faults, sends them,
+// and checks every step against the reference model in package model.
+//
+// Check runs it and returns a Result, for the CLI and for tests that expect
+// a failure; Run runs it inside a Go test, in the spirit of
+// testing/fstest.TestFS, for servers that import this package.
+package scenarios
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/model"
+)
+
+// Options bound a Check.
+type Options struct {
+	// Checks is how many state-machine runs to try; 0 means 100.
+	Checks int
+	// Steps is the average number of steps per run; 0 means 30.
+	Steps int
+	// Seed starts the run; the same seed replays the same runs. 0 draws one.
+	Seed uint64
+	// ShrinkTime bounds the minimisation of a failure; 0 means 30s.
+	ShrinkTime time.Duration
+	// Progress, if set, is called after every state-machine run.
+	Progress func(Stats)
+}
+
+// Result is what a Check found.
+type Result struct {
+	Stats
+	// Seed is the seed the run started from.
+	Seed uint64
+	// Elapsed is the run's wall time, shrinking included.
+	Elapsed time.Duration
+	// Failure is nil when no invariant was broken.
+	Failure *Failure
+}
+
+// Failure is a broken invariant, shrunk to a short sequence of steps.
+type Failure struct {
+	// Violation is the broken invariant, as seen in the shrunk run; nil if
+	// the failure was not a violation (a panic in the harness, or a failure
+	// that did not reproduce).
+	Violation *model.Violation
+	// Steps are the shrunk run's steps.
+	Steps []Step
+	// Seed replays the failing run as the first check of a Check.
+	Seed uint64
+	// FoundAfter is how many checks ran until the first violation, that one
+	// included, and FoundIn how long that took; the rest of the run shrank it.
+	FoundAfter int
+	FoundIn    time.Duration
+	// Report is the failure rendered for a person.
+	Report string
+	// Flaky reports that the failure did not reproduce when re-run: the
+	// server is not deterministic under the same steps.
+	Flaky bool
+}
+
+// rapidFlags guards rapid's global settings, which live in package flag.
+var rapidFlags sync.Mutex
+
+// Check runs the state machine against target and reports what it found.
+// It returns an error only when the run could not be carried out (the
+// target or the fake model did not start); a broken invariant is a Result
+// with a Failure.
+func Check(target Target, opts Options) (*Result, error) {
+	if opts.Checks <= 0 {
+		opts.Checks = 100
+	}
+	if opts.Steps <= 0 {
+		opts.Steps = 30
+	}
+	if opts.ShrinkTime <= 0 {
+		opts.ShrinkTime = 30 * time.Second
+	}
+	if opts.Seed == 0 {
+		opts.Seed = randomSeed()
+	}
+
+	rapidFlags.Lock()
+	defer rapidFlags.Unlock()
+	restore, err := setRapidFlags(map[string]string{
+		"rapid.checks":     strconv.Itoa(opts.Checks),
+		"rapid.steps":      strconv.Itoa(opts.Steps),
+		"rapid.seed":       strconv.FormatUint(opts.Seed, 10),
+		"rapid.shrinktime": opts.ShrinkTime.String(),
+		"rapid.nofailfile": "true",
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer restore()
+
+	start := time.Now()
+	r := &runner{target: target, stats: newStats(), progress: opts.Progress, start: start}
+	tb := &recorder{}
+	rapid.Check(tb, r.property)
+	res := &Result{Stats: *r.stats, Seed: opts.Seed, Elapsed: time.Since(start)}
+	if r.setupErr != nil {
+		return res, r.setupErr
+	}
+	if !tb.failed {
+		return res, nil
+	}
+	msg := strings.Join(tb.errors, "\n")
+	f := &Failure{Violation: r.violation, Steps: r.steps, Seed: failingSeed(msg),
+		Flaky: strings.Contains(msg, "flaky test"), FoundAfter: r.foundAfter, FoundIn: r.foundIn}
+	switch {
+	case f.Flaky:
+		f.Report = "the failure did not reproduce when re-run with the same steps:\n" + msg
+	case f.Violation != nil:
+		f.Report = FormatFailure(f.Violation, f.Steps, target.Profile())
+	default:
+		f.Report = msg
+	}
+	res.Failure = f
+	return res, nil
+}
+
+// Run checks target inside a Go test, with rapid's settings from the command
+// line (-rapid.checks, -rapid.seed, ...): a broken invariant fails t with
+// the shrunk steps. A Go server's own tests call it with a Target that
+// starts that server.
+func Run(t *testing.T, target Target) {
+	t.Helper()
+	r := &runner{target: target, stats: newStats(), start: time.Now()}
+	rapid.Check(t, r.property)
+	if r.setupErr != nil {
+		t.Fatalf("turncheck: %v", r.setupErr)
+	}
+	t.Logf("turncheck: %s", r.stats.Summary())
+}
+
+// runner holds what one Check or Run learns across its state-machine runs.
+type runner struct {
+	target   Target
+	stats    *Stats
+	setupErr error
+	// violation and steps are the latest violation seen; rapid re-runs the
+	// shrunk case last, so after Check they describe the shrunk failure.
+	violation *model.Violation
+	steps     []Step
+	// foundAfter and foundIn say when the first violation was seen.
+	foundAfter int
+	foundIn    time.Duration
+	start      time.Time
+	progress   func(Stats)
+}
+
+func (r *runner) onViolation(v *model.Violation, steps []Step) {
+	r.violation, r.steps = v, steps
+	if r.foundAfter == 0 {
+		r.foundAfter, r.foundIn = r.stats.Checks, time.Since(r.start)
+	}
+}
+
+// property is one state-machine run: a fresh fake model and server, then
+// steps drawn by rapid.
+func (r *runner) property(t *rapid.T) {
+	fake, err := faults.StartModel(faults.ModelConfig{})
+	if err != nil {
+		r.setupErr = err
+		t.Fatalf("setup: %v", err)
+	}
+	t.Cleanup(func() { _ = fake.Close() })
+	srv, err := r.target.Start(fake.URL())
+	if err != nil {
+		r.setupErr = fmt.Errorf("start the server under test: %w", err)
+		t.Fatalf("setup: %v", r.setupErr)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	profile := r.target.Profile()
+	cl := newClient(srv.URL(), profile)
+	t.Cleanup(cl.close)
+
+	m := &machine{profile: profile, fake: fake, client: cl, ref: model.New(), stats: r.stats,
+		onViolation: r.onViolation}
+	r.stats.Checks++
+	t.Cleanup(func() {
+		for k, v := range m.ref.Checked() {
+			r.stats.Invariants[k] += v
+		}
+		if r.progress != nil {
+			r.progress(*r.stats)
+		}
+	})
+	t.Repeat(m.actions())
+}
+
+// recorder is the rapid.TB that Check runs under: it keeps what rapid
+// reports instead of failing a Go test.
+type recorder struct {
+	mu     sync.Mutex
+	failed bool
+	errors []string
+}
+
+func (r *recorder) Helper()                   {}
+func (r *recorder) Name() string              { return "turncheck" }
+func (r *recorder) Logf(string, ...any)       {}
+func (r *recorder) Log(...any)                {}
+func (r *recorder) Skipf(string, ...any)      {}
+func (r *recorder) Skip(...any)               {}
+func (r *recorder) SkipNow()                  {}
+func (r *recorder) Errorf(f string, a ...any) { r.fail(fmt.Sprintf(f, a...)) }
+func (r *recorder) Error(a ...any)            { r.fail(fmt.Sprint(a...)) }
+func (r *recorder) Fatalf(f string, a ...any) { r.fail(fmt.Sprintf(f, a...)) }
+func (r *recorder) Fatal(a ...any)            { r.fail(fmt.Sprint(a...)) }
+func (r *recorder) FailNow()                  { r.fail("") }
+func (r *recorder) Fail()                     { r.fail("") }
+
+func (r *recorder) Failed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failed
+}
+
+func (r *recorder) fail(msg string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failed = true
+	if msg != "" {
+		r.errors = append(r.errors, msg)
+	}
+}
+
+// setRapidFlags sets rapid's flags and returns a function that restores
+// them. rapid reads testing.Short, so outside a test binary the testing
+// flags are registered and parsed (empty) first.
+func setRapidFlags(values map[string]string) (restore func(), err error) {
+	testing.Init()
+	if !flag.Parsed() {
+		if err := flag.CommandLine.Parse(nil); err != nil {
+			return nil, err
+		}
+	}
+	old := map[string]string{}
+	restore = func() {
+		for name, v := range old {
+			_ = flag.Set(name, v)
+		}
+	}
+	for name, v := range values {
+		f := flag.Lookup(name)
+		if f == nil {
+			restore()
+			return nil, fmt.Errorf("rapid flag %s is not registered", name)
+		}
+		old[name] = f.Value.String()
+		if err := flag.Set(name, v); err != nil {
+			restore()
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	return restore, nil
+}
+
+var seedPattern = regexp.MustCompile(`-rapid\.seed=(\d+)`)
+
+// failingSeed reads the seed of the failing run from rapid's report.
+func failingSeed(msg string) uint64 {
+	m := seedPattern.FindStringSubmatch(msg)
+	if m == nil {
+		return 0
+	}
+	s, _ := strconv.ParseUint(m[1], 10, 64)
+	return s
+}
+
+func randomSeed() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(errors.New("no randomness: " + err.Error()))
+	}
+	s := binary.LittleEndian.Uint64(b[:]) >> 1 // keep it positive when printed as a signed int
+	if s == 0 {
+		s = 1
+	}
+	return s
+}

@@ -1,0 +1,227 @@
+package scenarios
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/internal/sse"
+	"github.com/turncheck/turncheck/model"
+)
+
+// clientTimeout is a safety net for a server that never answers: the turn's
+// outcome is then unknown. It never decides a verdict on a server that
+// answers, and the model's held calls are released by the server's own
+// deadline or by an abort at a known point, never by this timer.
+const clientTimeout = 30 * time.Second
+
+// maxResponseBytes bounds what the client reads of one response.
+const maxResponseBytes = 8 << 20
+
+// Request is one request the harness sends: enough to send it again by hand.
+type Request struct {
+	Conv model.ConversationRef
+	// Body is the JSON body exactly as sent.
+	Body []byte
+	// Stream reports whether the body asks for a stream.
+	Stream bool
+}
+
+// Response is what the client learned of a request.
+type Response struct {
+	Outcome model.Outcome
+	// Status is the HTTP status, 0 if none was received.
+	Status int
+	// Reply is the assistant text received (a partial one on a broken
+	// stream).
+	Reply string
+	// Detail says what happened in a few words: the error message, or why
+	// the outcome is unknown.
+	Detail string
+}
+
+// client speaks the chat endpoint of one server.
+type client struct {
+	base    string
+	profile Profile
+	http    *http.Client
+}
+
+func newClient(base string, p Profile) *client {
+	return &client{
+		base:    strings.TrimRight(base, "/"),
+		profile: p,
+		http: &http.Client{
+			Timeout:   clientTimeout,
+			Transport: http.DefaultTransport.(*http.Transport).Clone(),
+		},
+	}
+}
+
+func (c *client) close() { c.http.CloseIdleConnections() }
+
+// newRequest builds a request carrying msgs on conversation conv.
+func (c *client) newRequest(conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
+	body, err := json.Marshal(openai.ChatRequest{Model: c.profile.Model, Messages: msgs, Stream: stream})
+	if err != nil {
+		panic(err) // plain strings always encode
+	}
+	return Request{Conv: conv, Body: body, Stream: stream}
+}
+
+// send sends req and reads the outcome. If abort is not nil, the client
+// closes the connection as soon as abort is closed.
+func (c *client) send(req Request, abort <-chan struct{}) Response {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	defer func() { close(done); wg.Wait() }()
+	if abort != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-abort:
+				cancel()
+			case <-done:
+			}
+		}()
+	}
+
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/chat/completions", bytes.NewReader(req.Body))
+	if err != nil {
+		return Response{Outcome: model.Unknown, Detail: err.Error()}
+	}
+	for k, v := range c.headers(req.Conv) {
+		hr.Header.Set(k, v)
+	}
+	resp, err := c.http.Do(hr)
+	if err != nil {
+		return Response{Outcome: model.Unknown, Detail: "no response: " + transportError(ctx, err)}
+	}
+	defer resp.Body.Close()
+	body := io.LimitReader(resp.Body, maxResponseBytes)
+	out := Response{Status: resp.StatusCode}
+	switch {
+	case resp.StatusCode >= 400:
+		out.Outcome = model.Fail
+		out.Detail = errorMessage(body)
+		return out
+	case resp.StatusCode != http.StatusOK:
+		out.Outcome = model.Unknown
+		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)
+		return out
+	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
+		return readStream(ctx, body, out)
+	default:
+		return readWhole(ctx, body, out)
+	}
+}
+
+// headers are the request headers for conversation conv under the profile.
+func (c *client) headers(conv model.ConversationRef) map[string]string {
+	h := map[string]string{"Content-Type": "application/json"}
+	if conv.ID != "" {
+		h[c.profile.header()] = conv.ID
+	}
+	if conv.Key != "" {
+		h["Authorization"] = "Bearer " + conv.Key
+	}
+	return h
+}
+
+func readWhole(ctx context.Context, body io.Reader, out Response) Response {
+	raw, err := io.ReadAll(body)
+	if err != nil {
+		out.Outcome = model.Unknown
+		out.Detail = "response broke: " + transportError(ctx, err)
+		return out
+	}
+	var c openai.Completion
+	if err := json.Unmarshal(raw, &c); err != nil || len(c.Choices) == 0 || c.Choices[0].Message == nil {
+		out.Outcome = model.Unknown
+		out.Detail = "200 without a chat.completion body"
+		return out
+	}
+	out.Outcome = model.OK
+	out.Reply = c.Text()
+	return out
+}
+
+// readStream reads an SSE reply. It succeeded only if no chunk carried an
+// error, a chunk finished with "stop", and [DONE] closed the stream; an
+// error chunk fails the turn whatever follows it (PROTOCOL.md).
+func readStream(ctx context.Context, body io.Reader, out Response) Response {
+	var reply strings.Builder
+	stopped := false
+	events := sse.NewReader(body)
+	for {
+		data, err := events.Next()
+		if err != nil {
+			out.Reply = reply.String()
+			out.Outcome = model.Unknown
+			if errors.Is(err, io.EOF) {
+				out.Detail = "stream ended without [DONE]"
+			} else {
+				out.Detail = "stream broke: " + transportError(ctx, err)
+			}
+			return out
+		}
+		if data == openai.DoneSentinel {
+			out.Reply = reply.String()
+			if stopped {
+				out.Outcome = model.OK
+			} else {
+				out.Outcome = model.Unknown
+				out.Detail = "[DONE] without a chunk finishing with stop"
+			}
+			return out
+		}
+		var c openai.Completion
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			out.Reply = reply.String()
+			out.Outcome = model.Unknown
+			out.Detail = "malformed chunk from the server"
+			return out
+		}
+		if c.Error != nil {
+			out.Reply = reply.String()
+			out.Outcome = model.Fail
+			out.Detail = "error chunk: " + c.Error.Message
+			return out
+		}
+		reply.WriteString(c.Text())
+		if c.Finish() == openai.FinishStop {
+			stopped = true
+		}
+	}
+}
+
+func errorMessage(r io.Reader) string {
+	raw, _ := io.ReadAll(io.LimitReader(r, 4096))
+	var eb openai.ErrorBody
+	if json.Unmarshal(raw, &eb) == nil && eb.Error.Message != "" {
+		return eb.Error.Message
+	}
+	s := strings.TrimSpace(string(raw))
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return "body not an OpenAI error: " + s
+}
+
+func transportError(ctx context.Context, err error) string {
+	if ctx.Err() != nil {
+		return "the client aborted"
+	}
+	return err.Error()
+}

@@ -1,0 +1,102 @@
+package scenarios
+
+import (
+	"errors"
+	"os"
+	"time"
+
+	"github.com/turncheck/turncheck/sut"
+)
+
+// Target starts the servers under test: a fresh one for every check, so
+// that each check starts from empty state and replays on its own.
+type Target interface {
+	// Start starts a server with no conversations that calls the model
+	// provider at modelURL (an OpenAI-compatible base URL ending in /v1).
+	Start(modelURL string) (Server, error)
+	// Profile says how to talk to the servers Start returns.
+	Profile() Profile
+}
+
+// Server is one running server under test.
+type Server interface {
+	// URL is the base URL; the chat endpoint is URL + "/v1/chat/completions".
+	URL() string
+	// Close stops the server and removes what it left behind.
+	Close() error
+}
+
+// Profile says how a server is reached: what the client sends it.
+type Profile struct {
+	// Header names the conversation header; "" means X-Conversation-Id.
+	Header string
+	// Keys are API keys the server accepts. With two or more, the harness
+	// checks that conversations are scoped per key (T5); with none it sends
+	// no Authorization header.
+	Keys []string
+	// Model is the "model" value sent in every request.
+	Model string
+}
+
+func (p Profile) header() string {
+	if p.Header == "" {
+		return sut.DefaultConversationHeader
+	}
+	return p.Header
+}
+
+// Reference is the in-repo reference server, run in process on loopback,
+// optionally with a mutant switched on.
+type Reference struct {
+	// Mutant brings back one real bug; sut.Clean for the correct server.
+	Mutant sut.Mutant
+	// RequestTimeout is the server's model-call deadline, which releases
+	// held model calls; 0 means 100ms, far above a loopback turn's latency
+	// (about 1ms), so that it decides only held calls.
+	RequestTimeout time.Duration
+	// ConversationsMax is the server's cache size; 0 means 4, small enough
+	// that checks evict and reload conversations from the store.
+	ConversationsMax int
+}
+
+var referenceKeys = []string{"key-a", "key-b"}
+
+// Profile is the reference server's profile: two API keys.
+func (r Reference) Profile() Profile {
+	return Profile{Keys: referenceKeys, Model: "turncheck"}
+}
+
+// Start starts a reference server on a fresh data dir.
+func (r Reference) Start(modelURL string) (Server, error) {
+	if r.RequestTimeout == 0 {
+		r.RequestTimeout = 100 * time.Millisecond
+	}
+	if r.ConversationsMax == 0 {
+		r.ConversationsMax = 4
+	}
+	dir, err := os.MkdirTemp("", "turncheck-sut-*")
+	if err != nil {
+		return nil, err
+	}
+	run, err := sut.Start(sut.Config{
+		ModelURL:         modelURL,
+		DataDir:          dir,
+		ConversationsMax: r.ConversationsMax,
+		RequestTimeout:   r.RequestTimeout,
+		Keys:             referenceKeys,
+		Mutant:           r.Mutant,
+	}, "127.0.0.1:0")
+	if err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	return &referenceServer{Running: run, dir: dir}, nil
+}
+
+type referenceServer struct {
+	*sut.Running
+	dir string
+}
+
+func (s *referenceServer) Close() error {
+	return errors.Join(s.Running.Close(), os.RemoveAll(s.dir))
+}

@@ -1,0 +1,67 @@
+package sut
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Running is a Server listening on an address.
+type Running struct {
+	*Server
+	ln      net.Listener
+	hs      *http.Server
+	serving chan struct{}
+}
+
+// Start opens a server with cfg and serves it on addr ("127.0.0.1:0" when
+// empty: loopback, any free port). It returns once the server is listening.
+func Start(cfg Config, addr string) (*Running, error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("listen on %s: %w", addr, err), s.Close())
+	}
+	r := &Running{
+		Server:  s,
+		ln:      ln,
+		hs:      &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second},
+		serving: make(chan struct{}),
+	}
+	go func() {
+		defer close(r.serving)
+		_ = r.hs.Serve(ln)
+	}()
+	return r, nil
+}
+
+// URL is the server's base URL, such as http://127.0.0.1:41234.
+func (r *Running) URL() string { return "http://" + r.ln.Addr().String() }
+
+// Close stops listening, drops every connection (turns in flight see their
+// client go away and roll back), waits for them to end and closes the store.
+func (r *Running) Close() error {
+	err := r.hs.Close()
+	<-r.serving
+	return errors.Join(err, r.Server.Close())
+}
+
+// Shutdown stops listening, lets turns in flight finish (until ctx ends,
+// when the rest are dropped and roll back), then closes the store.
+func (r *Running) Shutdown(ctx context.Context) error {
+	err := r.hs.Shutdown(ctx)
+	if err != nil {
+		err = errors.Join(err, r.hs.Close())
+	}
+	<-r.serving
+	return errors.Join(err, r.Server.Close())
+}

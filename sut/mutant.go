@@ -1,0 +1,73 @@
+package sut
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Mutant is a switch that brings a real bug back into the reference server,
+// so that the harness can prove it catches that bug. The zero value is the
+// clean server.
+type Mutant string
+
+// The mutants, each from a real bug report in shared/seeds.
+const (
+	// Clean is the reference server as it should be.
+	Clean Mutant = ""
+	// MutateBeforeRun applies the turn's user message to the cached
+	// conversation before the model is called, so a failed turn stays in
+	// the history and a retry sees it twice.
+	MutateBeforeRun Mutant = "mutate-before-run"
+	// ReplayWithoutUser answers a continuation without a usable new user
+	// message by re-using the latest earlier user message in the array,
+	// replaying that turn, instead of refusing it with 400.
+	ReplayWithoutUser Mutant = "replay-without-user"
+	// CommitOnStreamError commits a turn whose model stream failed midway,
+	// with the partial reply, though the client was told the turn failed.
+	CommitOnStreamError Mutant = "commit-on-stream-error"
+	// CrossKeyLeak does not scope conversation ids by API key, so a second
+	// key naming the same id continues the first key's conversation.
+	CrossKeyLeak Mutant = "cross-key-leak"
+)
+
+// MutantInfo documents a mutant: the bug it brings back and where that bug
+// was reported.
+type MutantInfo struct {
+	Mutant Mutant
+	// Issue is the real report the bug comes from.
+	Issue string
+	// Breaks is the invariant a correct harness reports.
+	Breaks string
+	// Bug says what the server gets wrong.
+	Bug string
+}
+
+// Mutants lists every mutant, in a stable order.
+func Mutants() []MutantInfo {
+	return []MutantInfo{
+		{MutateBeforeRun, "docker-agent #2890", "T1",
+			"a continuation appends its user message to the cached conversation before the run; a failed turn stays and a retry sees it twice"},
+		{ReplayWithoutUser, "docker-agent #2947", "T3",
+			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400"},
+		{CommitOnStreamError, "docker-agent #2890 (stream errors)", "T1",
+			"a turn whose model stream failed midway is committed with its partial reply although the client got an error"},
+		{CrossKeyLeak, "PROTOCOL.md T5 (conversations scoped per key)", "T5",
+			"conversation ids are not scoped per API key: another key naming the same id continues the conversation"},
+	}
+}
+
+// ParseMutant returns the mutant named s ("" or "none" for the clean server),
+// or an error listing the valid names.
+func ParseMutant(s string) (Mutant, error) {
+	if s == "" || s == "none" || s == "clean" {
+		return Clean, nil
+	}
+	names := make([]string, 0, len(Mutants()))
+	for _, m := range Mutants() {
+		if string(m.Mutant) == s {
+			return m.Mutant, nil
+		}
+		names = append(names, string(m.Mutant))
+	}
+	return Clean, fmt.Errorf("unknown mutant %q (known: %s)", s, strings.Join(names, ", "))
+}

@@ -1,0 +1,442 @@
+// Package sut is turncheck's reference session server: an OpenAI-compatible
+// chat endpoint that keeps conversations server-side, as PROTOCOL.md
+// specifies. It runs every turn on a working copy of the conversation and
+// commits only a turn that ended ok, durably, in SQLite under a bounded
+// cache. It also carries the catalogue of mutants: switches that bring back
+// the real bugs the harness exists to catch.
+package sut
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/internal/sse"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultConversationHeader = "X-Conversation-Id"
+	DefaultConversationsMax   = 1000
+	DefaultRequestTimeout     = 60 * time.Second
+	DefaultMaxBodyBytes       = 1 << 20
+	DefaultModelName          = "turncheck-reference"
+	maxConversationID         = 256
+)
+
+// systemPrompt is prepended to every model request and never stored: real
+// servers decorate histories this way, and the harness must not mind.
+const systemPrompt = "You are the turncheck reference agent."
+
+// Config configures a Server.
+type Config struct {
+	// ModelURL is the model provider's OpenAI-compatible base URL; the
+	// server calls {ModelURL}/chat/completions. Required.
+	ModelURL string
+	// DataDir holds the durable store. Required.
+	DataDir string
+	// ConversationsMax bounds the in-memory conversation cache.
+	ConversationsMax int
+	// RequestTimeout bounds each model call; past it the turn fails (504).
+	RequestTimeout time.Duration
+	// ConversationHeader names the header carrying the conversation id.
+	ConversationHeader string
+	// Keys, if any, are the bearer keys the server accepts; conversations
+	// are scoped per key.
+	Keys []string
+	// MaxBodyBytes bounds a request body (413 past it).
+	MaxBodyBytes int64
+	// ModelName is the model name sent to the provider.
+	ModelName string
+	// Mutant brings back one real bug; Clean for the correct server.
+	Mutant Mutant
+	// Logger receives one line per failed or refused turn; nil discards.
+	Logger *slog.Logger
+}
+
+// Server is the reference session server. It is an http.Handler.
+type Server struct {
+	cfg    Config
+	store  *store
+	convs  *conversations
+	locks  convLocks
+	up     *upstream
+	log    *slog.Logger
+	ids    atomic.Int64
+	active sync.WaitGroup
+}
+
+// New opens the store in cfg.DataDir and returns a server ready to serve.
+func New(cfg Config) (*Server, error) {
+	if cfg.ModelURL == "" {
+		return nil, errors.New("a model URL is required")
+	}
+	if !strings.HasPrefix(cfg.ModelURL, "http://") && !strings.HasPrefix(cfg.ModelURL, "https://") {
+		return nil, fmt.Errorf("model URL %q: want http:// or https://", cfg.ModelURL)
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("a data dir is required")
+	}
+	if cfg.ConversationsMax == 0 {
+		cfg.ConversationsMax = DefaultConversationsMax
+	}
+	if cfg.ConversationsMax < 0 {
+		return nil, fmt.Errorf("conversations max %d: want a positive number", cfg.ConversationsMax)
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = DefaultRequestTimeout
+	}
+	if cfg.RequestTimeout < 0 {
+		return nil, fmt.Errorf("request timeout %s: want a positive duration", cfg.RequestTimeout)
+	}
+	if cfg.ConversationHeader == "" {
+		cfg.ConversationHeader = DefaultConversationHeader
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.ModelName == "" {
+		cfg.ModelName = DefaultModelName
+	}
+	for _, k := range cfg.Keys {
+		if k == "" {
+			return nil, errors.New("an API key may not be empty")
+		}
+	}
+	if _, err := ParseMutant(string(cfg.Mutant)); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	st, err := openStore(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	convs, err := newConversations(st, cfg.ConversationsMax)
+	if err != nil {
+		_ = st.close()
+		return nil, err
+	}
+	return &Server{
+		cfg:   cfg,
+		store: st,
+		convs: convs,
+		up:    newUpstream(cfg.ModelURL, cfg.ModelName),
+		log:   log,
+	}, nil
+}
+
+// Close waits for turns in flight to end, then closes the store. Stop the
+// HTTP server in front of it first, so that no new turn starts.
+func (s *Server) Close() error {
+	s.active.Wait()
+	s.up.close()
+	return s.store.close()
+}
+
+// ServeHTTP serves POST /v1/chat/completions and GET /healthz.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.active.Add(1)
+	defer s.active.Done()
+	switch {
+	case r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/chat/completions":
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "use POST")
+			return
+		}
+		s.chat(w, r)
+	case r.URL.Path == "/healthz":
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, "ok\n")
+	default:
+		writeError(w, http.StatusNotFound, "not_found", "no such endpoint; use POST /v1/chat/completions")
+	}
+}
+
+// turn is one request's work: the history the model is sent, and how the
+// result is committed.
+type turn struct {
+	key       convKey
+	stateful  bool
+	base      *conversation // committed state the turn started from
+	work      *conversation // the working copy the turn runs on
+	committed int           // messages of work already committed
+}
+
+func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+	scope, ok := s.authorize(r)
+	if !ok {
+		writeError(w, http.StatusUnauthorized, "unauthorized", "missing or unknown API key: send Authorization: Bearer <key>")
+		return
+	}
+	req, err := s.decode(w, r)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "request_too_large",
+				fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	user, err := s.newUserMessage(req.Messages)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	id := r.Header.Get(s.cfg.ConversationHeader)
+	if err := validConversationID(id); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+
+	t := &turn{}
+	if id == "" {
+		// Stateless: the array is the whole history.
+		t.work = &conversation{messages: req.Messages}
+	} else {
+		t.stateful = true
+		t.key = convKey{scope: scope, id: id}
+		if s.cfg.Mutant == CrossKeyLeak {
+			t.key.scope = ""
+		}
+		unlock, err := s.locks.lock(r.Context(), t.key)
+		if err != nil {
+			return // the client went away while waiting its turn
+		}
+		defer unlock()
+		base, err := s.convs.get(r.Context(), t.key)
+		if err != nil {
+			s.log.Error("load conversation", "conversation", id, "err", err)
+			writeError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
+			return
+		}
+		t.base, t.committed = base, len(base.messages)
+		if s.cfg.Mutant == MutateBeforeRun {
+			// The bug: run on the cached conversation itself, so whatever
+			// the turn appends stays even when the turn fails.
+			s.convs.cache.Add(t.key, base)
+			t.work = base
+		} else {
+			t.work = base.clone()
+		}
+		t.work.messages = append(t.work.messages, user)
+	}
+	s.run(w, r, req, t)
+}
+
+// run calls the model on the turn's working copy, answers the client, and
+// commits the turn if and only if it ended ok.
+func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatRequest, t *turn) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	defer cancel()
+	id := "chatcmpl-" + strconv.FormatInt(s.ids.Add(1), 10)
+	created := time.Now().Unix()
+	history := append([]openai.Message{{Role: openai.RoleSystem, Content: systemPrompt}}, t.work.messages...)
+
+	var out *sse.Writer
+	onStart, onDelta := func() {}, func(string) {}
+	if req.Stream {
+		onStart = func() {
+			out = sse.NewWriter(w)
+			w.WriteHeader(http.StatusOK)
+			_ = out.Data(encode(chunk(id, created, req.Model, openai.Delta{Role: openai.RoleAssistant}, nil)))
+		}
+		onDelta = func(text string) {
+			_ = out.Data(encode(chunk(id, created, req.Model, openai.Delta{Content: text}, nil)))
+		}
+	}
+	reply, err := s.up.complete(ctx, history, onStart, onDelta)
+	if err != nil {
+		s.fail(w, r, t, out, reply, err)
+		return
+	}
+	if t.stateful {
+		t.work.messages = append(t.work.messages, openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)})
+		// Acknowledge only what is durable: commit before the client hears
+		// the turn ended ok.
+		if err := s.convs.commit(t.key, t.committed, t.work); err != nil {
+			s.log.Error("commit", "conversation", t.key.id, "err", err)
+			s.answerError(w, out, http.StatusInternalServerError, "server_error", "the turn could not be committed")
+			return
+		}
+	}
+	if out != nil {
+		_ = out.Data(encode(chunk(id, created, req.Model, openai.Delta{}, openai.Ptr(openai.FinishStop))))
+		_ = out.Data(openai.DoneSentinel)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, encode(openai.Completion{
+		ID: id, Object: openai.ObjectCompletion, Created: created, Model: req.Model,
+		Choices: []openai.Choice{{
+			Message:      &openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)},
+			FinishReason: openai.Ptr(openai.FinishStop),
+		}},
+	}))
+}
+
+// fail answers a turn whose model call failed. Nothing is committed, except
+// under the mutant that brings back committing a broken stream.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, t *turn, out *sse.Writer, partial string, err error) {
+	var upErr *upstreamError
+	if s.cfg.Mutant == CommitOnStreamError && t.stateful && errors.As(err, &upErr) && upErr.started {
+		t.work.messages = append(t.work.messages, openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)})
+		_ = s.convs.commit(t.key, t.committed, t.work)
+	}
+	if r.Context().Err() != nil {
+		s.log.Info("client went away; turn rolled back", "conversation", t.key.id)
+		return
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		s.log.Info("model timed out; turn rolled back", "conversation", t.key.id)
+		s.answerError(w, out, http.StatusGatewayTimeout, "upstream_timeout",
+			fmt.Sprintf("the model did not answer within %s", s.cfg.RequestTimeout))
+		return
+	}
+	s.log.Info("model failed; turn rolled back", "conversation", t.key.id, "err", err)
+	s.answerError(w, out, http.StatusBadGateway, "upstream_error", err.Error())
+}
+
+// answerError reports a failure: as a status before the stream began, as an
+// error chunk and [DONE] after.
+func (s *Server) answerError(w http.ResponseWriter, out *sse.Writer, status int, typ, msg string) {
+	if out == nil {
+		writeError(w, status, typ, msg)
+		return
+	}
+	_ = out.Data(encode(openai.Completion{Object: openai.ObjectChunk, Choices: []openai.Choice{},
+		Error: &openai.ErrorDetail{Message: msg, Type: typ}}))
+	_ = out.Data(openai.DoneSentinel)
+}
+
+// authorize returns the request's key scope, or false if keys are required
+// and the request has no valid one.
+func (s *Server) authorize(r *http.Request) (string, bool) {
+	if len(s.cfg.Keys) == 0 {
+		return "", true
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return "", false
+	}
+	for _, k := range s.cfg.Keys {
+		if subtle.ConstantTimeCompare([]byte(got), []byte(k)) == 1 {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// decode reads and validates the request body.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*openai.ChatRequest, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		return nil, err
+	}
+	return decodeRequest(body)
+}
+
+// decodeRequest parses a chat request and checks its fields.
+func decodeRequest(body []byte) (*openai.ChatRequest, error) {
+	var raw struct {
+		openai.ChatRequest
+		Messages *[]openai.Message `json:"messages"`
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	if err := dec.Decode(&raw); err != nil {
+		return nil, fmt.Errorf("malformed JSON body: %v", err)
+	}
+	if dec.More() {
+		return nil, errors.New("malformed JSON body: data after the request object")
+	}
+	if raw.Messages == nil {
+		return nil, errors.New(`"messages" is required: an array of {"role","content"}`)
+	}
+	req := raw.ChatRequest
+	req.Messages = *raw.Messages
+	for i, m := range req.Messages {
+		switch m.Role {
+		case openai.RoleSystem, openai.RoleUser, openai.RoleAssistant, openai.RoleTool:
+		default:
+			return nil, fmt.Errorf("messages[%d]: unknown role %q (want system, user, assistant or tool)", i, m.Role)
+		}
+	}
+	return &req, nil
+}
+
+// newUserMessage returns the request's usable new user message: the last
+// element of the array, with role user and non-blank content. Nothing else
+// in the array is ever used, so an older message cannot be replayed (T3).
+func (s *Server) newUserMessage(msgs []openai.Message) (openai.Message, error) {
+	if n := len(msgs); n > 0 && usable(msgs[n-1]) {
+		return msgs[n-1], nil
+	}
+	if s.cfg.Mutant == ReplayWithoutUser {
+		// The bug: fall back to the latest earlier user message.
+		for i := len(msgs) - 1; i >= 0; i-- {
+			if usable(msgs[i]) {
+				return msgs[i], nil
+			}
+		}
+	}
+	if len(msgs) == 0 {
+		return openai.Message{}, errors.New("no new user message: messages is empty")
+	}
+	last := msgs[len(msgs)-1]
+	if last.Role != openai.RoleUser {
+		return openai.Message{}, fmt.Errorf("no new user message: the last message has role %q; send the new user message last", last.Role)
+	}
+	return openai.Message{}, errors.New("no new user message: the last user message is blank")
+}
+
+func usable(m openai.Message) bool {
+	return m.Role == openai.RoleUser && strings.TrimSpace(string(m.Content)) != ""
+}
+
+func validConversationID(id string) error {
+	if len(id) > maxConversationID {
+		return fmt.Errorf("conversation id over %d bytes", maxConversationID)
+	}
+	for _, r := range id {
+		if r < 0x20 || r == 0x7f {
+			return errors.New("conversation id has control characters")
+		}
+	}
+	return nil
+}
+
+func chunk(id string, created int64, model string, d openai.Delta, finish *string) openai.Completion {
+	return openai.Completion{ID: id, Object: openai.ObjectChunk, Created: created, Model: model,
+		Choices: []openai.Choice{{Delta: &d, FinishReason: finish}}}
+}
+
+func writeError(w http.ResponseWriter, status int, typ, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, encode(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: typ}}))
+}
+
+func encode(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only our own wire types are encoded here; they always encode.
+		panic("sut: encode: " + err.Error())
+	}
+	return string(b)
+}

@@ -1,0 +1,127 @@
+package sut
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/internal/sse"
+)
+
+// maxReplyBytes bounds the reply the server accepts from the model.
+const maxReplyBytes = 4 << 20
+
+// upstreamError is a failed model call. started reports whether the model
+// had answered 200 and begun its stream before it failed.
+type upstreamError struct {
+	msg     string
+	started bool
+}
+
+func (e *upstreamError) Error() string { return e.msg }
+
+// upstream is the server's OpenAI-compatible client to its model provider.
+// It always streams, so that a client's stream can relay the model's.
+type upstream struct {
+	url    string // {model-url}/chat/completions
+	model  string
+	client *http.Client
+}
+
+func newUpstream(modelURL, modelName string) *upstream {
+	return &upstream{
+		url:   strings.TrimRight(modelURL, "/") + "/chat/completions",
+		model: modelName,
+		// No client timeout: every call carries the turn's deadline in its
+		// context, and a client that goes away cancels it at once.
+		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()},
+	}
+}
+
+// complete sends history to the model and streams its reply. It calls
+// onStart once the model has answered 200, and onDelta for every piece of
+// reply text. It returns the reply text received, complete on success and
+// partial on failure. A failure is an *upstreamError, or the context's error
+// when the deadline passed or the caller went away.
+func (u *upstream) complete(ctx context.Context, history []openai.Message, onStart func(), onDelta func(string)) (string, error) {
+	body, err := json.Marshal(openai.ChatRequest{Model: u.model, Messages: history, Stream: true})
+	if err != nil {
+		return "", &upstreamError{msg: "encode model request: " + err.Error()}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.url, bytes.NewReader(body))
+	if err != nil {
+		return "", &upstreamError{msg: "model request: " + err.Error()}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := u.client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		return "", &upstreamError{msg: "model unreachable: " + err.Error()}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", &upstreamError{msg: fmt.Sprintf("model answered %d: %s", resp.StatusCode, errorMessage(resp.Body))}
+	}
+	onStart()
+
+	var reply strings.Builder
+	fail := func(format string, args ...any) (string, error) {
+		if ctx.Err() != nil {
+			return reply.String(), ctx.Err()
+		}
+		return reply.String(), &upstreamError{msg: fmt.Sprintf(format, args...), started: true}
+	}
+	events := sse.NewReader(resp.Body)
+	for {
+		data, err := events.Next()
+		if errors.Is(err, io.EOF) {
+			return fail("model stream ended without [DONE]")
+		}
+		if err != nil {
+			return fail("model stream broke: %v", err)
+		}
+		if data == openai.DoneSentinel {
+			return reply.String(), nil
+		}
+		var c openai.Completion
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			return fail("malformed model chunk: %v", err)
+		}
+		if c.Error != nil {
+			return fail("model stream error: %s", c.Error.Message)
+		}
+		text := c.Text()
+		if reply.Len()+len(text) > maxReplyBytes {
+			return fail("model reply over %d bytes", maxReplyBytes)
+		}
+		reply.WriteString(text)
+		if text != "" {
+			onDelta(text)
+		}
+	}
+}
+
+// errorMessage reads an OpenAI error body's message, or a clipped raw body.
+func errorMessage(r io.Reader) string {
+	raw, _ := io.ReadAll(io.LimitReader(r, 4096))
+	var eb openai.ErrorBody
+	if json.Unmarshal(raw, &eb) == nil && eb.Error.Message != "" {
+		return eb.Error.Message
+	}
+	s := strings.TrimSpace(string(raw))
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return s
+}
+
+func (u *upstream) close() { u.client.CloseIdleConnections() }
