@@ -51,8 +51,10 @@ type Reference struct {
 	// Mutant brings back one real bug; sut.Clean for the correct server.
 	Mutant sut.Mutant
 	// RequestTimeout is the server's model-call deadline, which releases
-	// held model calls; 0 means 100ms, far above a loopback turn's latency
-	// (about 1ms), so that it decides only held calls.
+	// held model calls; 0 means 20ms, far above a loopback turn's model
+	// call (well under 1ms), so that in practice it decides only held calls.
+	// A stall past it turns an ok turn into a failed one, which changes a
+	// run but never its verdict: the model accepts either outcome.
 	RequestTimeout time.Duration
 	// ConversationsMax is the server's cache size; 0 means 4, small enough
 	// that checks evict and reload conversations from the store.
@@ -69,7 +71,7 @@ func (r Reference) Profile() Profile {
 // Start starts a reference server on a fresh data dir.
 func (r Reference) Start(modelURL string) (Server, error) {
 	if r.RequestTimeout == 0 {
-		r.RequestTimeout = 100 * time.Millisecond
+		r.RequestTimeout = 20 * time.Millisecond
 	}
 	if r.ConversationsMax == 0 {
 		r.ConversationsMax = 4

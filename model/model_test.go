@@ -1,0 +1,905 @@
+package model_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+// Short names for tokens: u(3) is "tc-u3", a(3) is "tc-a3".
+func u(n int) model.Token { return model.UserToken(n) }
+func a(n int) model.Token { return model.UserToken(n).Reply() }
+
+// h builds a history.
+func h(ts ...model.Token) []model.Token { return ts }
+
+var (
+	convA  = model.ConversationRef{ID: "conv-a"}
+	convB  = model.ConversationRef{ID: "conv-b"}
+	convK1 = model.ConversationRef{Key: "key-1", ID: "shared"}
+	convK2 = model.ConversationRef{Key: "key-2", ID: "shared"}
+)
+
+// call is the model call of turn user carrying history.
+func call(user model.Token, history ...model.Token) model.Call {
+	return model.Call{History: history, Turn: user}
+}
+
+// aux is an auxiliary call (a title, a summary): its last user message is
+// not the turn's.
+func aux(history ...model.Token) model.Call {
+	return model.Call{History: history, Turn: "tc-u999"}
+}
+
+// ok is a usable turn on conv that ended ok with 200 and the model's reply.
+func ok(conv model.ConversationRef, user model.Token, calls ...model.Call) model.Turn {
+	return model.Turn{Conv: conv, User: user, Usable: true, Outcome: model.OK,
+		Status: 200, Reply: "sure: " + string(user.Reply()), Calls: calls}
+}
+
+// fail is a usable turn on conv that failed with 502.
+func fail(conv model.ConversationRef, user model.Token, calls ...model.Call) model.Turn {
+	return model.Turn{Conv: conv, User: user, Usable: true, Outcome: model.Fail,
+		Status: 502, Calls: calls}
+}
+
+// unknown is a usable turn on conv whose outcome the client never learned.
+func unknown(conv model.ConversationRef, user model.Token, calls ...model.Call) model.Turn {
+	return model.Turn{Conv: conv, User: user, Usable: true, Outcome: model.Unknown,
+		Calls: calls}
+}
+
+// invalid is a request without a usable new user message.
+func invalid(conv model.ConversationRef, user model.Token, outcome model.Outcome, status int, calls ...model.Call) model.Turn {
+	return model.Turn{Conv: conv, User: user, Usable: false, Outcome: outcome,
+		Status: status, Calls: calls}
+}
+
+// step is one turn fed to the model and what Apply must return for it: nil
+// when want is "", else a violation of want.
+type step struct {
+	turn model.Turn
+	want model.Invariant
+}
+
+// run applies steps in order to a fresh model, checking each result, and
+// returns the model. Every step but the last must pass (they set the scene);
+// the last is the one under test.
+func run(t *testing.T, steps []step) *model.Model {
+	t.Helper()
+	m := model.New()
+	for i, s := range steps {
+		v := m.Apply(s.turn)
+		last := i == len(steps)-1
+		if s.want == "" {
+			if last {
+				assert.Nil(t, v, "step %d (%s): unexpected violation", i, s.turn.User)
+			} else {
+				require.Nil(t, v, "step %d (%s): unexpected violation while setting up", i, s.turn.User)
+			}
+			continue
+		}
+		requireViolation(t, v, s.want, s.turn)
+		if !last {
+			// The model's state after a violation is unspecified.
+			t.Fatalf("step %d: a violation may only be expected on the last step", i)
+		}
+	}
+	return m
+}
+
+// requireViolation checks that v is a violation of want, raised for turn, with
+// a reason.
+func requireViolation(t *testing.T, v *model.Violation, want model.Invariant, turn model.Turn) {
+	t.Helper()
+	require.NotNil(t, v, "want a %s violation, got none", want)
+	assert.Equal(t, want, v.Invariant, "invariant; violation: %v", v)
+	assert.NotEmpty(t, v.Reason, "reason")
+	assert.Equal(t, turn.Conv, v.Conv, "conversation")
+	assert.Equal(t, turn.User, v.Turn, "turn")
+}
+
+// ---------------------------------------------------------------------------
+// Tokens
+
+func TestTokens(t *testing.T) {
+	tests := []struct {
+		name string
+		text string
+		want []model.Token
+	}{
+		{"empty", "", nil},
+		{"no token", "hello there, nothing to see", nil},
+		{"single user token", "tc-u1", h(u(1))},
+		{"single reply token", "tc-a7", h(a(7))},
+		{"in a sentence", "please answer tc-u12 now", h(u(12))},
+		{"order kept", "tc-a2 then tc-u1 then tc-u3", h(a(2), u(1), u(3))},
+		{"repeats kept", "tc-u1 tc-u1", h(u(1), u(1))},
+		{"punctuation around", "(tc-u1), [tc-a1]. \"tc-u2\"", h(u(1), a(1), u(2))},
+		{"decorated user message", "tc-u4\n[runtime: 2025-01-01T00:00:00Z]", h(u(4))},
+		{"across lines", "line tc-u1\nline tc-a1\n", h(u(1), a(1))},
+		{"multi-digit", "tc-u1234567", h(u(1234567))},
+		{"leading zeros kept verbatim", "tc-u007", h(model.Token("tc-u007"))},
+		{"prefixed by a letter", "xtc-u1", nil},
+		{"prefixed by a digit", "1tc-u1", nil},
+		{"prefixed by underscore", "_tc-u1", nil},
+		{"suffixed by a letter", "tc-u1x", nil},
+		{"suffixed by underscore", "tc-u1_", nil},
+		{"longer word both sides", "abctc-u1def", nil},
+		{"no digits", "tc-u", nil},
+		{"other kind letter", "tc-x1", nil},
+		{"upper case", "TC-U1", nil},
+		{"missing dash", "tcu1", nil},
+		{"word and token mixed", "xtc-u1 tc-u2 tc-u3x tc-a4", h(u(2), a(4))},
+		{"hyphen is a boundary", "-tc-u1-", h(u(1))},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, model.Tokens(tt.text))
+		})
+	}
+}
+
+func TestTokenReply(t *testing.T) {
+	tests := []struct {
+		in       model.Token
+		wantUser bool
+		want     model.Token
+	}{
+		{"tc-u1", true, "tc-a1"},
+		{"tc-u42", true, "tc-a42"},
+		{"tc-a42", false, "tc-a42"}, // a reply's reply is itself
+		{"", false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.in), func(t *testing.T) {
+			assert.Equal(t, tt.wantUser, tt.in.IsUser())
+			assert.Equal(t, tt.want, tt.in.Reply())
+		})
+	}
+	assert.Equal(t, model.Token("tc-u3"), model.UserToken(3))
+	assert.Equal(t, model.Token("tc-a3"), model.UserToken(3).Reply())
+}
+
+func TestFormatTokens(t *testing.T) {
+	assert.Equal(t, "(empty)", model.FormatTokens(nil))
+	assert.Equal(t, "(empty)", model.FormatTokens([]model.Token{}))
+	assert.Equal(t, "tc-u1 tc-a1 tc-u2", model.FormatTokens(h(u(1), a(1), u(2))))
+}
+
+func TestInvariants(t *testing.T) {
+	assert.Equal(t, []model.Invariant{model.T1, model.T2, model.T3, model.T5, model.T6}, model.Invariants())
+	for _, inv := range model.Invariants() {
+		assert.NotEmpty(t, inv.Title(), "title of %s", inv)
+	}
+	assert.Equal(t, "atomic turns", model.T1.Title())
+	assert.Equal(t, "committed turns stay", model.T2.Title())
+	assert.Equal(t, "no replay", model.T3.Title())
+	assert.Equal(t, "isolation", model.T5.Title())
+	assert.Equal(t, "unknown outcomes", model.T6.Title())
+}
+
+func TestOutcomeString(t *testing.T) {
+	assert.Equal(t, "ok", model.OK.String())
+	assert.Equal(t, "fail", model.Fail.String())
+	assert.Equal(t, "unknown", model.Unknown.String())
+	assert.Equal(t, "Outcome(9)", model.Outcome(9).String())
+}
+
+// ---------------------------------------------------------------------------
+// Apply
+
+func TestApply(t *testing.T) {
+	// Scenes reused below.
+	committed12 := []step{
+		{turn: ok(convA, u(1), call(u(1), u(1)))},
+		{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+	}
+	failed2 := []step{
+		{turn: ok(convA, u(1), call(u(1), u(1)))},
+		{turn: fail(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+	}
+	unknown2 := []step{
+		{turn: ok(convA, u(1), call(u(1), u(1)))},
+		{turn: unknown(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+	}
+	with := func(scene []step, more ...step) []step {
+		return append(append([]step{}, scene...), more...)
+	}
+
+	tests := []struct {
+		name  string
+		steps []step
+		// committed, when set, is what Committed(conv of the last step)
+		// must return after a passing last step.
+		committed []model.Token
+	}{
+		// Clean sequences.
+		{
+			name:      "first turn",
+			steps:     []step{{turn: ok(convA, u(1), call(u(1), u(1)))}},
+			committed: h(u(1), a(1)),
+		},
+		{
+			name:      "clean sequence of two ok turns",
+			steps:     committed12,
+			committed: h(u(1), a(1), u(2), a(2)),
+		},
+		{
+			name: "clean sequence of three ok turns",
+			steps: with(committed12,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3)))}),
+			committed: h(u(1), a(1), u(2), a(2), u(3), a(3)),
+		},
+		{
+			name: "reply with decorations around the token",
+			steps: []step{{turn: model.Turn{Conv: convA, User: u(1), Usable: true,
+				Outcome: model.OK, Status: 200, Reply: "Here you go (tc-a1).",
+				Calls: []model.Call{call(u(1), u(1))}}}},
+			committed: h(u(1), a(1)),
+		},
+
+		// T1: atomic turns.
+		{
+			name:      "failed turn commits nothing",
+			steps:     failed2,
+			committed: h(u(1), a(1)),
+		},
+		{
+			name: "failed turn without any model call commits nothing",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: fail(convA, u(2))},
+			},
+			committed: h(u(1), a(1)),
+		},
+		{
+			name: "failed turn's user message reaches a later turn",
+			steps: with(failed2,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), want: model.T1}),
+		},
+		{
+			name: "failed turn's output reaches a later turn",
+			steps: with(failed2,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), a(2), u(3))), want: model.T1}),
+		},
+		{
+			name: "failed turn kept whole in a later turn",
+			steps: with(failed2,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3))), want: model.T1}),
+		},
+		{
+			name: "retry of a failed turn sees it duplicated",
+			steps: with(failed2,
+				step{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2), u(2))), want: model.T1}),
+		},
+		{
+			name: "retry of a failed turn sees its partial output",
+			steps: with(failed2,
+				step{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2), a(2), u(2))), want: model.T1}),
+		},
+		{
+			name: "retry of a failed turn sees the last committed history",
+			steps: with(failed2,
+				step{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2)))}),
+			committed: h(u(1), a(1), u(2), a(2)),
+		},
+		{
+			name: "retry of a failed turn fails again, then a later turn is clean",
+			steps: with(failed2,
+				step{turn: fail(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(3)))}),
+			committed: h(u(1), a(1), u(3), a(3)),
+		},
+		{
+			name: "failed turn whose history was already wrong",
+			steps: with(failed2,
+				step{turn: fail(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), want: model.T1}),
+		},
+		{
+			name: "a token no turn of the conversation holds",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(77), u(2))), want: model.T1},
+			},
+		},
+
+		// T2: committed turns stay.
+		{
+			name: "committed turn missing from a later call",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2), call(u(2), u(2))), want: model.T2},
+			},
+		},
+		{
+			name: "committed turn's reply missing from a later call",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2), call(u(2), u(1), u(2))), want: model.T2},
+			},
+		},
+		{
+			name: "committed turn missing from a failed later call",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: fail(convA, u(2), call(u(2), u(2))), want: model.T2},
+			},
+		},
+		{
+			name: "committed turns out of order",
+			steps: with(committed12,
+				step{turn: ok(convA, u(3), call(u(3), u(2), a(2), u(1), a(1), u(3))), want: model.T2}),
+		},
+		{
+			name: "reply before its user message",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2), call(u(2), a(1), u(1), u(2))), want: model.T2},
+			},
+		},
+		{
+			name: "history does not end with the turn's message",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2), call(u(2), u(2), u(1), a(1))), want: model.T2},
+			},
+		},
+		{
+			name:  "ok with no call at all",
+			steps: []step{{turn: ok(convA, u(1)), want: model.T2}},
+		},
+		{
+			name:  "ok with only an auxiliary call",
+			steps: []step{{turn: ok(convA, u(1), aux(u(1))), want: model.T2}},
+		},
+		{
+			name: "ok with only a call of another turn",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2), call(u(1), u(1))), want: model.T2},
+			},
+		},
+		{
+			name: "ok whose reply lacks the reply token",
+			steps: []step{{turn: model.Turn{Conv: convA, User: u(1), Usable: true,
+				Outcome: model.OK, Status: 200, Reply: "hello",
+				Calls: []model.Call{call(u(1), u(1))}}, want: model.T2}},
+		},
+		{
+			name: "ok whose reply carries another turn's reply token",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: model.Turn{Conv: convA, User: u(2), Usable: true,
+					Outcome: model.OK, Status: 200, Reply: "tc-a1",
+					Calls: []model.Call{call(u(2), u(1), a(1), u(2))}}, want: model.T2},
+			},
+		},
+		{
+			name: "ok whose reply token is inside a longer word",
+			steps: []step{{turn: model.Turn{Conv: convA, User: u(1), Usable: true,
+				Outcome: model.OK, Status: 200, Reply: "xtc-a1",
+				Calls: []model.Call{call(u(1), u(1))}}, want: model.T2}},
+		},
+
+		// Auxiliary calls are not history.
+		{
+			name: "auxiliary call with an unrelated history is ignored",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2), aux(), aux(u(5), u(6)), call(u(2), u(1), a(1), u(2)), aux(u(2)))},
+			},
+			committed: h(u(1), a(1), u(2), a(2)),
+		},
+		{
+			name: "auxiliary call carrying a failed turn's token is ignored",
+			steps: with(failed2,
+				step{turn: ok(convA, u(3), aux(u(2), a(2)), call(u(3), u(1), a(1), u(3)))}),
+			committed: h(u(1), a(1), u(3), a(3)),
+		},
+		{
+			name: "auxiliary call with Turn empty is ignored",
+			steps: []step{{turn: ok(convA, u(1),
+				model.Call{History: h(u(9)), Turn: ""}, call(u(1), u(1)))}},
+			committed: h(u(1), a(1)),
+		},
+
+		// T3: no replay.
+		{
+			name:  "invalid request refused with 400, no call",
+			steps: []step{{turn: invalid(convA, u(1), model.Fail, 400)}},
+		},
+		{
+			name: "invalid request after a committed turn changes nothing",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: invalid(convA, "", model.Fail, 400)},
+			},
+			committed: h(u(1), a(1)),
+		},
+		{
+			name: "invalid request reaches the model",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: invalid(convA, "", model.Fail, 400, call(u(1), u(1), a(1), u(1))), want: model.T3},
+			},
+		},
+		{
+			name:  "invalid request makes only an auxiliary call",
+			steps: []step{{turn: invalid(convA, "", model.Fail, 400, aux()), want: model.T3}},
+		},
+		{
+			name:  "invalid request answered 200",
+			steps: []step{{turn: invalid(convA, "", model.OK, 200), want: model.T3}},
+		},
+		{
+			name:  "invalid request answered 500",
+			steps: []step{{turn: invalid(convA, "", model.Fail, 500), want: model.T3}},
+		},
+		{
+			name:  "invalid request answered 409",
+			steps: []step{{turn: invalid(convA, "", model.Fail, 409), want: model.T3}},
+		},
+		{
+			name:  "invalid request with an unknown outcome",
+			steps: []step{{turn: invalid(convA, "", model.Unknown, 0), want: model.T3}},
+		},
+
+		// T5: isolation.
+		{
+			name: "two conversations, each clean",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convB, u(2), call(u(2), u(2)))},
+				{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(3)))},
+			},
+			committed: h(u(1), a(1), u(3), a(3)),
+		},
+		{
+			name: "another conversation's turn leaks in",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convB, u(2), call(u(2), u(1), a(1), u(2))), want: model.T5},
+			},
+		},
+		{
+			name: "another conversation's reply alone leaks in",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convB, u(2), call(u(2), a(1), u(2))), want: model.T5},
+			},
+		},
+		{
+			name: "another conversation's failed turn leaks in",
+			steps: []step{
+				{turn: fail(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convB, u(2), call(u(2), u(1), u(2))), want: model.T5},
+			},
+		},
+		{
+			name: "same id under another key leaks in",
+			steps: []step{
+				{turn: ok(convK1, u(1), call(u(1), u(1)))},
+				{turn: ok(convK2, u(2), call(u(2), u(1), a(1), u(2))), want: model.T5},
+			},
+		},
+		{
+			name: "same id under two keys, each clean",
+			steps: []step{
+				{turn: ok(convK1, u(1), call(u(1), u(1)))},
+				{turn: ok(convK2, u(2), call(u(2), u(2)))},
+			},
+			committed: h(u(2), a(2)),
+		},
+		{
+			name: "leak on a later turn of a longer conversation",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convB, u(2), call(u(2), u(2)))},
+				{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(3)))},
+				{turn: ok(convB, u(4), call(u(4), u(2), a(2), u(3), a(3), u(4))), want: model.T5},
+			},
+		},
+
+		// T6: unknown outcomes.
+		{
+			name:      "unknown turn is pending",
+			steps:     unknown2,
+			committed: h(u(1), a(1), u(2), a(2)),
+		},
+		{
+			name: "unknown turn shown committed",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3)))}),
+			committed: h(u(1), a(1), u(2), a(2), u(3), a(3)),
+		},
+		{
+			name: "unknown turn shown committed stays committed",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3)))},
+				step{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(3), a(3), u(4))), want: model.T2}),
+		},
+		{
+			name: "unknown turn shown not committed",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(3)))}),
+			committed: h(u(1), a(1), u(3), a(3)),
+		},
+		{
+			name: "unknown turn shown not committed, then reappears",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(3)))},
+				step{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(2), a(2), u(3), a(3), u(4))), want: model.T6}),
+		},
+		{
+			name: "unknown turn shown not committed, then reappears after the next turn",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(3)))},
+				step{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(3), a(3), u(2), a(2), u(4))), want: model.T6}),
+		},
+		{
+			name: "unknown turn shown not committed by a failed turn, then reappears",
+			steps: with(unknown2,
+				step{turn: fail(convA, u(3), call(u(3), u(1), a(1), u(3)))},
+				step{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(2), a(2), u(4))), want: model.T6}),
+		},
+		{
+			name: "unknown turn's user message without its reply",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), want: model.T6}),
+		},
+		{
+			name: "unknown turn's reply without its user message",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), a(2), u(3))), want: model.T6}),
+		},
+		{
+			name: "unknown turn without any model call, shown not committed",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: unknown(convA, u(2))},
+				{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(3)))},
+			},
+			committed: h(u(1), a(1), u(3), a(3)),
+		},
+		{
+			name: "two unknown turns, first dropped, second committed",
+			steps: with(unknown2,
+				step{turn: unknown(convA, u(3), call(u(3), u(1), a(1), u(3)))},
+				step{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(3), a(3), u(4)))}),
+			committed: h(u(1), a(1), u(3), a(3), u(4), a(4)),
+		},
+		{
+			name: "unknown turn still pending keeps committed turns mandatory",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3), call(u(3), u(2), a(2), u(3))), want: model.T2}),
+		},
+		{
+			name: "unknown turn committed out of its place",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3), call(u(3), u(2), a(2), u(1), a(1), u(3))), want: model.T2}),
+		},
+
+		// A server retrying the model call within one turn.
+		{
+			name: "retried model call with the same history",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2),
+					call(u(2), u(1), a(1), u(2)),
+					call(u(2), u(1), a(1), u(2)),
+					call(u(2), u(1), a(1), u(2)))},
+			},
+			committed: h(u(1), a(1), u(2), a(2)),
+		},
+		{
+			name: "retried model call of a failed turn with the same history",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: fail(convA, u(2),
+					call(u(2), u(1), a(1), u(2)),
+					call(u(2), u(1), a(1), u(2)))},
+			},
+			committed: h(u(1), a(1)),
+		},
+		{
+			name: "retried model call loses a committed turn",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2),
+					call(u(2), u(1), a(1), u(2)),
+					call(u(2), u(2))), want: model.T2},
+			},
+		},
+		{
+			name: "retried model call duplicates the user message",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2),
+					call(u(2), u(1), a(1), u(2)),
+					call(u(2), u(1), a(1), u(2), u(2))), want: model.T1},
+			},
+		},
+		{
+			name: "retried model call carries the first attempt's partial reply",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2),
+					call(u(2), u(1), a(1), u(2)),
+					call(u(2), u(1), a(1), u(2), a(2), u(2))), want: model.T1},
+			},
+		},
+		{
+			name: "retried model call of the same turn, unknown turn both committed and dropped",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3),
+					call(u(3), u(1), a(1), u(2), a(2), u(3)),
+					call(u(3), u(1), a(1), u(3))), want: model.T2}),
+		},
+		{
+			name: "retried model call agrees on an unknown turn's commit",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3),
+					call(u(3), u(1), a(1), u(2), a(2), u(3)),
+					call(u(3), u(1), a(1), u(2), a(2), u(3)))}),
+			committed: h(u(1), a(1), u(2), a(2), u(3), a(3)),
+		},
+		{
+			name: "retried model call agrees on an unknown turn's drop",
+			steps: with(unknown2,
+				step{turn: ok(convA, u(3),
+					call(u(3), u(1), a(1), u(3)),
+					call(u(3), u(1), a(1), u(3)))}),
+			committed: h(u(1), a(1), u(3), a(3)),
+		},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.NotEmpty(t, tt.steps)
+			m := run(t, tt.steps)
+			last := tt.steps[len(tt.steps)-1]
+			if tt.committed != nil {
+				require.Empty(t, last.want, "test bug: committed is only checked after a passing step")
+				assert.Equal(t, tt.committed, m.Committed(last.turn.Conv))
+			}
+		})
+	}
+}
+
+func TestCommittedUnknownConversation(t *testing.T) {
+	m := model.New()
+	assert.Nil(t, m.Committed(convA))
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	assert.Nil(t, m.Committed(convB))
+	assert.Nil(t, m.Committed(model.ConversationRef{Key: "other", ID: convA.ID}))
+	assert.Equal(t, h(u(1), a(1)), m.Committed(convA))
+}
+
+// An invalid request is not recorded as a conversation: it changes nothing.
+func TestInvalidRequestCreatesNoConversation(t *testing.T) {
+	m := model.New()
+	require.Nil(t, m.Apply(invalid(convA, "", model.Fail, 400)))
+	assert.Nil(t, m.Committed(convA))
+}
+
+// The violation of a failed turn's duplicate names it, and the expected and
+// observed histories show it.
+func TestViolationHistories(t *testing.T) {
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	require.Nil(t, m.Apply(fail(convA, u(2), call(u(2), u(1), a(1), u(2)))))
+	turn := ok(convA, u(2), call(u(2), u(1), a(1), u(2), u(2)))
+	v := m.Apply(turn)
+	requireViolation(t, v, model.T1, turn)
+	assert.Equal(t, h(u(1), a(1), u(2)), v.Expected)
+	assert.Equal(t, h(u(1), a(1), u(2), u(2)), v.Observed)
+	assert.Contains(t, v.Reason, string(u(2)))
+}
+
+func TestViolationHistoriesT5(t *testing.T) {
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	turn := ok(convB, u(2), call(u(2), u(1), a(1), u(2)))
+	v := m.Apply(turn)
+	requireViolation(t, v, model.T5, turn)
+	assert.Equal(t, h(u(2)), v.Expected)
+	assert.Equal(t, h(u(1), a(1), u(2)), v.Observed)
+	assert.Contains(t, v.Reason, string(u(1)))
+}
+
+// ---------------------------------------------------------------------------
+// Checked
+
+func TestChecked(t *testing.T) {
+	m := model.New()
+	assert.Empty(t, m.Checked())
+
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	c := m.Checked()
+	assert.Equal(t, 1, c[model.T1])
+	assert.Equal(t, 1, c[model.T2])
+	assert.Equal(t, 1, c[model.T5])
+	assert.Equal(t, 0, c[model.T3])
+	assert.Equal(t, 0, c[model.T6])
+
+	// Two calls of the turn are two checks; an auxiliary call is none.
+	require.Nil(t, m.Apply(ok(convA, u(2), aux(), call(u(2), u(1), a(1), u(2)), call(u(2), u(1), a(1), u(2)))))
+	c = m.Checked()
+	assert.Equal(t, 3, c[model.T1])
+	assert.Equal(t, 3, c[model.T2])
+	assert.Equal(t, 3, c[model.T5])
+
+	// Invalid requests are T3 checks.
+	require.Nil(t, m.Apply(invalid(convA, "", model.Fail, 400)))
+	assert.Equal(t, 1, m.Checked()[model.T3])
+	assert.Equal(t, 3, m.Checked()[model.T1], "an invalid request checks nothing else")
+
+	// T6 is checked only while an unknown turn is pending.
+	require.Nil(t, m.Apply(unknown(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3)))))
+	assert.Equal(t, 0, m.Checked()[model.T6])
+	require.Nil(t, m.Apply(ok(convA, u(4), call(u(4), u(1), a(1), u(2), a(2), u(3), a(3), u(4)))))
+	assert.Equal(t, 1, m.Checked()[model.T6])
+	require.Nil(t, m.Apply(ok(convA, u(5), call(u(5), u(1), a(1), u(2), a(2), u(3), a(3), u(4), a(4), u(5)))))
+	assert.Equal(t, 1, m.Checked()[model.T6], "nothing pending any more")
+
+	// Counts only grow.
+	before := m.Checked()
+	_ = m.Apply(ok(convB, u(6), call(u(6), u(6))))
+	after := m.Checked()
+	for _, inv := range model.Invariants() {
+		assert.GreaterOrEqual(t, after[inv], before[inv], "%s", inv)
+	}
+	assert.Greater(t, after[model.T1], before[model.T1])
+}
+
+func TestCheckedReturnsACopy(t *testing.T) {
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	c := m.Checked()
+	c[model.T1] = 100
+	assert.Equal(t, 1, m.Checked()[model.T1])
+}
+
+// ---------------------------------------------------------------------------
+// Violation.Error
+
+func TestViolationError(t *testing.T) {
+	tests := []struct {
+		name    string
+		v       model.Violation
+		want    []string
+		notWant []string
+	}{
+		{
+			name: "full",
+			v: model.Violation{Invariant: model.T1, Conv: convA, Turn: u(3),
+				Reason:   "something broke",
+				Expected: h(u(1), a(1), u(3)), Observed: h(u(1), a(1), u(2), u(3))},
+			want: []string{"T1", "atomic turns", `"conv-a"`, "tc-u3", "something broke",
+				"\n  expected: tc-u1 tc-a1 tc-u3", "\n  observed: tc-u1 tc-a1 tc-u2 tc-u3"},
+		},
+		{
+			name:    "with key",
+			v:       model.Violation{Invariant: model.T5, Conv: convK2, Turn: u(2), Reason: "leak"},
+			want:    []string{"T5", "isolation", `"shared"`, "key-2", "leak"},
+			notWant: []string{"expected:", "observed:"},
+		},
+		{
+			name:    "no turn, no histories",
+			v:       model.Violation{Invariant: model.T3, Conv: convB, Reason: "replayed"},
+			want:    []string{"T3", "no replay", `"conv-b"`, "replayed"},
+			notWant: []string{"turn ", "expected:", "observed:"},
+		},
+		{
+			name:    "only observed",
+			v:       model.Violation{Invariant: model.T2, Conv: convA, Reason: "r", Observed: h(a(1))},
+			want:    []string{"T2", "\n  observed: tc-a1"},
+			notWant: []string{"expected:"},
+		},
+		{
+			name: "empty but non-nil histories",
+			v: model.Violation{Invariant: model.T6, Conv: convA, Reason: "r",
+				Expected: []model.Token{}, Observed: []model.Token{}},
+			want: []string{"T6", "unknown outcomes", "expected: (empty)", "observed: (empty)"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := tt.v.Error()
+			for _, w := range tt.want {
+				assert.Contains(t, s, w)
+			}
+			for _, w := range tt.notWant {
+				assert.NotContains(t, s, w)
+			}
+		})
+	}
+}
+
+// A violation returned by Apply renders with its invariant, conversation and
+// histories, and works as an error.
+func TestApplyViolationError(t *testing.T) {
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	turn := ok(convA, u(2), call(u(2), u(2)))
+	v := m.Apply(turn)
+	requireViolation(t, v, model.T2, turn)
+
+	var err error = v
+	s := err.Error()
+	assert.True(t, strings.HasPrefix(s, "T2 (committed turns stay)"), s)
+	assert.Contains(t, s, `"conv-a"`)
+	assert.Contains(t, s, "turn tc-u2")
+	assert.Contains(t, s, "expected: tc-u1 tc-a1 tc-u2")
+	assert.Contains(t, s, "observed: tc-u2")
+}
+
+// ---------------------------------------------------------------------------
+// Suspected misclassifications
+
+// These histories are rightly rejected, but model.go names a different
+// invariant than PROTOCOL.md does. Each case requires a violation; where the
+// invariant differs from the protocol's, it is skipped with the difference
+// (suspected bugs in model.go, reported, not fixed here). Once model.go is
+// fixed the cases pass as they are.
+func TestSuspectedMisclassifications(t *testing.T) {
+	unknown2 := []step{
+		{turn: ok(convA, u(1), call(u(1), u(1)))},
+		{turn: unknown(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+	}
+	tests := []struct {
+		name  string
+		setup []step
+		last  model.Turn
+		// want is what PROTOCOL.md names.
+		want model.Invariant
+		why  string
+	}{
+		{
+			name: "committed turn duplicated",
+			setup: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+			},
+			last: ok(convA, u(2), call(u(2), u(1), a(1), u(1), a(1), u(2))),
+			want: model.T2,
+			why:  "T2: an ok turn appears in every later request \"exactly once\"",
+		},
+		{
+			name:  "unknown turn committed twice",
+			setup: unknown2,
+			last:  ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(2), a(2), u(3))),
+			want:  model.T6,
+			why:   "T6: an unknown turn is committed \"at most once\"",
+		},
+		{
+			name:  "unknown turn dropped by a call, back in a retried call of the same turn",
+			setup: unknown2,
+			last: ok(convA, u(3),
+				call(u(3), u(1), a(1), u(3)),
+				call(u(3), u(1), a(1), u(2), a(2), u(3))),
+			want: model.T6,
+			why:  "T6: the first call showed tc-u2 was not committed; model.go marks it dropped only after all calls of the turn",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := run(t, tt.setup)
+			v := m.Apply(tt.last)
+			require.NotNil(t, v, "the history must be rejected")
+			assert.NotEmpty(t, v.Reason)
+			assert.Equal(t, tt.last.Conv, v.Conv)
+			assert.Equal(t, tt.last.User, v.Turn)
+			if v.Invariant != tt.want {
+				t.Skipf("suspected bug in model.go: got %s (%s), want %s (%s)", v.Invariant, v.Reason, tt.want, tt.why)
+			}
+		})
+	}
+}

@@ -1,0 +1,123 @@
+package scenarios_test
+
+import (
+	"bytes"
+	"database/sql"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/sut"
+)
+
+// BenchmarkSteps measures the harness end to end: sequential state-machine
+// steps per second against the in-process reference server, faults, checks
+// and per-run server start-up included, against the same target the tests
+// and the CLI use. The metric to compare is steps/s against
+// BenchmarkBaseline's turns/s.
+func BenchmarkSteps(b *testing.B) {
+	target := scenarios.Reference{}
+	steps := 0
+	start := time.Now()
+	for b.Loop() {
+		res, err := scenarios.Check(target, scenarios.Options{Checks: 10})
+		require.NoError(b, err)
+		if res.Failure != nil {
+			b.Fatalf("clean server failed:\n%s", res.Failure.Report)
+		}
+		steps += res.Steps
+	}
+	b.ReportMetric(float64(steps)/time.Since(start).Seconds(), "steps/s")
+}
+
+// BenchmarkBaseline is what one step costs without the harness: one
+// loopback request client -> server -> model and one durable SQLite commit.
+// "bare" is a minimal server written for the purpose; "reference" is the
+// reference server continuing one conversation.
+func BenchmarkBaseline(b *testing.B) {
+	b.Run("bare", func(b *testing.B) {
+		fake, err := faults.StartModel(faults.ModelConfig{})
+		require.NoError(b, err)
+		defer fake.Close()
+		db, err := sql.Open("sqlite", "file:"+filepath.Join(b.TempDir(), "bare.db")+
+			"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)")
+		require.NoError(b, err)
+		defer db.Close()
+		db.SetMaxOpenConns(1)
+		_, err = db.Exec(`CREATE TABLE turns (seq INTEGER PRIMARY KEY, body BLOB)`)
+		require.NoError(b, err)
+		upstream := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		defer upstream.CloseIdleConnections()
+		srv := startBare(b, func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			resp, err := upstream.Post(fake.URL()+"/chat/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
+			}
+			reply, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if _, err := db.Exec(`INSERT INTO turns (body) VALUES (?)`, reply); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			_, _ = w.Write(reply)
+		})
+		turns(b, srv, "")
+	})
+	b.Run("reference", func(b *testing.B) {
+		fake, err := faults.StartModel(faults.ModelConfig{})
+		require.NoError(b, err)
+		defer fake.Close()
+		run, err := sut.Start(sut.Config{ModelURL: fake.URL(), DataDir: b.TempDir()}, "")
+		require.NoError(b, err)
+		defer run.Close()
+		turns(b, run.URL()+"/v1/chat/completions", "bench")
+	})
+}
+
+// turns sends b.N turns to url, on conversation conv if not "", and reports
+// turns per second.
+func turns(b *testing.B, url, conv string) {
+	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	defer client.CloseIdleConnections()
+	n := 0
+	start := time.Now()
+	for b.Loop() {
+		n++
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"Please remember tc-u%d."}]}`, n)
+		req, err := http.NewRequest(http.MethodPost, url, bytes.NewBufferString(body))
+		require.NoError(b, err)
+		req.Header.Set("Content-Type", "application/json")
+		if conv != "" {
+			// A fresh conversation every 30 turns, as state-machine runs
+			// have about 30 steps, so histories stay as long as theirs.
+			req.Header.Set("X-Conversation-Id", fmt.Sprintf("%s-%d", conv, n/30))
+		}
+		resp, err := client.Do(req)
+		require.NoError(b, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(b, http.StatusOK, resp.StatusCode)
+	}
+	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "turns/s")
+}
+
+func netListen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+
+func startBare(b *testing.B, h http.HandlerFunc) string {
+	srv := &http.Server{Handler: h}
+	ln, err := netListen()
+	require.NoError(b, err)
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String() + "/"
+}

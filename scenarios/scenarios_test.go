@@ -1,0 +1,111 @@
+package scenarios_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/sut"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestReferenceServerPasses runs the state machine against the clean
+// reference server the way a Go server's own test would: through Run, with
+// rapid's settings from the command line.
+func TestReferenceServerPasses(t *testing.T) {
+	scenarios.Run(t, scenarios.Reference{})
+}
+
+// caughtAs lists, per mutant, the invariants a shrunk failure may name. A
+// mutant can surface through more than one door: mutate-before-run leaves a
+// client-aborted turn's message behind too, which is T6's business.
+var caughtAs = map[sut.Mutant][]model.Invariant{
+	sut.MutateBeforeRun:     {model.T1, model.T6},
+	sut.ReplayWithoutUser:   {model.T3},
+	sut.CommitOnStreamError: {model.T1},
+	sut.CrossKeyLeak:        {model.T5},
+}
+
+// maxShrunkSteps is what "shrinks to a short sequence" means here: every
+// mutant needs at most a setup turn, a faulted turn and the turn that sees
+// the damage, and the shrinker gets a little slack.
+const maxShrunkSteps = 5
+
+// TestMutantsCaught proves that the harness bites: each mutant brings back
+// a real bug, and the state machine must find it, shrink it, and replay it
+// from its seed to the same broken invariant.
+func TestMutantsCaught(t *testing.T) {
+	require.Len(t, caughtAs, len(sut.Mutants()), "every mutant needs an entry")
+	for _, info := range sut.Mutants() {
+		t.Run(string(info.Mutant), func(t *testing.T) {
+			target := scenarios.Reference{Mutant: info.Mutant}
+			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, ShrinkTime: 3 * time.Second})
+			require.NoError(t, err)
+			require.NotNil(t, res.Failure, "mutant %s (%s) not caught in %d checks (seed %d)",
+				info.Mutant, info.Issue, res.Checks, res.Seed)
+			f := res.Failure
+			require.NotNil(t, f.Violation, f.Report)
+			assert.Contains(t, caughtAs[info.Mutant], f.Violation.Invariant, f.Report)
+			assert.LessOrEqual(t, len(f.Steps), maxShrunkSteps, f.Report)
+			assert.False(t, f.Flaky, f.Report)
+			require.NotZero(t, f.Seed, "no replay seed in the failure")
+			t.Logf("%s: caught as %s after %d check(s) in %s; shrunk to %d steps; %s in all; seed %d",
+				info.Mutant, f.Violation.Invariant, f.FoundAfter, f.FoundIn, len(f.Steps), res.Elapsed, f.Seed)
+
+			replay, err := scenarios.Check(target, scenarios.Options{Checks: 1, Seed: f.Seed, ShrinkTime: 3 * time.Second})
+			require.NoError(t, err)
+			require.NotNil(t, replay.Failure, "seed %d did not replay", f.Seed)
+			require.NotNil(t, replay.Failure.Violation, replay.Failure.Report)
+			assert.Equal(t, f.Violation.Invariant, replay.Failure.Violation.Invariant, replay.Failure.Report)
+		})
+	}
+}
+
+// TestCleanCheckPasses runs Check, the CLI's path, on the clean server.
+func TestCleanCheckPasses(t *testing.T) {
+	res, err := scenarios.Check(scenarios.Reference{}, scenarios.Options{Checks: 20})
+	require.NoError(t, err)
+	if res.Failure != nil {
+		t.Fatalf("clean reference server failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
+	}
+	assert.Equal(t, 20, res.Checks)
+	assert.Positive(t, res.Steps)
+	for _, inv := range []model.Invariant{model.T1, model.T2, model.T3, model.T5} {
+		assert.Positive(t, res.Invariants[inv], "invariant %s never evaluated", inv)
+	}
+	assert.Positive(t, res.Outcomes["fail"], "no turn failed: faults are not being injected")
+	assert.NotEmpty(t, res.Faults)
+}
+
+// TestSameSeedSameRun: a seed replays the same steps, so a passing run's
+// counts are identical too.
+func TestSameSeedSameRun(t *testing.T) {
+	opts := scenarios.Options{Checks: 5, Seed: 42}
+	a, err := scenarios.Check(scenarios.Reference{}, opts)
+	require.NoError(t, err)
+	b, err := scenarios.Check(scenarios.Reference{}, opts)
+	require.NoError(t, err)
+	assert.Equal(t, a.Steps, b.Steps)
+	assert.Equal(t, a.Faults, b.Faults)
+	assert.Equal(t, a.Outcomes, b.Outcomes)
+}
+
+type brokenTarget struct{}
+
+func (brokenTarget) Start(string) (scenarios.Server, error) { return nil, errors.New("cannot start") }
+func (brokenTarget) Profile() scenarios.Profile              { return scenarios.Profile{} }
+
+// TestSetupErrorIsNotAViolation: a server that does not start is a setup
+// error, reported as such, never as a broken invariant.
+func TestSetupErrorIsNotAViolation(t *testing.T) {
+	_, err := scenarios.Check(brokenTarget{}, scenarios.Options{Checks: 3})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cannot start")
+}
