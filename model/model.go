@@ -190,14 +190,19 @@ func (m *Model) Apply(t Turn) *Violation {
 		if !ok {
 			return m.explain(t, segs, call)
 		}
+		if !reached {
+			// What the first call left out of the unknown turns before it was
+			// not committed, and may not appear later, not even in a retry
+			// of this very call.
+			for _, s := range c.segs {
+				if s.pending && !slices.Contains(got, segment{user: s.user}) {
+					m.dropped[s.user] = true
+				}
+			}
+		}
 		resolved, reached = got, true
 	}
 	if reached {
-		for _, s := range c.segs {
-			if s.pending && !slices.Contains(resolved, segment{user: s.user}) {
-				m.dropped[s.user] = true
-			}
-		}
 		c.segs = resolved
 	}
 
@@ -282,6 +287,12 @@ func (m *Model) explain(t Turn, segs []segment, call Call) *Violation {
 		case m.failed[user]:
 			v.Invariant = T1
 			v.Reason = fmt.Sprintf("%s, of a turn that failed, reached the model in a later turn: a failed turn must leave the conversation as it was", tok)
+		case pendingIn(segs, user):
+			v.Invariant = T6
+			v.Reason = fmt.Sprintf("%s, of a turn whose outcome was unknown, appears %d times: it may be committed at most once", tok, seen[tok])
+		case allowed[tok] > 0 && user != t.User:
+			v.Invariant = T2
+			v.Reason = fmt.Sprintf("%s, of a committed turn, appears %d times: a committed turn appears exactly once", tok, seen[tok])
 		case allowed[tok] > 0:
 			v.Invariant = T1
 			v.Reason = fmt.Sprintf("%s appears %d times; the conversation holds it %d time(s)", tok, seen[tok], allowed[tok])
@@ -339,6 +350,11 @@ func match(segs []segment, history []Token, user Token) ([]segment, bool) {
 	return out, true
 }
 
+// pendingIn reports whether user is the turn of a pending segment of segs.
+func pendingIn(segs []segment, user Token) bool {
+	return slices.Contains(segs, segment{user: user, pending: true})
+}
+
 func hasPending(segs []segment) bool {
 	for _, s := range segs {
 		if s.pending {
@@ -367,8 +383,8 @@ func expected(segs []segment, user Token) []Token {
 }
 
 func clip(s string) string {
-	if len(s) > 80 {
-		return s[:77] + "..."
+	if r := []rune(s); len(r) > 80 {
+		return string(r[:77]) + "..."
 	}
 	return s
 }

@@ -843,14 +843,11 @@ func TestApplyViolationError(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// Suspected misclassifications
+// The most specific invariant
 
-// These histories are rightly rejected, but model.go names a different
-// invariant than PROTOCOL.md does. Each case requires a violation; where the
-// invariant differs from the protocol's, it is skipped with the difference
-// (suspected bugs in model.go, reported, not fixed here). Once model.go is
-// fixed the cases pass as they are.
-func TestSuspectedMisclassifications(t *testing.T) {
+// These histories break more than one rule; the violation must name the
+// invariant PROTOCOL.md gives for them, so a report points at the right bug.
+func TestMostSpecificInvariant(t *testing.T) {
 	unknown2 := []step{
 		{turn: ok(convA, u(1), call(u(1), u(1)))},
 		{turn: unknown(convA, u(2), call(u(2), u(1), a(1), u(2)))},
@@ -897,9 +894,7 @@ func TestSuspectedMisclassifications(t *testing.T) {
 			assert.NotEmpty(t, v.Reason)
 			assert.Equal(t, tt.last.Conv, v.Conv)
 			assert.Equal(t, tt.last.User, v.Turn)
-			if v.Invariant != tt.want {
-				t.Skipf("suspected bug in model.go: got %s (%s), want %s (%s)", v.Invariant, v.Reason, tt.want, tt.why)
-			}
+			assert.Equal(t, tt.want, v.Invariant, "%s; reason: %s", tt.why, v.Reason)
 		})
 	}
 }

@@ -100,7 +100,7 @@ func TestSameSeedSameRun(t *testing.T) {
 type brokenTarget struct{}
 
 func (brokenTarget) Start(string) (scenarios.Server, error) { return nil, errors.New("cannot start") }
-func (brokenTarget) Profile() scenarios.Profile              { return scenarios.Profile{} }
+func (brokenTarget) Profile() scenarios.Profile             { return scenarios.Profile{} }
 
 // TestSetupErrorIsNotAViolation: a server that does not start is a setup
 // error, reported as such, never as a broken invariant.

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// runCLI runs the CLI with args and returns its exit status and output.
+func runCLI(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"bogus"},
+		{"check", "--bogus"},
+		{"check", "--mutant", "no-such-mutant"},
+		{"check", "--checks", "0"},
+		{"check", "extra-arg"},
+		{"replay"},
+		{"serve"},
+		{"serve", "--model-url", "http://127.0.0.1:1/v1"},
+		{"serve", "--data-dir", t.TempDir()},
+		{"serve", "--model-url", "ftp://x", "--data-dir", t.TempDir()},
+		{"serve", "--model-url", "http://127.0.0.1:1/v1", "--data-dir", t.TempDir(), "--listen", "nonsense"},
+		{"model", "--listen", "nonsense"},
+	} {
+		code, _, stderr := runCLI(t, args...)
+		assert.Equal(t, exitUsage, code, "turncheck %s", strings.Join(args, " "))
+		assert.NotEmpty(t, stderr, "turncheck %s says nothing", strings.Join(args, " "))
+		assert.NotContains(t, stderr, "panic", "turncheck %s", strings.Join(args, " "))
+	}
+}
+
+func TestUnwritableDataDir(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "a-file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	code, _, stderr := runCLI(t, "serve", "--model-url", "http://127.0.0.1:1/v1", "--data-dir", filepath.Join(file, "data"), "--listen", "127.0.0.1:0")
+	assert.Equal(t, exitUsage, code)
+	assert.Equal(t, 1, strings.Count(strings.TrimSpace(stderr), "\n")+1, "want a one-line error, got %q", stderr)
+	assert.Contains(t, stderr, "data dir")
+}
+
+func TestHelpTeaches(t *testing.T) {
+	code, stdout, _ := runCLI(t, "--help")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, stdout, "Examples:")
+	for _, cmd := range []string{"check", "replay", "serve", "model", "mutants"} {
+		code, _, stderr := runCLI(t, cmd, "--help")
+		assert.Equal(t, exitOK, code, cmd)
+		assert.Contains(t, stderr, "Usage: turncheck "+cmd, cmd)
+	}
+}
+
+func TestMutantsLists(t *testing.T) {
+	code, stdout, _ := runCLI(t, "mutants")
+	require.Equal(t, exitOK, code)
+	for _, name := range []string{"mutate-before-run", "replay-without-user", "commit-on-stream-error", "cross-key-leak", "#2890", "#2947"} {
+		assert.Contains(t, stdout, name)
+	}
+}
+
+func TestCheckPassesOnCleanServer(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "check", "--checks", "5")
+	require.Equal(t, exitOK, code, stdout+stderr)
+	assert.Contains(t, stdout, "PASS")
+	assert.Contains(t, stdout, "faults injected:")
+	assert.Contains(t, stdout, "invariants checked:")
+}
+
+var replayLine = regexp.MustCompile(`replay: (turncheck replay --seed \d+ --mutant replay-without-user)`)
+
+// TestCheckCatchesAndReplays: a mutant exits 1 with a report and a replay
+// command, and that command, run, reports the same invariant.
+func TestCheckCatchesAndReplays(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "check", "--mutant", "replay-without-user", "--checks", "50", "--shrink-time", "1s")
+	require.Equal(t, exitViolation, code, stdout+stderr)
+	assert.Contains(t, stdout, "FAIL: T3 (no replay) broken")
+	assert.Contains(t, stdout, "curl -sS")
+	m := replayLine.FindStringSubmatch(stdout)
+	require.NotNil(t, m, "no replay command in:\n%s", stdout)
+
+	args := append(strings.Fields(m[1])[1:], "--shrink-time", "1s")
+	code, stdout, stderr = runCLI(t, args...)
+	require.Equal(t, exitViolation, code, stdout+stderr)
+	assert.Contains(t, stdout, "FAIL: T3 (no replay) broken")
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var listening = regexp.MustCompile(`listening on (http://\S+)`)
+
+// startCommand runs a long-running command until the returned stop is
+// called, and returns the URL it printed.
+func startCommand(t *testing.T, args ...string) (url string, stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, args, &stdout, &stderr) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if m := listening.FindStringSubmatch(stdout.String()); m != nil {
+			url = m[1]
+			break
+		}
+		select {
+		case code := <-done:
+			cancel()
+			t.Fatalf("turncheck %v exited %d before listening: %s", args, code, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("turncheck %v did not print its address", args)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return url, func() int { cancel(); return <-done }
+}
+
+// TestServeAndModel runs the two servers as a person would, sends a turn
+// through them, and stops them.
+func TestServeAndModel(t *testing.T) {
+	modelURL, stopModel := startCommand(t, "model", "--listen", "127.0.0.1:0")
+	serverURL, stopServer := startCommand(t, "serve", "--listen", "127.0.0.1:0",
+		"--model-url", modelURL+"/v1", "--data-dir", t.TempDir(), "--key", "k1")
+
+	client := &http.Client{Timeout: 10 * time.Second}
+	send := func(msg string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, serverURL+"/v1/chat/completions",
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"`+msg+`"}]}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer k1")
+		req.Header.Set("X-Conversation-Id", "c1")
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	code, body := send("hello tc-u1")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "tc-a1")
+	code, body = send("again tc-u2")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "tc-a2")
+	client.CloseIdleConnections()
+
+	assert.Equal(t, exitOK, stopServer())
+	assert.Equal(t, exitOK, stopModel())
+}
