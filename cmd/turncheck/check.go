@@ -36,13 +36,13 @@ Example:
 `
 
 func cmdCheck(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("check", checkHelp, stderr)
+	fs := newFlags("check", checkHelp, stdout, stderr)
 	mutant := fs.String("mutant", "", "switch on a mutant of the reference server (see 'turncheck mutants')")
 	checks := fs.Int("checks", 100, "state-machine runs to try")
 	steps := fs.Int("steps", 30, "average steps per run")
 	seed := fs.Uint64("seed", 0, "seed of the first run; 0 draws one")
 	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking a failure")
-	if code := parse(fs, args); code >= 0 {
+	if code := fs.parse(args); code >= 0 {
 		return code
 	}
 	if *checks <= 0 || *steps <= 0 || *shrink <= 0 {
@@ -52,12 +52,12 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdReplay(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("replay", replayHelp, stderr)
+	fs := newFlags("replay", replayHelp, stdout, stderr)
 	mutant := fs.String("mutant", "", "the mutant the seed was found with, if any")
 	seed := fs.Uint64("seed", 0, "the seed to replay (required)")
 	steps := fs.Int("steps", 30, "average steps per run: the value the seed was found with")
 	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking the failure")
-	if code := parse(fs, args); code >= 0 {
+	if code := fs.parse(args); code >= 0 {
 		return code
 	}
 	if *seed == 0 {

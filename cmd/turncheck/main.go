@@ -86,33 +86,42 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "turncheck: unknown command %q\n\n%s", cmd, usage)
+		fmt.Fprintf(stderr, "turncheck: unknown command %q (see 'turncheck --help')\n", cmd)
 		return exitUsage
 	}
 }
 
-// newFlags returns a flag set whose --help prints summary, an example, and
-// the flags.
-func newFlags(name, summary string, stderr io.Writer) *flag.FlagSet {
+// flagSet is a command's flags. Its --help prints the command's help (what
+// it does, an example) and the flags to stdout; a bad flag is a one-line
+// error on stderr.
+type flagSet struct {
+	*flag.FlagSet
+	help           string
+	stdout, stderr io.Writer
+}
+
+func newFlags(name, help string, stdout, stderr io.Writer) *flagSet {
 	fs := flag.NewFlagSet("turncheck "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "%s\nFlags:\n", strings.TrimSpace(summary)+"\n")
-		fs.PrintDefaults()
-	}
-	return fs
+	fs.SetOutput(io.Discard) // parse reports errors itself, on one line
+	fs.Usage = func() {}
+	return &flagSet{FlagSet: fs, help: help, stdout: stdout, stderr: stderr}
 }
 
-// parse parses args; it returns the exit status to stop with, or -1 to go on.
-func parse(fs *flag.FlagSet, args []string) int {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
+// parse parses args; it returns the exit status to stop with, or -1 to go
+// on.
+func (fs *flagSet) parse(args []string) int {
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(fs.stdout, "%s\n\nFlags:\n", strings.TrimSpace(fs.help))
+		fs.SetOutput(fs.stdout)
+		fs.PrintDefaults()
+		return exitOK
+	case err != nil:
+		fmt.Fprintf(fs.stderr, "%s: %v (see '%s --help')\n", fs.Name(), err, fs.Name())
 		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+	case fs.NArg() > 0:
+		fmt.Fprintf(fs.stderr, "%s: unexpected argument %q (see '%s --help')\n", fs.Name(), fs.Arg(0), fs.Name())
 		return exitUsage
 	}
 	return -1

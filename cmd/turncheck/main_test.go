@@ -29,8 +29,10 @@ func runCLI(t *testing.T, args ...string) (int, string, string) {
 }
 
 func TestUsageErrorsExit2(t *testing.T) {
+	code, _, stderr := runCLI(t)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "Usage:")
 	for _, args := range [][]string{
-		{},
 		{"bogus"},
 		{"check", "--bogus"},
 		{"check", "--mutant", "no-such-mutant"},
@@ -47,6 +49,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		code, _, stderr := runCLI(t, args...)
 		assert.Equal(t, exitUsage, code, "turncheck %s", strings.Join(args, " "))
 		assert.NotEmpty(t, stderr, "turncheck %s says nothing", strings.Join(args, " "))
+		assert.Equal(t, 1, strings.Count(stderr, "\n"), "turncheck %s: want a one-line error, got %q", strings.Join(args, " "), stderr)
 		assert.NotContains(t, stderr, "panic", "turncheck %s", strings.Join(args, " "))
 	}
 }
@@ -65,9 +68,10 @@ func TestHelpTeaches(t *testing.T) {
 	assert.Equal(t, exitOK, code)
 	assert.Contains(t, stdout, "Examples:")
 	for _, cmd := range []string{"check", "replay", "serve", "model", "mutants"} {
-		code, _, stderr := runCLI(t, cmd, "--help")
+		code, stdout, _ := runCLI(t, cmd, "--help")
 		assert.Equal(t, exitOK, code, cmd)
-		assert.Contains(t, stderr, "Usage: turncheck "+cmd, cmd)
+		assert.Contains(t, stdout, "Usage: turncheck "+cmd, cmd)
+		assert.Contains(t, stdout, "xample", cmd)
 	}
 }
 

@@ -42,6 +42,16 @@ Example:
   turncheck model --listen 127.0.0.1:9090
 `
 
+const mutantsHelp = `Usage: turncheck mutants
+
+Lists the mutants of the reference server: each brings back a real bug from
+a real server, and the invariant a correct harness reports it under.
+
+Example:
+  turncheck mutants
+  turncheck check --mutant cross-key-leak
+`
+
 // keyList is a repeatable --key flag.
 type keyList []string
 
@@ -55,7 +65,7 @@ func (k *keyList) Set(v string) error {
 }
 
 func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("serve", serveHelp, stderr)
+	fs := newFlags("serve", serveHelp, stdout, stderr)
 	listen := fs.String("listen", "127.0.0.1:8080", "address to listen on (loopback by default)")
 	modelURL := fs.String("model-url", "", "the model provider's OpenAI-compatible base URL (required)")
 	dataDir := fs.String("data-dir", "", "directory of the durable store (required)")
@@ -65,7 +75,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	header := fs.String("conversation-header", sut.DefaultConversationHeader, "header that names the conversation")
 	var keys keyList
 	fs.Var(&keys, "key", "API key to accept as a bearer token; repeat for several (none: no auth)")
-	if code := parse(fs, args); code >= 0 {
+	if code := fs.parse(args); code >= 0 {
 		return code
 	}
 	switch {
@@ -110,9 +120,9 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 func cmdModel(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("model", modelHelp, stderr)
+	fs := newFlags("model", modelHelp, stdout, stderr)
 	listen := fs.String("listen", "127.0.0.1:9090", "address to listen on (loopback by default)")
-	if code := parse(fs, args); code >= 0 {
+	if code := fs.parse(args); code >= 0 {
 		return code
 	}
 	if err := checkListen(*listen); err != nil {
@@ -137,8 +147,8 @@ func checkListen(addr string) error {
 }
 
 func cmdMutants(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("mutants", "Usage: turncheck mutants\n\nLists the mutants of the reference server: each brings back a real bug.\nCheck one with 'turncheck check --mutant NAME'.", stderr)
-	if code := parse(fs, args); code >= 0 {
+	fs := newFlags("mutants", mutantsHelp, stdout, stderr)
+	if code := fs.parse(args); code >= 0 {
 		return code
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
