@@ -2,7 +2,6 @@ package faults
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -280,18 +279,10 @@ func chunk(content, role string, finish *string) openai.Completion {
 }
 
 func writeError(w http.ResponseWriter, status int, typ, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = io.WriteString(w, mustJSON(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: typ}}))
+	openai.WriteError(w, status, typ, msg)
 }
 
-func mustJSON(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(errors.New("faults: cannot encode " + err.Error()))
-	}
-	return string(b)
-}
+func mustJSON(v any) string { return openai.Encode(v) }
 
 func orDash(t model.Token) string {
 	if t == "" {

@@ -207,16 +207,11 @@ func readStream(ctx context.Context, body io.Reader, out Response) Response {
 }
 
 func errorMessage(r io.Reader) string {
-	raw, _ := io.ReadAll(io.LimitReader(r, 4096))
-	var eb openai.ErrorBody
-	if json.Unmarshal(raw, &eb) == nil && eb.Error.Message != "" {
-		return eb.Error.Message
+	msg, ok := openai.ReadErrorMessage(r)
+	if !ok {
+		return "body not an OpenAI error: " + msg
 	}
-	s := strings.TrimSpace(string(raw))
-	if len(s) > 200 {
-		s = s[:200] + "..."
-	}
-	return "body not an OpenAI error: " + s
+	return msg
 }
 
 func transportError(ctx context.Context, err error) string {

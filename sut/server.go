@@ -7,6 +7,7 @@
 package sut
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -358,7 +359,7 @@ func decodeRequest(body []byte) (*openai.ChatRequest, error) {
 		openai.ChatRequest
 		Messages *[]openai.Message `json:"messages"`
 	}
-	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&raw); err != nil {
 		return nil, fmt.Errorf("malformed JSON body: %v", err)
 	}
@@ -427,16 +428,7 @@ func chunk(id string, created int64, model string, d openai.Delta, finish *strin
 }
 
 func writeError(w http.ResponseWriter, status int, typ, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = io.WriteString(w, encode(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: typ}}))
+	openai.WriteError(w, status, typ, msg)
 }
 
-func encode(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
-		// Only our own wire types are encoded here; they always encode.
-		panic("sut: encode: " + err.Error())
-	}
-	return string(b)
-}
+func encode(v any) string { return openai.Encode(v) }

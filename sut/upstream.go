@@ -69,7 +69,7 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return "", &upstreamError{msg: fmt.Sprintf("model answered %d: %s", resp.StatusCode, errorMessage(resp.Body))}
+		return "", &upstreamError{msg: fmt.Sprintf("model answered %d: %s", resp.StatusCode, upstreamMessage(resp.Body))}
 	}
 	onStart()
 
@@ -110,18 +110,10 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 	}
 }
 
-// errorMessage reads an OpenAI error body's message, or a clipped raw body.
-func errorMessage(r io.Reader) string {
-	raw, _ := io.ReadAll(io.LimitReader(r, 4096))
-	var eb openai.ErrorBody
-	if json.Unmarshal(raw, &eb) == nil && eb.Error.Message != "" {
-		return eb.Error.Message
-	}
-	s := strings.TrimSpace(string(raw))
-	if len(s) > 200 {
-		s = s[:200] + "..."
-	}
-	return s
-}
-
 func (u *upstream) close() { u.client.CloseIdleConnections() }
+
+// upstreamMessage is what the model's error response says.
+func upstreamMessage(r io.Reader) string {
+	msg, _ := openai.ReadErrorMessage(r)
+	return msg
+}
