@@ -332,8 +332,9 @@ func (s *Server) authorize(r *http.Request) (string, bool) {
 	if len(s.cfg.Keys) == 0 {
 		return "", true
 	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
+	// The scheme name is case-insensitive (RFC 9110); the key is not.
+	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return "", false
 	}
 	for _, k := range s.cfg.Keys {
@@ -363,7 +364,8 @@ func decodeRequest(body []byte) (*openai.ChatRequest, error) {
 	if err := dec.Decode(&raw); err != nil {
 		return nil, fmt.Errorf("malformed JSON body: %v", err)
 	}
-	if dec.More() {
+	// Decoder.More would miss a stray '}' or ']': look at the rest itself.
+	if len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
 		return nil, errors.New("malformed JSON body: data after the request object")
 	}
 	if raw.Messages == nil {
