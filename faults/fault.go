@@ -38,7 +38,7 @@ func (k Kind) String() string {
 // Fault is the fake model's script for one turn's token.
 type Fault struct {
 	Kind Kind
-	// Status is the HTTP status of a Status fault.
+	// Status is the HTTP status of a Status fault; below 400 means 500.
 	Status int
 	// RetryHint adds a Retry-After header to a Status fault.
 	RetryHint bool

@@ -1,7 +1,9 @@
 package faults
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
 	"github.com/turncheck/turncheck/model"
@@ -39,6 +42,7 @@ type Model struct {
 	closing chan struct{}
 	once    sync.Once
 	active  sync.WaitGroup
+	logMu   sync.Mutex
 
 	mu      sync.Mutex
 	calls   []model.Call
@@ -56,7 +60,7 @@ func StartModel(cfg ModelConfig) (*Model, error) {
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1:0"
 	}
-	ln, err := net.Listen("tcp", cfg.Addr)
+	ln, err := loopback.Listen(cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("fake model: %w", err)
 	}
@@ -117,6 +121,7 @@ func (m *Model) CallCount() int {
 func (m *Model) CallsSince(n int) []model.Call {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	n = max(n, 0)
 	if n >= len(m.calls) {
 		return nil
 	}
@@ -132,19 +137,22 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "use POST")
 		return
 	}
-	var req openai.ChatRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxModelRequest)).Decode(&req); err != nil {
+	req, err := decodeRequest(r.Body)
+	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "malformed request: "+err.Error())
 		return
 	}
 	call := readCall(req.Messages)
 	fault, arrived := m.record(call)
 	if m.cfg.Log != nil {
+		m.logMu.Lock()
 		fmt.Fprintf(m.cfg.Log, "call turn=%s stream=%t fault=%q history=%s\n",
 			orDash(call.Turn), req.Stream, fault, model.FormatTokens(call.History))
+		m.logMu.Unlock()
 	}
 	if arrived != nil {
 		close(arrived)
@@ -169,6 +177,27 @@ func (m *Model) record(call model.Call) (Fault, chan struct{}) {
 		return Fault{}, arrived
 	}
 	return s.fault, arrived
+}
+
+// decodeRequest reads a chat request that is one JSON object and nothing
+// more.
+func decodeRequest(body io.Reader) (*openai.ChatRequest, error) {
+	raw, err := io.ReadAll(io.LimitReader(body, maxModelRequest+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) > maxModelRequest {
+		return nil, fmt.Errorf("body over %d bytes", maxModelRequest)
+	}
+	var req openai.ChatRequest
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if err := dec.Decode(&req); err != nil {
+		return nil, err
+	}
+	if len(bytes.TrimSpace(raw[dec.InputOffset():])) > 0 {
+		return nil, errors.New("data after the request object")
+	}
+	return &req, nil
 }
 
 // readCall reads a request as tokens: all of them in message order, and the
@@ -206,6 +235,9 @@ func ReplyChunks(tok model.Token) []string {
 func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token, stream bool, f Fault) {
 	switch f.Kind {
 	case Status:
+		if f.Status < 400 {
+			f.Status = http.StatusInternalServerError
+		}
 		if f.RetryHint {
 			w.Header().Set("Retry-After", "0")
 		}
@@ -215,6 +247,9 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token,
 		select {
 		case <-r.Context().Done():
 		case <-m.closing:
+			// Shutting down: drop the call rather than let net/http end it
+			// with an empty 200 the server would take for a reply.
+			panic(http.ErrAbortHandler)
 		}
 		return
 	}
@@ -240,8 +275,13 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token,
 		}
 		_ = sw.Data(mustJSON(chunk(c, "", nil)))
 	}
-	if f.Kind == Cut && f.After >= len(chunks) {
-		panic(http.ErrAbortHandler)
+	if f.After >= len(chunks) {
+		switch f.Kind {
+		case Cut:
+			panic(http.ErrAbortHandler)
+		case Malformed:
+			_ = sw.Data(`{"id":"fake","object":"chat.completion.chunk","choices":[{"delta":`)
+		}
 	}
 	_ = sw.Data(mustJSON(chunk("", "", openai.Ptr(openai.FinishStop))))
 	_ = sw.Data(openai.DoneSentinel)

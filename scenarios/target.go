@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -80,14 +81,18 @@ func (r Reference) Start(modelURL string) (Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	run, err := sut.Start(sut.Config{
+	ln, err := loopback.Listen("")
+	if err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	run, err := sut.Serve(sut.Config{
 		ModelURL:         modelURL,
 		DataDir:          dir,
 		ConversationsMax: r.ConversationsMax,
 		RequestTimeout:   r.RequestTimeout,
 		Keys:             referenceKeys,
 		Mutant:           r.Mutant,
-	}, "127.0.0.1:0")
+	}, ln)
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
 	}

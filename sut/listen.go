@@ -23,13 +23,19 @@ func Start(cfg Config, addr string) (*Running, error) {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	s, err := New(cfg)
-	if err != nil {
-		return nil, err
-	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("listen on %s: %w", addr, err), s.Close())
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return Serve(cfg, ln)
+}
+
+// Serve opens a server with cfg and serves it on ln, which it closes when
+// the server stops or fails to open.
+func Serve(cfg Config, ln net.Listener) (*Running, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, errors.Join(err, ln.Close())
 	}
 	r := &Running{
 		Server:  s,

@@ -32,11 +32,13 @@ func NewReader(r io.Reader) *Reader {
 
 // Next returns the data of the next event: its data lines joined by "\n".
 // Events without data (comments, retry hints) are skipped. At the end of
-// the stream it returns io.EOF, or io.ErrUnexpectedEOF when the stream ends
-// inside an event.
+// the stream it returns io.EOF; a last event not closed by a blank line is
+// returned as it is. An event over MaxEventBytes, in one line or many, is
+// ErrEventTooLarge.
 func (r *Reader) Next() (string, error) {
 	var data []string
 	pending := false
+	size := 0
 	for r.s.Scan() {
 		line := r.s.Text()
 		if line == "" {
@@ -51,6 +53,9 @@ func (r *Reader) Next() (string, error) {
 		field, value, _ := strings.Cut(line, ":")
 		value = strings.TrimPrefix(value, " ")
 		if field == "data" {
+			if size += len(value) + 1; size > MaxEventBytes {
+				return "", ErrEventTooLarge
+			}
 			data = append(data, value)
 			pending = true
 		}

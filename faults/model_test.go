@@ -1,0 +1,898 @@
+package faults_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/internal/sse"
+	"github.com/turncheck/turncheck/model"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// guard bounds how long a test waits for something that must happen; it
+// only turns a hang into a failure, it never decides an outcome.
+const guard = 5 * time.Second
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+// fixture is one fake model and a client of its own, both closed when the
+// test ends.
+type fixture struct {
+	t      *testing.T
+	m      *faults.Model
+	client *http.Client
+	tr     *http.Transport
+}
+
+func start(t *testing.T, cfg faults.ModelConfig) *fixture {
+	t.Helper()
+	m, err := faults.StartModel(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, m.Close()) })
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	require.True(t, strings.HasPrefix(m.URL(), "http://127.0.0.1:"), "the model listens on loopback: %s", m.URL())
+	return &fixture{t: t, m: m, client: &http.Client{Transport: tr}, tr: tr}
+}
+
+func msg(role, content string) openai.Message {
+	return openai.Message{Role: role, Content: openai.Content(content)}
+}
+
+func user(content string) openai.Message { return msg(openai.RoleUser, content) }
+
+func body(t *testing.T, stream bool, msgs ...openai.Message) []byte {
+	t.Helper()
+	b, err := json.Marshal(openai.ChatRequest{Model: "fake", Messages: msgs, Stream: stream})
+	require.NoError(t, err)
+	return b
+}
+
+// do sends a request to the model at path (relative to its address) and
+// returns the response; the caller closes its body.
+func (f *fixture) do(ctx context.Context, method, path string, b []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+f.m.Addr()+path, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return f.client.Do(req)
+}
+
+// post sends a chat completion to /v1/chat/completions and returns the
+// status and the whole body, which must read cleanly.
+func (f *fixture) post(stream bool, msgs ...openai.Message) (*http.Response, []byte) {
+	f.t.Helper()
+	return f.send(http.MethodPost, "/v1/chat/completions", body(f.t, stream, msgs...))
+}
+
+func (f *fixture) send(method, path string, b []byte) (*http.Response, []byte) {
+	f.t.Helper()
+	resp, err := f.do(context.Background(), method, path, b)
+	require.NoError(f.t, err)
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(f.t, err)
+	return resp, got
+}
+
+// events reads an event stream to its end: the data payloads, and the error
+// that ended it (io.EOF for a clean end).
+func events(r io.Reader) ([]string, error) {
+	sr := sse.NewReader(r)
+	var out []string
+	for {
+		d, err := sr.Next()
+		if err != nil {
+			return out, err
+		}
+		out = append(out, d)
+	}
+}
+
+// decode decodes stream payloads; the [DONE] sentinel and undecodable
+// payloads are left as nil entries.
+func decode(payloads []string) []*openai.Completion {
+	out := make([]*openai.Completion, len(payloads))
+	for i, p := range payloads {
+		var c openai.Completion
+		if p != openai.DoneSentinel && json.Unmarshal([]byte(p), &c) == nil {
+			out[i] = &c
+		}
+	}
+	return out
+}
+
+// contentChunks returns the delta texts of the chunks that carry some.
+func contentChunks(cs []*openai.Completion) []string {
+	out := []string{}
+	for _, c := range cs {
+		if c != nil && c.Text() != "" {
+			out = append(out, c.Text())
+		}
+	}
+	return out
+}
+
+func hasFinishStop(cs []*openai.Completion) bool {
+	for _, c := range cs {
+		if c != nil && c.Finish() == openai.FinishStop {
+			return true
+		}
+	}
+	return false
+}
+
+func errorBody(t *testing.T, b []byte) openai.ErrorDetail {
+	t.Helper()
+	var e openai.ErrorBody
+	require.NoError(t, json.Unmarshal(b, &e), "error body %q", b)
+	return e.Error
+}
+
+func reply(tok model.Token) string { return strings.Join(faults.ReplyChunks(tok), "") }
+
+// syncBuffer is a Log writer safe for concurrent calls.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// result is what a client call in a goroutine ended with.
+type result struct {
+	status int
+	body   []byte
+	err    error
+}
+
+// goDo sends b in a goroutine and reports how it ended on the returned
+// channel.
+func (f *fixture) goDo(ctx context.Context, b []byte) <-chan result {
+	done := make(chan result, 1)
+	go func() {
+		resp, err := f.do(ctx, http.MethodPost, "/v1/chat/completions", b)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		got, err := io.ReadAll(resp.Body)
+		done <- result{status: resp.StatusCode, body: got, err: err}
+	}()
+	return done
+}
+
+func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(guard):
+		require.FailNow(t, "timed out waiting for "+what)
+	}
+}
+
+func waitResult(t *testing.T, ch <-chan result) result {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(guard):
+		require.FailNow(t, "timed out waiting for the client call to end")
+	}
+	return result{}
+}
+
+// ---------------------------------------------------------------------------
+// Recording
+
+func TestRecordsTokensOfAllMessagesInOrder(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+
+	resp, _ := f.post(false,
+		msg(openai.RoleSystem, "You are helpful. tc-a90"),
+		user("first tc-u1"),
+		msg(openai.RoleAssistant, "tc-a1 acknowledges"),
+		user("tc-a77 second tc-u2, also tc-u3"),
+		msg(openai.RoleTool, "tool output tc-a8"),
+		msg(openai.RoleAssistant, "no token here"),
+	)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	calls := f.m.CallsSince(0)
+	require.Len(t, calls, 1)
+	assert.Equal(t, []model.Token{"tc-a90", "tc-u1", "tc-a1", "tc-a77", "tc-u2", "tc-u3", "tc-a8"}, calls[0].History)
+	// The turn is the first user token of the last user message, even when
+	// assistant and tool messages follow it.
+	assert.Equal(t, model.Token("tc-u2"), calls[0].Turn)
+}
+
+func TestRecordsContentParts(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	b := []byte(`{"model":"fake","messages":[
+		{"role":"system","content":null},
+		{"role":"user","content":[{"type":"text","text":"hello "},{"type":"text","text":"tc-u4"}]}]}`)
+	resp, got := f.send(http.MethodPost, "/v1/chat/completions", b)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", got)
+	calls := f.m.CallsSince(0)
+	require.Len(t, calls, 1)
+	assert.Equal(t, []model.Token{"tc-u4"}, calls[0].History)
+	assert.Equal(t, model.Token("tc-u4"), calls[0].Turn)
+}
+
+func TestTurnIsEmptyWithoutUserToken(t *testing.T) {
+	cases := []struct {
+		name    string
+		msgs    []openai.Message
+		history []model.Token
+	}{
+		{"no messages", nil, []model.Token{}},
+		{"no tokens", []openai.Message{user("hi")}, []model.Token{}},
+		{"only system and assistant tokens", []openai.Message{
+			msg(openai.RoleSystem, "tc-u7 in a system prompt"),
+			msg(openai.RoleAssistant, "tc-a7"),
+		}, []model.Token{"tc-u7", "tc-a7"}},
+		{"last user message has no token", []openai.Message{
+			user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("a title please"),
+		}, []model.Token{"tc-u1", "tc-a1"}},
+		{"last user message has only a reply token", []openai.Message{
+			user("tc-u1"), user("quoting tc-a1"),
+		}, []model.Token{"tc-u1", "tc-a1"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := start(t, faults.ModelConfig{})
+			for _, stream := range []bool{false, true} {
+				before := f.m.CallCount()
+				resp, got := f.post(stream, tc.msgs...)
+				require.Equal(t, http.StatusOK, resp.StatusCode, "%s", got)
+				calls := f.m.CallsSince(before)
+				require.Len(t, calls, 1)
+				assert.Equal(t, model.Token(""), calls[0].Turn)
+				assert.NotNil(t, calls[0].History, "an empty history is recorded as empty, not nil")
+				assert.Equal(t, tc.history, calls[0].History)
+				assert.NotContains(t, string(got), "tc-a", "a call without a turn gets no reply token")
+			}
+		})
+	}
+}
+
+func TestScriptForUnrelatedTokenDoesNotApply(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 500})
+	// tc-u1 is in the history but the turn is tc-u2.
+	resp, got := f.post(false, user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u2"))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, string(got), "tc-a2")
+	// A request without a turn is not matched by any script, not even one
+	// set for the empty token.
+	f.m.Script("", faults.Fault{Kind: faults.Status, Status: 500})
+	resp, _ = f.post(false, user("no token"))
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+func TestBothPaths(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	for i, path := range []string{"/v1/chat/completions", "/chat/completions"} {
+		tok := model.UserToken(i + 1)
+		resp, got := f.send(http.MethodPost, path, body(t, false, user("hi "+string(tok))))
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		assert.Contains(t, string(got), string(tok.Reply()), path)
+	}
+	assert.True(t, strings.HasSuffix(f.m.URL(), "/v1"))
+	calls := f.m.CallsSince(0)
+	require.Len(t, calls, 2)
+	assert.Equal(t, model.Token("tc-u1"), calls[0].Turn)
+	assert.Equal(t, model.Token("tc-u2"), calls[1].Turn)
+}
+
+// ---------------------------------------------------------------------------
+// Replies
+
+func TestReplyNonStream(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	resp, got := f.post(false, user("hello tc-u5"))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+
+	var c openai.Completion
+	require.NoError(t, json.Unmarshal(got, &c), "%s", got)
+	assert.Equal(t, openai.ObjectCompletion, c.Object)
+	require.Len(t, c.Choices, 1)
+	require.NotNil(t, c.Choices[0].Message)
+	assert.Equal(t, openai.RoleAssistant, c.Choices[0].Message.Role)
+	assert.Equal(t, reply("tc-u5"), c.Text())
+	assert.True(t, strings.HasPrefix(c.Text(), "tc-a5"))
+	assert.Equal(t, []model.Token{"tc-a5"}, model.Tokens(c.Text()))
+	assert.Equal(t, openai.FinishStop, c.Finish())
+}
+
+func TestReplyStream(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	resp, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, true, user("hello tc-u5")))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+
+	payloads, err := events(resp.Body)
+	require.ErrorIs(t, err, io.EOF, "the stream ends cleanly")
+	require.NotEmpty(t, payloads)
+	assert.Equal(t, openai.DoneSentinel, payloads[len(payloads)-1], "the stream ends with data: [DONE]")
+
+	cs := decode(payloads[:len(payloads)-1])
+	for i, c := range cs {
+		require.NotNil(t, c, "chunk %d is valid JSON: %s", i, payloads[i])
+		assert.Equal(t, openai.ObjectChunk, c.Object)
+	}
+	// The first chunk names the role, the last carries finish_reason "stop".
+	require.NotNil(t, cs[0].Choices[0].Delta)
+	assert.Equal(t, openai.RoleAssistant, cs[0].Choices[0].Delta.Role)
+	assert.Equal(t, openai.FinishStop, cs[len(cs)-1].Finish())
+	for _, c := range cs[:len(cs)-1] {
+		assert.Empty(t, c.Finish(), "only the last chunk finishes")
+	}
+
+	content := contentChunks(cs)
+	assert.Equal(t, faults.ReplyChunks("tc-u5"), content)
+	assert.Equal(t, "tc-a5", content[0], "the reply token comes in the first content chunk")
+	assert.Equal(t, reply("tc-u5"), strings.Join(content, ""))
+}
+
+func TestReplyChunks(t *testing.T) {
+	cs := faults.ReplyChunks("tc-u12")
+	require.NotEmpty(t, cs)
+	assert.Equal(t, "tc-a12", cs[0])
+	assert.Equal(t, []model.Token{"tc-a12"}, model.Tokens(strings.Join(cs, "")))
+}
+
+// ---------------------------------------------------------------------------
+// Status faults
+
+func TestStatusFault(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	n := 0
+	for _, status := range []int{500, 502, 503, 429} {
+		for _, hint := range []bool{false, true} {
+			for _, stream := range []bool{false, true} {
+				n++
+				tok := model.UserToken(n)
+				name := fmt.Sprintf("%d hint=%t stream=%t", status, hint, stream)
+				f.m.Script(tok, faults.Fault{Kind: faults.Status, Status: status, RetryHint: hint})
+				resp, got := f.post(stream, user("hi "+string(tok)))
+				assert.Equal(t, status, resp.StatusCode, name)
+				assert.Equal(t, "application/json", resp.Header.Get("Content-Type"), name)
+				e := errorBody(t, got)
+				assert.NotEmpty(t, e.Message, name)
+				assert.NotEmpty(t, e.Type, name)
+				assert.NotContains(t, string(got), string(tok.Reply()), name)
+				if hint {
+					assert.NotEmpty(t, resp.Header.Get("Retry-After"), name)
+				} else {
+					assert.Empty(t, resp.Header.Values("Retry-After"), name)
+				}
+			}
+		}
+	}
+	assert.Equal(t, n, f.m.CallCount(), "failed calls are recorded too")
+}
+
+func TestTimesLimitsFaultToFirstCalls(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 503, Times: 2})
+
+	statuses := func(n int) []int {
+		var out []int
+		for range n {
+			resp, _ := f.post(false, user("tc-u1"))
+			out = append(out, resp.StatusCode)
+		}
+		return out
+	}
+	assert.Equal(t, []int{503, 503, 200, 200}, statuses(4))
+
+	// Calls of another turn do not count toward tc-u1's Times.
+	f.m.Script("tc-u2", faults.Fault{Kind: faults.Status, Status: 500, Times: 1})
+	resp, _ := f.post(false, user("tc-u1"))
+	assert.Equal(t, 200, resp.StatusCode)
+	resp, _ = f.post(false, user("tc-u2"))
+	assert.Equal(t, 500, resp.StatusCode)
+	resp, _ = f.post(false, user("tc-u2"))
+	assert.Equal(t, 200, resp.StatusCode)
+
+	// A new script resets the count.
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 502, Times: 1})
+	assert.Equal(t, []int{502, 200}, statuses(2))
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 429, Times: 2})
+	assert.Equal(t, []int{429, 429, 200}, statuses(3))
+
+	// Times 0: every call.
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 500})
+	assert.Equal(t, []int{500, 500, 500, 500, 500}, statuses(5))
+
+	// Replacing the script with None answers normally at once.
+	f.m.Script("tc-u1", faults.Fault{})
+	assert.Equal(t, []int{200}, statuses(1))
+}
+
+func TestTimesAppliesToStreamFaults(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Cut, After: 1, Times: 1})
+
+	resp, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, true, user("tc-u1")))
+	require.NoError(t, err)
+	_, err = events(resp.Body)
+	resp.Body.Close()
+	assert.NotErrorIs(t, err, io.EOF, "the first call is cut")
+
+	resp, err = f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, true, user("tc-u1")))
+	require.NoError(t, err)
+	payloads, err := events(resp.Body)
+	resp.Body.Close()
+	assert.ErrorIs(t, err, io.EOF, "the retry is answered whole")
+	require.NotEmpty(t, payloads)
+	assert.Equal(t, openai.DoneSentinel, payloads[len(payloads)-1])
+}
+
+// ---------------------------------------------------------------------------
+// Stream faults
+
+func TestCutStream(t *testing.T) {
+	n := len(faults.ReplyChunks("tc-u1"))
+	for k := 0; k <= n+1; k++ {
+		t.Run(fmt.Sprintf("after %d", k), func(t *testing.T) {
+			f := start(t, faults.ModelConfig{})
+			f.m.Script("tc-u1", faults.Fault{Kind: faults.Cut, After: k})
+			resp, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, true, user("tc-u1")))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+
+			payloads, err := events(resp.Body)
+			require.Error(t, err)
+			assert.NotErrorIs(t, err, io.EOF, "the body breaks rather than ending")
+			assert.NotContains(t, payloads, openai.DoneSentinel)
+
+			cs := decode(payloads)
+			for i, c := range cs {
+				assert.NotNil(t, c, "every chunk before the cut is valid: %s", payloads[i])
+			}
+			assert.False(t, hasFinishStop(cs), "a cut stream never finishes")
+			assert.Equal(t, faults.ReplyChunks("tc-u1")[:min(k, n)], contentChunks(cs),
+				"exactly the first %d content chunks arrive", k)
+			assert.Equal(t, 1, f.m.CallCount())
+		})
+	}
+}
+
+func TestCutNonStream(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Cut, After: 1})
+	resp, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, false, user("tc-u1")))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	got, err := io.ReadAll(resp.Body)
+	// The body breaks off: io.ErrUnexpectedEOF, or a reset when the
+	// connection is closed without lingering.
+	require.Error(t, err, "the body breaks off")
+	assert.NotErrorIs(t, err, io.EOF)
+	var c openai.Completion
+	assert.Error(t, json.Unmarshal(got, &c), "a truncated body is not a completion: %q", got)
+}
+
+func TestMalformedStream(t *testing.T) {
+	n := len(faults.ReplyChunks("tc-u1"))
+	for k := 0; k < n; k++ {
+		t.Run(fmt.Sprintf("after %d", k), func(t *testing.T) {
+			f := start(t, faults.ModelConfig{})
+			f.m.Script("tc-u1", faults.Fault{Kind: faults.Malformed, After: k})
+			resp, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, true, user("tc-u1")))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+
+			payloads, err := events(resp.Body)
+			require.ErrorIs(t, err, io.EOF)
+			bad := badChunk(payloads)
+			require.GreaterOrEqual(t, bad, 0, "a chunk that is not valid JSON appears: %q", payloads)
+			assert.Equal(t, faults.ReplyChunks("tc-u1")[:k], contentChunks(decode(payloads[:bad])),
+				"exactly %d good content chunks precede the malformed one", k)
+		})
+	}
+}
+
+// badChunk is the index of the first payload that is neither [DONE] nor
+// valid JSON, or -1.
+func badChunk(payloads []string) int {
+	for i, p := range payloads {
+		if p != openai.DoneSentinel && !json.Valid([]byte(p)) {
+			return i
+		}
+	}
+	return -1
+}
+
+// A Malformed fault whose After equals the number of reply chunks must send
+// its malformed chunk after all of them, as Cut does (Fault.After: "how many
+// reply chunks go out before a Cut or Malformed fault").
+func TestMalformedStreamAfterAllChunks(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	n := len(faults.ReplyChunks("tc-u1"))
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Malformed, After: n})
+	resp, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, true, user("tc-u1")))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	payloads, _ := events(resp.Body)
+	assert.GreaterOrEqual(t, badChunk(payloads), 0, "a malformed chunk appears: %q", payloads)
+}
+
+func TestMalformedNonStream(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Malformed, After: 1})
+	resp, got := f.post(false, user("tc-u1"))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.False(t, json.Valid(got), "the body is not valid JSON: %q", got)
+	assert.NotEmpty(t, got)
+}
+
+// ---------------------------------------------------------------------------
+// Hold and arrival
+
+func TestHoldUntilClientCancels(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%t", stream), func(t *testing.T) {
+			f := start(t, faults.ModelConfig{})
+			arrived := f.m.Script("tc-u1", faults.Fault{Kind: faults.Hold})
+			baseline := goleak.IgnoreCurrent()
+
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := f.goDo(ctx, body(t, stream, user("tc-u1")))
+
+			waitClosed(t, arrived, "the held call to arrive")
+			select {
+			case r := <-done:
+				require.FailNow(t, "a held call was answered", "%+v", r)
+			default:
+			}
+			cancel()
+			r := waitResult(t, done)
+			assert.ErrorIs(t, r.err, context.Canceled)
+			assert.Zero(t, r.status, "the model never answered")
+
+			// The model's handler ends once the client has gone, without
+			// Close: no goroutine started by the call outlives it.
+			f.tr.CloseIdleConnections()
+			assert.NoError(t, goleak.Find(baseline), "the held call's goroutines end after the client cancels")
+			assert.Equal(t, 1, f.m.CallCount())
+
+			// The model still answers other turns.
+			resp, got := f.post(stream, user("tc-u2"))
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Contains(t, string(got), "tc-a2")
+		})
+	}
+}
+
+func TestCloseReleasesHeldCall(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%t", stream), func(t *testing.T) {
+			f := start(t, faults.ModelConfig{})
+			arrived := f.m.Script("tc-u1", faults.Fault{Kind: faults.Hold})
+			done := f.goDo(context.Background(), body(t, stream, user("tc-u1")))
+			waitClosed(t, arrived, "the held call to arrive")
+
+			closed := make(chan error, 1)
+			go func() { closed <- f.m.Close() }()
+			select {
+			case err := <-closed:
+				assert.NoError(t, err)
+			case <-time.After(guard):
+				require.FailNow(t, "Close did not return while a call was held")
+			}
+			r := waitResult(t, done)
+			// The call ends without a reply. Ideally with a transport error:
+			// see TestCloseAbortsHeldCall for why that is not asserted here.
+			assert.False(t, r.err == nil && r.status == http.StatusOK && len(r.body) > 0,
+				"a released held call carries no reply: %+v", r)
+			assert.NotContains(t, string(r.body), "tc-a1")
+
+			// Close is idempotent, and a closed model refuses calls.
+			assert.NoError(t, f.m.Close())
+			_, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, false, user("tc-u2")))
+			assert.Error(t, err)
+		})
+	}
+}
+
+// Close must release a held call without answering it: the client sees a
+// broken call, never a 200.
+func TestCloseAbortsHeldCall(t *testing.T) {
+	for i := range 20 {
+		for _, stream := range []bool{false, true} {
+			f := start(t, faults.ModelConfig{})
+			arrived := f.m.Script("tc-u1", faults.Fault{Kind: faults.Hold})
+			done := f.goDo(context.Background(), body(t, stream, user("tc-u1")))
+			waitClosed(t, arrived, "the held call to arrive")
+			require.NoError(t, f.m.Close())
+			r := waitResult(t, done)
+			assert.Error(t, r.err, "run %d stream=%t: the client of a held call sees an error when the model closes", i, stream)
+			assert.Zero(t, r.status, "run %d stream=%t: the model never answered", i, stream)
+		}
+	}
+}
+
+func TestCloseWithoutCalls(t *testing.T) {
+	m, err := faults.StartModel(faults.ModelConfig{})
+	require.NoError(t, err)
+	assert.NoError(t, m.Close())
+	assert.NoError(t, m.Close())
+}
+
+func TestStartModelBadAddr(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	_, err := faults.StartModel(faults.ModelConfig{Addr: f.m.Addr()})
+	assert.Error(t, err, "the address is in use")
+}
+
+func TestArrivalChannel(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	arrived := f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 500, Times: 1})
+	isClosed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	assert.False(t, isClosed(arrived), "no call yet")
+
+	// Calls of other turns, and calls carrying tc-u1 only in their history,
+	// are not its arrival.
+	f.post(false, user("tc-u2"))
+	f.post(false, user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u3"))
+	f.post(false, user("no token"))
+	assert.False(t, isClosed(arrived))
+
+	// The channel is closed before the first call of the turn is answered.
+	resp, _ := f.post(false, user("tc-u1"))
+	assert.Equal(t, 500, resp.StatusCode)
+	assert.True(t, isClosed(arrived))
+
+	// Later calls do not close it again (a double close would panic the
+	// handler and break the call).
+	resp, _ = f.post(false, user("tc-u1"))
+	assert.Equal(t, 200, resp.StatusCode)
+	resp, _ = f.post(true, user("tc-u1"))
+	assert.Equal(t, 200, resp.StatusCode)
+
+	// A new script gives a new channel, open until the next call.
+	again := f.m.Script("tc-u1", faults.Fault{})
+	assert.False(t, isClosed(again))
+	f.post(false, user("tc-u1"))
+	assert.True(t, isClosed(again))
+}
+
+func TestArrivalUnderConcurrentCalls(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	const n = 16
+	arrived := f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 503, Times: 3})
+	var wg sync.WaitGroup
+	statuses := make([]int, n)
+	for i := range n {
+		wg.Go(func() {
+			resp, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, i%2 == 0, user("tc-u1")))
+			if !assert.NoError(t, err) {
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			statuses[i] = resp.StatusCode
+		})
+	}
+	wg.Wait()
+	waitClosed(t, arrived, "the arrival")
+	failed := 0
+	for _, s := range statuses {
+		if s == 503 {
+			failed++
+		} else {
+			assert.Equal(t, 200, s)
+		}
+	}
+	assert.Equal(t, 3, failed, "exactly Times calls fail, whatever their order")
+	assert.Equal(t, n, f.m.CallCount())
+}
+
+// ---------------------------------------------------------------------------
+// Call log
+
+func TestCallsSinceAndCallCount(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	assert.Equal(t, 0, f.m.CallCount())
+	assert.Empty(t, f.m.CallsSince(0))
+
+	f.post(false, user("tc-u1"))
+	f.post(true, user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u2"))
+	f.m.Script("tc-u3", faults.Fault{Kind: faults.Status, Status: 500})
+	f.post(false, user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u3"))
+	require.Equal(t, 3, f.m.CallCount())
+
+	all := f.m.CallsSince(0)
+	assert.Equal(t, []model.Call{
+		{History: []model.Token{"tc-u1"}, Turn: "tc-u1"},
+		{History: []model.Token{"tc-u1", "tc-a1", "tc-u2"}, Turn: "tc-u2"},
+		{History: []model.Token{"tc-u1", "tc-a1", "tc-u3"}, Turn: "tc-u3"},
+	}, all)
+	assert.Equal(t, all[1:], f.m.CallsSince(1))
+	assert.Equal(t, all[2:], f.m.CallsSince(2))
+	assert.Empty(t, f.m.CallsSince(3))
+	assert.Empty(t, f.m.CallsSince(100))
+
+	// The returned slice is a copy.
+	got := f.m.CallsSince(0)
+	got[0] = model.Call{Turn: "tc-u99"}
+	assert.Equal(t, model.Token("tc-u1"), f.m.CallsSince(0)[0].Turn)
+}
+
+func TestConcurrentCallsAllRecorded(t *testing.T) {
+	f := start(t, faults.ModelConfig{Log: &syncBuffer{}})
+	const n = 32
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			tok := model.UserToken(i + 1)
+			resp, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, i%2 == 1, user(string(tok))))
+			if !assert.NoError(t, err) {
+				return
+			}
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.NoError(t, err)
+			assert.Contains(t, string(got), string(tok.Reply()))
+		})
+	}
+	wg.Wait()
+	calls := f.m.CallsSince(0)
+	require.Len(t, calls, n)
+	seen := map[model.Token]bool{}
+	for _, c := range calls {
+		assert.Equal(t, []model.Token{c.Turn}, c.History)
+		seen[c.Turn] = true
+	}
+	assert.Len(t, seen, n)
+}
+
+// ---------------------------------------------------------------------------
+// Bad requests
+
+func TestMalformedRequest(t *testing.T) {
+	log := &syncBuffer{}
+	f := start(t, faults.ModelConfig{Log: log})
+	for _, b := range []string{
+		``,
+		`{`,
+		`not json`,
+		`[]`,
+		`{"messages":"tc-u1"}`,
+		`{"messages":[{"role":"user","content":42}]}`,
+		`{"messages":[{"role":"user","content":{"text":"tc-u1"}}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text"}]}]}`,
+		`{"messages":[{"role":"user","content":"tc-u1"}`,
+	} {
+		resp, got := f.send(http.MethodPost, "/v1/chat/completions", []byte(b))
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%q", b)
+		assert.Equal(t, "invalid_request_error", errorBody(t, got).Type, "%q", b)
+	}
+	assert.Equal(t, 0, f.m.CallCount(), "malformed requests record nothing")
+	assert.Empty(t, log.String(), "malformed requests log nothing")
+}
+
+// A body with data after the request object is not valid JSON either; the
+// reference server refuses it (sut/server.go), the fake model should too.
+func TestRequestWithTrailingData(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	for _, b := range []string{
+		`{"messages":[{"role":"user","content":"tc-u1"}]} garbage`,
+		`{"messages":[{"role":"user","content":"tc-u1"}]}{"messages":[]}`,
+	} {
+		resp, _ := f.send(http.MethodPost, "/v1/chat/completions", []byte(b))
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%q", b)
+	}
+	assert.Equal(t, 0, f.m.CallCount())
+}
+
+func TestMethodAndPath(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	for _, path := range []string{"/v1/chat/completions", "/chat/completions"} {
+		for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
+			resp, got := f.send(method, path, nil)
+			assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "%s %s", method, path)
+			assert.NotEmpty(t, errorBody(t, got).Message)
+		}
+	}
+	for _, path := range []string{"/", "/v1/models", "/v1/completions", "/v1/chat/completions/", "/v2/chat/completions"} {
+		for _, method := range []string{http.MethodGet, http.MethodPost} {
+			resp, got := f.send(method, path, body(t, false, user("tc-u1")))
+			assert.Equal(t, http.StatusNotFound, resp.StatusCode, "%s %s", method, path)
+			assert.Equal(t, "not_found", errorBody(t, got).Type)
+		}
+	}
+	assert.Equal(t, 0, f.m.CallCount())
+}
+
+// ---------------------------------------------------------------------------
+// Log
+
+func TestLogOneLinePerCall(t *testing.T) {
+	log := &syncBuffer{}
+	f := start(t, faults.ModelConfig{Log: log})
+	f.m.Script("tc-u2", faults.Fault{Kind: faults.Status, Status: 503, RetryHint: true})
+
+	f.post(false, user("tc-u1"))
+	f.post(true, user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u2"))
+	f.post(false, user("no token"))
+	f.send(http.MethodGet, "/v1/chat/completions", nil) // not a call: no line
+	f.send(http.MethodPost, "/nowhere", nil)            // not a call: no line
+
+	out := log.String()
+	require.True(t, strings.HasSuffix(out, "\n"))
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, 3, "%s", out)
+	assert.Contains(t, lines[0], "turn=tc-u1")
+	assert.Contains(t, lines[0], "stream=false")
+	assert.Contains(t, lines[1], "turn=tc-u2")
+	assert.Contains(t, lines[1], "stream=true")
+	assert.Contains(t, lines[1], "503")
+	for _, tok := range []string{"tc-u1", "tc-a1", "tc-u2"} {
+		assert.Contains(t, lines[1], tok)
+	}
+	assert.Contains(t, lines[2], "turn=-")
+}
+
+// Faults print what they inject, for the log and for reports.
+func TestFaultString(t *testing.T) {
+	cases := map[string]faults.Fault{
+		"none":            {},
+		"model-error 503": {Kind: faults.Status, Status: 503},
+		"model-error 429 with Retry-After on the first 2 call(s)": {Kind: faults.Status, Status: 429, RetryHint: true, Times: 2},
+		"stream-cut after 3 chunk(s)":                             {Kind: faults.Cut, After: 3},
+		"malformed-chunk after 0 chunk(s)":                        {Kind: faults.Malformed},
+	}
+	for want, f := range cases {
+		assert.Equal(t, want, f.String())
+	}
+	assert.Contains(t, faults.Fault{Kind: faults.Hold}.String(), "model-timeout")
+	assert.Equal(t, "Kind(99)", faults.Kind(99).String())
+	assert.Equal(t, "stream-cut", faults.Cut.String())
+}

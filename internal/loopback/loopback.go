@@ -1,0 +1,43 @@
+// Package loopback listens on loopback for servers that the harness starts
+// and stops by the thousand.
+//
+// A TCP connection closed first by its server leaves a TIME_WAIT entry on the
+// server's port. The harness starts a fresh server on a fresh port for every
+// state-machine run, so those entries pile up by the thousand, and once the
+// kernel hands a new client the port pair of one of them, its SYN is taken
+// for a stray of the old connection and answered only after a one-second
+// retransmission. The listener here resets instead: a connection the server
+// closes sends RST and leaves nothing behind. It is for harness-run servers
+// only; a server meant for clients on a network should linger as usual.
+package loopback
+
+import (
+	"net"
+)
+
+// Listen listens on addr ("127.0.0.1:0" when empty) with connections that
+// reset on close.
+func Listen(addr string) (net.Listener, error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return resetting{ln}, nil
+}
+
+type resetting struct{ net.Listener }
+
+// Accept accepts a connection whose Close resets it.
+func (l resetting) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	return c, nil
+}
