@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
@@ -87,7 +88,7 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 			return fail("model stream ended without [DONE]")
 		}
 		if err != nil {
-			return fail("model stream broke: %v", err)
+			return fail("model stream broke: %s", brokenStream(err))
 		}
 		if data == openai.DoneSentinel {
 			return reply.String(), nil
@@ -111,6 +112,18 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 }
 
 func (u *upstream) close() { u.client.CloseIdleConnections() }
+
+// brokenStream says how a model stream broke, without the socket
+// addresses a network error carries.
+func brokenStream(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset by the model"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed mid-stream"
+	}
+	return err.Error()
+}
 
 // upstreamMessage is what the model's error response says.
 func upstreamMessage(r io.Reader) string {
