@@ -189,7 +189,7 @@ func (r *runner) property(t *rapid.T) {
 	cl := newClient(srv.URL(), profile)
 	t.Cleanup(cl.close)
 
-	m := &machine{profile: profile, fake: fake, client: cl, ref: model.New(), stats: r.stats,
+	m := &machine{profile: profile, srv: srv, fake: fake, client: cl, ref: model.New(), stats: r.stats,
 		onViolation: r.onViolation}
 	r.stats.Checks++
 	t.Cleanup(func() {

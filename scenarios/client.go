@@ -77,21 +77,22 @@ func (c *client) newRequest(conv model.ConversationRef, msgs []openai.Message, s
 	return Request{Conv: conv, Body: body, Stream: stream}
 }
 
-// send sends req and reads the outcome. If abort is not nil, the client
-// closes the connection as soon as abort is closed.
-func (c *client) send(req Request, abort <-chan struct{}) Response {
+// send sends req and reads the outcome. If arrived is closed while the
+// request is in flight, then is called with a function that aborts it: it
+// may abort, or do something else at that known point.
+func (c *client) send(req Request, arrived <-chan struct{}, then func(abort func())) Response {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
 	done := make(chan struct{})
 	defer func() { close(done); wg.Wait() }()
-	if abort != nil {
+	if arrived != nil && then != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			select {
-			case <-abort:
-				cancel()
+			case <-arrived:
+				then(cancel)
 			case <-done:
 			}
 		}()

@@ -62,15 +62,19 @@ func drawPlan(t *rapid.T) plan {
 			Kind:      faults.Status,
 			Status:    rapid.SampledFrom([]int{500, 502, 503, 429}).Draw(t, "status"),
 			RetryHint: rapid.Bool().Draw(t, "retry hint"),
+			// 0: every call fails; k: the first k, so that a server that
+			// retries the model can get through.
+			Times: rapid.IntRange(0, 2).Draw(t, "failing calls"),
 		}
 	case k < 30:
 		p.fault = faults.Fault{Kind: faults.Cut, After: rapid.IntRange(0, len(faults.ReplyChunks("tc-u0"))).Draw(t, "cut after")}
 	case k < 34:
 		p.fault = faults.Fault{Kind: faults.Malformed, After: rapid.IntRange(0, len(faults.ReplyChunks("tc-u0"))-1).Draw(t, "malformed after")}
 	case k == 34 && rapid.Bool().Draw(t, "until the server's deadline"):
-		// Held until the server's own deadline: the costliest fault in wall
-		// time, so the rarest (1 turn in 80), and not at the top of the
-		// range, which rapid draws (and tries while shrinking) far more often.
+		// Held until the server's deadline: instant on a DeadlineController,
+		// but a whole timeout on a server with its own clock, so the rarest
+		// (1 turn in 80), and not at the top of the range, which rapid draws
+		// (and tries while shrinking) far more often.
 		p.fault = faults.Fault{Kind: faults.Hold}
 	default:
 		p.fault, p.abort = faults.Fault{Kind: faults.Hold}, true
@@ -92,6 +96,7 @@ type conv struct {
 // reference model, and what has been sent.
 type machine struct {
 	profile Profile
+	srv     Server
 	fake    *faults.Model
 	client  *client
 	ref     *model.Model
@@ -201,7 +206,7 @@ func (m *machine) invalidContinuation(t *rapid.T) {
 	stream := rapid.Bool().Draw(t, "stream")
 	req := m.client.newRequest(c.ref, shape.build(c.lastUser), stream)
 	before := m.fake.CallCount()
-	resp := m.client.send(req, nil)
+	resp := m.client.send(req, nil, nil)
 	step := m.record(Step{Action: "invalid continuation: " + shape.name, Request: req, Fault: "none", Response: resp,
 		Calls: m.fake.CallsSince(before)})
 	m.check(t, model.Turn{Conv: c.ref, Usable: false, Outcome: resp.Outcome, Status: resp.Status, Calls: step.Calls})
@@ -213,12 +218,15 @@ func (m *machine) turn(t *rapid.T, action string, c *conv, tok model.Token, p pl
 	c.lastUser = user
 	req := m.client.newRequest(c.ref, []openai.Message{user}, p.stream)
 	arrived := m.fake.Script(tok, p.fault)
-	var abort <-chan struct{}
-	if p.abort {
-		abort = arrived
+	var then func(abort func())
+	switch dc, ok := m.srv.(DeadlineController); {
+	case p.abort:
+		then = func(abort func()) { abort() }
+	case p.fault.Kind == faults.Hold && ok:
+		then = func(func()) { dc.ExpireDeadlines() }
 	}
 	before := m.fake.CallCount()
-	resp := m.client.send(req, abort)
+	resp := m.client.send(req, arrived, then)
 	step := m.record(Step{Action: action, Token: tok, Request: req, Fault: p.String(), Response: resp,
 		Calls: m.fake.CallsSince(before)})
 	if p.fault.Kind != faults.None {

@@ -3,7 +3,6 @@ package scenarios
 import (
 	"errors"
 	"os"
-	"time"
 
 	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/sut"
@@ -46,17 +45,24 @@ func (p Profile) header() string {
 	return p.Header
 }
 
+// DeadlineController is a Server whose model-call deadlines the harness can
+// bring forward. A call held "until the server's timeout" then times out
+// when the harness sees it arrive, at a known point: the run does not hang
+// on a timer, and no stall can time out a turn that was meant to succeed.
+// Servers without it time out on their own clock.
+type DeadlineController interface {
+	Server
+	// ExpireDeadlines makes the deadline of every model call in flight pass
+	// now.
+	ExpireDeadlines()
+}
+
 // Reference is the in-repo reference server, run in process on loopback,
-// optionally with a mutant switched on.
+// optionally with a mutant switched on. Its model-call deadlines pass only
+// when the harness expires them (it is a DeadlineController).
 type Reference struct {
 	// Mutant brings back one real bug; sut.Clean for the correct server.
 	Mutant sut.Mutant
-	// RequestTimeout is the server's model-call deadline, which releases
-	// held model calls; 0 means 20ms, far above a loopback turn's model
-	// call (well under 1ms), so that in practice it decides only held calls.
-	// A stall past it turns an ok turn into a failed one, which changes a
-	// run but never its verdict: the model accepts either outcome.
-	RequestTimeout time.Duration
 	// ConversationsMax is the server's cache size; 0 means 4, small enough
 	// that checks evict and reload conversations from the store.
 	ConversationsMax int
@@ -71,9 +77,6 @@ func (r Reference) Profile() Profile {
 
 // Start starts a reference server on a fresh data dir.
 func (r Reference) Start(modelURL string) (Server, error) {
-	if r.RequestTimeout == 0 {
-		r.RequestTimeout = 20 * time.Millisecond
-	}
 	if r.ConversationsMax == 0 {
 		r.ConversationsMax = 4
 	}
@@ -81,6 +84,7 @@ func (r Reference) Start(modelURL string) (Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	deadlines := &sut.ManualDeadlines{}
 	ln, err := loopback.Listen("")
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
@@ -89,20 +93,23 @@ func (r Reference) Start(modelURL string) (Server, error) {
 		ModelURL:         modelURL,
 		DataDir:          dir,
 		ConversationsMax: r.ConversationsMax,
-		RequestTimeout:   r.RequestTimeout,
+		Deadlines:        deadlines,
 		Keys:             referenceKeys,
 		Mutant:           r.Mutant,
 	}, ln)
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
-	return &referenceServer{Running: run, dir: dir}, nil
+	return &referenceServer{Running: run, dir: dir, deadlines: deadlines}, nil
 }
 
 type referenceServer struct {
 	*sut.Running
-	dir string
+	dir       string
+	deadlines *sut.ManualDeadlines
 }
+
+func (s *referenceServer) ExpireDeadlines() { s.deadlines.Expire() }
 
 func (s *referenceServer) Close() error {
 	return errors.Join(s.Running.Close(), os.RemoveAll(s.dir))

@@ -51,6 +51,8 @@ type Config struct {
 	ConversationsMax int
 	// RequestTimeout bounds each model call; past it the turn fails (504).
 	RequestTimeout time.Duration
+	// Deadlines starts each model call's deadline; nil uses the clock.
+	Deadlines Deadlines
 	// ConversationHeader names the header carrying the conversation id.
 	ConversationHeader string
 	// Keys, if any, are the bearer keys the server accepts; conversations
@@ -100,6 +102,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.RequestTimeout < 0 {
 		return nil, fmt.Errorf("request timeout %s: want a positive duration", cfg.RequestTimeout)
+	}
+	if cfg.Deadlines == nil {
+		cfg.Deadlines = clockDeadlines{}
 	}
 	if cfg.ConversationHeader == "" {
 		cfg.ConversationHeader = DefaultConversationHeader
@@ -244,7 +249,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 // run calls the model on the turn's working copy, answers the client, and
 // commits the turn if and only if it ended ok.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatRequest, t *turn) {
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	ctx, cancel := s.cfg.Deadlines.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
 	id := "chatcmpl-" + strconv.FormatInt(s.ids.Add(1), 10)
 	created := time.Now().Unix()

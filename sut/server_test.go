@@ -930,3 +930,39 @@ func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
 	r := e.post(t, chatBody(t, false, user("hello tc-u2")), map[string]string{"Authorization": "Bearer KEY-A"})
 	assert.Equal(t, http.StatusUnauthorized, r.status)
 }
+
+// TestManualDeadlines: under ManualDeadlines a held model call times out
+// exactly when Expire is called, never on its own, and the turn is a 504
+// that commits nothing.
+func TestManualDeadlines(t *testing.T) {
+	deadlines := &sut.ManualDeadlines{}
+	e := newEnv(t, sut.Config{Deadlines: deadlines, RequestTimeout: time.Nanosecond})
+	// A nanosecond of clock time would fail every turn; manual deadlines
+	// ignore it.
+	require.Equal(t, toks("u1"), e.ok(t, "", "c1", "tc-u1"))
+	assert.Zero(t, deadlines.Expire(), "no model call in flight")
+
+	for _, stream := range []bool{false, true} {
+		arrived := e.model.Script("tc-u2", faults.Fault{Kind: faults.Hold})
+		go func() {
+			<-arrived
+			deadlines.Expire()
+		}()
+		r := e.turn(t, "", "c1", "tc-u2", stream)
+		requireErrorBody(t, r, http.StatusGatewayTimeout, "upstream_timeout")
+	}
+	assert.Equal(t, toks("u1", "a1", "u3"), e.ok(t, "", "c1", "tc-u3"))
+}
+
+func TestManualDeadlinesCause(t *testing.T) {
+	var d sut.ManualDeadlines
+	ctx, cancel := d.WithTimeout(context.Background(), time.Hour)
+	gone, cancelGone := d.WithTimeout(context.Background(), time.Hour)
+	cancelGone()
+	assert.Equal(t, 1, d.Expire(), "a cancelled deadline is no longer pending")
+	<-ctx.Done()
+	assert.ErrorIs(t, context.Cause(ctx), context.DeadlineExceeded)
+	assert.ErrorIs(t, context.Cause(gone), context.Canceled)
+	cancel()
+	assert.ErrorIs(t, context.Cause(ctx), context.DeadlineExceeded, "cancel after expiry keeps the cause")
+}

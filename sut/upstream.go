@@ -48,8 +48,8 @@ func newUpstream(modelURL, modelName string) *upstream {
 // complete sends history to the model and streams its reply. It calls
 // onStart once the model has answered 200, and onDelta for every piece of
 // reply text. It returns the reply text received, complete on success and
-// partial on failure. A failure is an *upstreamError, or the context's error
-// when the deadline passed or the caller went away.
+// partial on failure. A failure is an *upstreamError, or the context's cause
+// (context.DeadlineExceeded when the deadline passed) when it ended.
 func (u *upstream) complete(ctx context.Context, history []openai.Message, onStart func(), onDelta func(string)) (string, error) {
 	body, err := json.Marshal(openai.ChatRequest{Model: u.model, Messages: history, Stream: true})
 	if err != nil {
@@ -64,7 +64,7 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 	resp, err := u.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return "", ctx.Err()
+			return "", context.Cause(ctx)
 		}
 		return "", &upstreamError{msg: "model unreachable: " + err.Error()}
 	}
@@ -77,7 +77,7 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 	var reply strings.Builder
 	fail := func(format string, args ...any) (string, error) {
 		if ctx.Err() != nil {
-			return reply.String(), ctx.Err()
+			return reply.String(), context.Cause(ctx)
 		}
 		return reply.String(), &upstreamError{msg: fmt.Sprintf(format, args...), started: true}
 	}
