@@ -8,12 +8,14 @@
 package scenarios
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,7 +40,13 @@ type Options struct {
 	ShrinkTime time.Duration
 	// Progress, if set, is called after every state-machine run.
 	Progress func(Stats)
+	// Context, if set, stops the run when it ends: the step in flight
+	// finishes, servers are stopped, and Check returns ErrInterrupted.
+	Context context.Context
 }
+
+// ErrInterrupted is returned by Check when Options.Context ended first.
+var ErrInterrupted = errors.New("interrupted")
 
 // Result is what a Check found.
 type Result struct {
@@ -108,29 +116,57 @@ func Check(target Target, opts Options) (*Result, error) {
 	defer restore()
 
 	start := time.Now()
-	r := &runner{target: target, stats: newStats(), progress: opts.Progress, start: start}
+	r := &runner{target: target, stats: newStats(), progress: opts.Progress, start: start, ctx: opts.Context}
 	tb := &recorder{}
-	rapid.Check(tb, r.property)
+	// rapid runs on a goroutine of its own, which an interruption ends with
+	// runtime.Goexit: rapid has no way to stop early, and Goexit still runs
+	// every deferred cleanup on the way out.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rapid.Check(tb, r.property)
+	}()
+	<-done
 	res := &Result{Stats: *r.stats, Seed: opts.Seed, Elapsed: time.Since(start)}
-	if r.setupErr != nil {
+	if r.setupErr != nil && !r.interrupted {
 		return res, r.setupErr
 	}
-	if !tb.failed {
-		return res, nil
+	if tb.failed || r.violation != nil {
+		res.Failure = r.failure(tb, opts.Seed, target.Profile())
 	}
+	if r.interrupted {
+		return res, ErrInterrupted
+	}
+	return res, nil
+}
+
+// failure describes what the run found: the shrunk violation, or what rapid
+// reported when there was none to show.
+func (r *runner) failure(tb *recorder, base uint64, p Profile) *Failure {
 	msg := strings.Join(tb.errors, "\n")
 	f := &Failure{Violation: r.violation, Steps: r.steps, Seed: failingSeed(msg),
 		Flaky: strings.Contains(msg, "flaky test"), FoundAfter: r.foundAfter, FoundIn: r.foundIn}
+	if f.Seed == 0 && r.foundAfter > 0 {
+		// rapid names the seed only once it has shrunk; an interrupted
+		// run's is worked out the way rapid derives it.
+		f.Seed = checkSeed(base, r.foundAfter)
+	}
 	switch {
 	case f.Flaky:
 		f.Report = "the failure did not reproduce when re-run with the same steps:\n" + msg
 	case f.Violation != nil:
-		f.Report = FormatFailure(f.Violation, f.Steps, target.Profile())
+		f.Report = FormatFailure(f.Violation, f.Steps, p)
 	default:
 		f.Report = msg
 	}
-	res.Failure = f
-	return res, nil
+	return f
+}
+
+// checkSeed is the seed rapid gives the n-th check (from 1) of a run that
+// starts from base: each check adds the number of checks before it.
+func checkSeed(base uint64, n int) uint64 {
+	k := uint64(n - 1)
+	return base + k*(k+1)/2
 }
 
 // Run checks target inside a Go test, with rapid's settings from the command
@@ -161,6 +197,17 @@ type runner struct {
 	foundIn    time.Duration
 	start      time.Time
 	progress   func(Stats)
+	// ctx, if not nil, interrupts the run when it ends.
+	ctx         context.Context
+	interrupted bool
+}
+
+// stopIfInterrupted ends the rapid goroutine if the run's context ended.
+func (r *runner) stopIfInterrupted() {
+	if r.ctx != nil && r.ctx.Err() != nil {
+		r.interrupted = true
+		runtime.Goexit()
+	}
 }
 
 func (r *runner) onViolation(v *model.Violation, steps []Step) {
@@ -173,6 +220,7 @@ func (r *runner) onViolation(v *model.Violation, steps []Step) {
 // property is one state-machine run: a fresh fake model and server, then
 // steps drawn by rapid.
 func (r *runner) property(t *rapid.T) {
+	r.stopIfInterrupted()
 	fake, err := faults.StartModel(faults.ModelConfig{})
 	if err != nil {
 		r.setupErr = err
@@ -200,7 +248,9 @@ func (r *runner) property(t *rapid.T) {
 			r.progress(*r.stats)
 		}
 	})
-	t.Repeat(m.actions())
+	actions := m.actions()
+	actions[""] = func(*rapid.T) { r.stopIfInterrupted() } // between steps
+	t.Repeat(actions)
 }
 
 // recorder is the rapid.TB that Check runs under: it keeps what rapid

@@ -1,6 +1,7 @@
 package scenarios_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -109,4 +110,43 @@ func TestSetupErrorIsNotAViolation(t *testing.T) {
 	_, err := scenarios.Check(brokenTarget{}, scenarios.Options{Checks: 3})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "cannot start")
+}
+
+// TestInterrupt: a run whose context ends stops after the step in flight,
+// with its servers stopped, and says so.
+func TestInterrupt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	opts := scenarios.Options{Checks: 1000, Context: ctx, Progress: func(s scenarios.Stats) {
+		if s.Checks == 3 {
+			cancel()
+		}
+	}}
+	res, err := scenarios.Check(scenarios.Reference{}, opts)
+	require.ErrorIs(t, err, scenarios.ErrInterrupted)
+	assert.Equal(t, 3, res.Checks)
+	assert.Nil(t, res.Failure)
+}
+
+// TestInterruptKeepsTheFailure: interrupted while shrinking, a run still
+// reports the violation it found and a seed that replays it.
+func TestInterruptKeepsTheFailure(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	seen := 0
+	opts := scenarios.Options{Checks: 100, Context: ctx, Progress: func(scenarios.Stats) {
+		if seen++; seen == 40 {
+			cancel() // well into shrinking: the mutant is caught in a few checks
+		}
+	}}
+	target := scenarios.Reference{Mutant: sut.ReplayWithoutUser}
+	res, err := scenarios.Check(target, opts)
+	require.ErrorIs(t, err, scenarios.ErrInterrupted)
+	require.NotNil(t, res.Failure)
+	require.NotNil(t, res.Failure.Violation)
+	assert.Equal(t, model.T3, res.Failure.Violation.Invariant)
+
+	replay, err := scenarios.Check(target, scenarios.Options{Checks: 1, Seed: res.Failure.Seed, ShrinkTime: time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, replay.Failure, "seed %d of an interrupted run does not replay", res.Failure.Seed)
 }

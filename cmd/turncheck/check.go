@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -35,7 +37,7 @@ Example:
   turncheck replay --seed 4015895127573847763 --mutant mutate-before-run
 `
 
-func cmdCheck(args []string, stdout, stderr io.Writer) int {
+func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("check", checkHelp, stdout, stderr)
 	mutant := fs.String("mutant", "", "switch on a mutant of the reference server (see 'turncheck mutants')")
 	checks := fs.Int("checks", 100, "state-machine runs to try")
@@ -48,10 +50,10 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	if *checks <= 0 || *steps <= 0 || *shrink <= 0 {
 		return fail(stderr, "check", fmt.Errorf("--checks, --steps and --shrink-time must be positive"))
 	}
-	return checkAndReport("check", *mutant, scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink}, stdout, stderr)
+	return checkAndReport("check", *mutant, scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: ctx}, stdout, stderr)
 }
 
-func cmdReplay(args []string, stdout, stderr io.Writer) int {
+func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("replay", replayHelp, stdout, stderr)
 	mutant := fs.String("mutant", "", "the mutant the seed was found with, if any")
 	seed := fs.Uint64("seed", 0, "the seed to replay (required)")
@@ -66,7 +68,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) int {
 	if *steps <= 0 || *shrink <= 0 {
 		return fail(stderr, "replay", fmt.Errorf("--steps and --shrink-time must be positive"))
 	}
-	return checkAndReport("replay", *mutant, scenarios.Options{Checks: 1, Steps: *steps, Seed: *seed, ShrinkTime: *shrink}, stdout, stderr)
+	return checkAndReport("replay", *mutant, scenarios.Options{Checks: 1, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: ctx}, stdout, stderr)
 }
 
 // checkAndReport runs a check against the reference server and prints the
@@ -89,7 +91,15 @@ func checkAndReport(cmd, mutantName string, opts scenarios.Options, stdout, stde
 	if opts.Progress != nil {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
-	if err != nil {
+	interrupted := errors.Is(err, scenarios.ErrInterrupted)
+	if interrupted && res.Failure == nil {
+		fmt.Fprintf(stderr, "turncheck %s: interrupted after %d check(s), %d step(s), seed %d; no violation seen so far\n",
+			cmd, res.Checks, res.Steps, res.Seed)
+		return exitUsage
+	}
+	if interrupted {
+		fmt.Fprintf(stderr, "turncheck %s: interrupted while shrinking; the steps below may not be the shortest\n", cmd)
+	} else if err != nil {
 		return fail(stderr, cmd, err)
 	}
 	fmt.Fprintf(stdout, "turncheck %s: reference server, mutant %s, seed %d\n", cmd, label, res.Seed)

@@ -59,6 +59,12 @@ Exit status: 0 no invariant broken, 1 an invariant broken, 2 usage or setup erro
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// The first signal asks for a clean stop; a second one, with the
+		// default handling back, ends the process at once.
+		<-ctx.Done()
+		stop()
+	}()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -73,9 +79,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd, rest := args[0], args[1:]
 	switch cmd {
 	case "check":
-		return cmdCheck(rest, stdout, stderr)
+		return cmdCheck(ctx, rest, stdout, stderr)
 	case "replay":
-		return cmdReplay(rest, stdout, stderr)
+		return cmdReplay(ctx, rest, stdout, stderr)
 	case "serve":
 		return cmdServe(ctx, rest, stdout, stderr)
 	case "model":
