@@ -171,7 +171,12 @@ func (m *Model) Apply(t Turn) *Violation {
 	reached := false // a call of this turn reached the model
 	for _, call := range t.Calls {
 		if call.Turn != t.User {
-			continue // an auxiliary call: answered, not read as history
+			// An auxiliary call (a title, a summary): not read as history,
+			// but it may not mix conversations either.
+			if v := m.checkMixed(t, call); v != nil {
+				return v
+			}
+			continue
 		}
 		m.checked[T1]++
 		m.checked[T2]++
@@ -230,14 +235,44 @@ func (m *Model) Apply(t Turn) *Violation {
 
 func (m *Model) applyInvalid(t Turn) *Violation {
 	m.checked[T3]++
-	if len(t.Calls) > 0 {
-		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
-			Reason:   fmt.Sprintf("a request without a usable new user message reached the model (%d call(s)); it must be refused with 400", len(t.Calls)),
-			Observed: t.Calls[0].History}
+	for _, call := range t.Calls {
+		if v := m.checkMixed(t, call); v != nil {
+			return v
+		}
+		// A call whose last user message is one of this conversation's is
+		// that message replayed as a turn. Other calls are auxiliary (a
+		// title, a summary, some other conversation's background work).
+		if owner, ok := m.owner[call.Turn]; ok && owner == t.Conv {
+			return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
+				Reason: fmt.Sprintf("a request without a usable new user message reached the model, replaying %s as the new message; it must be refused with 400",
+					call.Turn),
+				Observed: call.History}
+		}
 	}
 	if t.Outcome != Fail || t.Status != 400 {
 		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
 			Reason: fmt.Sprintf("a request without a usable new user message ended %s with status %d; want 400", t.Outcome, t.Status)}
+	}
+	return nil
+}
+
+// checkMixed finds a call that carries tokens of more than one conversation
+// (T5): whatever the call is for, one conversation leaks into another.
+func (m *Model) checkMixed(t Turn, call Call) *Violation {
+	var first ConversationRef
+	seen := false
+	for _, tok := range call.History {
+		owner, ok := m.owner[tok]
+		switch {
+		case !ok:
+		case !seen:
+			first, seen = owner, true
+		case owner != first:
+			return &Violation{Invariant: T5, Conv: t.Conv, Turn: t.User,
+				Reason: fmt.Sprintf("a model request made during this step carries tokens of conversation %s and of conversation %s (%s)",
+					first, owner, tok),
+				Observed: call.History}
+		}
 	}
 	return nil
 }

@@ -432,8 +432,33 @@ func TestApply(t *testing.T) {
 			},
 		},
 		{
-			name:  "invalid request makes only an auxiliary call",
-			steps: []step{{turn: invalid(convA, "", model.Fail, 400, aux()), want: model.T3}},
+			// PROTOCOL.md allows calls that are not turns (titles,
+			// summaries); only a replayed message of the conversation is one.
+			name:  "invalid request during which only an auxiliary call is made",
+			steps: []step{{turn: invalid(convA, "", model.Fail, 400, aux())}},
+		},
+		{
+			name: "invalid request replays an earlier message of its conversation",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: invalid(convA, "", model.OK, 200, call(u(1), u(1), a(1), u(1))), want: model.T3},
+			},
+		},
+		{
+			name: "an auxiliary call mixing two conversations",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convB, u(2), call(u(2), u(2)))},
+				{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(3)), aux(u(1), a(1), u(2))), want: model.T5},
+			},
+		},
+		{
+			name: "an auxiliary call of another conversation during an invalid request",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convB, u(2), call(u(2), u(2)))},
+				{turn: invalid(convA, "", model.Fail, 400, model.Call{History: []model.Token{u(2), a(2)}, Turn: u(2)})},
+			},
 		},
 		{
 			name:  "invalid request answered 200",

@@ -103,9 +103,18 @@ func Check(target Target, opts Options) (*Result, error) {
 
 	rapidFlags.Lock()
 	defer rapidFlags.Unlock()
+	if err := initTesting(); err != nil {
+		return nil, err
+	}
+	checks, steps := opts.Checks, opts.Steps
+	if testing.Short() {
+		// rapid runs a fifth of the checks and half the steps under -short;
+		// Options are exact, so undo that.
+		checks, steps = checks*5, steps*2
+	}
 	restore, err := setRapidFlags(map[string]string{
-		"rapid.checks":     strconv.Itoa(opts.Checks),
-		"rapid.steps":      strconv.Itoa(opts.Steps),
+		"rapid.checks":     strconv.Itoa(checks),
+		"rapid.steps":      strconv.Itoa(steps),
 		"rapid.seed":       strconv.FormatUint(opts.Seed, 10),
 		"rapid.shrinktime": opts.ShrinkTime.String(),
 		"rapid.nofailfile": "true",
@@ -290,16 +299,19 @@ func (r *recorder) fail(msg string) {
 	}
 }
 
-// setRapidFlags sets rapid's flags and returns a function that restores
-// them. rapid reads testing.Short, so outside a test binary the testing
-// flags are registered and parsed (empty) first.
-func setRapidFlags(values map[string]string) (restore func(), err error) {
+// initTesting makes testing.Short callable, as rapid calls it: outside a
+// test binary the testing flags are registered and parsed (empty) first.
+func initTesting() error {
 	testing.Init()
 	if !flag.Parsed() {
-		if err := flag.CommandLine.Parse(nil); err != nil {
-			return nil, err
-		}
+		return flag.CommandLine.Parse(nil)
 	}
+	return nil
+}
+
+// setRapidFlags sets rapid's flags and returns a function that restores
+// them.
+func setRapidFlags(values map[string]string) (restore func(), err error) {
 	old := map[string]string{}
 	restore = func() {
 		for name, v := range old {

@@ -34,6 +34,11 @@ const (
 	DefaultMaxBodyBytes       = 1 << 20
 	DefaultModelName          = "turncheck-reference"
 	maxConversationID         = 256
+	// statusClientClosed answers a request whose client went away (as
+	// nginx's 499): nobody may take it for a reply.
+	statusClientClosed = 499
+	// streamWriteTimeout bounds one write to a streaming client.
+	streamWriteTimeout = 30 * time.Second
 )
 
 // systemPrompt is prepended to every model request and never stored: real
@@ -223,11 +228,16 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		}
 		unlock, err := s.locks.lock(r.Context(), t.key)
 		if err != nil {
-			return // the client went away while waiting its turn
+			clientGone(w)
+			return
 		}
 		defer unlock()
 		base, err := s.convs.get(r.Context(), t.key)
 		if err != nil {
+			if r.Context().Err() != nil {
+				clientGone(w)
+				return
+			}
 			s.log.Error("load conversation", "conversation", id, "err", err)
 			writeError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
 			return
@@ -253,22 +263,44 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 	defer cancel()
 	id := "chatcmpl-" + strconv.FormatInt(s.ids.Add(1), 10)
 	created := time.Now().Unix()
+	model := req.Model
+	if model == "" {
+		model = s.cfg.ModelName
+	}
 	history := append([]openai.Message{{Role: openai.RoleSystem, Content: systemPrompt}}, t.work.messages...)
 
+	// A client that stops reading must not hold the conversation: a write
+	// that fails, or blocks past streamWriteTimeout, ends the turn.
 	var out *sse.Writer
+	rc := http.NewResponseController(w)
+	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }() // the connection lives on
+	var writeErr error
+	write := func(payload string) {
+		if writeErr != nil {
+			return
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		if writeErr = out.Data(payload); writeErr != nil {
+			cancel()
+		}
+	}
 	onStart, onDelta := func() {}, func(string) {}
 	if req.Stream {
 		onStart = func() {
 			out = sse.NewWriter(w)
 			w.WriteHeader(http.StatusOK)
-			_ = out.Data(encode(chunk(id, created, req.Model, openai.Delta{Role: openai.RoleAssistant}, nil)))
+			write(encode(chunk(id, created, model, openai.Delta{Role: openai.RoleAssistant}, nil)))
 		}
 		onDelta = func(text string) {
-			_ = out.Data(encode(chunk(id, created, req.Model, openai.Delta{Content: text}, nil)))
+			write(encode(chunk(id, created, model, openai.Delta{Content: text}, nil)))
 		}
 	}
 	reply, err := s.up.complete(ctx, history, onStart, onDelta)
 	if err != nil {
+		if writeErr != nil {
+			s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.id, "err", writeErr)
+			return
+		}
 		s.fail(w, r, t, out, reply, err)
 		return
 	}
@@ -283,13 +315,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		}
 	}
 	if out != nil {
-		_ = out.Data(encode(chunk(id, created, req.Model, openai.Delta{}, openai.Ptr(openai.FinishStop))))
-		_ = out.Data(openai.DoneSentinel)
+		write(encode(chunk(id, created, model, openai.Delta{}, openai.Ptr(openai.FinishStop))))
+		write(openai.DoneSentinel)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = io.WriteString(w, encode(openai.Completion{
-		ID: id, Object: openai.ObjectCompletion, Created: created, Model: req.Model,
+		ID: id, Object: openai.ObjectCompletion, Created: created, Model: model,
 		Choices: []openai.Choice{{
 			Message:      &openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)},
 			FinishReason: openai.Ptr(openai.FinishStop),
@@ -307,6 +339,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, t *turn, out *sse.
 	}
 	if r.Context().Err() != nil {
 		s.log.Info("client went away; turn rolled back", "conversation", t.key.id)
+		clientGone(w)
 		return
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -329,6 +362,12 @@ func (s *Server) answerError(w http.ResponseWriter, out *sse.Writer, status int,
 	_ = out.Data(encode(openai.Completion{Object: openai.ObjectChunk, Choices: []openai.Choice{},
 		Error: &openai.ErrorDetail{Message: msg, Type: typ}}))
 	_ = out.Data(openai.DoneSentinel)
+}
+
+// clientGone answers a request whose client went away. Nobody reads it, but
+// a half-closed client that still does must not take silence for success.
+func clientGone(w http.ResponseWriter) {
+	writeError(w, statusClientClosed, "client_closed_request", "the client closed the request; the turn was rolled back")
 }
 
 // authorize returns the request's key scope, or false if keys are required

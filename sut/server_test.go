@@ -966,3 +966,49 @@ func TestManualDeadlinesCause(t *testing.T) {
 	cancel()
 	assert.ErrorIs(t, context.Cause(ctx), context.DeadlineExceeded, "cancel after expiry keeps the cause")
 }
+
+// TestDataDirWithURIMetacharacters: a data dir whose name holds characters
+// that mean something in a URI is still the dir the store lives in, with
+// its journal mode, and two such dirs are two stores.
+func TestDataDirWithURIMetacharacters(t *testing.T) {
+	base := t.TempDir()
+	for _, name := range []string{"a?b", "a#b", "a%20b", "a b"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(base, name)
+			cfg := sut.Config{DataDir: dir}
+			e := newEnv(t, cfg)
+			require.Equal(t, toks("u1"), e.ok(t, "", "c1", "tc-u1"))
+			_, err := os.Stat(filepath.Join(dir, "conversations.db"))
+			require.NoError(t, err, "the store is not in %s", dir)
+			_, err = os.Stat(filepath.Join(dir, "conversations.db-wal"))
+			assert.NoError(t, err, "the store is not in WAL mode")
+		})
+	}
+	// "a" was never named: nothing may have been written there.
+	_, err := os.Stat(filepath.Join(base, "a"))
+	assert.True(t, os.IsNotExist(err), "a store leaked into %s", filepath.Join(base, "a"))
+}
+
+// TestHalfClosedClientIsNotToldSuccess: a client that half-closes its
+// connection mid-turn makes the server roll the turn back; if it still
+// reads, it must get an error status, never an empty 200.
+func TestHalfClosedClientIsNotToldSuccess(t *testing.T) {
+	e := newEnv(t, sut.Config{})
+	arrived := e.model.Script("tc-u1", faults.Fault{Kind: faults.Hold})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.srv.URL(), "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	body := chatBody(t, false, user("hello tc-u1"))
+	_, err = fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+		"X-Conversation-Id: c1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	require.NoError(t, err)
+	<-arrived
+	require.NoError(t, conn.(*net.TCPConn).CloseWrite())
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(requestDeadline)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.GreaterOrEqual(t, resp.StatusCode, 400, "a rolled-back turn answered %d", resp.StatusCode)
+	// Nothing was committed.
+	assert.Equal(t, toks("u2"), e.ok(t, "", "c1", "tc-u2"))
+}

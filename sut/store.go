@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 
@@ -35,9 +36,14 @@ func openStore(dir string) (*store, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	path := filepath.Join(dir, "conversations.db")
-	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(5000)"
-	db, err := sql.Open("sqlite", dsn)
+	path, err := filepath.Abs(filepath.Join(dir, "conversations.db"))
+	if err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	// A URI, so that '?', '#' or '%' in the path stay part of it.
+	dsn := url.URL{Scheme: "file", OmitHost: true, Path: path,
+		RawQuery: "_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(5000)"}
+	db, err := sql.Open("sqlite", dsn.String())
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
