@@ -110,6 +110,15 @@ func (m *Model) Script(tok model.Token, f Fault) <-chan struct{} {
 	return s.arrived
 }
 
+// Forget drops the script for tok: later calls of it are answered
+// normally. A server that replays an old message then gets a reply, not
+// that message's fault all over again.
+func (m *Model) Forget(tok model.Token) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.scripts, tok)
+}
+
 // CallCount is how many calls the model has recorded.
 func (m *Model) CallCount() int {
 	m.mu.Lock()

@@ -896,3 +896,17 @@ func TestFaultString(t *testing.T) {
 	assert.Equal(t, "Kind(99)", faults.Kind(99).String())
 	assert.Equal(t, "stream-cut", faults.Cut.String())
 }
+
+// TestForgetDropsTheScript: after Forget, a turn's token is answered
+// normally, so a server that replays an old message gets a reply rather
+// than that turn's fault again.
+func TestForgetDropsTheScript(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 503})
+	resp, _ := f.post(false, user("tc-u1"))
+	assert.Equal(t, 503, resp.StatusCode)
+	f.m.Forget("tc-u1")
+	resp, _ = f.post(false, user("tc-u1"))
+	assert.Equal(t, 200, resp.StatusCode)
+	f.m.Forget("tc-u9") // never scripted: nothing to do
+}
