@@ -41,7 +41,7 @@ type Model struct {
 	serving chan struct{}
 	closing chan struct{}
 	once    sync.Once
-	active  sync.WaitGroup
+	active  sync.WaitGroup // calls in flight; none starts once closed
 	logMu   sync.Mutex
 
 	mu      sync.Mutex
@@ -90,7 +90,9 @@ func (m *Model) Addr() string { return m.ln.Addr().String() }
 // model's goroutines to end.
 func (m *Model) Close() error {
 	m.once.Do(func() {
+		m.mu.Lock()
 		close(m.closing)
+		m.mu.Unlock()
 		_ = m.srv.Close()
 		<-m.serving
 		m.active.Wait()
@@ -139,7 +141,15 @@ func (m *Model) CallsSince(n int) []model.Call {
 
 // ServeHTTP answers the chat-completion endpoint.
 func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m.mu.Lock()
+	select {
+	case <-m.closing:
+		m.mu.Unlock()
+		panic(http.ErrAbortHandler) // closed: no call starts
+	default:
+	}
 	m.active.Add(1)
+	m.mu.Unlock()
 	defer m.active.Done()
 	if r.URL.Path != "/v1/chat/completions" && r.URL.Path != "/chat/completions" {
 		writeError(w, http.StatusNotFound, "not_found", "the fake model serves POST /v1/chat/completions")

@@ -19,9 +19,8 @@ func FormatFailure(v *model.Violation, steps []Step, p Profile) string {
 	for _, s := range steps {
 		writeStep(&b, s, p)
 	}
-	b.WriteString("\nThe curl commands send the same requests to a server at $TURNCHECK_URL (for example\n" +
-		"`turncheck model --listen 127.0.0.1:9090` and `turncheck serve --model-url http://127.0.0.1:9090/v1`);\n" +
-		"they do not inject the model's faults: replay the seed for that.\n")
+	b.WriteString("\nThe curl commands send each request again to the server at $TURNCHECK_URL; they do not\n" +
+		"inject the model's faults: replay the seed for those.\n")
 	return b.String()
 }
 

@@ -82,6 +82,10 @@ type Server struct {
 	up     *upstream
 	log    *slog.Logger
 	ids    atomic.Int64
+
+	// active counts requests in flight; once closed, none starts.
+	mu     sync.Mutex
+	closed bool
 	active sync.WaitGroup
 }
 
@@ -150,17 +154,38 @@ func New(cfg Config) (*Server, error) {
 	}, nil
 }
 
-// Close waits for turns in flight to end, then closes the store. Stop the
-// HTTP server in front of it first, so that no new turn starts.
+// Close refuses new requests (503), waits for those in flight to end, then
+// closes the store. Stop the HTTP server in front of it first.
 func (s *Server) Close() error {
+	s.mu.Lock()
+	already := s.closed
+	s.closed = true
+	s.mu.Unlock()
+	if already {
+		return nil
+	}
 	s.active.Wait()
 	s.up.close()
 	return s.store.close()
 }
 
+// enter counts a request in, or reports that the server is closed.
+func (s *Server) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.active.Add(1)
+	return true
+}
+
 // ServeHTTP serves POST /v1/chat/completions and GET /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.active.Add(1)
+	if !s.enter() {
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "the server is stopping")
+		return
+	}
 	defer s.active.Done()
 	switch {
 	case r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/chat/completions":

@@ -108,12 +108,22 @@ func checkAndReport(cmd, mutantName string, opts scenarios.Options, stdout, stde
 		fmt.Fprintf(stdout, "PASS: no invariant broken\n%s\nelapsed: %s\n", res.Summary(), res.Elapsed.Round(time.Millisecond))
 		return exitOK
 	}
-	if f.Violation != nil {
+	switch {
+	case f.Violation == nil:
+		// Not the server's fault: the harness itself failed.
+		fmt.Fprintf(stderr, "turncheck %s: the harness failed, not the server (seed %d):\n%s\n", cmd, res.Seed, f.Report)
+		return exitUsage
+	case f.Flaky:
+		fmt.Fprintf(stdout, "FAIL: %s (%s) broken once, but the same steps did not break it again: "+
+			"the server does not behave the same way under the same steps\n\n", f.Violation.Invariant, f.Violation.Invariant.Title())
+	default:
 		fmt.Fprintf(stdout, "FAIL: %s (%s) broken\n\n", f.Violation.Invariant, f.Violation.Invariant.Title())
-	} else {
-		fmt.Fprintf(stdout, "FAIL\n\n")
 	}
 	fmt.Fprintln(stdout, strings.TrimRight(f.Report, "\n"))
+	fmt.Fprintf(stdout, "\nTo send the requests by hand, start the fake model and the reference server, then paste the curl commands:\n"+
+		"  turncheck model --listen 127.0.0.1:9090 &\n"+
+		"  turncheck serve --listen 127.0.0.1:8080 --model-url http://127.0.0.1:9090/v1 --data-dir \"$(mktemp -d)\" %s&\n"+
+		"  export TURNCHECK_URL=http://127.0.0.1:8080\n", serveFlags(mutant))
 	fmt.Fprintf(stdout, "\n%s\n", res.Summary())
 	fmt.Fprintf(stdout, "found after %d check(s) in %s; shrunk to %d step(s); elapsed: %s\n",
 		f.FoundAfter, f.FoundIn.Round(time.Millisecond), len(f.Steps), res.Elapsed.Round(time.Millisecond))
@@ -128,6 +138,19 @@ func checkAndReport(cmd, mutantName string, opts scenarios.Options, stdout, stde
 		fmt.Fprintf(stdout, "seed: %d\nreplay: %s\n", f.Seed, replay)
 	}
 	return exitViolation
+}
+
+// serveFlags are the 'turncheck serve' flags that make the server the one
+// the check ran against: its keys and mutant.
+func serveFlags(m sut.Mutant) string {
+	var b strings.Builder
+	for _, k := range (scenarios.Reference{}).Profile().Keys {
+		fmt.Fprintf(&b, "--key %s ", k)
+	}
+	if m != sut.Clean {
+		fmt.Fprintf(&b, "--mutant %s ", m)
+	}
+	return b.String()
 }
 
 // isTerminal reports whether w is a terminal, where a progress line that
