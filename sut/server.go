@@ -75,13 +75,13 @@ type Config struct {
 
 // Server is the reference session server. It is an http.Handler.
 type Server struct {
-	cfg    Config
-	store  *store
-	convs  *conversations
-	locks  convLocks
-	up     *upstream
-	log    *slog.Logger
-	ids    atomic.Int64
+	cfg   Config
+	store *store
+	convs *conversations
+	locks convLocks
+	up    *upstream
+	log   *slog.Logger
+	ids   atomic.Int64
 
 	// active counts requests in flight; once closed, none starts.
 	mu     sync.Mutex
