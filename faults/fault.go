@@ -28,8 +28,9 @@ const (
 
 var kindNames = [...]string{"none", "model-error", "model-timeout", "stream-cut", "malformed-chunk"}
 
+// String is the kind's name as reports and counts show it.
 func (k Kind) String() string {
-	if int(k) < len(kindNames) {
+	if k >= 0 && int(k) < len(kindNames) {
 		return kindNames[k]
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
@@ -50,6 +51,7 @@ type Fault struct {
 	Times int
 }
 
+// String says what the fault does, for a person reading a report.
 func (f Fault) String() string {
 	var s string
 	switch f.Kind {

@@ -1,9 +1,6 @@
 package faults
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -152,17 +149,17 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.mu.Unlock()
 	defer m.active.Done()
 	if r.URL.Path != "/v1/chat/completions" && r.URL.Path != "/chat/completions" {
-		writeError(w, http.StatusNotFound, "not_found", "the fake model serves POST /v1/chat/completions")
+		openai.WriteError(w, http.StatusNotFound, "not_found", "the fake model serves POST /v1/chat/completions")
 		return
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "use POST")
+		openai.WriteError(w, http.StatusMethodNotAllowed, "invalid_request_error", "use POST")
 		return
 	}
 	req, err := decodeRequest(r.Body)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "malformed request: "+err.Error())
+		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", "malformed request: "+err.Error())
 		return
 	}
 	call := readCall(req.Messages)
@@ -209,12 +206,8 @@ func decodeRequest(body io.Reader) (*openai.ChatRequest, error) {
 		return nil, fmt.Errorf("body over %d bytes", maxModelRequest)
 	}
 	var req openai.ChatRequest
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if err := dec.Decode(&req); err != nil {
+	if err := openai.DecodeObject(raw, &req); err != nil {
 		return nil, err
-	}
-	if len(bytes.TrimSpace(raw[dec.InputOffset():])) > 0 {
-		return nil, errors.New("data after the request object")
 	}
 	return &req, nil
 }
@@ -260,7 +253,7 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token,
 		if f.RetryHint {
 			w.Header().Set("Retry-After", "0")
 		}
-		writeError(w, f.Status, "server_error", fmt.Sprintf("injected model error %d", f.Status))
+		openai.WriteError(w, f.Status, "server_error", fmt.Sprintf("injected model error %d", f.Status))
 		return
 	case Hold:
 		select {
@@ -282,7 +275,7 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token,
 	}
 	sw := sse.NewWriter(w)
 	w.WriteHeader(http.StatusOK)
-	_ = sw.Data(mustJSON(chunk("", openai.RoleAssistant, nil)))
+	_ = sw.Data(openai.Encode(chunk("", openai.RoleAssistant, nil)))
 	for i, c := range chunks {
 		if i == f.After {
 			switch f.Kind {
@@ -292,7 +285,7 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token,
 				_ = sw.Data(`{"id":"fake","object":"chat.completion.chunk","choices":[{"delta":`)
 			}
 		}
-		_ = sw.Data(mustJSON(chunk(c, "", nil)))
+		_ = sw.Data(openai.Encode(chunk(c, "", nil)))
 	}
 	if f.After >= len(chunks) {
 		switch f.Kind {
@@ -302,12 +295,12 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token,
 			_ = sw.Data(`{"id":"fake","object":"chat.completion.chunk","choices":[{"delta":`)
 		}
 	}
-	_ = sw.Data(mustJSON(chunk("", "", openai.Ptr(openai.FinishStop))))
+	_ = sw.Data(openai.Encode(chunk("", "", openai.Ptr(openai.FinishStop))))
 	_ = sw.Data(openai.DoneSentinel)
 }
 
 func (m *Model) answerWhole(w http.ResponseWriter, chunks []string, f Fault) {
-	body := mustJSON(openai.Completion{
+	body := openai.Encode(openai.Completion{
 		ID: "fake", Object: openai.ObjectCompletion, Model: "fake",
 		Choices: []openai.Choice{{
 			Message:      &openai.Message{Role: openai.RoleAssistant, Content: openai.Content(strings.Join(chunks, ""))},
@@ -336,12 +329,6 @@ func chunk(content, role string, finish *string) openai.Completion {
 		Choices: []openai.Choice{{Delta: &openai.Delta{Role: role, Content: content}, FinishReason: finish}},
 	}
 }
-
-func writeError(w http.ResponseWriter, status int, typ, msg string) {
-	openai.WriteError(w, status, typ, msg)
-}
-
-func mustJSON(v any) string { return openai.Encode(v) }
 
 func orDash(t model.Token) string {
 	if t == "" {

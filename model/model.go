@@ -46,6 +46,8 @@ type Violation struct {
 	Observed []Token
 }
 
+// Error says which invariant broke, where, why, and shows the expected and
+// observed histories.
 func (v *Violation) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s (%s) violated on conversation %s", v.Invariant, v.Invariant.Title(), v.Conv)
@@ -308,10 +310,7 @@ func (m *Model) explain(t Turn, segs []segment, call Call) *Violation {
 		if seen[tok] <= allowed[tok] {
 			continue
 		}
-		user := tok
-		if !tok.IsUser() {
-			user = Token("tc-u" + strings.TrimPrefix(string(tok), "tc-a"))
-		}
+		user := tok.User()
 		switch {
 		case m.dropped[user]:
 			v.Invariant = T6

@@ -36,6 +36,15 @@ func (t Token) Reply() Token {
 	return Token("tc-a" + strings.TrimPrefix(string(t), "tc-u"))
 }
 
+// User returns the token of the user message that t replies to, or t
+// itself if it is a user token.
+func (t Token) User() Token {
+	if t.IsUser() {
+		return t
+	}
+	return Token("tc-u" + strings.TrimPrefix(string(t), "tc-a"))
+}
+
 // Tokens returns the tokens in text, in order.
 func Tokens(text string) []Token {
 	found := tokenPattern.FindAllString(text, -1)
@@ -56,6 +65,7 @@ type ConversationRef struct {
 	ID  string
 }
 
+// String renders the reference for people: the quoted id, and the key.
 func (c ConversationRef) String() string {
 	if c.Key == "" {
 		return fmt.Sprintf("%q", c.ID)
@@ -77,6 +87,7 @@ const (
 	Unknown
 )
 
+// String is "ok", "fail" or "unknown".
 func (o Outcome) String() string {
 	switch o {
 	case OK:

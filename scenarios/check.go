@@ -146,7 +146,7 @@ func Check(target Target, opts Options) (*Result, error) {
 	if r.interrupted {
 		return res, ErrInterrupted
 	}
-	return res, nil
+	return res, r.teardownErr
 }
 
 // failure describes what the run found: the shrunk violation, or what rapid
@@ -184,12 +184,12 @@ func checkSeed(base uint64, n int) uint64 {
 // starts that server.
 func Run(t *testing.T, target Target) {
 	t.Helper()
+	// rapid's settings are package flags that Check changes for its run.
+	rapidFlags.Lock()
+	defer rapidFlags.Unlock()
 	r := &runner{target: target, stats: newStats(), start: time.Now()}
+	t.Cleanup(func() { t.Logf("turncheck: %s", r.stats.Summary()) })
 	rapid.Check(t, r.property)
-	if r.setupErr != nil {
-		t.Fatalf("turncheck: %v", r.setupErr)
-	}
-	t.Logf("turncheck: %s", r.stats.Summary())
 }
 
 // runner holds what one Check or Run learns across its state-machine runs.
@@ -206,6 +206,9 @@ type runner struct {
 	foundIn    time.Duration
 	start      time.Time
 	progress   func(Stats)
+	// teardownErr is the first failure to stop a server, reported once
+	// the run is over: a leftover is a defect even when no invariant broke.
+	teardownErr error
 	// ctx, if not nil, interrupts the run when it ends.
 	ctx         context.Context
 	interrupted bool
@@ -241,7 +244,11 @@ func (r *runner) property(t *rapid.T) {
 		r.setupErr = fmt.Errorf("start the server under test: %w", err)
 		t.Fatalf("setup: %v", r.setupErr)
 	}
-	t.Cleanup(func() { _ = srv.Close() })
+	t.Cleanup(func() {
+		if err := srv.Close(); err != nil && r.teardownErr == nil {
+			r.teardownErr = fmt.Errorf("stop the server under test: %w", err)
+		}
+	})
 	profile := r.target.Profile()
 	cl := newClient(srv.URL(), profile)
 	t.Cleanup(cl.close)

@@ -137,7 +137,7 @@ func (m *machine) continueConversation(t *rapid.T) {
 	if len(m.convs) == 0 {
 		t.Skip("no conversation yet")
 	}
-	c := rapid.SampledFrom(m.convs).Draw(t, "conversation")
+	c := newest(t, m.convs, "conversation")
 	m.turn(t, "continue", c, m.newToken(), drawPlan(t))
 }
 
@@ -151,8 +151,8 @@ func (m *machine) retryFailed(t *rapid.T) {
 	if len(candidates) == 0 {
 		t.Skip("no failed turn to retry")
 	}
-	c := rapid.SampledFrom(candidates).Draw(t, "conversation")
-	tok := rapid.SampledFrom(c.failed).Draw(t, "failed turn")
+	c := newest(t, candidates, "conversation")
+	tok := newest(t, c.failed, "failed turn")
 	m.turn(t, "retry failed turn", c, tok, drawPlan(t))
 }
 
@@ -162,7 +162,7 @@ func (m *machine) otherKey(t *rapid.T) {
 	if len(m.convs) == 0 {
 		t.Skip("no conversation yet")
 	}
-	src := rapid.SampledFrom(m.convs).Draw(t, "conversation")
+	src := newest(t, m.convs, "conversation")
 	others := slices.DeleteFunc(slices.Clone(m.profile.Keys), func(k string) bool { return k == src.ref.Key })
 	key := rapid.SampledFrom(others).Draw(t, "other key")
 	c := m.conv(model.ConversationRef{Key: key, ID: src.ref.ID})
@@ -201,7 +201,7 @@ func (m *machine) invalidContinuation(t *rapid.T) {
 	if len(m.convs) == 0 {
 		t.Skip("no conversation yet")
 	}
-	c := rapid.SampledFrom(m.convs).Draw(t, "conversation")
+	c := newest(t, m.convs, "conversation")
 	shape := invalidShapes[rapid.IntRange(0, len(invalidShapes)-1).Draw(t, "shape")]
 	stream := rapid.Bool().Draw(t, "stream")
 	req := m.client.newRequest(c.ref, shape.build(c.lastUser), stream)
@@ -281,6 +281,13 @@ func (m *machine) conv(ref model.ConversationRef) *conv {
 func (m *machine) newToken() model.Token {
 	m.tokens++
 	return model.UserToken(m.tokens)
+}
+
+// newest draws one of items, counting from the last: draws shrink toward
+// the most recent item, which stays the same when the shrinker removes
+// earlier steps, where an index from the first would shift onto another.
+func newest[T any](t *rapid.T, items []T, label string) T {
+	return items[len(items)-1-rapid.IntRange(0, len(items)-1).Draw(t, label)]
 }
 
 // UserText is the text of the user message carrying tok.

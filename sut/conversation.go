@@ -108,7 +108,14 @@ func (l *convLocks) lock(ctx context.Context, k convKey) (unlock func(), err err
 	}
 	select {
 	case cl.held <- struct{}{}:
-		return func() { <-cl.held; release() }, nil
+		unlock = func() { <-cl.held; release() }
+		if err := ctx.Err(); err != nil {
+			// Both were ready and select chose the lock: the waiter is
+			// gone all the same.
+			unlock()
+			return nil, err
+		}
+		return unlock, nil
 	case <-ctx.Done():
 		release()
 		return nil, ctx.Err()

@@ -56,8 +56,8 @@ func Mutants() []MutantInfo {
 	}
 }
 
-// ParseMutant returns the mutant named s ("" or "none" for the clean server),
-// or an error listing the valid names.
+// ParseMutant returns the mutant named s ("", "none" or "clean" for the
+// clean server), or an error listing the valid names.
 func ParseMutant(s string) (Mutant, error) {
 	if s == "" || s == "none" || s == "clean" {
 		return Clean, nil

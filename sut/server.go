@@ -7,10 +7,10 @@
 package sut
 
 import (
-	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/json"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -69,7 +69,8 @@ type Config struct {
 	ModelName string
 	// Mutant brings back one real bug; Clean for the correct server.
 	Mutant Mutant
-	// Logger receives one line per failed or refused turn; nil discards.
+	// Logger receives a line per turn that failed or was rolled back, and
+	// per store error; nil discards.
 	Logger *slog.Logger
 }
 
@@ -183,7 +184,7 @@ func (s *Server) enter() bool {
 // ServeHTTP serves POST /v1/chat/completions and GET /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !s.enter() {
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "the server is stopping")
+		openai.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the server is stopping")
 		return
 	}
 	defer s.active.Done()
@@ -191,7 +192,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/chat/completions":
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
-			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "use POST")
+			openai.WriteError(w, http.StatusMethodNotAllowed, "invalid_request_error", "use POST")
 			return
 		}
 		s.chat(w, r)
@@ -199,7 +200,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = io.WriteString(w, "ok\n")
 	default:
-		writeError(w, http.StatusNotFound, "not_found", "no such endpoint; use POST /v1/chat/completions")
+		openai.WriteError(w, http.StatusNotFound, "not_found", "no such endpoint; use POST /v1/chat/completions")
 	}
 }
 
@@ -208,7 +209,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type turn struct {
 	key       convKey
 	stateful  bool
-	base      *conversation // committed state the turn started from
 	work      *conversation // the working copy the turn runs on
 	committed int           // messages of work already committed
 }
@@ -216,28 +216,28 @@ type turn struct {
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	scope, ok := s.authorize(r)
 	if !ok {
-		writeError(w, http.StatusUnauthorized, "unauthorized", "missing or unknown API key: send Authorization: Bearer <key>")
+		openai.WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or unknown API key: send Authorization: Bearer <key>")
 		return
 	}
 	req, err := s.decode(w, r)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "request_too_large",
+			openai.WriteError(w, http.StatusRequestEntityTooLarge, "request_too_large",
 				fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
 			return
 		}
-		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
 	user, err := s.newUserMessage(req.Messages)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
 	id := r.Header.Get(s.cfg.ConversationHeader)
 	if err := validConversationID(id); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
 
@@ -264,10 +264,10 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			s.log.Error("load conversation", "conversation", id, "err", err)
-			writeError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
+			openai.WriteError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
 			return
 		}
-		t.base, t.committed = base, len(base.messages)
+		t.committed = len(base.messages)
 		if s.cfg.Mutant == MutateBeforeRun {
 			// The bug: run on the cached conversation itself, so whatever
 			// the turn appends stays even when the turn fails.
@@ -314,10 +314,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		onStart = func() {
 			out = sse.NewWriter(w)
 			w.WriteHeader(http.StatusOK)
-			write(encode(chunk(id, created, model, openai.Delta{Role: openai.RoleAssistant}, nil)))
+			write(openai.Encode(chunk(id, created, model, openai.Delta{Role: openai.RoleAssistant}, nil)))
 		}
 		onDelta = func(text string) {
-			write(encode(chunk(id, created, model, openai.Delta{Content: text}, nil)))
+			write(openai.Encode(chunk(id, created, model, openai.Delta{Content: text}, nil)))
 		}
 	}
 	reply, err := s.up.complete(ctx, history, onStart, onDelta)
@@ -340,12 +340,12 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		}
 	}
 	if out != nil {
-		write(encode(chunk(id, created, model, openai.Delta{}, openai.Ptr(openai.FinishStop))))
+		write(openai.Encode(chunk(id, created, model, openai.Delta{}, openai.Ptr(openai.FinishStop))))
 		write(openai.DoneSentinel)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = io.WriteString(w, encode(openai.Completion{
+	_, _ = io.WriteString(w, openai.Encode(openai.Completion{
 		ID: id, Object: openai.ObjectCompletion, Created: created, Model: model,
 		Choices: []openai.Choice{{
 			Message:      &openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)},
@@ -381,10 +381,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, t *turn, out *sse.
 // error chunk and [DONE] after.
 func (s *Server) answerError(w http.ResponseWriter, out *sse.Writer, status int, typ, msg string) {
 	if out == nil {
-		writeError(w, status, typ, msg)
+		openai.WriteError(w, status, typ, msg)
 		return
 	}
-	_ = out.Data(encode(openai.Completion{Object: openai.ObjectChunk, Choices: []openai.Choice{},
+	_ = out.Data(openai.Encode(openai.Completion{Object: openai.ObjectChunk, Choices: []openai.Choice{},
 		Error: &openai.ErrorDetail{Message: msg, Type: typ}}))
 	_ = out.Data(openai.DoneSentinel)
 }
@@ -392,7 +392,7 @@ func (s *Server) answerError(w http.ResponseWriter, out *sse.Writer, status int,
 // clientGone answers a request whose client went away. Nobody reads it, but
 // a half-closed client that still does must not take silence for success.
 func clientGone(w http.ResponseWriter) {
-	writeError(w, statusClientClosed, "client_closed_request", "the client closed the request; the turn was rolled back")
+	openai.WriteError(w, statusClientClosed, "client_closed_request", "the client closed the request; the turn was rolled back")
 }
 
 // authorize returns the request's key scope, or false if keys are required
@@ -408,7 +408,10 @@ func (s *Server) authorize(r *http.Request) (string, bool) {
 	}
 	for _, k := range s.cfg.Keys {
 		if subtle.ConstantTimeCompare([]byte(got), []byte(k)) == 1 {
-			return k, true
+			// The scope is stored with every message: a digest, so that the
+			// store holds no usable key.
+			sum := sha256.Sum256([]byte(k))
+			return hex.EncodeToString(sum[:16]), true
 		}
 	}
 	return "", false
@@ -429,13 +432,8 @@ func decodeRequest(body []byte) (*openai.ChatRequest, error) {
 		openai.ChatRequest
 		Messages *[]openai.Message `json:"messages"`
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&raw); err != nil {
+	if err := openai.DecodeObject(body, &raw); err != nil {
 		return nil, fmt.Errorf("malformed JSON body: %v", err)
-	}
-	// Decoder.More would miss a stray '}' or ']': look at the rest itself.
-	if len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
-		return nil, errors.New("malformed JSON body: data after the request object")
 	}
 	if raw.Messages == nil {
 		return nil, errors.New(`"messages" is required: an array of {"role","content"}`)
@@ -497,9 +495,3 @@ func chunk(id string, created int64, model string, d openai.Delta, finish *strin
 	return openai.Completion{ID: id, Object: openai.ObjectChunk, Created: created, Model: model,
 		Choices: []openai.Choice{{Delta: &d, FinishReason: finish}}}
 }
-
-func writeError(w http.ResponseWriter, status int, typ, msg string) {
-	openai.WriteError(w, status, typ, msg)
-}
-
-func encode(v any) string { return openai.Encode(v) }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"syscall"
@@ -66,7 +67,7 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 		if ctx.Err() != nil {
 			return "", context.Cause(ctx)
 		}
-		return "", &upstreamError{msg: "model unreachable: " + err.Error()}
+		return "", &upstreamError{msg: "model unreachable: " + netReason(err)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -112,6 +113,16 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 }
 
 func (u *upstream) close() { u.client.CloseIdleConnections() }
+
+// netReason is what went wrong on the network, without the model's URL
+// and addresses, which are no business of the server's clients.
+func netReason(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Op + ": " + op.Err.Error()
+	}
+	return "request failed"
+}
 
 // brokenStream says how a model stream broke, without the socket
 // addresses a network error carries.

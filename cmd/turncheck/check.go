@@ -13,7 +13,7 @@ import (
 	"github.com/turncheck/turncheck/sut"
 )
 
-const checkHelp = `Usage: turncheck check [--mutant NAME] [--checks N] [--steps N] [--seed S]
+const checkHelp = `Usage: turncheck check [--mutant NAME] [--checks N] [--steps N] [--seed S] [--shrink-time D]
 
 Runs the state machine against the embedded reference server: new
 conversations, continuations (streamed or not), invalid continuations,
@@ -27,7 +27,7 @@ Example:
   turncheck check --mutant commit-on-stream-error --checks 200
 `
 
-const replayHelp = `Usage: turncheck replay --seed S [--mutant NAME]
+const replayHelp = `Usage: turncheck replay --seed S [--mutant NAME] [--steps N] [--shrink-time D]
 
 Replays the run that a seed starts, as 'turncheck check' printed it, and
 prints the same report: the broken invariant, the shrunk steps with what the

@@ -89,6 +89,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "mutants":
 		return cmdMutants(rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
+		if len(rest) > 0 && rest[0] != "help" && !strings.HasPrefix(rest[0], "-") {
+			return run(ctx, []string{rest[0], "--help"}, stdout, stderr) // turncheck help check
+		}
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	default:

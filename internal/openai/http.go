@@ -1,11 +1,27 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
 )
+
+// DecodeObject decodes body, which must hold one JSON value and nothing
+// after it but white space, into v.
+func DecodeObject(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	// Decoder.More would miss a stray '}' or ']': look at the rest itself.
+	if len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
+		return errors.New("data after the JSON value")
+	}
+	return nil
+}
 
 // Encode returns the JSON of v, one of this package's types, which always
 // encode.
