@@ -241,13 +241,9 @@ func (m *Model) applyInvalid(t Turn) *Violation {
 		if v := m.checkMixed(t, call); v != nil {
 			return v
 		}
-		// A call whose last user message is one of this conversation's is
-		// that message replayed as a turn. Other calls are auxiliary (a
-		// title, a summary, some other conversation's background work).
-		if owner, ok := m.owner[call.Turn]; ok && owner == t.Conv {
+		if reason := m.turnShaped(t.Conv, call); reason != "" {
 			return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
-				Reason: fmt.Sprintf("a request without a usable new user message reached the model, replaying %s as the new message; it must be refused with 400",
-					call.Turn),
+				Reason:   "a request without a usable new user message reached the model, " + reason + "; it must be refused with 400",
 				Observed: call.History}
 		}
 	}
@@ -256,6 +252,31 @@ func (m *Model) applyInvalid(t Turn) *Violation {
 			Reason: fmt.Sprintf("a request without a usable new user message ended %s with status %d; want 400", t.Outcome, t.Status)}
 	}
 	return nil
+}
+
+// turnShaped tells a call that runs the refused request as a turn from an
+// auxiliary one (a title, a summary, another conversation's background
+// work): it carries conv's line, then either an earlier message of conv
+// replayed as the new one, or a message with no token (the blank one passed
+// on). It returns how, or "" for an auxiliary call.
+func (m *Model) turnShaped(conv ConversationRef, call Call) string {
+	c := m.convs[conv]
+	if c == nil || len(call.History) == 0 {
+		return ""
+	}
+	if owner, ok := m.owner[call.Turn]; ok && owner == conv {
+		if _, ok := match(c.segs, call.History, call.Turn); ok {
+			return fmt.Sprintf("replaying %s as the new message", call.Turn)
+		}
+		return ""
+	}
+	if call.Turn == "" {
+		const blank = Token("tc-u-blank") // stands for the tokenless message
+		if _, ok := match(c.segs, append(slices.Clone(call.History), blank), blank); ok {
+			return "passing on a message without a token as the new one"
+		}
+	}
+	return ""
 }
 
 // checkMixed finds a call that carries tokens of more than one conversation

@@ -445,6 +445,21 @@ func TestApply(t *testing.T) {
 			},
 		},
 		{
+			name: "invalid request during which the conversation's own title is asked for",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+				{turn: invalid(convA, "", model.Fail, 400, call(u(1), u(1)))},
+			},
+		},
+		{
+			name: "invalid request whose blank message is passed on to the model",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: invalid(convA, "", model.Fail, 400, model.Call{History: []model.Token{u(1), a(1)}}), want: model.T3},
+			},
+		},
+		{
 			name: "an auxiliary call mixing two conversations",
 			steps: []step{
 				{turn: ok(convA, u(1), call(u(1), u(1)))},

@@ -84,9 +84,10 @@ type Failure struct {
 var rapidFlags sync.Mutex
 
 // Check runs the state machine against target and reports what it found.
-// It returns an error only when the run could not be carried out (the
-// target or the fake model did not start); a broken invariant is a Result
-// with a Failure.
+// A broken invariant is a Result with a Failure, and no error. The error
+// says the run could not be carried out (the target or the fake model did
+// not start), left something behind (a server that did not stop cleanly),
+// or was interrupted (ErrInterrupted; the Result holds what was found).
 func Check(target Target, opts Options) (*Result, error) {
 	if opts.Checks <= 0 {
 		opts.Checks = 100
@@ -145,6 +146,11 @@ func Check(target Target, opts Options) (*Result, error) {
 	}
 	if r.interrupted {
 		return res, ErrInterrupted
+	}
+	if r.teardownErr != nil && res.Failure != nil {
+		// The violation comes first; the leftover is said after it.
+		res.Failure.Report += "\nAlso: " + r.teardownErr.Error() + "\n"
+		return res, nil
 	}
 	return res, r.teardownErr
 }

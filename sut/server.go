@@ -85,9 +85,11 @@ type Server struct {
 	ids   atomic.Int64
 
 	// active counts requests in flight; once closed, none starts.
-	mu     sync.Mutex
-	closed bool
-	active sync.WaitGroup
+	mu       sync.Mutex
+	closed   bool
+	active   sync.WaitGroup
+	stopped  chan struct{} // closed once Close has finished
+	closeErr error
 }
 
 // New opens the store in cfg.DataDir and returns a server ready to serve.
@@ -147,11 +149,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{
-		cfg:   cfg,
-		store: st,
-		convs: convs,
-		up:    newUpstream(cfg.ModelURL, cfg.ModelName),
-		log:   log,
+		stopped: make(chan struct{}),
+		cfg:     cfg,
+		store:   st,
+		convs:   convs,
+		up:      newUpstream(cfg.ModelURL, cfg.ModelName),
+		log:     log,
 	}, nil
 }
 
@@ -163,11 +166,14 @@ func (s *Server) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	if already {
-		return nil
+		<-s.stopped // a later Close returns when the first one has
+		return s.closeErr
 	}
 	s.active.Wait()
 	s.up.close()
-	return s.store.close()
+	s.closeErr = s.store.close()
+	close(s.stopped)
+	return s.closeErr
 }
 
 // enter counts a request in, or reports that the server is closed.
@@ -329,6 +335,16 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		s.fail(w, r, t, out, reply, err)
 		return
 	}
+	if writeErr != nil || r.Context().Err() != nil {
+		// The model finished, but the client is gone or stopped reading
+		// (the last chunks were already buffered): the turn never reached
+		// it, so it is rolled back like any interrupted turn.
+		s.log.Info("client went away before the commit; turn rolled back", "conversation", t.key.id)
+		if out == nil {
+			clientGone(w)
+		}
+		return
+	}
 	if t.stateful {
 		t.work.messages = append(t.work.messages, openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)})
 		// Acknowledge only what is durable: commit before the client hears
@@ -358,13 +374,16 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 // under the mutant that brings back committing a broken stream.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, t *turn, out *sse.Writer, partial string, err error) {
 	var upErr *upstreamError
-	if s.cfg.Mutant == CommitOnStreamError && t.stateful && errors.As(err, &upErr) && upErr.started {
+	isUpstream := errors.As(err, &upErr)
+	if s.cfg.Mutant == CommitOnStreamError && t.stateful && isUpstream && upErr.started {
 		t.work.messages = append(t.work.messages, openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)})
 		_ = s.convs.commit(t.key, t.committed, t.work)
 	}
 	if r.Context().Err() != nil {
 		s.log.Info("client went away; turn rolled back", "conversation", t.key.id)
-		clientGone(w)
+		if out == nil { // a started stream has its status already
+			clientGone(w)
+		}
 		return
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -373,7 +392,11 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, t *turn, out *sse.
 			fmt.Sprintf("the model did not answer within %s", s.cfg.RequestTimeout))
 		return
 	}
-	s.log.Info("model failed; turn rolled back", "conversation", t.key.id, "err", err)
+	if isUpstream && upErr.cause != nil {
+		s.log.Info("model failed; turn rolled back", "conversation", t.key.id, "err", err, "cause", upErr.cause)
+	} else {
+		s.log.Info("model failed; turn rolled back", "conversation", t.key.id, "err", err)
+	}
 	s.answerError(w, out, http.StatusBadGateway, "upstream_error", err.Error())
 }
 
@@ -384,6 +407,8 @@ func (s *Server) answerError(w http.ResponseWriter, out *sse.Writer, status int,
 		openai.WriteError(w, status, typ, msg)
 		return
 	}
+	// The last chunk may be long ago: give this write a deadline of its own.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(streamWriteTimeout))
 	_ = out.Data(openai.Encode(openai.Completion{Object: openai.ObjectChunk, Choices: []openai.Choice{},
 		Error: &openai.ErrorDetail{Message: msg, Type: typ}}))
 	_ = out.Data(openai.DoneSentinel)

@@ -24,6 +24,9 @@ const maxReplyBytes = 4 << 20
 type upstreamError struct {
 	msg     string
 	started bool
+	// cause is the underlying error, for the server's log only: it may
+	// name the model's host and addresses.
+	cause error
 }
 
 func (e *upstreamError) Error() string { return e.msg }
@@ -67,7 +70,7 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 		if ctx.Err() != nil {
 			return "", context.Cause(ctx)
 		}
-		return "", &upstreamError{msg: "model unreachable: " + netReason(err)}
+		return "", &upstreamError{msg: "model unreachable: " + netReason(err), cause: err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -89,7 +92,11 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 			return fail("model stream ended without [DONE]")
 		}
 		if err != nil {
-			return fail("model stream broke: %s", brokenStream(err))
+			s, failure := fail("model stream broke: %s", brokenStream(err))
+			if ue, ok := failure.(*upstreamError); ok {
+				ue.cause = err
+			}
+			return s, failure
 		}
 		if data == openai.DoneSentinel {
 			return reply.String(), nil
@@ -117,11 +124,16 @@ func (u *upstream) close() { u.client.CloseIdleConnections() }
 // netReason is what went wrong on the network, without the model's URL
 // and addresses, which are no business of the server's clients.
 func netReason(err error) string {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Err != nil {
-		return op.Op + ": " + op.Err.Error()
+	var dns *net.DNSError
+	switch {
+	case errors.As(err, &dns):
+		return "its host name does not resolve"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
 	}
-	return "request failed"
+	return "the request failed"
 }
 
 // brokenStream says how a model stream broke, without the socket
@@ -130,10 +142,12 @@ func brokenStream(err error) string {
 	switch {
 	case errors.Is(err, syscall.ECONNRESET):
 		return "connection reset by the model"
-	case errors.Is(err, io.ErrUnexpectedEOF):
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return "connection closed mid-stream"
+	case errors.Is(err, sse.ErrEventTooLarge):
+		return err.Error()
 	}
-	return err.Error()
+	return "read failed"
 }
 
 // upstreamMessage is what the model's error response says.
