@@ -282,7 +282,7 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token,
 			case Cut:
 				panic(http.ErrAbortHandler) // the connection drops mid-stream
 			case Malformed:
-				_ = sw.Data(`{"id":"fake","object":"chat.completion.chunk","choices":[{"delta":`)
+				_ = sw.Data(malformedChunk)
 			}
 		}
 		_ = sw.Data(openai.Encode(chunk(c, "", nil)))
@@ -292,7 +292,7 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token,
 		case Cut:
 			panic(http.ErrAbortHandler)
 		case Malformed:
-			_ = sw.Data(`{"id":"fake","object":"chat.completion.chunk","choices":[{"delta":`)
+			_ = sw.Data(malformedChunk)
 		}
 	}
 	_ = sw.Data(openai.Encode(chunk("", "", openai.Ptr(openai.FinishStop))))
@@ -322,6 +322,9 @@ func (m *Model) answerWhole(w http.ResponseWriter, chunks []string, f Fault) {
 	w.WriteHeader(http.StatusOK)
 	_, _ = io.WriteString(w, body)
 }
+
+// malformedChunk is a chunk cut off mid-JSON.
+const malformedChunk = `{"id":"fake","object":"chat.completion.chunk","choices":[{"delta":`
 
 func chunk(content, role string, finish *string) openai.Completion {
 	return openai.Completion{

@@ -83,6 +83,9 @@ type Server struct {
 	up    *upstream
 	log   *slog.Logger
 	ids   atomic.Int64
+	// scopes[i] is the scope of cfg.Keys[i]: a digest, as it is stored with
+	// every message and the store should hold no usable key.
+	scopes []string
 
 	// active counts requests in flight; once closed, none starts.
 	mu       sync.Mutex
@@ -148,7 +151,13 @@ func New(cfg Config) (*Server, error) {
 		_ = st.close()
 		return nil, err
 	}
+	scopes := make([]string, len(cfg.Keys))
+	for i, k := range cfg.Keys {
+		sum := sha256.Sum256([]byte(k))
+		scopes[i] = hex.EncodeToString(sum[:16])
+	}
 	return &Server{
+		scopes:  scopes,
 		stopped: make(chan struct{}),
 		cfg:     cfg,
 		store:   st,
@@ -327,18 +336,16 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		}
 	}
 	reply, err := s.up.complete(ctx, history, onStart, onDelta)
-	if err != nil {
-		if writeErr != nil {
-			s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.id, "err", writeErr)
-			return
-		}
+	switch {
+	case writeErr != nil:
+		// Whether or not the model finished (its last chunks may have been
+		// buffered already), the turn never reached the client.
+		s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.id, "err", writeErr)
+		return
+	case err != nil:
 		s.fail(w, r, t, out, reply, err)
 		return
-	}
-	if writeErr != nil || r.Context().Err() != nil {
-		// The model finished, but the client is gone or stopped reading
-		// (the last chunks were already buffered): the turn never reached
-		// it, so it is rolled back like any interrupted turn.
+	case r.Context().Err() != nil:
 		s.log.Info("client went away before the commit; turn rolled back", "conversation", t.key.id)
 		if out == nil {
 			clientGone(w)
@@ -392,11 +399,11 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, t *turn, out *sse.
 			fmt.Sprintf("the model did not answer within %s", s.cfg.RequestTimeout))
 		return
 	}
+	attrs := []any{"conversation", t.key.id, "err", err}
 	if isUpstream && upErr.cause != nil {
-		s.log.Info("model failed; turn rolled back", "conversation", t.key.id, "err", err, "cause", upErr.cause)
-	} else {
-		s.log.Info("model failed; turn rolled back", "conversation", t.key.id, "err", err)
+		attrs = append(attrs, "cause", upErr.cause)
 	}
+	s.log.Info("model failed; turn rolled back", attrs...)
 	s.answerError(w, out, http.StatusBadGateway, "upstream_error", err.Error())
 }
 
@@ -431,12 +438,9 @@ func (s *Server) authorize(r *http.Request) (string, bool) {
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return "", false
 	}
-	for _, k := range s.cfg.Keys {
+	for i, k := range s.cfg.Keys {
 		if subtle.ConstantTimeCompare([]byte(got), []byte(k)) == 1 {
-			// The scope is stored with every message: a digest, so that the
-			// store holds no usable key.
-			sum := sha256.Sum256([]byte(k))
-			return hex.EncodeToString(sum[:16]), true
+			return s.scopes[i], true
 		}
 	}
 	return "", false

@@ -79,38 +79,35 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 	onStart()
 
 	var reply strings.Builder
-	fail := func(format string, args ...any) (string, error) {
+	// fail ends the stream with a failure; cause, if any, is for the log.
+	fail := func(cause error, format string, args ...any) (string, error) {
 		if ctx.Err() != nil {
 			return reply.String(), context.Cause(ctx)
 		}
-		return reply.String(), &upstreamError{msg: fmt.Sprintf(format, args...), started: true}
+		return reply.String(), &upstreamError{msg: fmt.Sprintf(format, args...), started: true, cause: cause}
 	}
 	events := sse.NewReader(resp.Body)
 	for {
 		data, err := events.Next()
 		if errors.Is(err, io.EOF) {
-			return fail("model stream ended without [DONE]")
+			return fail(nil, "model stream ended without [DONE]")
 		}
 		if err != nil {
-			s, failure := fail("model stream broke: %s", brokenStream(err))
-			if ue, ok := failure.(*upstreamError); ok {
-				ue.cause = err
-			}
-			return s, failure
+			return fail(err, "model stream broke: %s", netReason(err))
 		}
 		if data == openai.DoneSentinel {
 			return reply.String(), nil
 		}
 		var c openai.Completion
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
-			return fail("malformed model chunk: %v", err)
+			return fail(nil, "malformed model chunk: %v", err)
 		}
 		if c.Error != nil {
-			return fail("model stream error: %s", c.Error.Message)
+			return fail(nil, "model stream error: %s", c.Error.Message)
 		}
 		text := c.Text()
 		if reply.Len()+len(text) > maxReplyBytes {
-			return fail("model reply over %d bytes", maxReplyBytes)
+			return fail(nil, "model reply over %d bytes", maxReplyBytes)
 		}
 		reply.WriteString(text)
 		if text != "" {
@@ -121,8 +118,8 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 
 func (u *upstream) close() { u.client.CloseIdleConnections() }
 
-// netReason is what went wrong on the network, without the model's URL
-// and addresses, which are no business of the server's clients.
+// netReason is what went wrong talking to the model, without its URL and
+// socket addresses, which are no business of the server's clients.
 func netReason(err error) string {
 	var dns *net.DNSError
 	switch {
@@ -131,23 +128,13 @@ func netReason(err error) string {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
 	case errors.Is(err, syscall.ECONNRESET):
-		return "connection reset"
-	}
-	return "the request failed"
-}
-
-// brokenStream says how a model stream broke, without the socket
-// addresses a network error carries.
-func brokenStream(err error) string {
-	switch {
-	case errors.Is(err, syscall.ECONNRESET):
 		return "connection reset by the model"
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return "connection closed mid-stream"
 	case errors.Is(err, sse.ErrEventTooLarge):
 		return err.Error()
 	}
-	return "read failed"
+	return "the request failed"
 }
 
 // upstreamMessage is what the model's error response says.
