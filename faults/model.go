@@ -1,10 +1,12 @@
 package faults
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -25,6 +27,10 @@ type ModelConfig struct {
 	// Log, if set, receives one line per call: the tokens it carried and the
 	// fault injected.
 	Log io.Writer
+	// Clock, if set, stamps every call's arrival (model.Call.At), so that
+	// calls fall on the same timeline as what the harness records; nil
+	// numbers calls 1, 2, 3...
+	Clock func() int64
 }
 
 // Model is a fake OpenAI-compatible model provider on loopback. It records
@@ -50,7 +56,27 @@ type script struct {
 	fault   Fault
 	calls   int
 	arrived chan struct{}
+	gate    *Gate
 }
+
+// Gate holds the first call of one turn where it arrives, until the
+// harness releases it. Concurrent turns then reach the model, and go on
+// from it, in an order the harness chooses, not in one the scheduler
+// happens to pick: an interleaving replays. A gated call whose server gives
+// up on it (the client went away, a deadline passed) ends unanswered. Safe
+// for concurrent use.
+type Gate struct {
+	arrived chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+// Arrived is closed when the gated call has arrived and is being held.
+func (g *Gate) Arrived() <-chan struct{} { return g.arrived }
+
+// Release lets the held call go on, to its script's answer or fault. It
+// may be called before the call arrives, and more than once.
+func (g *Gate) Release() { g.once.Do(func() { close(g.release) }) }
 
 // StartModel starts a fake model and returns once it is listening.
 func StartModel(cfg ModelConfig) (*Model, error) {
@@ -109,6 +135,21 @@ func (m *Model) Script(tok model.Token, f Fault) <-chan struct{} {
 	return s.arrived
 }
 
+// Gate holds the next first call of tok (the first after its latest
+// Script) until the returned gate is released; the call then gets tok's
+// scripted answer or fault. Without a script, tok gets a normal answer.
+func (m *Model) Gate(tok model.Token) *Gate {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.scripts[tok]
+	if s == nil {
+		s = &script{arrived: make(chan struct{})}
+		m.scripts[tok] = s
+	}
+	s.gate = &Gate{arrived: make(chan struct{}), release: make(chan struct{})}
+	return s.gate
+}
+
 // Forget drops the script for tok: later calls of it are answered
 // normally. A server that replays an old message then gets a reply, not
 // that message's fault all over again.
@@ -125,15 +166,13 @@ func (m *Model) CallCount() int {
 	return len(m.calls)
 }
 
-// CallsSince returns the calls recorded after the first n.
-func (m *Model) CallsSince(n int) []model.Call {
+// CallsAfter returns the calls that arrived after at, on the model's
+// timeline (ModelConfig.Clock), in arrival order.
+func (m *Model) CallsAfter(at int64) []model.Call {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n = max(n, 0)
-	if n >= len(m.calls) {
-		return nil
-	}
-	return append([]model.Call(nil), m.calls[n:]...)
+	i, _ := slices.BinarySearchFunc(m.calls, at, func(c model.Call, at int64) int { return cmp.Compare(c.At, at+1) })
+	return slices.Clone(m.calls[i:])
 }
 
 // ServeHTTP answers the chat-completion endpoint.
@@ -163,7 +202,7 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	call := readCall(req.Messages)
-	fault, arrived := m.record(call)
+	fault, arrived, gate := m.record(call)
 	if m.cfg.Log != nil {
 		m.logMu.Lock()
 		fmt.Fprintf(m.cfg.Log, "call turn=%s stream=%t fault=%q history=%s\n",
@@ -173,26 +212,42 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if arrived != nil {
 		close(arrived)
 	}
+	if gate != nil {
+		close(gate.arrived)
+		select {
+		case <-gate.release:
+		case <-r.Context().Done():
+			return // the server gave up on the call
+		case <-m.closing:
+			panic(http.ErrAbortHandler)
+		}
+	}
 	m.answer(w, r, call.Turn, req.Stream, fault)
 }
 
-// record appends call and returns the fault to inject for it, and the
-// arrival channel to close if this is the first call of its turn.
-func (m *Model) record(call model.Call) (Fault, chan struct{}) {
+// record stamps and appends call and returns the fault to inject for it,
+// and, if this is the first call of its turn, the arrival channel to close
+// and the gate to hold it at.
+func (m *Model) record(call model.Call) (Fault, chan struct{}, *Gate) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.cfg.Clock != nil {
+		call.At = m.cfg.Clock()
+	} else {
+		call.At = int64(len(m.calls) + 1)
+	}
 	m.calls = append(m.calls, call)
 	s := m.scripts[call.Turn]
 	if s == nil || call.Turn == "" {
-		return Fault{}, nil
+		return Fault{}, nil, nil
 	}
 	s.calls++
-	arrived := s.arrived
-	s.arrived = nil
+	arrived, gate := s.arrived, s.gate
+	s.arrived, s.gate = nil, nil
 	if s.fault.Times > 0 && s.calls > s.fault.Times {
-		return Fault{}, arrived
+		return Fault{}, arrived, gate
 	}
-	return s.fault, arrived
+	return s.fault, arrived, gate
 }
 
 // decodeRequest reads a chat request that is one JSON object and nothing

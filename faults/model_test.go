@@ -226,7 +226,7 @@ func TestRecordsTokensOfAllMessagesInOrder(t *testing.T) {
 	)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 
-	calls := f.m.CallsSince(0)
+	calls := f.m.CallsAfter(0)
 	require.Len(t, calls, 1)
 	assert.Equal(t, []model.Token{"tc-a90", "tc-u1", "tc-a1", "tc-a77", "tc-u2", "tc-u3", "tc-a8"}, calls[0].History)
 	// The turn is the first user token of the last user message, even when
@@ -241,7 +241,7 @@ func TestRecordsContentParts(t *testing.T) {
 		{"role":"user","content":[{"type":"text","text":"hello "},{"type":"text","text":"tc-u4"}]}]}`)
 	resp, got := f.send(http.MethodPost, "/v1/chat/completions", b)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", got)
-	calls := f.m.CallsSince(0)
+	calls := f.m.CallsAfter(0)
 	require.Len(t, calls, 1)
 	assert.Equal(t, []model.Token{"tc-u4"}, calls[0].History)
 	assert.Equal(t, model.Token("tc-u4"), calls[0].Turn)
@@ -273,7 +273,7 @@ func TestTurnIsEmptyWithoutUserToken(t *testing.T) {
 				before := f.m.CallCount()
 				resp, got := f.post(stream, tc.msgs...)
 				require.Equal(t, http.StatusOK, resp.StatusCode, "%s", got)
-				calls := f.m.CallsSince(before)
+				calls := f.m.CallsAfter(int64(before))
 				require.Len(t, calls, 1)
 				assert.Equal(t, model.Token(""), calls[0].Turn)
 				assert.NotNil(t, calls[0].History, "an empty history is recorded as empty, not nil")
@@ -307,7 +307,7 @@ func TestBothPaths(t *testing.T) {
 		assert.Contains(t, string(got), string(tok.Reply()), path)
 	}
 	assert.True(t, strings.HasSuffix(f.m.URL(), "/v1"))
-	calls := f.m.CallsSince(0)
+	calls := f.m.CallsAfter(0)
 	require.Len(t, calls, 2)
 	assert.Equal(t, model.Token("tc-u1"), calls[0].Turn)
 	assert.Equal(t, model.Token("tc-u2"), calls[1].Turn)
@@ -736,10 +736,10 @@ func TestArrivalUnderConcurrentCalls(t *testing.T) {
 // ---------------------------------------------------------------------------
 // Call log
 
-func TestCallsSinceAndCallCount(t *testing.T) {
+func TestCallsAfterAndCallCount(t *testing.T) {
 	f := start(t, faults.ModelConfig{})
 	assert.Equal(t, 0, f.m.CallCount())
-	assert.Empty(t, f.m.CallsSince(0))
+	assert.Empty(t, f.m.CallsAfter(0))
 
 	f.post(false, user("tc-u1"))
 	f.post(true, user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u2"))
@@ -747,21 +747,73 @@ func TestCallsSinceAndCallCount(t *testing.T) {
 	f.post(false, user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u3"))
 	require.Equal(t, 3, f.m.CallCount())
 
-	all := f.m.CallsSince(0)
+	all := f.m.CallsAfter(0)
 	assert.Equal(t, []model.Call{
-		{History: []model.Token{"tc-u1"}, Turn: "tc-u1"},
-		{History: []model.Token{"tc-u1", "tc-a1", "tc-u2"}, Turn: "tc-u2"},
-		{History: []model.Token{"tc-u1", "tc-a1", "tc-u3"}, Turn: "tc-u3"},
+		{History: []model.Token{"tc-u1"}, Turn: "tc-u1", At: 1},
+		{History: []model.Token{"tc-u1", "tc-a1", "tc-u2"}, Turn: "tc-u2", At: 2},
+		{History: []model.Token{"tc-u1", "tc-a1", "tc-u3"}, Turn: "tc-u3", At: 3},
 	}, all)
-	assert.Equal(t, all[1:], f.m.CallsSince(1))
-	assert.Equal(t, all[2:], f.m.CallsSince(2))
-	assert.Empty(t, f.m.CallsSince(3))
-	assert.Empty(t, f.m.CallsSince(100))
+	assert.Equal(t, all[1:], f.m.CallsAfter(1))
+	assert.Equal(t, all[2:], f.m.CallsAfter(2))
+	assert.Empty(t, f.m.CallsAfter(3))
+	assert.Empty(t, f.m.CallsAfter(100))
 
 	// The returned slice is a copy.
-	got := f.m.CallsSince(0)
+	got := f.m.CallsAfter(0)
 	got[0] = model.Call{Turn: "tc-u99"}
-	assert.Equal(t, model.Token("tc-u1"), f.m.CallsSince(0)[0].Turn)
+	assert.Equal(t, model.Token("tc-u1"), f.m.CallsAfter(0)[0].Turn)
+}
+
+// TestClockStampsCalls: with a clock, calls fall on the caller's timeline.
+func TestClockStampsCalls(t *testing.T) {
+	var now int64 = 100
+	f := start(t, faults.ModelConfig{Clock: func() int64 { now += 10; return now }})
+	f.post(false, user("tc-u1"))
+	f.post(false, user("tc-u2"))
+	calls := f.m.CallsAfter(0)
+	require.Len(t, calls, 2)
+	assert.Equal(t, []int64{110, 120}, []int64{calls[0].At, calls[1].At})
+	assert.Len(t, f.m.CallsAfter(110), 1)
+}
+
+// TestGate: a gated call is held where it arrives until released, then
+// gets its script; a call whose server gives up ends unanswered.
+func TestGate(t *testing.T) {
+	t.Run("released", func(t *testing.T) {
+		f := start(t, faults.ModelConfig{})
+		f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 503})
+		g := f.m.Gate("tc-u1")
+		done := f.goDo(context.Background(), body(t, false, user("tc-u1")))
+		<-g.Arrived()
+		select {
+		case <-done:
+			t.Fatal("the gated call was answered before its release")
+		default:
+		}
+		g.Release()
+		g.Release() // twice is harmless
+		assert.Equal(t, 503, (<-done).status)
+		// Only the first call is gated: a retry gets the script at once.
+		resp, _ := f.post(false, user("tc-u1"))
+		assert.Equal(t, 503, resp.StatusCode)
+	})
+	t.Run("the server gives up", func(t *testing.T) {
+		f := start(t, faults.ModelConfig{})
+		g := f.m.Gate("tc-u1")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := f.goDo(ctx, body(t, false, user("tc-u1")))
+		<-g.Arrived()
+		cancel()
+		require.Error(t, (<-done).err)
+	})
+	t.Run("without a script", func(t *testing.T) {
+		f := start(t, faults.ModelConfig{})
+		g := f.m.Gate("tc-u1")
+		g.Release() // before the call arrives
+		resp, _ := f.post(false, user("tc-u1"))
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		<-g.Arrived()
+	})
 }
 
 func TestConcurrentCallsAllRecorded(t *testing.T) {
@@ -782,7 +834,7 @@ func TestConcurrentCallsAllRecorded(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	calls := f.m.CallsSince(0)
+	calls := f.m.CallsAfter(0)
 	require.Len(t, calls, n)
 	seen := map[model.Token]bool{}
 	for _, c := range calls {

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ const (
 	T1 Invariant = "T1" // atomic turns
 	T2 Invariant = "T2" // committed turns stay
 	T3 Invariant = "T3" // no replay
+	T4 Invariant = "T4" // one conversation, one line
 	T5 Invariant = "T5" // isolation
 	T6 Invariant = "T6" // unknown outcomes
 )
@@ -22,6 +24,7 @@ var invariantTitles = map[Invariant]string{
 	T1: "atomic turns",
 	T2: "committed turns stay",
 	T3: "no replay",
+	T4: "one conversation, one line",
 	T5: "isolation",
 	T6: "unknown outcomes",
 }
@@ -30,7 +33,35 @@ var invariantTitles = map[Invariant]string{
 func (i Invariant) Title() string { return invariantTitles[i] }
 
 // Invariants lists the invariants this package checks, in order.
-func Invariants() []Invariant { return []Invariant{T1, T2, T3, T5, T6} }
+func Invariants() []Invariant { return slices.Clone(invariants[:]) }
+
+// invariants is Invariants(), the order counters keeps its counts in.
+var invariants = [...]Invariant{T1, T2, T3, T4, T5, T6}
+
+// counters counts how many times each invariant was evaluated, in the order
+// of invariants: an array, not a map, because the checker counts three or
+// four invariants for every call of every turn.
+type counters [len(invariants)]int
+
+// add counts one evaluation of i.
+func (c *counters) add(i Invariant) {
+	switch i {
+	case T1:
+		c[0]++
+	case T2:
+		c[1]++
+	case T3:
+		c[2]++
+	case T4:
+		c[3]++
+	case T5:
+		c[4]++
+	case T6:
+		c[5]++
+	default:
+		panic("model: unknown invariant " + string(i))
+	}
+}
 
 // Violation is a broken invariant: which one, on which conversation, why,
 // and the token sequences that show it.
@@ -77,7 +108,8 @@ func FormatTokens(ts []Token) string {
 	return strings.Join(s, " ")
 }
 
-// Turn is one request the client sent on a conversation and what came of it.
+// Turn is one request the client sent on a conversation and what came of
+// it: one operation of a history.
 type Turn struct {
 	Conv ConversationRef
 	// User is the token of the request's new user message. It is reused
@@ -91,52 +123,89 @@ type Turn struct {
 	Status int
 	// Reply is the assistant text the client received.
 	Reply string
-	// Calls are the model requests the server made while the turn ran.
+	// Calls are the model requests attributed to the turn: those whose last
+	// user token is the turn's, and, for a request without a usable new
+	// message, any other call made while it ran.
 	Calls []Call
+	// Invoke and Return are when the client sent the request and when it
+	// learned its outcome, on the run's timeline (Call.At counts on the same
+	// one). Two turns overlap unless one returned before the other was
+	// invoked.
+	Invoke, Return int64
 }
 
-// segment is one turn in a conversation's line: its user message and its
-// reply. A pending segment is a turn with an unknown outcome, not resolved yet.
-type segment struct {
-	user    Token
-	pending bool
+// overlaps reports whether t and o were in flight at the same time.
+func (t Turn) overlaps(o Turn) bool { return t.Invoke < o.Return && o.Invoke < t.Return }
+
+// Concurrency is what a server declares it does with a request on a
+// conversation whose turn is still running (PROTOCOL.md T4).
+type Concurrency int
+
+// The concurrency policies.
+const (
+	// Serialize: the request waits its turn.
+	Serialize Concurrency = iota
+	// Reject: the request gets 409 at once, and nothing changes.
+	Reject
+)
+
+// String is "serialize" or "reject".
+func (c Concurrency) String() string {
+	if c == Reject {
+		return "reject"
+	}
+	return "serialize"
 }
 
-type conversation struct {
-	segs []segment
+// Policies are what a server declares of itself (PROTOCOL.md, "Profiles"):
+// the model judges it by them, and by nothing it did not claim.
+type Policies struct {
+	Concurrency Concurrency
 }
 
-// Model is the reference state of every conversation the client has touched.
-// The zero value is not ready; use New.
+// Model is the reference state of every conversation a run has touched: a
+// Line per conversation, and what ties conversations together (which
+// conversation each token belongs to, for T5). It is not safe for
+// concurrent use. The zero value is not ready; use New.
 type Model struct {
-	convs map[ConversationRef]*conversation
+	policies Policies
+	// convs holds what the model knows of each conversation a turn has
+	// been applied to: one map, looked up once for each turn.
+	convs map[ConversationRef]*conv
 	// owner records which conversation each token was sent on or written
 	// for, to tell leaks between conversations (T5).
-	owner map[Token]ConversationRef
-	// failed holds the user tokens of turns whose latest attempt failed.
-	failed map[Token]bool
-	// dropped holds the user tokens of unknown turns that later histories
-	// showed were not committed: they may never appear again (T6).
-	dropped map[Token]bool
-	checked map[Invariant]int
+	owner   map[Token]ConversationRef
+	checked counters
 }
 
-// New returns a model with no conversations.
-func New() *Model {
+// conv is the model's state of one conversation.
+type conv struct {
+	line Line
+	// mayRun is set when the latest turn ended unknown: it may still be
+	// running on the server, so a 409 there is no deviation.
+	mayRun bool
+}
+
+// New returns a model with no conversations, for a server that serializes.
+func New() *Model { return NewWith(Policies{}) }
+
+// NewWith returns a model with no conversations, for a server that
+// declares p.
+func NewWith(p Policies) *Model {
 	return &Model{
-		convs:   map[ConversationRef]*conversation{},
-		owner:   map[Token]ConversationRef{},
-		failed:  map[Token]bool{},
-		dropped: map[Token]bool{},
-		checked: map[Invariant]int{},
+		policies: p,
+		convs:    map[ConversationRef]*conv{},
+		owner:    map[Token]ConversationRef{},
 	}
 }
 
 // Checked returns how many times each invariant has been evaluated.
 func (m *Model) Checked() map[Invariant]int {
-	out := make(map[Invariant]int, len(m.checked))
+	out := map[Invariant]int{}
 	for k, v := range m.checked {
-		out[k] = v
+		if v > 0 { // only invariants evaluated at least once, as ever
+			out[invariants[k]] = v
+		}
 	}
 	return out
 }
@@ -144,139 +213,167 @@ func (m *Model) Checked() map[Invariant]int {
 // Committed returns the history the server must hold for c, as far as the
 // model knows it: committed turns, and unknown turns not yet resolved.
 func (m *Model) Committed(c ConversationRef) []Token {
-	conv, ok := m.convs[c]
-	if !ok {
+	if _, ok := m.convs[c]; !ok {
 		return nil
 	}
-	return flatten(conv.segs, true)
+	return m.Line(c).Tokens()
 }
 
-// Apply records turn t and checks every invariant it bears on against the
-// model calls the server made during it. It returns the first violation, or
-// nil. After a violation the model's state is unspecified.
-func (m *Model) Apply(t Turn) *Violation {
-	if !t.Usable {
-		return m.applyInvalid(t)
+// Line returns conversation c's reference state.
+func (m *Model) Line(c ConversationRef) Line {
+	if cv := m.convs[c]; cv != nil {
+		return cv.line
 	}
-	m.owner[t.User] = t.Conv
-	m.owner[t.User.Reply()] = t.Conv
-	c := m.convs[t.Conv]
-	if c == nil {
-		c = &conversation{}
-		m.convs[t.Conv] = c
-	}
+	return Line{}
+}
 
-	// The first call of the turn resolves the unknown turns before it; every
-	// further call (a server's retry of the model call) must carry the very
-	// same history.
-	var resolved []segment
-	reached := false // a call of this turn reached the model
-	for _, call := range t.Calls {
-		if call.Turn != t.User {
-			// An auxiliary call (a title, a summary): not read as history,
-			// but it may not mix conversations either.
-			if v := m.checkMixed(t, call); v != nil {
-				return v
-			}
-			continue
+// Apply records a turn sent on its own and checks every invariant it bears
+// on: a step of one.
+func (m *Model) Apply(t Turn) *Violation { return m.ApplyStep([]Turn{t}) }
+
+// ApplyStep records the turns of one step, sent at once and all complete,
+// and checks every invariant they bear on against the model calls
+// attributed to them. It returns the first violation, or nil. After a
+// violation the model's state is unspecified.
+//
+// The turns of a conversation are applied in the order the server ran
+// them, as the model saw it: by the arrival of each turn's first call (a
+// turn that reached no model, by when it was sent), that is by RanAt,
+// turns that ran at the same time in the order given. Where a serializing
+// server ran them one by one, each must then see the one before; where
+// two ran at once on one history, the second is the fork (T4). Every such
+// order is consistent with real time, so a history this accepts is
+// linearizable; linearizability is checked on its own all the same.
+func (m *Model) ApplyStep(turns []Turn) *Violation {
+	if len(m.owner) == 0 {
+		m.owner = make(map[Token]ConversationRef, 2*len(turns))
+	}
+	for i := range turns {
+		if t := &turns[i]; t.Usable {
+			m.owner[t.User] = t.Conv
+			m.owner[t.User.Reply()] = t.Conv
 		}
-		m.checked[T1]++
-		m.checked[T2]++
-		m.checked[T5]++
-		if hasPending(c.segs) {
-			m.checked[T6]++
+	}
+	perConv := map[ConversationRef]int{}
+	for i := range turns {
+		perConv[turns[i].Conv]++
+	}
+	for _, n := range perConv {
+		if n > 1 {
+			m.checked.add(T4)
 		}
-		if v := m.checkForeign(t, call); v != nil {
+	}
+	// Each turn's RanAt is found once, not at every comparison: it walks
+	// the turn's calls, and sorting a long step compares each turn often.
+	type ran struct {
+		at int64
+		t  *Turn
+	}
+	order := make([]ran, len(turns))
+	for i := range turns {
+		order[i] = ran{turns[i].RanAt(), &turns[i]}
+	}
+	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Compare(a.at, b.at) })
+	for _, r := range order {
+		if v := m.apply(*r.t, turns); v != nil {
 			return v
 		}
-		segs := c.segs
-		if reached {
-			segs = resolved
-		}
-		got, ok := match(segs, call.History, t.User)
-		if !ok {
-			return m.explain(t, segs, call)
-		}
-		if !reached {
-			// What the first call left out of the unknown turns before it was
-			// not committed, and may not appear later, not even in a retry
-			// of this very call.
-			for _, s := range c.segs {
-				if s.pending && !slices.Contains(got, segment{user: s.user}) {
-					m.dropped[s.user] = true
-				}
-			}
-		}
-		resolved, reached = got, true
-	}
-	if reached {
-		c.segs = resolved
-	}
-
-	switch t.Outcome {
-	case OK:
-		if !reached {
-			return &Violation{Invariant: T2, Conv: t.Conv, Turn: t.User,
-				Reason: "the turn ended ok, but no model request of this turn was made"}
-		}
-		if !slices.Contains(Tokens(t.Reply), t.User.Reply()) {
-			return &Violation{Invariant: T2, Conv: t.Conv, Turn: t.User,
-				Reason:   fmt.Sprintf("the turn ended ok, but the reply the client got (%q) is not the model's reply %s", clip(t.Reply), t.User.Reply()),
-				Observed: Tokens(t.Reply)}
-		}
-		c.segs = append(c.segs, segment{user: t.User})
-		delete(m.failed, t.User)
-	case Fail:
-		m.failed[t.User] = true
-	case Unknown:
-		c.segs = append(c.segs, segment{user: t.User, pending: true})
-		delete(m.failed, t.User)
 	}
 	return nil
 }
 
-func (m *Model) applyInvalid(t Turn) *Violation {
-	m.checked[T3]++
+// RanAt is when the server ran t, as far as the client can tell: when its
+// first call reached the model, or, without one, when it was sent. It is
+// what ApplyStep orders a step's turns by.
+func (t Turn) RanAt() int64 {
+	for _, c := range t.Calls {
+		if c.Turn == t.User && t.Usable {
+			return c.At
+		}
+	}
+	return t.Invoke
+}
+
+func (m *Model) apply(t Turn, step []Turn) *Violation {
 	for _, call := range t.Calls {
+		if t.Usable && call.Turn == t.User {
+			continue // the turn's own calls: below
+		}
+		// An auxiliary call (a title, a summary), or what a refused request
+		// set off: it may not mix conversations.
 		if v := m.checkMixed(t, call); v != nil {
 			return v
 		}
-		if reason := m.turnShaped(t.Conv, call); reason != "" {
-			return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
-				Reason:   "a request without a usable new user message reached the model, " + reason + "; it must be refused with 400",
-				Observed: call.History}
+	}
+	if t.Status == 409 && t.Outcome == Fail && t.Usable {
+		if v := m.checkConflict(t, step); v != nil {
+			return v
 		}
 	}
-	if t.Outcome != Fail || t.Status != 400 {
-		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
-			Reason: fmt.Sprintf("a request without a usable new user message ended %s with status %d; want 400", t.Outcome, t.Status)}
+	cv := m.convs[t.Conv]
+	var line Line
+	if cv != nil {
+		line = cv.line
+	}
+	if t.Usable {
+		for _, call := range t.Calls {
+			if call.Turn == t.User {
+				m.checked.add(T1)
+				m.checked.add(T2)
+				m.checked.add(T5)
+				if line.pending() > 0 {
+					m.checked.add(T6)
+				}
+			}
+		}
+	} else {
+		m.checked.add(T3)
+	}
+	next, v := line.Step(t)
+	if v != nil {
+		// A call the line accepts carries nothing but the line's own tokens,
+		// so tokens of another conversation (T5) need looking for only
+		// here; where there are some, they are what broke.
+		for _, call := range t.Calls {
+			if t.Usable && call.Turn == t.User {
+				if fv := m.checkForeign(t, call); fv != nil {
+					return fv
+				}
+			}
+		}
+		return v
+	}
+	if t.Usable {
+		if cv == nil {
+			cv = &conv{}
+			m.convs[t.Conv] = cv
+		}
+		cv.line, cv.mayRun = next, t.Outcome == Unknown
 	}
 	return nil
 }
 
-// turnShaped tells a call that runs the refused request as a turn from an
-// auxiliary one (a title, a summary, another conversation's background
-// work): it carries conv's line, then either an earlier message of conv
-// replayed as the new one, or a message with no token (the blank one passed
-// on). It returns how, or "" for an auxiliary call.
-func (m *Model) turnShaped(conv ConversationRef, call Call) string {
-	c := m.convs[conv]
-	if c == nil || len(call.History) == 0 {
-		return ""
+// checkConflict judges a 409 by the declared policy (T4): a serializing
+// server must make a concurrent request wait, and a rejecting one may
+// refuse only a request sent while another turn of the conversation may
+// still have been running.
+func (m *Model) checkConflict(t Turn, step []Turn) *Violation {
+	m.checked.add(T4)
+	if m.policies.Concurrency == Serialize {
+		return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User,
+			Reason: "the server answered 409, but it declares the serialize policy: a concurrent request must wait its turn"}
 	}
-	if owner, ok := m.owner[call.Turn]; ok && owner == conv {
-		if _, ok := match(c.segs, call.History, call.Turn); ok {
-			return fmt.Sprintf("replaying %s as the new message", call.Turn)
-		}
-		return ""
+	if cv := m.convs[t.Conv]; cv != nil && cv.mayRun {
+		return nil
 	}
-	if call.Turn == "" {
-		const blank = Token("tc-u-blank") // stands for the tokenless message
-		if _, ok := match(c.segs, append(slices.Clone(call.History), blank), blank); ok {
-			return "passing on a message without a token as the new one"
+	for _, o := range step {
+		if o.Conv == t.Conv && o.User != t.User && o.overlaps(t) {
+			return nil
 		}
 	}
-	return ""
+	return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User,
+		Reason: "spurious 409: no other turn of the conversation was running when the request was sent; " +
+			"the reject policy allows 409 only while one may be"}
 }
 
 // checkMixed finds a call that carries tokens of more than one conversation
@@ -306,135 +403,11 @@ func (m *Model) checkForeign(t Turn, call Call) *Violation {
 		if owner, ok := m.owner[tok]; ok && owner != t.Conv {
 			return &Violation{Invariant: T5, Conv: t.Conv, Turn: t.User,
 				Reason:   fmt.Sprintf("the model request carries %s, which belongs to conversation %s", tok, owner),
-				Expected: expected(m.convs[t.Conv].segs, t.User),
+				Expected: expected(m.Line(t.Conv).segs(), t.User),
 				Observed: call.History}
 		}
 	}
 	return nil
-}
-
-// explain says why history does not match segs followed by the turn's user
-// token, naming the most specific invariant broken.
-func (m *Model) explain(t Turn, segs []segment, call Call) *Violation {
-	v := &Violation{Conv: t.Conv, Turn: t.User,
-		Expected: expected(segs, t.User), Observed: call.History}
-	allowed := map[Token]int{t.User: 1}
-	for _, s := range segs {
-		allowed[s.user]++
-		allowed[s.user.Reply()]++
-	}
-	seen := map[Token]int{}
-	for _, tok := range call.History {
-		seen[tok]++
-	}
-	for _, tok := range call.History {
-		if seen[tok] <= allowed[tok] {
-			continue
-		}
-		user := tok.User()
-		switch {
-		case m.dropped[user]:
-			v.Invariant = T6
-			v.Reason = fmt.Sprintf("%s belongs to a turn with an unknown outcome that an earlier history showed was not committed; it may not appear later", tok)
-		case m.failed[user] && seen[tok] > 1:
-			v.Invariant = T1
-			v.Reason = fmt.Sprintf("%s, of a turn that failed, appears %d times: a retry must see the last committed history, with no duplicate", tok, seen[tok])
-		case m.failed[user]:
-			v.Invariant = T1
-			v.Reason = fmt.Sprintf("%s, of a turn that failed, reached the model in a later turn: a failed turn must leave the conversation as it was", tok)
-		case pendingIn(segs, user):
-			v.Invariant = T6
-			v.Reason = fmt.Sprintf("%s, of a turn whose outcome was unknown, appears %d times: it may be committed at most once", tok, seen[tok])
-		case allowed[tok] > 0 && user != t.User:
-			v.Invariant = T2
-			v.Reason = fmt.Sprintf("%s, of a committed turn, appears %d times: a committed turn appears exactly once", tok, seen[tok])
-		case allowed[tok] > 0:
-			v.Invariant = T1
-			v.Reason = fmt.Sprintf("%s appears %d times; the conversation holds it %d time(s)", tok, seen[tok], allowed[tok])
-		default:
-			v.Invariant = T1
-			v.Reason = fmt.Sprintf("%s is in the history, but no committed turn of this conversation holds it", tok)
-		}
-		return v
-	}
-	for _, s := range segs {
-		if s.pending {
-			continue
-		}
-		for _, tok := range []Token{s.user, s.user.Reply()} {
-			if seen[tok] == 0 {
-				v.Invariant = T2
-				v.Reason = fmt.Sprintf("%s, of a committed turn, is missing from the history", tok)
-				return v
-			}
-		}
-	}
-	for _, s := range segs {
-		if s.pending && (seen[s.user] > 0) != (seen[s.user.Reply()] > 0) {
-			v.Invariant = T6
-			v.Reason = fmt.Sprintf("the turn %s, whose outcome was unknown, appears in part: it must be committed whole or not at all", s.user)
-			return v
-		}
-	}
-	v.Invariant = T2
-	v.Reason = "the history holds the committed turns out of order, or does not end with this turn's message"
-	return v
-}
-
-// match reports whether history is segs followed by user, each committed
-// segment present whole and each pending one present whole or absent. It
-// returns the segments with the pending ones resolved: kept as committed
-// where present, dropped where absent. Tokens are distinct across segments,
-// so a greedy walk decides.
-func match(segs []segment, history []Token, user Token) ([]segment, bool) {
-	var out []segment
-	i := 0
-	for _, s := range segs {
-		whole := i+1 < len(history) && history[i] == s.user && history[i+1] == s.user.Reply()
-		switch {
-		case whole:
-			out = append(out, segment{user: s.user})
-			i += 2
-		case !s.pending:
-			return nil, false
-		}
-	}
-	if i != len(history)-1 || history[i] != user {
-		return nil, false
-	}
-	return out, true
-}
-
-// pendingIn reports whether user is the turn of a pending segment of segs.
-func pendingIn(segs []segment, user Token) bool {
-	return slices.Contains(segs, segment{user: user, pending: true})
-}
-
-func hasPending(segs []segment) bool {
-	for _, s := range segs {
-		if s.pending {
-			return true
-		}
-	}
-	return false
-}
-
-// flatten returns the tokens of segs; pending segments only if withPending.
-func flatten(segs []segment, withPending bool) []Token {
-	out := []Token{}
-	for _, s := range segs {
-		if s.pending && !withPending {
-			continue
-		}
-		out = append(out, s.user, s.user.Reply())
-	}
-	return out
-}
-
-// expected is the history a turn's call must carry when no unknown turn was
-// committed: the committed turns, then the turn's own user message.
-func expected(segs []segment, user Token) []Token {
-	return append(flatten(segs, false), user)
 }
 
 func clip(s string) string {

@@ -175,13 +175,14 @@ func TestFormatTokens(t *testing.T) {
 }
 
 func TestInvariants(t *testing.T) {
-	assert.Equal(t, []model.Invariant{model.T1, model.T2, model.T3, model.T5, model.T6}, model.Invariants())
+	assert.Equal(t, []model.Invariant{model.T1, model.T2, model.T3, model.T4, model.T5, model.T6}, model.Invariants())
 	for _, inv := range model.Invariants() {
 		assert.NotEmpty(t, inv.Title(), "title of %s", inv)
 	}
 	assert.Equal(t, "atomic turns", model.T1.Title())
 	assert.Equal(t, "committed turns stay", model.T2.Title())
 	assert.Equal(t, "no replay", model.T3.Title())
+	assert.Equal(t, "one conversation, one line", model.T4.Title())
 	assert.Equal(t, "isolation", model.T5.Title())
 	assert.Equal(t, "unknown outcomes", model.T6.Title())
 }

@@ -58,6 +58,27 @@ func Tokens(text string) []Token {
 	return out
 }
 
+// containsToken reports whether tok stands in text as a token, as Tokens
+// would find it, without a regular expression: the checker asks this of
+// every reply.
+func containsToken(text string, tok Token) bool {
+	for i := 0; ; {
+		j := strings.Index(text[i:], string(tok))
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(tok)
+		if (start == 0 || !isWordByte(text[start-1])) && (end == len(text) || !isWordByte(text[end])) {
+			return true
+		}
+		i = start + 1
+	}
+}
+
+func isWordByte(c byte) bool {
+	return c == '_' || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+}
+
 // ConversationRef names a server-side conversation: its id as the client
 // sends it, scoped by the API key it was sent with ("" without keys).
 type ConversationRef struct {
@@ -107,4 +128,7 @@ type Call struct {
 	// Turn is the token of the request's last user message, or "" if it has
 	// none; a call belongs to the turn whose user token this is.
 	Turn Token
+	// At is when the call reached the model, on the run's timeline (the
+	// one Turn.Invoke and Turn.Return count on).
+	At int64
 }

@@ -1,6 +1,11 @@
 // Package scenarios runs turncheck's rapid state machine against a server
-// under test: it draws turns, continuations, retries and faults, sends them,
-// and checks every step against the reference model in package model.
+// under test. A check flows in three stages, as etcd's robustness tests do:
+// the machine's actions draw plans (turns, continuations, retries, bursts
+// of turns sent at once, and what goes wrong with each); an executor sends
+// them and records a history (each request's invocation and completion on
+// one timeline, its outcome, and the model calls that carry its token);
+// and the history is validated by the reference model in package model
+// and, for bursts, by porcupine's linearizability checker.
 //
 // Check runs it and returns a Result, for the CLI and for tests that expect
 // a failure; Run runs it inside a Go test, in the spirit of
@@ -19,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,8 +71,10 @@ type Failure struct {
 	// the failure was not a violation (a panic in the harness, or a failure
 	// that did not reproduce).
 	Violation *model.Violation
-	// Steps are the shrunk run's steps.
-	Steps []Step
+	// Plans are the shrunk run's steps, as drawn, and History what each of
+	// their requests came to.
+	Plans   []Plan
+	History []Op
 	// Seed replays the failing run as the first check of a Check.
 	Seed uint64
 	// FoundAfter is how many checks ran until the first violation, that one
@@ -79,6 +87,10 @@ type Failure struct {
 	// server is not deterministic under the same steps.
 	Flaky bool
 }
+
+// linearizabilityTimeout bounds one porcupine check; a check that runs out
+// decides nothing (the chain check still applies).
+const linearizabilityTimeout = 10 * time.Second
 
 // rapidFlags guards rapid's global settings, which live in package flag.
 var rapidFlags sync.Mutex
@@ -159,7 +171,7 @@ func Check(target Target, opts Options) (*Result, error) {
 // reported when there was none to show.
 func (r *runner) failure(tb *recorder, base uint64, p Profile) *Failure {
 	msg := strings.Join(tb.errors, "\n")
-	f := &Failure{Violation: r.violation, Steps: r.steps, Seed: failingSeed(msg),
+	f := &Failure{Violation: r.violation, Plans: r.plans, History: r.history, Seed: failingSeed(msg),
 		Flaky: strings.Contains(msg, "flaky test"), FoundAfter: r.foundAfter, FoundIn: r.foundIn}
 	if f.Seed == 0 && r.foundAfter > 0 {
 		// rapid names the seed only once it has shrunk; an interrupted
@@ -170,7 +182,7 @@ func (r *runner) failure(tb *recorder, base uint64, p Profile) *Failure {
 	case f.Flaky:
 		f.Report = "the failure did not reproduce when re-run with the same steps:\n" + msg
 	case f.Violation != nil:
-		f.Report = FormatFailure(f.Violation, f.Steps, p)
+		f.Report = FormatFailure(f.Violation, f.History, p)
 	default:
 		f.Report = msg
 	}
@@ -203,10 +215,12 @@ type runner struct {
 	target   Target
 	stats    *Stats
 	setupErr error
-	// violation and steps are the latest violation seen; rapid re-runs the
-	// shrunk case last, so after Check they describe the shrunk failure.
+	// violation, plans and history are the latest violation seen; rapid
+	// re-runs the shrunk case last, so after Check they describe the shrunk
+	// failure.
 	violation *model.Violation
-	steps     []Step
+	plans     []Plan
+	history   []Op
 	// foundAfter and foundIn say when the first violation was seen.
 	foundAfter int
 	foundIn    time.Duration
@@ -228,8 +242,8 @@ func (r *runner) stopIfInterrupted() {
 	}
 }
 
-func (r *runner) onViolation(v *model.Violation, steps []Step) {
-	r.violation, r.steps = v, steps
+func (r *runner) onViolation(v *model.Violation, plans []Plan, history []Op) {
+	r.violation, r.plans, r.history = v, plans, history
 	if r.foundAfter == 0 {
 		r.foundAfter, r.foundIn = r.stats.Checks, time.Since(r.start)
 	}
@@ -239,7 +253,8 @@ func (r *runner) onViolation(v *model.Violation, steps []Step) {
 // steps drawn by rapid.
 func (r *runner) property(t *rapid.T) {
 	r.stopIfInterrupted()
-	fake, err := faults.StartModel(faults.ModelConfig{})
+	clock := &atomic.Int64{}
+	fake, err := faults.StartModel(faults.ModelConfig{Clock: func() int64 { return clock.Add(1) }})
 	if err != nil {
 		r.setupErr = err
 		t.Fatalf("setup: %v", err)
@@ -259,8 +274,14 @@ func (r *runner) property(t *rapid.T) {
 	cl := newClient(srv.URL(), profile)
 	t.Cleanup(cl.close)
 
-	m := &machine{profile: profile, srv: srv, fake: fake, client: cl, ref: model.New(), stats: r.stats,
-		onViolation: r.onViolation}
+	m := &machine{
+		profile:     profile,
+		exec:        &executor{srv: srv, fake: fake, client: cl, clock: clock},
+		ref:         model.NewWith(model.Policies{Concurrency: profile.Concurrency}),
+		lin:         &linearizability{timeout: linearizabilityTimeout},
+		stats:       r.stats,
+		onViolation: r.onViolation,
+	}
 	r.stats.Checks++
 	t.Cleanup(func() {
 		for k, v := range m.ref.Checked() {

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
@@ -77,27 +76,9 @@ func (c *client) newRequest(conv model.ConversationRef, msgs []openai.Message, s
 	return Request{Conv: conv, Body: body, Stream: stream}
 }
 
-// send sends req and reads the outcome. If arrived is closed while the
-// request is in flight, then is called with a function that aborts it: it
-// may abort, or do something else at that known point.
-func (c *client) send(req Request, arrived <-chan struct{}, then func(abort func())) Response {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	defer func() { close(done); wg.Wait() }()
-	if arrived != nil && then != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			select {
-			case <-arrived:
-				then(cancel)
-			case <-done:
-			}
-		}()
-	}
-
+// send sends req and reads the outcome. Cancelling ctx aborts the request:
+// the client drops the connection, and the outcome is unknown.
+func (c *client) send(ctx context.Context, req Request) Response {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/chat/completions", bytes.NewReader(req.Body))
 	if err != nil {
 		return Response{Outcome: model.Unknown, Detail: err.Error()}

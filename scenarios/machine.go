@@ -6,83 +6,11 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
 )
 
-// Step is one request of a run and what came of it, as a report shows it.
-type Step struct {
-	// N numbers the step from 1.
-	N int
-	// Action is the state-machine action that sent it.
-	Action string
-	// Token is the user token of the request's new message ("" for a
-	// request without one).
-	Token   model.Token
-	Request Request
-	// Fault is what was injected: by the fake model, and by the client.
-	Fault string
-	Response
-	// Calls are the model requests the server made during the step.
-	Calls []model.Call
-}
-
-// plan is the drawn shape of one turn: how it is sent and what goes wrong.
-type plan struct {
-	stream bool
-	fault  faults.Fault
-	// abort closes the client's connection once the model call arrives.
-	abort bool
-}
-
-func (p plan) String() string {
-	if p.abort {
-		return "client-abort: the model holds the call, the client drops the connection when it arrives"
-	}
-	return p.fault.String()
-}
-
-// faultKind is the plan's fault as Stats counts it.
-func (p plan) faultKind() string {
-	if p.abort {
-		return "client-abort"
-	}
-	return p.fault.Kind.String()
-}
-
-// drawPlan draws a turn's plan. Draws shrink toward zero, so the buckets
-// are ordered from the plainest turn to the most disruptive.
-func drawPlan(t *rapid.T) plan {
-	p := plan{stream: rapid.Bool().Draw(t, "stream")}
-	switch k := rapid.IntRange(0, 39).Draw(t, "fault"); {
-	case k < 20:
-	case k < 26:
-		p.fault = faults.Fault{
-			Kind:      faults.Status,
-			Status:    rapid.SampledFrom([]int{500, 502, 503, 429}).Draw(t, "status"),
-			RetryHint: rapid.Bool().Draw(t, "retry hint"),
-			// 0: every call fails; k: the first k, so that a server that
-			// retries the model can get through.
-			Times: rapid.IntRange(0, 2).Draw(t, "failing calls"),
-		}
-	case k < 30:
-		p.fault = faults.Fault{Kind: faults.Cut, After: rapid.IntRange(0, len(faults.ReplyChunks("tc-u0"))).Draw(t, "cut after")}
-	case k < 34:
-		p.fault = faults.Fault{Kind: faults.Malformed, After: rapid.IntRange(0, len(faults.ReplyChunks("tc-u0"))-1).Draw(t, "malformed after")}
-	case k == 34 && rapid.Bool().Draw(t, "until the server's deadline"):
-		// Held until the server's deadline: instant on a DeadlineController,
-		// but a whole timeout on a server with its own clock, so the rarest
-		// (1 turn in 80), and not at the top of the range, which rapid draws
-		// (and tries while shrinking) far more often.
-		p.fault = faults.Fault{Kind: faults.Hold}
-	default:
-		p.fault, p.abort = faults.Fault{Kind: faults.Hold}, true
-	}
-	return p
-}
-
-// conv is the harness's view of one conversation.
+// conv is the harness's view of one conversation, for drawing plans.
 type conv struct {
 	ref model.ConversationRef
 	// lastUser is the latest user message sent on it, which invalid
@@ -92,22 +20,23 @@ type conv struct {
 	failed []model.Token
 }
 
-// machine is one check's state machine: the server, the fake model, the
-// reference model, and what has been sent.
+// machine is one check's state machine. Its actions only draw plans (every
+// rapid draw happens on rapid's goroutine); step executes a plan, records
+// its history and validates it.
 type machine struct {
 	profile Profile
-	srv     Server
-	fake    *faults.Model
-	client  *client
+	exec    *executor
 	ref     *model.Model
+	lin     *linearizability
 	stats   *Stats
 	// onViolation is told of a violation before the check fails.
-	onViolation func(*model.Violation, []Step)
+	onViolation func(*model.Violation, []Plan, []Op)
 
-	convs  []*conv
-	ids    int
-	tokens int
-	steps  []Step
+	convs   []*conv
+	ids     int
+	tokens  int
+	plans   []Plan
+	history []Op
 }
 
 func (m *machine) actions() map[string]func(*rapid.T) {
@@ -116,6 +45,7 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		"continue":             m.continueConversation,
 		"invalid continuation": m.invalidContinuation,
 		"retry failed turn":    m.retryFailed,
+		"burst":                m.burst,
 	}
 	if len(m.profile.Keys) >= 2 {
 		a["same id, other key"] = m.otherKey
@@ -124,13 +54,8 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 }
 
 func (m *machine) newConversation(t *rapid.T) {
-	key := ""
-	if len(m.profile.Keys) > 0 {
-		key = rapid.SampledFrom(m.profile.Keys).Draw(t, "key")
-	}
-	m.ids++
-	c := m.conv(model.ConversationRef{Key: key, ID: fmt.Sprintf("conv-%d", m.ids)})
-	m.turn(t, "new conversation", c, m.newToken(), drawPlan(t))
+	c := m.newConv(t)
+	m.step(t, single("new conversation", m.drawTurn(t, c, m.newToken(), true)))
 }
 
 func (m *machine) continueConversation(t *rapid.T) {
@@ -138,7 +63,7 @@ func (m *machine) continueConversation(t *rapid.T) {
 		t.Skip("no conversation yet")
 	}
 	c := newest(t, m.convs, "conversation")
-	m.turn(t, "continue", c, m.newToken(), drawPlan(t))
+	m.step(t, single("continue", m.drawTurn(t, c, m.newToken(), true)))
 }
 
 func (m *machine) retryFailed(t *rapid.T) {
@@ -153,7 +78,7 @@ func (m *machine) retryFailed(t *rapid.T) {
 	}
 	c := newest(t, candidates, "conversation")
 	tok := newest(t, c.failed, "failed turn")
-	m.turn(t, "retry failed turn", c, tok, drawPlan(t))
+	m.step(t, single("retry failed turn", m.drawTurn(t, c, tok, true)))
 }
 
 // otherKey continues a conversation id under another API key: a different
@@ -166,35 +91,7 @@ func (m *machine) otherKey(t *rapid.T) {
 	others := slices.DeleteFunc(slices.Clone(m.profile.Keys), func(k string) bool { return k == src.ref.Key })
 	key := rapid.SampledFrom(others).Draw(t, "other key")
 	c := m.conv(model.ConversationRef{Key: key, ID: src.ref.ID})
-	m.turn(t, "same id, other key", c, m.newToken(), drawPlan(t))
-}
-
-// invalidShapes are continuations without a usable new user message. Each
-// carries the conversation's latest user message as an earlier element
-// where it can, as a naive client resending history would.
-var invalidShapes = []struct {
-	name  string
-	build func(prev openai.Message) []openai.Message
-}{
-	{"empty messages array", func(openai.Message) []openai.Message { return []openai.Message{} }},
-	{"last message from the assistant", func(p openai.Message) []openai.Message {
-		return []openai.Message{p, {Role: openai.RoleAssistant, Content: "Noted."}}
-	}},
-	{"last message a system message", func(p openai.Message) []openai.Message {
-		return []openai.Message{p, {Role: openai.RoleSystem, Content: "Be brief."}}
-	}},
-	{"last message a tool result", func(p openai.Message) []openai.Message {
-		return []openai.Message{p, {Role: openai.RoleTool, Content: "42"}}
-	}},
-	{"blank last user message", func(p openai.Message) []openai.Message {
-		return []openai.Message{p, {Role: openai.RoleUser, Content: ""}}
-	}},
-	{"whitespace-only last user message", func(p openai.Message) []openai.Message {
-		return []openai.Message{p, {Role: openai.RoleUser, Content: " \n\t "}}
-	}},
-	{"only an earlier user message, then a blank one", func(p openai.Message) []openai.Message {
-		return []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}, p, {Role: openai.RoleAssistant, Content: "Noted."}, {Role: openai.RoleUser, Content: "   "}}
-	}},
+	m.step(t, single("same id, other key", m.drawTurn(t, c, m.newToken(), true)))
 }
 
 func (m *machine) invalidContinuation(t *rapid.T) {
@@ -203,67 +100,99 @@ func (m *machine) invalidContinuation(t *rapid.T) {
 	}
 	c := newest(t, m.convs, "conversation")
 	shape := invalidShapes[rapid.IntRange(0, len(invalidShapes)-1).Draw(t, "shape")]
-	stream := rapid.Bool().Draw(t, "stream")
-	req := m.client.newRequest(c.ref, shape.build(c.lastUser), stream)
-	before := m.fake.CallCount()
-	resp := m.client.send(req, nil, nil)
-	step := m.record(Step{Action: "invalid continuation: " + shape.name, Request: req, Fault: "none", Response: resp,
-		Calls: m.fake.CallsSince(before)})
-	m.check(t, model.Turn{Conv: c.ref, Usable: false, Outcome: resp.Outcome, Status: resp.Status, Calls: step.Calls})
+	s := Send{Conv: c.ref, Messages: shape.build(c.lastUser), Stream: rapid.Bool().Draw(t, "stream")}
+	m.step(t, single("invalid continuation: "+shape.name, s))
 }
 
-// turn sends one turn with user token tok on c, following p, and checks it.
-func (m *machine) turn(t *rapid.T, action string, c *conv, tok model.Token, p plan) {
-	user := openai.Message{Role: openai.RoleUser, Content: openai.Content(UserText(tok))}
-	c.lastUser = user
-	req := m.client.newRequest(c.ref, []openai.Message{user}, p.stream)
-	arrived := m.fake.Script(tok, p.fault)
-	var then func(abort func())
-	switch dc, ok := m.srv.(DeadlineController); {
-	case p.abort:
-		then = func(abort func()) { abort() }
-	case p.fault.Kind == faults.Hold && ok:
-		then = func(func()) { dc.ExpireDeadlines() }
+// burst sends 2 to 6 turns at once on one id, new or existing (T4), with
+// now and then a turn on another conversation among them. The model holds
+// every call and lets them go in a drawn order.
+func (m *machine) burst(t *rapid.T) {
+	var c *conv
+	if len(m.convs) == 0 || rapid.Bool().Draw(t, "new id") {
+		c = m.newConv(t)
+	} else {
+		c = newest(t, m.convs, "conversation")
 	}
-	before := m.fake.CallCount()
-	resp := m.client.send(req, arrived, then)
-	// A fault is for this step only: a server that later replays this
-	// message (a bug the harness must report, not hang on) gets a reply.
-	m.fake.Forget(tok)
-	step := m.record(Step{Action: action, Token: tok, Request: req, Fault: p.String(), Response: resp,
-		Calls: m.fake.CallsSince(before)})
-	if p.fault.Kind != faults.None {
-		m.stats.Faults[p.faultKind()]++
+	n := rapid.IntRange(2, 6).Draw(t, "requests")
+	p := Plan{Action: fmt.Sprintf("burst of %d on %s", n, c.ref)}
+	for range n {
+		on := c
+		if len(m.convs) > 1 && rapid.IntRange(0, 4).Draw(t, "on another conversation") == 4 {
+			on = newest(t, m.convs, "other conversation")
+		}
+		p.Sends = append(p.Sends, m.drawTurn(t, on, m.newToken(), false))
 	}
-	c.failed = slices.DeleteFunc(c.failed, func(f model.Token) bool { return f == tok })
-	if resp.Outcome == model.Fail {
-		c.failed = append(c.failed, tok)
-	}
-	m.check(t, model.Turn{Conv: c.ref, User: tok, Usable: true, Outcome: resp.Outcome,
-		Status: resp.Status, Reply: resp.Reply, Calls: step.Calls})
+	p.Release = rapid.Permutation(indexes(n)).Draw(t, "release order")
+	m.stats.Faults["concurrency"]++
+	m.step(t, p)
 }
 
-func (m *machine) record(s Step) Step {
-	s.N = len(m.steps) + 1
-	m.steps = append(m.steps, s)
-	m.stats.Steps++
-	m.stats.Outcomes[s.Outcome.String()]++
+// drawTurn draws how a turn with user token tok is sent on c and what goes
+// wrong with it.
+func (m *machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool) Send {
+	s := turnSend(c.ref, tok, rapid.Bool().Draw(t, "stream"))
+	drawFaults(t, &s, sequential)
 	return s
 }
 
-func (m *machine) check(t *rapid.T, turn model.Turn) {
-	if v := m.ref.Apply(turn); v != nil {
-		steps := slices.Clone(m.steps)
+// newConv draws a key and opens a conversation under a new id.
+func (m *machine) newConv(t *rapid.T) *conv {
+	key := ""
+	if len(m.profile.Keys) > 0 {
+		key = rapid.SampledFrom(m.profile.Keys).Draw(t, "key")
+	}
+	m.ids++
+	return m.conv(model.ConversationRef{Key: key, ID: fmt.Sprintf("conv-%d", m.ids)})
+}
+
+// step executes p, records its history, and checks it: the reference
+// model's chain check, then linearizability of the conversations it
+// touched.
+func (m *machine) step(t *rapid.T, p Plan) {
+	ops := m.exec.execute(p)
+	m.plans = append(m.plans, p)
+	m.history = append(m.history, ops...)
+	turns := make([]model.Turn, len(ops))
+	for i, op := range ops {
+		turns[i] = op.Turn
+		m.record(op)
+	}
+	v := m.ref.ApplyStep(turns)
+	if v == nil {
+		v = m.lin.check(m.history, turns)
+	}
+	if v != nil {
 		if m.onViolation != nil {
-			m.onViolation(v, steps)
+			m.onViolation(v, slices.Clone(m.plans), slices.Clone(m.history))
 		}
 		// The steps go to the log, shown for the shrunk run; the failure
 		// itself is the violation alone, which names only tokens and
 		// conversations: rapid tells a reproduced failure by its message,
 		// and the steps hold details (ports in error texts) that differ
 		// between runs of the same steps.
-		t.Logf("%s", FormatFailure(v, steps, m.profile))
+		t.Logf("%s", FormatFailure(v, m.history, m.profile))
 		t.Fatalf("%s", v.Error())
+	}
+}
+
+// record counts op and keeps what later draws need: the conversation's
+// latest user message and its failed turns.
+func (m *machine) record(op Op) {
+	m.stats.Steps++
+	m.stats.Outcomes[op.Response.Outcome.String()]++
+	if k := op.Send.faultKind(); k != "" {
+		m.stats.Faults[k]++
+	}
+	tok := op.Send.Token
+	if tok == "" {
+		return
+	}
+	c := m.conv(op.Send.Conv)
+	c.lastUser = op.Send.Messages[len(op.Send.Messages)-1]
+	c.failed = slices.DeleteFunc(c.failed, func(f model.Token) bool { return f == tok })
+	if op.Response.Outcome == model.Fail {
+		c.failed = append(c.failed, tok)
 	}
 }
 
@@ -290,5 +219,10 @@ func newest[T any](t *rapid.T, items []T, label string) T {
 	return items[len(items)-1-rapid.IntRange(0, len(items)-1).Draw(t, label)]
 }
 
-// UserText is the text of the user message carrying tok.
-func UserText(tok model.Token) string { return fmt.Sprintf("Please remember %s.", tok) }
+func indexes(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}

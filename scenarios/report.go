@@ -1,55 +1,98 @@
 package scenarios
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/turncheck/turncheck/model"
 )
 
-// FormatFailure renders a violation and the steps that led to it for a
-// person: the broken invariant first, then each step with its request, the
-// injected fault, the outcome, what the model saw, and a curl command that
-// sends the same request by hand.
-func FormatFailure(v *model.Violation, steps []Step, p Profile) string {
+// FormatFailure renders a violation and the history that led to it for a
+// person: the broken invariant first, then each step with its requests
+// (several for a burst, with the order in which they were sent and
+// answered), the injected faults, the outcomes, what the model saw, and a
+// curl command that sends each request by hand.
+func FormatFailure(v *model.Violation, history []Op, p Profile) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", v.Error())
-	fmt.Fprintf(&b, "%d step(s):\n", len(steps))
-	for _, s := range steps {
-		writeStep(&b, s, p)
+	steps := 0
+	if len(history) > 0 {
+		steps = history[len(history)-1].Step - history[0].Step + 1
+	}
+	fmt.Fprintf(&b, "%d step(s), %d request(s):\n", steps, len(history))
+	for i, op := range history {
+		if i == 0 || op.Step != history[i-1].Step {
+			writeStepHeader(&b, history, i)
+		}
+		writeOp(&b, op, p)
 	}
 	b.WriteString("\nThe curl commands send each request again to the server at $TURNCHECK_URL; they do not\n" +
 		"inject the model's faults: replay the seed for those.\n")
 	return b.String()
 }
 
-func writeStep(b *strings.Builder, s Step, p Profile) {
-	fmt.Fprintf(b, "  %d. %s on %s", s.N, s.Action, s.Request.Conv)
-	if s.Token != "" {
-		fmt.Fprintf(b, ", message %s", s.Token)
+// writeStepHeader names the step that starts at history[i]; a burst also
+// says in which order its requests were answered.
+func writeStepHeader(b *strings.Builder, history []Op, i int) {
+	first := history[i]
+	var burst []Op
+	for _, op := range history[i:] {
+		if op.Step != first.Step {
+			break
+		}
+		burst = append(burst, op)
 	}
-	if s.Request.Stream {
+	fmt.Fprintf(b, "  %d. %s\n", first.Step, first.Action)
+	if len(burst) < 2 {
+		return
+	}
+	byReturn := slices.Clone(burst)
+	slices.SortFunc(byReturn, func(x, y Op) int { return cmp.Compare(x.Turn.Return, y.Turn.Return) })
+	answered := make([]string, len(byReturn))
+	for k, op := range byReturn {
+		answered[k] = string(rune('a' + op.Index))
+	}
+	fmt.Fprintf(b, "     sent at once, in order %s; answered in order %s\n",
+		strings.Join(letters(len(burst)), ", "), strings.Join(answered, ", "))
+}
+
+func letters(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = string(rune('a' + i))
+	}
+	return out
+}
+
+func writeOp(b *strings.Builder, op Op, p Profile) {
+	fmt.Fprintf(b, "     %s) on %s", string(rune('a'+op.Index)), op.Request.Conv)
+	if op.Send.Token != "" {
+		fmt.Fprintf(b, ", message %s", op.Send.Token)
+	}
+	if op.Request.Stream {
 		b.WriteString(", streamed")
 	}
-	fmt.Fprintf(b, "\n     fault: %s\n", s.Fault)
-	fmt.Fprintf(b, "     outcome: %s", s.Outcome)
-	if s.Status != 0 {
-		fmt.Fprintf(b, " (status %d)", s.Status)
+	fmt.Fprintf(b, "\n        fault: %s\n", op.Send)
+	fmt.Fprintf(b, "        outcome: %s", op.Response.Outcome)
+	if op.Response.Status != 0 {
+		fmt.Fprintf(b, " (status %d)", op.Response.Status)
 	}
-	if s.Detail != "" {
-		fmt.Fprintf(b, ": %s", s.Detail)
-	} else if s.Reply != "" {
-		fmt.Fprintf(b, ": reply %q", s.Reply)
+	if op.Response.Detail != "" {
+		fmt.Fprintf(b, ": %s", op.Response.Detail)
+	} else if op.Response.Reply != "" {
+		fmt.Fprintf(b, ": reply %q", op.Response.Reply)
 	}
 	b.WriteString("\n")
-	if len(s.Calls) == 0 {
-		b.WriteString("     model saw: no call\n")
+	if len(op.Turn.Calls) == 0 {
+		b.WriteString("        model saw: no call\n")
 	}
-	for _, c := range s.Calls {
-		fmt.Fprintf(b, "     model saw: %s\n", model.FormatTokens(c.History))
+	for _, c := range op.Turn.Calls {
+		fmt.Fprintf(b, "        model saw: %s\n", model.FormatTokens(c.History))
 	}
-	fmt.Fprintf(b, "     %s\n", curlCommand(s.Request, p))
+	fmt.Fprintf(b, "        %s\n", curlCommand(op.Request, p))
 }
 
 // curlCommand is a shell command that sends r.

@@ -32,6 +32,8 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.ReplayWithoutUser:   {model.T3},
 	sut.CommitOnStreamError: {model.T1},
 	sut.CrossKeyLeak:        {model.T5},
+	sut.ForkNewSession:      {model.T4},
+	sut.NoConversationLock:  {model.T4},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: every
@@ -48,18 +50,18 @@ func TestMutantsCaught(t *testing.T) {
 	for _, info := range sut.Mutants() {
 		t.Run(string(info.Mutant), func(t *testing.T) {
 			target := scenarios.Reference{Mutant: info.Mutant}
-			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, ShrinkTime: 10 * time.Second})
+			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, ShrinkTime: 5 * time.Second})
 			require.NoError(t, err)
 			require.NotNil(t, res.Failure, "mutant %s (%s) not caught in %d checks (seed %d)",
 				info.Mutant, info.Issue, res.Checks, res.Seed)
 			f := res.Failure
 			require.NotNil(t, f.Violation, f.Report)
 			assert.Contains(t, caughtAs[info.Mutant], f.Violation.Invariant, f.Report)
-			assert.LessOrEqual(t, len(f.Steps), maxShrunkSteps, f.Report)
+			assert.LessOrEqual(t, len(f.Plans), maxShrunkSteps, f.Report)
 			assert.False(t, f.Flaky, f.Report)
 			require.NotZero(t, f.Seed, "no replay seed in the failure")
 			t.Logf("%s: caught as %s after %d check(s) in %s; shrunk to %d steps; %s in all; seed %d",
-				info.Mutant, f.Violation.Invariant, f.FoundAfter, f.FoundIn, len(f.Steps), res.Elapsed, f.Seed)
+				info.Mutant, f.Violation.Invariant, f.FoundAfter, f.FoundIn, len(f.Plans), res.Elapsed, f.Seed)
 
 			replay, err := scenarios.Check(target, scenarios.Options{Checks: 1, Seed: f.Seed, ShrinkTime: 2 * time.Second})
 			require.NoError(t, err)
@@ -79,11 +81,79 @@ func TestCleanCheckPasses(t *testing.T) {
 	}
 	assert.Equal(t, 20, res.Checks)
 	assert.Positive(t, res.Steps)
-	for _, inv := range []model.Invariant{model.T1, model.T2, model.T3, model.T5} {
+	for _, inv := range []model.Invariant{model.T1, model.T2, model.T3, model.T4, model.T5} {
 		assert.Positive(t, res.Invariants[inv], "invariant %s never evaluated", inv)
 	}
 	assert.Positive(t, res.Outcomes["fail"], "no turn failed: faults are not being injected")
 	assert.NotEmpty(t, res.Faults)
+}
+
+// TestCleanCheckPassesUnderReject: the reference server that answers 409
+// to a concurrent turn passes when its profile says so, and bursts were
+// sent and refused.
+func TestCleanCheckPassesUnderReject(t *testing.T) {
+	res, err := scenarios.Check(scenarios.Reference{Concurrency: sut.Reject}, scenarios.Options{Checks: 20})
+	require.NoError(t, err)
+	if res.Failure != nil {
+		t.Fatalf("clean reference server under reject failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
+	}
+	assert.Positive(t, res.Invariants[model.T4], "T4 never evaluated")
+	assert.Positive(t, res.Faults["concurrency"], "no burst sent")
+}
+
+// TestRejectIsNotSerialize: a server that answers 409 while its profile
+// claims serialize is caught, as T4.
+func TestRejectIsNotSerialize(t *testing.T) {
+	res, err := scenarios.Check(rejectClaimingSerialize{}, scenarios.Options{Checks: 50, ShrinkTime: 5 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure, "a 409 under a serialize profile went unnoticed")
+	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+	assert.Equal(t, model.T4, res.Failure.Violation.Invariant, res.Failure.Report)
+	assert.Contains(t, res.Failure.Violation.Reason, "serialize")
+}
+
+// rejectClaimingSerialize runs the reference server under reject with the
+// profile of one that serializes.
+type rejectClaimingSerialize struct{}
+
+func (rejectClaimingSerialize) Start(modelURL string) (scenarios.Server, error) {
+	return scenarios.Reference{Concurrency: sut.Reject}.Start(modelURL)
+}
+func (rejectClaimingSerialize) Profile() scenarios.Profile { return scenarios.Reference{}.Profile() }
+
+// quietTarget hides the reference server's activity reports, as a server
+// that does not implement ActivityReporter: bursts then settle by a quiet
+// period.
+type quietTarget struct{ scenarios.Reference }
+
+type quietServer struct{ srv scenarios.DeadlineController }
+
+func (q quietServer) URL() string                { return q.srv.URL() }
+func (q quietServer) Close() error               { return q.srv.Close() }
+func (q quietServer) ExpireDeadlines()           { q.srv.ExpireDeadlines() }
+func (q quietTarget) Profile() scenarios.Profile { return q.Reference.Profile() }
+func (q quietTarget) Start(modelURL string) (scenarios.Server, error) {
+	srv, err := q.Reference.Start(modelURL)
+	if err != nil {
+		return nil, err
+	}
+	return quietServer{srv.(scenarios.DeadlineController)}, nil
+}
+
+// TestWithoutActivityReports: a server that does not report its activity
+// is checked all the same, and a fork on it is caught.
+func TestWithoutActivityReports(t *testing.T) {
+	res, err := scenarios.Check(quietTarget{}, scenarios.Options{Checks: 3})
+	require.NoError(t, err)
+	require.Nil(t, res.Failure, "clean server without activity reports failed")
+	assert.Positive(t, res.Invariants[model.T4])
+
+	res, err = scenarios.Check(quietTarget{scenarios.Reference{Mutant: sut.NoConversationLock}},
+		scenarios.Options{Checks: 50, ShrinkTime: 100 * time.Millisecond})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure)
+	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+	assert.Equal(t, model.T4, res.Failure.Violation.Invariant)
 }
 
 // TestSameSeedSameRun: a seed replays the same steps, so a passing run's

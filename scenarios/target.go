@@ -5,6 +5,7 @@ import (
 	"os"
 
 	"github.com/turncheck/turncheck/internal/loopback"
+	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -36,6 +37,10 @@ type Profile struct {
 	Keys []string
 	// Model is the "model" value sent in every request.
 	Model string
+	// Concurrency is the policy the server declares for a request on a
+	// conversation whose turn is still running: it waits (Serialize, the
+	// zero value) or gets 409 (Reject). The server is judged by it (T4).
+	Concurrency model.Concurrency
 }
 
 func (p Profile) header() string {
@@ -57,6 +62,21 @@ type DeadlineController interface {
 	ExpireDeadlines()
 }
 
+// ActivityReporter is a Server that says how many requests it is working
+// on and how many of those wait for their conversation's turn. The harness
+// then knows, without a timer, when the requests of a burst have all come
+// to rest (each answered, held by the model, or queued behind another), so
+// that an interleaving replays from its seed, and when the server is idle
+// between steps. Servers without it are given a short quiet period
+// instead, and may interleave a replay differently.
+type ActivityReporter interface {
+	Server
+	// Activity returns how many requests the server is working on, how
+	// many of them wait for their conversation's turn, and a channel
+	// closed at the next change of either.
+	Activity() (working, waiting int, changed <-chan struct{})
+}
+
 // Reference is the in-repo reference server, run in process on loopback,
 // optionally with a mutant switched on. Its model-call deadlines pass only
 // when the harness expires them (it is a DeadlineController).
@@ -66,13 +86,21 @@ type Reference struct {
 	// ConversationsMax is the server's cache size; 0 means 4, small enough
 	// that checks evict and reload conversations from the store.
 	ConversationsMax int
+	// Concurrency is the server's policy for concurrent requests on one
+	// conversation; "" means sut.Serialize.
+	Concurrency sut.Concurrency
 }
 
 var referenceKeys = []string{"key-a", "key-b"}
 
-// Profile is the reference server's profile: two API keys.
+// Profile is the reference server's profile: two API keys, and the
+// concurrency policy it runs with.
 func (r Reference) Profile() Profile {
-	return Profile{Keys: referenceKeys, Model: "turncheck"}
+	p := Profile{Keys: referenceKeys, Model: "turncheck"}
+	if r.Concurrency == sut.Reject {
+		p.Concurrency = model.Reject
+	}
+	return p
 }
 
 // Start starts a reference server on a fresh data dir.
@@ -84,7 +112,7 @@ func (r Reference) Start(modelURL string) (Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	deadlines := &sut.ManualDeadlines{}
+	deadlines, gauge := &sut.ManualDeadlines{}, &sut.Gauge{}
 	ln, err := loopback.Listen("")
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
@@ -96,20 +124,27 @@ func (r Reference) Start(modelURL string) (Server, error) {
 		Deadlines:        deadlines,
 		Keys:             referenceKeys,
 		Mutant:           r.Mutant,
+		Concurrency:      r.Concurrency,
+		Gauge:            gauge,
 	}, ln)
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
-	return &referenceServer{Running: run, dir: dir, deadlines: deadlines}, nil
+	return &referenceServer{Running: run, dir: dir, deadlines: deadlines, gauge: gauge}, nil
 }
 
 type referenceServer struct {
 	*sut.Running
 	dir       string
 	deadlines *sut.ManualDeadlines
+	gauge     *sut.Gauge
 }
 
 func (s *referenceServer) ExpireDeadlines() { s.deadlines.Expire() }
+
+func (s *referenceServer) Activity() (working, waiting int, changed <-chan struct{}) {
+	return s.gauge.Read()
+}
 
 func (s *referenceServer) Close() error {
 	return errors.Join(s.Running.Close(), os.RemoveAll(s.dir))

@@ -34,6 +34,9 @@ func (c *conversation) clone() *conversation {
 type conversations struct {
 	store *store
 	cache *lru.Cache[convKey, *conversation]
+	// overwriting orders overwrite commits, so that the commit that wrote
+	// the store last is also the one left in the cache.
+	overwriting sync.Mutex
 }
 
 func newConversations(st *store, size int) (*conversations, error) {
@@ -45,8 +48,20 @@ func newConversations(st *store, size int) (*conversations, error) {
 }
 
 // get returns the committed conversation k, empty if it was never
-// committed. The caller holds k's lock.
+// committed. The caller holds k's lock, so what it loads is current and may
+// go into the cache.
 func (cs *conversations) get(ctx context.Context, k convKey) (*conversation, error) {
+	c, err := cs.peek(ctx, k)
+	if err == nil && len(c.messages) > 0 {
+		cs.cache.Add(k, c)
+	}
+	return c, err
+}
+
+// peek returns the committed conversation k, as get does, without k's lock
+// (the mutants that skip it). It never fills the cache: what it loaded may
+// be stale by the time it would land there, over a newer commit.
+func (cs *conversations) peek(ctx context.Context, k convKey) (*conversation, error) {
 	if c, ok := cs.cache.Get(k); ok {
 		return c, nil
 	}
@@ -54,70 +69,28 @@ func (cs *conversations) get(ctx context.Context, k convKey) (*conversation, err
 	if err != nil {
 		return nil, err
 	}
-	c := &conversation{messages: msgs}
-	if len(msgs) > 0 {
-		cs.cache.Add(k, c)
-	}
-	return c, nil
+	return &conversation{messages: msgs}, nil
 }
 
 // commit makes next the committed state of k: the messages after the
 // first committedLen go to the store durably, then next replaces the cached
-// conversation.
-func (cs *conversations) commit(k convKey, committedLen int, next *conversation) error {
-	if err := cs.store.appendMessages(k, committedLen, next.messages[committedLen:]); err != nil {
+// conversation. Under the lock nothing else can have been committed since
+// committedLen, and a clash fails the commit; with overwrite (the mutants
+// that run turns without the lock) the messages replace whatever another
+// turn committed at the same places, and the later commit wins.
+func (cs *conversations) commit(k convKey, committedLen int, next *conversation, overwrite bool) error {
+	if !overwrite {
+		if err := cs.store.appendMessages(k, committedLen, next.messages[committedLen:]); err != nil {
+			return err
+		}
+		cs.cache.Add(k, next)
+		return nil
+	}
+	cs.overwriting.Lock()
+	defer cs.overwriting.Unlock()
+	if err := cs.store.overwriteMessages(k, committedLen, next.messages[committedLen:]); err != nil {
 		return err
 	}
 	cs.cache.Add(k, next)
 	return nil
-}
-
-// convLocks serializes turns per conversation. A waiter gives up when its
-// request's context ends, so a client that goes away stops waiting.
-type convLocks struct {
-	mu    sync.Mutex
-	locks map[convKey]*convLock
-}
-
-type convLock struct {
-	held chan struct{} // a token in the channel means the lock is taken
-	refs int           // holders and waiters; the entry goes at zero
-}
-
-// lock takes k's lock, or returns ctx's error if ctx ends first.
-func (l *convLocks) lock(ctx context.Context, k convKey) (unlock func(), err error) {
-	l.mu.Lock()
-	if l.locks == nil {
-		l.locks = map[convKey]*convLock{}
-	}
-	cl := l.locks[k]
-	if cl == nil {
-		cl = &convLock{held: make(chan struct{}, 1)}
-		l.locks[k] = cl
-	}
-	cl.refs++
-	l.mu.Unlock()
-
-	release := func() {
-		l.mu.Lock()
-		cl.refs--
-		if cl.refs == 0 {
-			delete(l.locks, k)
-		}
-		l.mu.Unlock()
-	}
-	select {
-	case cl.held <- struct{}{}:
-		unlock = func() { <-cl.held; release() }
-		if err := ctx.Err(); err != nil {
-			// Both were ready and select chose the lock: the waiter is
-			// gone all the same.
-			unlock()
-			return nil, err
-		}
-		return unlock, nil
-	case <-ctx.Done():
-		release()
-		return nil, ctx.Err()
-	}
 }

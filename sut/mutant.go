@@ -28,6 +28,15 @@ const (
 	// CrossKeyLeak does not scope conversation ids by API key, so a second
 	// key naming the same id continues the first key's conversation.
 	CrossKeyLeak Mutant = "cross-key-leak"
+	// ForkNewSession resolves the conversation before taking its lock: a
+	// request for a conversation with nothing committed yet runs without
+	// the lock, so concurrent first requests each start their own history,
+	// and the later commit overwrites the earlier.
+	ForkNewSession Mutant = "fork-new-session"
+	// NoConversationLock takes no per-conversation lock at all: turns on
+	// one conversation run at once on the same committed base, and the
+	// later commit overwrites the earlier.
+	NoConversationLock Mutant = "no-conversation-lock"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -53,6 +62,10 @@ func Mutants() []MutantInfo {
 			"a turn whose model stream failed midway is committed with its partial reply although the client got an error"},
 		{CrossKeyLeak, "PROTOCOL.md T5 (conversations scoped per key)", "T5",
 			"conversation ids are not scoped per API key: another key naming the same id continues the conversation"},
+		{ForkNewSession, "openclaw #84575", "T4",
+			"the session is resolved before the per-conversation lane: concurrent first requests for a new id each start a fresh history, and the later commit overwrites the earlier"},
+		{NoConversationLock, "PROTOCOL.md T4 (one conversation, one line)", "T4",
+			"turns on one conversation are not serialized: concurrent continuations run on the same committed base, and the later commit overwrites the earlier"},
 	}
 }
 

@@ -55,6 +55,8 @@ type Config struct {
 	// ConversationsMax bounds the in-memory conversation cache.
 	ConversationsMax int
 	// RequestTimeout bounds each model call; past it the turn fails (504).
+	// Under Serialize it also bounds the wait for a conversation's turn;
+	// past it the request gives up (503 conversation_busy).
 	RequestTimeout time.Duration
 	// Deadlines starts each model call's deadline; nil uses the clock.
 	Deadlines Deadlines
@@ -67,6 +69,12 @@ type Config struct {
 	MaxBodyBytes int64
 	// ModelName is the model name sent to the provider.
 	ModelName string
+	// Concurrency is what the server does with a request for a
+	// conversation whose turn is already running; "" means Serialize.
+	Concurrency Concurrency
+	// Gauge, if set, counts the requests the server is working on and
+	// those waiting for their conversation's turn; nil counts nothing.
+	Gauge *Gauge
 	// Mutant brings back one real bug; Clean for the correct server.
 	Mutant Mutant
 	// Logger receives a line per turn that failed or was rolled back, and
@@ -138,6 +146,11 @@ func New(cfg Config) (*Server, error) {
 	if _, err := ParseMutant(string(cfg.Mutant)); err != nil {
 		return nil, err
 	}
+	concurrency, err := ParseConcurrency(string(cfg.Concurrency))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Concurrency = concurrency
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -162,6 +175,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:     cfg,
 		store:   st,
 		convs:   convs,
+		locks:   convLocks{gauge: cfg.Gauge},
 		up:      newUpstream(cfg.ModelURL, cfg.ModelName),
 		log:     log,
 	}, nil
@@ -198,6 +212,8 @@ func (s *Server) enter() bool {
 
 // ServeHTTP serves POST /v1/chat/completions and GET /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.cfg.Gauge.add(1, 0)
+	defer s.cfg.Gauge.add(-1, 0)
 	if !s.enter() {
 		openai.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the server is stopping")
 		return
@@ -226,6 +242,14 @@ type turn struct {
 	stateful  bool
 	work      *conversation // the working copy the turn runs on
 	committed int           // messages of work already committed
+	// overwrite commits over whatever another turn committed meanwhile:
+	// set only by the mutants that run a turn without the lock.
+	overwrite bool
+	// release gives up the conversation's lock; it may be called more than
+	// once. The turn calls it as soon as its outcome is decided, before
+	// the client hears that outcome, so that a client that sends its next
+	// turn the moment it has read this one's end finds the lock free.
+	release func()
 }
 
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
@@ -256,7 +280,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	t := &turn{}
+	t := &turn{release: func() {}}
 	if id == "" {
 		// Stateless: the array is the whole history.
 		t.work = &conversation{messages: req.Messages}
@@ -266,20 +290,13 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		if s.cfg.Mutant == CrossKeyLeak {
 			t.key.scope = ""
 		}
-		unlock, err := s.locks.lock(r.Context(), t.key)
+		base, err := s.acquire(r.Context(), t)
+		// Every way out releases the lock; the turn's own release comes
+		// earlier, as soon as the turn is decided.
+		defer func() { t.release() }()
 		if err != nil {
-			clientGone(w)
-			return
-		}
-		defer unlock()
-		base, err := s.convs.get(r.Context(), t.key)
-		if err != nil {
-			if r.Context().Err() != nil {
-				clientGone(w)
-				return
-			}
-			s.log.Error("load conversation", "conversation", id, "err", err)
-			openai.WriteError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
+			t.release()
+			s.refuse(w, r, t, err)
 			return
 		}
 		t.committed = len(base.messages)
@@ -294,6 +311,51 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		t.work.messages = append(t.work.messages, user)
 	}
 	s.run(w, r, req, t)
+}
+
+// acquire takes the turn's conversation lock, by the server's concurrency
+// policy, and returns the committed conversation as it stands under the
+// lock. The mutants that skip the lock load the conversation without it,
+// and mark the turn to commit over whatever another turn commits meanwhile.
+func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
+	switch s.cfg.Mutant {
+	case NoConversationLock:
+		t.overwrite = true
+		return s.convs.peek(ctx, t.key)
+	case ForkNewSession:
+		// The bug: the conversation is resolved before its lane, and one
+		// with nothing committed yet is started outside it.
+		base, err := s.convs.peek(ctx, t.key)
+		if err != nil || len(base.messages) == 0 {
+			t.overwrite = true
+			return base, err
+		}
+	}
+	unlock, err := s.locks.lock(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
+	if err != nil {
+		return nil, err
+	}
+	t.release = unlock
+	return s.convs.get(ctx, t.key)
+}
+
+// refuse answers a turn that could not start: its conversation was busy,
+// its client went away while it waited, or the conversation did not load.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err error) {
+	switch {
+	case errors.Is(err, errConversationBusy):
+		openai.WriteError(w, http.StatusConflict, "conflict",
+			"a turn on this conversation is already in flight; nothing was changed: send this turn again once that one has ended")
+	case errors.Is(err, errWaitTimedOut):
+		w.Header().Set("Retry-After", "1")
+		openai.WriteError(w, http.StatusServiceUnavailable, "conversation_busy",
+			fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout))
+	case r.Context().Err() != nil:
+		clientGone(w)
+	default:
+		s.log.Error("load conversation", "conversation", t.key.id, "err", err)
+		openai.WriteError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
+	}
 }
 
 // run calls the model on the turn's working copy, answers the client, and
@@ -340,12 +402,14 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 	case writeErr != nil:
 		// Whether or not the model finished (its last chunks may have been
 		// buffered already), the turn never reached the client.
+		t.release()
 		s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.id, "err", writeErr)
 		return
 	case err != nil:
 		s.fail(w, r, t, out, reply, err)
 		return
 	case r.Context().Err() != nil:
+		t.release()
 		s.log.Info("client went away before the commit; turn rolled back", "conversation", t.key.id)
 		if out == nil {
 			clientGone(w)
@@ -356,7 +420,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		t.work.messages = append(t.work.messages, openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)})
 		// Acknowledge only what is durable: commit before the client hears
 		// the turn ended ok.
-		if err := s.convs.commit(t.key, t.committed, t.work); err != nil {
+		err := s.convs.commit(t.key, t.committed, t.work, t.overwrite)
+		t.release()
+		if err != nil {
 			s.log.Error("commit", "conversation", t.key.id, "err", err)
 			s.answerError(w, out, http.StatusInternalServerError, "server_error", "the turn could not be committed")
 			return
@@ -378,14 +444,18 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 }
 
 // fail answers a turn whose model call failed. Nothing is committed, except
-// under the mutant that brings back committing a broken stream.
+// under the mutant that brings back committing a broken stream. It releases
+// the conversation before it answers.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, t *turn, out *sse.Writer, partial string, err error) {
 	var upErr *upstreamError
 	isUpstream := errors.As(err, &upErr)
 	if s.cfg.Mutant == CommitOnStreamError && t.stateful && isUpstream && upErr.started {
 		t.work.messages = append(t.work.messages, openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)})
-		_ = s.convs.commit(t.key, t.committed, t.work)
+		_ = s.convs.commit(t.key, t.committed, t.work, t.overwrite)
 	}
+	// The turn is decided (rolled back, or committed by the mutant):
+	// release before the client hears of it.
+	t.release()
 	if r.Context().Err() != nil {
 		s.log.Info("client went away; turn rolled back", "conversation", t.key.id)
 		if out == nil { // a started stream has its status already

@@ -180,10 +180,17 @@ func (e *env) ok(t testing.TB, key, conv string, tok model.Token) []model.Token 
 // and returns its history.
 func oneCall(t testing.TB, m *faults.Model, n int, tok model.Token) []model.Token {
 	t.Helper()
-	calls := m.CallsSince(n)
+	calls := callsSince(m, n)
 	require.Len(t, calls, 1, "want exactly one model call for %s", tok)
 	require.Equal(t, tok, calls[0].Turn)
 	return calls[0].History
+}
+
+// callsSince returns the model's calls after its first n. The fake model
+// stamps calls 1, 2, 3... when it has no clock of its own, so the calls
+// after stamp n are those after the first n.
+func callsSince(m *faults.Model, n int) []model.Call {
+	return m.CallsAfter(int64(n))
 }
 
 // toks builds a token sequence: toks("u1", "a1") is [tc-u1 tc-a1].
@@ -393,7 +400,7 @@ func TestBadInputIsRefusedBeforeAnyModelCall(t *testing.T) {
 		}
 	}
 	assert.Equal(t, calls, e.model.CallCount(), "no bad request may reach the model")
-	for _, c := range e.model.CallsSince(calls) {
+	for _, c := range callsSince(e.model, calls) {
 		t.Logf("unexpected model call: turn %s history %s", c.Turn, model.FormatTokens(c.History))
 	}
 
@@ -691,7 +698,7 @@ func TestConcurrentTurnsOnOneConversationAreSerialized(t *testing.T) {
 		assert.Equal(t, http.StatusOK, s, "turn %d", i+1)
 	}
 	// The calls form one chain: each extends the one before by one whole turn.
-	calls := e.model.CallsSince(0)
+	calls := callsSince(e.model, 0)
 	require.Len(t, calls, k)
 	var line []model.Token
 	for _, c := range calls {
@@ -848,6 +855,9 @@ func TestMutantsBite(t *testing.T) {
 			})
 		})
 	}
+	for _, m := range raceMutants {
+		covered[m] = true // shown by the race tests in concurrency_test.go
+	}
 	for _, info := range sut.Mutants() {
 		assert.True(t, covered[info.Mutant], "mutant %s has no server-level test", info.Mutant)
 	}
@@ -872,6 +882,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		"negative timeout":        {ModelURL: m.URL(), DataDir: t.TempDir(), RequestTimeout: -time.Second},
 		"empty key":               {ModelURL: m.URL(), DataDir: t.TempDir(), Keys: []string{"k", ""}},
 		"unknown mutant":          {ModelURL: m.URL(), DataDir: t.TempDir(), Mutant: "no-such-mutant"},
+		"unknown concurrency":     {ModelURL: m.URL(), DataDir: t.TempDir(), Concurrency: "queue"},
 		"store path is directory": {ModelURL: m.URL(), DataDir: dirWithStoreDir(t)},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -86,6 +86,19 @@ func (s *store) load(ctx context.Context, k convKey) ([]openai.Message, error) {
 // transaction. A conflicting seq means the conversation moved on under us,
 // which per-conversation serialization rules out; it fails the commit.
 func (s *store) appendMessages(k convKey, seq int, msgs []openai.Message) error {
+	return s.writeMessages(`INSERT`, k, seq, msgs)
+}
+
+// overwriteMessages commits msgs as the messages from seq on, replacing any
+// already there: the store of the mutants whose turns on one conversation
+// run at once from the same base, where the later commit wins.
+func (s *store) overwriteMessages(k convKey, seq int, msgs []openai.Message) error {
+	return s.writeMessages(`INSERT OR REPLACE`, k, seq, msgs)
+}
+
+// writeMessages writes msgs from seq on, in one transaction, with the
+// given insert verb.
+func (s *store) writeMessages(insert string, k convKey, seq int, msgs []openai.Message) error {
 	// The commit is not tied to the request's context: once a turn is
 	// decided, a client that goes away must not leave it half-written.
 	tx, err := s.db.Begin()
@@ -93,7 +106,7 @@ func (s *store) appendMessages(k convKey, seq int, msgs []openai.Message) error 
 		return fmt.Errorf("commit: %w", err)
 	}
 	for i, m := range msgs {
-		if _, err := tx.Exec(`INSERT INTO messages (scope, conversation, seq, role, content) VALUES (?, ?, ?, ?, ?)`,
+		if _, err := tx.Exec(insert+` INTO messages (scope, conversation, seq, role, content) VALUES (?, ?, ?, ?, ?)`,
 			k.scope, k.id, seq+i, m.Role, string(m.Content)); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}

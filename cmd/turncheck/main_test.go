@@ -37,6 +37,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"check", "--bogus"},
 		{"check", "--mutant", "no-such-mutant"},
 		{"check", "--checks", "0"},
+		{"check", "--concurrency", "sometimes"},
 		{"check", "extra-arg"},
 		{"replay"},
 		{"serve"},
@@ -78,7 +79,8 @@ func TestHelpTeaches(t *testing.T) {
 func TestMutantsLists(t *testing.T) {
 	code, stdout, _ := runCLI(t, "mutants")
 	require.Equal(t, exitOK, code)
-	for _, name := range []string{"mutate-before-run", "replay-without-user", "commit-on-stream-error", "cross-key-leak", "#2890", "#2947"} {
+	for _, name := range []string{"mutate-before-run", "replay-without-user", "commit-on-stream-error", "cross-key-leak",
+		"fork-new-session", "no-conversation-lock", "#2890", "#2947", "#84575"} {
 		assert.Contains(t, stdout, name)
 	}
 }
@@ -96,17 +98,43 @@ var replayLine = regexp.MustCompile(`replay: (turncheck replay --seed \d+ --muta
 // TestCheckCatchesAndReplays: a mutant exits 1 with a report and a replay
 // command, and that command, run, reports the same invariant.
 func TestCheckCatchesAndReplays(t *testing.T) {
-	code, stdout, stderr := runCLI(t, "check", "--mutant", "replay-without-user", "--checks", "50", "--shrink-time", "1s")
+	page := filepath.Join(t.TempDir(), "history.html")
+	code, stdout, stderr := runCLI(t, "check", "--mutant", "replay-without-user", "--checks", "50", "--shrink-time", "1s",
+		"--history-html", page)
 	require.Equal(t, exitViolation, code, stdout+stderr)
 	assert.Contains(t, stdout, "FAIL: T3 (no replay) broken")
 	assert.Contains(t, stdout, "curl -sS")
 	m := replayLine.FindStringSubmatch(stdout)
 	require.NotNil(t, m, "no replay command in:\n%s", stdout)
 
-	args := append(strings.Fields(m[1])[1:], "--shrink-time", "1s")
+	assert.Contains(t, stdout, "history: "+page)
+	assert.FileExists(t, page)
+
+	args := append(strings.Fields(m[1])[1:], "--shrink-time", "1s", "--history-html", page)
 	code, stdout, stderr = runCLI(t, args...)
 	require.Equal(t, exitViolation, code, stdout+stderr)
 	assert.Contains(t, stdout, "FAIL: T3 (no replay) broken")
+}
+
+var concurrencyReplay = regexp.MustCompile(`replay: (turncheck replay --seed \d+ --mutant no-conversation-lock --concurrency reject)`)
+
+// TestCheckUnderReject: the policy reaches the server and the replay
+// command, and a fork is caught under it too, with its history page.
+func TestCheckUnderReject(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "check", "--concurrency", "reject", "--checks", "5")
+	require.Equal(t, exitOK, code, stdout+stderr)
+	assert.Contains(t, stdout, "concurrency reject")
+
+	page := filepath.Join(t.TempDir(), "history.html")
+	code, stdout, stderr = runCLI(t, "check", "--concurrency", "reject", "--mutant", "no-conversation-lock",
+		"--shrink-time", "1s", "--history-html", page)
+	require.Equal(t, exitViolation, code, stdout+stderr)
+	assert.Contains(t, stdout, "FAIL: T4 (one conversation, one line) broken")
+	assert.Contains(t, stdout, "--concurrency reject")
+	require.NotNil(t, concurrencyReplay.FindStringSubmatch(stdout), stdout)
+	html, err := os.ReadFile(page)
+	require.NoError(t, err)
+	assert.True(t, strings.Contains(string(html), "saw tc-u"), "the page shows no turn")
 }
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.

@@ -23,9 +23,17 @@ conversation named by the X-Conversation-Id header kept server-side in a
 SQLite store under --data-dir. It prints the address it listens on, and
 stops on Ctrl-C or SIGTERM after the turns in flight end.
 
+--concurrency decides what happens to a request for a conversation whose
+turn is still running:
+  serialize  the request waits its turn, first come first served, for at
+             most --request-timeout; past it, 503 conversation_busy with
+             Retry-After: 1 (the default)
+  reject     the request gets 409 conflict at once, before any model call,
+             and nothing changes
+
 Example:
   turncheck model --listen 127.0.0.1:9090 &
-  turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data --key secret
+  turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data --key secret --concurrency reject
   curl -sS http://127.0.0.1:8080/v1/chat/completions -H 'Authorization: Bearer secret' \
     -H 'X-Conversation-Id: c1' -d '{"model":"m","messages":[{"role":"user","content":"hi tc-u1"}]}'
 `
@@ -71,8 +79,9 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	dataDir := fs.String("data-dir", "", "directory of the durable store (required)")
 	mutant := fs.String("mutant", "", "switch on a mutant (see 'turncheck mutants')")
 	convMax := fs.Int("conversations-max", sut.DefaultConversationsMax, "conversations kept in the in-memory cache")
-	timeout := fs.Duration("request-timeout", sut.DefaultRequestTimeout, "deadline of each model call")
+	timeout := fs.Duration("request-timeout", sut.DefaultRequestTimeout, "deadline of each model call, and of each wait for a busy conversation under serialize")
 	header := fs.String("conversation-header", sut.DefaultConversationHeader, "header that names the conversation")
+	concurrency := fs.String("concurrency", string(sut.Serialize), "what a request for a busy conversation gets: serialize (wait its turn) or reject (409)")
 	var keys keyList
 	fs.Var(&keys, "key", "API key to accept as a bearer token; repeat for several (none: no auth)")
 	if code := fs.parse(args); code >= 0 {
@@ -95,12 +104,17 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return fail(stderr, "serve", err)
 	}
+	policy, err := sut.ParseConcurrency(*concurrency)
+	if err != nil {
+		return fail(stderr, "serve", fmt.Errorf("--concurrency: %w", err))
+	}
 	run, err := sut.Start(sut.Config{
 		ModelURL:           *modelURL,
 		DataDir:            *dataDir,
 		ConversationsMax:   *convMax,
 		RequestTimeout:     *timeout,
 		ConversationHeader: *header,
+		Concurrency:        policy,
 		Keys:               keys,
 		Mutant:             m,
 		Logger:             slog.New(slog.NewTextHandler(stderr, nil)),

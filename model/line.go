@@ -1,0 +1,521 @@
+package model
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Line is one conversation's reference state: the turns it must hold, in
+// commit order, with the turns whose outcome is still unknown in their
+// place. It is a value with a pure Step, in the shape porcupine's Model and
+// etcd's EtcdState take: a Line stands for every history its unknown turns
+// allow (each committed whole or not at all), so one Line is the whole set
+// of possible states. The zero value is an empty conversation.
+//
+// A Line knows only its own conversation: tokens of other conversations
+// (T5) are Model's business, checked before Step.
+type Line struct {
+	// last is the newest segment; each points to the one before. Lines
+	// share their older segments: a step adds one node, where a copied
+	// slice would cost the whole line every step. A call's history is
+	// compared against the list itself, newest segment first, so no line
+	// keeps a flat copy of its tokens.
+	last *node
+	// rare holds what few steps change: turns that failed, unknown turns
+	// dropped; nil while there are none. Behind one pointer it keeps a Line
+	// two words, which matters because porcupine boxes the Line of every
+	// step it tries into an interface. Like the nodes it is never changed
+	// once made: a step that changes it makes a new one.
+	rare *rare
+}
+
+// rare is the part of a Line that steps seldom change.
+type rare struct {
+	// failed holds the user tokens of this conversation whose latest
+	// attempt failed, and how (a 409 is T4's business, not T1's).
+	failed []failure
+	// dropped holds unknown turns that a later history showed were not
+	// committed: they may never appear again (T6).
+	dropped []Token
+}
+
+// segment is one turn in a line: its user message and its reply. A pending
+// segment is a turn with an unknown outcome, not resolved yet.
+type segment struct {
+	user, reply Token
+	pending     bool
+	// done is when the turn that put it there completed, on the run's
+	// timeline. A turn sent before then ran alongside it, so a history of
+	// that turn without it is a fork (T4), not a lost turn (T2).
+	done int64
+}
+
+// node is a segment in a line's list.
+type node struct {
+	segment
+	prev *node
+	// Up to and including this segment: how many segments, how many of
+	// them pending, and the hash of what Equal compares (porcupine asks for
+	// it far more often than a line changes).
+	n, pend int
+	hash    uint64
+}
+
+// failed is the line's failed turns (see rare).
+func (l Line) failed() []failure {
+	if l.rare == nil {
+		return nil
+	}
+	return l.rare.failed
+}
+
+// dropped is the line's dropped unknown turns (see rare).
+func (l Line) dropped() []Token {
+	if l.rare == nil {
+		return nil
+	}
+	return l.rare.dropped
+}
+
+// withRare returns l with failed and dropped, sharing l's rare part when
+// neither changed (both are only ever replaced, never changed in place, so
+// the same first element and length mean the same slice).
+func (l Line) withRare(failed []failure, dropped []Token) Line {
+	if sameSlice(failed, l.failed()) && sameSlice(dropped, l.dropped()) {
+		return l
+	}
+	if len(failed) == 0 && len(dropped) == 0 {
+		l.rare = nil
+	} else {
+		l.rare = &rare{failed: failed, dropped: dropped}
+	}
+	return l
+}
+
+// sameSlice reports whether a and b are the same slice of the same array.
+func sameSlice[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// pending counts the line's segments whose turn's outcome is unknown.
+func (l Line) pending() int {
+	if l.last == nil {
+		return 0
+	}
+	return l.last.pend
+}
+
+// segs returns the line's segments, oldest first.
+func (l Line) segs() []segment {
+	if l.last == nil {
+		return nil
+	}
+	out := make([]segment, l.last.n)
+	for nd := l.last; nd != nil; nd = nd.prev {
+		out[nd.n-1] = nd.segment
+	}
+	return out
+}
+
+type failure struct {
+	user   Token
+	status int
+}
+
+// Tokens returns the history the line stands for when every unknown turn
+// was committed: committed turns, and unknown turns not yet resolved.
+func (l Line) Tokens() []Token { return flatten(l.segs(), true) }
+
+// Equal reports whether two lines stand for the same set of histories.
+func (l Line) Equal(o Line) bool {
+	if l.Hash() != o.Hash() {
+		return false
+	}
+	a, b := l.last, o.last
+	for a != nil && b != nil && a != b {
+		if a.n != b.n || a.user != b.user || a.pending != b.pending {
+			return false
+		}
+		a, b = a.prev, b.prev
+	}
+	return a == b
+}
+
+// Hash is a hash of what Equal compares.
+func (l Line) Hash() uint64 {
+	if l.last == nil {
+		return hashBasis
+	}
+	return l.last.hash
+}
+
+// hashSegment extends h by s (FNV-1a over its user token and whether it
+// is pending).
+func hashSegment(h uint64, s segment) uint64 {
+	const prime = 1099511628211
+	for i := 0; i < len(s.user); i++ {
+		h = (h ^ uint64(s.user[i])) * prime
+	}
+	mark := uint64(' ')
+	if s.pending {
+		mark = '?'
+	}
+	return (h ^ mark) * prime
+}
+
+// hashBasis is FNV-1a's offset basis: the hash of an empty line.
+const hashBasis = 14695981039346656037
+
+// appended returns l with s appended, extending its hash.
+func (l Line) appended(s segment) Line {
+	nd := &node{segment: s, prev: l.last, n: 1, hash: hashSegment(l.Hash(), s)}
+	if l.last != nil {
+		nd.n, nd.pend = l.last.n+1, l.last.pend
+	}
+	if s.pending {
+		nd.pend++
+	}
+	l.last = nd
+	return l
+}
+
+// String renders the line for people: its tokens, unknown turns marked
+// with "?".
+func (l Line) String() string {
+	if l.last == nil {
+		return "(empty)"
+	}
+	out := make([]Token, 0, 2*l.last.n)
+	for _, s := range l.segs() {
+		if s.pending {
+			out = append(out, s.user+"?", s.reply+"?")
+		} else {
+			out = append(out, s.user, s.reply)
+		}
+	}
+	return FormatTokens(out)
+}
+
+// Step applies turn t, sent on this line's conversation, and checks what
+// the model calls of t show against it. It returns the next line, or the
+// violation t shows and l unchanged. Auxiliary calls (whose last user token
+// is not t's) are not read as history here.
+func (l Line) Step(t Turn) (Line, *Violation) { return l.step(t, true) }
+
+// Next is Step for a search that only asks whether t can follow l: the same
+// next line and the same verdict, without saying why t cannot. Porcupine
+// tries turns in orders that mostly fail, and explaining each failure
+// would cost more than the search.
+func (l Line) Next(t Turn) (Line, bool) {
+	next, v := l.step(t, false)
+	return next, v == nil
+}
+
+// rejected is what step returns, when not asked why, for a history that
+// explain would have had to explain.
+var rejected = &Violation{Reason: "rejected (not explained)"}
+
+// step is Step, and Next when why is false.
+func (l Line) step(t Turn, why bool) (Line, *Violation) {
+	if !t.Usable {
+		return l, l.refuse(t)
+	}
+	// The first call of the turn resolves the unknown turns before it; every
+	// further call (a server's retry of the model call) must carry the very
+	// same history.
+	next := l
+	reached := false // a call of this turn reached the model
+	var dropped []Token
+	for _, call := range t.Calls {
+		if call.Turn != t.User {
+			continue
+		}
+		got, ok := next.match(call.History, t.User)
+		if !ok {
+			if !why {
+				return l, rejected
+			}
+			return l, l.explain(t, next.segs(), call, dropped)
+		}
+		if !reached && l.pending() > 0 {
+			// What the first call left out of the unknown turns before it was
+			// not committed, and may not appear later, not even in a retry
+			// of this very call. Only the segments from the oldest pending
+			// one on can be pending; they are listed oldest first.
+			for nd := l.last; nd != nil && nd.pend > 0; nd = nd.prev {
+				if nd.pending && !got.holds(nd.user) {
+					dropped = append(dropped, nd.user)
+				}
+			}
+			slices.Reverse(dropped)
+		}
+		next, reached = got, true
+	}
+	if len(dropped) > 0 {
+		next = next.withRare(next.failed(), append(slices.Clip(next.dropped()), dropped...))
+	}
+	reply := t.User.Reply()
+	switch t.Outcome {
+	case OK:
+		if !reached {
+			return l, &Violation{Invariant: T2, Conv: t.Conv, Turn: t.User,
+				Reason: "the turn ended ok, but no model request of this turn was made"}
+		}
+		if !containsToken(t.Reply, reply) {
+			return l, &Violation{Invariant: T2, Conv: t.Conv, Turn: t.User,
+				Reason:   fmt.Sprintf("the turn ended ok, but the reply the client got (%q) is not the model's reply %s", clip(t.Reply), reply),
+				Observed: Tokens(t.Reply)}
+		}
+		next = next.appended(segment{user: t.User, reply: reply, done: t.Return})
+		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
+	case Fail:
+		failed := append(slices.Clip(withoutFailure(next.failed(), t.User)), failure{user: t.User, status: t.Status})
+		next = next.withRare(failed, next.dropped())
+	case Unknown:
+		next = next.appended(segment{user: t.User, reply: reply, pending: true, done: t.Return})
+		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
+	}
+	return next, nil
+}
+
+// withoutFailure returns fs without user's entry, copying only if it has
+// one: lines share their slices, so none is changed in place.
+func withoutFailure(fs []failure, user Token) []failure {
+	i := slices.IndexFunc(fs, func(f failure) bool { return f.user == user })
+	if i < 0 {
+		return fs
+	}
+	return slices.Delete(slices.Clone(fs), i, i+1)
+}
+
+// refuse checks a request without a usable new user message (T3): it must
+// get 400 and reach no model as a turn.
+func (l Line) refuse(t Turn) *Violation {
+	for _, call := range t.Calls {
+		if reason := l.turnShaped(call); reason != "" {
+			return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
+				Reason:   "a request without a usable new user message reached the model, " + reason + "; it must be refused with 400",
+				Observed: call.History}
+		}
+	}
+	if t.Outcome != Fail || t.Status != 400 {
+		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
+			Reason: fmt.Sprintf("a request without a usable new user message ended %s with status %d; want 400", t.Outcome, t.Status)}
+	}
+	return nil
+}
+
+// turnShaped tells a call that runs a refused request as a turn from an
+// auxiliary one (a title, a summary, another conversation's background
+// work): it carries the line, then either an earlier message of this
+// conversation replayed as the new one, or a message with no token (the
+// blank one passed on). It returns how, or "" for an auxiliary call.
+func (l Line) turnShaped(call Call) string {
+	if l.last == nil || len(call.History) == 0 {
+		return ""
+	}
+	if l.sent(call.Turn) {
+		if _, ok := l.match(call.History, call.Turn); ok {
+			return fmt.Sprintf("replaying %s as the new message", call.Turn)
+		}
+		return ""
+	}
+	if call.Turn == "" {
+		const blank = Token("tc-u-blank") // stands for the tokenless message
+		if _, ok := l.match(append(slices.Clone(call.History), blank), blank); ok {
+			return "passing on a message without a token as the new one"
+		}
+	}
+	return ""
+}
+
+// sent reports whether user is the token of a turn sent on this line.
+func (l Line) sent(user Token) bool {
+	return user != "" && (l.holds(user) || l.failedWith(user) != 0 || slices.Contains(l.dropped(), user))
+}
+
+// holds reports whether user's turn is a segment of the line.
+func (l Line) holds(user Token) bool {
+	for nd := l.last; nd != nil; nd = nd.prev {
+		if nd.user == user {
+			return true
+		}
+	}
+	return false
+}
+
+// failedWith is the status of user's latest failed attempt, 0 if it has
+// none (or none with a status).
+func (l Line) failedWith(user Token) int {
+	for _, f := range l.failed() {
+		if f.user == user {
+			return max(f.status, 1)
+		}
+	}
+	return 0
+}
+
+// explain says why call's history does not match segs followed by the
+// turn's user token, naming the most specific invariant broken. dropped are
+// the unknown turns an earlier call of this same turn showed not committed.
+func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Violation {
+	v := &Violation{Conv: t.Conv, Turn: t.User,
+		Expected: expected(segs, t.User), Observed: call.History}
+	allowed := map[Token]int{t.User: 1}
+	for _, s := range segs {
+		allowed[s.user]++
+		allowed[s.reply]++
+	}
+	seen := map[Token]int{}
+	for _, tok := range call.History {
+		seen[tok]++
+	}
+	for _, tok := range call.History {
+		if seen[tok] <= allowed[tok] {
+			continue
+		}
+		user := tok.User()
+		status := l.failedWith(user)
+		switch {
+		case slices.Contains(l.dropped(), user) || slices.Contains(dropped, user):
+			v.Invariant = T6
+			v.Reason = fmt.Sprintf("%s belongs to a turn with an unknown outcome that an earlier history showed was not committed; it may not appear later", tok)
+		case status == 409:
+			v.Invariant = T4
+			v.Reason = fmt.Sprintf("%s, of a turn refused with 409, reached the model in a later turn: a refused concurrent request must change nothing", tok)
+		case status != 0 && seen[tok] > 1:
+			v.Invariant = T1
+			v.Reason = fmt.Sprintf("%s, of a turn that failed, appears %d times: a retry must see the last committed history, with no duplicate", tok, seen[tok])
+		case status != 0:
+			v.Invariant = T1
+			v.Reason = fmt.Sprintf("%s, of a turn that failed, reached the model in a later turn: a failed turn must leave the conversation as it was", tok)
+		case pendingIn(segs, user):
+			v.Invariant = T6
+			v.Reason = fmt.Sprintf("%s, of a turn whose outcome was unknown, appears %d times: it may be committed at most once", tok, seen[tok])
+		case allowed[tok] > 0 && user != t.User:
+			v.Invariant = T2
+			v.Reason = fmt.Sprintf("%s, of a committed turn, appears %d times: a committed turn appears exactly once", tok, seen[tok])
+		case allowed[tok] > 0:
+			v.Invariant = T1
+			v.Reason = fmt.Sprintf("%s appears %d times; the conversation holds it %d time(s)", tok, seen[tok], allowed[tok])
+		default:
+			v.Invariant = T1
+			v.Reason = fmt.Sprintf("%s is in the history, but no committed turn of this conversation holds it", tok)
+		}
+		return v
+	}
+	for _, s := range segs {
+		if s.pending {
+			continue
+		}
+		for _, tok := range []Token{s.user, s.reply} {
+			if seen[tok] > 0 {
+				continue
+			}
+			if s.done > t.Invoke {
+				// The turn that committed it had not completed when this one
+				// was sent: the two ran at once on one history.
+				v.Invariant = T4
+				v.Reason = fmt.Sprintf("%s, of a turn that ran at the same time as this one and was committed, is missing: "+
+					"both turns ran on the same history, a fork; turns on one conversation must form one line", tok)
+				return v
+			}
+			v.Invariant = T2
+			v.Reason = fmt.Sprintf("%s, of a committed turn, is missing from the history", tok)
+			return v
+		}
+	}
+	for _, s := range segs {
+		if s.pending && (seen[s.user] > 0) != (seen[s.reply] > 0) {
+			v.Invariant = T6
+			v.Reason = fmt.Sprintf("the turn %s, whose outcome was unknown, appears in part: it must be committed whole or not at all", s.user)
+			return v
+		}
+	}
+	v.Invariant = T2
+	v.Reason = "the history holds the committed turns out of order, or does not end with this turn's message"
+	return v
+}
+
+// match reports whether history is the line followed by user, each
+// committed segment present whole and each pending one present whole or
+// absent. It returns the line with the pending segments resolved: kept as
+// committed where present, dropped where absent (the line itself when none
+// is pending). Tokens are distinct across segments, so a greedy walk,
+// from the newest segment back, decides.
+func (l Line) match(history []Token, user Token) (Line, bool) {
+	i := len(history) - 1 // history[:i] must be the line
+	if i < 0 || history[i] != user {
+		return l, false
+	}
+	if l.pending() == 0 {
+		// Nothing to resolve: the history must be exactly the line.
+		if l.last == nil {
+			return l, i == 0
+		}
+		if i != 2*l.last.n {
+			return l, false
+		}
+		for nd := l.last; nd != nil; nd = nd.prev {
+			i -= 2
+			if history[i] != nd.user || history[i+1] != nd.reply {
+				return l, false
+			}
+		}
+		return l, true
+	}
+	// Resolve the pending segments; what is older than all of them is
+	// shared with l, once checked.
+	var buf [8]segment
+	kept := buf[:0] // newest first
+	var base *node
+	for nd := l.last; nd != nil; nd = nd.prev {
+		if nd.pend == 0 && base == nil {
+			base = nd
+		}
+		whole := i >= 2 && history[i-2] == nd.user && history[i-1] == nd.reply
+		switch {
+		case !whole && !nd.pending:
+			return l, false
+		case whole:
+			i -= 2
+			if base == nil {
+				s := nd.segment
+				s.pending = false
+				kept = append(kept, s)
+			}
+		}
+	}
+	if i != 0 {
+		return l, false
+	}
+	next := l
+	next.last = base
+	for k := len(kept) - 1; k >= 0; k-- {
+		next = next.appended(kept[k])
+	}
+	return next, true
+}
+
+// pendingIn reports whether user is the turn of a pending segment of segs.
+func pendingIn(segs []segment, user Token) bool {
+	return slices.ContainsFunc(segs, func(s segment) bool { return s.pending && s.user == user })
+}
+
+// flatten returns the tokens of segs; pending segments only if withPending.
+func flatten(segs []segment, withPending bool) []Token {
+	out := []Token{}
+	for _, s := range segs {
+		if s.pending && !withPending {
+			continue
+		}
+		out = append(out, s.user, s.reply)
+	}
+	return out
+}
+
+// expected is the history a turn's call must carry when no unknown turn was
+// committed: the committed turns, then the turn's own user message.
+func expected(segs []segment, user Token) []Token {
+	return append(flatten(segs, false), user)
+}

@@ -1,0 +1,155 @@
+package model_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// at places a turn on the run's timeline: sent at invoke, its first call
+// arriving at call, its outcome learned at ret.
+func at(t model.Turn, invoke, call, ret int64) model.Turn {
+	t.Invoke, t.Return = invoke, ret
+	calls := make([]model.Call, len(t.Calls))
+	for i, c := range t.Calls {
+		c.At = call + int64(i)
+		calls[i] = c
+	}
+	t.Calls = calls
+	return t
+}
+
+// conflict is a usable turn refused with 409.
+func conflict(conv model.ConversationRef, user model.Token) model.Turn {
+	return model.Turn{Conv: conv, User: user, Usable: true, Outcome: model.Fail, Status: 409}
+}
+
+func TestApplyStepSerializedBurst(t *testing.T) {
+	// Three turns sent at once on a new id; the server ran them one by one
+	// (calls at 4, 6, 8), each on the history the one before left, and
+	// not in the order they were sent: the model follows the server.
+	m := model.New()
+	v := m.ApplyStep([]model.Turn{
+		at(ok(convA, u(1), call(u(1), u(1))), 1, 4, 5),
+		at(ok(convA, u(2), call(u(2), u(1), a(1), u(3), a(3), u(2))), 2, 8, 9),
+		at(ok(convA, u(3), call(u(3), u(1), a(1), u(3))), 3, 6, 7),
+	})
+	require.Nil(t, v)
+	assert.Equal(t, h(u(1), a(1), u(3), a(3), u(2), a(2)), m.Committed(convA))
+	assert.Equal(t, 1, m.Checked()[model.T4])
+}
+
+func TestApplyStepFork(t *testing.T) {
+	// fork-new-session: both first turns ran on the empty history.
+	m := model.New()
+	b := at(ok(convA, u(2), call(u(2), u(2))), 2, 4, 6)
+	v := m.ApplyStep([]model.Turn{at(ok(convA, u(1), call(u(1), u(1))), 1, 3, 5), b})
+	requireViolation(t, v, model.T4, b)
+	assert.Contains(t, v.Reason, "fork")
+	assert.Equal(t, h(u(1), a(1), u(2)), v.Expected)
+}
+
+func TestApplyStepForkOnAnExistingConversation(t *testing.T) {
+	// no-conversation-lock: two continuations ran on the same committed
+	// base, and the later commit won.
+	m := model.New()
+	require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+	b := at(ok(convA, u(3), call(u(3), u(1), a(1), u(3))), 5, 7, 9)
+	v := m.ApplyStep([]model.Turn{at(ok(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 6, 8), b})
+	requireViolation(t, v, model.T4, b)
+}
+
+func TestLostTurnIsT2NotT4(t *testing.T) {
+	// The same missing turn, but it had completed before this one was
+	// sent: a committed turn was lost, not a fork.
+	m := model.New()
+	require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+	lost := at(ok(convA, u(2), call(u(2), u(2))), 4, 5, 6)
+	requireViolation(t, m.Apply(lost), model.T2, lost)
+}
+
+func TestConflictUnderReject(t *testing.T) {
+	held := at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 6)
+	t.Run("while another turn runs", func(t *testing.T) {
+		m := model.NewWith(model.Policies{Concurrency: model.Reject})
+		require.Nil(t, m.ApplyStep([]model.Turn{held, at(conflict(convA, u(2)), 3, 0, 4)}))
+		assert.Equal(t, h(u(1), a(1)), m.Committed(convA))
+		// The refused turn changed nothing: the next turn sees no trace.
+		require.Nil(t, m.Apply(at(ok(convA, u(3), call(u(3), u(1), a(1), u(3))), 7, 8, 9)))
+	})
+	t.Run("spurious: nothing was running", func(t *testing.T) {
+		m := model.NewWith(model.Policies{Concurrency: model.Reject})
+		require.Nil(t, m.Apply(held))
+		spurious := at(conflict(convA, u(2)), 7, 0, 8)
+		v := m.Apply(spurious)
+		requireViolation(t, v, model.T4, spurious)
+		assert.Contains(t, v.Reason, "spurious 409")
+	})
+	t.Run("after a turn whose outcome is unknown", func(t *testing.T) {
+		// The aborted turn may still be running on the server.
+		m := model.NewWith(model.Policies{Concurrency: model.Reject})
+		require.Nil(t, m.Apply(at(unknown(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		require.Nil(t, m.Apply(at(conflict(convA, u(2)), 4, 0, 5)))
+	})
+	t.Run("another conversation's turn does not count", func(t *testing.T) {
+		m := model.NewWith(model.Policies{Concurrency: model.Reject})
+		other := at(ok(convB, u(1), call(u(1), u(1))), 1, 2, 6)
+		refused := at(conflict(convA, u(2)), 3, 0, 4)
+		requireViolation(t, m.ApplyStep([]model.Turn{other, refused}), model.T4, refused)
+	})
+	t.Run("a refused turn that leaks into the history", func(t *testing.T) {
+		m := model.NewWith(model.Policies{Concurrency: model.Reject})
+		require.Nil(t, m.ApplyStep([]model.Turn{held, at(conflict(convA, u(2)), 3, 0, 4)}))
+		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 7, 8, 9)
+		requireViolation(t, m.Apply(next), model.T4, next)
+	})
+}
+
+func TestConflictUnderSerialize(t *testing.T) {
+	m := model.New()
+	held := at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 6)
+	refused := at(conflict(convA, u(2)), 3, 0, 4)
+	v := m.ApplyStep([]model.Turn{held, refused})
+	requireViolation(t, v, model.T4, refused)
+	assert.Contains(t, v.Reason, "serialize")
+}
+
+func TestLineIsAValue(t *testing.T) {
+	// Step never changes the line it is called on: porcupine explores
+	// several orders from one state.
+	var l model.Line
+	l1, v := l.Step(ok(convA, u(1), call(u(1), u(1))))
+	require.Nil(t, v)
+	l2, v := l1.Step(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))))
+	require.Nil(t, v)
+	_, v = l1.Step(fail(convA, u(3), call(u(3), u(1), a(1), u(3))))
+	require.Nil(t, v)
+	assert.Equal(t, "(empty)", l.String())
+	assert.Equal(t, "tc-u1 tc-a1", l1.String())
+	assert.Equal(t, "tc-u1 tc-a1 tc-u2? tc-a2?", l2.String())
+	assert.False(t, l1.Equal(l2))
+	assert.NotEqual(t, l1.Hash(), l2.Hash())
+
+	// A failed step leaves the line as it was and says why.
+	same, v := l1.Step(ok(convA, u(4), call(u(4), u(4))))
+	require.NotNil(t, v)
+	assert.True(t, same.Equal(l1))
+	assert.Equal(t, l1.Hash(), same.Hash())
+}
+
+func TestContainsTokenAgreesWithTokens(t *testing.T) {
+	texts := []string{"", "tc-a1", "tc-a12", "xtc-a1", "tc-a1x", "tc-a1_", "(tc-a1).", "tc-a10 tc-a1", "tc-a1tc-a1", "-tc-a1-", "tc-a1\n"}
+	for _, text := range texts {
+		want := false
+		for _, tok := range model.Tokens(text) {
+			want = want || tok == a(1)
+		}
+		turn := ok(convA, u(1), call(u(1), u(1)))
+		turn.Reply = text
+		got := model.New().Apply(turn) == nil
+		assert.Equal(t, want, got, "reply %q", text)
+	}
+}

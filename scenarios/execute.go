@@ -1,0 +1,286 @@
+package scenarios
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/model"
+)
+
+// Op is one request of a run as its history records it: what was planned
+// and sent, what the client learned, and what the model saw of it.
+type Op struct {
+	// Step numbers the plan it belongs to, from 1; Index is its place in
+	// that plan's Sends (the client that sent it, in a burst).
+	Step, Index int
+	// Action is the state-machine action that drew the plan.
+	Action string
+	Send   Send
+	// Request is the request exactly as sent.
+	Request  Request
+	Response Response
+	// Turn is the operation as the reference model reads it: outcome,
+	// attributed model calls, and when it was sent and answered on the
+	// run's timeline.
+	Turn model.Turn
+}
+
+// quietPeriod is how long the harness waits for a server that does not
+// report its activity to do something more, before it takes the requests
+// in flight to be queued behind one another. It decides which interleaving
+// runs, never a verdict.
+const quietPeriod = 25 * time.Millisecond
+
+// executor carries out plans against one server and records their history.
+type executor struct {
+	srv    Server
+	fake   *faults.Model
+	client *client
+	// clock is the run's timeline: invocations, completions and (through
+	// the fake model's Clock) model calls all take a tick of it.
+	clock *atomic.Int64
+	steps int
+}
+
+func (e *executor) tick() int64 { return e.clock.Add(1) }
+
+// flight is one request of a plan in flight.
+type flight struct {
+	gate    *faults.Gate
+	cancel  context.CancelFunc
+	done    chan struct{}
+	arrived atomic.Bool // the gated call is held by the model
+	acted   bool        // let go, aborted or timed out
+}
+
+func (f *flight) finished() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// held reports whether the model holds the request's call, waiting for the
+// harness.
+func (f *flight) held() bool { return f.arrived.Load() && !f.acted && !f.finished() }
+
+// execute sends p's requests and returns what each came to, with the model
+// calls attributed to each by the token of its last user message.
+func (e *executor) execute(p Plan) []Op {
+	e.steps++
+	start := e.clock.Load()
+	ops := make([]Op, len(p.Sends))
+	flights := make([]*flight, len(p.Sends))
+	wake := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	var wg sync.WaitGroup
+	for i, s := range p.Sends {
+		f := &flight{done: make(chan struct{})}
+		flights[i] = f
+		if s.Token != "" {
+			e.fake.Script(s.Token, s.Fault)
+			f.gate = e.fake.Gate(s.Token)
+		}
+	}
+	for i, s := range p.Sends {
+		f := flights[i]
+		req := e.client.newRequest(s.Conv, s.Messages, s.Stream)
+		ops[i] = Op{Step: e.steps, Index: i, Action: p.Action, Send: s, Request: req}
+		ops[i].Turn.Invoke = e.tick()
+		ctx, cancel := context.WithCancel(context.Background())
+		f.cancel = cancel
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ops[i].Response = e.client.send(ctx, req)
+			ops[i].Turn.Return = e.tick()
+			close(f.done)
+			poke() // after done: a wake-up must find the change it announces
+		}()
+		if f.gate != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				select {
+				case <-f.gate.Arrived():
+					f.arrived.Store(true)
+					poke()
+				case <-f.done:
+				}
+			}()
+		}
+		e.settle(flights[:i+1], wake)
+	}
+	for {
+		e.settle(flights, wake)
+		next := -1
+		all := true
+		for _, i := range p.Release {
+			if !flights[i].finished() {
+				all = false
+			}
+			if next < 0 && flights[i].held() {
+				next = i
+			}
+		}
+		if all {
+			break
+		}
+		if next < 0 {
+			// Nothing is held: a request is on its way (to the model, or
+			// out of a queue); wait for it to come to rest.
+			e.waitChange(wake)
+			continue
+		}
+		e.let(p.Sends[next], flights[next])
+	}
+	wg.Wait()
+	for _, f := range flights {
+		f.cancel()
+	}
+	e.idle()
+	e.attribute(ops, e.fake.CallsAfter(start))
+	for _, s := range p.Sends {
+		if s.Token != "" {
+			// A fault is for this step only: a server that later replays
+			// this message (a bug the harness must report, not hang on)
+			// gets a reply.
+			e.fake.Forget(s.Token)
+		}
+	}
+	return ops
+}
+
+// let does what s says with its held call: abort the request, time the
+// call out at the server's deadline, or let it go on.
+func (e *executor) let(s Send, f *flight) {
+	f.acted = true
+	switch dc, ok := e.srv.(DeadlineController); {
+	case s.Abort:
+		f.cancel()
+	case s.Fault.Kind == faults.Hold && ok:
+		// The model never answers: the server's deadline passes now. Only
+		// a sequential step holds until the deadline, so no other call is
+		// in flight to time out with it.
+		dc.ExpireDeadlines()
+	default:
+		// A hold on a server without deadline control lasts until its own
+		// timeout.
+		f.gate.Release()
+	}
+}
+
+// settle waits until every request in flights has come to rest: answered,
+// held by the model, or (as the server reports it) queued behind another
+// turn. A server that does not report its activity gets a quiet period.
+func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
+	ar, reports := e.srv.(ActivityReporter)
+	for {
+		resting := 0
+		for _, f := range flights {
+			if f.finished() || f.held() {
+				resting++
+			}
+		}
+		if resting == len(flights) {
+			return
+		}
+		if !reports {
+			select {
+			case <-wake:
+				continue
+			case <-time.After(quietPeriod):
+				return
+			}
+		}
+		_, waiting, changed := ar.Activity()
+		if resting+waiting >= len(flights) {
+			// Check again after the count: a request that came to rest in
+			// between has poked wake, so nothing is missed.
+			select {
+			case <-wake:
+				continue
+			default:
+				return
+			}
+		}
+		select {
+		case <-wake:
+		case <-changed:
+		}
+	}
+}
+
+// waitChange waits for any request or, where the server reports it, the
+// server's queue to change.
+func (e *executor) waitChange(wake <-chan struct{}) {
+	var changed <-chan struct{}
+	if ar, ok := e.srv.(ActivityReporter); ok {
+		_, _, changed = ar.Activity()
+	}
+	select {
+	case <-wake:
+	case <-changed:
+	case <-time.After(clientTimeout):
+	}
+}
+
+// idle waits, where the server reports its activity, until it has finished
+// every request: an aborted turn's rollback is then done before the next
+// step, which would otherwise race it.
+func (e *executor) idle() {
+	ar, ok := e.srv.(ActivityReporter)
+	if !ok {
+		return
+	}
+	deadline := time.After(clientTimeout)
+	for {
+		working, _, changed := ar.Activity()
+		if working == 0 {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			return
+		}
+	}
+}
+
+// attribute fills in each op's model.Turn: its outcome, and the calls that
+// belong to it. A call belongs to the turn whose token is the call's last
+// user token. Any other call made during the step is, for a request
+// without a usable message sent on its own, what that request set off
+// (T3), and otherwise an auxiliary call (a title, a summary), which must
+// still mix no conversations (T5): it goes with the step's first request.
+func (e *executor) attribute(ops []Op, calls []model.Call) {
+	for i := range ops {
+		op := &ops[i]
+		op.Turn.Conv = op.Send.Conv
+		op.Turn.User = op.Send.Token
+		op.Turn.Usable = op.Send.Token != ""
+		op.Turn.Outcome = op.Response.Outcome
+		op.Turn.Status = op.Response.Status
+		op.Turn.Reply = op.Response.Reply
+	}
+	for _, c := range calls {
+		owner := 0
+		for i := range ops {
+			if ops[i].Send.Token != "" && ops[i].Send.Token == c.Turn {
+				owner = i
+				break
+			}
+		}
+		ops[owner].Turn.Calls = append(ops[owner].Turn.Calls, c)
+	}
+}

@@ -1,0 +1,165 @@
+package scenarios
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/sut"
+)
+
+// newExecutor starts a fake model and target's server, and returns an
+// executor for them; both stop when the test ends.
+func newExecutor(t testing.TB, target Target) *executor {
+	t.Helper()
+	clock := &atomic.Int64{}
+	fake, err := faults.StartModel(faults.ModelConfig{Clock: func() int64 { return clock.Add(1) }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = fake.Close() })
+	srv, err := target.Start(fake.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, srv.Close()) })
+	cl := newClient(srv.URL(), target.Profile())
+	t.Cleanup(cl.close)
+	return &executor{srv: srv, fake: fake, client: cl, clock: clock}
+}
+
+// burstOn is a plan of n plain turns sent at once on conv, tokens from
+// first on, released in order release.
+func burstOn(conv model.ConversationRef, first, n int, release ...int) Plan {
+	p := Plan{Action: "burst", Release: release}
+	for k := range n {
+		p.Sends = append(p.Sends, turnSend(conv, model.UserToken(first+k), k%2 == 0))
+	}
+	return p
+}
+
+func firstCall(t *testing.T, op Op) []model.Token {
+	t.Helper()
+	require.NotEmpty(t, op.Turn.Calls, "no model call for %s", op.Send.Token)
+	return op.Turn.Calls[0].History
+}
+
+// TestBurstOnASerializingServer: requests queue in the order they were
+// sent, each sees the turns before it, and the history says so.
+func TestBurstOnASerializingServer(t *testing.T) {
+	e := newExecutor(t, Reference{})
+	conv := model.ConversationRef{Key: "key-a", ID: "c"}
+	ops := e.execute(burstOn(conv, 1, 3, 2, 1, 0))
+	require.Len(t, ops, 3)
+	u := model.UserToken
+	for _, op := range ops {
+		require.Equal(t, model.OK, op.Response.Outcome, op.Response.Detail)
+	}
+	assert.Equal(t, []model.Token{u(1)}, firstCall(t, ops[0]))
+	assert.Equal(t, []model.Token{u(1), u(1).Reply(), u(2)}, firstCall(t, ops[1]))
+	assert.Equal(t, []model.Token{u(1), u(1).Reply(), u(2), u(2).Reply(), u(3)}, firstCall(t, ops[2]))
+	for i, op := range ops {
+		assert.Less(t, op.Turn.Invoke, op.Turn.Calls[0].At, "op %d", i)
+		assert.Less(t, op.Turn.Calls[0].At, op.Turn.Return, "op %d", i)
+		if i > 0 {
+			assert.Less(t, ops[i-1].Turn.Invoke, op.Turn.Invoke, "sent in order")
+		}
+	}
+	turns := []model.Turn{ops[0].Turn, ops[1].Turn, ops[2].Turn}
+	require.Nil(t, model.New().ApplyStep(turns))
+}
+
+// TestReleaseOrderDecides: where the server lets turns run at once, the
+// drawn release order decides which commit wins, run after run.
+func TestReleaseOrderDecides(t *testing.T) {
+	conv := model.ConversationRef{Key: "key-a", ID: "c"}
+	u := model.UserToken
+	for _, release := range [][]int{{0, 1}, {1, 0}} {
+		t.Run(fmt.Sprint(release), func(t *testing.T) {
+			for range 5 {
+				e := newExecutor(t, Reference{Mutant: sut.NoConversationLock})
+				e.execute(single("new", turnSend(conv, u(1), false)))
+				ops := e.execute(burstOn(conv, 2, 2, release...))
+				// Both ran on the committed base.
+				base := []model.Token{u(1), u(1).Reply()}
+				assert.Equal(t, append(base[:2:2], u(2)), firstCall(t, ops[0]))
+				assert.Equal(t, append(base[:2:2], u(3)), firstCall(t, ops[1]))
+				last := u(2 + release[1])
+				next := e.execute(single("next", turnSend(conv, u(9), false)))
+				assert.Equal(t, append(base[:2:2], last, last.Reply(), u(9)), firstCall(t, next[0]), "the later release wins")
+			}
+		})
+	}
+}
+
+// TestRejectRefusesTheRest: under reject, the requests sent while the
+// first is held get 409 and reach no model.
+func TestRejectRefusesTheRest(t *testing.T) {
+	e := newExecutor(t, Reference{Concurrency: sut.Reject})
+	ops := e.execute(burstOn(model.ConversationRef{Key: "key-a", ID: "c"}, 1, 4, 3, 2, 1, 0))
+	assert.Equal(t, model.OK, ops[0].Response.Outcome)
+	for _, op := range ops[1:] {
+		assert.Equal(t, 409, op.Response.Status)
+		assert.Empty(t, op.Turn.Calls)
+	}
+}
+
+// TestAbortInABurst: an aborted request lets the queue go on, and its
+// outcome is unknown.
+func TestAbortInABurst(t *testing.T) {
+	e := newExecutor(t, Reference{})
+	conv := model.ConversationRef{Key: "key-a", ID: "c"}
+	p := burstOn(conv, 1, 3, 0, 1, 2)
+	p.Sends[0].Abort = true
+	p.Sends[1].Fault = faults.Fault{Kind: faults.Status, Status: 502}
+	ops := e.execute(p)
+	assert.Equal(t, model.Unknown, ops[0].Response.Outcome)
+	assert.Equal(t, model.Fail, ops[1].Response.Outcome)
+	assert.Equal(t, model.OK, ops[2].Response.Outcome)
+	turns := []model.Turn{ops[0].Turn, ops[1].Turn, ops[2].Turn}
+	require.Nil(t, model.New().ApplyStep(turns))
+}
+
+// BenchmarkBursts measures bursts of 2 to 6 plain turns on one
+// conversation against the in-process reference server, executed and
+// checked (chain and linearizability): requests/s, to set beside
+// BenchmarkBaseline's turns/s and BenchmarkSteps' steps/s.
+func BenchmarkBursts(b *testing.B) {
+	e := newExecutor(b, Reference{})
+	ref := model.New()
+	lin := &linearizability{timeout: time.Minute}
+	var history []Op
+	tok, requests, conv := 0, 0, 0
+	start := time.Now()
+	for b.Loop() {
+		n := 2 + requests%5
+		if len(history) > 30 {
+			// A fresh conversation now and then, as state-machine runs are
+			// about 30 steps long, so histories stay as long as theirs.
+			conv++
+			history = history[:0]
+			ref = model.New()
+		}
+		release := make([]int, n)
+		for i := range release {
+			release[i] = n - 1 - i
+		}
+		ops := e.execute(burstOn(model.ConversationRef{Key: "key-a", ID: fmt.Sprintf("c%d", conv)}, tok+1, n, release...))
+		tok += n
+		requests += n
+		history = append(history, ops...)
+		turns := make([]model.Turn, len(ops))
+		for i, op := range ops {
+			turns[i] = op.Turn
+		}
+		if v := ref.ApplyStep(turns); v != nil {
+			b.Fatal(v)
+		}
+		if v := lin.check(history, turns); v != nil {
+			b.Fatal(v)
+		}
+	}
+	b.ReportMetric(float64(requests)/time.Since(start).Seconds(), "requests/s")
+}

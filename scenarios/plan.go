@@ -1,0 +1,155 @@
+package scenarios
+
+import (
+	"fmt"
+	"strings"
+
+	"pgregory.net/rapid"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/model"
+)
+
+// Plan is one step of a run, drawn before anything is sent: the requests
+// to send at once (one, for a sequential step), what goes wrong with each,
+// and the order in which the model lets their calls go on. It is a plain
+// value: executing the same plans against a fresh server replays the run.
+type Plan struct {
+	// Action names the state-machine action that drew it.
+	Action string
+	// Sends are the requests, sent in this order, each once the ones
+	// before it have come to rest (answered, held by the model, or queued
+	// behind another turn).
+	Sends []Send
+	// Release is the order in which held model calls go on: indexes into
+	// Sends. When every request has come to rest, the first of them whose
+	// call the model holds is let go (or aborted, or timed out, as its Send
+	// says).
+	Release []int
+}
+
+// Send is one request of a plan and what goes wrong with it.
+type Send struct {
+	Conv model.ConversationRef
+	// Token is the user token of the request's new message; "" for a
+	// request without a usable one, which the server must refuse (T3).
+	Token model.Token
+	// Messages are the request's messages, as sent.
+	Messages []openai.Message
+	Stream   bool
+	// Fault is what the fake model does with the turn's calls once the
+	// first is let go.
+	Fault faults.Fault
+	// Abort: instead of letting the held call go, the client drops the
+	// connection, so the turn's outcome is unknown.
+	Abort bool
+}
+
+// String says what is injected, for a person reading a report.
+func (s Send) String() string {
+	if s.Abort {
+		return "client-abort: the model holds the call, the client drops the connection"
+	}
+	return s.Fault.String()
+}
+
+// faultKind is the send's fault as Stats counts it, "" for none.
+func (s Send) faultKind() string {
+	switch {
+	case s.Abort:
+		return "client-abort"
+	case s.Fault.Kind != faults.None:
+		return s.Fault.Kind.String()
+	}
+	return ""
+}
+
+// String renders a plan on one line, for logs.
+func (p Plan) String() string {
+	parts := make([]string, len(p.Sends))
+	for i, s := range p.Sends {
+		parts[i] = fmt.Sprintf("%s %s [%s]", s.Conv, orNone(string(s.Token)), s)
+	}
+	return fmt.Sprintf("%s: %s; release %v", p.Action, strings.Join(parts, ", "), p.Release)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(no new message)"
+	}
+	return s
+}
+
+// single is the plan of a sequential step: a burst of one.
+func single(action string, s Send) Plan {
+	return Plan{Action: action, Sends: []Send{s}, Release: []int{0}}
+}
+
+// turnSend is the send of a turn with user token tok on conv.
+func turnSend(conv model.ConversationRef, tok model.Token, stream bool) Send {
+	return Send{Conv: conv, Token: tok, Stream: stream,
+		Messages: []openai.Message{{Role: openai.RoleUser, Content: openai.Content(UserText(tok))}}}
+}
+
+// drawFaults draws what goes wrong with one turn. Draws shrink toward zero,
+// so the buckets are ordered from the plainest turn to the most disruptive.
+// A hold until the server's deadline is drawn only for a turn sent on its
+// own (sequential): the harness expires every deadline in flight at once.
+func drawFaults(t *rapid.T, s *Send, sequential bool) {
+	switch k := rapid.IntRange(0, 39).Draw(t, "fault"); {
+	case k < 20:
+	case k < 26:
+		s.Fault = faults.Fault{
+			Kind:      faults.Status,
+			Status:    rapid.SampledFrom([]int{500, 502, 503, 429}).Draw(t, "status"),
+			RetryHint: rapid.Bool().Draw(t, "retry hint"),
+			// 0: every call fails; k: the first k, so that a server that
+			// retries the model can get through.
+			Times: rapid.IntRange(0, 2).Draw(t, "failing calls"),
+		}
+	case k < 30:
+		s.Fault = faults.Fault{Kind: faults.Cut, After: rapid.IntRange(0, len(faults.ReplyChunks("tc-u0"))).Draw(t, "cut after")}
+	case k < 34:
+		s.Fault = faults.Fault{Kind: faults.Malformed, After: rapid.IntRange(0, len(faults.ReplyChunks("tc-u0"))-1).Draw(t, "malformed after")}
+	case k == 34 && sequential && rapid.Bool().Draw(t, "until the server's deadline"):
+		// Held until the server's deadline: instant on a DeadlineController,
+		// but a whole timeout on a server with its own clock, so the rarest
+		// (1 turn in 80), and not at the top of the range, which rapid draws
+		// (and tries while shrinking) far more often.
+		s.Fault = faults.Fault{Kind: faults.Hold}
+	default:
+		s.Abort = true
+	}
+}
+
+// invalidShapes are continuations without a usable new user message. Each
+// carries the conversation's latest user message as an earlier element
+// where it can, as a naive client resending history would.
+var invalidShapes = []struct {
+	name  string
+	build func(prev openai.Message) []openai.Message
+}{
+	{"empty messages array", func(openai.Message) []openai.Message { return []openai.Message{} }},
+	{"last message from the assistant", func(p openai.Message) []openai.Message {
+		return []openai.Message{p, {Role: openai.RoleAssistant, Content: "Noted."}}
+	}},
+	{"last message a system message", func(p openai.Message) []openai.Message {
+		return []openai.Message{p, {Role: openai.RoleSystem, Content: "Be brief."}}
+	}},
+	{"last message a tool result", func(p openai.Message) []openai.Message {
+		return []openai.Message{p, {Role: openai.RoleTool, Content: "42"}}
+	}},
+	{"blank last user message", func(p openai.Message) []openai.Message {
+		return []openai.Message{p, {Role: openai.RoleUser, Content: ""}}
+	}},
+	{"whitespace-only last user message", func(p openai.Message) []openai.Message {
+		return []openai.Message{p, {Role: openai.RoleUser, Content: " \n\t "}}
+	}},
+	{"only an earlier user message, then a blank one", func(p openai.Message) []openai.Message {
+		return []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}, p, {Role: openai.RoleAssistant, Content: "Noted."}, {Role: openai.RoleUser, Content: "   "}}
+	}},
+}
+
+// UserText is the text of the user message carrying tok.
+func UserText(tok model.Token) string { return fmt.Sprintf("Please remember %s.", tok) }

@@ -1,0 +1,197 @@
+package sut
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Concurrency is what the server does with a request for a conversation
+// whose turn is already running.
+type Concurrency string
+
+// The concurrency policies PROTOCOL.md allows a server to declare (T4).
+const (
+	// Serialize makes the request wait its turn, first come first served,
+	// for at most RequestTimeout (then 503 conversation_busy).
+	Serialize Concurrency = "serialize"
+	// Reject answers the request 409 conflict at once, before any model
+	// call; nothing changes.
+	Reject Concurrency = "reject"
+)
+
+// ParseConcurrency returns the policy named s ("" for Serialize), or an
+// error naming the valid values.
+func ParseConcurrency(s string) (Concurrency, error) {
+	switch c := Concurrency(s); c {
+	case "":
+		return Serialize, nil
+	case Serialize, Reject:
+		return c, nil
+	}
+	return "", fmt.Errorf("unknown concurrency policy %q (want %s or %s)", s, Serialize, Reject)
+}
+
+// Gauge counts the requests a server is working on and, of those, the ones
+// waiting for their conversation's turn, and signals every change. A test
+// harness reads it to know, without timers, when concurrent requests have
+// all come to rest: each is either queued on its conversation or gone. It
+// is safe for concurrent use; the zero value is ready.
+type Gauge struct {
+	mu      sync.Mutex
+	working int
+	waiting int
+	// changed is closed at the next change; nil until someone reads, so
+	// that a gauge nobody watches costs no allocation per change.
+	changed chan struct{}
+}
+
+// Read returns how many requests the server is working on, how many of
+// them wait for their conversation's turn, and a channel that is closed at
+// the next change of either.
+func (g *Gauge) Read() (working, waiting int, changed <-chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.changed == nil {
+		g.changed = make(chan struct{})
+	}
+	return g.working, g.waiting, g.changed
+}
+
+// add moves the counts by the deltas and wakes every reader. A nil gauge
+// counts nothing.
+func (g *Gauge) add(working, waiting int) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.working += working
+	g.waiting += waiting
+	if g.changed != nil {
+		close(g.changed)
+		g.changed = nil
+	}
+}
+
+// Why a request did not get its conversation's lock, besides its context
+// ending.
+var (
+	// errConversationBusy: the lock was held and the policy is Reject.
+	errConversationBusy = errors.New("a turn on this conversation is already in flight")
+	// errWaitTimedOut: the request waited its turn for RequestTimeout.
+	errWaitTimedOut = errors.New("waited too long for the conversation's turn")
+)
+
+// convLocks serializes turns per conversation. Waiters queue explicitly and
+// the lock is handed to the first of them, so turns run in the order their
+// requests started waiting: neither the scheduler nor a request arriving
+// just as the lock is released can jump the queue.
+type convLocks struct {
+	gauge *Gauge
+
+	mu    sync.Mutex
+	locks map[convKey]*convLock
+}
+
+// convLock is one conversation's lock; the entry exists while the lock is
+// held and goes when it is released to nobody.
+type convLock struct {
+	queue []*convWaiter // in the order they started waiting
+}
+
+// convWaiter is a request queued for a conversation's lock.
+type convWaiter struct {
+	// granted is closed when the lock is handed to this waiter.
+	granted chan struct{}
+}
+
+// lock takes k's lock. When it is held, it fails at once with
+// errConversationBusy under Reject; under Serialize it waits in line until
+// the lock is handed over, ctx ends (ctx's error) or maxWait passes
+// (errWaitTimedOut). The wait is timed by the clock, not by the server's
+// Deadlines: those decide when a model call times out, and a harness that
+// holds them must not thereby hold every waiter forever.
+func (l *convLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration) (unlock func(), err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	if l.locks == nil {
+		l.locks = map[convKey]*convLock{}
+	}
+	cl, held := l.locks[k]
+	if !held {
+		l.locks[k] = &convLock{}
+		l.mu.Unlock()
+		return l.unlocker(k), nil
+	}
+	if policy == Reject {
+		l.mu.Unlock()
+		return nil, errConversationBusy
+	}
+	w := &convWaiter{granted: make(chan struct{})}
+	cl.queue = append(cl.queue, w)
+	l.gauge.add(0, 1)
+	l.mu.Unlock()
+
+	timer := time.NewTimer(maxWait)
+	defer timer.Stop()
+	select {
+	case <-w.granted:
+		if err := ctx.Err(); err != nil {
+			// The lock came as the client left: pass it on.
+			l.unlock(k)
+			return nil, err
+		}
+		return l.unlocker(k), nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timer.C:
+		err = errWaitTimedOut
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-w.granted:
+		// Handed over while giving up: the lock is ours, so pass it on.
+		l.handOver(k)
+		return nil, err
+	default:
+	}
+	cl.queue = slices.DeleteFunc(cl.queue, func(q *convWaiter) bool { return q == w })
+	l.gauge.add(0, -1)
+	return nil, err
+}
+
+// unlocker returns a release of k's lock that is safe to call more than
+// once, so that a turn can release the lock as soon as it is decided and
+// still keep a deferred release for every other way out.
+func (l *convLocks) unlocker(k convKey) func() {
+	var once sync.Once
+	return func() { once.Do(func() { l.unlock(k) }) }
+}
+
+func (l *convLocks) unlock(k convKey) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.handOver(k)
+}
+
+// handOver releases k's lock to the first waiter, or frees it if none
+// waits. The caller holds l.mu. The waiter stops counting as waiting here,
+// when it gets the lock, not when its goroutine next runs.
+func (l *convLocks) handOver(k convKey) {
+	cl := l.locks[k]
+	if len(cl.queue) == 0 {
+		delete(l.locks, k)
+		return
+	}
+	next := cl.queue[0]
+	cl.queue = slices.Delete(cl.queue, 0, 1)
+	l.gauge.add(0, -1)
+	close(next.granted)
+}
