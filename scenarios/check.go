@@ -24,13 +24,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"pgregory.net/rapid"
 
-	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
 )
 
@@ -42,7 +40,8 @@ type Options struct {
 	Steps int
 	// Seed starts the run; the same seed replays the same runs. 0 draws one.
 	Seed uint64
-	// ShrinkTime bounds the minimisation of a failure; 0 means 30s.
+	// ShrinkTime bounds the minimisation of a failure, a hard wall-clock
+	// bound; 0 means 30s.
 	ShrinkTime time.Duration
 	// Progress, if set, is called after every state-machine run.
 	Progress func(Stats)
@@ -81,10 +80,15 @@ type Failure struct {
 	// included, and FoundIn how long that took; the rest of the run shrank it.
 	FoundAfter int
 	FoundIn    time.Duration
+	// ShrinkRuns is how many candidate runs the shrinker replayed, and
+	// ShrunkIn how long shrinking took.
+	ShrinkRuns int
+	ShrunkIn   time.Duration
 	// Report is the failure rendered for a person.
 	Report string
-	// Flaky reports that the failure did not reproduce when re-run: the
-	// server is not deterministic under the same steps.
+	// Flaky reports that the failure did not reproduce when its steps were
+	// replayed: the server is not deterministic under the same steps. The
+	// plans and history are then the original failing run's.
 	Flaky bool
 }
 
@@ -129,7 +133,9 @@ func Check(target Target, opts Options) (*Result, error) {
 		"rapid.checks":     strconv.Itoa(checks),
 		"rapid.steps":      strconv.Itoa(steps),
 		"rapid.seed":       strconv.FormatUint(opts.Seed, 10),
-		"rapid.shrinktime": opts.ShrinkTime.String(),
+		// rapid finds the failure; its own shrinking gives way to ours,
+		// which works on plans directly.
+		"rapid.shrinktime": "1ms",
 		"rapid.nofailfile": "true",
 	})
 	if err != nil {
@@ -149,14 +155,17 @@ func Check(target Target, opts Options) (*Result, error) {
 		rapid.Check(tb, r.property)
 	}()
 	<-done
-	res := &Result{Stats: *r.stats, Seed: opts.Seed, Elapsed: time.Since(start)}
+	res := &Result{Stats: *r.stats, Seed: opts.Seed}
 	if r.setupErr != nil && !r.interrupted {
+		res.Elapsed = time.Since(start)
 		return res, r.setupErr
 	}
-	if tb.failed || r.violation != nil {
-		res.Failure = r.failure(tb, opts.Seed, target.Profile())
+	if tb.failed || r.first != nil {
+		res.Failure = r.failure(tb, opts, target)
+		res.Stats = *r.stats
 	}
-	if r.interrupted {
+	res.Elapsed = time.Since(start)
+	if r.interrupted || (opts.Context != nil && opts.Context.Err() != nil) {
 		return res, ErrInterrupted
 	}
 	if r.teardownErr != nil && res.Failure != nil {
@@ -167,24 +176,47 @@ func Check(target Target, opts Options) (*Result, error) {
 	return res, r.teardownErr
 }
 
-// failure describes what the run found: the shrunk violation, or what rapid
-// reported when there was none to show.
-func (r *runner) failure(tb *recorder, base uint64, p Profile) *Failure {
+// failure describes what the run found: the failing run shrunk, the
+// original run if it did not reproduce, or what rapid reported when no
+// violation was seen (the harness itself failed).
+func (r *runner) failure(tb *recorder, opts Options, target Target) *Failure {
 	msg := strings.Join(tb.errors, "\n")
-	f := &Failure{Violation: r.violation, Plans: r.plans, History: r.history, Seed: failingSeed(msg),
-		Flaky: strings.Contains(msg, "flaky test"), FoundAfter: r.foundAfter, FoundIn: r.foundIn}
+	f := &Failure{Seed: failingSeed(msg), FoundAfter: r.foundAfter, FoundIn: r.foundIn}
 	if f.Seed == 0 && r.foundAfter > 0 {
 		// rapid names the seed only once it has shrunk; an interrupted
 		// run's is worked out the way rapid derives it.
-		f.Seed = checkSeed(base, r.foundAfter)
+		f.Seed = checkSeed(opts.Seed, r.foundAfter)
 	}
-	switch {
-	case f.Flaky:
-		f.Report = "the failure did not reproduce when re-run with the same steps:\n" + msg
-	case f.Violation != nil:
-		f.Report = FormatFailure(f.Violation, f.History, p)
-	default:
+	profile := target.Profile()
+	if r.first == nil {
 		f.Report = msg
+		return f
+	}
+	ctx, cancel := shrinkBudget(opts.Context, opts.ShrinkTime)
+	defer cancel()
+	start := time.Now()
+	s, ok := shrink(ctx, target, r.smallest.plans, r.smallest.violation, func() {
+		r.stats.ShrinkRuns++
+		if r.progress != nil {
+			r.progress(*r.stats)
+		}
+	})
+	f.ShrinkRuns, f.ShrunkIn = s.runs, time.Since(start)
+	switch {
+	case ok:
+		f.Violation, f.Plans, f.History = s.violation, s.plans, s.history
+		f.Report = FormatFailure(f.Violation, f.History, profile)
+	case ctx.Err() != nil:
+		// Interrupted, or out of time, before the replay said anything: the
+		// run as it failed, unshrunk.
+		f.Violation, f.Plans, f.History = r.smallest.violation, r.smallest.plans, r.smallest.history
+		f.Report = FormatFailure(f.Violation, f.History, profile)
+	default:
+		f.Flaky = true
+		f.Violation, f.Plans, f.History = r.first.violation, r.first.plans, r.first.history
+		f.Report = "The failure did not reproduce when its steps were replayed against a fresh server: the server does not\n" +
+			"behave the same way under the same steps. This is the run that failed:\n\n" +
+			FormatFailure(f.Violation, f.History, profile)
 	}
 	return f
 }
@@ -215,12 +247,9 @@ type runner struct {
 	target   Target
 	stats    *Stats
 	setupErr error
-	// violation, plans and history are the latest violation seen; rapid
-	// re-runs the shrunk case last, so after Check they describe the shrunk
-	// failure.
-	violation *model.Violation
-	plans     []Plan
-	history   []Op
+	// first is the first failing run seen, and smallest the one with the
+	// fewest steps (rapid may shrink a little before it gives way).
+	first, smallest *failingRun
 	// foundAfter and foundIn say when the first violation was seen.
 	foundAfter int
 	foundIn    time.Duration
@@ -242,8 +271,22 @@ func (r *runner) stopIfInterrupted() {
 	}
 }
 
+// failingRun is a run that broke an invariant: its plans, what they came
+// to, and the violation.
+type failingRun struct {
+	plans     []Plan
+	history   []Op
+	violation *model.Violation
+}
+
 func (r *runner) onViolation(v *model.Violation, plans []Plan, history []Op) {
-	r.violation, r.plans, r.history = v, plans, history
+	run := &failingRun{plans: plans, history: history, violation: v}
+	if r.first == nil {
+		r.first = run
+	}
+	if r.smallest == nil || len(plans) < len(r.smallest.plans) {
+		r.smallest = run
+	}
 	if r.foundAfter == 0 {
 		r.foundAfter, r.foundIn = r.stats.Checks, time.Since(r.start)
 	}
@@ -253,35 +296,17 @@ func (r *runner) onViolation(v *model.Violation, plans []Plan, history []Op) {
 // steps drawn by rapid.
 func (r *runner) property(t *rapid.T) {
 	r.stopIfInterrupted()
-	clock := &atomic.Int64{}
-	fake, err := faults.StartModel(faults.ModelConfig{Clock: func() int64 { return clock.Add(1) }})
+	sess, err := startSession(r.target)
 	if err != nil {
 		r.setupErr = err
 		t.Fatalf("setup: %v", err)
 	}
-	t.Cleanup(func() { _ = fake.Close() })
-	srv, err := r.target.Start(fake.URL())
-	if err != nil {
-		r.setupErr = fmt.Errorf("start the server under test: %w", err)
-		t.Fatalf("setup: %v", r.setupErr)
-	}
 	t.Cleanup(func() {
-		if err := srv.Close(); err != nil && r.teardownErr == nil {
-			r.teardownErr = fmt.Errorf("stop the server under test: %w", err)
+		if err := sess.close(); err != nil && r.teardownErr == nil {
+			r.teardownErr = err
 		}
 	})
-	profile := r.target.Profile()
-	cl := newClient(srv.URL(), profile)
-	t.Cleanup(cl.close)
-
-	m := &machine{
-		profile:     profile,
-		exec:        &executor{srv: srv, fake: fake, client: cl, clock: clock},
-		ref:         model.NewWith(model.Policies{Concurrency: profile.Concurrency}),
-		lin:         &linearizability{timeout: linearizabilityTimeout},
-		stats:       r.stats,
-		onViolation: r.onViolation,
-	}
+	m := &machine{session: sess, stats: r.stats, onViolation: r.onViolation}
 	r.stats.Checks++
 	t.Cleanup(func() {
 		for k, v := range m.ref.Checked() {

@@ -43,6 +43,8 @@ type executor struct {
 	// the fake model's Clock) model calls all take a tick of it.
 	clock *atomic.Int64
 	steps int
+	// ctx, if set, aborts every request in flight when it ends.
+	ctx context.Context
 }
 
 func (e *executor) tick() int64 { return e.clock.Add(1) }
@@ -97,7 +99,11 @@ func (e *executor) execute(p Plan) []Op {
 		req := e.client.newRequest(s.Conv, s.Messages, s.Stream)
 		ops[i] = Op{Step: e.steps, Index: i, Action: p.Action, Send: s, Request: req}
 		ops[i].Turn.Invoke = e.tick()
-		ctx, cancel := context.WithCancel(context.Background())
+		base := e.ctx
+		if base == nil {
+			base = context.Background()
+		}
+		ctx, cancel := context.WithCancel(base)
 		f.cancel = cancel
 		wg.Add(1)
 		go func() {

@@ -24,19 +24,14 @@ type conv struct {
 // rapid draw happens on rapid's goroutine); step executes a plan, records
 // its history and validates it.
 type machine struct {
-	profile Profile
-	exec    *executor
-	ref     *model.Model
-	lin     *linearizability
-	stats   *Stats
+	*session
+	stats *Stats
 	// onViolation is told of a violation before the check fails.
 	onViolation func(*model.Violation, []Plan, []Op)
 
-	convs   []*conv
-	ids     int
-	tokens  int
-	plans   []Plan
-	history []Op
+	convs  []*conv
+	ids    int
+	tokens int
 }
 
 func (m *machine) actions() map[string]func(*rapid.T) {
@@ -115,7 +110,7 @@ func (m *machine) burst(t *rapid.T) {
 		c = newest(t, m.convs, "conversation")
 	}
 	n := rapid.IntRange(2, 6).Draw(t, "requests")
-	p := Plan{Action: fmt.Sprintf("burst of %d on %s", n, c.ref)}
+	p := Plan{Action: burstAction(n)}
 	for range n {
 		on := c
 		if len(m.convs) > 1 && rapid.IntRange(0, 4).Draw(t, "on another conversation") == 4 {
@@ -127,6 +122,9 @@ func (m *machine) burst(t *rapid.T) {
 	m.stats.Faults["concurrency"]++
 	m.step(t, p)
 }
+
+// burstAction names a burst of n requests.
+func burstAction(n int) string { return fmt.Sprintf("burst of %d", n) }
 
 // drawTurn draws how a turn with user token tok is sent on c and what goes
 // wrong with it.
@@ -146,21 +144,11 @@ func (m *machine) newConv(t *rapid.T) *conv {
 	return m.conv(model.ConversationRef{Key: key, ID: fmt.Sprintf("conv-%d", m.ids)})
 }
 
-// step executes p, records its history, and checks it: the reference
-// model's chain check, then linearizability of the conversations it
-// touched.
+// step executes p and checks it; a violation fails the run.
 func (m *machine) step(t *rapid.T, p Plan) {
-	ops := m.exec.execute(p)
-	m.plans = append(m.plans, p)
-	m.history = append(m.history, ops...)
-	turns := make([]model.Turn, len(ops))
-	for i, op := range ops {
-		turns[i] = op.Turn
+	ops, v := m.session.step(p)
+	for _, op := range ops {
 		m.record(op)
-	}
-	v := m.ref.ApplyStep(turns)
-	if v == nil {
-		v = m.lin.check(m.history, turns)
 	}
 	if v != nil {
 		if m.onViolation != nil {

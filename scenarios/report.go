@@ -125,6 +125,8 @@ type Stats struct {
 	Outcomes map[string]int
 	// Invariants counts how often each invariant was evaluated.
 	Invariants map[model.Invariant]int
+	// ShrinkRuns counts the runs replayed to shrink a failure.
+	ShrinkRuns int
 }
 
 func newStats() *Stats {

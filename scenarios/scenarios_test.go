@@ -203,10 +203,9 @@ func TestInterrupt(t *testing.T) {
 func TestInterruptKeepsTheFailure(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	seen := 0
-	opts := scenarios.Options{Checks: 100, Context: ctx, Progress: func(scenarios.Stats) {
-		if seen++; seen == 40 {
-			cancel() // well into shrinking: the mutant is caught in a few checks
+	opts := scenarios.Options{Checks: 100, Context: ctx, Progress: func(s scenarios.Stats) {
+		if s.ShrinkRuns == 2 {
+			cancel() // while shrinking
 		}
 	}}
 	target := scenarios.Reference{Mutant: sut.ReplayWithoutUser}

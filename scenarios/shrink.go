@@ -1,0 +1,207 @@
+package scenarios
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/model"
+)
+
+// shrinker minimises a failing run's plans directly, as delta debugging
+// does: first whole steps go (ddmin over the plans), then each step is made
+// simpler (fewer requests in a burst, no fault, no stream, fewer
+// conversations). Every candidate is replayed against a fresh server, and
+// kept if it breaks the same invariant. rapid stays the search; this is
+// the shrinker, bounded by a hard wall-clock budget.
+type shrinker struct {
+	target Target
+	want   model.Invariant
+	ctx    context.Context
+	// runs counts the candidates replayed; after is called after each.
+	runs  int
+	after func()
+	// plans, history and violation are the smallest failing run so far.
+	plans     []Plan
+	history   []Op
+	violation *model.Violation
+}
+
+// shrink returns the smallest run it finds, within ctx, that breaks v's
+// invariant as plans did. ok is false if plans, replayed, did not break it
+// at all: the failure did not reproduce.
+func shrink(ctx context.Context, target Target, plans []Plan, v *model.Violation, after func()) (s *shrinker, ok bool) {
+	s = &shrinker{target: target, want: v.Invariant, ctx: ctx, after: after}
+	if !s.try(plans) {
+		return s, false
+	}
+	s.ddmin()
+	for changed := true; changed && !s.done(); {
+		changed = s.simplify()
+		if changed {
+			s.ddmin()
+		}
+	}
+	return s, true
+}
+
+func (s *shrinker) done() bool { return s.ctx.Err() != nil }
+
+// try replays plans; it keeps them, cut after the step that broke the
+// invariant, if they break it.
+func (s *shrinker) try(plans []Plan) bool {
+	if s.done() || len(plans) == 0 {
+		return false
+	}
+	s.runs++
+	history, v, err := replayContext(s.ctx, s.target, plans)
+	if s.after != nil {
+		s.after()
+	}
+	if err != nil || v == nil || v.Invariant != s.want || s.done() {
+		return false
+	}
+	s.plans = slices.Clone(plans[:history[len(history)-1].Step])
+	s.history, s.violation = history, v
+	return true
+}
+
+// ddmin removes as many whole steps as it can: chunks of the plans, halved
+// until single steps, as Zeller's delta debugging does with complements.
+func (s *shrinker) ddmin() {
+	n := 2
+	for len(s.plans) >= 2 && !s.done() {
+		n = min(n, len(s.plans))
+		reduced := false
+		for i := range n {
+			lo, hi := i*len(s.plans)/n, (i+1)*len(s.plans)/n
+			if s.try(slices.Concat(s.plans[:lo], s.plans[hi:])) {
+				n = max(n-1, 2)
+				reduced = true
+				break
+			}
+		}
+		if !reduced {
+			if n == len(s.plans) {
+				return
+			}
+			n = min(2*n, len(s.plans))
+		}
+	}
+}
+
+// simplify tries to make each step simpler, latest first, and reports
+// whether any candidate was kept.
+func (s *shrinker) simplify() bool {
+	changed := false
+	for i := len(s.plans) - 1; i >= 0 && !s.done(); i-- {
+		if i >= len(s.plans) {
+			continue // a kept candidate ended earlier
+		}
+		for _, p := range simpler(s.plans[i], s.plans) {
+			if s.try(slices.Concat(s.plans[:i], []Plan{p}, s.plans[i+1:])) {
+				changed = true
+				break
+			}
+		}
+	}
+	return changed
+}
+
+// simpler lists simpler versions of p, most drastic first: the burst
+// without one of its requests, then one request without its fault or its
+// stream, then the burst's requests on fewer conversations.
+func simpler(p Plan, all []Plan) []Plan {
+	var out []Plan
+	if len(p.Sends) > 1 {
+		for k := range p.Sends {
+			out = append(out, withoutSend(p, k))
+		}
+	}
+	for k, send := range p.Sends {
+		if send.Abort || send.Fault.Kind != faults.None {
+			q := clonePlan(p)
+			q.Sends[k].Abort, q.Sends[k].Fault = false, faults.Fault{}
+			out = append(out, q)
+		}
+	}
+	for k, send := range p.Sends {
+		if send.Stream {
+			q := clonePlan(p)
+			q.Sends[k].Stream = false
+			out = append(out, q)
+		}
+	}
+	if first := firstConv(all); len(p.Sends) > 1 {
+		for k, send := range p.Sends {
+			if send.Conv != first && send.Token != "" {
+				q := clonePlan(p)
+				q.Sends[k].Conv = first
+				out = append(out, q)
+			}
+		}
+	}
+	return out
+}
+
+// withoutSend is p without its k-th request; the release order keeps the
+// others' order.
+func withoutSend(p Plan, k int) Plan {
+	q := Plan{Action: p.Action, Sends: slices.Delete(slices.Clone(p.Sends), k, k+1)}
+	if p.Action == burstAction(len(p.Sends)) {
+		q.Action = burstAction(len(q.Sends))
+	}
+	for _, i := range p.Release {
+		switch {
+		case i < k:
+			q.Release = append(q.Release, i)
+		case i > k:
+			q.Release = append(q.Release, i-1)
+		}
+	}
+	return q
+}
+
+func clonePlan(p Plan) Plan {
+	return Plan{Action: p.Action, Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release)}
+}
+
+// firstConv is the conversation the run's first request was sent on.
+func firstConv(plans []Plan) model.ConversationRef {
+	for _, p := range plans {
+		for _, s := range p.Sends {
+			return s.Conv
+		}
+	}
+	return model.ConversationRef{}
+}
+
+// replayContext is Replay, stopped when ctx ends: the requests in flight
+// are aborted, and the run decides nothing.
+func replayContext(ctx context.Context, target Target, plans []Plan) ([]Op, *model.Violation, error) {
+	s, err := startSession(target)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.exec.ctx = ctx
+	var v *model.Violation
+	for _, p := range plans {
+		if ctx.Err() != nil {
+			break
+		}
+		if _, v = s.step(p); v != nil {
+			break
+		}
+	}
+	return s.history, v, s.close()
+}
+
+// shrinkBudget is the context a shrink runs in: ShrinkTime from now, or
+// until the run's own context ends.
+func shrinkBudget(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if parent == nil {
+		parent = context.Background()
+	}
+	return context.WithTimeout(parent, d)
+}
