@@ -36,19 +36,33 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
+// MarshalText writes the kind's name.
+func (k Kind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// UnmarshalText reads a kind's name.
+func (k *Kind) UnmarshalText(b []byte) error {
+	for i, name := range kindNames {
+		if name == string(b) {
+			*k = Kind(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown fault kind %q", b)
+}
+
 // Fault is the fake model's script for one turn's token.
 type Fault struct {
-	Kind Kind
+	Kind Kind `json:"kind"`
 	// Status is the HTTP status of a Status fault; below 400 means 500.
-	Status int
+	Status int `json:"status,omitempty"`
 	// RetryHint adds a Retry-After header to a Status fault.
-	RetryHint bool
+	RetryHint bool `json:"retryHint,omitempty"`
 	// After is how many reply chunks go out before a Cut or Malformed fault.
-	After int
+	After int `json:"after,omitempty"`
 	// Times limits the fault to the first Times calls of the turn; later
 	// calls (a server retrying the model) are answered normally. 0: every
 	// call.
-	Times int
+	Times int `json:"times,omitempty"`
 }
 
 // String says what the fault does, for a person reading a report.

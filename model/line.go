@@ -32,8 +32,10 @@ type Line struct {
 // rare is the part of a Line that steps seldom change.
 type rare struct {
 	// failed holds the user tokens of this conversation whose latest
-	// attempt failed, and how (a 409 is T4's business, not T1's).
-	failed []failure
+	// attempt failed, and how (a 409 is T4's business, not T1's): a list,
+	// newest first, that lines share as they share segments, so that a
+	// failed turn adds one entry rather than copying all the others.
+	failed *failure
 	// dropped holds unknown turns that a later history showed were not
 	// committed: they may never appear again (T6).
 	dropped []Token
@@ -62,7 +64,7 @@ type node struct {
 }
 
 // failed is the line's failed turns (see rare).
-func (l Line) failed() []failure {
+func (l Line) failed() *failure {
 	if l.rare == nil {
 		return nil
 	}
@@ -79,12 +81,12 @@ func (l Line) dropped() []Token {
 
 // withRare returns l with failed and dropped, sharing l's rare part when
 // neither changed (both are only ever replaced, never changed in place, so
-// the same first element and length mean the same slice).
-func (l Line) withRare(failed []failure, dropped []Token) Line {
-	if sameSlice(failed, l.failed()) && sameSlice(dropped, l.dropped()) {
+// the same list, or the same first element and length, mean the same).
+func (l Line) withRare(failed *failure, dropped []Token) Line {
+	if failed == l.failed() && sameSlice(dropped, l.dropped()) {
 		return l
 	}
-	if len(failed) == 0 && len(dropped) == 0 {
+	if failed == nil && len(dropped) == 0 {
 		l.rare = nil
 	} else {
 		l.rare = &rare{failed: failed, dropped: dropped}
@@ -117,9 +119,33 @@ func (l Line) segs() []segment {
 	return out
 }
 
+// failure is an entry of a line's list of failed turns.
 type failure struct {
 	user   Token
 	status int
+	next   *failure
+	// users has the bit (tokenBit) of every user token of the list from
+	// here on set: where a token's bit is clear the list does not hold it,
+	// and a step, which asks that of every turn, need not walk the list.
+	users uint64
+}
+
+// newFailure returns an entry for user's failure with status, before next.
+func newFailure(user Token, status int, next *failure) *failure {
+	f := &failure{user: user, status: status, next: next, users: tokenBit(user)}
+	if next != nil {
+		f.users |= next.users
+	}
+	return f
+}
+
+// tokenBit is one of 64 bits, chosen by tok's FNV-1a hash.
+func tokenBit(tok Token) uint64 {
+	h := uint64(hashBasis)
+	for i := 0; i < len(tok); i++ {
+		h = (h ^ uint64(tok[i])) * fnvPrime
+	}
+	return 1 << (h >> 58)
 }
 
 // Tokens returns the history the line stands for when every unknown turn
@@ -152,19 +178,21 @@ func (l Line) Hash() uint64 {
 // hashSegment extends h by s (FNV-1a over its user token and whether it
 // is pending).
 func hashSegment(h uint64, s segment) uint64 {
-	const prime = 1099511628211
 	for i := 0; i < len(s.user); i++ {
-		h = (h ^ uint64(s.user[i])) * prime
+		h = (h ^ uint64(s.user[i])) * fnvPrime
 	}
 	mark := uint64(' ')
 	if s.pending {
 		mark = '?'
 	}
-	return (h ^ mark) * prime
+	return (h ^ mark) * fnvPrime
 }
 
-// hashBasis is FNV-1a's offset basis: the hash of an empty line.
-const hashBasis = 14695981039346656037
+// FNV-1a's offset basis (the hash of an empty line) and prime.
+const (
+	hashBasis = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
 
 // appended returns l with s appended, extending its hash.
 func (l Line) appended(s segment) Line {
@@ -200,13 +228,14 @@ func (l Line) String() string {
 // the model calls of t show against it. It returns the next line, or the
 // violation t shows and l unchanged. Auxiliary calls (whose last user token
 // is not t's) are not read as history here.
-func (l Line) Step(t Turn) (Line, *Violation) { return l.step(t, true) }
+func (l Line) Step(t Turn) (Line, *Violation) { return l.step(&t, true) }
 
 // Next is Step for a search that only asks whether t can follow l: the same
 // next line and the same verdict, without saying why t cannot. Porcupine
 // tries turns in orders that mostly fail, and explaining each failure
-// would cost more than the search.
-func (l Line) Next(t Turn) (Line, bool) {
+// would cost more than the search. It takes t by pointer, as porcupine
+// holds it, to spare copying it at every try.
+func (l Line) Next(t *Turn) (Line, bool) {
 	next, v := l.step(t, false)
 	return next, v == nil
 }
@@ -216,9 +245,9 @@ func (l Line) Next(t Turn) (Line, bool) {
 var rejected = &Violation{Reason: "rejected (not explained)"}
 
 // step is Step, and Next when why is false.
-func (l Line) step(t Turn, why bool) (Line, *Violation) {
+func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 	if !t.Usable {
-		return l, l.refuse(t)
+		return l, l.refuse(*t)
 	}
 	// The first call of the turn resolves the unknown turns before it; every
 	// further call (a server's retry of the model call) must carry the very
@@ -235,7 +264,7 @@ func (l Line) step(t Turn, why bool) (Line, *Violation) {
 			if !why {
 				return l, rejected
 			}
-			return l, l.explain(t, next.segs(), call, dropped)
+			return l, l.explain(*t, next.segs(), call, dropped)
 		}
 		if !reached && l.pending() > 0 {
 			// What the first call left out of the unknown turns before it was
@@ -254,38 +283,46 @@ func (l Line) step(t Turn, why bool) (Line, *Violation) {
 	if len(dropped) > 0 {
 		next = next.withRare(next.failed(), append(slices.Clip(next.dropped()), dropped...))
 	}
-	reply := t.User.Reply()
 	switch t.Outcome {
 	case OK:
 		if !reached {
 			return l, &Violation{Invariant: T2, Conv: t.Conv, Turn: t.User,
 				Reason: "the turn ended ok, but no model request of this turn was made"}
 		}
-		if !containsToken(t.Reply, reply) {
+		// The reply token is kept as it stands in the reply the client got
+		// (which the history holds anyway), rather than built anew.
+		reply, ok := replyIn(t.Reply, t.User)
+		if !ok {
 			return l, &Violation{Invariant: T2, Conv: t.Conv, Turn: t.User,
-				Reason:   fmt.Sprintf("the turn ended ok, but the reply the client got (%q) is not the model's reply %s", clip(t.Reply), reply),
+				Reason:   fmt.Sprintf("the turn ended ok, but the reply the client got (%q) is not the model's reply %s", clip(t.Reply), t.User.Reply()),
 				Observed: Tokens(t.Reply)}
 		}
 		next = next.appended(segment{user: t.User, reply: reply, done: t.Return})
 		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
 	case Fail:
-		failed := append(slices.Clip(withoutFailure(next.failed(), t.User)), failure{user: t.User, status: t.Status})
+		failed := newFailure(t.User, t.Status, withoutFailure(next.failed(), t.User))
 		next = next.withRare(failed, next.dropped())
 	case Unknown:
-		next = next.appended(segment{user: t.User, reply: reply, pending: true, done: t.Return})
+		next = next.appended(segment{user: t.User, reply: t.User.Reply(), pending: true, done: t.Return})
 		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
 	}
 	return next, nil
 }
 
-// withoutFailure returns fs without user's entry, copying only if it has
-// one: lines share their slices, so none is changed in place.
-func withoutFailure(fs []failure, user Token) []failure {
-	i := slices.IndexFunc(fs, func(f failure) bool { return f.user == user })
-	if i < 0 {
+// withoutFailure returns fs without user's entry, copying only the entries
+// before it, and only if it has one: lines share their lists, so none is
+// changed in place.
+func withoutFailure(fs *failure, user Token) *failure {
+	if fs == nil || fs.users&tokenBit(user) == 0 {
 		return fs
 	}
-	return slices.Delete(slices.Clone(fs), i, i+1)
+	if fs.user == user {
+		return fs.next
+	}
+	if rest := withoutFailure(fs.next, user); rest != fs.next {
+		return newFailure(fs.user, fs.status, rest)
+	}
+	return fs
 }
 
 // refuse checks a request without a usable new user message (T3): it must
@@ -347,7 +384,7 @@ func (l Line) holds(user Token) bool {
 // failedWith is the status of user's latest failed attempt, 0 if it has
 // none (or none with a status).
 func (l Line) failedWith(user Token) int {
-	for _, f := range l.failed() {
+	for f := l.failed(); f != nil; f = f.next {
 		if f.user == user {
 			return max(f.status, 1)
 		}

@@ -169,21 +169,43 @@ type Policies struct {
 // concurrent use. The zero value is not ready; use New.
 type Model struct {
 	policies Policies
-	// convs holds what the model knows of each conversation a turn has
-	// been applied to: one map, looked up once for each turn.
+	// convs holds what the model knows of each conversation a step has
+	// touched: one map, looked up once for each turn.
 	convs map[ConversationRef]*conv
 	// owner records which conversation each token was sent on or written
-	// for, to tell leaks between conversations (T5).
-	owner   map[Token]ConversationRef
+	// for, to tell leaks between conversations (T5). It points to the
+	// conversation's entry in convs: a smaller map than one holding
+	// references, and owners compare as pointers. Use ownerOf, not owner:
+	// sent holds turns not entered in owner yet.
+	owner map[Token]*conv
+	// sent holds the usable turns of the steps applied so far, in order,
+	// whose tokens owner does not hold yet. Only calls that are not a
+	// turn's own, and calls that break a line, are looked up in owner, and
+	// many steps have none: those steps' turns are entered when one does,
+	// not every turn as it comes.
+	sent    []sentTurn
 	checked counters
+}
+
+// sentTurn is a usable turn's user token and its conversation.
+type sentTurn struct {
+	user Token
+	cv   *conv
 }
 
 // conv is the model's state of one conversation.
 type conv struct {
+	ref  ConversationRef
 	line Line
+	// lined is set once a turn has been applied to line: before, the model
+	// holds no history for the conversation (Committed is nil).
+	lined bool
 	// mayRun is set when the latest turn ended unknown: it may still be
 	// running on the server, so a 409 there is no deviation.
 	mayRun bool
+	// inStep counts the turns on the conversation in the step being
+	// applied; it is back to 0 before any of them is.
+	inStep int
 }
 
 // New returns a model with no conversations, for a server that serializes.
@@ -195,7 +217,7 @@ func NewWith(p Policies) *Model {
 	return &Model{
 		policies: p,
 		convs:    map[ConversationRef]*conv{},
-		owner:    map[Token]ConversationRef{},
+		owner:    map[Token]*conv{},
 	}
 }
 
@@ -213,7 +235,7 @@ func (m *Model) Checked() map[Invariant]int {
 // Committed returns the history the server must hold for c, as far as the
 // model knows it: committed turns, and unknown turns not yet resolved.
 func (m *Model) Committed(c ConversationRef) []Token {
-	if _, ok := m.convs[c]; !ok {
+	if cv := m.convs[c]; cv == nil || !cv.lined {
 		return nil
 	}
 	return m.Line(c).Tokens()
@@ -245,37 +267,41 @@ func (m *Model) Apply(t Turn) *Violation { return m.ApplyStep([]Turn{t}) }
 // order is consistent with real time, so a history this accepts is
 // linearizable; linearizability is checked on its own all the same.
 func (m *Model) ApplyStep(turns []Turn) *Violation {
-	if len(m.owner) == 0 {
-		m.owner = make(map[Token]ConversationRef, 2*len(turns))
-	}
-	for i := range turns {
-		if t := &turns[i]; t.Usable {
-			m.owner[t.User] = t.Conv
-			m.owner[t.User.Reply()] = t.Conv
-		}
-	}
-	perConv := map[ConversationRef]int{}
-	for i := range turns {
-		perConv[turns[i].Conv]++
-	}
-	for _, n := range perConv {
-		if n > 1 {
-			m.checked.add(T4)
-		}
-	}
-	// Each turn's RanAt is found once, not at every comparison: it walks
-	// the turn's calls, and sorting a long step compares each turn often.
+	// Each turn's conversation is looked up once, here, and each turn's
+	// RanAt found once, not at every comparison of the sort: it walks the
+	// turn's calls.
 	type ran struct {
 		at int64
-		t  *Turn
+		i  int
+		cv *conv
 	}
 	order := make([]ran, len(turns))
+	var touched []*conv
 	for i := range turns {
-		order[i] = ran{turns[i].RanAt(), &turns[i]}
+		t := &turns[i]
+		cv := m.convs[t.Conv]
+		if cv == nil {
+			cv = &conv{ref: t.Conv}
+			m.convs[t.Conv] = cv
+		}
+		if cv.inStep == 0 {
+			touched = append(touched, cv)
+		}
+		cv.inStep++
+		if t.Usable {
+			m.sent = append(m.sent, sentTurn{t.User, cv})
+		}
+		order[i] = ran{t.RanAt(), i, cv}
+	}
+	for _, cv := range touched {
+		if cv.inStep > 1 {
+			m.checked.add(T4)
+		}
+		cv.inStep = 0
 	}
 	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Compare(a.at, b.at) })
 	for _, r := range order {
-		if v := m.apply(*r.t, turns); v != nil {
+		if v := m.apply(turns[r.i], r.cv, turns); v != nil {
 			return v
 		}
 	}
@@ -294,7 +320,8 @@ func (t Turn) RanAt() int64 {
 	return t.Invoke
 }
 
-func (m *Model) apply(t Turn, step []Turn) *Violation {
+// apply applies t, a turn of step, on its conversation cv.
+func (m *Model) apply(t Turn, cv *conv, step []Turn) *Violation {
 	for _, call := range t.Calls {
 		if t.Usable && call.Turn == t.User {
 			continue // the turn's own calls: below
@@ -306,15 +333,11 @@ func (m *Model) apply(t Turn, step []Turn) *Violation {
 		}
 	}
 	if t.Status == 409 && t.Outcome == Fail && t.Usable {
-		if v := m.checkConflict(t, step); v != nil {
+		if v := m.checkConflict(t, cv, step); v != nil {
 			return v
 		}
 	}
-	cv := m.convs[t.Conv]
-	var line Line
-	if cv != nil {
-		line = cv.line
-	}
+	line := cv.line
 	if t.Usable {
 		for _, call := range t.Calls {
 			if call.Turn == t.User {
@@ -336,7 +359,7 @@ func (m *Model) apply(t Turn, step []Turn) *Violation {
 		// here; where there are some, they are what broke.
 		for _, call := range t.Calls {
 			if t.Usable && call.Turn == t.User {
-				if fv := m.checkForeign(t, call); fv != nil {
+				if fv := m.checkForeign(t, cv, call); fv != nil {
 					return fv
 				}
 			}
@@ -344,11 +367,7 @@ func (m *Model) apply(t Turn, step []Turn) *Violation {
 		return v
 	}
 	if t.Usable {
-		if cv == nil {
-			cv = &conv{}
-			m.convs[t.Conv] = cv
-		}
-		cv.line, cv.mayRun = next, t.Outcome == Unknown
+		cv.line, cv.lined, cv.mayRun = next, true, t.Outcome == Unknown
 	}
 	return nil
 }
@@ -357,13 +376,13 @@ func (m *Model) apply(t Turn, step []Turn) *Violation {
 // server must make a concurrent request wait, and a rejecting one may
 // refuse only a request sent while another turn of the conversation may
 // still have been running.
-func (m *Model) checkConflict(t Turn, step []Turn) *Violation {
+func (m *Model) checkConflict(t Turn, cv *conv, step []Turn) *Violation {
 	m.checked.add(T4)
 	if m.policies.Concurrency == Serialize {
 		return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User,
 			Reason: "the server answered 409, but it declares the serialize policy: a concurrent request must wait its turn"}
 	}
-	if cv := m.convs[t.Conv]; cv != nil && cv.mayRun {
+	if cv.mayRun {
 		return nil
 	}
 	for _, o := range step {
@@ -376,34 +395,52 @@ func (m *Model) checkConflict(t Turn, step []Turn) *Violation {
 			"the reject policy allows 409 only while one may be"}
 }
 
+// ownerOf is the conversation tok was sent on or written for, if any:
+// owner, once the turns in sent are entered in it, in order (a token sent
+// again on another conversation belongs to the later one).
+func (m *Model) ownerOf(tok Token) (*conv, bool) {
+	if len(m.sent) > 0 {
+		if len(m.owner) == 0 {
+			m.owner = make(map[Token]*conv, 2*len(m.sent))
+		}
+		for _, s := range m.sent {
+			m.owner[s.user] = s.cv
+			m.owner[s.user.Reply()] = s.cv
+		}
+		m.sent = m.sent[:0]
+	}
+	owner, ok := m.owner[tok]
+	return owner, ok
+}
+
 // checkMixed finds a call that carries tokens of more than one conversation
 // (T5): whatever the call is for, one conversation leaks into another.
 func (m *Model) checkMixed(t Turn, call Call) *Violation {
-	var first ConversationRef
-	seen := false
+	var first *conv
 	for _, tok := range call.History {
-		owner, ok := m.owner[tok]
+		owner, ok := m.ownerOf(tok)
 		switch {
 		case !ok:
-		case !seen:
-			first, seen = owner, true
+		case first == nil:
+			first = owner
 		case owner != first:
 			return &Violation{Invariant: T5, Conv: t.Conv, Turn: t.User,
 				Reason: fmt.Sprintf("a model request made during this step carries tokens of conversation %s and of conversation %s (%s)",
-					first, owner, tok),
+					first.ref, owner.ref, tok),
 				Observed: call.History}
 		}
 	}
 	return nil
 }
 
-// checkForeign finds a token of another conversation in call (T5).
-func (m *Model) checkForeign(t Turn, call Call) *Violation {
+// checkForeign finds a token of a conversation other than cv, t's, in call
+// (T5).
+func (m *Model) checkForeign(t Turn, cv *conv, call Call) *Violation {
 	for _, tok := range call.History {
-		if owner, ok := m.owner[tok]; ok && owner != t.Conv {
+		if owner, ok := m.ownerOf(tok); ok && owner != cv {
 			return &Violation{Invariant: T5, Conv: t.Conv, Turn: t.User,
-				Reason:   fmt.Sprintf("the model request carries %s, which belongs to conversation %s", tok, owner),
-				Expected: expected(m.Line(t.Conv).segs(), t.User),
+				Reason:   fmt.Sprintf("the model request carries %s, which belongs to conversation %s", tok, owner.ref),
+				Expected: expected(cv.line.segs(), t.User),
 				Observed: call.History}
 		}
 	}

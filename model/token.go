@@ -61,18 +61,42 @@ func Tokens(text string) []Token {
 // containsToken reports whether tok stands in text as a token, as Tokens
 // would find it, without a regular expression: the checker asks this of
 // every reply.
-func containsToken(text string, tok Token) bool {
+func containsToken(text string, tok Token) bool { return indexToken(text, tok) >= 0 }
+
+// indexToken is where tok first stands in text as a token, -1 if nowhere.
+func indexToken(text string, tok Token) int {
 	for i := 0; ; {
 		j := strings.Index(text[i:], string(tok))
 		if j < 0 {
-			return false
+			return -1
 		}
 		start, end := i+j, i+j+len(tok)
 		if (start == 0 || !isWordByte(text[start-1])) && (end == len(text) || !isWordByte(text[end])) {
-			return true
+			return start
 		}
 		i = start + 1
 	}
+}
+
+// replyIn finds user.Reply() standing in text as a token, and returns it as
+// a substring of text: the checker keeps the reply token of every turn
+// that ended ok, and taking it from the reply spares building it (the
+// token searched for is built on the stack).
+func replyIn(text string, user Token) (Token, bool) {
+	if !user.IsUser() {
+		return replyAt(text, user) // user.Reply() is user itself
+	}
+	var buf [32]byte
+	return replyAt(text, Token(append(append(buf[:0], "tc-a"...), user[len("tc-u"):]...)))
+}
+
+// replyAt returns tok as it stands in text, a substring of it.
+func replyAt(text string, tok Token) (Token, bool) {
+	i := indexToken(text, tok)
+	if i < 0 {
+		return "", false
+	}
+	return Token(text[i : i+len(tok)]), true
 }
 
 func isWordByte(c byte) bool {
@@ -82,8 +106,8 @@ func isWordByte(c byte) bool {
 // ConversationRef names a server-side conversation: its id as the client
 // sends it, scoped by the API key it was sent with ("" without keys).
 type ConversationRef struct {
-	Key string
-	ID  string
+	Key string `json:"key,omitempty"`
+	ID  string `json:"id"`
 }
 
 // String renders the reference for people: the quoted id, and the key.
@@ -108,6 +132,20 @@ const (
 	Unknown
 )
 
+// MarshalText writes the outcome's name.
+func (o Outcome) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
+// UnmarshalText reads an outcome's name.
+func (o *Outcome) UnmarshalText(b []byte) error {
+	for _, c := range []Outcome{OK, Fail, Unknown} {
+		if c.String() == string(b) {
+			*o = c
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown outcome %q", b)
+}
+
 // String is "ok", "fail" or "unknown".
 func (o Outcome) String() string {
 	switch o {
@@ -124,11 +162,11 @@ func (o Outcome) String() string {
 // Call is one request the server made to the model, read as tokens.
 type Call struct {
 	// History is every token the request carried, in message order.
-	History []Token
+	History []Token `json:"history"`
 	// Turn is the token of the request's last user message, or "" if it has
 	// none; a call belongs to the turn whose user token this is.
-	Turn Token
+	Turn Token `json:"turn,omitempty"`
 	// At is when the call reached the model, on the run's timeline (the
 	// one Turn.Invoke and Turn.Return count on).
-	At int64
+	At int64 `json:"at"`
 }

@@ -19,6 +19,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -30,6 +32,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/sut"
 )
 
 // Options bound a Check.
@@ -64,32 +67,33 @@ type Result struct {
 	Failure *Failure
 }
 
-// Failure is a broken invariant, shrunk to a short sequence of steps.
+// Failure is a broken invariant, shrunk to a short sequence of steps. It
+// is data: the plans replay it, the history shows it, and every report is
+// rendered from it.
 type Failure struct {
 	// Violation is the broken invariant, as seen in the shrunk run; nil if
-	// the failure was not a violation (a panic in the harness, or a failure
-	// that did not reproduce).
-	Violation *model.Violation
+	// the failure was not a violation (a panic in the harness).
+	Violation *model.Violation `json:"violation"`
 	// Plans are the shrunk run's steps, as drawn, and History what each of
 	// their requests came to.
-	Plans   []Plan
-	History []Op
+	Plans   []Plan `json:"plans"`
+	History []Op   `json:"history"`
 	// Seed replays the failing run as the first check of a Check.
-	Seed uint64
+	Seed uint64 `json:"seed"`
 	// FoundAfter is how many checks ran until the first violation, that one
 	// included, and FoundIn how long that took; the rest of the run shrank it.
-	FoundAfter int
-	FoundIn    time.Duration
+	FoundAfter int           `json:"foundAfterChecks"`
+	FoundIn    time.Duration `json:"foundInNs"`
 	// ShrinkRuns is how many candidate runs the shrinker replayed, and
 	// ShrunkIn how long shrinking took.
-	ShrinkRuns int
-	ShrunkIn   time.Duration
+	ShrinkRuns int           `json:"shrinkRuns"`
+	ShrunkIn   time.Duration `json:"shrunkInNs"`
 	// Report is the failure rendered for a person.
-	Report string
+	Report string `json:"-"`
 	// Flaky reports that the failure did not reproduce when its steps were
 	// replayed: the server is not deterministic under the same steps. The
 	// plans and history are then the original failing run's.
-	Flaky bool
+	Flaky bool `json:"flaky,omitempty"`
 }
 
 // linearizabilityTimeout bounds one porcupine check; a check that runs out
@@ -228,18 +232,87 @@ func checkSeed(base uint64, n int) uint64 {
 	return base + k*(k+1)/2
 }
 
-// Run checks target inside a Go test, with rapid's settings from the command
-// line (-rapid.checks, -rapid.seed, ...): a broken invariant fails t with
-// the shrunk steps. A Go server's own tests call it with a Target that
-// starts that server.
+// Run checks target inside a Go test, with rapid's -rapid.checks,
+// -rapid.steps and -rapid.seed from the command line. A broken invariant
+// fails t with the shrunk steps; the failure is saved under
+// testdata/turncheck/, and the message gives the command that replays it
+// exactly: with TURNCHECK_REPLAY set to a saved failure, Run re-executes
+// that failure's steps instead of searching. A Go server's own tests call
+// it with a Target that starts that server.
+//
+// A pass means that no run found a broken invariant: no false positives,
+// but a bug the runs did not reach may remain.
 func Run(t *testing.T, target Target) {
 	t.Helper()
-	// rapid's settings are package flags that Check changes for its run.
-	rapidFlags.Lock()
-	defer rapidFlags.Unlock()
-	r := &runner{target: target, stats: newStats(), start: time.Now()}
-	t.Cleanup(func() { t.Logf("turncheck: %s", r.stats.Summary()) })
-	rapid.Check(t, r.property)
+	if path := os.Getenv("TURNCHECK_REPLAY"); path != "" {
+		replayIn(t, target, path)
+		return
+	}
+	opts := Options{Checks: int(uintFlag("rapid.checks")), Steps: int(uintFlag("rapid.steps")), Seed: uintFlag("rapid.seed")}
+	res, err := Check(target, opts)
+	if err != nil {
+		t.Fatalf("turncheck: %v", err)
+	}
+	t.Logf("turncheck: %s", res.Summary())
+	f := res.Failure
+	if f == nil {
+		return
+	}
+	if f.Violation == nil {
+		t.Fatalf("turncheck: the harness failed, not the server (seed %d):\n%s", res.Seed, f.Report)
+	}
+	path := filepath.Join("testdata", "turncheck", fmt.Sprintf("%s-%s-%d.json",
+		strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()), f.Violation.Invariant, res.Seed))
+	saved := "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + path + " go test -run '^" + t.Name() + "$' ."
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		saved = "could not save the failure: " + err.Error()
+	} else if err := NewReport(res, specOf(target)).Save(path); err != nil {
+		saved = "could not save the failure: " + err.Error()
+	}
+	t.Fatalf("turncheck: %s\n%s\n%s", f.Report, f.shrinkStats(), saved)
+}
+
+// replayIn re-executes the failure saved at path against target, in t.
+func replayIn(t *testing.T, target Target, path string) {
+	t.Helper()
+	saved, err := ReadReport(path)
+	if err != nil {
+		t.Fatalf("turncheck: %v", err)
+	}
+	if saved.Failure == nil {
+		t.Fatalf("turncheck: %s holds no failure to replay", path)
+	}
+	history, v, err := Replay(target, saved.Failure.Plans)
+	if err != nil {
+		t.Fatalf("turncheck: %v", err)
+	}
+	if v == nil {
+		t.Logf("turncheck: the %d step(s) saved in %s broke no invariant this time", len(saved.Failure.Plans), path)
+		return
+	}
+	t.Fatalf("turncheck: replayed %s:\n%s", path, FormatFailure(v, history, target.Profile()))
+}
+
+// specOf describes target for a saved report.
+func specOf(target Target) ServerSpec {
+	if r, ok := target.(Reference); ok {
+		c := r.Concurrency
+		if c == "" {
+			c = sut.Serialize
+		}
+		return ServerSpec{Kind: "reference", Mutant: string(r.Mutant), Concurrency: string(c)}
+	}
+	return ServerSpec{Kind: "go"}
+}
+
+// uintFlag is the value of a number flag rapid registers, 0 if unset.
+func uintFlag(name string) uint64 {
+	f := flag.Lookup(name)
+	if f == nil {
+		return 0
+	}
+	n, _ := strconv.ParseUint(f.Value.String(), 10, 64)
+	return n
 }
 
 // runner holds what one Check or Run learns across its state-machine runs.

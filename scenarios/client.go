@@ -27,24 +27,24 @@ const maxResponseBytes = 8 << 20
 
 // Request is one request the harness sends: enough to send it again by hand.
 type Request struct {
-	Conv model.ConversationRef
+	Conv model.ConversationRef `json:"conversation"`
 	// Body is the JSON body exactly as sent.
-	Body []byte
+	Body json.RawMessage `json:"body"`
 	// Stream reports whether the body asks for a stream.
-	Stream bool
+	Stream bool `json:"stream,omitempty"`
 }
 
 // Response is what the client learned of a request.
 type Response struct {
-	Outcome model.Outcome
+	Outcome model.Outcome `json:"outcome"`
 	// Status is the HTTP status, 0 if none was received.
-	Status int
+	Status int `json:"status,omitempty"`
 	// Reply is the assistant text received (a partial one on a broken
 	// stream).
-	Reply string
+	Reply string `json:"reply,omitempty"`
 	// Detail says what happened in a few words: the error message, or why
 	// the outcome is unknown.
-	Detail string
+	Detail string `json:"detail,omitempty"`
 }
 
 // client speaks the chat endpoint of one server.

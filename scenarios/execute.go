@@ -15,17 +15,18 @@ import (
 type Op struct {
 	// Step numbers the plan it belongs to, from 1; Index is its place in
 	// that plan's Sends (the client that sent it, in a burst).
-	Step, Index int
+	Step  int `json:"step"`
+	Index int `json:"index"`
 	// Action is the state-machine action that drew the plan.
-	Action string
-	Send   Send
+	Action string `json:"action"`
+	Send   Send   `json:"send"`
 	// Request is the request exactly as sent.
-	Request  Request
-	Response Response
+	Request  Request  `json:"request"`
+	Response Response `json:"response"`
 	// Turn is the operation as the reference model reads it: outcome,
 	// attributed model calls, and when it was sent and answered on the
 	// run's timeline.
-	Turn model.Turn
+	Turn model.Turn `json:"turn"`
 }
 
 // quietPeriod is how long the harness waits for a server that does not

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -22,7 +23,7 @@ var lineModel = porcupine.Model{
 	// Next, not Step: the search tries many orders that fail, and needs no
 	// violation explained.
 	Step: func(state, input, _ any) (bool, any) {
-		next, ok := state.(model.Line).Next(*input.(*model.Turn))
+		next, ok := state.(model.Line).Next(input.(*model.Turn))
 		return ok, next
 	},
 	Equal: func(a, b any) bool { return a.(model.Line).Equal(b.(model.Line)) },
@@ -49,10 +50,31 @@ var lineModel = porcupine.Model{
 }
 
 // byConversation partitions history by conversation, keeping each
-// conversation's operations in history order. The partitions are windows
-// of one array: two passes over the history, and one allocation where
+// conversation's operations in history order. A history already grouped,
+// each conversation's operations in one run (as validate makes it), is cut
+// into its runs, windows of the history itself; any other is sorted out
+// into windows of one new array: two passes, and one allocation where
 // growing a slice per conversation would make many.
 func byConversation(history []porcupine.Operation) [][]porcupine.Operation {
+	conv := func(k int) model.ConversationRef { return history[k].Input.(*model.Turn).Conv }
+	var runs [][]porcupine.Operation
+	seen := map[model.ConversationRef]bool{}
+	for start, k := 0, 1; start < len(history); k++ {
+		if k < len(history) && conv(k) == conv(start) {
+			continue
+		}
+		if seen[conv(start)] {
+			return scattered(history)
+		}
+		seen[conv(start)] = true
+		runs = append(runs, history[start:k:k])
+		start = k
+	}
+	return runs
+}
+
+// scattered is byConversation for a history not grouped by conversation.
+func scattered(history []porcupine.Operation) [][]porcupine.Operation {
 	byConv := map[model.ConversationRef]int{}
 	part := make([]int, len(history)) // the partition of each operation
 	var sizes []int
@@ -121,97 +143,134 @@ func notLinearizable(conv model.ConversationRef, user model.Token) *model.Violat
 }
 
 // validate checks a whole history after the fact: the reference model's
-// chain check over all its turns as one step, then linearizability of each
-// conversation the chain check has not decided already (see
-// needsSearch). A conversation porcupine finds no order for is a T4
-// violation, named by its last turn.
+// chain check over all its turns as one step, and linearizability of each
+// conversation the chain check does not decide by itself (see
+// needsSearch). The chain check's violation comes first; after it, a
+// conversation porcupine finds no order for is a T4 violation, named by
+// its last turn.
+//
+// The two checks are independent, so they run at once: porcupine on its
+// own goroutines (it checks conversations in parallel anyway), the chain
+// check on this one. Where the chain check finds a violation, the search
+// is called off rather than waited for: its verdict would not be read.
 func validate(history []Op) *model.Violation {
+	convs := byConversationIndex(history)
+	n := 0
+	var search [][]int
+	for _, idx := range convs {
+		if needsSearch(history, idx) {
+			search = append(search, idx)
+			n += len(idx)
+		}
+	}
+	ops := make([]porcupine.Operation, 0, n)
+	for _, idx := range search {
+		for _, i := range idx {
+			ops = append(ops, operation(&history[i]))
+		}
+	}
+	var stop atomic.Bool
+	lines := lineModel
+	lines.Step = func(state, input, output any) (bool, any) {
+		if stop.Load() {
+			return false, state // called off: fail fast, no verdict read
+		}
+		return lineModel.Step(state, input, output)
+	}
+	linearizable := make(chan bool, 1)
+	go func() { linearizable <- porcupine.CheckOperations(lines, ops) }()
+
 	turns := make([]model.Turn, len(history))
 	for i := range history {
 		turns[i] = history[i].Turn
 	}
-	if v := model.New().ApplyStep(turns); v != nil {
+	v := model.New().ApplyStep(turns)
+	if v != nil {
+		stop.Store(true)
+	}
+	if ok := <-linearizable; ok || v != nil {
 		return v
 	}
-	byConv := map[model.ConversationRef][]int{}
-	var convs []model.ConversationRef // in order of first turn, for a stable verdict
-	for i := range history {
-		c := history[i].Turn.Conv
-		if _, ok := byConv[c]; !ok {
-			convs = append(convs, c)
-		}
-		byConv[c] = append(byConv[c], i)
-	}
-	var search []model.ConversationRef
-	n := 0
-	for _, c := range convs {
-		if needsSearch(history, byConv[c]) {
-			search = append(search, c)
-			n += len(byConv[c])
-		}
-	}
-	ops := make([]porcupine.Operation, 0, n)
-	for _, c := range search {
-		ops = appendOperations(ops, history, byConv[c])
-	}
-	// All at once, so that porcupine checks the conversations in parallel;
-	// only a history that fails is checked again, one conversation at a
+	// Only a history that fails is checked again, one conversation at a
 	// time, to name the one that broke.
-	if porcupine.CheckOperations(lineModel, ops) {
-		return nil
-	}
-	for _, c := range search {
-		idx := byConv[c]
-		if !porcupine.CheckOperations(lineModel, appendOperations(nil, history, idx)) {
-			return notLinearizable(c, history[idx[len(idx)-1]].Turn.User)
+	for _, idx := range search {
+		var conv []porcupine.Operation
+		for _, i := range idx {
+			conv = append(conv, operation(&history[i]))
+		}
+		if !porcupine.CheckOperations(lineModel, conv) {
+			last := &history[idx[len(idx)-1]].Turn
+			return notLinearizable(last.Conv, last.User)
 		}
 	}
 	panic("scenarios: porcupine rejected a history whose every conversation it accepts")
 }
 
-// appendOperations appends the operations of history's ops at idx to ops,
-// as operations makes them.
-func appendOperations(ops []porcupine.Operation, history []Op, idx []int) []porcupine.Operation {
-	for _, i := range idx {
-		ops = append(ops, operation(&history[i]))
+// byConversationIndex groups the positions of history's ops by
+// conversation, conversations in order of their first op, each one's
+// positions in history order.
+func byConversationIndex(history []Op) [][]int {
+	id := map[model.ConversationRef]int{}
+	conv := make([]int, len(history))
+	var sizes []int
+	for i := range history {
+		c, ok := id[history[i].Turn.Conv]
+		if !ok {
+			c = len(sizes)
+			id[history[i].Turn.Conv] = c
+			sizes = append(sizes, 0)
+		}
+		conv[i] = c
+		sizes[c]++
 	}
-	return ops
+	all := make([]int, len(history))
+	out := make([][]int, len(sizes))
+	start := 0
+	for c, n := range sizes {
+		out[c] = all[start : start : start+n]
+		start += n
+	}
+	for i, c := range conv {
+		out[c] = append(out[c], i)
+	}
+	return out
 }
 
-// needsSearch reports whether a conversation's linearizability, once the
-// chain check has accepted the history, is still open; idx are the
-// positions of the conversation's turns in history, in order.
+// needsSearch reports whether a conversation's linearizability is still
+// open once the chain check has accepted the history; idx are the
+// positions of the conversation's ops in history, in order. It sorts idx
+// by when each op was sent.
 //
-// It is not when the conversation's turns never overlapped in time and the
-// chain check applied them in the order they were sent. Porcupine reads
-// [Invoke, Return] as a closed interval, so turns overlap unless one
-// returned strictly before the other was invoked; when none do, real time
-// allows exactly one order, and porcupine's only candidate is stepping the
-// conversation's Line through the turns in that order from the empty Line.
-// The chain check stepped that very Line through the very same turns from
-// the empty Line (it orders turns by RanAt, ties in history order, and a
-// conversation's Line depends on that conversation's turns alone), with
-// Step, which accepts exactly what the search's Next does, and accepted
-// every one: porcupine would accept the conversation. The order has to be
-// compared, not assumed: a turn's first call can reach the model after its
-// client gave up on it (RanAt past Return), and then the chain check
+// It is not open when the conversation's turns never overlapped in time
+// and the chain check applied them in the order they were sent. Porcupine
+// reads [Invoke, Return] as a closed interval, so two turns overlap unless
+// one returned strictly before the other was invoked; when none do, real
+// time allows exactly one order, and porcupine's one candidate is to step
+// the empty Line through the turns in that order, with Next. The chain
+// check stepped the empty Line through the very same turns in the very
+// same order (it orders a step's turns by RanAt, ties in the order given,
+// and a conversation's Line depends on that conversation's turns alone),
+// with Step, which accepts exactly what Next does, and it accepted every
+// one: porcupine would accept the conversation. The order has to be
+// compared, not assumed: a turn's first call can reach the model after
+// its client gave up on it (RanAt past Return), and the chain check then
 // follows the server, not real time.
 func needsSearch(history []Op, idx []int) bool {
-	sorted := slices.Clone(idx)
-	slices.SortStableFunc(sorted, func(i, j int) int { return cmp.Compare(history[i].Turn.Invoke, history[j].Turn.Invoke) })
-	for k, i := range sorted {
+	slices.SortStableFunc(idx, func(i, j int) int { return cmp.Compare(history[i].Turn.Invoke, history[j].Turn.Invoke) })
+	for k, i := range idx {
 		t := &history[i].Turn
 		if t.Return < t.Invoke {
-			return true // not an interval porcupine orders by
+			return true // not an interval: leave it to porcupine
 		}
 		if k == 0 {
 			continue
 		}
-		p := &history[sorted[k-1]].Turn
+		j := idx[k-1]
+		p := &history[j].Turn
 		if p.Return >= t.Invoke {
 			return true // they overlapped: several orders to try
 		}
-		if c := cmp.Compare(p.RanAt(), t.RanAt()); c > 0 || c == 0 && sorted[k-1] > i {
+		if c := cmp.Compare(p.RanAt(), t.RanAt()); c > 0 || c == 0 && j > i {
 			return true // the chain check applied them in another order
 		}
 	}

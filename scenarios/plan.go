@@ -17,33 +17,33 @@ import (
 // value: executing the same plans against a fresh server replays the run.
 type Plan struct {
 	// Action names the state-machine action that drew it.
-	Action string
+	Action string `json:"action"`
 	// Sends are the requests, sent in this order, each once the ones
 	// before it have come to rest (answered, held by the model, or queued
 	// behind another turn).
-	Sends []Send
+	Sends []Send `json:"sends"`
 	// Release is the order in which held model calls go on: indexes into
 	// Sends. When every request has come to rest, the first of them whose
 	// call the model holds is let go (or aborted, or timed out, as its Send
 	// says).
-	Release []int
+	Release []int `json:"release"`
 }
 
 // Send is one request of a plan and what goes wrong with it.
 type Send struct {
-	Conv model.ConversationRef
+	Conv model.ConversationRef `json:"conversation"`
 	// Token is the user token of the request's new message; "" for a
 	// request without a usable one, which the server must refuse (T3).
-	Token model.Token
+	Token model.Token `json:"token,omitempty"`
 	// Messages are the request's messages, as sent.
-	Messages []openai.Message
-	Stream   bool
+	Messages []openai.Message `json:"messages"`
+	Stream   bool             `json:"stream,omitempty"`
 	// Fault is what the fake model does with the turn's calls once the
 	// first is let go.
-	Fault faults.Fault
+	Fault faults.Fault `json:"fault,omitzero"`
 	// Abort: instead of letting the held call go, the client drops the
 	// connection, so the turn's outcome is unknown.
-	Abort bool
+	Abort bool `json:"abort,omitempty"`
 }
 
 // String says what is injected, for a person reading a report.

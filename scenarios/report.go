@@ -114,19 +114,18 @@ func shellQuote(s string) string {
 
 // Stats counts what a run did.
 type Stats struct {
-	// Checks is how many state-machine runs were executed, shrinking
-	// included.
-	Checks int
+	// Checks is how many state-machine runs were executed.
+	Checks int `json:"checks"`
 	// Steps is how many requests were sent.
-	Steps int
+	Steps int `json:"steps"`
 	// Faults counts the injected faults by kind.
-	Faults map[string]int
+	Faults map[string]int `json:"faults"`
 	// Outcomes counts the turns' outcomes: ok, fail, unknown.
-	Outcomes map[string]int
+	Outcomes map[string]int `json:"outcomes"`
 	// Invariants counts how often each invariant was evaluated.
-	Invariants map[model.Invariant]int
+	Invariants map[model.Invariant]int `json:"invariants"`
 	// ShrinkRuns counts the runs replayed to shrink a failure.
-	ShrinkRuns int
+	ShrinkRuns int `json:"shrinkRuns"`
 }
 
 func newStats() *Stats {

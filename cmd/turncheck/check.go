@@ -25,9 +25,11 @@ errors, timeouts, cut streams and malformed chunks and the client aborts.
 In a burst the model holds every call and lets them go in a drawn order,
 so an interleaving replays from its seed. Every step is checked against the
 reference model, and every burst's conversation for linearizability. A
-violation is shrunk to a short sequence and printed with the seed, the
-command that replays it, and the path of an HTML page that shows the
-history (open it in a browser; it needs no network).
+violation is shrunk to a short sequence, printed, and saved under --save
+as JSON (replay it with 'turncheck replay FILE') and as an HTML report (a
+timeline of the steps and the linearizability of the history; it opens
+offline). --json and --junit write the report for machines and CI
+dashboards, pass or fail.
 
 --concurrency says which policy the server runs with and is judged by:
 serialize (a concurrent turn waits its turn) or reject (it gets 409 and
@@ -39,28 +41,51 @@ Examples:
   turncheck check --mutant fork-new-session
 `
 
-const replayHelp = `Usage: turncheck replay --seed S [--mutant NAME] [--concurrency POLICY] [--steps N] [--shrink-time D]
+const replayHelp = `Usage: turncheck replay FILE [--json F] [--junit F] [--html F]
+       turncheck replay --seed S [--mutant NAME] [--concurrency POLICY] [--steps N] [--shrink-time D]
 
-Replays the run that a seed starts, as 'turncheck check' printed it, and
-prints the same report: the broken invariant, the shrunk steps with what the
-model saw, and a curl command per request.
+With FILE, a failure that 'turncheck check' saved: re-executes exactly its
+steps against a fresh reference server (the mutant and policy it was found
+with), without searching or shrinking, and prints the report of what they
+come to now: the same steps and, for a server that behaves the same way
+under them, the same verdict, every time.
 
-Example:
+With --seed, runs again the check that seed starts (as 'turncheck check'
+printed it), searching and shrinking as check does.
+
+Examples:
+  turncheck replay turncheck-failures/T4-fork-new-session-4852977355662637239.json
   turncheck replay --seed 4015895127573847763 --mutant mutate-before-run
 `
 
-// runFlags are the flags check and replay share: which server, and where a
-// failure's history page goes.
+// runFlags are the flags check and replay share: which server, and where
+// the reports go.
 type runFlags struct {
-	mutant, concurrency, historyHTML *string
+	mutant, concurrency, save, json, junit, html *string
 }
 
 func addRunFlags(fs *flagSet, mutantHelp string) runFlags {
 	return runFlags{
 		mutant:      fs.String("mutant", "", mutantHelp),
 		concurrency: fs.String("concurrency", string(sut.Serialize), "the reference server's policy for a turn on a busy conversation: serialize or reject"),
-		historyHTML: fs.String("history-html", "", "where to write a failure's history page (default: turncheck-SEED-history.html in the temp dir)"),
+		save:        fs.String("save", "turncheck-failures", "directory where a failure is saved (as JSON, for 'turncheck replay FILE', and as HTML)"),
+		json:        fs.String("json", "", "also write the report as JSON (schema "+scenarios.ReportSchema+") to this file"),
+		junit:       fs.String("junit", "", "also write the report as JUnit XML, one test case per invariant, to this file"),
+		html:        fs.String("html", "", "write the HTML report (timeline and linearizability) to this file; a failure's goes beside its JSON by default"),
 	}
+}
+
+// server parses the flags that choose the reference server.
+func (rf runFlags) server() (sut.Mutant, sut.Concurrency, error) {
+	mutant, err := sut.ParseMutant(*rf.mutant)
+	if err != nil {
+		return "", "", err
+	}
+	policy, err := sut.ParseConcurrency(*rf.concurrency)
+	if err != nil {
+		return "", "", fmt.Errorf("--concurrency: %w", err)
+	}
+	return mutant, policy, nil
 }
 
 func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -69,7 +94,7 @@ func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	checks := fs.Int("checks", 100, "state-machine runs to try")
 	steps := fs.Int("steps", 30, "average steps per run")
 	seed := fs.Uint64("seed", 0, "seed of the first run; 0 draws one")
-	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking a failure")
+	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking a failure (a hard bound)")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
@@ -81,43 +106,92 @@ func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("replay", replayHelp, stdout, stderr)
+	fs.positional = 1
 	rf := addRunFlags(fs, "the mutant the seed was found with, if any")
-	seed := fs.Uint64("seed", 0, "the seed to replay (required)")
-	steps := fs.Int("steps", 30, "average steps per run: the value the seed was found with")
-	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking the failure")
+	seed := fs.Uint64("seed", 0, "replay the check this seed starts, searching and shrinking again")
+	steps := fs.Int("steps", 30, "with --seed: average steps per run, the value the seed was found with")
+	shrink := fs.Duration("shrink-time", 30*time.Second, "with --seed: time limit for shrinking the failure")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
-	if *seed == 0 {
-		return fail(stderr, "replay", fmt.Errorf("--seed is required: the seed a failing 'turncheck check' printed"))
-	}
-	if *steps <= 0 || *shrink <= 0 {
-		return fail(stderr, "replay", fmt.Errorf("--steps and --shrink-time must be positive"))
+	switch {
+	case fs.NArg() == 1 && *seed != 0:
+		return fail(stderr, "replay", errors.New("give a failure file or --seed, not both"))
+	case fs.NArg() == 1:
+		return replayFile(fs.Arg(0), rf, stdout, stderr)
+	case *seed == 0:
+		return fail(stderr, "replay", errors.New("give a failure file (saved by 'turncheck check') or --seed S"))
+	case *steps <= 0 || *shrink <= 0:
+		return fail(stderr, "replay", errors.New("--steps and --shrink-time must be positive"))
 	}
 	return checkAndReport("replay", rf, scenarios.Options{Checks: 1, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: ctx}, stdout, stderr)
 }
 
+// replayFile re-executes a saved failure's plans against a fresh reference
+// server, without rapid's search, and reports what they come to now.
+func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
+	saved, err := scenarios.ReadReport(path)
+	if err != nil {
+		return fail(stderr, "replay", err)
+	}
+	if saved.Failure == nil || len(saved.Failure.Plans) == 0 {
+		return fail(stderr, "replay", fmt.Errorf("%s holds no failure to replay (verdict %s)", path, saved.Verdict))
+	}
+	if saved.Server.Kind != "reference" {
+		return fail(stderr, "replay", fmt.Errorf("%s is about a %q server: replay it from the Go test that checks that server", path, saved.Server.Kind))
+	}
+	mutant, policy, err := runFlags{mutant: &saved.Server.Mutant, concurrency: &saved.Server.Concurrency}.server()
+	if err != nil {
+		return fail(stderr, "replay", fmt.Errorf("%s: %w", path, err))
+	}
+	target := scenarios.Reference{Mutant: mutant, Concurrency: policy}
+	start := time.Now()
+	history, v, err := scenarios.Replay(target, saved.Failure.Plans)
+	if err != nil {
+		return fail(stderr, "replay", err)
+	}
+	res := &scenarios.Result{Seed: saved.Seed, Elapsed: time.Since(start), Stats: saved.Stats}
+	fmt.Fprintf(stdout, "turncheck replay: %s against the reference server, mutant %s, concurrency %s\n", path, mutantLabel(mutant), policy)
+	if v == nil {
+		fmt.Fprintf(stdout, "PASS: the %d saved step(s) broke no invariant this time (saved: %s, %s)\n",
+			len(saved.Failure.Plans), saved.Verdict, saved.Failure.Violation.Invariant)
+		return exitOK
+	}
+	n := history[len(history)-1].Step
+	res.Failure = &scenarios.Failure{Violation: v, Plans: saved.Failure.Plans[:n], History: history, Seed: saved.Seed,
+		Report: scenarios.FormatFailure(v, history, target.Profile())}
+	rep := scenarios.NewReport(res, saved.Server)
+	fmt.Fprintf(stdout, "FAIL: %s (%s) broken\n\n%s\n", v.Invariant, v.Invariant.Title(), strings.TrimRight(res.Failure.Report, "\n"))
+	writeReports("replay", rf, rep, "", stdout, stderr)
+	return exitViolation
+}
+
 // checkAndReport runs a check against the reference server and prints the
-// summary and, on a violation, the report and how to replay it.
+// summary and, on a violation, the report, where it was saved and how to
+// replay it.
 func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, stderr io.Writer) int {
-	mutant, err := sut.ParseMutant(*rf.mutant)
+	mutant, policy, err := rf.server()
 	if err != nil {
 		return fail(stderr, cmd, err)
 	}
-	policy, err := sut.ParseConcurrency(*rf.concurrency)
-	if err != nil {
-		return fail(stderr, cmd, fmt.Errorf("--concurrency: %w", err))
-	}
-	label := "none"
-	if mutant != sut.Clean {
-		label = string(mutant)
-	}
 	if isTerminal(stderr) {
+		start := time.Now()
 		opts.Progress = func(s scenarios.Stats) {
-			fmt.Fprintf(stderr, "\r\033[K%d checks, %d steps...", s.Checks, s.Steps)
+			faults := 0
+			for _, n := range s.Faults {
+				faults += n
+			}
+			elapsed := time.Since(start)
+			line := fmt.Sprintf("%d checks, %.0f steps/s, %d faults injected, %s", s.Checks,
+				float64(s.Steps)/max(elapsed.Seconds(), 1e-3), faults, elapsed.Round(time.Second))
+			if s.ShrinkRuns > 0 {
+				line += fmt.Sprintf("; shrinking: %d replays", s.ShrinkRuns)
+			}
+			fmt.Fprintf(stderr, "\r\033[K%s", line)
 		}
 	}
-	res, err := scenarios.Check(scenarios.Reference{Mutant: mutant, Concurrency: policy}, opts)
+	target := scenarios.Reference{Mutant: mutant, Concurrency: policy}
+	res, err := scenarios.Check(target, opts)
 	if opts.Progress != nil {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
@@ -132,10 +206,13 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 	} else if err != nil {
 		return fail(stderr, cmd, err)
 	}
-	fmt.Fprintf(stdout, "turncheck %s: reference server, mutant %s, concurrency %s, seed %d\n", cmd, label, policy, res.Seed)
+	spec := scenarios.ServerSpec{Kind: "reference", Mutant: string(mutant), Concurrency: string(policy)}
+	rep := scenarios.NewReport(res, spec)
+	fmt.Fprintf(stdout, "turncheck %s: reference server, mutant %s, concurrency %s, seed %d\n", cmd, mutantLabel(mutant), policy, res.Seed)
 	f := res.Failure
 	if f == nil {
 		fmt.Fprintf(stdout, "PASS: no invariant broken\n%s\nelapsed: %s\n", res.Summary(), res.Elapsed.Round(time.Millisecond))
+		writeReports(cmd, rf, rep, "", stdout, stderr)
 		return exitOK
 	}
 	switch {
@@ -155,8 +232,9 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 		"  turncheck serve --listen 127.0.0.1:8080 --model-url http://127.0.0.1:9090/v1 --data-dir \"$(mktemp -d)\" %s&\n"+
 		"  export TURNCHECK_URL=http://127.0.0.1:8080\n", serveFlags(mutant, policy))
 	fmt.Fprintf(stdout, "\n%s\n", res.Summary())
-	fmt.Fprintf(stdout, "found after %d check(s) in %s; shrunk to %d step(s); elapsed: %s\n",
-		f.FoundAfter, f.FoundIn.Round(time.Millisecond), len(f.Plans), res.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(stdout, "found after %d check(s) in %s; shrunk in %d replay(s), %s, to %d step(s); elapsed: %s\n",
+		f.FoundAfter, f.FoundIn.Round(time.Millisecond), f.ShrinkRuns, f.ShrunkIn.Round(time.Millisecond), len(f.Plans),
+		res.Elapsed.Round(time.Millisecond))
 	if f.Seed != 0 {
 		replay := fmt.Sprintf("turncheck replay --seed %d", f.Seed)
 		if mutant != sut.Clean {
@@ -168,30 +246,57 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 		if opts.Steps != 30 {
 			replay += fmt.Sprintf(" --steps %d", opts.Steps)
 		}
-		fmt.Fprintf(stdout, "seed: %d\nreplay: %s\n", f.Seed, replay)
+		fmt.Fprintf(stdout, "seed: %d (%s searches again)\n", f.Seed, replay)
 	}
-	if page, err := writeHistoryPage(*rf.historyHTML, res.Seed, f.History); err != nil {
-		fmt.Fprintf(stderr, "turncheck %s: the history page: %v\n", cmd, err)
-	} else if page != "" {
-		fmt.Fprintf(stdout, "history: %s (the turns per conversation, injected faults, and how far they linearize)\n", page)
-	}
+	name := fmt.Sprintf("%s-%s-%d", f.Violation.Invariant, mutantLabel(mutant), res.Seed)
+	writeReports(cmd, rf, rep, name, stdout, stderr)
 	return exitViolation
 }
 
-// writeHistoryPage writes porcupine's visualisation of a failing history
-// to path (a default one in the temp dir if ""), and returns the path.
-func writeHistoryPage(path string, seed uint64, history []scenarios.Op) (string, error) {
-	if len(history) == 0 {
-		return "", nil
+// writeReports writes rep where the flags say, and a failure (named name)
+// into the save directory, as JSON and HTML; it prints each path.
+func writeReports(cmd string, rf runFlags, rep *scenarios.Report, name string, stdout, stderr io.Writer) {
+	htmlPath := *rf.html
+	if name != "" && *rf.save != "" {
+		saved := filepath.Join(*rf.save, name+".json")
+		err := os.MkdirAll(*rf.save, 0o755)
+		if err == nil {
+			err = rep.Save(saved)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "turncheck %s: save the failure: %v\n", cmd, err)
+		} else {
+			fmt.Fprintf(stdout, "saved: %s\nreplay: turncheck replay %s\n", saved, saved)
+		}
+		if htmlPath == "" {
+			htmlPath = filepath.Join(*rf.save, name+".html")
+		}
 	}
-	if path == "" {
-		path = filepath.Join(os.TempDir(), fmt.Sprintf("turncheck-%d-history.html", seed))
+	write := func(path, what string, render func(io.Writer) error) {
+		if path == "" {
+			return
+		}
+		var b bytes.Buffer
+		err := render(&b)
+		if err == nil {
+			err = os.WriteFile(path, b.Bytes(), 0o644)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "turncheck %s: the %s report: %v\n", cmd, what, err)
+			return
+		}
+		fmt.Fprintf(stdout, "%s: %s\n", what, path)
 	}
-	var b bytes.Buffer
-	if err := scenarios.WriteLinearizability(&b, history); err != nil {
-		return "", err
+	write(*rf.json, "json", rep.WriteJSON)
+	write(*rf.junit, "junit", rep.WriteJUnit)
+	write(htmlPath, "html", rep.WriteHTML)
+}
+
+func mutantLabel(m sut.Mutant) string {
+	if m == sut.Clean {
+		return "none"
 	}
-	return path, os.WriteFile(path, b.Bytes(), 0o644)
+	return string(m)
 }
 
 // serveFlags are the 'turncheck serve' flags that make the server the one

@@ -4,10 +4,10 @@
 //
 //	turncheck check                  check the embedded reference server
 //	turncheck check --mutant NAME    check it with a real bug switched back on
-//	turncheck replay --seed S        replay one failing run and explain it
+//	turncheck replay FILE            re-execute a saved failure and explain it
 //	turncheck serve ...              run the reference server
 //	turncheck model ...              run the fake model provider
-//	turncheck mutants                list the mutants and the bugs they bring back
+//	turncheck mutants                the track record: every mutant caught, the clean server passing
 //
 // Exit status: 0 when no invariant was broken, 1 when one was, 2 for a
 // usage or setup error.
@@ -41,15 +41,16 @@ Usage:
 
 Commands:
   check     run the state machine against the embedded reference server
-  replay    replay one seed and explain what it finds
+  replay    re-execute a saved failure (or a seed) and explain what it finds
   serve     run the reference session server
   model     run the fake model provider standalone
-  mutants   list the mutants: real bugs the reference server can bring back
+  mutants   the track record: check every mutant (a real bug brought back) and the clean server
 
 Examples:
   turncheck check
   turncheck check --mutant mutate-before-run --checks 200
-  turncheck replay --seed 4015895127573847763 --mutant mutate-before-run
+  turncheck replay turncheck-failures/T1-mutate-before-run-4015895127573847763.json
+  turncheck mutants
   turncheck model --listen 127.0.0.1:9090 &
   turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data
 
@@ -87,7 +88,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "model":
 		return cmdModel(ctx, rest, stdout, stderr)
 	case "mutants":
-		return cmdMutants(rest, stdout, stderr)
+		return cmdMutants(ctx, rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		if len(rest) > 0 && rest[0] != "help" && !strings.HasPrefix(rest[0], "-") {
 			return run(ctx, []string{rest[0], "--help"}, stdout, stderr) // turncheck help check
@@ -107,6 +108,8 @@ type flagSet struct {
 	*flag.FlagSet
 	help           string
 	stdout, stderr io.Writer
+	// positional is how many arguments may follow the flags.
+	positional int
 }
 
 func newFlags(name, help string, stdout, stderr io.Writer) *flagSet {
@@ -129,8 +132,8 @@ func (fs *flagSet) parse(args []string) int {
 	case err != nil:
 		fmt.Fprintf(fs.stderr, "%s: %v (see '%s --help')\n", fs.Name(), err, fs.Name())
 		return exitUsage
-	case fs.NArg() > 0:
-		fmt.Fprintf(fs.stderr, "%s: unexpected argument %q (see '%s --help')\n", fs.Name(), fs.Arg(0), fs.Name())
+	case fs.NArg() > fs.positional:
+		fmt.Fprintf(fs.stderr, "%s: unexpected argument %q (see '%s --help')\n", fs.Name(), fs.Arg(fs.positional), fs.Name())
 		return exitUsage
 	}
 	return -1

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -40,6 +41,9 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"check", "--concurrency", "sometimes"},
 		{"check", "extra-arg"},
 		{"replay"},
+		{"replay", "no-such-file.json"},
+		{"replay", "a.json", "--seed", "1"},
+		{"replay", "a.json", "b.json"},
 		{"serve"},
 		{"serve", "--model-url", "http://127.0.0.1:1/v1"},
 		{"serve", "--data-dir", t.TempDir()},
@@ -77,11 +81,27 @@ func TestHelpTeaches(t *testing.T) {
 }
 
 func TestMutantsLists(t *testing.T) {
-	code, stdout, _ := runCLI(t, "mutants")
+	code, stdout, _ := runCLI(t, "mutants", "--list")
 	require.Equal(t, exitOK, code)
 	for _, name := range []string{"mutate-before-run", "replay-without-user", "commit-on-stream-error", "cross-key-leak",
 		"fork-new-session", "no-conversation-lock", "#2890", "#2947", "#84575"} {
 		assert.Contains(t, stdout, name)
+	}
+}
+
+// TestTrackRecord: every mutant is caught and the clean server passes,
+// as a table and as JSON.
+func TestTrackRecord(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "mutants", "--checks", "50", "--json")
+	require.Equal(t, exitOK, code, stdout+stderr)
+	var rows []trackRow
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rows))
+	require.Len(t, rows, 7)
+	assert.False(t, rows[0].Caught, "the clean server")
+	for _, r := range rows[1:] {
+		assert.True(t, r.Caught, r.Mutant)
+		assert.NotEmpty(t, r.Invariant, r.Mutant)
+		assert.Contains(t, r.Reproduce, "--mutant "+r.Mutant)
 	}
 }
 
@@ -93,48 +113,67 @@ func TestCheckPassesOnCleanServer(t *testing.T) {
 	assert.Contains(t, stdout, "invariants checked:")
 }
 
-var replayLine = regexp.MustCompile(`replay: (turncheck replay --seed \d+ --mutant replay-without-user)`)
+var replayLine = regexp.MustCompile(`replay: turncheck replay (\S+\.json)`)
 
-// TestCheckCatchesAndReplays: a mutant exits 1 with a report and a replay
-// command, and that command, run, reports the same invariant.
+// TestCheckCatchesAndReplays: a mutant exits 1 with a report, saves the
+// failure, and the saved file replays to identical output twice in a row.
 func TestCheckCatchesAndReplays(t *testing.T) {
-	page := filepath.Join(t.TempDir(), "history.html")
-	code, stdout, stderr := runCLI(t, "check", "--mutant", "replay-without-user", "--checks", "50", "--shrink-time", "1s",
-		"--history-html", page)
+	dir := t.TempDir()
+	code, stdout, stderr := runCLI(t, "check", "--mutant", "replay-without-user", "--checks", "50", "--shrink-time", "2s",
+		"--save", dir)
 	require.Equal(t, exitViolation, code, stdout+stderr)
 	assert.Contains(t, stdout, "FAIL: T3 (no replay) broken")
 	assert.Contains(t, stdout, "curl -sS")
 	m := replayLine.FindStringSubmatch(stdout)
 	require.NotNil(t, m, "no replay command in:\n%s", stdout)
+	assert.FileExists(t, strings.TrimSuffix(m[1], ".json")+".html")
 
-	assert.Contains(t, stdout, "history: "+page)
-	assert.FileExists(t, page)
-
-	args := append(strings.Fields(m[1])[1:], "--shrink-time", "1s", "--history-html", page)
-	code, stdout, stderr = runCLI(t, args...)
-	require.Equal(t, exitViolation, code, stdout+stderr)
-	assert.Contains(t, stdout, "FAIL: T3 (no replay) broken")
+	code, first, stderr := runCLI(t, "replay", m[1])
+	require.Equal(t, exitViolation, code, first+stderr)
+	assert.Contains(t, first, "FAIL: T3 (no replay) broken")
+	_, again, _ := runCLI(t, "replay", m[1])
+	assert.Equal(t, scrubPorts(first), scrubPorts(again), "a saved failure replays to the same output")
 }
 
-var concurrencyReplay = regexp.MustCompile(`replay: (turncheck replay --seed \d+ --mutant no-conversation-lock --concurrency reject)`)
-
-// TestCheckUnderReject: the policy reaches the server and the replay
-// command, and a fork is caught under it too, with its history page.
+// TestCheckUnderReject: the policy reaches the server, and the clean
+// server passes under it.
 func TestCheckUnderReject(t *testing.T) {
 	code, stdout, stderr := runCLI(t, "check", "--concurrency", "reject", "--checks", "5")
 	require.Equal(t, exitOK, code, stdout+stderr)
 	assert.Contains(t, stdout, "concurrency reject")
+}
 
-	page := filepath.Join(t.TempDir(), "history.html")
-	code, stdout, stderr = runCLI(t, "check", "--concurrency", "reject", "--mutant", "no-conversation-lock",
-		"--shrink-time", "1s", "--history-html", page)
+// scrubPorts blanks loopback ports, which differ from run to run.
+func scrubPorts(s string) string {
+	return regexp.MustCompile(`127\.0\.0\.1:\d+`).ReplaceAllString(s, "127.0.0.1:PORT")
+}
+
+// TestReports: --json, --junit and --html write the report, pass or fail,
+// and the JSON one is what replay reads.
+func TestReports(t *testing.T) {
+	dir := t.TempDir()
+	js, junit, page := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.xml"), filepath.Join(dir, "r.html")
+	code, stdout, stderr := runCLI(t, "check", "--concurrency", "reject", "--mutant", "no-conversation-lock",
+		"--shrink-time", "2s", "--save", "", "--json", js, "--junit", junit, "--html", page)
 	require.Equal(t, exitViolation, code, stdout+stderr)
 	assert.Contains(t, stdout, "FAIL: T4 (one conversation, one line) broken")
-	assert.Contains(t, stdout, "--concurrency reject")
-	require.NotNil(t, concurrencyReplay.FindStringSubmatch(stdout), stdout)
+	xmlReport, err := os.ReadFile(junit)
+	require.NoError(t, err)
+	assert.Contains(t, string(xmlReport), `<failure message="T4 (one conversation, one line) violated`)
+	assert.Contains(t, string(xmlReport), `name="T3 no replay"`)
 	html, err := os.ReadFile(page)
 	require.NoError(t, err)
-	assert.True(t, strings.Contains(string(html), "saw tc-u"), "the page shows no turn")
+	assert.True(t, strings.Contains(string(html), `id="violating-step"`), "the page marks no violating step")
+
+	code, stdout, stderr = runCLI(t, "replay", js)
+	require.Equal(t, exitViolation, code, stdout+stderr)
+	assert.Contains(t, stdout, "concurrency reject")
+
+	code, stdout, stderr = runCLI(t, "check", "--checks", "3", "--junit", junit)
+	require.Equal(t, exitOK, code, stdout+stderr)
+	xmlReport, err = os.ReadFile(junit)
+	require.NoError(t, err)
+	assert.Contains(t, string(xmlReport), `failures="0"`)
 }
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/turncheck/turncheck/faults"
@@ -50,15 +49,7 @@ Example:
   turncheck model --listen 127.0.0.1:9090
 `
 
-const mutantsHelp = `Usage: turncheck mutants
 
-Lists the mutants of the reference server: each brings back a real bug from
-a real server, and the invariant a correct harness reports it under.
-
-Example:
-  turncheck mutants
-  turncheck check --mutant cross-key-leak
-`
 
 // keyList is a repeatable --key flag.
 type keyList []string
@@ -158,20 +149,6 @@ func checkListen(addr string) error {
 		return fmt.Errorf("--listen %q: want host:port, such as 127.0.0.1:8080", addr)
 	}
 	return nil
-}
-
-func cmdMutants(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("mutants", mutantsHelp, stdout, stderr)
-	if code := fs.parse(args); code >= 0 {
-		return code
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MUTANT\tFROM\tBREAKS\tBUG")
-	for _, m := range sut.Mutants() {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.Mutant, m.Issue, m.Breaks, m.Bug)
-	}
-	_ = tw.Flush()
-	return exitOK
 }
 
 var _ flag.Value = (*keyList)(nil)

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/sut"
+)
+
+const mutantsHelp = `Usage: turncheck mutants [--list] [--json] [--checks N] [--seed S] [--shrink-time D]
+
+The track record: runs the checker against the clean reference server and
+against every mutant, each of which brings back a real bug from a real
+server, and prints a table: the mutant, the issue it reproduces, whether it
+was caught, how long catching and shrinking took, how short the failure
+shrank, and the invariant it broke. Exit status 0 only if every mutant was
+caught and the clean server passed.
+
+--list only lists the mutants and the bugs they bring back.
+
+Examples:
+  turncheck mutants
+  turncheck mutants --json > track-record.json
+  turncheck mutants --list
+`
+
+// trackRow is one line of the track record.
+type trackRow struct {
+	Mutant    string `json:"mutant"`
+	Issue     string `json:"issue"`
+	Caught    bool   `json:"caught"`
+	Invariant string `json:"invariant,omitempty"`
+	// CatchMS and ShrinkMS are the time to the first violation and the
+	// time spent shrinking it.
+	CatchMS  int64 `json:"catchMs"`
+	ShrinkMS int64 `json:"shrinkMs"`
+	// Steps is the shrunk failure's length.
+	Steps int    `json:"steps"`
+	Seed  uint64 `json:"seed"`
+	// Reproduce is the command that shows it.
+	Reproduce string `json:"reproduce"`
+}
+
+func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("mutants", mutantsHelp, stdout, stderr)
+	list := fs.Bool("list", false, "only list the mutants and the bugs they bring back")
+	asJSON := fs.Bool("json", false, "print the track record as JSON")
+	checks := fs.Int("checks", 100, "state-machine runs to try per server")
+	seed := fs.Uint64("seed", 0, "seed of every server's first run; 0 draws one each")
+	shrink := fs.Duration("shrink-time", 10*time.Second, "time limit for shrinking each failure")
+	if code := fs.parse(args); code >= 0 {
+		return code
+	}
+	if *list {
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "MUTANT\tFROM\tBREAKS\tBUG")
+		for _, m := range sut.Mutants() {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.Mutant, m.Issue, m.Breaks, m.Bug)
+		}
+		_ = tw.Flush()
+		return exitOK
+	}
+	if *checks <= 0 || *shrink <= 0 {
+		return fail(stderr, "mutants", errors.New("--checks and --shrink-time must be positive"))
+	}
+	opts := scenarios.Options{Checks: *checks, Seed: *seed, ShrinkTime: *shrink, Context: ctx}
+	servers := append([]sut.MutantInfo{{Mutant: sut.Clean, Issue: "-", Breaks: "-"}}, sut.Mutants()...)
+	var rows []trackRow
+	ok := true
+	for _, info := range servers {
+		if isTerminal(stderr) {
+			fmt.Fprintf(stderr, "\r\033[Kchecking %s...", mutantLabel(info.Mutant))
+		}
+		res, err := scenarios.Check(scenarios.Reference{Mutant: info.Mutant}, opts)
+		if isTerminal(stderr) {
+			fmt.Fprint(stderr, "\r\033[K")
+		}
+		if err != nil {
+			return fail(stderr, "mutants", fmt.Errorf("%s: %w", mutantLabel(info.Mutant), err))
+		}
+		row := trackRow{Mutant: mutantLabel(info.Mutant), Issue: info.Issue, Seed: res.Seed,
+			Reproduce: "turncheck check"}
+		if info.Mutant != sut.Clean {
+			row.Reproduce += " --mutant " + string(info.Mutant)
+		}
+		if f := res.Failure; f != nil && f.Violation != nil && !f.Flaky {
+			row.Caught, row.Invariant, row.Steps = true, string(f.Violation.Invariant), len(f.Plans)
+			row.CatchMS, row.ShrinkMS = f.FoundIn.Milliseconds(), f.ShrunkIn.Milliseconds()
+		}
+		// The clean server must pass; every mutant must be caught.
+		ok = ok && row.Caught == (info.Mutant != sut.Clean)
+		rows = append(rows, row)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rows)
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "MUTANT\tFROM\tCAUGHT\tCATCH\tSHRINK\tSTEPS\tINVARIANT\tREPRODUCE")
+		for _, r := range rows {
+			caught := "no"
+			switch {
+			case r.Caught:
+				caught = "yes"
+			case r.Mutant == "none":
+				caught = "passes"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Mutant, r.Issue, caught,
+				time.Duration(r.CatchMS)*time.Millisecond, time.Duration(r.ShrinkMS)*time.Millisecond, r.Steps,
+				orDash(r.Invariant), r.Reproduce)
+		}
+		_ = tw.Flush()
+	}
+	if !ok {
+		fmt.Fprintln(stderr, "turncheck mutants: a mutant went uncaught, or the clean server failed")
+		return exitViolation
+	}
+	return exitOK
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,167 @@
+package scenarios
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// ReportSchema names the version of the JSON report format. A saved
+// failure is a report with a failure; `turncheck replay FILE` reads it.
+const ReportSchema = "turncheck/report/v1"
+
+// ServerSpec says which server a report is about, so that a replay can
+// start the same one: Kind "reference" is the in-repo reference server,
+// with its mutant and concurrency policy; any other kind names a server
+// only the caller knows how to start.
+type ServerSpec struct {
+	Kind        string `json:"kind"`
+	Mutant      string `json:"mutant,omitempty"`
+	Concurrency string `json:"concurrency,omitempty"`
+}
+
+// Report is a run's outcome as data: the JSON report, the saved failure
+// file, and the text, JUnit and HTML renderings all come from it.
+type Report struct {
+	Schema string     `json:"schema"`
+	Server ServerSpec `json:"server"`
+	Seed   uint64     `json:"seed"`
+	// Verdict is "pass", "fail", or "flaky" (a failure that did not
+	// reproduce when its steps were replayed).
+	Verdict string `json:"verdict"`
+	Stats   Stats  `json:"stats"`
+	// ElapsedMS is the run's wall time, shrinking included.
+	ElapsedMS int64 `json:"elapsedMs"`
+	// Failure is nil for a pass.
+	Failure *Failure `json:"failure,omitempty"`
+}
+
+// NewReport turns a Check's result into a report about server.
+func NewReport(res *Result, server ServerSpec) *Report {
+	r := &Report{Schema: ReportSchema, Server: server, Seed: res.Seed, Verdict: "pass", Stats: res.Stats,
+		ElapsedMS: res.Elapsed.Milliseconds(), Failure: res.Failure}
+	if f := res.Failure; f != nil {
+		r.Verdict = "fail"
+		if f.Flaky {
+			r.Verdict = "flaky"
+		}
+	}
+	return r
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// Save writes the report as JSON to path.
+func (r *Report) Save(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(r.WriteJSON(f), f.Close())
+}
+
+// ReadReport reads a report written by WriteJSON, refusing another
+// schema.
+func ReadReport(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: not a turncheck report: %v", path, err)
+	}
+	if r.Schema != ReportSchema {
+		return nil, fmt.Errorf("%s: schema %q, want %q", path, r.Schema, ReportSchema)
+	}
+	return &r, nil
+}
+
+// Text renders the report for a person: the failure's report, or the
+// run's summary.
+func (r *Report) Text(p Profile) string {
+	if r.Failure == nil {
+		return "PASS: no invariant broken\n" + r.Stats.Summary() + "\n"
+	}
+	if r.Failure.Report == "" && r.Failure.Violation != nil {
+		r.Failure.Report = FormatFailure(r.Failure.Violation, r.Failure.History, p)
+	}
+	return r.Failure.Report
+}
+
+// junitSuite is the JUnit XML a CI dashboard reads.
+type junitSuite struct {
+	XMLName  xml.Name    `xml:"testsuite"`
+	Name     string      `xml:"name,attr"`
+	Tests    int         `xml:"tests,attr"`
+	Failures int         `xml:"failures,attr"`
+	Skipped  int         `xml:"skipped,attr"`
+	Time     string      `xml:"time,attr"`
+	Cases    []junitCase `xml:"testcase"`
+}
+
+type junitCase struct {
+	Name      string        `xml:"name,attr"`
+	ClassName string        `xml:"classname,attr"`
+	Failure   *junitMessage `xml:"failure,omitempty"`
+	Skipped   *junitMessage `xml:"skipped,omitempty"`
+}
+
+type junitMessage struct {
+	Message string `xml:"message,attr"`
+	Text    string `xml:",chardata"`
+}
+
+// WriteJUnit writes the report as a JUnit suite with one test case per
+// invariant, so that a dashboard shows which property broke: failed for
+// the broken one, skipped for one never evaluated (never a pass for what
+// was not exercised), passed otherwise.
+func (r *Report) WriteJUnit(w io.Writer) error {
+	s := junitSuite{Name: "turncheck " + r.Server.Kind, Time: fmt.Sprintf("%.3f", float64(r.ElapsedMS)/1000)}
+	for _, inv := range model.Invariants() {
+		c := junitCase{Name: fmt.Sprintf("%s %s", inv, inv.Title()), ClassName: "turncheck." + r.Server.Kind}
+		switch {
+		case r.Failure != nil && r.Failure.Violation != nil && r.Failure.Violation.Invariant == inv:
+			msg := r.Failure.Violation.Error()
+			if r.Failure.Flaky {
+				msg = "(did not reproduce) " + msg
+			}
+			c.Failure = &junitMessage{Message: msg, Text: r.Failure.Report}
+			s.Failures++
+		case r.Stats.Invariants[inv] == 0:
+			c.Skipped = &junitMessage{Message: "not exercised: never evaluated in this run"}
+			s.Skipped++
+		}
+		s.Cases = append(s.Cases, c)
+	}
+	s.Tests = len(s.Cases)
+	if _, err := io.WriteString(w, xml.Header); err != nil {
+		return err
+	}
+	enc := xml.NewEncoder(w)
+	enc.Indent("", "  ")
+	return errors.Join(enc.Encode(s), enc.Close())
+}
+
+// shrinkStats summarises how a failure was found and shrunk, for a person.
+func (f *Failure) shrinkStats() string {
+	return fmt.Sprintf("found after %d check(s) in %s; shrunk in %d replay(s), %s, to %d step(s)",
+		f.FoundAfter, f.FoundIn.Round(time.Millisecond), f.ShrinkRuns, f.ShrunkIn.Round(time.Millisecond), len(f.Plans))
+}
+
+// invariantsSeen lists the invariants evaluated in a run, in order.
+func invariantsSeen(s Stats) []model.Invariant {
+	return slices.DeleteFunc(model.Invariants(), func(i model.Invariant) bool { return s.Invariants[i] == 0 })
+}
