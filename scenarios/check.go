@@ -134,9 +134,9 @@ func Check(target Target, opts Options) (*Result, error) {
 		checks, steps = checks*5, steps*2
 	}
 	restore, err := setRapidFlags(map[string]string{
-		"rapid.checks":     strconv.Itoa(checks),
-		"rapid.steps":      strconv.Itoa(steps),
-		"rapid.seed":       strconv.FormatUint(opts.Seed, 10),
+		"rapid.checks": strconv.Itoa(checks),
+		"rapid.steps":  strconv.Itoa(steps),
+		"rapid.seed":   strconv.FormatUint(opts.Seed, 10),
 		// rapid finds the failure; its own shrinking gives way to ours,
 		// which works on plans directly.
 		"rapid.shrinktime": "1ms",

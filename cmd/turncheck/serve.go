@@ -49,8 +49,6 @@ Example:
   turncheck model --listen 127.0.0.1:9090
 `
 
-
-
 // keyList is a repeatable --key flag.
 type keyList []string
 
