@@ -121,3 +121,25 @@ func startBare(b *testing.B, h http.HandlerFunc) string {
 	b.Cleanup(func() { _ = srv.Close() })
 	return "http://" + ln.Addr().String() + "/"
 }
+
+// BenchmarkCatchAndShrink measures, per mutant, the wall time from the
+// start of a check to a shrunk failure, the shrunk length, and how many
+// replays shrinking took: the number that decides the cost on a server
+// that takes a second to start.
+func BenchmarkCatchAndShrink(b *testing.B) {
+	for _, info := range sut.Mutants() {
+		b.Run(string(info.Mutant), func(b *testing.B) {
+			target := scenarios.Reference{Mutant: info.Mutant}
+			steps, runs := 0, 0
+			for b.Loop() {
+				res, err := scenarios.Check(target, scenarios.Options{Checks: 100})
+				require.NoError(b, err)
+				require.NotNil(b, res.Failure)
+				steps += len(res.Failure.Plans)
+				runs += res.Failure.ShrinkRuns
+			}
+			b.ReportMetric(float64(steps)/float64(b.N), "steps")
+			b.ReportMetric(float64(runs)/float64(b.N), "shrink-runs")
+		})
+	}
+}
