@@ -66,15 +66,15 @@ func (c *counters) add(i Invariant) {
 // Violation is a broken invariant: which one, on which conversation, why,
 // and the token sequences that show it.
 type Violation struct {
-	Invariant Invariant
-	Conv      ConversationRef
+	Invariant Invariant       `json:"invariant"`
+	Conv      ConversationRef `json:"conversation"`
 	// Turn is the user token of the turn during which it was seen.
-	Turn   Token
-	Reason string
+	Turn   Token  `json:"turn,omitempty"`
+	Reason string `json:"reason"`
 	// Expected and Observed are histories as token sequences; Expected is
 	// nil where no single history was expected.
-	Expected []Token
-	Observed []Token
+	Expected []Token `json:"expected,omitempty"`
+	Observed []Token `json:"observed,omitempty"`
 }
 
 // Error says which invariant broke, where, why, and shows the expected and
@@ -111,27 +111,28 @@ func FormatTokens(ts []Token) string {
 // Turn is one request the client sent on a conversation and what came of
 // it: one operation of a history.
 type Turn struct {
-	Conv ConversationRef
+	Conv ConversationRef `json:"conversation"`
 	// User is the token of the request's new user message. It is reused
 	// only when the client retries a failed turn.
-	User Token
+	User Token `json:"user,omitempty"`
 	// Usable reports whether the request carried a usable new user message
 	// (PROTOCOL.md); a request without one must be refused (T3).
-	Usable  bool
-	Outcome Outcome
+	Usable  bool    `json:"usable"`
+	Outcome Outcome `json:"outcome"`
 	// Status is the HTTP status the client got, 0 if none.
-	Status int
+	Status int `json:"status,omitempty"`
 	// Reply is the assistant text the client received.
-	Reply string
+	Reply string `json:"reply,omitempty"`
 	// Calls are the model requests attributed to the turn: those whose last
 	// user token is the turn's, and, for a request without a usable new
 	// message, any other call made while it ran.
-	Calls []Call
+	Calls []Call `json:"calls"`
 	// Invoke and Return are when the client sent the request and when it
 	// learned its outcome, on the run's timeline (Call.At counts on the same
 	// one). Two turns overlap unless one returned before the other was
 	// invoked.
-	Invoke, Return int64
+	Invoke int64 `json:"invoke"`
+	Return int64 `json:"return"`
 }
 
 // overlaps reports whether t and o were in flight at the same time.
@@ -266,7 +267,16 @@ func (m *Model) Apply(t Turn) *Violation { return m.ApplyStep([]Turn{t}) }
 // two ran at once on one history, the second is the fork (T4). Every such
 // order is consistent with real time, so a history this accepts is
 // linearizable; linearizability is checked on its own all the same.
-func (m *Model) ApplyStep(turns []Turn) *Violation {
+func (m *Model) ApplyStep(turns []Turn) *Violation { return m.ApplyStepKnown(turns, nil) }
+
+// ApplyStepKnown is ApplyStep with steps known ahead: known[i], if not
+// zero, is a step taken with turns[i] (or the turn it was copied from), by
+// Line.Know. Where ApplyStep would step a turn's conversation from the
+// very line known[i] was taken from, it takes the known step, and reads
+// the turn's calls only for what else it checks: a known step leads where
+// Step leads, so the outcome is ApplyStep's. Steps known from other lines,
+// or for other turns, are not used.
+func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 	// Each turn's conversation is looked up once, here, and each turn's
 	// RanAt found once, not at every comparison of the sort: it walks the
 	// turn's calls.
@@ -276,6 +286,7 @@ func (m *Model) ApplyStep(turns []Turn) *Violation {
 		cv *conv
 	}
 	order := make([]ran, len(turns))
+	m.sent = slices.Grow(m.sent, len(turns))
 	var touched []*conv
 	for i := range turns {
 		t := &turns[i]
@@ -301,7 +312,11 @@ func (m *Model) ApplyStep(turns []Turn) *Violation {
 	}
 	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Compare(a.at, b.at) })
 	for _, r := range order {
-		if v := m.apply(turns[r.i], r.cv, turns); v != nil {
+		var k *Known
+		if r.i < len(known) {
+			k = &known[r.i]
+		}
+		if v := m.apply(turns[r.i], r.cv, turns, k); v != nil {
 			return v
 		}
 	}
@@ -320,8 +335,9 @@ func (t Turn) RanAt() int64 {
 	return t.Invoke
 }
 
-// apply applies t, a turn of step, on its conversation cv.
-func (m *Model) apply(t Turn, cv *conv, step []Turn) *Violation {
+// apply applies t, a turn of step, on its conversation cv; k, if not nil,
+// is a step known ahead for it.
+func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	for _, call := range t.Calls {
 		if t.Usable && call.Turn == t.User {
 			continue // the turn's own calls: below
@@ -352,7 +368,13 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn) *Violation {
 	} else {
 		m.checked.add(T3)
 	}
-	next, v := line.Step(t)
+	var next Line
+	var v *Violation
+	if k.knows(line, &t) {
+		next = k.to
+	} else {
+		next, v = line.Step(t)
+	}
 	if v != nil {
 		// A call the line accepts carries nothing but the line's own tokens,
 		// so tokens of another conversation (T5) need looking for only

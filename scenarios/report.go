@@ -30,7 +30,7 @@ func FormatFailure(v *model.Violation, history []Op, p Profile) string {
 		writeOp(&b, op, p)
 	}
 	b.WriteString("\nThe curl commands send each request again to the server at $TURNCHECK_URL; they do not\n" +
-		"inject the model's faults: replay the seed for those.\n")
+		"inject the model's faults: replay the saved failure for those.\n")
 	return b.String()
 }
 
