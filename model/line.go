@@ -240,6 +240,59 @@ func (l Line) Next(t *Turn) (Line, bool) {
 	return next, v == nil
 }
 
+// Known is a step taken ahead of time: l.Next(t) for one line l and one
+// turn t, kept so that a check that takes the same step later finds where
+// it leads instead of reading the turn's calls again. Checking a history
+// takes each step at least twice (the chain check, then porcupine's
+// search), and conversations are independent, so the steps can be taken
+// ahead, for several conversations at once, and each only once. The zero
+// Known is no step.
+type Known struct {
+	from, to Line
+	// turn is the turn the step was taken with. Known keeps it, not a
+	// copy: it must not change while the step is used.
+	turn *Turn
+}
+
+// Know takes the step l.Next(t) and returns it, known, with where it leads
+// and whether t can follow l at all. Only a step t can take is kept: a
+// failed one is left for Step to explain.
+func (l Line) Know(t *Turn) (Known, Line, bool) {
+	next, ok := l.Next(t)
+	if !ok {
+		return Known{}, next, false
+	}
+	return Known{from: l, to: next, turn: t}, next, true
+}
+
+// Next is l.Next(t), which k may know already: it does when k was taken
+// from l itself (the very line, not merely an Equal one: lines never
+// change, so it takes the very same step) with t, or with a turn the same
+// as far as a step reads it. A nil k knows nothing.
+func (k *Known) Next(l Line, t *Turn) (Line, bool) {
+	if k.knows(l, t) {
+		return k.to, true
+	}
+	return l.Next(t)
+}
+
+// knows reports whether k is the step from l with t. A Line is its two
+// pointers and what they point to never changes, so lines with the same
+// pointers are the very same line.
+func (k *Known) knows(l Line, t *Turn) bool {
+	if k == nil || k.turn == nil || l.last != k.from.last || l.rare != k.from.rare {
+		return false
+	}
+	if k.turn == t {
+		return true
+	}
+	// A copy of the turn k was taken with (as ApplyStep gets turns): what
+	// step reads, with the calls, histories included, compared by identity.
+	o := k.turn
+	return t.User == o.User && t.Usable == o.Usable && t.Outcome == o.Outcome && t.Status == o.Status &&
+		t.Return == o.Return && t.Reply == o.Reply && sameSlice(t.Calls, o.Calls)
+}
+
 // rejected is what step returns, when not asked why, for a history that
 // explain would have had to explain.
 var rejected = &Violation{Reason: "rejected (not explained)"}

@@ -58,12 +58,9 @@ func Tokens(text string) []Token {
 	return out
 }
 
-// containsToken reports whether tok stands in text as a token, as Tokens
-// would find it, without a regular expression: the checker asks this of
-// every reply.
-func containsToken(text string, tok Token) bool { return indexToken(text, tok) >= 0 }
-
-// indexToken is where tok first stands in text as a token, -1 if nowhere.
+// indexToken is where tok first stands in text as a token, as Tokens would
+// find it, -1 if nowhere; without a regular expression: the checker asks
+// this of every reply.
 func indexToken(text string, tok Token) int {
 	for i := 0; ; {
 		j := strings.Index(text[i:], string(tok))

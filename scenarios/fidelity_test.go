@@ -24,9 +24,15 @@ func TestReplayFidelity(t *testing.T) {
 	if *fidelity == 0 {
 		t.Skip("a measurement: run with -fidelity N")
 	}
+	targets := map[string]scenarios.Target{}
 	for _, m := range []sut.Mutant{sut.ForkNewSession, sut.NoConversationLock} {
-		t.Run(string(m), func(t *testing.T) {
-			target := scenarios.Reference{Mutant: m}
+		targets[string(m)] = scenarios.Reference{Mutant: m}
+		// The same server, seen as one that does not report its activity:
+		// bursts settle by a quiet period.
+		targets[string(m)+" without activity reports"] = quietTarget{scenarios.Reference{Mutant: m}}
+	}
+	for name, target := range targets {
+		t.Run(name, func(t *testing.T) {
 			opts := scenarios.Options{Checks: 1, ShrinkTime: time.Millisecond}
 			found, same := 0, 0
 			for seed := uint64(1); found < *fidelity; seed++ {
@@ -46,7 +52,7 @@ func TestReplayFidelity(t *testing.T) {
 					t.Logf("seed %d did not replay the same:\nfirst:\n%s\nagain:\n%v", seed, first.Failure.Report, again.Failure)
 				}
 			}
-			t.Logf("%s: %d/%d failing seeds replayed to the same violation", m, same, found)
+			t.Logf("%s: %d/%d failing seeds replayed to the same violation", name, same, found)
 		})
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,9 +23,11 @@ var lineModel = porcupine.Model{
 	Partition: byConversation,
 	Init:      func() any { return model.Line{} },
 	// Next, not Step: the search tries many orders that fail, and needs no
-	// violation explained.
-	Step: func(state, input, _ any) (bool, any) {
-		next, ok := state.(model.Line).Next(input.(*model.Turn))
+	// violation explained. An operation's output, when it has one, is the
+	// step known ahead for it (see validate and linearizable).
+	Step: func(state, input, output any) (bool, any) {
+		known, _ := output.(*model.Known)
+		next, ok := known.Next(state.(model.Line), input.(*model.Turn))
 		return ok, next
 	},
 	Equal: func(a, b any) bool { return a.(model.Line).Equal(b.(model.Line)) },
@@ -143,67 +147,100 @@ func notLinearizable(conv model.ConversationRef, user model.Token) *model.Violat
 }
 
 // validate checks a whole history after the fact: the reference model's
-// chain check over all its turns as one step, and linearizability of each
-// conversation the chain check does not decide by itself (see
-// needsSearch). The chain check's violation comes first; after it, a
+// chain check over all its turns as one step, and porcupine's check of
+// each conversation. The chain check's violation comes first; after it, a
 // conversation porcupine finds no order for is a T4 violation, named by
-// its last turn.
+// its last turn (the first such conversation, in order of first turn).
 //
-// The two checks are independent, so they run at once: porcupine on its
-// own goroutines (it checks conversations in parallel anyway), the chain
-// check on this one. Where the chain check finds a violation, the search
-// is called off rather than waited for: its verdict would not be read.
+// Both checks step each conversation's Line through its turns, and that
+// takes reading every call's history: the bulk of the work. So the steps
+// of the order the server ran them in, which both checks take (porcupine
+// mostly), are taken once, ahead, for several conversations at once
+// (stepAhead), and both checks then take them as known. The checks are
+// independent, so they run at once: porcupine on a few goroutines, a
+// conversation at a time (see linearizable), the chain check on this one.
+// Where the chain check finds a violation, the search is called off
+// rather than waited for: its verdict would not be read.
 func validate(history []Op) *model.Violation {
 	convs := byConversationIndex(history)
-	n := 0
-	var search [][]int
-	for _, idx := range convs {
-		if needsSearch(history, idx) {
-			search = append(search, idx)
-			n += len(idx)
-		}
-	}
-	ops := make([]porcupine.Operation, 0, n)
-	for _, idx := range search {
-		for _, i := range idx {
-			ops = append(ops, operation(&history[i]))
-		}
-	}
+	known := stepAhead(history, convs)
 	var stop atomic.Bool
-	lines := lineModel
-	lines.Step = func(state, input, output any) (bool, any) {
-		if stop.Load() {
-			return false, state // called off: fail fast, no verdict read
+	broken := make([]bool, len(convs)) // porcupine found no order
+	searched := make(chan struct{})
+	go func() {
+		defer close(searched)
+		var next atomic.Int64 // the next conversation to check
+		var wg sync.WaitGroup
+		for range min(runtime.GOMAXPROCS(0), len(convs)) {
+			wg.Go(func() {
+				for c := int(next.Add(1) - 1); c < len(convs) && !stop.Load(); c = int(next.Add(1) - 1) {
+					broken[c] = !linearizable(history, convs[c], known, &stop)
+				}
+			})
 		}
-		return lineModel.Step(state, input, output)
-	}
-	linearizable := make(chan bool, 1)
-	go func() { linearizable <- porcupine.CheckOperations(lines, ops) }()
+		wg.Wait()
+	}()
 
 	turns := make([]model.Turn, len(history))
 	for i := range history {
 		turns[i] = history[i].Turn
 	}
-	v := model.New().ApplyStep(turns)
+	v := model.New().ApplyStepKnown(turns, known)
 	if v != nil {
 		stop.Store(true)
 	}
-	if ok := <-linearizable; ok || v != nil {
+	<-searched
+	if v != nil {
 		return v
 	}
-	// Only a history that fails is checked again, one conversation at a
-	// time, to name the one that broke.
-	for _, idx := range search {
-		var conv []porcupine.Operation
-		for _, i := range idx {
-			conv = append(conv, operation(&history[i]))
-		}
-		if !porcupine.CheckOperations(lineModel, conv) {
-			last := &history[idx[len(idx)-1]].Turn
+	for c, b := range broken {
+		if b {
+			last := &history[convs[c][len(convs[c])-1]].Turn
 			return notLinearizable(last.Conv, last.User)
 		}
 	}
-	panic("scenarios: porcupine rejected a history whose every conversation it accepts")
+	return nil
+}
+
+// stepAhead takes the steps the chain check will take, for several
+// conversations at once: each conversation's Line (convs holds the
+// positions of each one's ops in history) through its turns, in the order
+// ApplyStep applies them (by RanAt, ties in history order), up to the
+// first turn the line refuses. known[i] is the step of history[i], zero
+// where none was taken. Taking the steps ahead changes no verdict:
+// ApplyStepKnown and Known.Next take a known step only from the very line
+// it was taken from, and any other step as they would have.
+func stepAhead(history []Op, convs [][]int) []model.Known {
+	known := make([]model.Known, len(history))
+	var next atomic.Int64 // the next conversation to step
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(convs)) {
+		wg.Go(func() {
+			type ran struct {
+				at int64
+				i  int
+			}
+			var order []ran
+			for c := int(next.Add(1) - 1); c < len(convs); c = int(next.Add(1) - 1) {
+				order = order[:0]
+				for _, i := range convs[c] {
+					order = append(order, ran{history[i].Turn.RanAt(), i})
+				}
+				slices.SortFunc(order, func(a, b ran) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.i, b.i)) })
+				var line model.Line
+				for _, r := range order {
+					i := r.i
+					k, to, ok := line.Know(&history[i].Turn)
+					if !ok {
+						break
+					}
+					known[i], line = k, to
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return known
 }
 
 // byConversationIndex groups the positions of history's ops by
@@ -236,45 +273,79 @@ func byConversationIndex(history []Op) [][]int {
 	return out
 }
 
-// needsSearch reports whether a conversation's linearizability is still
-// open once the chain check has accepted the history; idx are the
-// positions of the conversation's ops in history, in order. It sorts idx
-// by when each op was sent.
+// linearizable is porcupine's verdict on one conversation of history
+// (idx holds the positions of its turns, in order), with known steps to
+// take: porcupine's own search, from where the turns stop being forced.
 //
-// It is not open when the conversation's turns never overlapped in time
-// and the chain check applied them in the order they were sent. Porcupine
-// reads [Invoke, Return] as a closed interval, so two turns overlap unless
-// one returned strictly before the other was invoked; when none do, real
-// time allows exactly one order, and porcupine's one candidate is to step
-// the empty Line through the turns in that order, with Next. The chain
-// check stepped the empty Line through the very same turns in the very
-// same order (it orders a step's turns by RanAt, ties in the order given,
-// and a conversation's Line depends on that conversation's turns alone),
-// with Step, which accepts exactly what Next does, and it accepted every
-// one: porcupine would accept the conversation. The order has to be
-// compared, not assumed: a turn's first call can reach the model after
-// its client gave up on it (RanAt past Return), and the chain check then
-// follows the server, not real time.
-func needsSearch(history []Op, idx []int) bool {
-	slices.SortStableFunc(idx, func(i, j int) int { return cmp.Compare(history[i].Turn.Invoke, history[j].Turn.Invoke) })
-	for k, i := range idx {
-		t := &history[i].Turn
-		if t.Return < t.Invoke {
-			return true // not an interval: leave it to porcupine
+// Porcupine sorts a conversation's calls and returns by time, calls first
+// at equal times, and tries, in turn, each call before the first return.
+// Where the first turns were each answered strictly before the next was
+// sent (forced counts them), the list starts call, return, call, return,
+// and the search has no choice to make: it steps the initial Line through
+// those turns in order, and fails if one is refused, for nothing else
+// comes first. So linearizable takes those steps itself, and searches only
+// the rest, from the Line they led to: the same search, without the
+// forced turns in each state it remembers. A conversation whose turns
+// never overlapped is not searched at all.
+//
+// Once stop is set, the search is called off: it fails fast, and its
+// verdict means nothing.
+func linearizable(history []Op, idx []int, known []model.Known, stop *atomic.Bool) bool {
+	sent := slices.Clone(idx)
+	slices.SortStableFunc(sent, func(i, j int) int { return cmp.Compare(history[i].Turn.Invoke, history[j].Turn.Invoke) })
+	k := forced(history, sent)
+	var line model.Line
+	for _, i := range sent[:k] {
+		next, ok := known[i].Next(line, &history[i].Turn)
+		if !ok {
+			return false
 		}
-		if k == 0 {
-			continue
-		}
-		j := idx[k-1]
-		p := &history[j].Turn
-		if p.Return >= t.Invoke {
-			return true // they overlapped: several orders to try
-		}
-		if c := cmp.Compare(p.RanAt(), t.RanAt()); c > 0 || c == 0 && j > i {
-			return true // the chain check applied them in another order
+		line = next
+	}
+	if k == len(sent) {
+		return true
+	}
+	// The rest, in history order: every turn sent since the first that is
+	// not forced (the forced ones were all sent before it).
+	from := history[sent[k]].Turn.Invoke
+	var ops []porcupine.Operation
+	for _, i := range idx {
+		if history[i].Turn.Invoke >= from {
+			op := operation(&history[i])
+			op.Output = &known[i]
+			ops = append(ops, op)
 		}
 	}
-	return false
+	m := lineModel
+	m.Init = func() any { return line }
+	m.Step = func(state, input, output any) (bool, any) {
+		if stop.Load() {
+			return false, state
+		}
+		return lineModel.Step(state, input, output)
+	}
+	return porcupine.CheckOperations(m, ops)
+}
+
+// forced counts the first turns of a conversation that real time puts in
+// one order ahead of all the others: each answered strictly before the
+// next one was sent (porcupine reads [Invoke, Return] as a closed
+// interval, so turns that touch overlap). sent holds the positions of the
+// conversation's turns in history, by when each was sent. Where a turn was
+// answered before it was sent, porcupine's event list is out of step with
+// when turns were sent, and none is counted.
+func forced(history []Op, sent []int) int {
+	for _, i := range sent {
+		if t := &history[i].Turn; t.Return < t.Invoke {
+			return 0
+		}
+	}
+	for k, i := range sent {
+		if k+1 < len(sent) && history[i].Turn.Return >= history[sent[k+1]].Turn.Invoke {
+			return k
+		}
+	}
+	return len(sent)
 }
 
 // operations turns the history's ops (on conv only, if not nil) into
