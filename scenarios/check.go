@@ -261,15 +261,22 @@ func Run(t *testing.T, target Target) {
 	if f.Violation == nil {
 		t.Fatalf("turncheck: the harness failed, not the server (seed %d):\n%s", res.Seed, f.Report)
 	}
+	t.Fatalf("turncheck: %s\n%s\n%s", f.Report, f.shrinkStats(), saveForTest(t.Name(), res, target))
+}
+
+// saveForTest saves a Go test's failure under testdata/turncheck/ and
+// says where, and the command that replays it exactly.
+func saveForTest(test string, res *Result, target Target) string {
+	f := res.Failure
 	path := filepath.Join("testdata", "turncheck", fmt.Sprintf("%s-%s-%d.json",
-		strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()), f.Violation.Invariant, res.Seed))
-	saved := "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + path + " go test -run '^" + t.Name() + "$' ."
+		strings.NewReplacer("/", "_", " ", "_").Replace(test), f.Violation.Invariant, res.Seed))
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		saved = "could not save the failure: " + err.Error()
-	} else if err := NewReport(res, specOf(target)).Save(path); err != nil {
-		saved = "could not save the failure: " + err.Error()
+		return "could not save the failure: " + err.Error()
 	}
-	t.Fatalf("turncheck: %s\n%s\n%s", f.Report, f.shrinkStats(), saved)
+	if err := NewReport(res, specOf(target)).Save(path); err != nil {
+		return "could not save the failure: " + err.Error()
+	}
+	return "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + path + " go test -run '^" + test + "$' ."
 }
 
 // replayIn re-executes the failure saved at path against target, in t.
