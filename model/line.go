@@ -152,7 +152,13 @@ func tokenBit(tok Token) uint64 {
 // was committed: committed turns, and unknown turns not yet resolved.
 func (l Line) Tokens() []Token { return flatten(l.segs(), true) }
 
-// Equal reports whether two lines stand for the same set of histories.
+// Equal reports whether two lines stand for the same set of histories: the
+// same segments, pending or not. It does not compare the failed and
+// dropped turns, which name violations and let a refused request's call
+// be told from a replay (T3); porcupine, which uses Equal to remember
+// states, may therefore take two lines that differ only there for one.
+// Refused requests and retries are sent on their own, so they never meet
+// in one search.
 func (l Line) Equal(o Line) bool {
 	if l.Hash() != o.Hash() {
 		return false

@@ -389,7 +389,10 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		return v
 	}
 	if t.Usable {
-		cv.line, cv.lined, cv.mayRun = next, true, t.Outcome == Unknown
+		// A 409 says nothing of whether an earlier unknown turn has ended:
+		// the conversation may still be busy after one.
+		refused := t.Outcome == Fail && t.Status == 409
+		cv.line, cv.lined, cv.mayRun = next, true, t.Outcome == Unknown || (cv.mayRun && refused)
 	}
 	return nil
 }

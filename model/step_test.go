@@ -94,6 +94,16 @@ func TestConflictUnderReject(t *testing.T) {
 		require.Nil(t, m.Apply(at(unknown(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
 		require.Nil(t, m.Apply(at(conflict(convA, u(2)), 4, 0, 5)))
 	})
+	t.Run("several after a turn whose outcome is unknown", func(t *testing.T) {
+		m := model.NewWith(model.Policies{Concurrency: model.Reject})
+		require.Nil(t, m.Apply(at(unknown(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		require.Nil(t, m.Apply(at(conflict(convA, u(2)), 4, 0, 5)))
+		require.Nil(t, m.Apply(at(conflict(convA, u(3)), 6, 0, 7)))
+		// A turn that went through shows the conversation free again.
+		require.Nil(t, m.Apply(at(ok(convA, u(4), call(u(4), u(4))), 8, 9, 10)))
+		spurious := at(conflict(convA, u(5)), 11, 0, 12)
+		requireViolation(t, m.Apply(spurious), model.T4, spurious)
+	})
 	t.Run("another conversation's turn does not count", func(t *testing.T) {
 		m := model.NewWith(model.Policies{Concurrency: model.Reject})
 		other := at(ok(convB, u(1), call(u(1), u(1))), 1, 2, 6)

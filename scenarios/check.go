@@ -96,10 +96,6 @@ type Failure struct {
 	Flaky bool `json:"flaky,omitempty"`
 }
 
-// linearizabilityTimeout bounds one porcupine check; a check that runs out
-// decides nothing (the chain check still applies).
-const linearizabilityTimeout = 10 * time.Second
-
 // rapidFlags guards rapid's global settings, which live in package flag.
 var rapidFlags sync.Mutex
 
@@ -199,12 +195,20 @@ func (r *runner) failure(tb *recorder, opts Options, target Target) *Failure {
 	ctx, cancel := shrinkBudget(opts.Context, opts.ShrinkTime)
 	defer cancel()
 	start := time.Now()
-	s, ok := shrink(ctx, target, r.smallest.plans, r.smallest.violation, func() {
+	after := func() {
 		r.stats.ShrinkRuns++
 		if r.progress != nil {
 			r.progress(*r.stats)
 		}
-	})
+	}
+	s, ok := shrink(ctx, target, r.smallest.plans, r.smallest.violation, after)
+	if !ok && ctx.Err() == nil && r.first != r.smallest {
+		// The shortest failing run did not fail again: before calling the
+		// failure flaky, try the one that failed first.
+		runs := s.runs
+		s, ok = shrink(ctx, target, r.first.plans, r.first.violation, after)
+		s.runs += runs
+	}
 	f.ShrinkRuns, f.ShrunkIn = s.runs, time.Since(start)
 	switch {
 	case ok:
@@ -276,7 +280,11 @@ func saveForTest(test string, res *Result, target Target) string {
 	if err := NewReport(res, specOf(target)).Save(path); err != nil {
 		return "could not save the failure: " + err.Error()
 	}
-	return "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + path + " go test -run '^" + test + "$' ."
+	parts := strings.Split(test, "/")
+	for i, p := range parts {
+		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
+	}
+	return "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + path + " go test -run '" + strings.Join(parts, "/") + "' ."
 }
 
 // replayIn re-executes the failure saved at path against target, in t.

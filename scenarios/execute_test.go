@@ -129,7 +129,6 @@ func TestAbortInABurst(t *testing.T) {
 func BenchmarkBursts(b *testing.B) {
 	e := newExecutor(b, Reference{})
 	ref := model.New()
-	lin := &linearizability{timeout: time.Minute}
 	var history []Op
 	tok, requests, conv := 0, 0, 0
 	start := time.Now()
@@ -157,7 +156,7 @@ func BenchmarkBursts(b *testing.B) {
 		if v := ref.ApplyStep(turns); v != nil {
 			b.Fatal(v)
 		}
-		if v := lin.check(history, turns); v != nil {
+		if v := checkLinearizable(history, turns); v != nil {
 			b.Fatal(v)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/assert"
@@ -300,18 +299,17 @@ func TestLinearizabilityCatchesAFork(t *testing.T) {
 			Outcome: model.OK, Status: 200, Reply: string(u.Reply()),
 			Calls: []model.Call{{History: history, Turn: u}}, Invoke: int64(index + 1), Return: int64(index + 5)}}
 	}
-	lin := &linearizability{timeout: time.Minute}
 	fork := []Op{turn(u1, 0, u1), turn(u2, 1, u2)}
-	v := lin.check(fork, []model.Turn{fork[0].Turn, fork[1].Turn})
+	v := checkLinearizable(fork, []model.Turn{fork[0].Turn, fork[1].Turn})
 	require.NotNil(t, v)
 	assert.Equal(t, model.T4, v.Invariant)
 	assert.Contains(t, v.Reason, "not linearizable")
 
 	line := []Op{turn(u1, 0, u1), turn(u2, 1, u1, u1.Reply(), u2)}
-	assert.Nil(t, lin.check(line, []model.Turn{line[0].Turn, line[1].Turn}))
+	assert.Nil(t, checkLinearizable(line, []model.Turn{line[0].Turn, line[1].Turn}))
 
 	// A lone turn is the chain check's to judge.
-	assert.Nil(t, lin.check(fork, []model.Turn{fork[1].Turn}))
+	assert.Nil(t, checkLinearizable(fork, []model.Turn{fork[1].Turn}))
 }
 
 // TestWriteLinearizability: the visualisation is one self-contained page

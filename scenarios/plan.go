@@ -65,6 +65,34 @@ func (s Send) faultKind() string {
 	return ""
 }
 
+// check says what makes p impossible to execute, nil if nothing: a plan
+// read from a file is checked before it runs.
+func (p Plan) check() error {
+	if len(p.Sends) == 0 {
+		return fmt.Errorf("%q: no request", p.Action)
+	}
+	if len(p.Release) != len(p.Sends) {
+		return fmt.Errorf("%q: release order %v is not one of each of its %d request(s)", p.Action, p.Release, len(p.Sends))
+	}
+	seen := make([]bool, len(p.Sends))
+	for _, i := range p.Release {
+		if i < 0 || i >= len(p.Sends) || seen[i] {
+			return fmt.Errorf("%q: release order %v is not one of each of its %d request(s)", p.Action, p.Release, len(p.Sends))
+		}
+		seen[i] = true
+	}
+	for _, s := range p.Sends {
+		if s.Fault.Kind == faults.Hold && len(p.Sends) > 1 {
+			// Expiring deadlines expires every one in flight.
+			return fmt.Errorf("%q: a hold until the server's deadline in a burst", p.Action)
+		}
+		if s.Token != "" && len(s.Messages) == 0 {
+			return fmt.Errorf("%q: request %s has no messages", p.Action, s.Token)
+		}
+	}
+	return nil
+}
+
 // String renders a plan on one line, for logs.
 func (p Plan) String() string {
 	parts := make([]string, len(p.Sends))

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/turncheck/turncheck/model"
@@ -96,7 +95,7 @@ func (r *Report) Text(p Profile) string {
 		return "PASS: no invariant broken\n" + r.Stats.Summary() + "\n"
 	}
 	if r.Failure.Report == "" && r.Failure.Violation != nil {
-		r.Failure.Report = FormatFailure(r.Failure.Violation, r.Failure.History, p)
+		return FormatFailure(r.Failure.Violation, r.Failure.History, p)
 	}
 	return r.Failure.Report
 }
@@ -146,6 +145,12 @@ func (r *Report) WriteJUnit(w io.Writer) error {
 		}
 		s.Cases = append(s.Cases, c)
 	}
+	if r.Failure != nil && r.Failure.Violation == nil {
+		// The harness failed, not the server: no invariant is shown to hold.
+		s.Cases = append(s.Cases, junitCase{Name: "harness", ClassName: "turncheck." + r.Server.Kind,
+			Failure: &junitMessage{Message: "the harness failed, not the server", Text: r.Failure.Report}})
+		s.Failures++
+	}
 	s.Tests = len(s.Cases)
 	if _, err := io.WriteString(w, xml.Header); err != nil {
 		return err
@@ -159,9 +164,4 @@ func (r *Report) WriteJUnit(w io.Writer) error {
 func (f *Failure) shrinkStats() string {
 	return fmt.Sprintf("found after %d check(s) in %s; shrunk in %d replay(s), %s, to %d step(s)",
 		f.FoundAfter, f.FoundIn.Round(time.Millisecond), f.ShrinkRuns, f.ShrunkIn.Round(time.Millisecond), len(f.Plans))
-}
-
-// invariantsSeen lists the invariants evaluated in a run, in order.
-func invariantsSeen(s Stats) []model.Invariant {
-	return slices.DeleteFunc(model.Invariants(), func(i model.Invariant) bool { return s.Invariants[i] == 0 })
 }

@@ -21,7 +21,6 @@ type session struct {
 	client  *client
 	exec    *executor
 	ref     *model.Model
-	lin     *linearizability
 
 	plans   []Plan
 	history []Op
@@ -48,7 +47,6 @@ func startSession(target Target) (*session, error) {
 		client:  cl,
 		exec:    &executor{srv: srv, fake: fake, client: cl, clock: clock},
 		ref:     model.NewWith(model.Policies{Concurrency: profile.Concurrency}),
-		lin:     &linearizability{timeout: linearizabilityTimeout},
 	}, nil
 }
 
@@ -65,7 +63,7 @@ func (s *session) step(p Plan) ([]Op, *model.Violation) {
 	}
 	v := s.ref.ApplyStep(turns)
 	if v == nil {
-		v = s.lin.check(s.history, turns)
+		v = checkLinearizable(s.history, turns)
 	}
 	return ops, v
 }
@@ -89,5 +87,10 @@ func (s *session) close() error {
 // returns the history up to it and the violation (nil if none). The error
 // says the replay could not be carried out.
 func Replay(target Target, plans []Plan) ([]Op, *model.Violation, error) {
+	for i, p := range plans {
+		if err := p.check(); err != nil {
+			return nil, nil, fmt.Errorf("step %d: %w", i+1, err)
+		}
+	}
 	return replayContext(context.Background(), target, plans)
 }

@@ -150,11 +150,15 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stderr, "replay", err)
 	}
-	res := &scenarios.Result{Seed: saved.Seed, Elapsed: time.Since(start), Stats: saved.Stats}
+	// The replay's own counts: one run of the saved steps.
+	res := &scenarios.Result{Seed: saved.Seed, Elapsed: time.Since(start), Stats: replayStats(history)}
 	fmt.Fprintf(stdout, "turncheck replay: %s against the reference server, mutant %s, concurrency %s\n", path, mutantLabel(mutant), policy)
 	if v == nil {
-		fmt.Fprintf(stdout, "PASS: the %d saved step(s) broke no invariant this time (saved: %s, %s)\n",
-			len(saved.Failure.Plans), saved.Verdict, saved.Failure.Violation.Invariant)
+		was := saved.Verdict
+		if sv := saved.Failure.Violation; sv != nil {
+			was += ", " + string(sv.Invariant)
+		}
+		fmt.Fprintf(stdout, "PASS: the %d saved step(s) broke no invariant this time (saved: %s)\n", len(saved.Failure.Plans), was)
 		return exitOK
 	}
 	n := history[len(history)-1].Step
@@ -164,6 +168,15 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "FAIL: %s (%s) broken\n\n%s\n", v.Invariant, v.Invariant.Title(), strings.TrimRight(res.Failure.Report, "\n"))
 	writeReports("replay", rf, rep, "", stdout, stderr)
 	return exitViolation
+}
+
+// replayStats counts what a replay of saved steps did.
+func replayStats(history []scenarios.Op) scenarios.Stats {
+	s := scenarios.Stats{Checks: 1, Steps: len(history), Faults: map[string]int{}, Outcomes: map[string]int{}}
+	for _, op := range history {
+		s.Outcomes[op.Response.Outcome.String()]++
+	}
+	return s
 }
 
 // checkAndReport runs a check against the reference server and prints the

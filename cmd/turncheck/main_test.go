@@ -133,6 +133,16 @@ func TestCheckCatchesAndReplays(t *testing.T) {
 	assert.Contains(t, first, "FAIL: T3 (no replay) broken")
 	_, again, _ := runCLI(t, "replay", m[1])
 	assert.Equal(t, scrubPorts(first), scrubPorts(again), "a saved failure replays to the same output")
+
+	// A damaged file is a one-line error, never a panic.
+	saved, err := os.ReadFile(m[1])
+	require.NoError(t, err)
+	damaged := filepath.Join(dir, "damaged.json")
+	require.NoError(t, os.WriteFile(damaged, regexp.MustCompile(`"release": \[[^\]]*\]`).ReplaceAll(saved, []byte(`"release": [7]`)), 0o644))
+	code, _, stderr = runCLI(t, "replay", damaged)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "release order")
+	assert.Equal(t, 1, strings.Count(stderr, "\n"), stderr)
 }
 
 // TestCheckUnderReject: the policy reaches the server, and the clean

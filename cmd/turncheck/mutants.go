@@ -43,6 +43,8 @@ type trackRow struct {
 	// Steps is the shrunk failure's length.
 	Steps int    `json:"steps"`
 	Seed  uint64 `json:"seed"`
+	// Passed is, for the clean server, that no failure was found.
+	Passed bool `json:"passed,omitempty"`
 	// Reproduce is the command that shows it.
 	Reproduce string `json:"reproduce"`
 }
@@ -89,12 +91,22 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if info.Mutant != sut.Clean {
 			row.Reproduce += " --mutant " + string(info.Mutant)
 		}
-		if f := res.Failure; f != nil && f.Violation != nil && !f.Flaky {
+		f := res.Failure
+		if f != nil && f.Violation != nil && !f.Flaky {
 			row.Caught, row.Invariant, row.Steps = true, string(f.Violation.Invariant), len(f.Plans)
 			row.CatchMS, row.ShrinkMS = f.FoundIn.Milliseconds(), f.ShrunkIn.Milliseconds()
 		}
-		// The clean server must pass; every mutant must be caught.
-		ok = ok && row.Caught == (info.Mutant != sut.Clean)
+		if info.Mutant == sut.Clean {
+			// The clean server passes only with no failure at all: a flaky
+			// one, or the harness failing, is no pass.
+			row.Passed = f == nil
+			if f != nil && f.Violation != nil {
+				row.Invariant = string(f.Violation.Invariant)
+			}
+			ok = ok && row.Passed
+		} else {
+			ok = ok && row.Caught
+		}
 		rows = append(rows, row)
 	}
 	if *asJSON {
@@ -107,10 +119,12 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		for _, r := range rows {
 			caught := "no"
 			switch {
+			case r.Mutant == "none" && r.Passed:
+				caught = "passes"
+			case r.Mutant == "none":
+				caught = "FAILS"
 			case r.Caught:
 				caught = "yes"
-			case r.Mutant == "none":
-				caught = "passes"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Mutant, r.Issue, caught,
 				time.Duration(r.CatchMS)*time.Millisecond, time.Duration(r.ShrinkMS)*time.Millisecond, r.Steps,
