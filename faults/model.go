@@ -222,7 +222,7 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			panic(http.ErrAbortHandler)
 		}
 	}
-	m.answer(w, r, call.Turn, req.Stream, fault)
+	m.answer(w, r, req, call, fault)
 }
 
 // record stamps and appends call and returns the fault to inject for it,
@@ -299,7 +299,8 @@ func ReplyChunks(tok model.Token) []string {
 	return []string{string(tok.Reply()), " acknowledges", " your", " message."}
 }
 
-func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token, stream bool, f Fault) {
+func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatRequest, call model.Call, f Fault) {
+	turn, stream := call.Turn, req.Stream
 	switch f.Kind {
 	case Status:
 		if f.Status < 400 {
@@ -324,8 +325,10 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token,
 	if turn == "" {
 		chunks = []string{"no turn token in the last user message"}
 	}
+	usage := &openai.Usage{PromptTokens: len(call.History), CompletionTokens: len(chunks)}
+	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 	if !stream {
-		m.answerWhole(w, chunks, f)
+		m.answerWhole(w, chunks, usage, f)
 		return
 	}
 	sw := sse.NewWriter(w)
@@ -351,12 +354,17 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, turn model.Token,
 		}
 	}
 	_ = sw.Data(openai.Encode(chunk("", "", openai.Ptr(openai.FinishStop))))
+	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+		// As OpenAI sends it: after the finish, no choices, then [DONE].
+		_ = sw.Data(openai.Encode(openai.Completion{ID: "fake", Object: openai.ObjectChunk, Model: "fake",
+			Choices: []openai.Choice{}, Usage: usage}))
+	}
 	_ = sw.Data(openai.DoneSentinel)
 }
 
-func (m *Model) answerWhole(w http.ResponseWriter, chunks []string, f Fault) {
+func (m *Model) answerWhole(w http.ResponseWriter, chunks []string, usage *openai.Usage, f Fault) {
 	body := openai.Encode(openai.Completion{
-		ID: "fake", Object: openai.ObjectCompletion, Model: "fake",
+		ID: "fake", Object: openai.ObjectCompletion, Model: "fake", Usage: usage,
 		Choices: []openai.Choice{{
 			Message:      &openai.Message{Role: openai.RoleAssistant, Content: openai.Content(strings.Join(chunks, ""))},
 			FinishReason: openai.Ptr(openai.FinishStop),

@@ -366,6 +366,37 @@ func TestReplyStream(t *testing.T) {
 	assert.Equal(t, reply("tc-u5"), strings.Join(content, ""))
 }
 
+// TestStreamUsage: a request with stream_options.include_usage gets, after
+// the finishing chunk, a chunk with no choices and the usage, as OpenAI
+// sends it (some servers wait for it); one without gets none.
+func TestStreamUsage(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	for _, include := range []bool{true, false} {
+		b, err := json.Marshal(openai.ChatRequest{Model: "fake", Stream: true,
+			Messages:      []openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u2")},
+			StreamOptions: &openai.StreamOptions{IncludeUsage: include}})
+		require.NoError(t, err)
+		resp, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", b)
+		require.NoError(t, err)
+		payloads, err := events(resp.Body)
+		_ = resp.Body.Close()
+		require.ErrorIs(t, err, io.EOF)
+		require.Equal(t, openai.DoneSentinel, payloads[len(payloads)-1])
+		cs := decode(payloads[:len(payloads)-1])
+		last := cs[len(cs)-1]
+		if !include {
+			assert.Nil(t, last.Usage)
+			assert.Equal(t, openai.FinishStop, last.Finish())
+			continue
+		}
+		require.NotNil(t, last.Usage, "no usage chunk")
+		assert.Empty(t, last.Choices)
+		assert.Equal(t, 3, last.Usage.PromptTokens)
+		assert.Equal(t, last.Usage.PromptTokens+last.Usage.CompletionTokens, last.Usage.TotalTokens)
+		assert.Equal(t, openai.FinishStop, cs[len(cs)-2].Finish(), "the finish comes before the usage")
+	}
+}
+
 func TestReplyChunks(t *testing.T) {
 	cs := faults.ReplyChunks("tc-u12")
 	require.NotEmpty(t, cs)

@@ -55,7 +55,9 @@ func newUpstream(modelURL, modelName string) *upstream {
 // partial on failure. A failure is an *upstreamError, or the context's cause
 // (context.DeadlineExceeded when the deadline passed) when it ended.
 func (u *upstream) complete(ctx context.Context, history []openai.Message, onStart func(), onDelta func(string)) (string, error) {
-	body, err := json.Marshal(openai.ChatRequest{Model: u.model, Messages: history, Stream: true})
+	body, err := json.Marshal(openai.ChatRequest{Model: u.model, Messages: history, Stream: true,
+		// As real servers do: the model then ends its stream with a usage chunk.
+		StreamOptions: &openai.StreamOptions{IncludeUsage: true}})
 	if err != nil {
 		return "", &upstreamError{msg: "encode model request: " + err.Error()}
 	}

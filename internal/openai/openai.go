@@ -85,6 +85,22 @@ type ChatRequest struct {
 	Model    string    `json:"model"`
 	Messages []Message `json:"messages"`
 	Stream   bool      `json:"stream,omitempty"`
+	// StreamOptions asks, with IncludeUsage, for a last chunk carrying
+	// the token usage: some servers wait for it before they take a stream
+	// as finished.
+	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
+}
+
+// StreamOptions are a streamed request's options.
+type StreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// Usage counts a completion's tokens.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
 }
 
 // Completion is a chat.completion object or, with Object set to
@@ -95,6 +111,9 @@ type Completion struct {
 	Created int64    `json:"created"`
 	Model   string   `json:"model"`
 	Choices []Choice `json:"choices"`
+	// Usage is set on a whole completion, and on a stream's last chunk
+	// (with no choices) when the request asked for it.
+	Usage *Usage `json:"usage,omitempty"`
 	// Error is set on a stream chunk that reports a failure mid-stream.
 	Error *ErrorDetail `json:"error,omitempty"`
 }
