@@ -22,7 +22,7 @@ body{font-family:system-ui,sans-serif;margin:2em;max-width:72em}
 .verdict{font-size:1.4em;font-weight:bold}.fail{color:#b00}.pass{color:#070}
 .step{border-left:4px solid #ccc;margin:1em 0;padding:.2em 1em}
 .op{margin:.4em 0 .4em 1em}.op.violating{background:#fee;border-left:4px solid #b00;padding-left:.5em}
-code,pre{font-family:ui-monospace,monospace;font-size:.9em}.muted{color:#666}
+code,pre{font-family:ui-monospace,monospace;font-size:.9em}pre{white-space:pre-wrap}.muted{color:#666}
 iframe{width:100%;height:32em;border:1px solid #ccc}
 </style></head><body>
 <h1>turncheck report</h1>
