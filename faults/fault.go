@@ -1,6 +1,8 @@
 // Package faults holds what turncheck injects into a server under test: the
 // fake model provider that records what the server sends it and answers, or
-// fails, by the token of each turn.
+// fails, by the token of each turn; and the lifecycle of a server run as a
+// subprocess (start on a free loopback port, readiness, graceful stop,
+// kill -9, restart on the same data), which restarts and crashes build on.
 package faults
 
 import (

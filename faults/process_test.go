@@ -1,0 +1,288 @@
+//go:build unix
+
+package faults_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/model"
+)
+
+// buildServer builds the reference server (cmd/turncheck) into dir and
+// returns the binary's path. It skips the test when the go tool is missing,
+// since the subprocess tests need a real server to run.
+func buildServer(t *testing.T, dir string) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("the subprocess tests build cmd/turncheck and need the go tool on PATH: ", err)
+	}
+	out, err := exec.Command(goTool, "env", "GOMOD").Output()
+	require.NoError(t, err, "go env GOMOD")
+	gomod := strings.TrimSpace(string(out))
+	require.NotEmpty(t, gomod, "go env GOMOD names no module")
+	bin := filepath.Join(dir, "turncheck")
+	build := exec.Command(goTool, "build", "-o", bin, "./cmd/turncheck")
+	build.Dir = filepath.Dir(gomod)
+	msgs, err := build.CombinedOutput()
+	require.NoError(t, err, "go build ./cmd/turncheck:\n%s", msgs)
+	return bin
+}
+
+// procServe is the command template that runs the reference server.
+func procServe(bin string) []string {
+	return []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}"}
+}
+
+// procModel starts a fake model of the test's own, closed when it ends.
+func procModel(t *testing.T) *faults.Model {
+	t.Helper()
+	m, err := faults.StartModel(faults.ModelConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, m.Close()) })
+	return m
+}
+
+// procStart starts a process that is killed when the test ends, whatever
+// it did.
+func procStart(t *testing.T, cfg faults.ProcessConfig) *faults.Process {
+	t.Helper()
+	p, err := faults.StartProcess(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Kill()) })
+	return p
+}
+
+// procTurn sends one user message on conversation conv and returns the
+// status and body.
+func procTurn(t *testing.T, client *http.Client, url, conv, content string) (int, string) {
+	t.Helper()
+	b := `{"model":"m","messages":[{"role":"user","content":` + strconv.Quote(content) + `}]}`
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(b))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Conversation-Id", conv)
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(got)
+}
+
+// procClient is an HTTP client whose connections are closed when the test
+// ends, so that goleak finds none of them.
+func procClient(t *testing.T) *http.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: guard}
+}
+
+// procGone reports whether pid is no longer a live process: gone, or a
+// zombie waiting for a parent (init, in a container, may be slow to reap).
+func procGone(pid int) bool {
+	if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+		return true
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist) && runtimeHasProc()
+	}
+	// The state follows the parenthesized command name.
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+}
+
+func runtimeHasProc() bool {
+	_, err := os.Stat("/proc/self/stat")
+	return err == nil
+}
+
+// readPID reads a pid a test command wrote to a file.
+func readPID(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	return pid
+}
+
+// TestProcess runs the reference server, built once for all its subtests,
+// through the subprocess lifecycle.
+func TestProcess(t *testing.T) {
+	bin := buildServer(t, t.TempDir())
+
+	t.Run("a started server is ready and answers a turn", func(t *testing.T) {
+		t.Parallel()
+		m := procModel(t)
+		p := procStart(t, faults.ProcessConfig{Command: procServe(bin), ModelURL: m.URL(), DataDir: t.TempDir()})
+		assert.True(t, strings.HasPrefix(p.URL(), "http://127.0.0.1:"), "loopback only: %s", p.URL())
+		status, got := procTurn(t, procClient(t), p.URL(), "c1", "hi tc-u1")
+		require.Equal(t, http.StatusOK, status, got)
+		assert.Contains(t, got, "tc-a1")
+		assert.Contains(t, p.Stderr(), "listening on "+p.URL(), "the server's output is kept")
+	})
+
+	t.Run("stop is graceful, idempotent and leaves no process", func(t *testing.T) {
+		t.Parallel()
+		m := procModel(t)
+		p := procStart(t, faults.ProcessConfig{Command: procServe(bin), ModelURL: m.URL(), DataDir: t.TempDir()})
+		pid := p.PID()
+		require.Positive(t, pid)
+		require.NoError(t, syscall.Kill(pid, 0), "the server runs before Stop")
+		began := time.Now()
+		require.NoError(t, p.Stop(), "the reference server exits cleanly on SIGTERM")
+		assert.Less(t, time.Since(began), 5*time.Second, "it stopped on SIGTERM, not after the SIGKILL grace")
+		assert.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "no process is left after Stop")
+		assert.NoError(t, p.Stop(), "a second Stop does nothing")
+		assert.NoError(t, p.Kill(), "a Kill after Stop does nothing")
+	})
+
+	t.Run("stop kills a server that ignores SIGTERM after the grace", func(t *testing.T) {
+		t.Parallel()
+		m := procModel(t)
+		// The shell and the sleep after the server ignore SIGTERM; the
+		// server itself stops on it.
+		script := `trap "" TERM; "$0" serve --listen "$1" --model-url "$2" --data-dir "$3"; echo served; sleep 60`
+		p := procStart(t, faults.ProcessConfig{
+			Command:   []string{"sh", "-c", script, bin, "{addr}", "{model_url}", "{data_dir}"},
+			ModelURL:  m.URL(),
+			DataDir:   t.TempDir(),
+			StopGrace: 300 * time.Millisecond,
+		})
+		pid := p.PID()
+		began := time.Now()
+		err := p.Stop()
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "did not exit within 300ms of SIGTERM; killed")
+		assert.Contains(t, err.Error(), "served", "the error quotes the output")
+		assert.GreaterOrEqual(t, time.Since(began), 300*time.Millisecond)
+		assert.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH)
+		assert.NoError(t, p.Stop(), "a second Stop has nothing more to say")
+	})
+
+	t.Run("a restart after kill -9 keeps the conversation", func(t *testing.T) {
+		t.Parallel()
+		m := procModel(t)
+		client := procClient(t)
+		p := procStart(t, faults.ProcessConfig{Command: procServe(bin), ModelURL: m.URL(), DataDir: t.TempDir()})
+		status, got := procTurn(t, client, p.URL(), "c1", "hi tc-u1")
+		require.Equal(t, http.StatusOK, status, got)
+		require.Contains(t, got, "tc-a1")
+
+		pid := p.PID()
+		require.NoError(t, p.Kill())
+		assert.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "kill -9 leaves no process")
+		client.Transport.(*http.Transport).CloseIdleConnections()
+		require.NoError(t, p.Restart())
+		assert.NotEqual(t, pid, p.PID(), "a new process")
+
+		status, got = procTurn(t, client, p.URL(), "c1", "and tc-u2")
+		require.Equal(t, http.StatusOK, status, got)
+		assert.Contains(t, got, "tc-a2")
+		calls := m.CallsAfter(0)
+		require.NotEmpty(t, calls)
+		assert.Equal(t, []model.Token{"tc-u1", "tc-a1", "tc-u2"}, calls[len(calls)-1].History,
+			"the restarted server sent the model the history it had before the kill")
+
+		// A restart of a running server stops it first.
+		pid = p.PID()
+		require.NoError(t, p.Restart())
+		assert.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "the old run is gone")
+		require.NoError(t, p.Stop())
+	})
+
+	t.Run("a command that exits at once fails with its output", func(t *testing.T) {
+		t.Parallel()
+		began := time.Now()
+		p, err := faults.StartProcess(faults.ProcessConfig{Command: []string{bin, "serve"}})
+		require.Error(t, err)
+		assert.Nil(t, p)
+		assert.Less(t, time.Since(began), 5*time.Second)
+		assert.Contains(t, err.Error(), "exited with status")
+		assert.Contains(t, err.Error(), "before it was ready")
+		assert.Contains(t, err.Error(), "--model-url is required", "the error quotes the server's output")
+
+		_, err = faults.StartProcess(faults.ProcessConfig{Command: []string{"false"}})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "exited with status 1 before it was ready (no output)")
+
+		_, err = faults.StartProcess(faults.ProcessConfig{Command: []string{filepath.Join(t.TempDir(), "missing")}})
+		require.Error(t, err, "a command that cannot run")
+	})
+
+	t.Run("a command that is never ready times out and leaves no process", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		began := time.Now()
+		_, err := faults.StartProcess(faults.ProcessConfig{
+			// The shell's child shows that the whole group goes, not only
+			// the process started.
+			Command:      []string{"sh", "-c", `sleep 60 & echo $! > "$1/child"; echo $$ > "$1/pid"; echo waiting; wait`, "sh", "{data_dir}"},
+			DataDir:      dir,
+			StartTimeout: time.Second,
+		})
+		took := time.Since(began)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "not ready within 1s")
+		assert.Contains(t, err.Error(), "waiting", "the error quotes the output")
+		assert.GreaterOrEqual(t, took, time.Second)
+		assert.Less(t, took, 4*time.Second)
+		assert.True(t, procGone(readPID(t, filepath.Join(dir, "pid"))), "the shell is gone")
+		child := readPID(t, filepath.Join(dir, "child"))
+		// SIGKILL has been sent to the child's group; the kernel ends it
+		// on its own time.
+		assert.Eventually(t, func() bool { return procGone(child) }, guard, 10*time.Millisecond, "the shell's child is gone")
+	})
+
+	t.Run("output is drained and bounded", func(t *testing.T) {
+		t.Parallel()
+		m := procModel(t)
+		// The server starts only once 5 MB of output are written: if the
+		// pipe were not drained, it would never become ready.
+		script := `yes | head -c 5000000; exec "$0" serve --listen "$1" --model-url "$2" --data-dir "$3"`
+		p := procStart(t, faults.ProcessConfig{
+			Command:      []string{"sh", "-c", script, bin, "{addr}", "{model_url}", "{data_dir}"},
+			ModelURL:     m.URL(),
+			DataDir:      t.TempDir(),
+			StartTimeout: 5 * time.Second,
+		})
+		out := p.Stderr()
+		assert.LessOrEqual(t, len(out), faults.MaxProcessOutput)
+		assert.Greater(t, len(out), faults.MaxProcessOutput/2, "the tail is kept")
+		assert.Contains(t, out, "y\ny\n")
+		assert.Contains(t, out, "listening on")
+		require.NoError(t, p.Stop())
+	})
+
+	t.Run("an address in use is retried on another port", func(t *testing.T) {
+		t.Parallel()
+		m := procModel(t)
+		script := `if [ ! -e "$3/once" ]; then : > "$3/once"; echo "listen tcp $1: bind: address already in use" >&2; exit 1; fi
+exec "$0" serve --listen "$1" --model-url "$2" --data-dir "$3"`
+		p := procStart(t, faults.ProcessConfig{
+			Command:  []string{"sh", "-c", script, bin, "{addr}", "{model_url}", "{data_dir}"},
+			ModelURL: m.URL(),
+			DataDir:  t.TempDir(),
+		})
+		out := p.Stderr()
+		assert.Contains(t, out, "address already in use", "the first run failed")
+		assert.Contains(t, out, "listening on "+p.URL(), "the second run listens on the port the Process reports")
+	})
+}
