@@ -1,0 +1,58 @@
+//go:build unix
+
+package scenarios_test
+
+import (
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios"
+)
+
+// buildTurncheck builds the turncheck command into a temporary dir.
+func buildTurncheck(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command to build turncheck with")
+	}
+	bin := filepath.Join(t.TempDir(), "turncheck")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/turncheck").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
+}
+
+// TestSubprocessTarget checks the reference server run as a subprocess, as
+// any server in another language is: the clean one passes, and a fork is
+// caught and shrunk through the black-box path.
+func TestSubprocessTarget(t *testing.T) {
+	bin := buildTurncheck(t)
+	serve := func(extra ...string) scenarios.Subprocess {
+		return scenarios.Subprocess{
+			Command: append([]string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}",
+				"--data-dir", "{data_dir}", "--key", "key-a", "--key", "key-b",
+				// A held model call times out on the server's own clock: make it short.
+				"--request-timeout", "1s"}, extra...),
+			Reaches: scenarios.Reference{}.Profile(),
+		}
+	}
+	res, err := scenarios.Check(serve(), scenarios.Options{Checks: 3})
+	require.NoError(t, err)
+	require.Nil(t, res.Failure, "the clean server as a subprocess failed")
+	assert.Positive(t, res.Steps)
+
+	res, err = scenarios.Check(serve("--mutant", "fork-new-session"), scenarios.Options{Checks: 20, ShrinkTime: 20 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure)
+	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+	assert.Equal(t, model.T4, res.Failure.Violation.Invariant, res.Failure.Report)
+	f := res.Failure
+	assert.LessOrEqual(t, len(f.Plans), 2, f.Report)
+	t.Logf("caught after %d check(s) in %s; shrunk in %d replays, %s, to %d step(s)",
+		f.FoundAfter, f.FoundIn, f.ShrinkRuns, f.ShrunkIn, len(f.Plans))
+}
