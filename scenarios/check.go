@@ -260,6 +260,9 @@ func Run(t *testing.T, target Target) {
 	t.Logf("turncheck: %s", res.Summary())
 	f := res.Failure
 	if f == nil {
+		if err := exercised(res.Stats); err != nil {
+			t.Fatalf("turncheck: %v", err)
+		}
 		return
 	}
 	if f.Violation == nil {
@@ -285,6 +288,18 @@ func saveForTest(test string, res *Result, target Target) string {
 		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
 	}
 	return "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + path + " go test -run '" + strings.Join(parts, "/") + "' ."
+}
+
+// exercised says why a run without a violation is no pass: a server that
+// never served a turn (it refuses everything, or fails every model call)
+// broke nothing only because nothing was tried.
+func exercised(s Stats) error {
+	if s.Outcomes["ok"] == 0 {
+		return fmt.Errorf("no turn ended ok in %d request(s) (%s): the invariants about committed turns were never exercised; "+
+			"is the server pointed at the model URL it was given, and does it accept the profile's keys and model?",
+			s.Steps, countList(s.Outcomes))
+	}
+	return nil
 }
 
 // replayIn re-executes the failure saved at path against target, in t.

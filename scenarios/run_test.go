@@ -1,6 +1,8 @@
 package scenarios
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
@@ -73,3 +75,34 @@ func TestJUnitHarnessFailure(t *testing.T) {
 	assert.Contains(t, b.String(), `<testcase name="harness"`)
 	assert.Contains(t, b.String(), `failures="1"`)
 }
+
+// TestNothingServedIsNoPass: a server that answers 400 to everything
+// breaks no invariant, and is no pass for it.
+func TestNothingServedIsNoPass(t *testing.T) {
+	res, err := Check(refuseAll{}, Options{Checks: 3})
+	require.NoError(t, err)
+	require.Nil(t, res.Failure)
+	assert.ErrorContains(t, exercised(res.Stats), "no turn ended ok")
+
+	res, err = Check(Reference{}, Options{Checks: 3})
+	require.NoError(t, err)
+	assert.NoError(t, exercised(res.Stats))
+}
+
+// refuseAll starts servers that answer 400 to every request.
+type refuseAll struct{}
+
+func (refuseAll) Profile() Profile { return Profile{} }
+func (refuseAll) Start(string) (Server, error) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":{"message":"no","type":"invalid_request_error"}}`))
+	}))
+	return closeServer{srv}, nil
+}
+
+type closeServer struct{ *httptest.Server }
+
+func (s closeServer) URL() string  { return s.Server.URL }
+func (s closeServer) Close() error { s.Server.Close(); return nil }
