@@ -2,7 +2,6 @@ package scenarios
 
 import (
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,20 +13,14 @@ import (
 	"github.com/turncheck/turncheck/sut"
 )
 
-// newExecutor starts a fake model and target's server, and returns an
-// executor for them; both stop when the test ends.
+// newExecutor starts a session on target and returns its executor; the
+// session stops when the test ends.
 func newExecutor(t testing.TB, target Target) *executor {
 	t.Helper()
-	clock := &atomic.Int64{}
-	fake, err := faults.StartModel(faults.ModelConfig{Clock: func() int64 { return clock.Add(1) }})
+	s, err := startSession(target)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = fake.Close() })
-	srv, err := target.Start(fake.URL())
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, srv.Close()) })
-	cl := newClient(srv.URL(), target.Profile())
-	t.Cleanup(cl.close)
-	return &executor{srv: srv, fake: fake, client: cl, clock: clock}
+	t.Cleanup(func() { require.NoError(t, s.close()) })
+	return s.exec
 }
 
 // burstOn is a plan of n plain turns sent at once on conv, tokens from
