@@ -154,14 +154,19 @@ func (e *executor) execute(p Plan) []Op {
 	wg.Wait()
 	for _, f := range flights {
 		f.cancel()
+	}
+	e.idle()
+	for _, f := range flights {
 		if f.gate != nil {
 			// A server that did not pass an abort or a deadline on to the
-			// model still holds the call: answer it, so that what the
-			// server does with the answer shows, rather than a stall.
+			// model still holds the call: answer it, so that what the server
+			// does with the answer shows, rather than a stall. Only once the
+			// server is idle: a server that is still noticing its client
+			// left would otherwise get the reply first and commit, or not,
+			// by a race.
 			f.gate.Release()
 		}
 	}
-	e.idle()
 	e.attribute(ops, e.fake.CallsAfter(start))
 	for _, s := range p.Sends {
 		if s.Token != "" {
