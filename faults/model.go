@@ -159,6 +159,21 @@ func (m *Model) Forget(tok model.Token) {
 	delete(m.scripts, tok)
 }
 
+// Reset forgets every script and recorded call, and lets any held call go
+// on: the model is as new, on the same address. A server started once,
+// pointed at this model, can then serve check after check.
+func (m *Model) Reset() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range m.scripts {
+		if s.gate != nil {
+			s.gate.Release()
+		}
+	}
+	m.scripts = map[model.Token]*script{}
+	m.calls = nil
+}
+
 // CallCount is how many calls the model has recorded.
 func (m *Model) CallCount() int {
 	m.mu.Lock()

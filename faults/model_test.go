@@ -993,3 +993,26 @@ func TestForgetDropsTheScript(t *testing.T) {
 	assert.Equal(t, 200, resp.StatusCode)
 	f.m.Forget("tc-u9") // never scripted: nothing to do
 }
+
+// TestResetForgetsEverything: after Reset the model has no calls and no
+// scripts, and a call held at a gate goes on, so that one model can serve
+// check after check.
+func TestResetForgetsEverything(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 503})
+	resp, _ := f.post(false, user("tc-u1"))
+	require.Equal(t, 503, resp.StatusCode)
+	gate := f.m.Gate("tc-u2")
+	held := make(chan int, 1)
+	go func() {
+		resp, _ := f.post(false, user("tc-u2"))
+		held <- resp.StatusCode
+	}()
+	<-gate.Arrived()
+	f.m.Reset()
+	assert.Equal(t, 200, <-held, "a held call goes on after Reset")
+	assert.Zero(t, f.m.CallCount())
+	resp, _ = f.post(false, user("tc-u1"))
+	assert.Equal(t, 200, resp.StatusCode, "scripts are forgotten")
+	assert.Equal(t, 1, f.m.CallCount())
+}

@@ -20,6 +20,17 @@ const (
 	T6 Invariant = "T6" // unknown outcomes
 )
 
+// The invariants of PROTOCOL.md this package does not check yet: they are
+// named so that a conformance report can list the whole contract and say
+// which parts it did not judge.
+const (
+	T7  Invariant = "T7"  // durability
+	T8  Invariant = "T8"  // stable source resume
+	T9  Invariant = "T9"  // tool pairs
+	T10 Invariant = "T10" // interruption
+	T11 Invariant = "T11" // no leaks from the working copy
+)
+
 var invariantTitles = map[Invariant]string{
 	T1: "atomic turns",
 	T2: "committed turns stay",
@@ -27,7 +38,16 @@ var invariantTitles = map[Invariant]string{
 	T4: "one conversation, one line",
 	T5: "isolation",
 	T6: "unknown outcomes",
+	T7:  "durability",
+	T8:  "stable source resume",
+	T9:  "tool pairs",
+	T10: "interruption",
+	T11: "no leaks from the working copy",
 }
+
+// Contract lists every invariant of PROTOCOL.md, T1 to T11, checked by
+// this package or not.
+func Contract() []Invariant { return []Invariant{T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11} }
 
 // Title is the invariant's short name, as PROTOCOL.md gives it.
 func (i Invariant) Title() string { return invariantTitles[i] }
@@ -207,6 +227,10 @@ type conv struct {
 	// inStep counts the turns on the conversation in the step being
 	// applied; it is back to 0 before any of them is.
 	inStep int
+	// failed and committed are set once a usable turn of the conversation
+	// has failed, or ended ok: only then can a later call show a failed
+	// turn's leftovers (T1) or a committed turn gone (T2).
+	failed, committed bool
 }
 
 // New returns a model with no conversations, for a server that serializes.
@@ -222,7 +246,13 @@ func NewWith(p Policies) *Model {
 	}
 }
 
-// Checked returns how many times each invariant has been evaluated.
+// Checked returns how many times each invariant has been evaluated where
+// it could have been broken: T1 on a call of a conversation that has seen
+// a failed turn, T2 on one with a committed turn, T3 on every request
+// without a usable message, T4 where turns on one conversation overlapped
+// or one was refused with 409, T5 on a call made while other
+// conversations exist, T6 on a call made while an unknown turn is
+// unresolved. An invariant never evaluated was not exercised.
 func (m *Model) Checked() map[Invariant]int {
 	out := map[Invariant]int{}
 	for k, v := range m.checked {
@@ -357,9 +387,17 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	if t.Usable {
 		for _, call := range t.Calls {
 			if call.Turn == t.User {
-				m.checked.add(T1)
-				m.checked.add(T2)
-				m.checked.add(T5)
+				// An invariant counts as evaluated only where a call could
+				// break it, so that "evaluated" means "exercised".
+				if cv.failed {
+					m.checked.add(T1)
+				}
+				if cv.committed {
+					m.checked.add(T2)
+				}
+				if len(m.convs) > 1 {
+					m.checked.add(T5)
+				}
 				if line.pending() > 0 {
 					m.checked.add(T6)
 				}
@@ -393,6 +431,8 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		// the conversation may still be busy after one.
 		refused := t.Outcome == Fail && t.Status == 409
 		cv.line, cv.lined, cv.mayRun = next, true, t.Outcome == Unknown || (cv.mayRun && refused)
+		cv.failed = cv.failed || t.Outcome == Fail
+		cv.committed = cv.committed || t.Outcome == OK
 	}
 	return nil
 }

@@ -763,50 +763,56 @@ func TestChecked(t *testing.T) {
 	m := model.New()
 	assert.Empty(t, m.Checked())
 
+	// A first turn can break neither T1 (nothing failed yet), T2 (nothing
+	// committed) nor T5 (no other conversation).
 	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
 	c := m.Checked()
-	assert.Equal(t, 1, c[model.T1])
-	assert.Equal(t, 1, c[model.T2])
-	assert.Equal(t, 1, c[model.T5])
-	assert.Equal(t, 0, c[model.T3])
-	assert.Equal(t, 0, c[model.T6])
+	assert.Zero(t, c[model.T1])
+	assert.Zero(t, c[model.T2])
+	assert.Zero(t, c[model.T5])
 
 	// Two calls of the turn are two checks; an auxiliary call is none.
 	require.Nil(t, m.Apply(ok(convA, u(2), aux(), call(u(2), u(1), a(1), u(2)), call(u(2), u(1), a(1), u(2)))))
 	c = m.Checked()
-	assert.Equal(t, 3, c[model.T1])
-	assert.Equal(t, 3, c[model.T2])
-	assert.Equal(t, 3, c[model.T5])
+	assert.Equal(t, 2, c[model.T2])
+	assert.Zero(t, c[model.T1], "no turn has failed")
+	assert.Zero(t, c[model.T5], "one conversation")
 
 	// Invalid requests are T3 checks.
 	require.Nil(t, m.Apply(invalid(convA, "", model.Fail, 400)))
 	assert.Equal(t, 1, m.Checked()[model.T3])
-	assert.Equal(t, 3, m.Checked()[model.T1], "an invalid request checks nothing else")
+	assert.Equal(t, 2, m.Checked()[model.T2], "an invalid request checks nothing else")
+
+	// T1 once a turn has failed.
+	require.Nil(t, m.Apply(fail(convA, u(9), call(u(9), u(1), a(1), u(2), a(2), u(9)))))
+	require.Nil(t, m.Apply(ok(convA, u(10), call(u(10), u(1), a(1), u(2), a(2), u(10)))))
+	assert.Equal(t, 1, m.Checked()[model.T1])
 
 	// T6 is checked only while an unknown turn is pending.
-	require.Nil(t, m.Apply(unknown(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3)))))
+	h := []model.Token{u(1), a(1), u(2), a(2), u(10), a(10)}
+	require.Nil(t, m.Apply(unknown(convA, u(3), call(u(3), append(h, u(3))...))))
 	assert.Equal(t, 0, m.Checked()[model.T6])
-	require.Nil(t, m.Apply(ok(convA, u(4), call(u(4), u(1), a(1), u(2), a(2), u(3), a(3), u(4)))))
+	require.Nil(t, m.Apply(ok(convA, u(4), call(u(4), append(h, u(3), a(3), u(4))...))))
 	assert.Equal(t, 1, m.Checked()[model.T6])
-	require.Nil(t, m.Apply(ok(convA, u(5), call(u(5), u(1), a(1), u(2), a(2), u(3), a(3), u(4), a(4), u(5)))))
+	require.Nil(t, m.Apply(ok(convA, u(5), call(u(5), append(h, u(3), a(3), u(4), a(4), u(5))...))))
 	assert.Equal(t, 1, m.Checked()[model.T6], "nothing pending any more")
 
-	// Counts only grow.
+	// T5 once there are two conversations; counts only grow.
 	before := m.Checked()
 	_ = m.Apply(ok(convB, u(6), call(u(6), u(6))))
 	after := m.Checked()
 	for _, inv := range model.Invariants() {
 		assert.GreaterOrEqual(t, after[inv], before[inv], "%s", inv)
 	}
-	assert.Greater(t, after[model.T1], before[model.T1])
+	assert.Equal(t, 1, after[model.T5])
 }
 
 func TestCheckedReturnsACopy(t *testing.T) {
 	m := model.New()
-	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	require.Nil(t, m.Apply(invalid(convA, "", model.Fail, 400)))
 	c := m.Checked()
-	c[model.T1] = 100
-	assert.Equal(t, 1, m.Checked()[model.T1])
+	c[model.T3] = 100
+	assert.Equal(t, 1, m.Checked()[model.T3])
 }
 
 // ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,9 +49,13 @@ type Options struct {
 	ShrinkTime time.Duration
 	// Progress, if set, is called after every state-machine run.
 	Progress func(Stats)
-	// Context, if set, stops the run when it ends: the step in flight
-	// finishes, servers are stopped, and Check returns ErrInterrupted.
+	// Context, if set, stops the run when it ends: the requests in flight
+	// are aborted, servers are stopped, and Check returns ErrInterrupted.
 	Context context.Context
+	// Skip lists invariants known to be broken: a violation of one sets
+	// its conversations aside and the run goes on, so that a server with
+	// a known bug can still be checked for the others.
+	Skip []model.Invariant
 }
 
 // ErrInterrupted is returned by Check when Options.Context ended first.
@@ -94,6 +99,10 @@ type Failure struct {
 	// replayed: the server is not deterministic under the same steps. The
 	// plans and history are then the original failing run's.
 	Flaky bool `json:"flaky,omitempty"`
+	// Skipped are the invariants whose violations the run set aside
+	// (Options.Skip): a replay sets them aside too, or it could stop at one
+	// of them before it reaches this failure.
+	Skipped []model.Invariant `json:"skipped,omitempty"`
 }
 
 // rapidFlags guards rapid's global settings, which live in package flag.
@@ -105,6 +114,24 @@ var rapidFlags sync.Mutex
 // not start), left something behind (a server that did not stop cleanly),
 // or was interrupted (ErrInterrupted; the Result holds what was found).
 func Check(target Target, opts Options) (*Result, error) {
+	l, err := openLab(target, opts.Skip)
+	if err != nil {
+		return nil, err
+	}
+	res, err := check(l, opts)
+	if cerr := l.close(); cerr != nil {
+		if res != nil && res.Failure != nil && err == nil {
+			// The violation comes first; the leftover is said after it.
+			res.Failure.Report += "\nAlso: " + cerr.Error() + "\n"
+		} else {
+			err = errors.Join(err, cerr)
+		}
+	}
+	return res, err
+}
+
+// check is Check in the sessions of l.
+func check(l *lab, opts Options) (*Result, error) {
 	if opts.Checks <= 0 {
 		opts.Checks = 100
 	}
@@ -144,7 +171,7 @@ func Check(target Target, opts Options) (*Result, error) {
 	defer restore()
 
 	start := time.Now()
-	r := &runner{target: target, stats: newStats(), progress: opts.Progress, start: start, ctx: opts.Context}
+	r := &runner{lab: l, stats: newStats(), progress: opts.Progress, start: start, ctx: opts.Context}
 	tb := &recorder{}
 	// rapid runs on a goroutine of its own, which an interruption ends with
 	// runtime.Goexit: rapid has no way to stop early, and Goexit still runs
@@ -161,7 +188,7 @@ func Check(target Target, opts Options) (*Result, error) {
 		return res, r.setupErr
 	}
 	if tb.failed || r.first != nil {
-		res.Failure = r.failure(tb, opts, target)
+		res.Failure = r.failure(tb, opts)
 		res.Stats = *r.stats
 	}
 	res.Elapsed = time.Since(start)
@@ -179,15 +206,15 @@ func Check(target Target, opts Options) (*Result, error) {
 // failure describes what the run found: the failing run shrunk, the
 // original run if it did not reproduce, or what rapid reported when no
 // violation was seen (the harness itself failed).
-func (r *runner) failure(tb *recorder, opts Options, target Target) *Failure {
+func (r *runner) failure(tb *recorder, opts Options) *Failure {
 	msg := strings.Join(tb.errors, "\n")
-	f := &Failure{Seed: failingSeed(msg), FoundAfter: r.foundAfter, FoundIn: r.foundIn}
+	f := &Failure{Seed: failingSeed(msg), FoundAfter: r.foundAfter, FoundIn: r.foundIn, Skipped: slices.Clone(r.lab.skip)}
 	if f.Seed == 0 && r.foundAfter > 0 {
 		// rapid names the seed only once it has shrunk; an interrupted
 		// run's is worked out the way rapid derives it.
 		f.Seed = checkSeed(opts.Seed, r.foundAfter)
 	}
-	profile := target.Profile()
+	profile := r.lab.profile
 	if r.first == nil {
 		f.Report = msg
 		return f
@@ -201,12 +228,12 @@ func (r *runner) failure(tb *recorder, opts Options, target Target) *Failure {
 			r.progress(*r.stats)
 		}
 	}
-	s, ok := shrink(ctx, target, r.smallest.plans, r.smallest.violation, after)
+	s, ok := shrink(ctx, r.lab, r.smallest.plans, r.smallest.violation, after)
 	if !ok && ctx.Err() == nil && r.first != r.smallest {
 		// The shortest failing run did not fail again: before calling the
 		// failure flaky, try the one that failed first.
 		runs := s.runs
-		s, ok = shrink(ctx, target, r.first.plans, r.first.violation, after)
+		s, ok = shrink(ctx, r.lab, r.first.plans, r.first.violation, after)
 		s.runs += runs
 	}
 	f.ShrinkRuns, f.ShrunkIn = s.runs, time.Since(start)
@@ -312,7 +339,7 @@ func replayIn(t *testing.T, target Target, path string) {
 	if saved.Failure == nil {
 		t.Fatalf("turncheck: %s holds no failure to replay", path)
 	}
-	history, v, err := Replay(target, saved.Failure.Plans)
+	history, v, err := Replay(target, saved.Failure.Plans, saved.Failure.Skipped...)
 	if err != nil {
 		t.Fatalf("turncheck: %v", err)
 	}
@@ -347,7 +374,7 @@ func uintFlag(name string) uint64 {
 
 // runner holds what one Check or Run learns across its state-machine runs.
 type runner struct {
-	target   Target
+	lab      *lab
 	stats    *Stats
 	setupErr error
 	// first is the first failing run seen, and smallest the one with the
@@ -399,7 +426,7 @@ func (r *runner) onViolation(v *model.Violation, plans []Plan, history []Op) {
 // steps drawn by rapid.
 func (r *runner) property(t *rapid.T) {
 	r.stopIfInterrupted()
-	sess, err := startSession(r.target)
+	sess, err := r.lab.session(r.ctx)
 	if err != nil {
 		r.setupErr = err
 		t.Fatalf("setup: %v", err)
@@ -414,6 +441,9 @@ func (r *runner) property(t *rapid.T) {
 	t.Cleanup(func() {
 		for k, v := range m.ref.Checked() {
 			r.stats.Invariants[k] += v
+		}
+		for k, v := range sess.skipped {
+			r.stats.SetAside[k] += v
 		}
 		if r.progress != nil {
 			r.progress(*r.stats)

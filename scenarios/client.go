@@ -51,13 +51,17 @@ type Response struct {
 type client struct {
 	base    string
 	profile Profile
-	http    *http.Client
+	// ns prefixes every conversation id sent: the session's namespace on
+	// a server shared by several.
+	ns   string
+	http *http.Client
 }
 
-func newClient(base string, p Profile) *client {
+func newClient(base string, p Profile, ns string) *client {
 	return &client{
 		base:    strings.TrimRight(base, "/"),
 		profile: p,
+		ns:      ns,
 		http: &http.Client{
 			Timeout:   clientTimeout,
 			Transport: http.DefaultTransport.(*http.Transport).Clone(),
@@ -113,7 +117,7 @@ func (c *client) send(ctx context.Context, req Request) Response {
 func (c *client) headers(conv model.ConversationRef) map[string]string {
 	h := map[string]string{"Content-Type": "application/json"}
 	if conv.ID != "" {
-		h[c.profile.header()] = conv.ID
+		h[c.profile.header()] = c.ns + conv.ID
 	}
 	if conv.Key != "" {
 		h["Authorization"] = "Bearer " + conv.Key

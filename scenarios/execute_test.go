@@ -17,10 +17,26 @@ import (
 // session stops when the test ends.
 func newExecutor(t testing.TB, target Target) *executor {
 	t.Helper()
-	s, err := startSession(target)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, s.close()) })
+	s := newSession(t, target)
 	return s.exec
+}
+
+// newSession starts a session of a lab of its own on target; both stop
+// when the test ends.
+func newSession(t testing.TB, target Target, skip ...model.Invariant) *session {
+	t.Helper()
+	l, err := openLab(target, skip)
+	require.NoError(t, err)
+	s, err := l.session(nil)
+	if err != nil {
+		_ = l.close()
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		require.NoError(t, s.close())
+		require.NoError(t, l.close())
+	})
+	return s
 }
 
 // burstOn is a plan of n plain turns sent at once on conv, tokens from

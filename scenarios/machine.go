@@ -150,6 +150,7 @@ func (m *machine) step(t *rapid.T, p Plan) {
 	for _, op := range ops {
 		m.record(op)
 	}
+	m.convs = slices.DeleteFunc(m.convs, func(c *conv) bool { return m.aside[c.ref] })
 	if v != nil {
 		if m.onViolation != nil {
 			m.onViolation(v, slices.Clone(m.plans), slices.Clone(m.history))

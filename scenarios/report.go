@@ -126,10 +126,14 @@ type Stats struct {
 	Invariants map[model.Invariant]int `json:"invariants"`
 	// ShrinkRuns counts the runs replayed to shrink a failure.
 	ShrinkRuns int `json:"shrinkRuns"`
+	// SetAside counts violations of skipped invariants (Options.Skip),
+	// whose conversations were set aside.
+	SetAside map[model.Invariant]int `json:"setAside,omitempty"`
 }
 
 func newStats() *Stats {
-	return &Stats{Faults: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{}}
+	return &Stats{Faults: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{},
+		SetAside: map[model.Invariant]int{}}
 }
 
 // Summary renders the counts on a few lines.
@@ -145,6 +149,14 @@ func (s *Stats) Summary() string {
 		inv[string(k)+" "+k.Title()] = v
 	}
 	b.WriteString(countList(inv))
+	if len(s.SetAside) > 0 {
+		aside := map[string]int{}
+		for k, v := range s.SetAside {
+			aside[string(k)] = v
+		}
+		b.WriteString("\nskipped invariants broken again (conversations set aside): ")
+		b.WriteString(countList(aside))
+	}
 	return b.String()
 }
 

@@ -2,79 +2,217 @@ package scenarios
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
 )
 
-// session is one fresh server under test with its own fake model, and
-// what executing plans against it has shown so far: the history and the
-// reference state. A check's run and a replay of saved plans are both a
-// session, so a plan executes the same way in either.
+// ServerReuser is a Target whose server may serve every check of a run,
+// one after another, rather than a fresh server each: a server that is
+// slow to start (seconds, for some gateways) would otherwise spend most
+// of a run starting. Each check then gets a namespace of conversation ids
+// of its own (every id the harness sends is prefixed with it), and the
+// fake model forgets the previous check, so checks stay independent
+// without a restart; a check or a replay still replays from its seed,
+// against the same server state as far as its own conversations go.
+type ServerReuser interface {
+	Target
+	// ReuseServer reports whether one server serves the whole run.
+	ReuseServer() bool
+}
+
+// ModelAddresser is a Target whose servers must find the fake model at a
+// fixed address: a server started by someone else, configured with a
+// model URL before the harness runs.
+type ModelAddresser interface {
+	Target
+	// ModelAddr is the loopback host:port the fake model listens on.
+	ModelAddr() string
+}
+
+// ServerWatcher is a Server that can tell that it died on its own (a
+// process that exited mid-run): the run then stops with an error that
+// says so, rather than reporting every later request as unanswered.
+type ServerWatcher interface {
+	Server
+	// Exited returns an error describing the exit if the server has
+	// exited on its own, nil while it runs.
+	Exited() error
+}
+
+// lab is what the sessions of one run share: the fake model, on one
+// address for the whole run, and, for a target that reuses its server,
+// that server. A check's run, each replay of the shrinker, and a replay of
+// saved steps are each a session of a lab.
+type lab struct {
+	target  Target
+	profile Profile
+	fake    *faults.Model
+	// clock is the timeline of the current session; the fake model stamps
+	// calls on it, so each session's timeline starts at zero.
+	clock atomic.Pointer[atomic.Int64]
+	// shared is the server every session uses when the target reuses its
+	// server, nil otherwise; started by the first session.
+	shared Server
+	// run prefixes the namespaces of a reused server: unique to this run,
+	// so that a second run against the same long-lived server does not
+	// meet the first run's conversations.
+	run      string
+	sessions int
+	// skip lists invariants whose violations do not stop a run: their
+	// conversations are set aside and checking goes on.
+	skip []model.Invariant
+}
+
+// openLab starts the fake model a run's sessions share.
+func openLab(target Target, skip []model.Invariant) (*lab, error) {
+	l := &lab{target: target, profile: target.Profile(), skip: skip}
+	l.clock.Store(&atomic.Int64{})
+	addr := ""
+	if ma, ok := target.(ModelAddresser); ok {
+		addr = ma.ModelAddr()
+	}
+	fake, err := faults.StartModel(faults.ModelConfig{Addr: addr, Clock: func() int64 { return l.clock.Load().Add(1) }})
+	if err != nil {
+		return nil, err
+	}
+	l.fake = fake
+	var nonce [3]byte
+	_, _ = rand.Read(nonce[:]) // names a namespace only: never decides anything
+	l.run = "tc" + hex.EncodeToString(nonce[:])
+	return l, nil
+}
+
+func (l *lab) reuses() bool {
+	r, ok := l.target.(ServerReuser)
+	return ok && r.ReuseServer()
+}
+
+// close stops the shared server, if any, and the fake model.
+func (l *lab) close() error {
+	var err error
+	if l.shared != nil {
+		if err = l.shared.Close(); err != nil {
+			err = fmt.Errorf("stop the server under test: %w", err)
+		}
+	}
+	return errors.Join(err, l.fake.Close())
+}
+
+// session is one check against a server under test, and what executing
+// plans against it has shown so far: the history and the reference state.
+// A check's run and a replay of saved plans are both a session, so a plan
+// executes the same way in either.
 type session struct {
+	lab     *lab
 	profile Profile
 	srv     Server
-	fake    *faults.Model
-	client  *client
-	exec    *executor
-	ref     *model.Model
+	// own is set when the session started srv, and so stops it.
+	own    bool
+	fake   *faults.Model
+	client *client
+	exec   *executor
+	ref    *model.Model
+	// aside holds conversations set aside after a violation of a skipped
+	// invariant: the reference state no longer says what they hold, so no
+	// later turn of theirs is judged.
+	aside map[model.ConversationRef]bool
+	// skipped counts the violations of skipped invariants seen.
+	skipped map[model.Invariant]int
 
 	plans   []Plan
 	history []Op
 }
 
-// startSession starts a fake model and one of target's servers in front of
-// it. The caller closes the session.
-func startSession(target Target) (*session, error) {
+// session starts a session: a fresh server, or the shared one under a
+// fresh namespace, with the fake model reset. Its requests in flight are
+// aborted when ctx ends (nil: never). The caller closes it.
+func (l *lab) session(ctx context.Context) (*session, error) {
 	clock := &atomic.Int64{}
-	fake, err := faults.StartModel(faults.ModelConfig{Clock: func() int64 { return clock.Add(1) }})
-	if err != nil {
-		return nil, err
+	l.clock.Store(clock)
+	l.fake.Reset()
+	l.sessions++
+	srv, own, ns := l.shared, false, ""
+	if l.reuses() {
+		if l.shared == nil {
+			s, err := l.target.Start(l.fake.URL())
+			if err != nil {
+				return nil, fmt.Errorf("start the server under test: %w", err)
+			}
+			l.shared = s
+		}
+		srv, ns = l.shared, fmt.Sprintf("%s-%d-", l.run, l.sessions)
+	} else {
+		s, err := l.target.Start(l.fake.URL())
+		if err != nil {
+			return nil, fmt.Errorf("start the server under test: %w", err)
+		}
+		srv, own = s, true
 	}
-	srv, err := target.Start(fake.URL())
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("start the server under test: %w", err), fake.Close())
-	}
-	profile := target.Profile()
-	cl := newClient(srv.URL(), profile)
+	cl := newClient(srv.URL(), l.profile, ns)
 	return &session{
-		profile: profile,
+		lab:     l,
+		profile: l.profile,
 		srv:     srv,
-		fake:    fake,
+		own:     own,
+		fake:    l.fake,
 		client:  cl,
-		exec:    &executor{srv: srv, fake: fake, client: cl, clock: clock},
-		ref:     model.NewWith(model.Policies{Concurrency: profile.Concurrency}),
+		exec:    &executor{srv: srv, fake: l.fake, client: cl, clock: clock, ctx: ctx},
+		ref:     model.NewWith(model.Policies{Concurrency: l.profile.Concurrency}),
+		aside:   map[model.ConversationRef]bool{},
+		skipped: map[model.Invariant]int{},
 	}, nil
 }
 
 // step executes p, records its history, and checks it: the reference
 // model's chain check, then linearizability of the conversations a burst
 // touched. It returns the ops p came to and the first violation, or nil.
+// A violation of a skipped invariant is no violation: the conversations
+// of the step are set aside, and the run goes on with the others.
 func (s *session) step(p Plan) ([]Op, *model.Violation) {
 	ops := s.exec.execute(p)
 	s.plans = append(s.plans, p)
 	s.history = append(s.history, ops...)
-	turns := make([]model.Turn, len(ops))
-	for i, op := range ops {
-		turns[i] = op.Turn
+	turns := make([]model.Turn, 0, len(ops))
+	for _, op := range ops {
+		if !s.aside[op.Turn.Conv] {
+			turns = append(turns, op.Turn)
+		}
 	}
 	v := s.ref.ApplyStep(turns)
 	if v == nil {
 		v = checkLinearizable(s.history, turns)
 	}
+	if v != nil && slices.Contains(s.lab.skip, v.Invariant) {
+		s.skipped[v.Invariant]++
+		for _, t := range turns {
+			s.aside[t.Conv] = true
+		}
+		return ops, nil
+	}
 	return ops, v
 }
 
-// close stops the server and the fake model. The server's error comes
-// first: a server that does not stop cleanly is a defect.
+// close stops the session's server, if it started it, and checks that a
+// shared server is still alive. A server that does not stop cleanly, or
+// died on its own, is a defect.
 func (s *session) close() error {
 	s.client.close()
-	err := s.srv.Close()
-	_ = s.fake.Close()
-	if err != nil {
+	if !s.own {
+		if w, ok := s.srv.(ServerWatcher); ok {
+			if err := w.Exited(); err != nil {
+				return fmt.Errorf("the server under test died during the run: %w", err)
+			}
+		}
+		return nil
+	}
+	if err := s.srv.Close(); err != nil {
 		return fmt.Errorf("stop the server under test: %w", err)
 	}
 	return nil
@@ -83,14 +221,40 @@ func (s *session) close() error {
 // Replay executes plans, in order, against a fresh server of target, and
 // validates every step as a check does, without rapid's search: the same
 // plans give the same steps, and, against a server that behaves the same
-// way under them, the same verdict. It stops at the first violation and
-// returns the history up to it and the violation (nil if none). The error
-// says the replay could not be carried out.
-func Replay(target Target, plans []Plan) ([]Op, *model.Violation, error) {
+// way under them, the same verdict. Violations of the skipped invariants
+// set their conversations aside, as in the run that found the failure. It
+// stops at the first other violation and returns the history up to it and
+// the violation (nil if none). The error says the replay could not be
+// carried out.
+func Replay(target Target, plans []Plan, skip ...model.Invariant) ([]Op, *model.Violation, error) {
 	for i, p := range plans {
 		if err := p.check(); err != nil {
 			return nil, nil, fmt.Errorf("step %d: %w", i+1, err)
 		}
 	}
-	return replayContext(context.Background(), target, plans)
+	l, err := openLab(target, skip)
+	if err != nil {
+		return nil, nil, err
+	}
+	history, v, err := l.replay(context.Background(), plans)
+	return history, v, errors.Join(err, l.close())
+}
+
+// replay executes plans in a new session of l, stopped when ctx ends: the
+// requests in flight are aborted, and the run decides nothing.
+func (l *lab) replay(ctx context.Context, plans []Plan) ([]Op, *model.Violation, error) {
+	s, err := l.session(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var v *model.Violation
+	for _, p := range plans {
+		if ctx.Err() != nil {
+			break
+		}
+		if _, v = s.step(p); v != nil {
+			break
+		}
+	}
+	return s.history, v, s.close()
 }

@@ -12,11 +12,11 @@ import (
 // shrinker minimises a failing run's plans directly, as delta debugging
 // does: first whole steps go (ddmin over the plans), then each step is made
 // simpler (fewer requests in a burst, no fault, no stream, fewer
-// conversations). Every candidate is replayed against a fresh server, and
+// conversations). Every candidate is replayed in a session of its own, and
 // kept if it breaks the same invariant. rapid stays the search; this is
 // the shrinker, bounded by a hard wall-clock budget.
 type shrinker struct {
-	target Target
+	lab    *lab
 	want   model.Invariant
 	ctx    context.Context
 	// runs counts the candidates replayed; after is called after each.
@@ -31,8 +31,8 @@ type shrinker struct {
 // shrink returns the smallest run it finds, within ctx, that breaks v's
 // invariant as plans did. ok is false if plans, replayed, did not break it
 // at all: the failure did not reproduce.
-func shrink(ctx context.Context, target Target, plans []Plan, v *model.Violation, after func()) (s *shrinker, ok bool) {
-	s = &shrinker{target: target, want: v.Invariant, ctx: ctx, after: after}
+func shrink(ctx context.Context, l *lab, plans []Plan, v *model.Violation, after func()) (s *shrinker, ok bool) {
+	s = &shrinker{lab: l, want: v.Invariant, ctx: ctx, after: after}
 	if !s.try(plans) {
 		return s, false
 	}
@@ -55,7 +55,7 @@ func (s *shrinker) try(plans []Plan) bool {
 		return false
 	}
 	s.runs++
-	history, v, err := replayContext(s.ctx, s.target, plans)
+	history, v, err := s.lab.replay(s.ctx, plans)
 	if s.after != nil {
 		s.after()
 	}
@@ -175,26 +175,6 @@ func firstConv(plans []Plan) model.ConversationRef {
 		}
 	}
 	return model.ConversationRef{}
-}
-
-// replayContext is Replay, stopped when ctx ends: the requests in flight
-// are aborted, and the run decides nothing.
-func replayContext(ctx context.Context, target Target, plans []Plan) ([]Op, *model.Violation, error) {
-	s, err := startSession(target)
-	if err != nil {
-		return nil, nil, err
-	}
-	s.exec.ctx = ctx
-	var v *model.Violation
-	for _, p := range plans {
-		if ctx.Err() != nil {
-			break
-		}
-		if _, v = s.step(p); v != nil {
-			break
-		}
-	}
-	return s.history, v, s.close()
 }
 
 // shrinkBudget is the context a shrink runs in: ShrinkTime from now, or
