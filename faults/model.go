@@ -50,6 +50,8 @@ type Model struct {
 	mu      sync.Mutex
 	calls   []model.Call
 	scripts map[model.Token]*script
+	// holding are the gates of calls being held now, for Reset to let go.
+	holding map[*Gate]bool
 }
 
 type script struct {
@@ -93,6 +95,7 @@ func StartModel(cfg ModelConfig) (*Model, error) {
 		serving: make(chan struct{}),
 		closing: make(chan struct{}),
 		scripts: map[model.Token]*script{},
+		holding: map[*Gate]bool{},
 	}
 	m.srv = &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -170,6 +173,9 @@ func (m *Model) Reset() {
 			s.gate.Release()
 		}
 	}
+	for g := range m.holding {
+		g.Release()
+	}
 	m.scripts = map[model.Token]*script{}
 	m.calls = nil
 }
@@ -229,6 +235,7 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if gate != nil {
 		close(gate.arrived)
+		defer m.unhold(gate)
 		select {
 		case <-gate.release:
 		case <-r.Context().Done():
@@ -259,10 +266,20 @@ func (m *Model) record(call model.Call) (Fault, chan struct{}, *Gate) {
 	s.calls++
 	arrived, gate := s.arrived, s.gate
 	s.arrived, s.gate = nil, nil
+	if gate != nil {
+		m.holding[gate] = true
+	}
 	if s.fault.Times > 0 && s.calls > s.fault.Times {
 		return Fault{}, arrived, gate
 	}
 	return s.fault, arrived, gate
+}
+
+// unhold forgets a gate whose call is no longer held.
+func (m *Model) unhold(g *Gate) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.holding, g)
 }
 
 // decodeRequest reads a chat request that is one JSON object and nothing

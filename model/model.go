@@ -32,12 +32,12 @@ const (
 )
 
 var invariantTitles = map[Invariant]string{
-	T1: "atomic turns",
-	T2: "committed turns stay",
-	T3: "no replay",
-	T4: "one conversation, one line",
-	T5: "isolation",
-	T6: "unknown outcomes",
+	T1:  "atomic turns",
+	T2:  "committed turns stay",
+	T3:  "no replay",
+	T4:  "one conversation, one line",
+	T5:  "isolation",
+	T6:  "unknown outcomes",
 	T7:  "durability",
 	T8:  "stable source resume",
 	T9:  "tool pairs",

@@ -16,9 +16,9 @@ import (
 // kept if it breaks the same invariant. rapid stays the search; this is
 // the shrinker, bounded by a hard wall-clock budget.
 type shrinker struct {
-	lab    *lab
-	want   model.Invariant
-	ctx    context.Context
+	lab  *lab
+	want model.Invariant
+	ctx  context.Context
 	// runs counts the candidates replayed; after is called after each.
 	runs  int
 	after func()
