@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +49,15 @@ const (
 	// saying its address is in use: the port is free when picked but may be
 	// taken by someone else before the server binds it.
 	startAttempts = 5
+	// maxReadyLine bounds the part of a line of output that ReadyLine is
+	// matched against, and so what a Process buffers to find it: a line
+	// longer than this is matched on its first maxReadyLine bytes.
+	maxReadyLine = 4 << 10
+	// captureListen and capturePort are what {addr} and {port} stand for
+	// when ReadyLine captures the address: port 0, so that the server
+	// picks a free port itself and no other process can take it first.
+	captureListen = "127.0.0.1:0"
+	capturePort   = "0"
 	// drainGrace is how long the output is still read once the server's
 	// group is dead. Only a process that left the group (setsid) can hold
 	// the pipe open that long; its output is then cut off rather than
@@ -58,10 +68,13 @@ const (
 // ProcessConfig says how to start a server under test as a subprocess.
 type ProcessConfig struct {
 	// Command is the command line template, split into argv and run without
-	// a shell: every "{addr}", "{model_url}" and "{data_dir}" in an argument
-	// is replaced. {addr} is 127.0.0.1:PORT, a free loopback port picked for
-	// each start; a command without {addr} cannot learn its port and so
-	// never becomes ready.
+	// a shell: every "{addr}", "{port}", "{model_url}" and "{data_dir}" in an
+	// argument is replaced, and an argument with "{agents}" is repeated per
+	// agent (see Agents). {addr} is 127.0.0.1:PORT, a free loopback port
+	// picked for each start, and {port} is that PORT alone (41237), for a
+	// server that takes its port apart from its host. A command with neither
+	// cannot learn its port and so never becomes ready, unless ReadyLine
+	// captures the address the server picked itself.
 	Command []string
 	// ModelURL is substituted for {model_url}: the base URL of the model
 	// provider the server is to call.
@@ -70,14 +83,52 @@ type ProcessConfig struct {
 	// it survives stops, kills and restarts, which is what lets a restart
 	// test durability.
 	DataDir string
+	// Agents are the agent references (URLs or files, see "Agent sources"
+	// in PROTOCOL.md) the server loads at start-up. An argument of Command
+	// that contains "{agents}" is repeated once per reference, with
+	// {agents} replaced by it, and dropped when there are none: with two
+	// agents "--agent={agents}" becomes "--agent=R1" "--agent=R2". Write the
+	// flag and the placeholder as that one argument: a separate "--agent"
+	// "{agents}" pair repeats only the "{agents}" argument, which gives
+	// "--agent" "R1" "R2" (R2 a stray positional argument), and with no
+	// agents leaves "--agent" to swallow the argument after it. The other
+	// placeholders are replaced in the same argument; a reference itself is
+	// taken literally. SetAgents changes the references for the next
+	// Restart.
+	Agents []string
 	// Env is extra environment, KEY=VALUE, added to the harness's own (a
 	// later value of a key wins).
 	Env []string
 	// Ready is the path polled with GET until it answers with any status
 	// below 500; "" means "/healthz". Any HTTP answer counts, a 404 too, so a
 	// server without the path is ready as soon as it answers HTTP at all.
+	// Ignored when ReadyLine is set.
 	Ready string
-	// StartTimeout bounds a start, from exec to ready; 0 means 15s.
+	// ReadyLine, when set, replaces the HTTP probe of Ready: it is a Go
+	// regular expression (regexp syntax) matched against each line of the
+	// server's output, stdout and stderr together, and the server is ready
+	// once a line written by this run matches (a line of an earlier run of
+	// the same Process, still in Stderr, does not count). A line is matched
+	// without its "\n" or "\r\n", and a line longer than 4 KiB on its first
+	// 4 KiB only, which bounds what is buffered. It suits a server that
+	// says when it is up but has no path to poll, or that picks its own
+	// port.
+	//
+	// Without a capture group the line only signals readiness: {addr} and
+	// {port} are a free port as without ReadyLine. With one, the text of
+	// the first group is the address the server listens on, as
+	// "host:port", ":port" (meaning 127.0.0.1) or "http://host:port"; the
+	// host must be a loopback address or "localhost". {addr} then stands
+	// for "127.0.0.1:0" and {port} for "0", so that the server binds a port
+	// of its own choosing, which no other process can take between a pick
+	// and the bind, and URL reports the captured address, which may change
+	// on Restart. "listening on (http://\S+)" reads the reference server's
+	// line. Use (?:...) for a group that is not the address. An address
+	// that is not a loopback one, or port 0 (the server printed what it was
+	// told, not what it bound), fails the start.
+	ReadyLine string
+	// StartTimeout bounds a start, from exec to ready (by either probe); 0
+	// means 15s.
 	StartTimeout time.Duration
 	// StopGrace is how long Stop waits after SIGTERM before SIGKILL; 0
 	// means 5s.
@@ -94,10 +145,14 @@ type ProcessConfig struct {
 // A Process is safe for concurrent use. Stop, Kill and Restart are
 // serialized: one waits for another to finish (a Kill during a graceful Stop
 // waits for the Stop, at most StopGrace). URL, PID and Stderr never wait for
-// them.
+// them, and neither do SetAgents and Exited.
 type Process struct {
 	cfg ProcessConfig
 	out *ring
+	// readyLine is cfg.ReadyLine compiled, nil for the HTTP probe; capture
+	// says that it has a group that captures the address.
+	readyLine *regexp.Regexp
+	capture   bool
 
 	life sync.Mutex // serializes starts, stops and kills
 	// cur is the latest run, nil before the first start and after a failed
@@ -109,29 +164,46 @@ type Process struct {
 	// it idempotent.
 	reported bool
 
-	mu   sync.Mutex // guards addr and cur for readers outside life
+	mu   sync.Mutex // guards addr, agents and cur for readers outside life
 	addr string
+	// agents are the references the next start substitutes for {agents}:
+	// cfg.Agents until SetAgents replaces them. Never modified in place.
+	agents []string
 }
 
 // run is one exec of the command.
 type run struct {
-	pid  int
-	mark int64         // the output's length when the run started
-	done chan struct{} // closed once the run has exited, its group is dead and its output drained
-	err  error         // what cmd.Wait returned; read after done
+	pid   int
+	mark  int64         // the output's length when the run started
+	done  chan struct{} // closed once the run has exited, its group is dead and its output drained
+	err   error         // what cmd.Wait returned; read after done
+	watch *lineWatch    // finds the ReadyLine in this run's output; nil for the HTTP probe
 }
 
 // StartProcess starts the server and returns once it answers at
-// cfg.Ready. If the server exits first saying its address is in use, it is
-// started again on another port, a few times. If it exits for another
-// reason, or is not ready within StartTimeout, StartProcess kills its
-// process group and returns an error that quotes the tail of its output.
+// cfg.Ready, or has written a line matching cfg.ReadyLine. If the server
+// exits first saying its address is in use, it is started again on another
+// port, a few times (not when ReadyLine captures the address: the server
+// picks the port then). If it exits for another reason, is not ready within
+// StartTimeout, or captures an address that is not a loopback one,
+// StartProcess kills its process group and returns an error that quotes
+// the tail of its output. A ReadyLine that is not a valid regular
+// expression is an error before anything runs.
 func StartProcess(cfg ProcessConfig) (*Process, error) {
 	if len(cfg.Command) == 0 {
 		return nil, errors.New("start server: empty command")
 	}
 	cfg.Command = append([]string(nil), cfg.Command...)
 	cfg.Env = append([]string(nil), cfg.Env...)
+	cfg.Agents = append([]string(nil), cfg.Agents...)
+	var readyLine *regexp.Regexp
+	if cfg.ReadyLine != "" {
+		re, err := regexp.Compile(cfg.ReadyLine)
+		if err != nil {
+			return nil, fmt.Errorf("start server: ReadyLine: %w", err)
+		}
+		readyLine = re
+	}
 	if cfg.Ready == "" {
 		cfg.Ready = defaultReady
 	}
@@ -144,7 +216,13 @@ func StartProcess(cfg ProcessConfig) (*Process, error) {
 	if cfg.StopGrace <= 0 {
 		cfg.StopGrace = defaultStopGrace
 	}
-	p := &Process{cfg: cfg, out: &ring{buf: make([]byte, MaxProcessOutput)}}
+	p := &Process{
+		cfg:       cfg,
+		out:       &ring{buf: make([]byte, MaxProcessOutput)},
+		readyLine: readyLine,
+		capture:   readyLine != nil && readyLine.NumSubexp() > 0,
+		agents:    cfg.Agents,
+	}
 	p.life.Lock()
 	defer p.life.Unlock()
 	if err := p.start(""); err != nil {
@@ -153,8 +231,9 @@ func StartProcess(cfg ProcessConfig) (*Process, error) {
 	return p, nil
 }
 
-// URL is the server's base URL, http://127.0.0.1:PORT (of the latest start,
-// once the server has stopped).
+// URL is the server's base URL, http://127.0.0.1:PORT, or http:// and the
+// address ReadyLine captured (of the latest start, once the server has
+// stopped).
 func (p *Process) URL() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -170,6 +249,43 @@ func (p *Process) PID() int {
 		return 0
 	}
 	return p.cur.pid
+}
+
+// Exited returns a channel that is closed once the current run of the
+// server has ended, whether it exited on its own, crashed, or was stopped
+// or killed, and its output has been drained (so Stderr then holds its
+// last words). It lets a harness notice a server that died mid-run rather
+// than blame the next failed request on something else. Each run has its
+// own channel: after a Restart, Exited returns the new run's, and one got
+// before it stays closed, so a caller that watches across restarts asks
+// again after each. After a failed Restart there is no current run and the
+// channel returned is already closed.
+func (p *Process) Exited() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cur == nil {
+		return closedChan
+	}
+	return p.cur.done
+}
+
+// closedChan is what Exited returns when no run is current.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// SetAgents replaces the agent references substituted for {agents} (see
+// ProcessConfig.Agents) from the next start on: a running server keeps the
+// ones it was started with until Restart. This is how a test restarts a
+// server with a changed query on an agent's source. refs is copied; nil or
+// empty means no agents.
+func (p *Process) SetAgents(refs []string) {
+	refs = append([]string(nil), refs...)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.agents = refs
 }
 
 // Stderr returns the server's most recent output, stdout and stderr
@@ -247,11 +363,13 @@ func (p *Process) kill() error {
 }
 
 // Restart starts the server again with the same configuration and data
-// directory, and returns once it is ready. A server still running is first
-// stopped gracefully; an error of that stop is returned (joined with any
-// start error) but does not prevent the start. The new run tries the old
-// port first, so URL usually stays the same, and moves to another port if
-// that one has been taken meanwhile.
+// directory, and the agents of the latest SetAgents, and returns once it is
+// ready. A server still running is first stopped gracefully; an error of
+// that stop is returned (joined with any start error) but does not prevent
+// the start. The new run tries the old port first, so URL usually stays
+// the same, and moves to another port if that one has been taken
+// meanwhile; when ReadyLine captures the address, the server picks its
+// port afresh and URL follows it.
 func (p *Process) Restart() error {
 	p.life.Lock()
 	defer p.life.Unlock()
@@ -263,8 +381,15 @@ func (p *Process) Restart() error {
 }
 
 // start runs the command until it is ready, trying first on addr if it is
-// not "", then on fresh ports. Called with life held.
+// not "", then on fresh ports. When ReadyLine captures the address, it runs
+// the command once on port 0 instead: the server binds a port of its own
+// choosing, so a port taken by someone else is not the server's to retry.
+// Called with life held.
 func (p *Process) start(addr string) error {
+	if p.capture {
+		_, err := p.startOn(captureListen)
+		return err
+	}
 	var last error
 	for attempt := 0; attempt < startAttempts; attempt++ {
 		if addr == "" || attempt > 0 {
@@ -290,29 +415,46 @@ func (p *Process) start(addr string) error {
 // ready. On failure the run is dead and reaped; inUse says that it exited
 // with output suggesting the address was taken, so another port may do.
 func (p *Process) startOn(addr string) (inUse bool, err error) {
-	argv := make([]string, len(p.cfg.Command))
-	repl := strings.NewReplacer("{addr}", addr, "{model_url}", p.cfg.ModelURL, "{data_dir}", p.cfg.DataDir)
-	for i, a := range p.cfg.Command {
-		argv[i] = repl.Replace(a)
+	p.mu.Lock()
+	agents := p.agents
+	p.mu.Unlock()
+	argv := expandCommand(p.cfg.Command, agents, addr, p.cfg.ModelURL, p.cfg.DataDir)
+	if len(argv) == 0 {
+		return false, errors.New("start server: the command is empty once {agents} is expanded with no agents")
 	}
 	r, err := p.exec(argv)
 	if err != nil {
 		return false, err
 	}
 	p.mu.Lock()
-	p.addr = addr
+	if !p.capture {
+		p.addr = addr
+	}
 	p.cur = r
 	p.reported = false
 	p.mu.Unlock()
 
-	err = waitReady(r, "http://"+addr+p.cfg.Ready, p.cfg.StartTimeout)
+	if r.watch != nil {
+		var line, captured string
+		line, captured, err = waitLine(r, p.cfg.ReadyLine, p.cfg.StartTimeout)
+		if err == nil && p.capture {
+			var got string
+			if got, err = capturedAddr(captured); err != nil {
+				err = fmt.Errorf("the address captured from the line %q: %w", line, err)
+			} else {
+				p.mu.Lock()
+				p.addr = got
+				p.mu.Unlock()
+			}
+		}
+	} else {
+		err = waitReady(r, "http://"+addr+p.cfg.Ready, p.cfg.StartTimeout)
+	}
 	if err == nil {
 		return false, nil
 	}
-	var exited bool
 	select {
-	case <-r.done:
-		exited = true
+	case <-r.done: // reaped already: its group id may belong to someone else now
 	default:
 		_ = syscall.Kill(-r.pid, syscall.SIGKILL)
 		<-r.done
@@ -321,7 +463,7 @@ func (p *Process) startOn(addr string) (inUse bool, err error) {
 	p.cur = nil
 	p.mu.Unlock()
 	out := p.out.tail(r.mark, processErrorTail)
-	if exited {
+	if errors.Is(err, errExited) {
 		return suggestsInUse(out), fmt.Errorf("server %q on %s %s before it was ready%s", argv[0], addr, exitString(r.err), quote(out))
 	}
 	return false, fmt.Errorf("server %q on %s: %w%s", argv[0], addr, err, quote(out))
@@ -350,10 +492,15 @@ func (p *Process) exec(argv []string) (*run, error) {
 	}
 	_ = pw.Close() // the children hold it now; EOF once they all let go
 	r := &run{pid: cmd.Process.Pid, mark: mark, done: make(chan struct{})}
+	var out io.Writer = p.out
+	if p.readyLine != nil {
+		r.watch = newLineWatch(p.readyLine, p.capture)
+		out = teeLines{ring: p.out, watch: r.watch}
+	}
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)
-		_, _ = io.Copy(p.out, pr)
+		_, _ = io.Copy(out, pr)
 	}()
 	go func() {
 		r.err = cmd.Wait()
@@ -373,6 +520,10 @@ func (p *Process) exec(argv []string) (*run, error) {
 	}()
 	return r, nil
 }
+
+// errExited is what a wait for readiness returns when the run exits first;
+// startOn then reports how it exited instead.
+var errExited = errors.New("exited before it was ready")
 
 // waitReady polls url until it answers with a status below 500, the run
 // exits, or timeout passes.
@@ -398,10 +549,86 @@ func waitReady(r *run, url string, timeout time.Duration) error {
 		}
 		select {
 		case <-r.done:
-			return errors.New("exited before it was ready")
+			return errExited
 		case <-tick.C:
 		}
 	}
+}
+
+// waitLine waits until the run writes a line that matches its ReadyLine
+// expr, the run exits, or timeout passes. It returns the line and the text
+// of the expression's first group in it.
+func waitLine(r *run, expr string, timeout time.Duration) (line, captured string, err error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-r.watch.seen:
+		return r.watch.line, r.watch.captured, nil
+	case <-r.done:
+		// The output is drained before done is closed: a line the run
+		// wrote before it exited has been seen by now, and counts.
+		select {
+		case <-r.watch.seen:
+			return r.watch.line, r.watch.captured, nil
+		default:
+			return "", "", errExited
+		}
+	case <-t.C:
+		return "", "", fmt.Errorf("no line of output matched %q within %v", expr, timeout)
+	}
+}
+
+// expandCommand fills in the command template: {agents} repeats its
+// argument once per agent reference, and the other placeholders are
+// replaced where they stand. Each argument is replaced in one pass, so a
+// value that happens to contain a placeholder (a reference with "{addr}" in
+// its query, say) is left as it is.
+func expandCommand(tmpl, agents []string, addr, modelURL, dataDir string) []string {
+	port := capturePort
+	if _, p, err := net.SplitHostPort(addr); err == nil {
+		port = p
+	}
+	pairs := []string{"{addr}", addr, "{port}", port, "{model_url}", modelURL, "{data_dir}", dataDir}
+	repl := strings.NewReplacer(pairs...)
+	argv := make([]string, 0, len(tmpl))
+	for _, a := range tmpl {
+		if !strings.Contains(a, "{agents}") {
+			argv = append(argv, repl.Replace(a))
+			continue
+		}
+		for _, ref := range agents {
+			argv = append(argv, strings.NewReplacer(append(pairs, "{agents}", ref)...).Replace(a))
+		}
+	}
+	return argv
+}
+
+// capturedAddr checks the address ReadyLine captured and returns it as
+// host:port: "host:port", ":port" (127.0.0.1) or "http://host:port", with
+// a loopback host and a port that is not 0. The harness speaks to the
+// server on loopback only, so another host is refused rather than called.
+func capturedAddr(s string) (string, error) {
+	hostport := s
+	if rest, ok := strings.CutPrefix(s, "http://"); ok {
+		hostport = strings.TrimSuffix(rest, "/")
+	}
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return "", fmt.Errorf("%q is not host:port, :port or http://host:port", s)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return "", fmt.Errorf("%q has no usable port (the server may have printed the address it was given, not the one it bound)", s)
+	}
+	switch {
+	case host == "":
+		host = "127.0.0.1"
+	case strings.EqualFold(host, "localhost"):
+	default:
+		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+			return "", fmt.Errorf("%q is not a loopback address", s)
+		}
+	}
+	return net.JoinHostPort(host, port), nil
 }
 
 // freeLoopbackAddr picks a port that is free now. Another process may take
@@ -471,6 +698,80 @@ func quote(out string) string {
 		return " (no output)"
 	}
 	return "; its output ends:\n" + out
+}
+
+// lineWatch finds the first line of a run's output that matches ReadyLine.
+// It is written to by the run's drain goroutine only, so its buffer needs
+// no lock; what it found is published by closing seen.
+type lineWatch struct {
+	re      *regexp.Regexp
+	capture bool
+	buf     []byte // the current line so far, at most maxReadyLine bytes
+	full    bool   // the current line has been matched on its first maxReadyLine bytes; the rest is skipped
+	found   bool   // a line matched: nothing more is scanned
+	seen    chan struct{}
+
+	// line and captured are the matching line and the text of the
+	// expression's first group in it; written before seen is closed and
+	// read after.
+	line, captured string
+}
+
+func newLineWatch(re *regexp.Regexp, capture bool) *lineWatch {
+	return &lineWatch{re: re, capture: capture, buf: make([]byte, 0, maxReadyLine), seen: make(chan struct{})}
+}
+
+// scan splits b into lines, continuing the line of the previous call, and
+// matches each as it ends or reaches maxReadyLine bytes. An unterminated
+// last line is never matched: the run has exited by the time nothing more
+// can follow it, and a run that exited is not ready.
+func (w *lineWatch) scan(b []byte) {
+	for len(b) > 0 && !w.found {
+		chunk, rest, ended := bytes.Cut(b, []byte{'\n'})
+		b = rest
+		if !w.full {
+			chunk = chunk[:min(len(chunk), maxReadyLine-len(w.buf))]
+			w.buf = append(w.buf, chunk...)
+			if ended || len(w.buf) == maxReadyLine {
+				w.match()
+				w.full = !ended
+			}
+		}
+		if ended {
+			w.buf = w.buf[:0]
+			w.full = false
+		}
+	}
+}
+
+// match tries the current line and, if it matches, publishes it.
+func (w *lineWatch) match() {
+	line := bytes.TrimSuffix(w.buf, []byte{'\r'})
+	m := w.re.FindSubmatchIndex(line)
+	if m == nil {
+		return
+	}
+	w.found = true
+	w.line = string(line)
+	if w.capture && m[2] >= 0 {
+		w.captured = string(line[m[2]:m[3]])
+	}
+	w.buf = nil // nothing more is scanned: let it go
+	close(w.seen)
+}
+
+// teeLines writes a run's output to the ring, then scans it for the
+// ReadyLine: the line is in Stderr by the time the run is ready.
+type teeLines struct {
+	ring  *ring
+	watch *lineWatch
+}
+
+// Write never fails or blocks, like the ring's.
+func (t teeLines) Write(b []byte) (int, error) {
+	n, _ := t.ring.Write(b)
+	t.watch.scan(b)
+	return n, nil
 }
 
 // ring keeps the last len(buf) bytes written to it. Safe for concurrent

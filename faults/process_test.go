@@ -272,6 +272,46 @@ func TestProcess(t *testing.T) {
 		require.NoError(t, p.Stop())
 	})
 
+	t.Run("{port} is the port of {addr}", func(t *testing.T) {
+		t.Parallel()
+		m := procModel(t)
+		p := procStart(t, faults.ProcessConfig{
+			Command:  []string{bin, "serve", "--listen", "127.0.0.1:{port}", "--model-url", "{model_url}", "--data-dir", "{data_dir}"},
+			ModelURL: m.URL(),
+			DataDir:  t.TempDir(),
+		})
+		// Ready by the HTTP probe at URL: the server listens where {addr} says.
+		assert.Eventually(t, func() bool { return strings.Contains(p.Stderr(), "listening on "+p.URL()) },
+			guard, 10*time.Millisecond, "the server listens on the port of {addr}: %s", p.Stderr())
+	})
+
+	t.Run("a ReadyLine with a group reads the address the server picked", func(t *testing.T) {
+		t.Parallel()
+		m := procModel(t)
+		client := procClient(t)
+		p := procStart(t, faults.ProcessConfig{
+			Command:   procServe(bin), // --listen {addr}: 127.0.0.1:0
+			ReadyLine: `listening on (http://\S+)`,
+			ModelURL:  m.URL(),
+			DataDir:   t.TempDir(),
+		})
+		assert.True(t, strings.HasPrefix(p.URL(), "http://127.0.0.1:"), p.URL())
+		assert.NotEqual(t, "http://127.0.0.1:0", p.URL(), "the bound port, not the one asked for")
+		assert.Contains(t, p.Stderr(), "listening on "+p.URL(), "the line is kept by the time the server is ready")
+		status, got := procTurn(t, client, p.URL(), "c1", "hi tc-u1")
+		require.Equal(t, http.StatusOK, status, got)
+
+		// A restart reads the new run's line, not the old one still kept.
+		exited := p.Exited()
+		client.Transport.(*http.Transport).CloseIdleConnections()
+		require.NoError(t, p.Restart())
+		assertClosed(t, exited, "the old run's channel")
+		status, got = procTurn(t, client, p.URL(), "c1", "and tc-u2")
+		require.Equal(t, http.StatusOK, status, got)
+		assert.Contains(t, got, "tc-a2", "the restarted server kept the conversation")
+		require.NoError(t, p.Stop())
+	})
+
 	t.Run("an address in use is retried on another port", func(t *testing.T) {
 		t.Parallel()
 		m := procModel(t)
@@ -286,5 +326,257 @@ exec "$0" serve --listen "$1" --model-url "$2" --data-dir "$3"`
 		// The server may answer before its first line has been drained.
 		assert.Eventually(t, func() bool { return strings.Contains(p.Stderr(), "listening on "+p.URL()) },
 			5*time.Second, 10*time.Millisecond, "the second run listens on the port the Process reports: %s", p.Stderr())
+	})
+}
+
+// shCommand is a command template that runs script with sh, its $1, $2...
+// the args (after expansion).
+func shCommand(script string, args ...string) []string {
+	return append([]string{"sh", "-c", script, "sh"}, args...)
+}
+
+// assertClosed asserts that ch is closed, or closes within guard.
+func assertClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(guard):
+		t.Errorf("%s is not closed", what)
+	}
+}
+
+// assertOpen asserts that ch is not closed now.
+func assertOpen(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Errorf("%s is closed", what)
+	default:
+	}
+}
+
+// TestProcessTemplate checks the command template and the readiness by a
+// line of output on small shell scripts, which need no server: each prints
+// what it was given, then a line, then sleeps until it is killed.
+func TestProcessTemplate(t *testing.T) {
+	t.Run("{addr} and {port} with a ReadyLine without a group", func(t *testing.T) {
+		t.Parallel()
+		p := procStart(t, faults.ProcessConfig{
+			Command:   shCommand(`echo "addr=$1 port=$2"; echo ready; exec sleep 60`, "{addr}", "{port}"),
+			ReadyLine: `^ready$`,
+		})
+		// The line only signals readiness: the port is still picked.
+		hostport := strings.TrimPrefix(p.URL(), "http://")
+		host, port, ok := strings.Cut(hostport, ":")
+		require.True(t, ok, p.URL())
+		assert.Equal(t, "127.0.0.1", host)
+		assert.NotEqual(t, "0", port)
+		assert.Equal(t, "addr="+hostport+" port="+port+"\nready\n", p.Stderr())
+	})
+
+	t.Run("{agents} repeats its argument per agent", func(t *testing.T) {
+		t.Parallel()
+		script := `printf '<%s>\n' "$@"; echo ready; exec sleep 60`
+		for _, tc := range []struct {
+			name   string
+			agents []string
+			want   string
+		}{
+			{"no agents", nil, "<first>\n<last>\n"},
+			{"one agent", []string{"http://127.0.0.1:1/agents/a.yaml?tag=v1"},
+				"<first>\n<--agent=http://127.0.0.1:1/agents/a.yaml?tag=v1>\n<last>\n"},
+			// A reference is taken literally, placeholders and all.
+			{"two agents", []string{"a.yaml", "b.yaml?x={addr}"},
+				"<first>\n<--agent=a.yaml>\n<--agent=b.yaml?x={addr}>\n<last>\n"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				p := procStart(t, faults.ProcessConfig{
+					Command:   shCommand(script, "first", "--agent={agents}", "last"),
+					Agents:    tc.agents,
+					ReadyLine: `^ready$`,
+				})
+				assert.Equal(t, tc.want+"ready\n", p.Stderr())
+			})
+		}
+	})
+
+	t.Run("SetAgents changes the agents of the next restart", func(t *testing.T) {
+		t.Parallel()
+		p := procStart(t, faults.ProcessConfig{
+			Command:   shCommand(`printf '<%s>\n' "$@"; echo ready; exec sleep 60`, "--agent={agents}", "{port}"),
+			Agents:    []string{"a.yaml?tag=v1"},
+			ReadyLine: `^ready$`,
+		})
+		port := p.URL()[strings.LastIndexByte(p.URL(), ':')+1:]
+		refs := []string{"a.yaml?tag=v2", "b.yaml"}
+		p.SetAgents(refs)
+		refs[0] = "changed"
+		assert.Equal(t, "<--agent=a.yaml?tag=v1>\n<"+port+">\nready\n", p.Stderr(), "the running server keeps its agents")
+		require.NoError(t, p.Restart())
+		port = p.URL()[strings.LastIndexByte(p.URL(), ':')+1:]
+		assert.True(t, strings.HasSuffix(p.Stderr(), "ready\n<--agent=a.yaml?tag=v2>\n<--agent=b.yaml>\n<"+port+">\nready\n"),
+			"the restart has the new agents, copied when set: %s", p.Stderr())
+	})
+
+	t.Run("a ReadyLine with a group takes the address the server prints", func(t *testing.T) {
+		t.Parallel()
+		script := `echo "addr=$1 port=$2"; echo "up at $3"; exec sleep 60`
+		for _, tc := range []struct{ printed, url string }{
+			{":41237", "http://127.0.0.1:41237"},
+			{"127.0.0.1:41237", "http://127.0.0.1:41237"},
+			{"127.0.0.2:41237", "http://127.0.0.2:41237"},
+			{"localhost:41237", "http://localhost:41237"},
+			{"[::1]:41237", "http://[::1]:41237"},
+			{"http://127.0.0.1:41237", "http://127.0.0.1:41237"},
+			{"http://127.0.0.1:41237/", "http://127.0.0.1:41237"},
+		} {
+			t.Run(tc.printed, func(t *testing.T) {
+				t.Parallel()
+				p := procStart(t, faults.ProcessConfig{
+					Command:   shCommand(script, "{addr}", "{port}", tc.printed),
+					ReadyLine: `^up at (\S+)$`,
+				})
+				assert.Equal(t, tc.url, p.URL())
+				assert.Contains(t, p.Stderr(), "addr=127.0.0.1:0 port=0\n", "the server is asked to pick its port")
+			})
+		}
+	})
+
+	t.Run("a captured address that is not a loopback one fails the start", func(t *testing.T) {
+		t.Parallel()
+		script := `echo $$ > "$1/pid"; echo "up at $2"; exec sleep 60`
+		for _, tc := range []struct{ printed, why string }{
+			{"0.0.0.0:41237", "not a loopback address"},
+			{"192.0.2.1:41237", "not a loopback address"},
+			{"example.com:41237", "not a loopback address"},
+			{"127.0.0.1:0", "no usable port"},
+			{"41237", "is not host:port"},
+			{"https://127.0.0.1:41237", "is not host:port"},
+		} {
+			t.Run(tc.printed, func(t *testing.T) {
+				t.Parallel()
+				dir := t.TempDir()
+				p, err := faults.StartProcess(faults.ProcessConfig{
+					Command:   shCommand(script, "{data_dir}", tc.printed),
+					DataDir:   dir,
+					ReadyLine: `^up at (\S+)$`,
+				})
+				require.Error(t, err)
+				assert.Nil(t, p)
+				assert.Contains(t, err.Error(), strconv.Quote(tc.printed), "the error names what was seen")
+				assert.Contains(t, err.Error(), tc.why)
+				assert.Contains(t, err.Error(), "its output ends:\nup at "+tc.printed)
+				pid := readPID(t, filepath.Join(dir, "pid"))
+				assert.Eventually(t, func() bool { return procGone(pid) }, guard, 10*time.Millisecond, "the server is killed")
+			})
+		}
+	})
+
+	t.Run("a long line is matched on its first 4 KiB, and a CRLF line without its CR", func(t *testing.T) {
+		t.Parallel()
+		// 5000 zeros then "late": the first 4 KiB are zeros only.
+		p := procStart(t, faults.ProcessConfig{
+			Command:   shCommand(`printf '%05000dlate\n' 0; exec sleep 60`),
+			ReadyLine: `^0+$`,
+		})
+		assert.Contains(t, p.Stderr(), "late")
+		procStart(t, faults.ProcessConfig{
+			Command:   shCommand(`printf 'ready\r\n'; exec sleep 60`),
+			ReadyLine: `^ready$`,
+		})
+	})
+
+	t.Run("a ReadyLine that never appears times out with the output", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		began := time.Now()
+		// "ready" comes only past the first 4 KiB of its line: not seen.
+		_, err := faults.StartProcess(faults.ProcessConfig{
+			Command:      shCommand(`echo $$ > "$1/pid"; printf '%05000dready\n' 0; echo waiting; exec sleep 60`, "{data_dir}"),
+			DataDir:      dir,
+			ReadyLine:    `ready$`,
+			StartTimeout: 300 * time.Millisecond,
+		})
+		took := time.Since(began)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `no line of output matched "ready$" within 300ms`)
+		assert.Contains(t, err.Error(), "waiting", "the error quotes the output")
+		assert.GreaterOrEqual(t, took, 300*time.Millisecond)
+		assert.Less(t, took, 3*time.Second)
+		pid := readPID(t, filepath.Join(dir, "pid"))
+		assert.Eventually(t, func() bool { return procGone(pid) }, guard, 10*time.Millisecond, "the server is killed")
+	})
+
+	t.Run("a ReadyLine counts only lines of this run", func(t *testing.T) {
+		t.Parallel()
+		script := `if [ -e "$1/once" ]; then echo again; else : > "$1/once"; echo ready; fi; exec sleep 60`
+		p := procStart(t, faults.ProcessConfig{
+			Command:      shCommand(script, "{data_dir}"),
+			DataDir:      t.TempDir(),
+			ReadyLine:    `^ready$`,
+			StartTimeout: 300 * time.Millisecond,
+		})
+		err := p.Restart()
+		require.Error(t, err, "the first run's line does not make the second ready")
+		assert.Contains(t, err.Error(), "no line of output matched")
+		assert.Contains(t, err.Error(), "its output ends:\nagain", "the error quotes this run's output only")
+		assert.Equal(t, "ready\nagain\n", p.Stderr())
+		assertClosed(t, p.Exited(), "Exited after a failed restart")
+	})
+
+	t.Run("a server that exits before its ReadyLine fails with its output", func(t *testing.T) {
+		t.Parallel()
+		_, err := faults.StartProcess(faults.ProcessConfig{
+			Command:   shCommand(`echo starting; exit 3`),
+			ReadyLine: `^ready$`,
+		})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "exited with status 3 before it was ready; its output ends:\nstarting")
+	})
+
+	t.Run("a bad ReadyLine is an error before anything runs", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		p, err := faults.StartProcess(faults.ProcessConfig{
+			Command:   shCommand(`: > "$1/ran"`, "{data_dir}"),
+			DataDir:   dir,
+			ReadyLine: `(`,
+		})
+		require.Error(t, err)
+		assert.Nil(t, p)
+		assert.Contains(t, err.Error(), "ReadyLine")
+		assert.NoFileExists(t, filepath.Join(dir, "ran"))
+	})
+
+	t.Run("Exited closes when the run is killed, and a restart has a new one", func(t *testing.T) {
+		t.Parallel()
+		p := procStart(t, faults.ProcessConfig{
+			Command:   shCommand(`echo ready; exec sleep 60`),
+			ReadyLine: `^ready$`,
+		})
+		first := p.Exited()
+		assertOpen(t, first, "Exited of a running server")
+		require.NoError(t, p.Kill())
+		assertClosed(t, first, "Exited after Kill")
+		require.NoError(t, p.Restart())
+		second := p.Exited()
+		assertOpen(t, second, "Exited of the restarted server")
+		require.NoError(t, p.Stop())
+		assertClosed(t, second, "Exited after Stop")
+	})
+
+	t.Run("Exited closes when the server exits on its own", func(t *testing.T) {
+		t.Parallel()
+		// Ready by its line, then gone: the line was drained before the
+		// exit was noticed, so the start succeeds.
+		p := procStart(t, faults.ProcessConfig{
+			Command:   shCommand(`echo ready; exit 3`),
+			ReadyLine: `^ready$`,
+		})
+		assertClosed(t, p.Exited(), "Exited of a server that exited")
+		err := p.Stop()
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "exited with status 3 on its own")
 	})
 }

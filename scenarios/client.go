@@ -22,6 +22,10 @@ import (
 // deadline or by an abort at a known point, never by this timer.
 const clientTimeout = 30 * time.Second
 
+// defaultModelTimeout is the model-call timeout a profile is taken to
+// declare when it declares none; clientTimeout leaves a margin over it.
+const defaultModelTimeout = 20 * time.Second
+
 // maxResponseBytes bounds what the client reads of one response.
 const maxResponseBytes = 8 << 20
 
@@ -63,7 +67,7 @@ func newClient(base string, p Profile, ns string) *client {
 		profile: p,
 		ns:      ns,
 		http: &http.Client{
-			Timeout:   clientTimeout,
+			Timeout:   p.requestTimeout(),
 			Transport: http.DefaultTransport.(*http.Transport).Clone(),
 		},
 	}

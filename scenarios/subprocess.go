@@ -4,31 +4,61 @@ package scenarios
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"strings"
+	"time"
 
 	"github.com/turncheck/turncheck/faults"
 )
 
-// Subprocess is a Target whose servers are processes started from a
-// command template, in any language: every "{addr}", "{model_url}" and
-// "{data_dir}" in an argument is replaced (see faults.ProcessConfig). Each
-// check gets a fresh process on a fresh data dir, removed when it stops.
-// Its servers report no activity and hold no deadlines of the harness's:
-// bursts settle by a quiet period, and a held model call times out on the
-// server's own clock.
+// Subprocess is a Target whose server is a process started from a command
+// template, in any language: "{addr}", "{port}", "{model_url}",
+// "{data_dir}" and "{agents}" in an argument are replaced (see
+// faults.ProcessConfig). By default one process serves a whole run, each
+// check under a namespace of its own (ServerReuse); with FreshPerCheck,
+// every check gets a fresh process on a fresh data dir. A data dir is
+// removed when its process stops. Its servers report no activity and hold
+// no deadlines of the harness's: bursts settle by a quiet period, and a
+// held model call times out on the server's own clock.
 type Subprocess struct {
 	// Command is the command line template, one argument per element.
 	Command []string
-	// Env is added to the environment, KEY=VALUE.
+	// Env is added to the environment, KEY=VALUE; placeholders are
+	// replaced as in Command.
 	Env []string
+	// Agents are the agent references given to {agents}.
+	Agents []string
 	// Ready is the path polled until the server answers; "" is /healthz.
 	Ready string
+	// ReadyLine, if set, replaces the HTTP probe: a regular expression
+	// that a line of the server's output matches once it is ready; a
+	// capture group in it is the address the server listens on.
+	ReadyLine string
+	// StartTimeout bounds a start (0: 15s); StopGrace is how long a stop
+	// waits after SIGTERM before SIGKILL (0: 5s).
+	StartTimeout, StopGrace time.Duration
+	// FreshPerCheck starts a fresh server for every check rather than one
+	// for the whole run: slower, but no check can see another's traces.
+	FreshPerCheck bool
+	// ModelAt, if set, is the loopback host:port the fake model listens
+	// on; "" picks a free port.
+	ModelAt string
 	// Reaches is how to talk to the servers.
 	Reaches Profile
 }
 
 // Profile returns s.Reaches.
 func (s Subprocess) Profile() Profile { return s.Reaches }
+
+// ReuseServer reports whether one process serves the whole run.
+func (s Subprocess) ReuseServer() bool { return !s.FreshPerCheck }
+
+// ModelAddr is s.ModelAt.
+func (s Subprocess) ModelAddr() string { return s.ModelAt }
+
+// String is the command line, for reports.
+func (s Subprocess) String() string { return strings.Join(s.Command, " ") }
 
 // Start starts a process pointed at modelURL on a fresh data dir.
 func (s Subprocess) Start(modelURL string) (Server, error) {
@@ -37,7 +67,8 @@ func (s Subprocess) Start(modelURL string) (Server, error) {
 		return nil, err
 	}
 	p, err := faults.StartProcess(faults.ProcessConfig{Command: s.Command, ModelURL: modelURL, DataDir: dir,
-		Env: s.Env, Ready: s.Ready})
+		Env: s.Env, Agents: s.Agents, Ready: s.Ready, ReadyLine: s.ReadyLine,
+		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace})
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
@@ -51,7 +82,26 @@ type subprocessServer struct {
 
 func (s *subprocessServer) URL() string { return s.p.URL() }
 
+// Exited reports a process that exited on its own, with its last output.
+func (s *subprocessServer) Exited() error {
+	select {
+	case <-s.p.Exited():
+		return fmt.Errorf("%s exited; its last output:\n%s", s.p, lastLines(s.p.Stderr(), 20))
+	default:
+		return nil
+	}
+}
+
 // Close stops the process gracefully (then kills it) and removes its data.
 func (s *subprocessServer) Close() error {
 	return errors.Join(s.p.Stop(), os.RemoveAll(s.dir))
+}
+
+// lastLines is the last n lines of out.
+func lastLines(out string, n int) string {
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "  " + strings.Join(lines, "\n  ")
 }

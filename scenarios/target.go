@@ -3,6 +3,7 @@ package scenarios
 import (
 	"errors"
 	"os"
+	"time"
 
 	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/model"
@@ -41,6 +42,32 @@ type Profile struct {
 	// conversation whose turn is still running: it waits (Serialize, the
 	// zero value) or gets 409 (Reject). The server is judged by it (T4).
 	Concurrency model.Concurrency
+	// ModelTimeout is the server's own model-call timeout: the client
+	// waits that long and a margin for an answer before it takes a turn's
+	// outcome as unknown. 0 means 20s.
+	ModelTimeout time.Duration
+	// Eviction is what the server declares becomes of an evicted
+	// conversation; "" means Durable. Capacity is how many conversations
+	// its cache holds (0: not declared). A server that forgets is given at
+	// most Capacity conversations in a check, so that it never has to
+	// forget one the check still uses.
+	Eviction Eviction
+	Capacity int
+	// Interruption is what the server declares it does with an
+	// interrupted turn; "" means Rollback.
+	Interruption Interruption
+	// Durability is what the server declares survives a restart and a
+	// crash; a server that declares neither is not judged on T7.
+	Durability Durability
+}
+
+// requestTimeout bounds one request: the server's model timeout and a
+// margin.
+func (p Profile) requestTimeout() time.Duration {
+	if p.ModelTimeout <= 0 {
+		return clientTimeout
+	}
+	return p.ModelTimeout + clientTimeout - defaultModelTimeout
 }
 
 func (p Profile) header() string {
@@ -93,10 +120,10 @@ type Reference struct {
 
 var referenceKeys = []string{"key-a", "key-b"}
 
-// Profile is the reference server's profile: two API keys, and the
-// concurrency policy it runs with.
+// Profile is the reference server's profile: two API keys, the
+// concurrency policy it runs with, and durable storage.
 func (r Reference) Profile() Profile {
-	p := Profile{Keys: referenceKeys, Model: "turncheck"}
+	p := Profile{Keys: referenceKeys, Model: "turncheck", Durability: Durability{Restart: true, Crash: true}}
 	if r.Concurrency == sut.Reject {
 		p.Concurrency = model.Reject
 	}
@@ -149,3 +176,43 @@ func (s *referenceServer) Activity() (working, waiting int, changed <-chan struc
 func (s *referenceServer) Close() error {
 	return errors.Join(s.Running.Close(), os.RemoveAll(s.dir))
 }
+
+// Remote is a Target for a server that already runs at URL, started by
+// someone else and configured to call its model at http://ModelAddr/v1,
+// where the harness's fake model listens during the run. Every check of a
+// run shares it, each under a namespace of conversation ids of its own;
+// it cannot be restarted or crashed, so the invariants about restarts are
+// not applicable to it.
+type Remote struct {
+	// URL is the server's base URL (the chat endpoint is URL +
+	// "/v1/chat/completions"), on loopback.
+	URL string
+	// ModelAt is the loopback host:port the fake model listens on.
+	ModelAt string
+	// Reaches is how to talk to the server.
+	Reaches Profile
+}
+
+// Profile returns r.Reaches.
+func (r Remote) Profile() Profile { return r.Reaches }
+
+// Start returns the running server; modelURL is where the server was
+// told to call its model, which Remote cannot change: the fake model
+// listens at ModelAt instead.
+func (r Remote) Start(string) (Server, error) { return remoteServer(r.URL), nil }
+
+// ReuseServer is true: there is only the one server.
+func (r Remote) ReuseServer() bool { return true }
+
+// ModelAddr returns r.ModelAt.
+func (r Remote) ModelAddr() string { return r.ModelAt }
+
+// String is the URL, for reports.
+func (r Remote) String() string { return r.URL }
+
+type remoteServer string
+
+func (s remoteServer) URL() string { return string(s) }
+
+// Close does nothing: the server is someone else's to stop.
+func (s remoteServer) Close() error { return nil }

@@ -1,0 +1,356 @@
+package scenarios
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// Eviction is what a server declares becomes of a conversation its cache
+// evicts, or a restart drops (PROTOCOL.md, "Profiles").
+type Eviction string
+
+// The eviction policies.
+const (
+	// Durable: an evicted conversation is reloaded whole from storage.
+	Durable Eviction = "durable"
+	// Forgets: a cache-only server loses an evicted conversation whole;
+	// it starts over empty, never half.
+	Forgets Eviction = "forgets"
+)
+
+// Interruption is what a server declares it does with a turn whose client
+// disconnected (PROTOCOL.md T10).
+type Interruption string
+
+// The interruption policies.
+const (
+	// Rollback: the interrupted turn leaves nothing behind.
+	Rollback Interruption = "rollback"
+	// KeepConsistent: completed tool pairs may be kept, as a prefix that
+	// keeps every tool call paired with its result.
+	KeepConsistent Interruption = "keep-consistent"
+)
+
+// Durability says whether a server declares that committed turns survive
+// a graceful restart, and a crash (kill -9).
+type Durability struct {
+	Restart bool `yaml:"restart"`
+	Crash   bool `yaml:"crash"`
+}
+
+// profileFile is a profile as written in YAML. Every field is documented
+// in profiles/README.md, with an example; LoadProfile refuses a field it
+// does not know, naming it.
+type profileFile struct {
+	Server    *serverSection `yaml:"server"`
+	URL       string         `yaml:"url"`
+	ModelAddr string         `yaml:"model_addr"`
+
+	ConversationHeader string        `yaml:"conversation_header"`
+	Keys               []string      `yaml:"keys"`
+	Model              string        `yaml:"model"`
+	ModelTimeout       time.Duration `yaml:"model_timeout"`
+	Policies           policySection `yaml:"policies"`
+}
+
+type serverSection struct {
+	Command       []string          `yaml:"command"`
+	Env           map[string]string `yaml:"env"`
+	Agents        []string          `yaml:"agents"`
+	Ready         readySection      `yaml:"ready"`
+	StopGrace     time.Duration     `yaml:"stop_grace"`
+	FreshPerCheck bool              `yaml:"fresh_per_check"`
+}
+
+type readySection struct {
+	HTTP    string        `yaml:"http"`
+	Line    string        `yaml:"line"`
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+type policySection struct {
+	Concurrency  string     `yaml:"concurrency"`
+	Eviction     string     `yaml:"eviction"`
+	Capacity     int        `yaml:"capacity"`
+	Interruption string     `yaml:"interruption"`
+	Durability   Durability `yaml:"durability"`
+}
+
+// sections names the YAML sections by their Go types, for errors about
+// unknown fields.
+var sections = map[string]reflect.Type{
+	"the profile":         reflect.TypeFor[profileFile](),
+	"server":              reflect.TypeFor[serverSection](),
+	"server.ready":        reflect.TypeFor[readySection](),
+	"policies":            reflect.TypeFor[policySection](),
+	"policies.durability": reflect.TypeFor[Durability](),
+}
+
+// LoadProfile reads a YAML profile (see profiles/README.md): how to start
+// a server, or where one runs, how to talk to it, and the policies it
+// declares. It returns the Target the profile describes: a Subprocess, or
+// a Remote for a fixed URL. The error names the file, the line and the
+// field of anything the profile gets wrong, an unknown field included.
+func LoadProfile(path string) (Target, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	t, err := ParseProfile(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return t, nil
+}
+
+// ParseProfile is LoadProfile on the profile's text.
+func ParseProfile(data []byte) (Target, error) {
+	var f profileFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		return nil, yamlError(err)
+	}
+	var extra any
+	if err := dec.Decode(&extra); err == nil {
+		return nil, errors.New("more than one YAML document: a profile is one")
+	}
+	return f.target()
+}
+
+var unknownField = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
+
+// yamlError rewords the decoder's errors for a person: which field of
+// which section is unknown, and which fields that section has.
+func yamlError(err error) error {
+	if errors.Is(err, errInEmpty) {
+		return err
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "EOF") && !strings.Contains(msg, "line") {
+		return errors.New("empty profile")
+	}
+	var lines []string
+	for _, m := range unknownField.FindAllStringSubmatch(msg, -1) {
+		section, known := "the profile", ""
+		for name, t := range sections {
+			if strings.HasSuffix(m[3], "."+t.Name()) {
+				section, known = name, fieldList(t)
+			}
+		}
+		lines = append(lines, fmt.Sprintf("line %s: unknown field %q in %s (known: %s)", m[1], m[2], section, known))
+	}
+	if len(lines) > 0 {
+		return errors.New(strings.Join(lines, "; "))
+	}
+	return errors.New(strings.TrimPrefix(msg, "yaml: "))
+}
+
+var errInEmpty = errors.New("empty profile")
+
+func fieldList(t reflect.Type) string {
+	var names []string
+	for i := range t.NumField() {
+		if tag := strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]; tag != "" {
+			names = append(names, tag)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// target checks the profile's values and builds its Target.
+func (f *profileFile) target() (Target, error) {
+	p := Profile{Header: f.ConversationHeader, Keys: f.Keys, Model: f.Model, ModelTimeout: f.ModelTimeout}
+	if p.Model == "" {
+		p.Model = "turncheck"
+	}
+	if f.ModelTimeout < 0 {
+		return nil, errors.New("model_timeout: must not be negative")
+	}
+	if p.Header != "" && !validHeader(p.Header) {
+		return nil, fmt.Errorf("conversation_header: %q is not an HTTP header name", p.Header)
+	}
+	for i, k := range f.Keys {
+		if k == "" || strings.ContainsAny(k, " \t\r\n") {
+			return nil, fmt.Errorf("keys[%d]: a key is a non-empty token without spaces", i)
+		}
+	}
+	if err := f.Policies.apply(&p); err != nil {
+		return nil, fmt.Errorf("policies.%w", err)
+	}
+	switch {
+	case f.Server != nil && f.URL != "":
+		return nil, errors.New("give either server (how to start it) or url (where it runs), not both")
+	case f.URL != "":
+		if err := checkLoopbackURL(f.URL); err != nil {
+			return nil, fmt.Errorf("url: %w", err)
+		}
+		if f.ModelAddr == "" {
+			return nil, errors.New("model_addr: a server at a fixed url was configured with a model URL already; say where the fake model must listen (e.g. 127.0.0.1:9090)")
+		}
+		if err := checkLoopbackAddr(f.ModelAddr); err != nil {
+			return nil, fmt.Errorf("model_addr: %w", err)
+		}
+		return Remote{URL: f.URL, ModelAt: f.ModelAddr, Reaches: p}, nil
+	case f.Server != nil:
+		return f.Server.subprocess(p, f.ModelAddr)
+	}
+	return nil, errors.New("no server: give server.command (how to start it) or url (where it runs)")
+}
+
+func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) {
+	if len(s.Command) == 0 || s.Command[0] == "" {
+		return nil, errors.New("server.command: empty; give the command line as a list, e.g. [./myserver, --listen, \"{addr}\"]")
+	}
+	if !slicesContainsAny(s.Command, "{addr}", "{port}") && s.Ready.Line == "" {
+		return nil, errors.New("server.command: no {addr} or {port}, and no ready.line that reports the address: the server cannot learn where to listen, nor the harness where it listens")
+	}
+	if !slicesContainsAny(s.Command, "{model_url}") && !hasEnvPlaceholder(s.Env, "{model_url}") {
+		return nil, errors.New("server.command: no {model_url} in the command or env: the server must call the fake model, at the URL the harness gives it")
+	}
+	if s.Ready.HTTP != "" && s.Ready.Line != "" {
+		return nil, errors.New("server.ready: give http or line, not both")
+	}
+	if s.Ready.Line != "" {
+		if _, err := regexp.Compile(s.Ready.Line); err != nil {
+			return nil, fmt.Errorf("server.ready.line: %v", err)
+		}
+	}
+	if s.Ready.Timeout < 0 || s.StopGrace < 0 {
+		return nil, errors.New("server.ready.timeout and server.stop_grace must not be negative")
+	}
+	if modelAddr != "" {
+		if err := checkLoopbackAddr(modelAddr); err != nil {
+			return nil, fmt.Errorf("model_addr: %w", err)
+		}
+	}
+	env := make([]string, 0, len(s.Env))
+	for k, v := range s.Env {
+		if k == "" || strings.Contains(k, "=") {
+			return nil, fmt.Errorf("server.env: %q is not an environment variable name", k)
+		}
+		env = append(env, k+"="+v)
+	}
+	return Subprocess{
+		Command:       s.Command,
+		Env:           env,
+		Agents:        s.Agents,
+		Ready:         s.Ready.HTTP,
+		ReadyLine:     s.Ready.Line,
+		StartTimeout:  s.Ready.Timeout,
+		StopGrace:     s.StopGrace,
+		FreshPerCheck: s.FreshPerCheck,
+		ModelAt:       modelAddr,
+		Reaches:       p,
+	}, nil
+}
+
+func (ps policySection) apply(p *Profile) error {
+	switch ps.Concurrency {
+	case "", "serialize":
+		p.Concurrency = model.Serialize
+	case "reject":
+		p.Concurrency = model.Reject
+	default:
+		return fmt.Errorf("concurrency: %q; want serialize or reject", ps.Concurrency)
+	}
+	switch Eviction(ps.Eviction) {
+	case "", Durable:
+		p.Eviction = Durable
+	case Forgets:
+		p.Eviction = Forgets
+		if ps.Capacity <= 0 {
+			return errors.New("capacity: a server that forgets evicted conversations must say how many it holds")
+		}
+	default:
+		return fmt.Errorf("eviction: %q; want durable or forgets", ps.Eviction)
+	}
+	if ps.Capacity < 0 {
+		return errors.New("capacity: must not be negative")
+	}
+	p.Capacity = ps.Capacity
+	switch Interruption(ps.Interruption) {
+	case "", Rollback:
+		p.Interruption = Rollback
+	case KeepConsistent:
+		p.Interruption = KeepConsistent
+	default:
+		return fmt.Errorf("interruption: %q; want rollback or keep-consistent", ps.Interruption)
+	}
+	p.Durability = ps.Durability
+	return nil
+}
+
+func slicesContainsAny(args []string, subs ...string) bool {
+	for _, a := range args {
+		for _, s := range subs {
+			if strings.Contains(a, s) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func hasEnvPlaceholder(env map[string]string, sub string) bool {
+	for _, v := range env {
+		if strings.Contains(v, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+var headerName = regexp.MustCompile(`^[!#$%&'*+\-.^_` + "`" + `|~0-9A-Za-z]+$`)
+
+func validHeader(h string) bool { return headerName.MatchString(h) }
+
+// checkLoopbackURL accepts an http URL on a loopback host: turncheck sends
+// its traffic to this machine only.
+func checkLoopbackURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q: want an http:// URL", raw)
+	}
+	if !isLoopbackHost(u.Hostname()) {
+		return fmt.Errorf("%q: turncheck checks servers on this machine only (127.0.0.1, ::1 or localhost)", raw)
+	}
+	return nil
+}
+
+func checkLoopbackAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q: want host:port", addr)
+	}
+	if !isLoopbackHost(host) {
+		return fmt.Errorf("%q: the fake model listens on loopback only (127.0.0.1, ::1 or localhost)", addr)
+	}
+	if port == "" {
+		return fmt.Errorf("%q: no port", addr)
+	}
+	return nil
+}
+
+func isLoopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
