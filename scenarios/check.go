@@ -263,16 +263,21 @@ func checkSeed(base uint64, n int) uint64 {
 	return base + k*(k+1)/2
 }
 
-// Run checks target inside a Go test, with rapid's -rapid.checks,
-// -rapid.steps and -rapid.seed from the command line. A broken invariant
-// fails t with the shrunk steps; the failure is saved under
-// testdata/turncheck/, and the message gives the command that replays it
+// Run checks target inside a Go test, in the spirit of
+// testing/fstest.TestFS: it runs Conform with rapid's -rapid.checks,
+// -rapid.steps and -rapid.seed from the command line, then reports one
+// subtest per invariant of PROTOCOL.md (t.Run("T1", ...) and so on). A
+// broken invariant fails its subtest with the shrunk steps, saves the
+// failure under testdata/turncheck/, and gives the command that replays it
 // exactly: with TURNCHECK_REPLAY set to a saved failure, Run re-executes
-// that failure's steps instead of searching. A Go server's own tests call
-// it with a Target that starts that server.
+// that failure's steps instead of searching. An invariant that was never
+// exercised fails its subtest too, since nothing was shown; one that is
+// not applicable, or not checked by this version, is skipped with the
+// reason. A Go server's own tests call it with a Target that starts that
+// server (see Handler).
 //
-// A pass means that no run found a broken invariant: no false positives,
-// but a bug the runs did not reach may remain.
+// A pass of an invariant means that it was exercised and no run broke it:
+// no false positives, but a bug the runs did not reach may remain.
 func Run(t *testing.T, target Target) {
 	t.Helper()
 	if path := os.Getenv("TURNCHECK_REPLAY"); path != "" {
@@ -280,22 +285,27 @@ func Run(t *testing.T, target Target) {
 		return
 	}
 	opts := Options{Checks: int(uintFlag("rapid.checks")), Steps: int(uintFlag("rapid.steps")), Seed: uintFlag("rapid.seed")}
-	res, err := Check(target, opts)
+	c, err := Conform(target, opts)
 	if err != nil {
 		t.Fatalf("turncheck: %v", err)
 	}
-	t.Logf("turncheck: %s", res.Summary())
-	f := res.Failure
-	if f == nil {
-		if err := exercised(res.Stats); err != nil {
-			t.Fatalf("turncheck: %v", err)
-		}
-		return
+	t.Logf("turncheck: seed %d\n%s", c.Seed, c.Stats.Summary())
+	for _, v := range c.Verdicts {
+		t.Run(string(v.Invariant), func(t *testing.T) {
+			switch v.Status {
+			case Pass:
+				t.Logf("%s (%s): evaluated %d time(s), never broken", v.Invariant, v.Invariant.Title(), v.Evaluations)
+			case Fail:
+				f := v.Failure
+				res := &Result{Stats: c.Stats, Seed: f.Seed, Elapsed: c.Elapsed, Failure: f}
+				t.Fatalf("turncheck: %s\n%s\n%s", f.Report, f.shrinkStats(), saveForTest(t.Name(), res, target))
+			case NotExercised:
+				t.Fatalf("turncheck: %s (%s) was not exercised: %s", v.Invariant, v.Invariant.Title(), v.Reason)
+			default:
+				t.Skipf("%s (%s): %s: %s", v.Invariant, v.Invariant.Title(), v.Status, v.Reason)
+			}
+		})
 	}
-	if f.Violation == nil {
-		t.Fatalf("turncheck: the harness failed, not the server (seed %d):\n%s", res.Seed, f.Report)
-	}
-	t.Fatalf("turncheck: %s\n%s\n%s", f.Report, f.shrinkStats(), saveForTest(t.Name(), res, target))
 }
 
 // saveForTest saves a Go test's failure under testdata/turncheck/ and
@@ -315,18 +325,6 @@ func saveForTest(test string, res *Result, target Target) string {
 		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
 	}
 	return "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + path + " go test -run '" + strings.Join(parts, "/") + "' ."
-}
-
-// exercised says why a run without a violation is no pass: a server that
-// never served a turn (it refuses everything, or fails every model call)
-// broke nothing only because nothing was tried.
-func exercised(s Stats) error {
-	if s.Outcomes["ok"] == 0 {
-		return fmt.Errorf("no turn ended ok in %d request(s) (%s): the invariants about committed turns were never exercised; "+
-			"is the server pointed at the model URL it was given, and does it accept the profile's keys and model?",
-			s.Steps, countList(s.Outcomes))
-	}
-	return nil
 }
 
 // replayIn re-executes the failure saved at path against target, in t.

@@ -1,7 +1,11 @@
 package scenarios
 
 import (
+	"context"
 	"errors"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"time"
 
@@ -216,3 +220,70 @@ func (s remoteServer) URL() string { return string(s) }
 
 // Close does nothing: the server is someone else's to stop.
 func (s remoteServer) Close() error { return nil }
+
+// Handler is a Target for a Go server that is an http.Handler. Every check
+// builds a fresh handler with newHandler, given the fake model's base URL
+// (ending in /v1), and serves it on a loopback port; when the check ends
+// the listener closes, and then the handler's Close, if it has one
+// (io.Closer, or Close() with no result). The server is talked to as p
+// says.
+func Handler(p Profile, newHandler func(modelURL string) (http.Handler, error)) Target {
+	return handlerTarget{p: p, newHandler: newHandler}
+}
+
+type handlerTarget struct {
+	p          Profile
+	newHandler func(string) (http.Handler, error)
+}
+
+func (h handlerTarget) Profile() Profile { return h.p }
+
+func (h handlerTarget) Start(modelURL string) (Server, error) {
+	handler, err := h.newHandler(modelURL)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := loopback.Listen("")
+	if err != nil {
+		return nil, errors.Join(err, closeHandler(handler))
+	}
+	s := &handlerServer{srv: &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}, ln: ln,
+		handler: handler, served: make(chan struct{})}
+	go func() {
+		defer close(s.served)
+		_ = s.srv.Serve(ln)
+	}()
+	return s, nil
+}
+
+type handlerServer struct {
+	srv     *http.Server
+	ln      net.Listener
+	handler http.Handler
+	served  chan struct{}
+}
+
+func (s *handlerServer) URL() string { return "http://" + s.ln.Addr().String() }
+
+// Close stops serving, lets the requests in flight end (within a bound),
+// and closes the handler.
+func (s *handlerServer) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.srv.Shutdown(ctx)
+	if err != nil {
+		err = errors.Join(err, s.srv.Close())
+	}
+	<-s.served
+	return errors.Join(err, closeHandler(s.handler))
+}
+
+func closeHandler(h http.Handler) error {
+	switch c := h.(type) {
+	case io.Closer:
+		return c.Close()
+	case interface{ Close() }:
+		c.Close()
+	}
+	return nil
+}

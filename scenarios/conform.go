@@ -1,0 +1,274 @@
+package scenarios
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// Status is the verdict on one invariant of a conformance run.
+type Status string
+
+// The verdicts.
+const (
+	// Pass: exercised, and never broken in the checks that ran. As with
+	// any test, a pass finds no false positives but may miss a bug the
+	// checks did not reach.
+	Pass Status = "pass"
+	// Fail: broken; the verdict carries the shrunk failure.
+	Fail Status = "fail"
+	// NotApplicable: the server's declared policies or the way it is run
+	// exclude the invariant; the reason says which.
+	NotApplicable Status = "not applicable"
+	// NotExercised: never evaluated with its preconditions met (no ok
+	// turn, no failed turn, no concurrent turns...): neither passed nor
+	// failed.
+	NotExercised Status = "not exercised"
+	// NotChecked: this version of turncheck does not check the invariant.
+	NotChecked Status = "not checked"
+	// Skipped: left out on request, as a known failure; its violations
+	// set their conversations aside, and the rest is checked.
+	Skipped Status = "skipped"
+)
+
+// Verdict is what a conformance run says of one invariant.
+type Verdict struct {
+	Invariant model.Invariant `json:"invariant"`
+	Status    Status          `json:"status"`
+	// Reason says why an invariant is not applicable, not exercised, not
+	// checked or skipped.
+	Reason string `json:"reason,omitempty"`
+	// Evaluations counts the times it was evaluated where it could break.
+	Evaluations int `json:"evaluations"`
+	// Failure is the shrunk failure of a Fail.
+	Failure *Failure `json:"failure,omitempty"`
+}
+
+// Conformance is the outcome of Conform: a verdict per invariant of
+// PROTOCOL.md, and what the run did.
+type Conformance struct {
+	Seed     uint64        `json:"seed"`
+	Stats    Stats         `json:"stats"`
+	Elapsed  time.Duration `json:"elapsedNs"`
+	Verdicts []Verdict     `json:"verdicts"`
+	// Stopped says why the run ended before all its checks ran (the time
+	// bound, or an interruption); "" when they all ran.
+	Stopped string `json:"stopped,omitempty"`
+}
+
+// Passed reports whether the server conforms: every applicable invariant
+// that turncheck checks and was not skipped was exercised and passed.
+func (c *Conformance) Passed() bool {
+	for _, v := range c.Verdicts {
+		if v.Status == Fail || v.Status == NotExercised {
+			return false
+		}
+	}
+	return true
+}
+
+// Verdict returns the verdict on inv.
+func (c *Conformance) Verdict(inv model.Invariant) Verdict {
+	for _, v := range c.Verdicts {
+		if v.Invariant == inv {
+			return v
+		}
+	}
+	return Verdict{Invariant: inv, Status: NotChecked}
+}
+
+// Failures returns the failures found, in invariant order.
+func (c *Conformance) Failures() []*Failure {
+	var out []*Failure
+	for _, v := range c.Verdicts {
+		if v.Failure != nil {
+			out = append(out, v.Failure)
+		}
+	}
+	return out
+}
+
+// Conform checks target against the whole contract and gives a verdict
+// per invariant. Unlike Check, a broken invariant does not end the run:
+// it is shrunk, recorded, and from then on skipped (as Options.Skip), and
+// the remaining checks go on exploring the others. Options.Context bounds
+// the whole run in wall-clock time; when it ends, the verdicts say what
+// the checks run so far found, and Stopped says why the run is short.
+//
+// The error says the run could not be carried out: the server did not
+// start, died during the run, or the harness failed.
+func Conform(target Target, opts Options) (*Conformance, error) {
+	if opts.Checks <= 0 {
+		opts.Checks = 100
+	}
+	if opts.Seed == 0 {
+		opts.Seed = randomSeed()
+	}
+	start := time.Now()
+	l, err := openLab(target, slices.Clone(opts.Skip))
+	if err != nil {
+		return nil, err
+	}
+	c := &Conformance{Seed: opts.Seed, Stats: *newStats()}
+	found := map[model.Invariant]*Failure{}
+	runErr := conformIn(l, opts, c, found)
+	if cerr := l.close(); cerr != nil {
+		runErr = errors.Join(runErr, cerr)
+	}
+	c.Elapsed = time.Since(start)
+	c.Verdicts = verdicts(target.Profile(), target, opts.Skip, c.Stats, found)
+	return c, runErr
+}
+
+// conformIn runs rounds of checks in l until the checks are spent, the
+// context ends, or a round finds nothing more.
+func conformIn(l *lab, opts Options, c *Conformance, found map[model.Invariant]*Failure) error {
+	remaining, seed := opts.Checks, opts.Seed
+	for remaining > 0 {
+		o := opts
+		o.Checks, o.Seed, o.Skip = remaining, seed, slices.Clone(l.skip)
+		res, err := check(l, o)
+		if res != nil {
+			c.Stats.add(res.Stats)
+		}
+		if res != nil && res.Failure != nil && res.Failure.Violation != nil {
+			f := res.Failure
+			found[f.Violation.Invariant] = f
+			l.skip = append(l.skip, f.Violation.Invariant)
+			used := max(f.FoundAfter, 1)
+			remaining -= used
+			seed = checkSeed(seed, used+1)
+		}
+		switch {
+		case errors.Is(err, ErrInterrupted):
+			c.Stopped = "interrupted"
+			if errors.Is(o.Context.Err(), context.DeadlineExceeded) {
+				c.Stopped = "the time bound was reached"
+			}
+			return nil
+		case err != nil:
+			return err
+		case res.Failure == nil:
+			return nil
+		case res.Failure.Violation == nil:
+			return fmt.Errorf("the harness failed, not the server (seed %d):\n%s", res.Seed, res.Failure.Report)
+		}
+	}
+	return nil
+}
+
+// verdicts judges each invariant of the contract from what the run saw.
+func verdicts(p Profile, target Target, skip []model.Invariant, s Stats, found map[model.Invariant]*Failure) []Verdict {
+	checked := model.Invariants()
+	var out []Verdict
+	for _, inv := range model.Contract() {
+		v := Verdict{Invariant: inv, Evaluations: s.Invariants[inv]}
+		switch {
+		case found[inv] != nil:
+			v.Status, v.Failure = Fail, found[inv]
+		case notApplicable(p, target, inv) != "":
+			v.Status, v.Reason = NotApplicable, notApplicable(p, target, inv)
+		case !slices.Contains(checked, inv):
+			v.Status, v.Reason = NotChecked, "this version of turncheck does not check it yet"
+		case slices.Contains(skip, inv):
+			v.Status, v.Reason = Skipped, fmt.Sprintf("left out as a known failure; broken again %d time(s)", s.SetAside[inv])
+		case v.Evaluations == 0:
+			v.Status, v.Reason = NotExercised, preconditions[inv]
+		default:
+			v.Status = Pass
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// preconditions say, for each invariant, what a run must reach to
+// evaluate it: the reason it was not exercised.
+var preconditions = map[model.Invariant]string{
+	model.T1: "no turn failed before a later turn of its conversation reached the model",
+	model.T2: "no turn ended ok before a later turn of its conversation reached the model",
+	model.T3: "no request without a usable user message was answered",
+	model.T4: "no two turns of one conversation were in flight at once",
+	model.T5: "no model call was made while two conversations existed",
+	model.T6: "no turn with an unknown outcome was followed by a turn that reached the model",
+}
+
+// notApplicable says why the server's declared policies, or the way it
+// is run, exclude inv; "" if they do not.
+func notApplicable(p Profile, target Target, inv model.Invariant) string {
+	_, remote := target.(Remote)
+	switch inv {
+	case model.T7:
+		if remote {
+			return "the server runs at a fixed URL: the harness cannot restart or crash it"
+		}
+		if !p.Durability.Restart && !p.Durability.Crash && p.Eviction == Forgets {
+			return "the profile declares no durability across restarts or crashes, and eviction forgets"
+		}
+	case model.T8:
+		if remote {
+			return "the server runs at a fixed URL: the harness cannot restart it with other agent sources"
+		}
+	}
+	return ""
+}
+
+// add adds o's counts to s.
+func (s *Stats) add(o Stats) {
+	s.Checks += o.Checks
+	s.Steps += o.Steps
+	s.ShrinkRuns += o.ShrinkRuns
+	for _, m := range []struct{ to, from map[string]int }{{s.Faults, o.Faults}, {s.Outcomes, o.Outcomes}} {
+		for k, v := range m.from {
+			m.to[k] += v
+		}
+	}
+	for k, v := range o.Invariants {
+		s.Invariants[k] += v
+	}
+	for k, v := range o.SetAside {
+		s.SetAside[k] += v
+	}
+}
+
+// Text renders the verdicts for a person: a table, then each failure's
+// report.
+func (c *Conformance) Text(p Profile) string {
+	var b strings.Builder
+	for _, v := range c.Verdicts {
+		fmt.Fprintf(&b, "%-4s %-31s %-15s", v.Invariant, v.Invariant.Title(), strings.ToUpper(string(v.Status)))
+		switch {
+		case v.Status == Pass:
+			fmt.Fprintf(&b, "evaluated %d time(s)", v.Evaluations)
+		case v.Failure != nil:
+			b.WriteString(firstLine(v.Failure.Violation.Error()))
+		default:
+			b.WriteString(v.Reason)
+		}
+		b.WriteByte('\n')
+	}
+	for _, f := range c.Failures() {
+		fmt.Fprintf(&b, "\n=== %s (%s) ===\n", f.Violation.Invariant, f.Violation.Invariant.Title())
+		if f.Flaky {
+			b.WriteString("(broken once, but the same steps did not break it again: the server does not behave the same way under the same steps)\n")
+		}
+		b.WriteString(strings.TrimRight(f.Report, "\n"))
+		fmt.Fprintf(&b, "\n%s\n", f.shrinkStats())
+	}
+	fmt.Fprintf(&b, "\n%s\n", c.Stats.Summary())
+	if c.Stopped != "" {
+		fmt.Fprintf(&b, "stopped early: %s\n", c.Stopped)
+	}
+	fmt.Fprintf(&b, "seed %d, elapsed %s\n", c.Seed, c.Elapsed.Round(time.Millisecond))
+	return b.String()
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}

@@ -1,0 +1,124 @@
+package scenarios
+
+import (
+	"errors"
+	"flag"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/sut"
+)
+
+// statuses maps each invariant to its verdict's status.
+func statuses(c *Conformance) map[model.Invariant]Status {
+	out := map[model.Invariant]Status{}
+	for _, v := range c.Verdicts {
+		out[v.Invariant] = v.Status
+	}
+	return out
+}
+
+// TestConformCleanServer: the clean reference server passes every
+// invariant turncheck checks, each exercised; the rest are said to be not
+// checked, never passed.
+func TestConformCleanServer(t *testing.T) {
+	c, err := Conform(Reference{}, Options{Checks: 30, Seed: 7})
+	require.NoError(t, err)
+	st := statuses(c)
+	for _, inv := range model.Invariants() {
+		assert.Equal(t, Pass, st[inv], "%s: %+v", inv, c.Verdict(inv))
+		assert.Positive(t, c.Verdict(inv).Evaluations, "%s", inv)
+	}
+	for _, inv := range []model.Invariant{model.T7, model.T8, model.T9, model.T10, model.T11} {
+		assert.Equal(t, NotChecked, st[inv], "%s", inv)
+	}
+	assert.True(t, c.Passed())
+	assert.Empty(t, c.Stopped)
+	assert.Contains(t, c.Text(Profile{}), "T4   one conversation, one line")
+}
+
+// TestConformGoesOnAfterAFailure: a broken invariant is shrunk and
+// recorded, and the run goes on to exercise and pass the others.
+func TestConformGoesOnAfterAFailure(t *testing.T) {
+	c, err := Conform(Reference{Mutant: sut.MutateBeforeRun}, Options{Checks: 40, Seed: 11})
+	require.NoError(t, err)
+	v := c.Verdict(model.T1)
+	require.Equal(t, Fail, v.Status, "%+v", c.Verdicts)
+	require.NotNil(t, v.Failure)
+	assert.LessOrEqual(t, len(v.Failure.Plans), 3, "shrunk")
+	assert.False(t, c.Passed())
+	st := statuses(c)
+	for _, inv := range []model.Invariant{model.T2, model.T3, model.T4, model.T5} {
+		assert.Equal(t, Pass, st[inv], "%s explored after T1 broke: %+v", inv, c.Verdict(inv))
+	}
+	assert.Positive(t, c.Stats.SetAside[model.T1], "T1 kept breaking, its conversations set aside")
+}
+
+// TestConformSkip: a known failure left out is reported as skipped, and
+// the server conforms on the rest.
+func TestConformSkip(t *testing.T) {
+	c, err := Conform(Reference{Mutant: sut.ReplayWithoutUser}, Options{Checks: 20, Seed: 3, Skip: []model.Invariant{model.T3}})
+	require.NoError(t, err)
+	assert.Equal(t, Skipped, c.Verdict(model.T3).Status)
+	assert.Positive(t, c.Stats.SetAside[model.T3])
+	assert.True(t, c.Passed(), "%s", c.Text(Profile{}))
+}
+
+// TestNothingServedIsNoPass: a server that answers 400 to everything
+// breaks no invariant, and passes none either: only T3 was exercised.
+func TestNothingServedIsNoPass(t *testing.T) {
+	c, err := Conform(refuseAll{}, Options{Checks: 3})
+	require.NoError(t, err)
+	assert.False(t, c.Passed())
+	st := statuses(c)
+	assert.Equal(t, Pass, st[model.T3])
+	for _, inv := range []model.Invariant{model.T1, model.T2, model.T6} {
+		assert.Equal(t, NotExercised, st[inv], "%s", inv)
+		assert.NotEmpty(t, c.Verdict(inv).Reason)
+	}
+}
+
+// TestRunSubtests: Run reports a subtest per invariant, through the
+// Handler constructor.
+func TestRunSubtests(t *testing.T) {
+	for name, v := range map[string]string{"rapid.checks": "8", "rapid.seed": "5"} {
+		old := flag.Lookup(name).Value.String()
+		require.NoError(t, flag.Set(name, v))
+		t.Cleanup(func() { _ = flag.Set(name, old) })
+	}
+	t.Run("conformance", func(t *testing.T) { Run(t, referenceHandler()) })
+}
+
+// referenceHandler is the reference server as a Go server's own test
+// would give it: an http.Handler built for a model URL.
+// A held model call times out on the server's own clock: a short one
+// keeps the test short.
+func referenceHandler() Target {
+	return Handler(Profile{Model: "turncheck", ModelTimeout: time.Second}, func(modelURL string) (http.Handler, error) {
+		dir, err := os.MkdirTemp("", "turncheck-handler-*")
+		if err != nil {
+			return nil, err
+		}
+		srv, err := sut.New(sut.Config{ModelURL: modelURL, DataDir: dir, RequestTimeout: time.Second})
+		if err != nil {
+			return nil, err
+		}
+		return removeOnClose{srv, dir}, nil
+	})
+}
+
+type removeOnClose struct {
+	*sut.Server
+	dir string
+}
+
+func (r removeOnClose) Close() error {
+	err := r.Server.Close()
+	return errors.Join(err, os.RemoveAll(r.dir))
+}
