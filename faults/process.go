@@ -97,7 +97,9 @@ type ProcessConfig struct {
 	// Restart.
 	Agents []string
 	// Env is extra environment, KEY=VALUE, added to the harness's own (a
-	// later value of a key wins).
+	// later value of a key wins). {addr}, {port}, {model_url} and
+	// {data_dir} in a value are replaced as in Command: many servers take
+	// their model's base URL from the environment (OPENAI_BASE_URL).
 	Env []string
 	// Ready is the path polled with GET until it answers with any status
 	// below 500; "" means "/healthz". Any HTTP answer counts, a 404 too, so a
@@ -419,10 +421,11 @@ func (p *Process) startOn(addr string) (inUse bool, err error) {
 	agents := p.agents
 	p.mu.Unlock()
 	argv := expandCommand(p.cfg.Command, agents, addr, p.cfg.ModelURL, p.cfg.DataDir)
+	env := expandCommand(p.cfg.Env, nil, addr, p.cfg.ModelURL, p.cfg.DataDir)
 	if len(argv) == 0 {
 		return false, errors.New("start server: the command is empty once {agents} is expanded with no agents")
 	}
-	r, err := p.exec(argv)
+	r, err := p.exec(argv, env)
 	if err != nil {
 		return false, err
 	}
@@ -472,13 +475,13 @@ func (p *Process) startOn(addr string) (inUse bool, err error) {
 // exec starts argv in a process group of its own, its stdout and stderr on
 // one pipe that is drained into the output ring, and a goroutine that reaps
 // it. Both goroutines have ended when the run's done is closed.
-func (p *Process) exec(argv []string) (*run, error) {
+func (p *Process) exec(argv, env []string) (*run, error) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("start server: %w", err)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), p.cfg.Env...)
+	cmd.Env = append(os.Environ(), env...)
 	// Files, not writers: exec then copies nothing itself, so Wait returns
 	// when the server exits, not when the last holder of the pipe does.
 	cmd.Stdout = pw

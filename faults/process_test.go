@@ -374,6 +374,18 @@ func TestProcessTemplate(t *testing.T) {
 		assert.Equal(t, "addr="+hostport+" port="+port+"\nready\n", p.Stderr())
 	})
 
+	t.Run("placeholders in the environment", func(t *testing.T) {
+		t.Parallel()
+		p := procStart(t, faults.ProcessConfig{
+			Command:   shCommand(`echo "base=$OPENAI_BASE_URL port=$PORT"; echo ready; exec sleep 60`),
+			Env:       []string{"OPENAI_BASE_URL={model_url}", "PORT={port}"},
+			ModelURL:  "http://127.0.0.1:9/v1",
+			ReadyLine: `^ready$`,
+		})
+		_, port, _ := strings.Cut(strings.TrimPrefix(p.URL(), "http://"), ":")
+		assert.Equal(t, "base=http://127.0.0.1:9/v1 port="+port+"\nready\n", p.Stderr())
+	})
+
 	t.Run("{agents} repeats its argument per agent", func(t *testing.T) {
 		t.Parallel()
 		script := `printf '<%s>\n' "$@"; echo ready; exec sleep 60`

@@ -394,6 +394,12 @@ func (l Line) refuse(t Turn) *Violation {
 				Observed: call.History}
 		}
 	}
+	if t.Outcome == Unknown && t.Status == 0 {
+		// No answer at all (the server was unreachable, or never
+		// answered): nothing to judge the status by, and whether the
+		// server should have answered is not T3's business.
+		return nil
+	}
 	if t.Outcome != Fail || t.Status != 400 {
 		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
 			Reason: fmt.Sprintf("a request without a usable new user message ended %s with status %d; want 400", t.Outcome, t.Status)}

@@ -225,8 +225,10 @@ type conv struct {
 	// running on the server, so a 409 there is no deviation.
 	mayRun bool
 	// inStep counts the turns on the conversation in the step being
-	// applied; it is back to 0 before any of them is.
-	inStep int
+	// applied, and okInStep says one of them ended ok; both are reset
+	// before any of them is applied.
+	inStep   int
+	okInStep bool
 	// failed and committed are set once a usable turn of the conversation
 	// has failed, or ended ok: only then can a later call show a failed
 	// turn's leftovers (T1) or a committed turn gone (T2).
@@ -249,8 +251,8 @@ func NewWith(p Policies) *Model {
 // Checked returns how many times each invariant has been evaluated where
 // it could have been broken: T1 on a call of a conversation that has seen
 // a failed turn, T2 on one with a committed turn, T3 on every request
-// without a usable message, T4 where turns on one conversation overlapped
-// or one was refused with 409, T5 on a call made while other
+// without a usable message that got an answer, T4 where turns on one
+// conversation overlapped and one was served, or one was refused with 409, T5 on a call made while other
 // conversations exist, T6 on a call made while an unknown turn is
 // unresolved. An invariant never evaluated was not exercised.
 func (m *Model) Checked() map[Invariant]int {
@@ -329,16 +331,19 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 			touched = append(touched, cv)
 		}
 		cv.inStep++
+		cv.okInStep = cv.okInStep || (t.Usable && t.Outcome == OK)
 		if t.Usable {
 			m.sent = append(m.sent, sentTurn{t.User, cv})
 		}
 		order[i] = ran{t.RanAt(), i, cv}
 	}
 	for _, cv := range touched {
-		if cv.inStep > 1 {
+		// Concurrent turns exercise T4 only if one of them was served:
+		// refusing them all proves nothing of one line.
+		if cv.inStep > 1 && cv.okInStep {
 			m.checked.add(T4)
 		}
-		cv.inStep = 0
+		cv.inStep, cv.okInStep = 0, false
 	}
 	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Compare(a.at, b.at) })
 	for _, r := range order {
@@ -403,8 +408,8 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 				}
 			}
 		}
-	} else {
-		m.checked.add(T3)
+	} else if t.Status != 0 || len(t.Calls) > 0 {
+		m.checked.add(T3) // a request that got no answer at all shows nothing
 	}
 	var next Line
 	var v *Violation

@@ -489,8 +489,13 @@ func TestApply(t *testing.T) {
 			steps: []step{{turn: invalid(convA, "", model.Fail, 409), want: model.T3}},
 		},
 		{
-			name:  "invalid request with an unknown outcome",
-			steps: []step{{turn: invalid(convA, "", model.Unknown, 0), want: model.T3}},
+			name:  "invalid request answered 200, then the stream broke",
+			steps: []step{{turn: invalid(convA, "", model.Unknown, 200), want: model.T3}},
+		},
+		{
+			// Unreachable, or never answered: nothing to judge.
+			name:  "invalid request that got no answer at all",
+			steps: []step{{turn: invalid(convA, "", model.Unknown, 0)}},
 		},
 
 		// T5: isolation.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -132,33 +133,49 @@ func ParseProfile(data []byte) (Target, error) {
 
 var unknownField = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
 
-// yamlError rewords the decoder's errors for a person: which field of
-// which section is unknown, and which fields that section has.
+// yamlError rewords the decoder's errors for a person, on one line: which
+// field of which section is unknown (and which fields that section has),
+// and what kind of value was expected, in words rather than Go types.
 func yamlError(err error) error {
-	if errors.Is(err, errInEmpty) {
-		return err
-	}
-	msg := err.Error()
-	if strings.Contains(msg, "EOF") && !strings.Contains(msg, "line") {
+	if errors.Is(err, io.EOF) {
 		return errors.New("empty profile")
 	}
-	var lines []string
-	for _, m := range unknownField.FindAllStringSubmatch(msg, -1) {
-		section, known := "the profile", ""
-		for name, t := range sections {
-			if strings.HasSuffix(m[3], "."+t.Name()) {
-				section, known = name, fieldList(t)
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	lines := make([]string, len(te.Errors))
+	for i, msg := range te.Errors {
+		if m := unknownField.FindStringSubmatch(msg); m != nil {
+			section, known := "the profile", ""
+			for name, t := range sections {
+				if strings.HasSuffix(m[3], "."+t.Name()) {
+					section, known = name, fieldList(t)
+				}
 			}
+			lines[i] = fmt.Sprintf("line %s: unknown field %q in %s (known: %s)", m[1], m[2], section, known)
+			continue
 		}
-		lines = append(lines, fmt.Sprintf("line %s: unknown field %q in %s (known: %s)", m[1], m[2], section, known))
+		lines[i] = goTypes.Replace(msg)
 	}
-	if len(lines) > 0 {
-		return errors.New(strings.Join(lines, "; "))
-	}
-	return errors.New(strings.TrimPrefix(msg, "yaml: "))
+	return errors.New(strings.Join(lines, "; "))
 }
 
-var errInEmpty = errors.New("empty profile")
+// goTypes names the Go types of decoding errors as a profile's author
+// thinks of them.
+var goTypes = strings.NewReplacer(
+	"into time.Duration", "into a duration (e.g. 2s)",
+	"into []string", "into a list of strings",
+	"into map[string]string", "into a mapping of names to strings",
+	"into bool", "into true or false",
+	"into int", "into a whole number",
+	"into string", "into a string",
+	"into scenarios.profileFile", "into a profile (a mapping of fields)",
+	"into scenarios.serverSection", "into server (a mapping of fields)",
+	"into scenarios.readySection", "into server.ready (a mapping of fields)",
+	"into scenarios.policySection", "into policies (a mapping of fields)",
+	"into scenarios.Durability", "into policies.durability (a mapping of fields)",
+)
 
 func fieldList(t reflect.Type) string {
 	var names []string

@@ -24,6 +24,10 @@ type ServerSpec struct {
 	Kind        string `json:"kind"`
 	Mutant      string `json:"mutant,omitempty"`
 	Concurrency string `json:"concurrency,omitempty"`
+	// Profile is the path of the profile, for kind "profile"; URL the
+	// server's base URL, for kind "url" (a server started by someone else).
+	Profile string `json:"profile,omitempty"`
+	URL     string `json:"url,omitempty"`
 }
 
 // Report is a run's outcome as data: the JSON report, the saved failure
@@ -150,6 +154,50 @@ func (r *Report) WriteJUnit(w io.Writer) error {
 		s.Cases = append(s.Cases, junitCase{Name: "harness", ClassName: "turncheck." + r.Server.Kind,
 			Failure: &junitMessage{Message: "the harness failed, not the server", Text: r.Failure.Report}})
 		s.Failures++
+	}
+	s.Tests = len(s.Cases)
+	if _, err := io.WriteString(w, xml.Header); err != nil {
+		return err
+	}
+	enc := xml.NewEncoder(w)
+	enc.Indent("", "  ")
+	return errors.Join(enc.Encode(s), enc.Close())
+}
+
+// WriteJSON writes the verdicts as indented JSON.
+func (c *Conformance) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(struct {
+		Schema string `json:"schema"`
+		*Conformance
+		Passed bool `json:"passed"`
+	}{ConformanceSchema, c, c.Passed()})
+}
+
+// ConformanceSchema names the version of the JSON verdicts format.
+const ConformanceSchema = "turncheck/conformance/v1"
+
+// WriteJUnit writes the verdicts as JUnit XML: a test case per invariant,
+// failed, skipped (not applicable, not checked, skipped) with the reason,
+// or failed as not exercised.
+func (c *Conformance) WriteJUnit(w io.Writer) error {
+	s := junitSuite{Name: "turncheck conform", Time: fmt.Sprintf("%.3f", c.Elapsed.Seconds())}
+	for _, v := range c.Verdicts {
+		tc := junitCase{Name: fmt.Sprintf("%s %s", v.Invariant, v.Invariant.Title()), ClassName: "turncheck.conform"}
+		switch v.Status {
+		case Fail:
+			tc.Failure = &junitMessage{Message: v.Failure.Violation.Error(), Text: v.Failure.Report}
+			s.Failures++
+		case NotExercised:
+			tc.Failure = &junitMessage{Message: "not exercised: " + v.Reason}
+			s.Failures++
+		case Pass:
+		default:
+			tc.Skipped = &junitMessage{Message: string(v.Status) + ": " + v.Reason}
+			s.Skipped++
+		}
+		s.Cases = append(s.Cases, tc)
 	}
 	s.Tests = len(s.Cases)
 	if _, err := io.WriteString(w, xml.Header); err != nil {

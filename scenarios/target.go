@@ -3,6 +3,7 @@ package scenarios
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -200,10 +201,16 @@ type Remote struct {
 // Profile returns r.Reaches.
 func (r Remote) Profile() Profile { return r.Reaches }
 
-// Start returns the running server; modelURL is where the server was
-// told to call its model, which Remote cannot change: the fake model
-// listens at ModelAt instead.
-func (r Remote) Start(string) (Server, error) { return remoteServer(r.URL), nil }
+// Start returns the running server, once it answers HTTP at all; modelURL
+// is where the server was told to call its model, which Remote cannot
+// change: the fake model listens at ModelAt instead.
+func (r Remote) Start(string) (Server, error) {
+	s := remoteServer(r.URL)
+	if err := s.Exited(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
 
 // ReuseServer is true: there is only the one server.
 func (r Remote) ReuseServer() bool { return true }
@@ -220,6 +227,19 @@ func (s remoteServer) URL() string { return string(s) }
 
 // Close does nothing: the server is someone else's to stop.
 func (s remoteServer) Close() error { return nil }
+
+// Exited reports a server that no longer answers HTTP at all.
+func (s remoteServer) Exited() error {
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	resp, err := c.Get(string(s))
+	if err != nil {
+		return fmt.Errorf("no server answers at %s: %w", string(s), err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	return resp.Body.Close()
+}
 
 // Handler is a Target for a Go server that is an http.Handler. Every check
 // builds a fresh handler with newHandler, given the fake model's base URL

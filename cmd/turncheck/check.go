@@ -137,22 +137,18 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 	if saved.Failure == nil || len(saved.Failure.Plans) == 0 {
 		return fail(stderr, "replay", fmt.Errorf("%s holds no failure to replay (verdict %s)", path, saved.Verdict))
 	}
-	if saved.Server.Kind != "reference" {
-		return fail(stderr, "replay", fmt.Errorf("%s is about a %q server: replay it from the Go test that checks that server", path, saved.Server.Kind))
-	}
-	mutant, policy, err := runFlags{mutant: &saved.Server.Mutant, concurrency: &saved.Server.Concurrency}.server()
+	target, what, err := replayTarget(saved.Server)
 	if err != nil {
 		return fail(stderr, "replay", fmt.Errorf("%s: %w", path, err))
 	}
-	target := scenarios.Reference{Mutant: mutant, Concurrency: policy}
 	start := time.Now()
-	history, v, err := scenarios.Replay(target, saved.Failure.Plans)
+	history, v, err := scenarios.Replay(target, saved.Failure.Plans, saved.Failure.Skipped...)
 	if err != nil {
 		return fail(stderr, "replay", err)
 	}
 	// The replay's own counts: one run of the saved steps.
 	res := &scenarios.Result{Seed: saved.Seed, Elapsed: time.Since(start), Stats: replayStats(history)}
-	fmt.Fprintf(stdout, "turncheck replay: %s against the reference server, mutant %s, concurrency %s\n", path, mutantLabel(mutant), policy)
+	fmt.Fprintf(stdout, "turncheck replay: %s against %s\n", path, what)
 	if v == nil {
 		was := saved.Verdict
 		if sv := saved.Failure.Violation; sv != nil {
@@ -168,6 +164,29 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "FAIL: %s (%s) broken\n\n%s\n", v.Invariant, v.Invariant.Title(), strings.TrimRight(res.Failure.Report, "\n"))
 	writeReports("replay", rf, rep, "", stdout, stderr)
 	return exitViolation
+}
+
+// replayTarget starts the server a saved report is about, and says which
+// it is.
+func replayTarget(spec scenarios.ServerSpec) (scenarios.Target, string, error) {
+	switch spec.Kind {
+	case "reference":
+		mutant, policy, err := runFlags{mutant: &spec.Mutant, concurrency: &spec.Concurrency}.server()
+		if err != nil {
+			return nil, "", err
+		}
+		return scenarios.Reference{Mutant: mutant, Concurrency: policy},
+			fmt.Sprintf("the reference server, mutant %s, concurrency %s", mutantLabel(mutant), policy), nil
+	case "profile":
+		t, err := scenarios.LoadProfile(spec.Profile)
+		if err != nil {
+			return nil, "", fmt.Errorf("the server's profile: %w", err)
+		}
+		return t, describe(t), nil
+	case "url":
+		return nil, "", fmt.Errorf("the server ran at %s, started by someone else: write a profile for it (url and model_addr) and check it with 'turncheck conform --profile'", spec.URL)
+	}
+	return nil, "", fmt.Errorf("a %q server: replay it from the Go test that checks that server", spec.Kind)
 }
 
 // replayStats counts what a replay of saved steps did.
@@ -188,20 +207,7 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 		return fail(stderr, cmd, err)
 	}
 	if isTerminal(stderr) {
-		start := time.Now()
-		opts.Progress = func(s scenarios.Stats) {
-			faults := 0
-			for _, n := range s.Faults {
-				faults += n
-			}
-			elapsed := time.Since(start)
-			line := fmt.Sprintf("%d checks, %.0f steps/s, %d faults injected, %s", s.Checks,
-				float64(s.Steps)/max(elapsed.Seconds(), 1e-3), faults, elapsed.Round(time.Second))
-			if s.ShrinkRuns > 0 {
-				line += fmt.Sprintf("; shrinking: %d replays", s.ShrinkRuns)
-			}
-			fmt.Fprintf(stderr, "\r\033[K%s", line)
-		}
+		opts.Progress = progressLine(stderr)
 	}
 	target := scenarios.Reference{Mutant: mutant, Concurrency: policy}
 	res, err := scenarios.Check(target, opts)

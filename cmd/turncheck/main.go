@@ -4,6 +4,7 @@
 //
 //	turncheck check                  check the embedded reference server
 //	turncheck check --mutant NAME    check it with a real bug switched back on
+//	turncheck conform --profile F    check any server, in any language: a verdict per invariant
 //	turncheck replay FILE            re-execute a saved failure and explain it
 //	turncheck serve ...              run the reference server
 //	turncheck model ...              run the fake model provider
@@ -41,6 +42,7 @@ Usage:
 
 Commands:
   check     run the state machine against the embedded reference server
+  conform   check any server, in any language, through a profile: a verdict per invariant
   replay    re-execute a saved failure (or a seed) and explain what it finds
   serve     run the reference session server
   model     run the fake model provider standalone
@@ -51,6 +53,7 @@ Examples:
   turncheck check --mutant mutate-before-run --checks 200
   turncheck replay turncheck-failures/T1-mutate-before-run-4015895127573847763.json
   turncheck mutants
+  turncheck conform --profile profiles/reference.yaml
   turncheck model --listen 127.0.0.1:9090 &
   turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data
 
@@ -83,6 +86,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdCheck(ctx, rest, stdout, stderr)
 	case "replay":
 		return cmdReplay(ctx, rest, stdout, stderr)
+	case "conform":
+		return cmdConform(ctx, rest, stdout, stderr)
 	case "serve":
 		return cmdServe(ctx, rest, stdout, stderr)
 	case "model":

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios"
+)
+
+const conformHelp = `Usage: turncheck conform --profile FILE [--checks N] [--seed S] [--timeout D] [--skip T3]...
+       turncheck conform --url URL [--model-addr HOST:PORT] [flags]
+
+Checks a session server, in any language, against the whole contract of
+PROTOCOL.md and gives a verdict per invariant:
+
+  PASS            exercised, and never broken
+  FAIL            broken: the shrunk steps follow, saved under --save
+  NOT APPLICABLE  the server's declared policies, or the way it runs, exclude it
+  NOT EXERCISED   never reached with its preconditions met (e.g. no turn ended ok)
+  NOT CHECKED     this version of turncheck does not check it
+  SKIPPED         left out with --skip as a known failure
+
+A broken invariant does not end the run: it is shrunk, recorded, and the
+checks go on for the others. The server must take the base URL of an
+OpenAI-compatible model provider: the harness runs a fake one, which it
+scripts to fail, hang and cut streams, and reads the server's history from
+what the server sends it.
+
+--profile FILE is a YAML profile (see profiles/README.md): the command that
+starts the server (with {addr}, {port}, {model_url}, {data_dir}), or the url
+of a running one, the conversation header, API keys, the model name, and
+the policies the server declares. One server serves the whole run; each
+check uses conversation ids of its own.
+
+--url URL checks a server that already runs with the default profile (no
+keys, X-Conversation-Id, policy serialize). Start it with its model base URL
+set to http://MODEL-ADDR/v1 first.
+
+--timeout bounds the whole run, shrinking included. A server that hangs,
+streams forever or dies gets a verdict or a clear error within it.
+
+Exit status: 0 when every applicable invariant that turncheck checks was
+exercised and passed (skipped ones aside), 1 otherwise, 2 when the run
+could not be carried out (bad profile, server did not start or died).
+
+Examples:
+  turncheck conform --profile profiles/reference.yaml
+  turncheck conform --profile myserver.yaml --checks 50 --timeout 5m --skip T3
+  turncheck conform --url http://127.0.0.1:8080 --model-addr 127.0.0.1:9090
+`
+
+func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("conform", conformHelp, stdout, stderr)
+	profile := fs.String("profile", "", "YAML profile of the server: how to start it (or its url) and the policies it declares")
+	url := fs.String("url", "", "base URL of a server that already runs, checked with the default profile")
+	modelAddr := fs.String("model-addr", "127.0.0.1:9090", "with --url: where the fake model listens; the server's model base URL is http://ADDR/v1")
+	checks := fs.Int("checks", 100, "state-machine runs to try")
+	steps := fs.Int("steps", 30, "average steps per run")
+	seed := fs.Uint64("seed", 0, "seed of the first run; 0 draws one")
+	timeout := fs.Duration("timeout", 10*time.Minute, "wall-clock bound on the whole run, shrinking included")
+	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking each failure (a hard bound)")
+	var skip skipFlag
+	fs.Var(&skip, "skip", "leave out a known failure, e.g. T3 (repeatable)")
+	save := fs.String("save", "turncheck-failures", "directory where each failure is saved (JSON, for 'turncheck replay FILE')")
+	jsonPath := fs.String("json", "", "also write the verdicts as JSON to this file")
+	junitPath := fs.String("junit", "", "also write the verdicts as JUnit XML, one test case per invariant, to this file")
+	if code := fs.parse(args); code >= 0 {
+		return code
+	}
+	if *checks <= 0 || *steps <= 0 || *timeout <= 0 || *shrink <= 0 {
+		return fail(stderr, "conform", errors.New("--checks, --steps, --timeout and --shrink-time must be positive"))
+	}
+	var target scenarios.Target
+	var spec scenarios.ServerSpec
+	switch {
+	case (*profile == "") == (*url == ""):
+		return fail(stderr, "conform", errors.New("give --profile FILE or --url URL (see 'turncheck conform --help')"))
+	case *profile != "":
+		t, err := scenarios.LoadProfile(*profile)
+		if err != nil {
+			return fail(stderr, "conform", err)
+		}
+		abs, _ := filepath.Abs(*profile)
+		target, spec = t, scenarios.ServerSpec{Kind: "profile", Profile: abs}
+	default:
+		t, err := scenarios.ParseProfile(fmt.Appendf(nil, "url: %q\nmodel_addr: %q\n", *url, *modelAddr))
+		if err != nil {
+			return fail(stderr, "conform", err)
+		}
+		target, spec = t, scenarios.ServerSpec{Kind: "url", URL: *url}
+	}
+	runCtx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	opts := scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: runCtx, Skip: skip}
+	if isTerminal(stderr) {
+		opts.Progress = progressLine(stderr)
+	}
+	fmt.Fprintf(stdout, "turncheck conform: %s\n", describe(target))
+	if r, ok := target.(scenarios.Remote); ok {
+		fmt.Fprintf(stdout, "the fake model listens at http://%s/v1: the server must be configured to call it there\n", r.ModelAt)
+	}
+	c, err := scenarios.Conform(target, opts)
+	if opts.Progress != nil {
+		fmt.Fprint(stderr, "\r\033[K")
+	}
+	if err != nil {
+		return fail(stderr, "conform", err)
+	}
+	fmt.Fprint(stdout, c.Text(target.Profile()))
+	for _, f := range c.Failures() {
+		if *save == "" {
+			break
+		}
+		rep := scenarios.NewReport(&scenarios.Result{Stats: c.Stats, Seed: f.Seed, Elapsed: c.Elapsed, Failure: f}, spec)
+		path := filepath.Join(*save, fmt.Sprintf("%s-conform-%d.json", f.Violation.Invariant, c.Seed))
+		err := os.MkdirAll(*save, 0o755)
+		if err == nil {
+			err = rep.Save(path)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "turncheck conform: save the %s failure: %v\n", f.Violation.Invariant, err)
+			continue
+		}
+		fmt.Fprintf(stdout, "saved: %s (replay: turncheck replay %s)\n", path, path)
+	}
+	writeFile := func(path, what string, render func(io.Writer) error) {
+		if path == "" {
+			return
+		}
+		f, err := os.Create(path)
+		if err == nil {
+			err = errors.Join(render(f), f.Close())
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "turncheck conform: the %s report: %v\n", what, err)
+			return
+		}
+		fmt.Fprintf(stdout, "%s: %s\n", what, path)
+	}
+	writeFile(*jsonPath, "json", c.WriteJSON)
+	writeFile(*junitPath, "junit", c.WriteJUnit)
+	if c.Passed() {
+		fmt.Fprintln(stdout, "CONFORMS: every applicable invariant turncheck checks was exercised and passed")
+		return exitOK
+	}
+	fmt.Fprintln(stdout, "DOES NOT CONFORM: see the verdicts above")
+	return exitViolation
+}
+
+// describe names the server a target runs, for the first line of output.
+func describe(t scenarios.Target) string {
+	switch t := t.(type) {
+	case scenarios.Remote:
+		return "the server at " + t.URL
+	case scenarios.Subprocess:
+		return "the server started as: " + t.String()
+	}
+	return fmt.Sprintf("%T", t)
+}
+
+// skipFlag collects --skip values, each an invariant of PROTOCOL.md.
+type skipFlag []model.Invariant
+
+func (s *skipFlag) String() string { return fmt.Sprint([]model.Invariant(*s)) }
+
+func (s *skipFlag) Set(v string) error {
+	inv := model.Invariant(strings.ToUpper(strings.TrimSpace(v)))
+	for _, known := range model.Contract() {
+		if inv == known {
+			*s = append(*s, inv)
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is not an invariant (T1 to T11)", v)
+}
+
+// progressLine rewrites one line on a terminal after every check.
+func progressLine(w io.Writer) func(scenarios.Stats) {
+	start := time.Now()
+	return func(s scenarios.Stats) {
+		faults := 0
+		for _, n := range s.Faults {
+			faults += n
+		}
+		elapsed := time.Since(start)
+		line := fmt.Sprintf("%d checks, %.0f steps/s, %d faults injected, %s", s.Checks,
+			float64(s.Steps)/max(elapsed.Seconds(), 1e-3), faults, elapsed.Round(time.Second))
+		if s.ShrinkRuns > 0 {
+			line += fmt.Sprintf("; shrinking: %d replays", s.ShrinkRuns)
+		}
+		fmt.Fprintf(w, "\r\033[K%s", line)
+	}
+}

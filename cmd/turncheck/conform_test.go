@@ -1,0 +1,136 @@
+package main
+
+import (
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/sut"
+)
+
+// onPath builds turncheck into a temporary dir and puts that dir first on
+// PATH, as profiles/reference.yaml expects, for the rest of the test.
+func onPath(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command to build turncheck with")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "turncheck")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return bin
+}
+
+const referenceProfile = "../../profiles/reference.yaml"
+
+// verdictLine finds the verdict printed for inv.
+func verdictLine(out, inv string) string {
+	m := regexp.MustCompile(`(?m)^` + inv + ` +.*$`).FindString(out)
+	return m
+}
+
+// TestConformReferenceProfile: the reference server, started through its
+// profile as any third-party server is, conforms: every invariant
+// turncheck checks passes, exercised.
+func TestConformReferenceProfile(t *testing.T) {
+	onPath(t)
+	save := t.TempDir()
+	code, stdout, stderr := runCLI(t, "conform", "--profile", referenceProfile, "--checks", "6", "--steps", "20",
+		"--seed", "1", "--save", save, "--junit", filepath.Join(save, "junit.xml"))
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Contains(t, stdout, "CONFORMS")
+	for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6"} {
+		assert.Contains(t, verdictLine(stdout, inv), "PASS", inv)
+	}
+	assert.Contains(t, verdictLine(stdout, "T9"), "NOT CHECKED")
+	junit, err := os.ReadFile(filepath.Join(save, "junit.xml"))
+	require.NoError(t, err)
+	assert.Contains(t, string(junit), `tests="11"`)
+}
+
+// TestConformMutantsThroughProfile: each mutant, switched on in the
+// profile's start command, fails the invariant it breaks through the
+// black-box path, and its saved failure replays through the profile.
+func TestConformMutantsThroughProfile(t *testing.T) {
+	bin := onPath(t)
+	base, err := os.ReadFile(referenceProfile)
+	require.NoError(t, err)
+	for _, m := range sut.Mutants() {
+		t.Run(string(m.Mutant), func(t *testing.T) {
+			t.Parallel() // each run is a process of its own: rapid's settings are per process
+			dir := t.TempDir()
+			profile := filepath.Join(dir, "profile.yaml")
+			text := strings.Replace(string(base), "--request-timeout, 2s]", "--request-timeout, 2s, --mutant, "+string(m.Mutant)+"]", 1)
+			require.NotEqual(t, string(base), text, "the profile's command ends as the test expects")
+			require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
+			cmd := exec.Command(bin, "conform", "--profile", profile, "--checks", "12", "--steps", "20", "--seed", "2",
+				"--save", dir, "--timeout", "2m")
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "%s", out)
+			require.Equal(t, exitViolation, exit.ExitCode(), "%s", out)
+			assert.Contains(t, verdictLine(string(out), m.Breaks), "FAIL", "%s", out)
+			saved := regexp.MustCompile(`saved: (\S+` + m.Breaks + `-conform-\d+\.json)`).FindStringSubmatch(string(out))
+			require.NotNil(t, saved, "%s", out)
+			replay, err := exec.Command(bin, "replay", saved[1]).CombinedOutput()
+			require.Error(t, err, "%s", replay)
+			assert.Contains(t, string(replay), "FAIL: "+m.Breaks, "%s", replay)
+		})
+	}
+}
+
+// TestConformURLNothingServed: a running server that answers 400 to
+// everything does not conform: nothing about committed turns was
+// exercised.
+func TestConformURLNothingServed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":{"message":"no","type":"invalid_request_error"}}`))
+	}))
+	defer srv.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	code, stdout, stderr := runCLI(t, "conform", "--url", srv.URL, "--model-addr", addr, "--checks", "3", "--steps", "10")
+	assert.Equal(t, exitViolation, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Contains(t, stdout, "DOES NOT CONFORM")
+	assert.Contains(t, verdictLine(stdout, "T2"), "NOT EXERCISED")
+	assert.Contains(t, verdictLine(stdout, "T7"), "NOT APPLICABLE")
+	srv.CloseClientConnections()
+}
+
+// TestConformUsage: what conform cannot run is a one-line error, exit 2.
+func TestConformUsage(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte("server: {comand: [x]}\n"), 0o644))
+	for _, args := range [][]string{
+		{"conform"},
+		{"conform", "--profile", referenceProfile, "--url", "http://127.0.0.1:1"},
+		{"conform", "--profile", "no-such.yaml"},
+		{"conform", "--profile", bad},
+		{"conform", "--profile", referenceProfile, "--skip", "T99"},
+		{"conform", "--url", "http://example.com"},
+		{"conform", "--url", "http://127.0.0.1:1", "--model-addr", "8.8.8.8:53"},
+		{"conform", "--profile", referenceProfile, "--timeout", "0"},
+	} {
+		code, _, stderr := runCLI(t, args...)
+		assert.Equal(t, exitUsage, code, "turncheck %s", strings.Join(args, " "))
+		assert.Equal(t, 1, strings.Count(stderr, "\n"), "turncheck %s: want a one-line error, got %q", strings.Join(args, " "), stderr)
+	}
+	code, _, stderr := runCLI(t, "conform", "--profile", bad)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, `unknown field "comand" in server`)
+}

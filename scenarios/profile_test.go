@@ -1,0 +1,118 @@
+package scenarios
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// TestReferenceProfile: the reference server's profile reads as the
+// subprocess target it describes.
+func TestReferenceProfile(t *testing.T) {
+	target, err := LoadProfile("../profiles/reference.yaml")
+	require.NoError(t, err)
+	s, ok := target.(Subprocess)
+	require.True(t, ok, "%T", target)
+	assert.Equal(t, []string{"turncheck", "serve", "--listen", "{addr}"}, s.Command[:4])
+	assert.True(t, s.ReuseServer())
+	assert.Equal(t, "/healthz", s.Ready)
+	assert.Equal(t, 15*time.Second, s.StartTimeout)
+	p := s.Profile()
+	assert.Equal(t, []string{"key-a", "key-b"}, p.Keys)
+	assert.Equal(t, model.Serialize, p.Concurrency)
+	assert.Equal(t, 2*time.Second, p.ModelTimeout)
+	assert.Equal(t, Durability{Restart: true, Crash: true}, p.Durability)
+	assert.Equal(t, Durable, p.Eviction)
+	assert.Equal(t, Rollback, p.Interruption)
+}
+
+// TestProfileFields: every field reaches the target, and a fixed URL
+// makes a Remote.
+func TestProfileFields(t *testing.T) {
+	target, err := ParseProfile([]byte(`
+server:
+  command: [./srv, "--port={port}"]
+  env: {OPENAI_BASE_URL: "{model_url}"}
+  agents: [a.yaml]
+  ready: {line: 'listening on (\S+)', timeout: 1m}
+  stop_grace: 2s
+  fresh_per_check: true
+model_addr: 127.0.0.1:9999
+conversation_header: x-session
+keys: [k1]
+model: agent
+model_timeout: 3s
+policies:
+  concurrency: reject
+  eviction: forgets
+  capacity: 10
+  interruption: keep-consistent
+  durability: {restart: true}
+`))
+	require.NoError(t, err)
+	s := target.(Subprocess)
+	assert.Equal(t, []string{"OPENAI_BASE_URL={model_url}"}, s.Env)
+	assert.Equal(t, []string{"a.yaml"}, s.Agents)
+	assert.Equal(t, `listening on (\S+)`, s.ReadyLine)
+	assert.Equal(t, time.Minute, s.StartTimeout)
+	assert.Equal(t, 2*time.Second, s.StopGrace)
+	assert.False(t, s.ReuseServer())
+	assert.Equal(t, "127.0.0.1:9999", s.ModelAddr())
+	p := s.Profile()
+	assert.Equal(t, Profile{Header: "x-session", Keys: []string{"k1"}, Model: "agent", Concurrency: model.Reject,
+		ModelTimeout: 3 * time.Second, Eviction: Forgets, Capacity: 10, Interruption: KeepConsistent,
+		Durability: Durability{Restart: true}}, p)
+
+	target, err = ParseProfile([]byte("url: http://127.0.0.1:8080\nmodel_addr: '[::1]:9090'\n"))
+	require.NoError(t, err)
+	r := target.(Remote)
+	assert.Equal(t, "http://127.0.0.1:8080", r.URL)
+	assert.Equal(t, "[::1]:9090", r.ModelAddr())
+	assert.True(t, r.ReuseServer())
+	assert.Equal(t, "turncheck", r.Profile().Model)
+}
+
+// TestProfileErrors: a profile that gets something wrong is refused with
+// an error that names what, never a panic.
+func TestProfileErrors(t *testing.T) {
+	cmd := "server: {command: [./srv, '{addr}', '{model_url}']}\n"
+	for yaml, want := range map[string]string{
+		"":                                            "empty profile",
+		"serverr: {}\n":                               `unknown field "serverr" in the profile`,
+		"server: {comand: [x]}\n":                     `unknown field "comand" in server (known: command, env`,
+		cmd + "policies: {concurency: reject}":        `unknown field "concurency" in policies`,
+		"server: {ready: {htp: /h}}\n":                `unknown field "htp" in server.ready`,
+		cmd + "policies: {concurrency: maybe}":        `policies.concurrency: "maybe"`,
+		cmd + "policies: {eviction: forgets}":         "policies.capacity",
+		cmd + "policies: {interruption: x}":           "policies.interruption",
+		cmd + "model_timeout: soon":                   "line 2",
+		cmd + "keys: ['a b']":                         "keys[0]",
+		cmd + "conversation_header: 'a b'":            "conversation_header",
+		cmd + "url: http://127.0.0.1:1":               "not both",
+		"server: {command: []}\n":                     "server.command: empty",
+		"server: {command: [./srv, '{model_url}']}\n": "no {addr} or {port}",
+		"server: {command: [./srv, '{addr}']}\n":      "no {model_url}",
+		cmd + "server: {command: [x]}":                "",
+		"server: {command: [x, '{addr}', '{model_url}'], ready: {line: '('}}": "server.ready.line",
+		"url: http://127.0.0.1:8080\n":                                        "model_addr",
+		"url: http://example.com\nmodel_addr: 127.0.0.1:1\n":                  "this machine only",
+		"url: http://127.0.0.1:1\nmodel_addr: 10.0.0.1:1\n":                   "loopback only",
+		"model: x\n":        "no server",
+		"- a\n- b\n":        "cannot unmarshal",
+		cmd + "---\n" + cmd: "more than one YAML document",
+		"server: {command: [x, '{addr}', '{model_url}'], env: {'A=B': c}}": "server.env",
+	} {
+		_, err := ParseProfile([]byte(yaml))
+		require.Error(t, err, "%q", yaml)
+		assert.Contains(t, err.Error(), want, "%q", yaml)
+		assert.NotContains(t, err.Error(), "scenarios.", "no Go type names: %q", yaml)
+		assert.False(t, strings.Contains(err.Error(), "\n"), "one line: %q", err)
+	}
+	_, err := LoadProfile("no-such-profile.yaml")
+	assert.ErrorContains(t, err, "no-such-profile.yaml")
+}
