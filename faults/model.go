@@ -303,19 +303,33 @@ func decodeRequest(body io.Reader) (*openai.ChatRequest, error) {
 // token of the last user message.
 func readCall(msgs []openai.Message) model.Call {
 	var call model.Call
-	lastUser := -1
-	for i, msg := range msgs {
-		call.History = append(call.History, model.Tokens(string(msg.Content))...)
-		if msg.Role == openai.RoleUser {
-			lastUser = i
+	prevUser := false
+	for _, msg := range msgs {
+		toks := model.Tokens(string(msg.Content))
+		call.History = append(call.History, toks...)
+		isUser := msg.Role == openai.RoleUser
+		if isUser && !prevUser {
+			// A new run of user messages: the call's turn is read from the
+			// last run. Within it, a server may have merged the user's
+			// messages into one, or appended messages without a token (an
+			// internal context block) after the user's (PROTOCOL.md); a
+			// message after an assistant's reply is a new one.
+			call.Turn, call.Tail = "", false
 		}
-	}
-	if lastUser >= 0 {
-		for _, t := range model.Tokens(string(msgs[lastUser].Content)) {
+		prevUser = isUser
+		if !isUser {
+			continue
+		}
+		tokened := false
+		for _, t := range toks {
 			if t.IsUser() {
-				call.Turn = t
-				break
+				call.Turn, tokened = t, true
 			}
+		}
+		if !tokened {
+			call.Tail = true
+		} else {
+			call.Tail = false
 		}
 	}
 	if call.History == nil {

@@ -229,9 +229,9 @@ func TestRecordsTokensOfAllMessagesInOrder(t *testing.T) {
 	calls := f.m.CallsAfter(0)
 	require.Len(t, calls, 1)
 	assert.Equal(t, []model.Token{"tc-a90", "tc-u1", "tc-a1", "tc-a77", "tc-u2", "tc-u3", "tc-a8"}, calls[0].History)
-	// The turn is the first user token of the last user message, even when
-	// assistant and tool messages follow it.
-	assert.Equal(t, model.Token("tc-u2"), calls[0].Turn)
+	// The turn is the last user token of the last run of user messages,
+	// even when assistant and tool messages follow it.
+	assert.Equal(t, model.Token("tc-u3"), calls[0].Turn)
 }
 
 func TestRecordsContentParts(t *testing.T) {
@@ -245,6 +245,31 @@ func TestRecordsContentParts(t *testing.T) {
 	require.Len(t, calls, 1)
 	assert.Equal(t, []model.Token{"tc-u4"}, calls[0].History)
 	assert.Equal(t, model.Token("tc-u4"), calls[0].Turn)
+}
+
+// TestTurnIsTheLastUserToken: a call belongs to the last user token of its
+// last run of user messages, whether the server merged the user's
+// messages or appended a tokenless one after them (Tail says so).
+func TestTurnIsTheLastUserToken(t *testing.T) {
+	for name, tc := range map[string]struct {
+		msgs []openai.Message
+		turn model.Token
+		tail bool
+	}{
+		"plain":             {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u2")}, "tc-u2", false},
+		"merged":            {[]openai.Message{user("tc-u1 and then tc-u2")}, "tc-u2", false},
+		"appended context":  {[]openai.Message{user("tc-u2"), user("<context>the time is 12:00</context>")}, "tc-u2", true},
+		"blank passed on":   {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("  ")}, "", true},
+		"context then user": {[]openai.Message{user("<context/>"), user("tc-u3")}, "tc-u3", false},
+	} {
+		f := start(t, faults.ModelConfig{})
+		resp, got := f.post(false, tc.msgs...)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", name, got)
+		calls := f.m.CallsAfter(0)
+		require.Len(t, calls, 1, name)
+		assert.Equal(t, tc.turn, calls[0].Turn, name)
+		assert.Equal(t, tc.tail, calls[0].Tail, name)
+	}
 }
 
 func TestTurnIsEmptyWithoutUserToken(t *testing.T) {
@@ -263,8 +288,8 @@ func TestTurnIsEmptyWithoutUserToken(t *testing.T) {
 			user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("a title please"),
 		}, []model.Token{"tc-u1", "tc-a1"}},
 		{"last user message has only a reply token", []openai.Message{
-			user("tc-u1"), user("quoting tc-a1"),
-		}, []model.Token{"tc-u1", "tc-a1"}},
+			user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("quoting tc-a1"),
+		}, []model.Token{"tc-u1", "tc-a1", "tc-a1"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

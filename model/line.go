@@ -420,9 +420,8 @@ func (l Line) turnShaped(call Call) string {
 		if _, ok := l.match(call.History, call.Turn); ok {
 			return fmt.Sprintf("replaying %s as the new message", call.Turn)
 		}
-		return ""
 	}
-	if call.Turn == "" {
+	if call.Turn == "" || call.Tail {
 		const blank = Token("tc-u-blank") // stands for the tokenless message
 		if _, ok := l.match(append(slices.Clone(call.History), blank), blank); ok {
 			return "passing on a message without a token as the new one"

@@ -160,9 +160,13 @@ func (o Outcome) String() string {
 type Call struct {
 	// History is every token the request carried, in message order.
 	History []Token `json:"history"`
-	// Turn is the token of the request's last user message, or "" if it has
+	// Turn is the last user token the request carries, or "" if it has
 	// none; a call belongs to the turn whose user token this is.
 	Turn Token `json:"turn,omitempty"`
+	// Tail reports that a user message without a token comes after Turn's
+	// (or, with no Turn, that there is one): a server's appended context,
+	// or a blank message passed on as if it were the new one.
+	Tail bool `json:"tail,omitempty"`
 	// At is when the call reached the model, on the run's timeline (the
 	// one Turn.Invoke and Turn.Return count on).
 	At int64 `json:"at"`
