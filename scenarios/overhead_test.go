@@ -1,0 +1,65 @@
+//go:build unix
+
+package scenarios
+
+import (
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// BenchmarkCheckOverhead measures what a check costs before and after its
+// steps, on the reference server run as a subprocess: one server reused
+// for every check under namespaces of conversation ids (the default), or a
+// fresh server per check (fresh_per_check). Each op is one check of one
+// plain turn; "turn" is that turn alone in a session already open, so a
+// check's overhead is its ns/op minus turn's.
+func BenchmarkCheckOverhead(b *testing.B) {
+	if _, err := exec.LookPath("go"); err != nil {
+		b.Skip("no go command to build turncheck with")
+	}
+	bin := filepath.Join(b.TempDir(), "turncheck")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/turncheck").CombinedOutput()
+	require.NoError(b, err, "%s", out)
+	target := func(fresh bool) Subprocess {
+		return Subprocess{
+			Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}",
+				"--key", "key-a", "--key", "key-b"},
+			FreshPerCheck: fresh,
+			Reaches:       Reference{}.Profile(),
+		}
+	}
+	plain := single("continue", turnSend(model.ConversationRef{Key: "key-a", ID: "conv-1"}, model.UserToken(1), false))
+	check := func(b *testing.B, fresh bool) {
+		l, err := openLab(target(fresh), nil)
+		require.NoError(b, err)
+		defer func() { require.NoError(b, l.close()) }()
+		b.ResetTimer()
+		for range b.N {
+			s, err := l.session(nil)
+			require.NoError(b, err)
+			_, v := s.step(plain)
+			require.Nil(b, v)
+			require.NoError(b, s.close())
+		}
+	}
+	b.Run("reuse", func(b *testing.B) { check(b, false) })
+	b.Run("fresh", func(b *testing.B) { check(b, true) })
+	b.Run("turn", func(b *testing.B) {
+		l, err := openLab(target(false), nil)
+		require.NoError(b, err)
+		defer func() { require.NoError(b, l.close()) }()
+		s, err := l.session(nil)
+		require.NoError(b, err)
+		defer func() { require.NoError(b, s.close()) }()
+		b.ResetTimer()
+		for i := range b.N {
+			_, v := s.step(single("continue", turnSend(model.ConversationRef{Key: "key-a", ID: "conv-1"}, model.UserToken(i+1), false)))
+			require.Nil(b, v)
+		}
+	})
+}
