@@ -1,10 +1,8 @@
 package scenarios
 
 import (
-	"errors"
 	"flag"
 	"net/http"
-	"os"
 	"testing"
 	"time"
 
@@ -96,29 +94,10 @@ func TestRunSubtests(t *testing.T) {
 }
 
 // referenceHandler is the reference server as a Go server's own test
-// would give it: an http.Handler built for a model URL.
-// A held model call times out on the server's own clock: a short one
-// keeps the test short.
+// would give it: an http.Handler built for a model URL. A held model call
+// times out on the server's own clock: a short one keeps the test short.
 func referenceHandler() Target {
-	return Handler(Profile{Model: "turncheck", ModelTimeout: time.Second}, func(modelURL string) (http.Handler, error) {
-		dir, err := os.MkdirTemp("", "turncheck-handler-*")
-		if err != nil {
-			return nil, err
-		}
-		srv, err := sut.New(sut.Config{ModelURL: modelURL, DataDir: dir, RequestTimeout: time.Second})
-		if err != nil {
-			return nil, err
-		}
-		return removeOnClose{srv, dir}, nil
+	return Handler(Profile{Model: "turncheck", ModelTimeout: time.Second}, func(modelURL, dataDir string) (http.Handler, error) {
+		return sut.New(sut.Config{ModelURL: modelURL, DataDir: dataDir, RequestTimeout: time.Second})
 	})
-}
-
-type removeOnClose struct {
-	*sut.Server
-	dir string
-}
-
-func (r removeOnClose) Close() error {
-	err := r.Server.Close()
-	return errors.Join(err, os.RemoveAll(r.dir))
 }

@@ -243,32 +243,36 @@ func (s remoteServer) Exited() error {
 
 // Handler is a Target for a Go server that is an http.Handler. Every check
 // builds a fresh handler with newHandler, given the fake model's base URL
-// (ending in /v1), and serves it on a loopback port; when the check ends
-// the listener closes, and then the handler's Close, if it has one
-// (io.Closer, or Close() with no result). The server is talked to as p
-// says.
-func Handler(p Profile, newHandler func(modelURL string) (http.Handler, error)) Target {
+// (ending in /v1) and a fresh data directory, and serves it on a loopback
+// port; when the check ends the listener closes, then the handler's Close
+// runs, if it has one (io.Closer, or Close() with no result), and the data
+// directory is removed. The server is talked to as p says.
+func Handler(p Profile, newHandler func(modelURL, dataDir string) (http.Handler, error)) Target {
 	return handlerTarget{p: p, newHandler: newHandler}
 }
 
 type handlerTarget struct {
 	p          Profile
-	newHandler func(string) (http.Handler, error)
+	newHandler func(modelURL, dataDir string) (http.Handler, error)
 }
 
 func (h handlerTarget) Profile() Profile { return h.p }
 
 func (h handlerTarget) Start(modelURL string) (Server, error) {
-	handler, err := h.newHandler(modelURL)
+	dir, err := os.MkdirTemp("", "turncheck-handler-*")
 	if err != nil {
 		return nil, err
 	}
+	handler, err := h.newHandler(modelURL, dir)
+	if err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
+	}
 	ln, err := loopback.Listen("")
 	if err != nil {
-		return nil, errors.Join(err, closeHandler(handler))
+		return nil, errors.Join(err, closeHandler(handler), os.RemoveAll(dir))
 	}
 	s := &handlerServer{srv: &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}, ln: ln,
-		handler: handler, served: make(chan struct{})}
+		handler: handler, dir: dir, served: make(chan struct{})}
 	go func() {
 		defer close(s.served)
 		_ = s.srv.Serve(ln)
@@ -280,13 +284,14 @@ type handlerServer struct {
 	srv     *http.Server
 	ln      net.Listener
 	handler http.Handler
+	dir     string
 	served  chan struct{}
 }
 
 func (s *handlerServer) URL() string { return "http://" + s.ln.Addr().String() }
 
 // Close stops serving, lets the requests in flight end (within a bound),
-// and closes the handler.
+// closes the handler and removes its data directory.
 func (s *handlerServer) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -295,7 +300,7 @@ func (s *handlerServer) Close() error {
 		err = errors.Join(err, s.srv.Close())
 	}
 	<-s.served
-	return errors.Join(err, closeHandler(s.handler))
+	return errors.Join(err, closeHandler(s.handler), os.RemoveAll(s.dir))
 }
 
 func closeHandler(h http.Handler) error {
