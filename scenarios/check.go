@@ -183,7 +183,9 @@ func check(l *lab, opts Options) (*Result, error) {
 	}()
 	<-done
 	res := &Result{Stats: *r.stats, Seed: opts.Seed}
-	if r.setupErr != nil && !r.interrupted {
+	if r.setupErr != nil {
+		// What stopped the server from serving comes first, before an
+		// interruption or the time bound it may have run into.
 		res.Elapsed = time.Since(start)
 		return res, r.setupErr
 	}
@@ -424,6 +426,11 @@ func (r *runner) onViolation(v *model.Violation, plans []Plan, history []Op) {
 // steps drawn by rapid.
 func (r *runner) property(t *rapid.T) {
 	r.stopIfInterrupted()
+	if r.setupErr != nil {
+		// rapid runs a failed property again to shrink it: a server that
+		// did not start is not started again and again.
+		t.Fatalf("setup: %v", r.setupErr)
+	}
 	sess, err := r.lab.session(r.ctx)
 	if err != nil {
 		r.setupErr = err

@@ -29,6 +29,11 @@ const defaultModelTimeout = 20 * time.Second
 // maxResponseBytes bounds what the client reads of one response.
 const maxResponseBytes = 8 << 20
 
+// maxKeptReply bounds the reply text a history keeps of one response: the
+// checker looks only for the reply token, which the fake model writes
+// early, and a run keeps every response until it ends.
+const maxKeptReply = 64 << 10
+
 // Request is one request the harness sends: enough to send it again by hand.
 type Request struct {
 	Conv model.ConversationRef `json:"conversation"`
@@ -143,7 +148,7 @@ func readWhole(ctx context.Context, body io.Reader, out Response) Response {
 		return out
 	}
 	out.Outcome = model.OK
-	out.Reply = c.Text()
+	out.Reply = clipReply(c.Text())
 	return out
 }
 
@@ -189,11 +194,21 @@ func readStream(ctx context.Context, body io.Reader, out Response) Response {
 			out.Detail = "error chunk: " + c.Error.Message
 			return out
 		}
-		reply.WriteString(c.Text())
+		if reply.Len() < maxKeptReply {
+			reply.WriteString(clipReply(c.Text()))
+		}
 		if c.Finish() == openai.FinishStop {
 			stopped = true
 		}
 	}
+}
+
+// clipReply keeps at most maxKeptReply bytes of a reply.
+func clipReply(s string) string {
+	if len(s) > maxKeptReply {
+		return s[:maxKeptReply]
+	}
+	return s
 }
 
 func errorMessage(r io.Reader) string {

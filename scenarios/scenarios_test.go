@@ -16,7 +16,16 @@ import (
 	"github.com/turncheck/turncheck/sut"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// hostileMain, set by hostile_test.go where it builds, makes a re-executed
+// test binary play a hostile server instead of running the tests.
+var hostileMain func()
+
+func TestMain(m *testing.M) {
+	if hostileMain != nil {
+		hostileMain()
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // TestReferenceServerPasses runs the state machine against the clean
 // reference server the way a Go server's own test would: through Run, with

@@ -147,6 +147,11 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 			}
 			l.shared = s
 		}
+		if w, ok := l.shared.(ServerWatcher); ok {
+			if err := w.Exited(); err != nil {
+				return nil, fmt.Errorf("the server under test died during the run: %w", err)
+			}
+		}
 		srv, ns = l.shared, fmt.Sprintf("%s-%d-", l.run, l.sessions)
 	} else {
 		s, err := l.target.Start(l.fake.URL())
@@ -205,12 +210,7 @@ func (s *session) step(p Plan) ([]Op, *model.Violation) {
 func (s *session) close() error {
 	s.client.close()
 	if !s.own {
-		if w, ok := s.srv.(ServerWatcher); ok {
-			if err := w.Exited(); err != nil {
-				return fmt.Errorf("the server under test died during the run: %w", err)
-			}
-		}
-		return nil
+		return nil // a shared server's death is found when the next session starts
 	}
 	if err := s.srv.Close(); err != nil {
 		return fmt.Errorf("stop the server under test: %w", err)

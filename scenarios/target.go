@@ -206,7 +206,7 @@ func (r Remote) Profile() Profile { return r.Reaches }
 // change: the fake model listens at ModelAt instead.
 func (r Remote) Start(string) (Server, error) {
 	s := remoteServer(r.URL)
-	if err := s.Exited(); err != nil {
+	if err := s.answers(); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -228,11 +228,11 @@ func (s remoteServer) URL() string { return string(s) }
 // Close does nothing: the server is someone else's to stop.
 func (s remoteServer) Close() error { return nil }
 
-// Exited reports a server that no longer answers HTTP at all.
-func (s remoteServer) Exited() error {
+// answers probes the server: any HTTP answer will do.
+func (s remoteServer) answers() error {
 	tr := &http.Transport{DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
-	c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	c := &http.Client{Transport: tr, Timeout: 2 * time.Second}
 	resp, err := c.Get(string(s))
 	if err != nil {
 		return fmt.Errorf("no server answers at %s: %w", string(s), err)
