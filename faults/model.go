@@ -6,10 +6,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/internal/openai"
@@ -25,7 +28,7 @@ type ModelConfig struct {
 	// Addr is the address to listen on; "" means 127.0.0.1:0.
 	Addr string
 	// Log, if set, receives one line per call: the tokens it carried and the
-	// fault injected.
+	// fault injected; and one per agent definition served.
 	Log io.Writer
 	// Clock, if set, stamps every call's arrival (model.Call.At), so that
 	// calls fall on the same timeline as what the harness records; nil
@@ -196,7 +199,8 @@ func (m *Model) CallsAfter(at int64) []model.Call {
 	return slices.Clone(m.calls[i:])
 }
 
-// ServeHTTP answers the chat-completion endpoint.
+// ServeHTTP answers the chat-completion endpoint, and serves agent
+// definitions at GET /agents/NAME.yaml (see AgentDefinition).
 func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.mu.Lock()
 	select {
@@ -208,6 +212,10 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.active.Add(1)
 	m.mu.Unlock()
 	defer m.active.Done()
+	if strings.Contains(r.URL.Path, "/agents/") {
+		m.serveAgent(w, r)
+		return
+	}
 	if r.URL.Path != "/v1/chat/completions" && r.URL.Path != "/chat/completions" {
 		openai.WriteError(w, http.StatusNotFound, "not_found", "the fake model serves POST /v1/chat/completions")
 		return
@@ -245,6 +253,65 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	m.answer(w, r, req, call, fault)
+}
+
+// agentPath matches the paths agent definitions are served at: under the
+// model's address, and under its base URL (/v1) for servers that are only
+// given that.
+var agentPath = regexp.MustCompile(`^(?:/v1)?/agents/([A-Za-z0-9_-]+)\.yaml$`)
+
+// serveAgent answers GET /agents/NAME.yaml (or /v1/agents/NAME.yaml) with
+// an agent definition, so that a server under test can load its agents
+// from URLs on loopback (PROTOCOL.md, "Agent sources"):
+//
+//	name: NAME
+//	instruction: You are NAME, loaded from /agents/NAME.yaml?QUERY.
+//
+// The request's raw query is echoed into the instruction (with no "?" when
+// there is none), so that a server restarted with a changed query visibly
+// sends the model a different instruction. It is not a model call and is not
+// recorded as one. A NAME outside [A-Za-z0-9_-]+ is 404: nothing else in a
+// name can be echoed unquoted into a path.
+func (m *Model) serveAgent(w http.ResponseWriter, r *http.Request) {
+	match := agentPath.FindStringSubmatch(r.URL.Path)
+	if match == nil {
+		openai.WriteError(w, http.StatusNotFound, "not_found", "the fake model serves agents at GET /agents/NAME.yaml, NAME in [A-Za-z0-9_-]+")
+		return
+	}
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		openai.WriteError(w, http.StatusMethodNotAllowed, "invalid_request_error", "use GET")
+		return
+	}
+	name := match[1]
+	from := "/agents/" + name + ".yaml"
+	if r.URL.RawQuery != "" {
+		from += "?" + r.URL.RawQuery
+	}
+	// Marshalled, not formatted: the query is the client's and may hold
+	// anything YAML would read as syntax.
+	body, err := yaml.Marshal(AgentDefinition{Name: name, Instruction: "You are " + name + ", loaded from " + from + "."})
+	if err != nil {
+		openai.WriteError(w, http.StatusInternalServerError, "server_error", err.Error())
+		return
+	}
+	if m.cfg.Log != nil {
+		m.logMu.Lock()
+		fmt.Fprintf(m.cfg.Log, "agent %s query=%q\n", name, r.URL.RawQuery)
+		m.logMu.Unlock()
+	}
+	w.Header().Set("Content-Type", "application/yaml")
+	_, _ = w.Write(body)
+}
+
+// AgentDefinition is the agent definition the fake model serves at GET
+// /agents/NAME.yaml, as YAML.
+type AgentDefinition struct {
+	// Name is NAME from the path.
+	Name string `yaml:"name"`
+	// Instruction is "You are NAME, loaded from /agents/NAME.yaml?QUERY.",
+	// QUERY the request's raw query.
+	Instruction string `yaml:"instruction"`
 }
 
 // record stamps and appends call and returns the fault to inject for it,

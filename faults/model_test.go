@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/openai"
@@ -1040,4 +1041,55 @@ func TestResetForgetsEverything(t *testing.T) {
 	resp, _ = f.post(false, user("tc-u1"))
 	assert.Equal(t, 200, resp.StatusCode, "scripts are forgotten")
 	assert.Equal(t, 1, f.m.CallCount())
+}
+
+// ---------------------------------------------------------------------------
+// Agent definitions
+
+// agentDef fetches path from the model and decodes the agent definition.
+func (f *fixture) agentDef(path string) (int, faults.AgentDefinition) {
+	f.t.Helper()
+	resp, got := f.send(http.MethodGet, path, nil)
+	var def faults.AgentDefinition
+	if resp.StatusCode == http.StatusOK {
+		assert.Contains(f.t, resp.Header.Get("Content-Type"), "yaml")
+		dec := yaml.NewDecoder(bytes.NewReader(got))
+		dec.KnownFields(true)
+		require.NoError(f.t, dec.Decode(&def), "%s", got)
+	}
+	return resp.StatusCode, def
+}
+
+// TestServesAgentDefinitions: GET /agents/NAME.yaml, and the same under
+// /v1, is a definition whose instruction echoes the raw query, so that a
+// changed query shows in what the server sends the model. It is no call.
+func TestServesAgentDefinitions(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	for _, tc := range []struct{ path, name, instruction string }{
+		{"/agents/helper.yaml?tag=v1", "helper", "You are helper, loaded from /agents/helper.yaml?tag=v1."},
+		{"/v1/agents/helper.yaml?tag=v2&x=1", "helper", "You are helper, loaded from /agents/helper.yaml?tag=v2&x=1."},
+		{"/agents/Re_view-2.yaml", "Re_view-2", "You are Re_view-2, loaded from /agents/Re_view-2.yaml."},
+		// YAML syntax in the query is quoted, not read; the fragment never
+		// reaches the model.
+		{`/agents/q.yaml?a="b":%20c#frag`, "q", `You are q, loaded from /agents/q.yaml?a="b":%20c.`},
+	} {
+		code, def := f.agentDef(tc.path)
+		require.Equal(t, http.StatusOK, code, tc.path)
+		assert.Equal(t, faults.AgentDefinition{Name: tc.name, Instruction: tc.instruction}, def, tc.path)
+	}
+	assert.Equal(t, 0, f.m.CallCount(), "an agent definition is not a model call")
+}
+
+// TestAgentNamesAreRestricted: a name outside [A-Za-z0-9_-]+ or another
+// path is 404; a method other than GET is 405.
+func TestAgentNamesAreRestricted(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	for _, path := range []string{"/agents/.yaml", "/agents/a.b.yaml", "/agents/a%20b.yaml", "/agents/a%2Fb.yaml",
+		"/agents/helper.yml", "/agents/helper", "/v2/agents/helper.yaml", "/agents/sub/helper.yaml", "/x/agents/helper.yaml"} {
+		code, _ := f.agentDef(path)
+		assert.Equal(t, http.StatusNotFound, code, path)
+	}
+	resp, _ := f.send(http.MethodPost, "/agents/helper.yaml", nil)
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	assert.Equal(t, http.MethodGet, resp.Header.Get("Allow"))
 }

@@ -20,12 +20,16 @@ const (
 	T6 Invariant = "T6" // unknown outcomes
 )
 
+// T7 and T8 are checked across restarts the client reports (Restart).
+const (
+	T7 Invariant = "T7" // durability
+	T8 Invariant = "T8" // stable source resume
+)
+
 // The invariants of PROTOCOL.md this package does not check yet: they are
 // named so that a conformance report can list the whole contract and say
 // which parts it did not judge.
 const (
-	T7  Invariant = "T7"  // durability
-	T8  Invariant = "T8"  // stable source resume
 	T9  Invariant = "T9"  // tool pairs
 	T10 Invariant = "T10" // interruption
 	T11 Invariant = "T11" // no leaks from the working copy
@@ -56,7 +60,7 @@ func (i Invariant) Title() string { return invariantTitles[i] }
 func Invariants() []Invariant { return slices.Clone(invariants[:]) }
 
 // invariants is Invariants(), the order counters keeps its counts in.
-var invariants = [...]Invariant{T1, T2, T3, T4, T5, T6}
+var invariants = [...]Invariant{T1, T2, T3, T4, T5, T6, T7, T8}
 
 // counters counts how many times each invariant was evaluated, in the order
 // of invariants: an array, not a map, because the checker counts three or
@@ -78,6 +82,10 @@ func (c *counters) add(i Invariant) {
 		c[4]++
 	case T6:
 		c[5]++
+	case T7:
+		c[6]++
+	case T8:
+		c[7]++
 	default:
 		panic("model: unknown invariant " + string(i))
 	}
@@ -206,6 +214,10 @@ type Model struct {
 	// not every turn as it comes.
 	sent    []sentTurn
 	checked counters
+	// ambiguous is set while the server loads several agent sources that
+	// share the stable key every conversation was bound under: a resume
+	// must then be refused with 409, and nothing change (T8).
+	ambiguous bool
 }
 
 // sentTurn is a usable turn's user token and its conversation.
@@ -233,6 +245,14 @@ type conv struct {
 	// has failed, or ended ok: only then can a later call show a failed
 	// turn's leftovers (T1) or a committed turn gone (T2).
 	failed, committed bool
+	// restarted is set when the server restarted after the conversation
+	// had a committed turn, until a call of its shows the history whole:
+	// a committed turn missing meanwhile was lost across the restart (T7).
+	restarted bool
+	// resume is the invariant the conversation's next turn must resume
+	// under after a restart: T8 when the restart changed its source's
+	// reference, T7 otherwise; "" when no resume is due.
+	resume Invariant
 }
 
 // New returns a model with no conversations, for a server that serializes.
@@ -370,6 +390,67 @@ func (t Turn) RanAt() int64 {
 	return t.Invoke
 }
 
+// Restart records that the server was stopped and started again on the
+// same data, gracefully or by a crash, between steps. changed says that
+// the agent source every conversation was bound under is now loaded from
+// a reference with another query (the same stable key), and ambiguous
+// that several loaded references now share that stable key. Every
+// committed turn must still be there (T7); a conversation with one must
+// resume through its stable key after a change, and be refused with 409
+// while the key is ambiguous (T8). Nothing is running after a restart.
+func (m *Model) Restart(changed, ambiguous bool) {
+	m.ambiguous = ambiguous
+	for _, cv := range m.convs {
+		cv.mayRun = false
+		if !cv.committed {
+			continue
+		}
+		cv.restarted = true
+		if changed || ambiguous {
+			cv.resume = T8
+		} else if cv.resume == "" {
+			cv.resume = T7
+		}
+	}
+}
+
+// checkResume judges the first turns of a conversation after a restart:
+// one that was refused before any model call with 404, 409 or a server
+// error did not resume (T8 after a source change, T7 otherwise); while the
+// source's stable key is ambiguous, anything but a 409 without a model
+// call is a silent pick or a wrong refusal (T8). It reports whether the
+// resume is decided.
+func (m *Model) checkResume(t Turn, cv *conv) (*Violation, bool) {
+	called := false
+	for _, c := range t.Calls {
+		called = called || c.Turn == t.User
+	}
+	if m.ambiguous {
+		m.checked.add(T8)
+		switch {
+		case called || t.Outcome == OK:
+			return &Violation{Invariant: T8, Conv: t.Conv, Turn: t.User,
+				Reason: "the conversation resumed although several loaded agent sources share its stable key: a silent pick; " +
+					"the resume must be refused with 409 and change nothing"}, true
+		case t.Outcome == Fail && t.Status != 409:
+			return &Violation{Invariant: T8, Conv: t.Conv, Turn: t.User,
+				Reason: fmt.Sprintf("several loaded agent sources share the conversation's stable key, and the resume got %d; want 409", t.Status)}, true
+		}
+		return nil, false
+	}
+	inv := cv.resume
+	m.checked.add(inv)
+	if t.Outcome == Fail && !called && (t.Status == 404 || t.Status == 409 || t.Status >= 500) {
+		reason := fmt.Sprintf("the conversation did not resume after a restart: %d before any model call", t.Status)
+		if inv == T8 {
+			reason = fmt.Sprintf("the conversation did not resume after a restart that loads its agent source under another query "+
+				"(the same stable key): %d before any model call; it must resume through the stable key", t.Status)
+		}
+		return &Violation{Invariant: inv, Conv: t.Conv, Turn: t.User, Reason: reason}, true
+	}
+	return nil, called || t.Outcome == OK
+}
+
 // apply applies t, a turn of step, on its conversation cv; k, if not nil,
 // is a step known ahead for it.
 func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
@@ -383,7 +464,19 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 			return v
 		}
 	}
-	if t.Status == 409 && t.Outcome == Fail && t.Usable {
+	switch {
+	case t.Usable && (cv.resume != "" || (m.ambiguous && cv.committed)):
+		v, decided := m.checkResume(t, cv)
+		if v != nil {
+			return v
+		}
+		if decided {
+			cv.resume = ""
+		}
+	case t.Usable && m.ambiguous && t.Status == 409:
+		// A new conversation naming an agent several sources provide may
+		// be refused too.
+	case t.Status == 409 && t.Outcome == Fail && t.Usable:
 		if v := m.checkConflict(t, cv, step); v != nil {
 			return v
 		}
@@ -406,6 +499,9 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 				if line.pending() > 0 {
 					m.checked.add(T6)
 				}
+				if cv.restarted {
+					m.checked.add(T7)
+				}
 			}
 		}
 	} else if t.Status != 0 || len(t.Calls) > 0 {
@@ -417,6 +513,11 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		next = k.to
 	} else {
 		next, v = line.Step(t)
+	}
+	if v != nil && v.Invariant == T2 && cv.restarted {
+		// A committed turn went missing across a restart: durability.
+		v.Invariant = T7
+		v.Reason = "after a restart of the server, " + v.Reason
 	}
 	if v != nil {
 		// A call the line accepts carries nothing but the line's own tokens,
@@ -438,6 +539,11 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		cv.line, cv.lined, cv.mayRun = next, true, t.Outcome == Unknown || (cv.mayRun && refused)
 		cv.failed = cv.failed || t.Outcome == Fail
 		cv.committed = cv.committed || t.Outcome == OK
+		for _, c := range t.Calls {
+			if c.Turn == t.User {
+				cv.restarted = false // a call showed the history whole
+			}
+		}
 	}
 	return nil
 }

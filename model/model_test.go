@@ -175,7 +175,7 @@ func TestFormatTokens(t *testing.T) {
 }
 
 func TestInvariants(t *testing.T) {
-	assert.Equal(t, []model.Invariant{model.T1, model.T2, model.T3, model.T4, model.T5, model.T6}, model.Invariants())
+	assert.Equal(t, []model.Invariant{model.T1, model.T2, model.T3, model.T4, model.T5, model.T6, model.T7, model.T8}, model.Invariants())
 	for _, inv := range model.Invariants() {
 		assert.NotEmpty(t, inv.Title(), "title of %s", inv)
 	}
@@ -948,5 +948,98 @@ func TestMostSpecificInvariant(t *testing.T) {
 			assert.Equal(t, tt.last.User, v.Turn)
 			assert.Equal(t, tt.want, v.Invariant, "%s; reason: %s", tt.why, v.Reason)
 		})
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Restarts (T7, T8)
+
+// failedBefore is a usable turn refused with status before any model call.
+func failedBefore(conv model.ConversationRef, user model.Token, status int) model.Turn {
+	return model.Turn{Conv: conv, User: user, Usable: true, Outcome: model.Fail, Status: status}
+}
+
+func TestRestartDurability(t *testing.T) {
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	// The committed turn is gone after the restart: T7, not T2.
+	v := m.Apply(ok(convA, u(2), call(u(2), u(2))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T7, v.Invariant)
+	assert.Contains(t, v.Reason, "after a restart")
+
+	// Whole after the restart: fine, and T7 was evaluated.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(true, false)
+	require.Nil(t, m.Apply(ok(convA, u(2), call(u(2), u(1), a(1), u(2)))))
+	assert.Equal(t, 1, m.Checked()[model.T7])
+	// Once a call showed it whole, a later loss is no longer the restart's.
+	v = m.Apply(ok(convA, u(3), call(u(3), u(3))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T2, v.Invariant)
+
+	// A conversation that cannot be resumed at all after a plain restart.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	v = m.Apply(failedBefore(convA, u(2), 500))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T7, v.Invariant)
+}
+
+func TestRestartSourceChange(t *testing.T) {
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(true, false)
+	// #3410: "agent not found" after the query changed.
+	v := m.Apply(failedBefore(convA, u(2), 500))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T8, v.Invariant)
+	assert.Contains(t, v.Reason, "stable key")
+
+	// A model error after the resume is the model's, not the resume's.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(true, false)
+	require.Nil(t, m.Apply(fail(convA, u(2), call(u(2), u(1), a(1), u(2)))))
+	require.Nil(t, m.Apply(ok(convA, u(3), call(u(3), u(1), a(1), u(3)))))
+	assert.Equal(t, 1, m.Checked()[model.T8])
+
+	// A conversation with nothing committed binds anew: no resume.
+	m = model.New()
+	require.Nil(t, m.Apply(fail(convA, u(1), call(u(1), u(1)))))
+	m.Restart(true, false)
+	require.Nil(t, m.Apply(failedBefore(convA, u(2), 404)))
+}
+
+func TestRestartAmbiguousSources(t *testing.T) {
+	setup := func() *model.Model {
+		m := model.New()
+		require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+		m.Restart(true, true)
+		return m
+	}
+	// 409 and nothing changes: fine, again and again; a 409 is no T4
+	// deviation here even under serialize.
+	m := setup()
+	require.Nil(t, m.Apply(failedBefore(convA, u(2), 409)))
+	require.Nil(t, m.Apply(failedBefore(convA, u(3), 409)))
+	assert.Equal(t, 2, m.Checked()[model.T8])
+	// A new conversation may be refused too.
+	require.Nil(t, m.Apply(failedBefore(convB, u(4), 409)))
+	// Back to one source: the history is whole, the refused turns gone.
+	m.Restart(true, false)
+	require.Nil(t, m.Apply(ok(convA, u(5), call(u(5), u(1), a(1), u(5)))))
+
+	for name, turn := range map[string]model.Turn{
+		"a silent pick": ok(convA, u(2), call(u(2), u(1), a(1), u(2))),
+		"a 500":         failedBefore(convA, u(2), 500),
+		"a 404":         failedBefore(convA, u(2), 404),
+	} {
+		v := setup().Apply(turn)
+		require.NotNil(t, v, name)
+		assert.Equal(t, model.T8, v.Invariant, name)
 	}
 }

@@ -80,6 +80,13 @@ func newClient(base string, p Profile, ns string) *client {
 
 func (c *client) close() { c.http.CloseIdleConnections() }
 
+// rebase points the client at a server restarted at base, dropping the
+// connections to the old one.
+func (c *client) rebase(base string) {
+	c.http.CloseIdleConnections()
+	c.base = strings.TrimRight(base, "/")
+}
+
 // newRequest builds a request carrying msgs on conversation conv.
 func (c *client) newRequest(conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
 	body, err := json.Marshal(openai.ChatRequest{Model: c.profile.Model, Messages: msgs, Stream: stream})

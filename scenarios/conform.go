@@ -121,7 +121,7 @@ func Conform(target Target, opts Options) (*Conformance, error) {
 		runErr = errors.Join(runErr, cerr)
 	}
 	c.Elapsed = time.Since(start)
-	c.Verdicts = verdicts(target.Profile(), target, opts.Skip, c.Stats, found)
+	c.Verdicts = verdicts(target.Profile(), target, l.restartable, opts.Skip, c.Stats, found)
 	return c, runErr
 }
 
@@ -163,7 +163,7 @@ func conformIn(l *lab, opts Options, c *Conformance, found map[model.Invariant]*
 }
 
 // verdicts judges each invariant of the contract from what the run saw.
-func verdicts(p Profile, target Target, skip []model.Invariant, s Stats, found map[model.Invariant]*Failure) []Verdict {
+func verdicts(p Profile, target Target, restartable bool, skip []model.Invariant, s Stats, found map[model.Invariant]*Failure) []Verdict {
 	checked := model.Invariants()
 	var out []Verdict
 	for _, inv := range model.Contract() {
@@ -171,8 +171,8 @@ func verdicts(p Profile, target Target, skip []model.Invariant, s Stats, found m
 		switch {
 		case found[inv] != nil:
 			v.Status, v.Failure = Fail, found[inv]
-		case notApplicable(p, target, inv) != "":
-			v.Status, v.Reason = NotApplicable, notApplicable(p, target, inv)
+		case notApplicable(p, target, restartable, inv) != "":
+			v.Status, v.Reason = NotApplicable, notApplicable(p, target, restartable, inv)
 		case !slices.Contains(checked, inv):
 			v.Status, v.Reason = NotChecked, "this version of turncheck does not check it yet"
 		case slices.Contains(skip, inv):
@@ -196,24 +196,26 @@ var preconditions = map[model.Invariant]string{
 	model.T4: "no two turns of one conversation were in flight at once",
 	model.T5: "no model call was made while two conversations existed",
 	model.T6: "no turn with an unknown outcome was followed by a turn that reached the model",
+	model.T7: "no conversation with a committed turn was continued after a restart",
+	model.T8: "no conversation with a committed turn was resumed after a restart that changed its agent source",
 }
 
 // notApplicable says why the server's declared policies, or the way it
 // is run, exclude inv; "" if they do not.
-func notApplicable(p Profile, target Target, inv model.Invariant) string {
+func notApplicable(p Profile, target Target, restartable bool, inv model.Invariant) string {
+	if inv != model.T7 && inv != model.T8 {
+		return ""
+	}
 	_, remote := target.(Remote)
-	switch inv {
-	case model.T7:
-		if remote {
-			return "the server runs at a fixed URL: the harness cannot restart or crash it"
-		}
-		if !p.Durability.Restart && !p.Durability.Crash && p.Eviction == Forgets {
-			return "the profile declares no durability across restarts or crashes, and eviction forgets"
-		}
-	case model.T8:
-		if remote {
-			return "the server runs at a fixed URL: the harness cannot restart it with other agent sources"
-		}
+	switch {
+	case remote:
+		return "the server runs at a fixed URL: the harness cannot restart or crash it"
+	case !restartable:
+		return "the harness cannot restart this server (its target has no Restarter)"
+	case !p.Durability.Restart && !p.Durability.Crash:
+		return "the profile declares no durability across restarts or crashes"
+	case inv == model.T8 && p.Agent == "":
+		return "the server loads no agent source from the fake model (profile: server.agent)"
 	}
 	return ""
 }

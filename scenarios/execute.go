@@ -2,6 +2,7 @@ package scenarios
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,9 @@ type Op struct {
 	// attributed model calls, and when it was sent and answered on the
 	// run's timeline.
 	Turn model.Turn `json:"turn"`
+	// Restart is set for the op of a restart plan, which sends nothing:
+	// Response.Detail then says how the restart went.
+	Restart *Restart `json:"restart,omitempty"`
 }
 
 // quietPeriod is how long the harness waits for a server that does not
@@ -75,6 +79,9 @@ func (f *flight) held() bool { return f.arrived.Load() && !f.acted && !f.finishe
 // execute sends p's requests and returns what each came to, with the model
 // calls attributed to each by the token of its last user message.
 func (e *executor) execute(p Plan) []Op {
+	if p.Restart != nil {
+		return []Op{e.restart(p)}
+	}
 	e.steps++
 	start := e.clock.Load()
 	ops := make([]Op, len(p.Sends))
@@ -177,6 +184,42 @@ func (e *executor) execute(p Plan) []Op {
 		}
 	}
 	return ops
+}
+
+// restart carries out a restart plan: the server is stopped, or killed,
+// and started again on the same data, loading the agent from the
+// references p says; the client then speaks to it wherever it now
+// listens. The op's Response.Detail is "" for a server that came back, or
+// what went wrong.
+func (e *executor) restart(p Plan) Op {
+	e.steps++
+	op := Op{Step: e.steps, Action: p.Action, Restart: p.Restart, Response: Response{Outcome: model.OK}}
+	r, ok := e.srv.(Restarter)
+	if !ok {
+		op.Response.Outcome, op.Response.Detail = model.Fail, "the server cannot be restarted by the harness"
+		return op
+	}
+	var refs []string
+	if p.Restart.Sources != nil {
+		refs = agentRefs(e.fake.URL(), e.client.profile.Agent, p.Restart.Sources)
+	}
+	if err := r.Restart(p.Restart.Crash, refs); err != nil {
+		op.Response.Outcome, op.Response.Detail = model.Fail, "the server did not come back: "+err.Error()
+		return op
+	}
+	e.client.rebase(e.srv.URL())
+	return op
+}
+
+// agentRefs are the references to agent that the fake model at modelURL
+// serves, one per query.
+func agentRefs(modelURL, agent string, queries []string) []string {
+	base := strings.TrimSuffix(modelURL, "/v1")
+	out := make([]string, len(queries))
+	for i, q := range queries {
+		out[i] = base + "/agents/" + agent + ".yaml?" + q
+	}
+	return out
 }
 
 // let does what s says with its held call: abort the request, time the

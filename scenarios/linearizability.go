@@ -351,7 +351,7 @@ func operations(history []Op, conv *model.ConversationRef) []porcupine.Operation
 	out := make([]porcupine.Operation, 0, len(history))
 	for i := range history {
 		op := &history[i]
-		if conv != nil && op.Turn.Conv != *conv {
+		if op.Restart != nil || (conv != nil && op.Turn.Conv != *conv) {
 			continue
 		}
 		out = append(out, operation(op))

@@ -32,6 +32,10 @@ type machine struct {
 	convs  []*conv
 	ids    int
 	tokens int
+	// sources are the queries of the references to the profile's agent the
+	// server loads now, and tags counts the queries drawn so far.
+	sources []string
+	tags    int
 }
 
 func (m *machine) actions() map[string]func(*rapid.T) {
@@ -45,7 +49,46 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 	if len(m.profile.Keys) >= 2 {
 		a["same id, other key"] = m.otherKey
 	}
+	if _, ok := m.srv.(Restarter); ok && (m.profile.Durability.Restart || m.profile.Durability.Crash) {
+		a["restart"] = m.restart
+	}
 	return a
+}
+
+// restart stops the server, gracefully or by a crash (as its profile
+// declares it survives), and starts it again on the same data, now and
+// then loading its agent under another query, or twice under one stable
+// key (T7, T8).
+func (m *machine) restart(t *rapid.T) {
+	d := m.profile.Durability
+	r := Restart{Crash: !d.Restart || (d.Crash && rapid.Bool().Draw(t, "crash"))}
+	if m.profile.Agent != "" {
+		// Two sources on one stable key refuse every resume: such a spell
+		// ends at the next restart, which loads one source again.
+		low := 0
+		if len(m.sources) > 1 {
+			low = 1
+		}
+		switch rapid.IntRange(low, 2).Draw(t, "sources") {
+		case 1:
+			r.Sources = []string{m.newTag()}
+		case 2:
+			r.Sources = []string{m.newTag(), m.newTag()}
+		}
+		if r.Sources != nil {
+			m.sources = r.Sources
+		}
+	}
+	action := "restart"
+	if r.Crash {
+		action = "crash"
+	}
+	m.step(t, Plan{Action: action, Restart: &r})
+}
+
+func (m *machine) newTag() string {
+	m.tags++
+	return fmt.Sprintf("tag=v%d", m.tags+1) // v1 is the reference the server starts with
 }
 
 func (m *machine) newConversation(t *rapid.T) {
@@ -173,6 +216,10 @@ func (m *machine) step(t *rapid.T, p Plan) {
 // record counts op and keeps what later draws need: the conversation's
 // latest user message and its failed turns.
 func (m *machine) record(op Op) {
+	if op.Restart != nil {
+		m.stats.Faults[op.Action]++
+		return
+	}
 	m.stats.Steps++
 	m.stats.Outcomes[op.Response.Outcome.String()]++
 	if k := op.Send.faultKind(); k != "" {

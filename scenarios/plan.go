@@ -27,6 +27,36 @@ type Plan struct {
 	// call the model holds is let go (or aborted, or timed out, as its Send
 	// says).
 	Release []int `json:"release"`
+	// Restart, if set, makes the plan a restart of the server between
+	// turns, with no requests.
+	Restart *Restart `json:"restart,omitempty"`
+}
+
+// Restart stops the server and starts it again on the same data.
+type Restart struct {
+	// Crash kills the server as kill -9 does; otherwise it is stopped
+	// gracefully.
+	Crash bool `json:"crash,omitempty"`
+	// Sources are the queries of the references to the profile's agent
+	// that the server loads from now on, one reference each; nil keeps
+	// them as they were. References that differ only in their query share
+	// a stable key: with two of them, every resume must be refused (T8).
+	Sources []string `json:"sources,omitempty"`
+}
+
+// String says what the restart does, for a person.
+func (r Restart) String() string {
+	how := "graceful restart"
+	if r.Crash {
+		how = "crash (kill -9) and restart"
+	}
+	switch len(r.Sources) {
+	case 0:
+		return how
+	case 1:
+		return fmt.Sprintf("%s, loading the agent with ?%s", how, r.Sources[0])
+	}
+	return fmt.Sprintf("%s, loading the agent twice, with ?%s: one stable key, two sources", how, strings.Join(r.Sources, " and ?"))
 }
 
 // Send is one request of a plan and what goes wrong with it.
@@ -68,6 +98,12 @@ func (s Send) faultKind() string {
 // check says what makes p impossible to execute, nil if nothing: a plan
 // read from a file is checked before it runs.
 func (p Plan) check() error {
+	if p.Restart != nil {
+		if len(p.Sends) > 0 {
+			return fmt.Errorf("%q: a restart with requests", p.Action)
+		}
+		return nil
+	}
 	if len(p.Sends) == 0 {
 		return fmt.Errorf("%q: no request", p.Action)
 	}
@@ -95,6 +131,9 @@ func (p Plan) check() error {
 
 // String renders a plan on one line, for logs.
 func (p Plan) String() string {
+	if p.Restart != nil {
+		return fmt.Sprintf("%s: %s", p.Action, p.Restart)
+	}
 	parts := make([]string, len(p.Sends))
 	for i, s := range p.Sends {
 		parts[i] = fmt.Sprintf("%s %s [%s]", s.Conv, orNone(string(s.Token)), s)

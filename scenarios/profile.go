@@ -69,7 +69,7 @@ type profileFile struct {
 type serverSection struct {
 	Command       []string          `yaml:"command"`
 	Env           map[string]string `yaml:"env"`
-	Agents        []string          `yaml:"agents"`
+	Agent         string            `yaml:"agent"`
 	Ready         readySection      `yaml:"ready"`
 	StopGrace     time.Duration     `yaml:"stop_grace"`
 	FreshPerCheck bool              `yaml:"fresh_per_check"`
@@ -190,8 +190,14 @@ func fieldList(t reflect.Type) string {
 // target checks the profile's values and builds its Target.
 func (f *profileFile) target() (Target, error) {
 	p := Profile{Header: f.ConversationHeader, Keys: f.Keys, Model: f.Model, ModelTimeout: f.ModelTimeout}
+	if f.Server != nil {
+		p.Agent = f.Server.Agent
+	}
 	if p.Model == "" {
 		p.Model = "turncheck"
+		if p.Agent != "" {
+			p.Model = p.Agent // a new conversation binds to its agent by name
+		}
 	}
 	if f.ModelTimeout < 0 {
 		return nil, errors.New("model_timeout: must not be negative")
@@ -248,6 +254,12 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 	if s.Ready.Timeout < 0 || s.StopGrace < 0 {
 		return nil, errors.New("server.ready.timeout and server.stop_grace must not be negative")
 	}
+	if s.Agent != "" && !agentName.MatchString(s.Agent) {
+		return nil, fmt.Errorf("server.agent: %q is not an agent name (letters, digits, - and _)", s.Agent)
+	}
+	if s.Agent != "" && !slicesContainsAny(s.Command, "{agents}") {
+		return nil, errors.New("server.agent: no {agents} in the command: write --agent={agents} (or your server's flag) where its reference goes")
+	}
 	if modelAddr != "" {
 		if err := checkLoopbackAddr(modelAddr); err != nil {
 			return nil, fmt.Errorf("model_addr: %w", err)
@@ -263,7 +275,7 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 	return Subprocess{
 		Command:       s.Command,
 		Env:           env,
-		Agents:        s.Agents,
+		Agent:         s.Agent,
 		Ready:         s.Ready.HTTP,
 		ReadyLine:     s.Ready.Line,
 		StartTimeout:  s.Ready.Timeout,
@@ -329,6 +341,8 @@ func hasEnvPlaceholder(env map[string]string, sub string) bool {
 	}
 	return false
 }
+
+var agentName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
 var headerName = regexp.MustCompile(`^[!#$%&'*+\-.^_` + "`" + `|~0-9A-Za-z]+$`)
 

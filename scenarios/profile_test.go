@@ -36,9 +36,9 @@ func TestReferenceProfile(t *testing.T) {
 func TestProfileFields(t *testing.T) {
 	target, err := ParseProfile([]byte(`
 server:
-  command: [./srv, "--port={port}"]
+  command: [./srv, "--port={port}", "--agent={agents}"]
   env: {OPENAI_BASE_URL: "{model_url}"}
-  agents: [a.yaml]
+  agent: helper
   ready: {line: 'listening on (\S+)', timeout: 1m}
   stop_grace: 2s
   fresh_per_check: true
@@ -57,7 +57,7 @@ policies:
 	require.NoError(t, err)
 	s := target.(Subprocess)
 	assert.Equal(t, []string{"OPENAI_BASE_URL={model_url}"}, s.Env)
-	assert.Equal(t, []string{"a.yaml"}, s.Agents)
+	assert.Equal(t, "helper", s.Agent)
 	assert.Equal(t, `listening on (\S+)`, s.ReadyLine)
 	assert.Equal(t, time.Minute, s.StartTimeout)
 	assert.Equal(t, 2*time.Second, s.StopGrace)
@@ -66,7 +66,7 @@ policies:
 	p := s.Profile()
 	assert.Equal(t, Profile{Header: "x-session", Keys: []string{"k1"}, Model: "agent", Concurrency: model.Reject,
 		ModelTimeout: 3 * time.Second, Eviction: Forgets, Capacity: 10, Interruption: KeepConsistent,
-		Durability: Durability{Restart: true}}, p)
+		Durability: Durability{Restart: true}, Agent: "helper"}, p)
 
 	target, err = ParseProfile([]byte("url: http://127.0.0.1:8080\nmodel_addr: '[::1]:9090'\n"))
 	require.NoError(t, err)
@@ -105,7 +105,9 @@ func TestProfileErrors(t *testing.T) {
 		"model: x\n":        "no server",
 		"- a\n- b\n":        "cannot unmarshal",
 		cmd + "---\n" + cmd: "more than one YAML document",
-		"server: {command: [x, '{addr}', '{model_url}'], env: {'A=B': c}}": "server.env",
+		"server: {command: [x, '{addr}', '{model_url}'], env: {'A=B': c}}":          "server.env",
+		"server: {command: [x, '{addr}', '{model_url}'], agent: helper}":            "no {agents}",
+		"server: {command: [x, '{addr}', '{model_url}', '{agents}'], agent: 'a b'}": "server.agent",
 	} {
 		_, err := ParseProfile([]byte(yaml))
 		require.Error(t, err, "%q", yaml)

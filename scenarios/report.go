@@ -68,6 +68,14 @@ func letters(n int) []string {
 }
 
 func writeOp(b *strings.Builder, op Op, p Profile) {
+	if op.Restart != nil {
+		fmt.Fprintf(b, "     %s", op.Restart)
+		if op.Response.Detail != "" {
+			fmt.Fprintf(b, ": %s", op.Response.Detail)
+		}
+		b.WriteString("\n")
+		return
+	}
 	fmt.Fprintf(b, "     %s) on %s", string(rune('a'+op.Index)), op.Request.Conv)
 	if op.Send.Token != "" {
 		fmt.Fprintf(b, ", message %s", op.Send.Token)

@@ -33,12 +33,12 @@ iframe{width:100%;height:32em;border:1px solid #ccc}
 {{if .Flaky}}<p class="fail">The failure did not reproduce when its steps were replayed: this is the run that failed.</p>{{end}}
 <h2>Timeline</h2>
 {{range $.Steps}}<div class="step"><b>{{.N}}. {{.Action}}</b>
-{{range .Ops}}<div class="op{{if .Violating}} violating{{end}}"{{if .Violating}} id="violating-step"{{end}}>
+{{range .Ops}}{{if .Op.Restart}}<div class="op">server: {{.Op.Restart}}{{with .Op.Response.Detail}}: {{.}}{{end}}</div>{{else}}<div class="op{{if .Violating}} violating{{end}}"{{if .Violating}} id="violating-step"{{end}}>
 <b>{{letter .Op.Index}})</b> {{.Op.Send.Conv}}{{with .Op.Send.Token}}, message <code>{{.}}</code>{{end}}{{if .Op.Send.Stream}}, streamed{{end}}<br>
 fault: {{.Op.Send}}<br>
 outcome: {{.Op.Response.Outcome}}{{with .Op.Response.Status}} (status {{.}}){{end}}{{with .Op.Response.Detail}}: {{.}}{{end}}<br>
 {{range .Op.Turn.Calls}}model saw: <code>{{tokens .History}}</code><br>{{else}}model saw: no call<br>{{end}}
-</div>{{end}}</div>{{end}}
+</div>{{end}}{{end}}</div>{{end}}
 <h2>Linearizability</h2>
 <p class="muted">Each conversation's turns as intervals per client, and how far they linearize (porcupine).</p>
 <iframe title="linearizability" srcdoc="{{$.Porcupine}}"></iframe>

@@ -65,6 +65,9 @@ type lab struct {
 	// meet the first run's conversations.
 	run      string
 	sessions int
+	// restartable says that a session's server could be restarted by the
+	// harness (a Restarter).
+	restartable bool
 	// skip lists invariants whose violations do not stop a run: their
 	// conversations are set aside and checking goes on.
 	skip []model.Invariant
@@ -125,6 +128,8 @@ type session struct {
 	aside map[model.ConversationRef]bool
 	// skipped counts the violations of skipped invariants seen.
 	skipped map[model.Invariant]int
+	// sources are the queries of the agent references the server loads.
+	sources []string
 
 	plans   []Plan
 	history []Op
@@ -160,6 +165,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 		}
 		srv, own = s, true
 	}
+	_, l.restartable = srv.(Restarter)
 	cl := newClient(srv.URL(), l.profile, ns)
 	return &session{
 		lab:     l,
@@ -172,6 +178,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 		ref:     model.NewWith(model.Policies{Concurrency: l.profile.Concurrency}),
 		aside:   map[model.ConversationRef]bool{},
 		skipped: map[model.Invariant]int{},
+		sources: []string{referenceSource},
 	}, nil
 }
 
@@ -184,6 +191,9 @@ func (s *session) step(p Plan) ([]Op, *model.Violation) {
 	ops := s.exec.execute(p)
 	s.plans = append(s.plans, p)
 	s.history = append(s.history, ops...)
+	if p.Restart != nil {
+		return ops, s.restarted(p.Restart, ops[0])
+	}
 	turns := make([]model.Turn, 0, len(ops))
 	for _, op := range ops {
 		if !s.aside[op.Turn.Conv] {
@@ -204,12 +214,38 @@ func (s *session) step(p Plan) ([]Op, *model.Violation) {
 	return ops, v
 }
 
+// restarted tells the reference model of a restart the server went
+// through. A server that declares it survives restarts, and did not come
+// back on its own data, has lost every committed turn (T7).
+func (s *session) restarted(r *Restart, op Op) *model.Violation {
+	if op.Response.Outcome != model.OK {
+		return &model.Violation{Invariant: model.T7, Reason: r.String() + ": " + op.Response.Detail}
+	}
+	changed := r.Sources != nil && !slices.Equal(r.Sources, s.sources)
+	if r.Sources != nil {
+		s.sources = r.Sources
+	}
+	s.ref.Restart(changed, len(s.sources) > 1)
+	return nil
+}
+
 // close stops the session's server, if it started it, and checks that a
 // shared server is still alive. A server that does not stop cleanly, or
 // died on its own, is a defect.
 func (s *session) close() error {
 	s.client.close()
 	if !s.own {
+		if !slices.Equal(s.sources, []string{referenceSource}) {
+			// The next check starts as this one did: the agent under its
+			// first reference.
+			r, ok := s.srv.(Restarter)
+			if ok {
+				refs := agentRefs(s.fake.URL(), s.profile.Agent, []string{referenceSource})
+				if err := r.Restart(false, refs); err != nil {
+					return fmt.Errorf("restart the server under test with its first agent source: %w", err)
+				}
+			}
+		}
 		return nil // a shared server's death is found when the next session starts
 	}
 	if err := s.srv.Close(); err != nil {

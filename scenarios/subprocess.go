@@ -27,8 +27,11 @@ type Subprocess struct {
 	// Env is added to the environment, KEY=VALUE; placeholders are
 	// replaced as in Command.
 	Env []string
-	// Agents are the agent references given to {agents}.
-	Agents []string
+	// Agent names the agent the server loads from the fake model, if any:
+	// {agents} gets a reference to it, http://MODEL/agents/NAME.yaml?tag=v1,
+	// whose query the harness changes across restarts (set Reaches.Agent
+	// too).
+	Agent string
 	// Ready is the path polled until the server answers; "" is /healthz.
 	Ready string
 	// ReadyLine, if set, replaces the HTTP probe: a regular expression
@@ -66,8 +69,12 @@ func (s Subprocess) Start(modelURL string) (Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var refs []string
+	if s.Agent != "" {
+		refs = agentRefs(modelURL, s.Agent, []string{referenceSource})
+	}
 	p, err := faults.StartProcess(faults.ProcessConfig{Command: s.Command, ModelURL: modelURL, DataDir: dir,
-		Env: s.Env, Agents: s.Agents, Ready: s.Ready, ReadyLine: s.ReadyLine,
+		Env: s.Env, Agents: refs, Ready: s.Ready, ReadyLine: s.ReadyLine,
 		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace})
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
@@ -90,6 +97,21 @@ func (s *subprocessServer) Exited() error {
 	default:
 		return nil
 	}
+}
+
+// Restart stops the process gracefully, or kills its group (crash), and
+// starts it again on the same data dir, with agents for {agents} if not
+// nil.
+func (s *subprocessServer) Restart(crash bool, agents []string) error {
+	if agents != nil {
+		s.p.SetAgents(agents)
+	}
+	if crash {
+		if err := s.p.Kill(); err != nil {
+			return err
+		}
+	}
+	return s.p.Restart()
 }
 
 // Close stops the process gracefully (then kills it) and removes its data.

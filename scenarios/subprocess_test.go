@@ -35,9 +35,10 @@ func TestSubprocessTarget(t *testing.T) {
 	serve := func(extra ...string) scenarios.Subprocess {
 		return scenarios.Subprocess{
 			Command: append([]string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}",
-				"--data-dir", "{data_dir}", "--key", "key-a", "--key", "key-b",
+				"--data-dir", "{data_dir}", "--key", "key-a", "--key", "key-b", "--agent={agents}",
 				// A held model call times out on the server's own clock: make it short.
 				"--request-timeout", "1s"}, extra...),
+			Agent:   "helper",
 			Reaches: scenarios.Reference{}.Profile(),
 		}
 	}

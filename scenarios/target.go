@@ -62,8 +62,14 @@ type Profile struct {
 	// interrupted turn; "" means Rollback.
 	Interruption Interruption
 	// Durability is what the server declares survives a restart and a
-	// crash; a server that declares neither is not judged on T7.
+	// crash; the harness restarts, or crashes, only a server that declares
+	// it survives that.
 	Durability Durability
+	// Agent names the agent the server loads from the fake model, at
+	// http://MODEL/agents/AGENT.yaml?QUERY; "" if it loads none. The
+	// harness restarts such a server with the reference's query changed,
+	// and with two references sharing its stable key (T8).
+	Agent string
 }
 
 // requestTimeout bounds one request: the server's model timeout and a
@@ -92,6 +98,19 @@ type DeadlineController interface {
 	// ExpireDeadlines makes the deadline of every model call in flight pass
 	// now.
 	ExpireDeadlines()
+}
+
+// Restarter is a Server that the harness can stop, or crash, and start
+// again on the same data, to check that committed turns survive (T7) and
+// that conversations resume when their agent source's reference changes
+// (T8). Servers without it are never restarted.
+type Restarter interface {
+	Server
+	// Restart stops the server, gracefully or as kill -9 does (crash),
+	// and starts it again on the same data, loading the given agent
+	// references (nil: the same as before). It returns once the server is
+	// ready; its URL may have changed.
+	Restart(crash bool, agents []string) error
 }
 
 // ActivityReporter is a Server that says how many requests it is working
@@ -125,10 +144,18 @@ type Reference struct {
 
 var referenceKeys = []string{"key-a", "key-b"}
 
+// referenceAgent is the agent the reference server loads from the fake
+// model, and the first query of its reference.
+const (
+	referenceAgent  = "helper"
+	referenceSource = "tag=v1"
+)
+
 // Profile is the reference server's profile: two API keys, the
-// concurrency policy it runs with, and durable storage.
+// concurrency policy it runs with, durable storage, and one agent.
 func (r Reference) Profile() Profile {
-	p := Profile{Keys: referenceKeys, Model: "turncheck", Durability: Durability{Restart: true, Crash: true}}
+	p := Profile{Keys: referenceKeys, Model: referenceAgent, Agent: referenceAgent,
+		Durability: Durability{Restart: true, Crash: true}}
 	if r.Concurrency == sut.Reject {
 		p.Concurrency = model.Reject
 	}
@@ -145,11 +172,7 @@ func (r Reference) Start(modelURL string) (Server, error) {
 		return nil, err
 	}
 	deadlines, gauge := &sut.ManualDeadlines{}, &sut.Gauge{}
-	ln, err := loopback.Listen("")
-	if err != nil {
-		return nil, errors.Join(err, os.RemoveAll(dir))
-	}
-	run, err := sut.Serve(sut.Config{
+	s := &referenceServer{dir: dir, deadlines: deadlines, gauge: gauge, cfg: sut.Config{
 		ModelURL:         modelURL,
 		DataDir:          dir,
 		ConversationsMax: r.ConversationsMax,
@@ -158,18 +181,53 @@ func (r Reference) Start(modelURL string) (Server, error) {
 		Mutant:           r.Mutant,
 		Concurrency:      r.Concurrency,
 		Gauge:            gauge,
-	}, ln)
-	if err != nil {
+		Agents:           agentRefs(modelURL, referenceAgent, []string{referenceSource}),
+	}}
+	if err := s.serve(); err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
-	return &referenceServer{Running: run, dir: dir, deadlines: deadlines, gauge: gauge}, nil
+	return s, nil
 }
 
 type referenceServer struct {
 	*sut.Running
+	cfg       sut.Config
 	dir       string
 	deadlines *sut.ManualDeadlines
 	gauge     *sut.Gauge
+}
+
+// serve starts the server on cfg, on a fresh loopback port.
+func (s *referenceServer) serve() error {
+	ln, err := loopback.Listen("")
+	if err != nil {
+		return err
+	}
+	run, err := sut.Serve(s.cfg, ln)
+	if err != nil {
+		return err
+	}
+	s.Running = run
+	return nil
+}
+
+// Restart closes the server, or drops it as a crash would (no graceful
+// close: what was not durable is lost), and serves again on the same data
+// dir.
+func (s *referenceServer) Restart(crash bool, agents []string) error {
+	var err error
+	if crash {
+		err = s.Running.Crash()
+	} else {
+		err = s.Running.Close()
+	}
+	if err != nil {
+		return err
+	}
+	if agents != nil {
+		s.cfg.Agents = agents
+	}
+	return s.serve()
 }
 
 func (s *referenceServer) ExpireDeadlines() { s.deadlines.Expire() }

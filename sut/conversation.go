@@ -2,6 +2,7 @@ package sut
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -21,12 +22,15 @@ type convKey struct {
 // when the turn is committed (T1).
 type conversation struct {
 	messages []openai.Message
+	// source is the key of the agent source the conversation was started
+	// under; "" when it is bound to none (no agents were loaded).
+	source string
 }
 
 // clone returns a copy that shares no mutable state with c. Messages hold
 // only strings, so copying the slice copies them whole.
 func (c *conversation) clone() *conversation {
-	return &conversation{messages: append([]openai.Message(nil), c.messages...)}
+	return &conversation{messages: append([]openai.Message(nil), c.messages...), source: c.source}
 }
 
 // conversations is the bounded cache of committed conversations over the
@@ -34,17 +38,52 @@ func (c *conversation) clone() *conversation {
 type conversations struct {
 	store *store
 	cache *lru.Cache[convKey, *conversation]
+	// behind, set only under the ack-before-durable mutant, queues the
+	// store writes of commits instead of making them before the ack.
+	behind *writeBehind
 	// overwriting orders overwrite commits, so that the commit that wrote
 	// the store last is also the one left in the cache.
 	overwriting sync.Mutex
 }
 
-func newConversations(st *store, size int) (*conversations, error) {
-	c, err := lru.New[convKey, *conversation](size)
+// newConversations returns the cache over st. Two mutants change it:
+// lost-on-evict deletes what it evicts from the store, ack-before-durable
+// writes behind.
+func newConversations(st *store, size int, m Mutant, log *slog.Logger) (*conversations, error) {
+	var onEvict func(convKey, *conversation)
+	if m == LostOnEvict {
+		onEvict = func(k convKey, _ *conversation) {
+			// The bug: eviction is taken for the end of the conversation,
+			// though the server claims durable storage.
+			if err := st.forget(k); err != nil {
+				log.Error("forget evicted conversation", "conversation", k.id, "err", err)
+			}
+		}
+	}
+	c, err := lru.NewWithEvict(size, onEvict)
 	if err != nil {
 		return nil, err
 	}
-	return &conversations{store: st, cache: c}, nil
+	cs := &conversations{store: st, cache: c}
+	if m == AckBeforeDurable {
+		cs.behind = newWriteBehind(st, log)
+	}
+	return cs, nil
+}
+
+// close writes what is not durable yet (only the ack-before-durable mutant
+// has any), for a graceful stop.
+func (cs *conversations) close() {
+	if cs.behind != nil {
+		cs.behind.close()
+	}
+}
+
+// crash drops what is not durable yet, as a killed process does.
+func (cs *conversations) crash() {
+	if cs.behind != nil {
+		cs.behind.crash()
+	}
 }
 
 // get returns the committed conversation k, empty if it was never
@@ -65,11 +104,10 @@ func (cs *conversations) peek(ctx context.Context, k convKey) (*conversation, er
 	if c, ok := cs.cache.Get(k); ok {
 		return c, nil
 	}
-	msgs, err := cs.store.load(ctx, k)
-	if err != nil {
-		return nil, err
+	if cs.behind != nil {
+		return cs.behind.load(ctx, k)
 	}
-	return &conversation{messages: msgs}, nil
+	return cs.store.load(ctx, k)
 }
 
 // commit makes next the committed state of k: the messages after the
@@ -79,8 +117,15 @@ func (cs *conversations) peek(ctx context.Context, k convKey) (*conversation, er
 // that run turns without the lock) the messages replace whatever another
 // turn committed at the same places, and the later commit wins.
 func (cs *conversations) commit(k convKey, committedLen int, next *conversation, overwrite bool) error {
+	msgs := next.messages[committedLen:]
 	if !overwrite {
-		if err := cs.store.appendMessages(k, committedLen, next.messages[committedLen:]); err != nil {
+		if cs.behind != nil {
+			// The bug: acknowledged before it is durable.
+			cs.behind.enqueue(k, committedLen, msgs, next.source)
+			cs.cache.Add(k, next)
+			return nil
+		}
+		if err := cs.store.appendMessages(k, committedLen, msgs, next.source); err != nil {
 			return err
 		}
 		cs.cache.Add(k, next)
@@ -88,7 +133,7 @@ func (cs *conversations) commit(k convKey, committedLen int, next *conversation,
 	}
 	cs.overwriting.Lock()
 	defer cs.overwriting.Unlock()
-	if err := cs.store.overwriteMessages(k, committedLen, next.messages[committedLen:]); err != nil {
+	if err := cs.store.overwriteMessages(k, committedLen, msgs, next.source); err != nil {
 		return err
 	}
 	cs.cache.Add(k, next)

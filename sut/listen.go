@@ -61,6 +61,25 @@ func (r *Running) Close() error {
 	return errors.Join(err, r.Server.Close())
 }
 
+// Crash is an in-process stand-in for kill -9: it closes the listener and
+// every connection at once (no client hears how its turn ended), ends every
+// model call in flight, drops what was acknowledged but is not durable yet
+// (only the ack-before-durable mutant holds any) without writing it, and
+// closes the store. It returns once every goroutine of the server has
+// ended, so that a new server can open the same data dir at once: that one
+// sees exactly what was durable. A later Close or Shutdown does nothing;
+// after one of them, Crash does nothing.
+func (r *Running) Crash() error {
+	// The connections go first: from here on no reply reaches a client.
+	err := r.hs.Close()
+	crashed, serr := r.Server.crash()
+	<-r.serving
+	if !crashed {
+		return nil // closed already
+	}
+	return errors.Join(err, serr)
+}
+
 // Shutdown stops listening, lets turns in flight finish (until ctx ends,
 // when the rest are dropped and roll back), then closes the store.
 func (r *Running) Shutdown(ctx context.Context) error {

@@ -37,6 +37,17 @@ const (
 	// one conversation run at once on the same committed base, and the
 	// later commit overwrites the earlier.
 	NoConversationLock Mutant = "no-conversation-lock"
+	// ExactSourceKeyOnly resumes a conversation only with the agent source
+	// of the exact key it recorded: after a relaunch that loads the agent
+	// under another query, the resume fails with 500 "agent not found".
+	ExactSourceKeyOnly Mutant = "exact-source-key-only"
+	// AckBeforeDurable acknowledges a commit once it is in the cache and
+	// writes it to the store in the background, every 500 ms and on a
+	// graceful stop: a crash loses acknowledged turns.
+	AckBeforeDurable Mutant = "ack-before-durable"
+	// LostOnEvict deletes a conversation from the store when the cache
+	// evicts it, though the server claims durable storage.
+	LostOnEvict Mutant = "lost-on-evict"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -66,6 +77,12 @@ func Mutants() []MutantInfo {
 			"the session is resolved before the per-conversation lane: concurrent first requests for a new id each start a fresh history, and the later commit overwrites the earlier"},
 		{NoConversationLock, "PROTOCOL.md T4 (one conversation, one line)", "T4",
 			"turns on one conversation are not serialized: concurrent continuations run on the same committed base, and the later commit overwrites the earlier"},
+		{ExactSourceKeyOnly, "docker-agent #3410", "T8",
+			"a resume looks up the exact source key the conversation recorded (the full URL, query included); relaunched under another query, it fails with 500 \"agent not found\""},
+		{AckBeforeDurable, "PROTOCOL.md T7 (durability)", "T7",
+			"a commit is acknowledged once it is in the cache; the store write is queued and flushed every 500 ms and on a graceful stop, so a kill -9 loses acknowledged turns"},
+		{LostOnEvict, "PROTOCOL.md T2 (committed turns stay)", "T2",
+			"a conversation evicted from the cache is deleted from the store, though the server claims durable storage: it comes back empty"},
 	}
 }
 

@@ -41,8 +41,10 @@ const (
 	streamWriteTimeout = 30 * time.Second
 )
 
-// systemPrompt is prepended to every model request and never stored: real
-// servers decorate histories this way, and the harness must not mind.
+// systemPrompt is prepended to every model request of a turn bound to no
+// agent (stateless, or no agents loaded) and never stored: real servers
+// decorate histories this way, and the harness must not mind. A bound turn
+// gets its agent's instruction in its place.
 const systemPrompt = "You are the turncheck reference agent."
 
 // Config configures a Server.
@@ -75,6 +77,17 @@ type Config struct {
 	// Gauge, if set, counts the requests the server is working on and
 	// those waiting for their conversation's turn; nil counts nothing.
 	Gauge *Gauge
+	// Agents are references to the agent definitions to load at start-up:
+	// http(s) URLs, fetched by New (within 5 s, at most 64 KiB), or file
+	// paths. A definition is one YAML document with a non-blank "name" and
+	// "instruction" and no other field. A new conversation binds to an
+	// agent by the request's "model" and records its source key (the
+	// reference as given); a resumed one runs with the agent it recorded,
+	// or the one loaded source that shares its stable key (PROTOCOL.md,
+	// T8). A bound turn sends the model the agent's instruction as its
+	// system message. Stateless requests, and conversations started with no
+	// agents loaded, are bound to none. Empty: no agents, no binding.
+	Agents []string
 	// Mutant brings back one real bug; Clean for the correct server.
 	Mutant Mutant
 	// Logger receives a line per turn that failed or was rolled back, and
@@ -84,22 +97,28 @@ type Config struct {
 
 // Server is the reference session server. It is an http.Handler.
 type Server struct {
-	cfg   Config
-	store *store
-	convs *conversations
-	locks convLocks
-	up    *upstream
-	log   *slog.Logger
-	ids   atomic.Int64
+	cfg     Config
+	sources *sources
+	store   *store
+	convs   *conversations
+	locks   convLocks
+	up      *upstream
+	log     *slog.Logger
+	ids     atomic.Int64
 	// scopes[i] is the scope of cfg.Keys[i]: a digest, as it is stored with
 	// every message and the store should hold no usable key.
 	scopes []string
+
+	// life ends when the server crashes: every request's context, and so
+	// every model call, ends with it.
+	life context.Context
+	kill context.CancelFunc
 
 	// active counts requests in flight; once closed, none starts.
 	mu       sync.Mutex
 	closed   bool
 	active   sync.WaitGroup
-	stopped  chan struct{} // closed once Close has finished
+	stopped  chan struct{} // closed once Close (or a crash) has finished
 	closeErr error
 }
 
@@ -155,11 +174,17 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	// Before the store: a server whose agents do not load leaves its data
+	// dir untouched.
+	srcs, err := loadSources(context.Background(), cfg.Agents)
+	if err != nil {
+		return nil, err
+	}
 	st, err := openStore(cfg.DataDir)
 	if err != nil {
 		return nil, err
 	}
-	convs, err := newConversations(st, cfg.ConversationsMax)
+	convs, err := newConversations(st, cfg.ConversationsMax, cfg.Mutant, log)
 	if err != nil {
 		_ = st.close()
 		return nil, err
@@ -169,7 +194,11 @@ func New(cfg Config) (*Server, error) {
 		sum := sha256.Sum256([]byte(k))
 		scopes[i] = hex.EncodeToString(sum[:16])
 	}
+	life, kill := context.WithCancel(context.Background())
 	return &Server{
+		sources: srcs,
+		life:    life,
+		kill:    kill,
 		scopes:  scopes,
 		stopped: make(chan struct{}),
 		cfg:     cfg,
@@ -181,8 +210,10 @@ func New(cfg Config) (*Server, error) {
 	}, nil
 }
 
-// Close refuses new requests (503), waits for those in flight to end, then
-// closes the store. Stop the HTTP server in front of it first.
+// Close refuses new requests (503), waits for those in flight to end,
+// writes whatever is not durable yet (only the ack-before-durable mutant
+// has any), then closes the store. Stop the HTTP server in front of it
+// first. After a crash (Running.Crash) it does nothing.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	already := s.closed
@@ -193,10 +224,36 @@ func (s *Server) Close() error {
 		return s.closeErr
 	}
 	s.active.Wait()
+	s.convs.close()
 	s.up.close()
+	s.kill()
 	s.closeErr = s.store.close()
 	close(s.stopped)
 	return s.closeErr
+}
+
+// crash is the server's part of Running.Crash: refuse new requests, drop
+// what is not durable yet without writing it, end every request in flight
+// (their model calls with them) and wait for them, then close the store. It
+// reports false, and does nothing, if the server was closed already. A
+// later Close returns nil.
+func (s *Server) crash() (bool, error) {
+	s.mu.Lock()
+	already := s.closed
+	s.closed = true
+	s.mu.Unlock()
+	if already {
+		return false, nil
+	}
+	// First, as the process dies: a turn acknowledged but not yet written
+	// is gone, and none queued from now on is ever written.
+	s.convs.crash()
+	s.kill()
+	s.active.Wait()
+	s.up.close()
+	err := s.store.close()
+	close(s.stopped)
+	return true, err
 }
 
 // enter counts a request in, or reports that the server is closed.
@@ -219,6 +276,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.active.Done()
+	// A crash ends the request at once, as a killed process would.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(s.life, cancel)()
+	r = r.WithContext(ctx)
 	switch {
 	case r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/chat/completions":
 		if r.Method != http.MethodPost {
@@ -238,8 +300,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // turn is one request's work: the history the model is sent, and how the
 // result is committed.
 type turn struct {
-	key       convKey
-	stateful  bool
+	key      convKey
+	stateful bool
+	// agent is the agent source the turn runs with; nil for none.
+	agent     *agentSource
 	work      *conversation // the working copy the turn runs on
 	committed int           // messages of work already committed
 	// overwrite commits over whatever another turn committed meanwhile:
@@ -299,6 +363,13 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 			s.refuse(w, r, t, err)
 			return
 		}
+		t.agent, err = s.agentFor(base, req.Model)
+		if err != nil {
+			// Refused before any model call: nothing changes.
+			t.release()
+			s.refuseAgent(w, t, err)
+			return
+		}
 		t.committed = len(base.messages)
 		if s.cfg.Mutant == MutateBeforeRun {
 			// The bug: run on the cached conversation itself, so whatever
@@ -307,6 +378,10 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 			t.work = base
 		} else {
 			t.work = base.clone()
+		}
+		if t.committed == 0 && t.agent != nil {
+			// Recorded with the first commit, never changed after.
+			t.work.source = t.agent.key
 		}
 		t.work.messages = append(t.work.messages, user)
 	}
@@ -369,7 +444,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 	if model == "" {
 		model = s.cfg.ModelName
 	}
-	history := append([]openai.Message{{Role: openai.RoleSystem, Content: systemPrompt}}, t.work.messages...)
+	instruction := systemPrompt
+	if t.agent != nil {
+		instruction = t.agent.instruction
+	}
+	history := append([]openai.Message{{Role: openai.RoleSystem, Content: openai.Content(instruction)}}, t.work.messages...)
 
 	// A client that stops reading must not hold the conversation: a write
 	// that fails, or blocks past streamWriteTimeout, ends the turn.

@@ -858,6 +858,9 @@ func TestMutantsBite(t *testing.T) {
 	for _, m := range raceMutants {
 		covered[m] = true // shown by the race tests in concurrency_test.go
 	}
+	for _, rc := range restartCases {
+		covered[rc.mutant] = true // shown by TestRestartMutantsBite in crash_test.go
+	}
 	for _, info := range sut.Mutants() {
 		assert.True(t, covered[info.Mutant], "mutant %s has no server-level test", info.Mutant)
 	}

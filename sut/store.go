@@ -29,7 +29,17 @@ CREATE TABLE IF NOT EXISTS messages (
 	content      TEXT    NOT NULL,
 	PRIMARY KEY (scope, conversation, seq)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sources (
+	scope        TEXT NOT NULL,
+	conversation TEXT NOT NULL,
+	source       TEXT NOT NULL,
+	PRIMARY KEY (scope, conversation)
+) WITHOUT ROWID;
 `
+
+// The sources table records the agent source key a conversation was started
+// under, written with its first messages. A data dir from before it gets the
+// table empty: its conversations are unbound, as they were.
 
 // openStore opens (creating if needed) the store in dir.
 func openStore(dir string) (*store, error) {
@@ -57,9 +67,22 @@ func openStore(dir string) (*store, error) {
 	return &store{db: db}, nil
 }
 
-// load returns the messages of a conversation in order; none if it has
-// never been committed.
-func (s *store) load(ctx context.Context, k convKey) ([]openai.Message, error) {
+// load returns the committed conversation k: its messages in order (none
+// if it has never been committed) and its source key ("" if unbound).
+func (s *store) load(ctx context.Context, k convKey) (*conversation, error) {
+	msgs, err := s.loadMessages(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	var source string
+	err = s.db.QueryRowContext(ctx, `SELECT source FROM sources WHERE scope = ? AND conversation = ?`, k.scope, k.id).Scan(&source)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("load conversation: %w", err)
+	}
+	return &conversation{messages: msgs, source: source}, nil
+}
+
+func (s *store) loadMessages(ctx context.Context, k convKey) ([]openai.Message, error) {
 	rows, err := s.db.QueryContext(ctx,
 		`SELECT role, content FROM messages WHERE scope = ? AND conversation = ? ORDER BY seq`, k.scope, k.id)
 	if err != nil {
@@ -83,22 +106,24 @@ func (s *store) load(ctx context.Context, k convKey) ([]openai.Message, error) {
 }
 
 // appendMessages commits msgs as the messages from seq on, in one
-// transaction. A conflicting seq means the conversation moved on under us,
-// which per-conversation serialization rules out; it fails the commit.
-func (s *store) appendMessages(k convKey, seq int, msgs []openai.Message) error {
-	return s.writeMessages(`INSERT`, k, seq, msgs)
+// transaction, with the conversation's source key when seq is 0 and it has
+// one. A conflicting seq means the conversation moved on under us, which
+// per-conversation serialization rules out; it fails the commit.
+func (s *store) appendMessages(k convKey, seq int, msgs []openai.Message, source string) error {
+	return s.writeMessages(`INSERT`, k, seq, msgs, source)
 }
 
 // overwriteMessages commits msgs as the messages from seq on, replacing any
 // already there: the store of the mutants whose turns on one conversation
 // run at once from the same base, where the later commit wins.
-func (s *store) overwriteMessages(k convKey, seq int, msgs []openai.Message) error {
-	return s.writeMessages(`INSERT OR REPLACE`, k, seq, msgs)
+func (s *store) overwriteMessages(k convKey, seq int, msgs []openai.Message, source string) error {
+	return s.writeMessages(`INSERT OR REPLACE`, k, seq, msgs, source)
 }
 
-// writeMessages writes msgs from seq on, in one transaction, with the
-// given insert verb.
-func (s *store) writeMessages(insert string, k convKey, seq int, msgs []openai.Message) error {
+// writeMessages writes msgs from seq on, and the source key with the first
+// messages, in one transaction, with the given insert verb: a conversation
+// is never found with its messages and without its source.
+func (s *store) writeMessages(insert string, k convKey, seq int, msgs []openai.Message, source string) error {
 	// The commit is not tied to the request's context: once a turn is
 	// decided, a client that goes away must not leave it half-written.
 	tx, err := s.db.Begin()
@@ -111,8 +136,32 @@ func (s *store) writeMessages(insert string, k convKey, seq int, msgs []openai.M
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
+	if seq == 0 && source != "" {
+		if _, err := tx.Exec(insert+` INTO sources (scope, conversation, source) VALUES (?, ?, ?)`,
+			k.scope, k.id, source); err != nil {
+			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// forget deletes conversation k, messages and source: only the
+// lost-on-evict mutant does, when the cache evicts it.
+func (s *store) forget(k convKey) error {
+	tx, err := s.db.Begin()
+	if err != nil {
+		return fmt.Errorf("forget: %w", err)
+	}
+	for _, table := range []string{"messages", "sources"} {
+		if _, err := tx.Exec(`DELETE FROM `+table+` WHERE scope = ? AND conversation = ?`, k.scope, k.id); err != nil {
+			return errors.Join(fmt.Errorf("forget: %w", err), tx.Rollback())
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("forget: %w", err)
 	}
 	return nil
 }

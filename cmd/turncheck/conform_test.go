@@ -73,19 +73,33 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 			profile := filepath.Join(dir, "profile.yaml")
 			text := strings.Replace(string(base), "--request-timeout, 2s]", "--request-timeout, 2s, --mutant, "+string(m.Mutant)+"]", 1)
 			require.NotEqual(t, string(base), text, "the profile's command ends as the test expects")
+			if m.Mutant == sut.LostOnEvict {
+				// A loss on eviction depends on what else the cache holds: on
+				// a server shared by the checks, other checks' conversations
+				// too, so its saved steps replay on a fresh server only if
+				// they were found on one. A smaller cache evicts sooner.
+				text = strings.Replace(text, "  agent: helper\n", "  agent: helper\n  fresh_per_check: true\n", 1)
+				text = strings.Replace(text, `--conversations-max, "4"`, `--conversations-max, "2"`, 1)
+			}
 			require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
 			cmd := exec.Command(bin, "conform", "--profile", profile, "--checks", "12", "--steps", "20", "--seed", "2",
-				"--save", dir, "--timeout", "2m")
+				"--save", dir, "--timeout", "2m", "--shrink-time", "10s")
 			out, err := cmd.CombinedOutput()
 			var exit *exec.ExitError
 			require.ErrorAs(t, err, &exit, "%s", out)
 			require.Equal(t, exitViolation, exit.ExitCode(), "%s", out)
-			assert.Contains(t, verdictLine(string(out), m.Breaks), "FAIL", "%s", out)
-			saved := regexp.MustCompile(`saved: (\S+` + m.Breaks + `-conform-\d+\.json)`).FindStringSubmatch(string(out))
+			// An evicted conversation's loss shows when it is next loaded:
+			// after an eviction (T2), or after a restart (T7).
+			breaks := m.Breaks
+			if m.Mutant == sut.LostOnEvict && !strings.Contains(verdictLine(string(out), breaks), "FAIL") {
+				breaks = "T7"
+			}
+			assert.Contains(t, verdictLine(string(out), breaks), "FAIL", "%s", out)
+			saved := regexp.MustCompile(`saved: (\S+` + breaks + `-conform-\d+\.json)`).FindStringSubmatch(string(out))
 			require.NotNil(t, saved, "%s", out)
 			replay, err := exec.Command(bin, "replay", saved[1]).CombinedOutput()
 			require.Error(t, err, "%s", replay)
-			assert.Contains(t, string(replay), "FAIL: "+m.Breaks, "%s", replay)
+			assert.Contains(t, string(replay), "FAIL: "+breaks, "%s", replay)
 		})
 	}
 }

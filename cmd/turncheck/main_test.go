@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +18,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/sut"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -96,7 +101,7 @@ func TestTrackRecord(t *testing.T) {
 	require.Equal(t, exitOK, code, stdout+stderr)
 	var rows []trackRow
 	require.NoError(t, json.Unmarshal([]byte(stdout), &rows))
-	require.Len(t, rows, 7)
+	require.Len(t, rows, len(sut.Mutants())+1)
 	assert.False(t, rows[0].Caught, "the clean server")
 	for _, r := range rows[1:] {
 		assert.True(t, r.Caught, r.Mutant)
@@ -265,4 +270,161 @@ func TestServeAndModel(t *testing.T) {
 
 	assert.Equal(t, exitOK, stopServer())
 	assert.Equal(t, exitOK, stopModel())
+}
+
+// serveTurn sends one non-stream turn on conversation conv to a server
+// started by 'turncheck serve', naming modelName.
+func serveTurn(client *http.Client, serverURL, conv, modelName, text string) (int, string, error) {
+	req, err := http.NewRequest(http.MethodPost, serverURL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"`+modelName+`","messages":[{"role":"user","content":"`+text+`"}]}`))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("X-Conversation-Id", conv)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// startFakeModel starts a fake model the test closes when it ends.
+func startFakeModel(t *testing.T) *faults.Model {
+	t.Helper()
+	m, err := faults.StartModel(faults.ModelConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+// awaitNotListening waits until nothing accepts connections at url's
+// address: the server has begun to stop.
+func awaitNotListening(t *testing.T, url string) {
+	t.Helper()
+	addr := strings.TrimPrefix(url, "http://")
+	require.Eventually(t, func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err != nil
+	}, 10*time.Second, 5*time.Millisecond, "the server never stopped listening")
+}
+
+// TestServeStopDrainsTurnsInFlight: on a stop (Ctrl-C, SIGTERM) the server
+// stops listening, lets a turn in flight finish and commit, and exits 0.
+func TestServeStopDrainsTurnsInFlight(t *testing.T) {
+	m := startFakeModel(t)
+	dir := t.TempDir()
+	gate := m.Gate("tc-u1")
+	serverURL, stop := startCommand(t, "serve", "--listen", "127.0.0.1:0", "--model-url", m.URL(), "--data-dir", dir)
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+
+	type result struct {
+		code int
+		body string
+		err  error
+	}
+	turn := make(chan result, 1)
+	go func() {
+		code, body, err := serveTurn(client, serverURL, "c1", "m", "hello tc-u1")
+		turn <- result{code, body, err}
+	}()
+	<-gate.Arrived()
+	stopped := make(chan int, 1)
+	go func() { stopped <- stop() }()
+	awaitNotListening(t, serverURL)
+	gate.Release()
+	r := <-turn
+	require.NoError(t, r.err)
+	assert.Equal(t, http.StatusOK, r.code, r.body)
+	assert.Contains(t, r.body, "tc-a1")
+	assert.Equal(t, exitOK, <-stopped)
+
+	serverURL, stop = startCommand(t, "serve", "--listen", "127.0.0.1:0", "--model-url", m.URL(), "--data-dir", dir)
+	code, body, err := serveTurn(client, serverURL, "c1", "m", "again tc-u2")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code, body)
+	calls := m.CallsAfter(0)
+	assert.Equal(t, "tc-u1 tc-a1 tc-u2", model.FormatTokens(calls[len(calls)-1].History), "the drained turn was committed")
+	client.CloseIdleConnections()
+	assert.Equal(t, exitOK, stop())
+}
+
+// TestServeStopIsBounded: a turn that does not end within --grace is
+// dropped (its client hears no success, nothing is committed) and the
+// server still exits 0, saying so.
+func TestServeStopIsBounded(t *testing.T) {
+	m := startFakeModel(t)
+	dir := t.TempDir()
+	arrived := m.Script("tc-u1", faults.Fault{Kind: faults.Hold})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--model-url", m.URL(), "--data-dir", dir,
+			"--grace", "200ms"}, &stdout, &stderr)
+	}()
+	require.Eventually(t, func() bool { return listening.MatchString(stdout.String()) }, 10*time.Second, 5*time.Millisecond)
+	serverURL := listening.FindStringSubmatch(stdout.String())[1]
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+
+	turn := make(chan int, 1)
+	go func() {
+		code, _, _ := serveTurn(client, serverURL, "c1", "m", "hello tc-u1")
+		turn <- code
+	}()
+	<-arrived
+	start := time.Now()
+	cancel()
+	assert.Equal(t, exitOK, <-exited, stderr.String())
+	assert.Less(t, time.Since(start), 5*time.Second, "the stop waited past its grace")
+	assert.Contains(t, stderr.String(), "after 200ms were dropped")
+	assert.NotEqual(t, http.StatusOK, <-turn, "a dropped turn is no success")
+
+	serverURL, stop := startCommand(t, "serve", "--listen", "127.0.0.1:0", "--model-url", m.URL(), "--data-dir", dir)
+	code, body, err := serveTurn(client, serverURL, "c1", "m", "again tc-u2")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code, body)
+	calls := m.CallsAfter(0)
+	assert.Equal(t, "tc-u2", model.FormatTokens(calls[len(calls)-1].History), "the dropped turn was not committed")
+	client.CloseIdleConnections()
+	assert.Equal(t, exitOK, stop())
+}
+
+// TestServeAgents: --agent loads a definition, repeatable; a conversation
+// names its agent by the request's model, and a reference that does not
+// load is a one-line error naming it.
+func TestServeAgents(t *testing.T) {
+	m := startFakeModel(t)
+	base := "http://" + m.Addr() + "/agents/"
+	serverURL, stop := startCommand(t, "serve", "--listen", "127.0.0.1:0", "--model-url", m.URL(), "--data-dir", t.TempDir(),
+		"--agent", base+"helper.yaml?tag=v1", "--agent", base+"other.yaml")
+	client := &http.Client{Timeout: 10 * time.Second}
+	code, body, err := serveTurn(client, serverURL, "c1", "helper", "hello tc-u1")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code, body)
+	code, body, err = serveTurn(client, serverURL, "c2", "nobody", "hello tc-u2")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusNotFound, code, body)
+	client.CloseIdleConnections()
+	assert.Equal(t, exitOK, stop())
+
+	for _, args := range [][]string{
+		{"--agent", base + "no.such.yaml"},
+		{"--agent", ""},
+	} {
+		code, _, stderr := runCLI(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--model-url", m.URL(),
+			"--data-dir", t.TempDir()}, args...)...)
+		assert.Equal(t, exitUsage, code, "%v", args)
+		assert.Equal(t, 1, strings.Count(stderr, "\n"), "want a one-line error, got %q", stderr)
+		assert.Contains(t, stderr, "agent", "%v", args)
+	}
+	_, stdout, _ := runCLI(t, "serve", "--help")
+	assert.Contains(t, stdout, "--agent 'http://127.0.0.1:9090/agents/helper.yaml?tag=v1'", "the help shows an example")
 }

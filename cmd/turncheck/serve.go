@@ -19,8 +19,19 @@ const serveHelp = `Usage: turncheck serve --model-url URL --data-dir DIR [flags]
 
 Runs the reference session server: POST /v1/chat/completions, with the
 conversation named by the X-Conversation-Id header kept server-side in a
-SQLite store under --data-dir. It prints the address it listens on, and
-stops on Ctrl-C or SIGTERM after the turns in flight end.
+SQLite store under --data-dir. It prints the address it listens on. On
+Ctrl-C or SIGTERM it stops listening, lets the turns in flight end for at
+most --grace (then drops the rest, which roll back), and exits 0.
+
+--agent loads an agent definition at start-up, from an http(s) URL or a
+file: YAML with a "name" and an "instruction" (no other field). Repeat it
+for several. A new conversation binds to the agent its request's "model"
+names (the reference exactly, the reference without its query, or the
+agent's name; several matches: 409, none: 404) and records the reference;
+a resumed one keeps its agent, found after a relaunch under a changed query
+by the reference without its query (several such: 409, nothing changes).
+The agent's instruction is the system message of the conversation's every
+model call.
 
 --concurrency decides what happens to a request for a conversation whose
 turn is still running:
@@ -30,11 +41,17 @@ turn is still running:
   reject     the request gets 409 conflict at once, before any model call,
              and nothing changes
 
-Example:
+Examples:
   turncheck model --listen 127.0.0.1:9090 &
   turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data --key secret --concurrency reject
   curl -sS http://127.0.0.1:8080/v1/chat/completions -H 'Authorization: Bearer secret' \
     -H 'X-Conversation-Id: c1' -d '{"model":"m","messages":[{"role":"user","content":"hi tc-u1"}]}'
+
+  # an agent served by the fake model; the conversation names it by name
+  turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data \
+    --agent 'http://127.0.0.1:9090/agents/helper.yaml?tag=v1'
+  curl -sS http://127.0.0.1:8080/v1/chat/completions -H 'X-Conversation-Id: c2' \
+    -d '{"model":"helper","messages":[{"role":"user","content":"hi tc-u2"}]}'
 `
 
 const modelHelp = `Usage: turncheck model [--listen ADDR]
@@ -43,11 +60,19 @@ Runs the fake model provider: an OpenAI-compatible POST /v1/chat/completions
 (stream or not) that answers every request with a reply carrying the reply
 token of the request's last user message (tc-u7 -> tc-a7), and logs the
 tokens each request carried: what the server holds for the conversation.
-Faults are injected only by 'turncheck check'.
+It also serves agent definitions, for 'turncheck serve --agent': GET
+/agents/NAME.yaml answers "name: NAME" and an instruction that echoes the
+request's query. Faults are injected only by 'turncheck check'.
 
 Example:
   turncheck model --listen 127.0.0.1:9090
+  curl -sS 'http://127.0.0.1:9090/agents/helper.yaml?tag=v1'
 `
+
+// defaultGrace is how long a stop lets the turns in flight finish: long
+// enough for a model's usual reply, short enough for a supervisor's
+// patience (systemd waits 90 s, Kubernetes 30 s before SIGKILL).
+const defaultGrace = 10 * time.Second
 
 // keyList is a repeatable --key flag.
 type keyList []string
@@ -61,6 +86,18 @@ func (k *keyList) Set(v string) error {
 	return nil
 }
 
+// agentList is a repeatable --agent flag.
+type agentList []string
+
+func (a *agentList) String() string { return strings.Join(*a, " ") }
+func (a *agentList) Set(v string) error {
+	if strings.TrimSpace(v) == "" {
+		return errors.New("an agent reference may not be empty")
+	}
+	*a = append(*a, v)
+	return nil
+}
+
 func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("serve", serveHelp, stdout, stderr)
 	listen := fs.String("listen", "127.0.0.1:8080", "address to listen on (loopback by default)")
@@ -71,8 +108,11 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	timeout := fs.Duration("request-timeout", sut.DefaultRequestTimeout, "deadline of each model call, and of each wait for a busy conversation under serialize")
 	header := fs.String("conversation-header", sut.DefaultConversationHeader, "header that names the conversation")
 	concurrency := fs.String("concurrency", string(sut.Serialize), "what a request for a busy conversation gets: serialize (wait its turn) or reject (409)")
+	grace := fs.Duration("grace", defaultGrace, "on Ctrl-C or SIGTERM, how long turns in flight may take to finish before they are dropped")
 	var keys keyList
 	fs.Var(&keys, "key", "API key to accept as a bearer token; repeat for several (none: no auth)")
+	var agents agentList
+	fs.Var(&agents, "agent", "agent definition to load: an http(s) URL or a file; repeat for several (none: no agents)")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
@@ -85,6 +125,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(stderr, "serve", errors.New("--conversations-max must be positive"))
 	case *timeout <= 0:
 		return fail(stderr, "serve", errors.New("--request-timeout must be positive"))
+	case *grace <= 0:
+		return fail(stderr, "serve", errors.New("--grace must be positive"))
 	}
 	if err := checkListen(*listen); err != nil {
 		return fail(stderr, "serve", err)
@@ -105,6 +147,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		ConversationHeader: *header,
 		Concurrency:        policy,
 		Keys:               keys,
+		Agents:             agents,
 		Mutant:             m,
 		Logger:             slog.New(slog.NewTextHandler(stderr, nil)),
 	}, *listen)
@@ -113,14 +156,49 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	fmt.Fprintf(stdout, "turncheck serve: listening on %s\n", run.URL())
 	<-ctx.Done()
-	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return stopServer(run, *grace, stderr)
+}
+
+// stopServer stops a server gracefully: turns in flight get grace to end,
+// then the rest are dropped (they roll back: their clients never heard
+// they ended ok), and what is not durable yet is written. Running past the
+// grace is how a stop is bounded, not a failure; only a store that does not
+// close is.
+func stopServer(run *sut.Running, grace time.Duration, stderr io.Writer) int {
+	stopCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if err := run.Shutdown(stopCtx); err != nil {
+	err := run.Shutdown(stopCtx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		fmt.Fprintf(stderr, "turncheck serve: turns still in flight after %s were dropped\n", grace)
+		err = withoutDeadline(err)
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "turncheck serve: stop: %v\n", err)
 		return exitUsage
 	}
 	return exitOK
 }
+
+// withoutDeadline is err without the context.DeadlineExceeded that
+// errors.Join put in it, or nil if that was all.
+func withoutDeadline(err error) error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil
+		}
+		return err
+	}
+	var rest []error
+	for _, e := range joined.Unwrap() {
+		if e = withoutDeadline(e); e != nil {
+			rest = append(rest, e)
+		}
+	}
+	return errors.Join(rest...)
+}
+
+var _ flag.Value = (*agentList)(nil)
 
 func cmdModel(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("model", modelHelp, stdout, stderr)

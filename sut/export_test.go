@@ -1,0 +1,19 @@
+package sut
+
+import "time"
+
+// SetFlushInterval sets how often the ack-before-durable mutant flushes
+// its queue, for the servers started after it, until restore.
+func SetFlushInterval(d time.Duration) (restore func()) {
+	old := flushInterval
+	flushInterval = d
+	return func() { flushInterval = old }
+}
+
+// SetAgentFetchTimeout sets the bound on fetching an agent reference, for
+// the servers started after it, until restore.
+func SetAgentFetchTimeout(d time.Duration) (restore func()) {
+	old := agentFetchTimeout
+	agentFetchTimeout = d
+	return func() { agentFetchTimeout = old }
+}

@@ -1,0 +1,134 @@
+package sut
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/turncheck/turncheck/internal/openai"
+)
+
+// flushInterval is how often the ack-before-durable mutant writes its queue
+// to the store. A variable only so that tests can decide whether a flush
+// falls between an acknowledgement and a crash.
+var flushInterval = 500 * time.Millisecond
+
+// writeBehind is the store writer of the ack-before-durable mutant: a
+// commit is queued and acknowledged at once, and a background goroutine
+// writes the queue every flushInterval and on a graceful close. A crash
+// drops the queue: the acknowledged turns in it are lost (T7). Loads see the
+// queue on top of the store, so that nothing but a crash shows the bug.
+type writeBehind struct {
+	store *store
+	log   *slog.Logger
+	every time.Duration
+
+	// mu is held across a flush and across a load, so that a load sees a
+	// queued write either in the queue or in the store, never in neither.
+	mu      sync.Mutex
+	queue   []pendingWrite
+	stopped bool // closed or crashed: nothing is queued any more
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// pendingWrite is a commit not yet in the store.
+type pendingWrite struct {
+	k      convKey
+	seq    int
+	msgs   []openai.Message
+	source string
+}
+
+func newWriteBehind(st *store, log *slog.Logger) *writeBehind {
+	w := &writeBehind{store: st, log: log, every: flushInterval, stop: make(chan struct{}), done: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+func (w *writeBehind) run() {
+	defer close(w.done)
+	tick := time.NewTicker(w.every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-tick.C:
+			w.mu.Lock()
+			w.flush()
+			w.mu.Unlock()
+		}
+	}
+}
+
+// enqueue queues a commit of msgs from seq on. Once stopped it drops it, as
+// a dead process would.
+func (w *writeBehind) enqueue(k convKey, seq int, msgs []openai.Message, source string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	w.queue = append(w.queue, pendingWrite{k: k, seq: seq, msgs: msgs, source: source})
+}
+
+// flush writes the queue in order and empties it. The caller holds w.mu.
+// A write that fails is logged and lost: it was acknowledged long ago.
+func (w *writeBehind) flush() {
+	for _, p := range w.queue {
+		if err := w.store.appendMessages(p.k, p.seq, p.msgs, p.source); err != nil {
+			w.log.Error("write-behind flush", "conversation", p.k.id, "err", err)
+		}
+	}
+	w.queue = nil
+}
+
+// load returns conversation k as committed: the store, with the queued
+// writes for k on top.
+func (w *writeBehind) load(ctx context.Context, k convKey) (*conversation, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c, err := w.store.load(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range w.queue {
+		if p.k != k || p.seq > len(c.messages) {
+			continue
+		}
+		c.messages = append(c.messages[:p.seq:p.seq], p.msgs...)
+		if p.seq == 0 && p.source != "" {
+			c.source = p.source
+		}
+	}
+	return c, nil
+}
+
+// close stops the writer and flushes the queue: a graceful stop loses
+// nothing.
+func (w *writeBehind) close() {
+	w.end(true)
+}
+
+// crash stops the writer and drops the queue unwritten.
+func (w *writeBehind) crash() {
+	w.end(false)
+}
+
+func (w *writeBehind) end(flush bool) {
+	w.mu.Lock()
+	already := w.stopped
+	w.stopped = true
+	if !already {
+		close(w.stop)
+	}
+	if flush {
+		w.flush()
+	}
+	w.queue = nil
+	w.mu.Unlock()
+	<-w.done
+}
