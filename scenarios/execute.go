@@ -78,13 +78,14 @@ func (f *flight) held() bool { return f.arrived.Load() && !f.acted && !f.finishe
 
 // execute sends p's requests and returns what each came to, with the model
 // calls attributed to each by the token of its last user message.
-func (e *executor) execute(p Plan) []Op {
-	if p.Restart != nil {
-		return []Op{e.restart(p)}
+func (e *executor) execute(p Plan) (ops []Op) {
+	if p.Restart != nil && len(p.Sends) == 0 {
+		e.steps++
+		return []Op{e.restart(p, e.steps, 0)}
 	}
 	e.steps++
 	start := e.clock.Load()
-	ops := make([]Op, len(p.Sends))
+	ops = make([]Op, len(p.Sends))
 	flights := make([]*flight, len(p.Sends))
 	wake := make(chan struct{}, 1)
 	poke := func() {
@@ -156,6 +157,14 @@ func (e *executor) execute(p Plan) []Op {
 			e.waitChange(wake)
 			continue
 		}
+		if p.Restart != nil {
+			// A crash while the turn's call is held: the server dies with
+			// the turn in flight, and the client never learns its outcome.
+			flights[next].acted = true
+			crashed := e.restart(p, e.steps, len(p.Sends))
+			defer func() { ops = append(ops, crashed) }()
+			continue
+		}
 		e.let(p.Sends[next], flights[next])
 	}
 	wg.Wait()
@@ -186,14 +195,13 @@ func (e *executor) execute(p Plan) []Op {
 	return ops
 }
 
-// restart carries out a restart plan: the server is stopped, or killed,
-// and started again on the same data, loading the agent from the
-// references p says; the client then speaks to it wherever it now
-// listens. The op's Response.Detail is "" for a server that came back, or
-// what went wrong.
-func (e *executor) restart(p Plan) Op {
-	e.steps++
-	op := Op{Step: e.steps, Action: p.Action, Restart: p.Restart, Response: Response{Outcome: model.OK}}
+// restart carries out p's restart, the index-th op of step: the server is
+// stopped, or killed, and started again on the same data, loading the
+// agent from the references p says; the client then speaks to it wherever
+// it now listens. The op's Response.Detail is "" for a server that came
+// back, or what went wrong.
+func (e *executor) restart(p Plan, step, index int) Op {
+	op := Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: Response{Outcome: model.OK}}
 	r, ok := e.srv.(Restarter)
 	if !ok {
 		op.Response.Outcome, op.Response.Detail = model.Fail, "the server cannot be restarted by the harness"

@@ -83,7 +83,15 @@ func (m *machine) restart(t *rapid.T) {
 	if r.Crash {
 		action = "crash"
 	}
-	m.step(t, Plan{Action: action, Restart: &r})
+	p := Plan{Action: action, Restart: &r}
+	if r.Crash && len(m.convs) > 0 && rapid.Bool().Draw(t, "turn in flight") {
+		// The server dies while a turn's model call is held: the turn's
+		// outcome is unknown, and it is committed whole or not at all (T6).
+		c := newest(t, m.convs, "conversation")
+		p = Plan{Action: "crash mid-turn", Restart: &r, Release: []int{0},
+			Sends: []Send{turnSend(c.ref, m.newToken(), rapid.Bool().Draw(t, "stream"))}}
+	}
+	m.step(t, p)
 }
 
 func (m *machine) newTag() string {

@@ -63,3 +63,38 @@ func BenchmarkCheckOverhead(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkCrashRestart measures the time from kill -9 of the reference
+// server, run as a subprocess, to the restarted server answering, on a
+// data dir holding a few committed conversations.
+func BenchmarkCrashRestart(b *testing.B) {
+	if _, err := exec.LookPath("go"); err != nil {
+		b.Skip("no go command to build turncheck with")
+	}
+	bin := filepath.Join(b.TempDir(), "turncheck")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/turncheck").CombinedOutput()
+	require.NoError(b, err, "%s", out)
+	target := Subprocess{
+		Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}",
+			"--key", "key-a", "--key", "key-b", "--agent={agents}"},
+		Agent:   referenceAgent,
+		Reaches: Reference{}.Profile(),
+	}
+	l, err := openLab(target, nil)
+	require.NoError(b, err)
+	defer func() { require.NoError(b, l.close()) }()
+	s, err := l.session(nil)
+	require.NoError(b, err)
+	defer func() { require.NoError(b, s.close()) }()
+	for i := range 10 {
+		conv := model.ConversationRef{Key: "key-a", ID: "conv-" + string(rune('a'+i))}
+		_, v := s.step(single("continue", turnSend(conv, model.UserToken(i+1), false)))
+		require.Nil(b, v)
+	}
+	crash := Plan{Action: "crash", Restart: &Restart{Crash: true}}
+	b.ResetTimer()
+	for range b.N {
+		ops, v := s.step(crash)
+		require.Nil(b, v, "%+v", ops)
+	}
+}

@@ -28,7 +28,9 @@ type Plan struct {
 	// says).
 	Release []int `json:"release"`
 	// Restart, if set, makes the plan a restart of the server between
-	// turns, with no requests.
+	// turns, with no requests; or, for a crash with one request, a crash
+	// while that request's model call is held: the turn is in flight when
+	// the server dies.
 	Restart *Restart `json:"restart,omitempty"`
 }
 
@@ -99,10 +101,14 @@ func (s Send) faultKind() string {
 // read from a file is checked before it runs.
 func (p Plan) check() error {
 	if p.Restart != nil {
-		if len(p.Sends) > 0 {
-			return fmt.Errorf("%q: a restart with requests", p.Action)
+		switch {
+		case len(p.Sends) == 0:
+			return nil
+		case len(p.Sends) > 1 || !p.Restart.Crash:
+			return fmt.Errorf("%q: a restart with requests; only a crash may have one, in flight", p.Action)
+		case p.Sends[0].Abort || p.Sends[0].Fault.Kind != faults.None:
+			return fmt.Errorf("%q: a crash with a turn in flight that has a fault of its own", p.Action)
 		}
-		return nil
 	}
 	if len(p.Sends) == 0 {
 		return fmt.Errorf("%q: no request", p.Action)
@@ -131,7 +137,7 @@ func (p Plan) check() error {
 
 // String renders a plan on one line, for logs.
 func (p Plan) String() string {
-	if p.Restart != nil {
+	if p.Restart != nil && len(p.Sends) == 0 {
 		return fmt.Sprintf("%s: %s", p.Action, p.Restart)
 	}
 	parts := make([]string, len(p.Sends))

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/turncheck/turncheck/internal/procs"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/sut"
@@ -24,7 +25,9 @@ func TestMain(m *testing.M) {
 	if hostileMain != nil {
 		hostileMain()
 	}
-	goleak.VerifyTestMain(m)
+	// A leaked goroutine fails the tests, and so does a server process
+	// that outlived them.
+	goleak.VerifyTestMain(procs.Checked(m))
 }
 
 // TestReferenceServerPasses runs the state machine against the clean

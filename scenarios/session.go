@@ -191,18 +191,30 @@ func (s *session) step(p Plan) ([]Op, *model.Violation) {
 	ops := s.exec.execute(p)
 	s.plans = append(s.plans, p)
 	s.history = append(s.history, ops...)
-	if p.Restart != nil {
-		return ops, s.restarted(p.Restart, ops[0])
-	}
+	var restart *Op
 	turns := make([]model.Turn, 0, len(ops))
-	for _, op := range ops {
-		if !s.aside[op.Turn.Conv] {
+	for i, op := range ops {
+		switch {
+		case op.Restart != nil:
+			restart = &ops[i]
+		case !s.aside[op.Turn.Conv]:
 			turns = append(turns, op.Turn)
 		}
+	}
+	if len(turns) == 0 && restart != nil {
+		return ops, s.restarted(p.Restart, *restart)
 	}
 	v := s.ref.ApplyStep(turns)
 	if v == nil {
 		v = checkLinearizable(s.history, turns)
+	}
+	if restart != nil {
+		// The turns ran up to the crash; the restart comes after them,
+		// and the model learns of it even when a turn broke a skipped
+		// invariant.
+		if rv := s.restarted(p.Restart, *restart); v == nil {
+			v = rv
+		}
 	}
 	if v != nil && slices.Contains(s.lab.skip, v.Invariant) {
 		s.skipped[v.Invariant]++

@@ -114,6 +114,11 @@ func (s *shrinker) simplify() bool {
 // stream, then the burst's requests on fewer conversations.
 func simpler(p Plan, all []Plan) []Plan {
 	var out []Plan
+	if p.Restart != nil && len(p.Sends) > 0 {
+		// A crash with a turn in flight: the crash alone, or the turn alone.
+		out = append(out, Plan{Action: "crash", Restart: p.Restart},
+			Plan{Action: "continue", Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release)})
+	}
 	if len(p.Sends) > 1 {
 		for k := range p.Sends {
 			out = append(out, withoutSend(p, k))
@@ -148,7 +153,7 @@ func simpler(p Plan, all []Plan) []Plan {
 // withoutSend is p without its k-th request; the release order keeps the
 // others' order.
 func withoutSend(p Plan, k int) Plan {
-	q := Plan{Action: p.Action, Sends: slices.Delete(slices.Clone(p.Sends), k, k+1)}
+	q := Plan{Action: p.Action, Sends: slices.Delete(slices.Clone(p.Sends), k, k+1), Restart: p.Restart}
 	if p.Action == burstAction(len(p.Sends)) {
 		q.Action = burstAction(len(q.Sends))
 	}
@@ -164,7 +169,7 @@ func withoutSend(p Plan, k int) Plan {
 }
 
 func clonePlan(p Plan) Plan {
-	return Plan{Action: p.Action, Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release)}
+	return Plan{Action: p.Action, Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release), Restart: p.Restart}
 }
 
 // firstConv is the conversation the run's first request was sent on.

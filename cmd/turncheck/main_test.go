@@ -20,11 +20,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/internal/procs"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/sut"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain fails the tests on a leaked goroutine, and on a server process
+// that outlived them.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(procs.Checked(m)) }
 
 // runCLI runs the CLI with args and returns its exit status and output.
 func runCLI(t *testing.T, args ...string) (int, string, string) {

@@ -1,0 +1,71 @@
+// Package procs finds the child processes of the current process, so that
+// tests can show that no server they started outlives them.
+package procs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Children returns the live child processes of this process, each as
+// "PID (command)", read from /proc. Where there is no /proc (not Linux),
+// it returns none and no error.
+func Children() ([]string, error) {
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil || len(stats) == 0 {
+		return nil, err
+	}
+	self := os.Getpid()
+	var out []string
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // it exited meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses,
+		// so the fields after it are read from the last ')'.
+		s := string(b)
+		end := strings.LastIndexByte(s, ')')
+		start := strings.IndexByte(s, '(')
+		if end < 0 || start < 0 || start > end {
+			continue
+		}
+		fields := strings.Fields(s[end+1:])
+		if len(fields) < 2 || fields[0] == "Z" {
+			continue // a zombie is dead already; its parent reaps it
+		}
+		if ppid, err := strconv.Atoi(fields[1]); err == nil && ppid == self {
+			out = append(out, fmt.Sprintf("%s (%s)", strings.TrimSpace(s[:start]), s[start+1:end]))
+		}
+	}
+	return out, nil
+}
+
+// Checked wraps a test binary's m: after the tests have run, a child
+// process still alive fails the binary, named. Use it as
+// goleak.VerifyTestMain(procs.Checked(m)).
+func Checked(m *testing.M) interface{ Run() int } { return checked{m} }
+
+type checked struct{ m *testing.M }
+
+func (c checked) Run() int {
+	code := c.m.Run()
+	kids, err := Children()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "procs: cannot list child processes: %v\n", err)
+		return 1
+	}
+	if len(kids) > 0 {
+		fmt.Fprintf(os.Stderr, "procs: child processes outlived the tests: %s\n", strings.Join(kids, ", "))
+		return 1
+	}
+	return code
+}
