@@ -25,7 +25,7 @@ func TestReferenceProfile(t *testing.T) {
 	p := s.Profile()
 	assert.Equal(t, []string{"key-a", "key-b"}, p.Keys)
 	assert.Equal(t, model.Serialize, p.Concurrency)
-	assert.Equal(t, 2*time.Second, p.ModelTimeout)
+	assert.Equal(t, time.Second, p.ModelTimeout)
 	assert.Equal(t, Durability{Restart: true, Crash: true}, p.Durability)
 	assert.Equal(t, Durable, p.Eviction)
 	assert.Equal(t, Rollback, p.Interruption)

@@ -71,7 +71,7 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 			t.Parallel() // each run is a process of its own: rapid's settings are per process
 			dir := t.TempDir()
 			profile := filepath.Join(dir, "profile.yaml")
-			text := strings.Replace(string(base), "--request-timeout, 2s]", "--request-timeout, 2s, --mutant, "+string(m.Mutant)+"]", 1)
+			text := strings.Replace(string(base), "--request-timeout, 1s]", "--request-timeout, 1s, --mutant, "+string(m.Mutant)+"]", 1)
 			require.NotEqual(t, string(base), text, "the profile's command ends as the test expects")
 			if m.Mutant == sut.LostOnEvict {
 				// A loss on eviction depends on what else the cache holds: on
@@ -82,8 +82,8 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 				text = strings.Replace(text, `--conversations-max, "4"`, `--conversations-max, "2"`, 1)
 			}
 			require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
-			cmd := exec.Command(bin, "conform", "--profile", profile, "--checks", "12", "--steps", "20", "--seed", "2",
-				"--save", dir, "--timeout", "2m", "--shrink-time", "10s")
+			cmd := exec.Command(bin, "conform", "--profile", profile, "--checks", "10", "--steps", "20", "--seed", "2",
+				"--save", dir, "--timeout", "2m", "--shrink-time", "5s")
 			out, err := cmd.CombinedOutput()
 			var exit *exec.ExitError
 			require.ErrorAs(t, err, &exit, "%s", out)
