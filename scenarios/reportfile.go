@@ -155,13 +155,7 @@ func (r *Report) WriteJUnit(w io.Writer) error {
 			Failure: &junitMessage{Message: "the harness failed, not the server", Text: r.Failure.Report}})
 		s.Failures++
 	}
-	s.Tests = len(s.Cases)
-	if _, err := io.WriteString(w, xml.Header); err != nil {
-		return err
-	}
-	enc := xml.NewEncoder(w)
-	enc.Indent("", "  ")
-	return errors.Join(enc.Encode(s), enc.Close())
+	return s.write(w)
 }
 
 // WriteJSON writes the verdicts as indented JSON.
@@ -199,6 +193,11 @@ func (c *Conformance) WriteJUnit(w io.Writer) error {
 		}
 		s.Cases = append(s.Cases, tc)
 	}
+	return s.write(w)
+}
+
+// write writes the suite as a JUnit XML document.
+func (s junitSuite) write(w io.Writer) error {
 	s.Tests = len(s.Cases)
 	if _, err := io.WriteString(w, xml.Header); err != nil {
 		return err
