@@ -218,6 +218,15 @@ type Model struct {
 	// share the stable key every conversation was bound under: a resume
 	// must then be refused with 409, and nothing change (T8).
 	ambiguous bool
+	// live counts the conversations with a turn that ended ok or unknown.
+	live int
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // sentTurn is a usable turn's user token and its conversation.
@@ -251,8 +260,17 @@ type conv struct {
 	restarted bool
 	// resume is the invariant the conversation's next turn must resume
 	// under after a restart: T8 when the restart changed its source's
-	// reference, T7 otherwise; "" when no resume is due.
-	resume Invariant
+	// reference, T7 otherwise; "" when no resume is due. lostTo is the
+	// invariant a committed turn missing after the restart breaks.
+	resume, lostTo Invariant
+	// ambiguous is set while the server loads several sources sharing the
+	// stable key this conversation was bound under: every resume must be
+	// refused. A conversation started during such a spell binds to one of
+	// them, and is not.
+	ambiguous bool
+	// live is set once a turn of the conversation ended ok or unknown:
+	// its tokens may then be in the server's state, to leak (T5).
+	live bool
 }
 
 // New returns a model with no conversations, for a server that serializes.
@@ -402,6 +420,7 @@ func (m *Model) Restart(changed, ambiguous bool) {
 	m.ambiguous = ambiguous
 	for _, cv := range m.convs {
 		cv.mayRun = false
+		cv.ambiguous = ambiguous && cv.committed
 		if !cv.committed {
 			continue
 		}
@@ -411,6 +430,7 @@ func (m *Model) Restart(changed, ambiguous bool) {
 		} else if cv.resume == "" {
 			cv.resume = T7
 		}
+		cv.lostTo = cv.resume
 	}
 }
 
@@ -425,7 +445,10 @@ func (m *Model) checkResume(t Turn, cv *conv) (*Violation, bool) {
 	for _, c := range t.Calls {
 		called = called || c.Turn == t.User
 	}
-	if m.ambiguous {
+	if t.Outcome == Unknown && t.Status == 0 && !called {
+		return nil, false // it showed nothing: the next turn will
+	}
+	if cv.ambiguous {
 		m.checked.add(T8)
 		switch {
 		case called || t.Outcome == OK:
@@ -438,9 +461,14 @@ func (m *Model) checkResume(t Turn, cv *conv) (*Violation, bool) {
 		}
 		return nil, false
 	}
+	if t.Status == 409 {
+		// A refusal for a busy conversation, judged as such (T4): under
+		// reject, a turn sent at once with this one may be running.
+		return nil, false
+	}
 	inv := cv.resume
 	m.checked.add(inv)
-	if t.Outcome == Fail && !called && (t.Status == 404 || t.Status == 409 || t.Status >= 500) {
+	if t.Outcome == Fail && !called && (t.Status == 404 || t.Status >= 500) {
 		reason := fmt.Sprintf("the conversation did not resume after a restart: %d before any model call", t.Status)
 		if inv == T8 {
 			reason = fmt.Sprintf("the conversation did not resume after a restart that loads its agent source under another query "+
@@ -464,8 +492,7 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 			return v
 		}
 	}
-	switch {
-	case t.Usable && (cv.resume != "" || (m.ambiguous && cv.committed)):
+	if t.Usable && (cv.resume != "" || cv.ambiguous) {
 		v, decided := m.checkResume(t, cv)
 		if v != nil {
 			return v
@@ -473,10 +500,13 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		if decided {
 			cv.resume = ""
 		}
-	case t.Usable && m.ambiguous && t.Status == 409:
+	}
+	switch {
+	case !t.Usable || t.Status != 409 || t.Outcome != Fail || cv.ambiguous:
+	case m.ambiguous && !cv.committed:
 		// A new conversation naming an agent several sources provide may
 		// be refused too.
-	case t.Status == 409 && t.Outcome == Fail && t.Usable:
+	default:
 		if v := m.checkConflict(t, cv, step); v != nil {
 			return v
 		}
@@ -493,7 +523,7 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 				if cv.committed {
 					m.checked.add(T2)
 				}
-				if len(m.convs) > 1 {
+				if others := m.live - b2i(cv.live); others > 0 {
 					m.checked.add(T5)
 				}
 				if line.pending() > 0 {
@@ -515,8 +545,10 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		next, v = line.Step(t)
 	}
 	if v != nil && v.Invariant == T2 && cv.restarted {
-		// A committed turn went missing across a restart: durability.
-		v.Invariant = T7
+		// A committed turn went missing across a restart: durability, or
+		// a resume that started the conversation over under a changed
+		// source.
+		v.Invariant = cv.lostTo
 		v.Reason = "after a restart of the server, " + v.Reason
 	}
 	if v != nil {
@@ -539,6 +571,10 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		cv.line, cv.lined, cv.mayRun = next, true, t.Outcome == Unknown || (cv.mayRun && refused)
 		cv.failed = cv.failed || t.Outcome == Fail
 		cv.committed = cv.committed || t.Outcome == OK
+		if !cv.live && (t.Outcome == OK || t.Outcome == Unknown) {
+			cv.live = true
+			m.live++
+		}
 		for _, c := range t.Calls {
 			if c.Turn == t.User {
 				cv.restarted = false // a call showed the history whole

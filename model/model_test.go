@@ -1043,3 +1043,40 @@ func TestRestartAmbiguousSources(t *testing.T) {
 		assert.Equal(t, model.T8, v.Invariant, name)
 	}
 }
+
+// TestRestartEdges: what a restart must not make the model say.
+func TestRestartEdges(t *testing.T) {
+	// Under reject, a 409 for a turn sent beside the resuming one is a
+	// refusal for a busy conversation, not a failed resume.
+	m := model.NewWith(model.Policies{Concurrency: model.Reject})
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	require.Nil(t, m.ApplyStep([]model.Turn{
+		at(ok(convA, u(2), call(u(2), u(1), a(1), u(2))), 1, 3, 6),
+		at(conflict(convA, u(3)), 2, 0, 4),
+	}))
+
+	// A conversation started while two sources share the stable key binds
+	// to one of them: its next turn is no resume.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(true, true)
+	require.Nil(t, m.Apply(ok(convB, u(2), call(u(2), u(2)))))
+	require.Nil(t, m.Apply(ok(convB, u(3), call(u(3), u(2), a(2), u(3)))))
+
+	// A conversation started over after its source's query changed is
+	// T8's, not T7's.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(true, false)
+	v := m.Apply(ok(convA, u(2), call(u(2), u(2))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T8, v.Invariant)
+
+	// A resume that showed nothing (no answer, no call) is not counted.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	require.Nil(t, m.Apply(unknown(convA, u(2))))
+	assert.Zero(t, m.Checked()[model.T7])
+}

@@ -86,6 +86,20 @@ func (e *executor) execute(p Plan) (ops []Op) {
 	e.steps++
 	start := e.clock.Load()
 	ops = make([]Op, len(p.Sends))
+	// crashed is the restart of a plan that crashes the server with a turn
+	// in flight; it comes after the turns in the history.
+	var crashed *Op
+	defer func() {
+		if p.Restart != nil {
+			if crashed == nil {
+				// The turn ended before its call was held (refused, say):
+				// the crash comes after it.
+				op := e.restart(p, e.steps, len(p.Sends))
+				crashed = &op
+			}
+			ops = append(ops, *crashed)
+		}
+	}()
 	flights := make([]*flight, len(p.Sends))
 	wake := make(chan struct{}, 1)
 	poke := func() {
@@ -157,12 +171,12 @@ func (e *executor) execute(p Plan) (ops []Op) {
 			e.waitChange(wake)
 			continue
 		}
-		if p.Restart != nil {
+		if p.Restart != nil && crashed == nil {
 			// A crash while the turn's call is held: the server dies with
 			// the turn in flight, and the client never learns its outcome.
 			flights[next].acted = true
-			crashed := e.restart(p, e.steps, len(p.Sends))
-			defer func() { ops = append(ops, crashed) }()
+			op := e.restart(p, e.steps, len(p.Sends))
+			crashed = &op
 			continue
 		}
 		e.let(p.Sends[next], flights[next])

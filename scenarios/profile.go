@@ -125,7 +125,7 @@ func ParseProfile(data []byte) (Target, error) {
 		return nil, yamlError(err)
 	}
 	var extra any
-	if err := dec.Decode(&extra); err == nil {
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, errors.New("more than one YAML document: a profile is one")
 	}
 	return f.target()
@@ -226,6 +226,9 @@ func (f *profileFile) target() (Target, error) {
 		if err := checkLoopbackAddr(f.ModelAddr); err != nil {
 			return nil, fmt.Errorf("model_addr: %w", err)
 		}
+		if strings.HasSuffix(f.ModelAddr, ":0") {
+			return nil, errors.New("model_addr: port 0 picks a port the running server cannot know; give the port its model URL names")
+		}
 		return Remote{URL: f.URL, ModelAt: f.ModelAddr, Reaches: p}, nil
 	case f.Server != nil:
 		return f.Server.subprocess(p, f.ModelAddr)
@@ -305,6 +308,9 @@ func (ps policySection) apply(p *Profile) error {
 		}
 	default:
 		return fmt.Errorf("eviction: %q; want durable or forgets", ps.Eviction)
+	}
+	if p.Eviction == Forgets && (ps.Durability.Restart || ps.Durability.Crash) {
+		return errors.New("durability: a server that forgets evicted conversations keeps none across a restart; declare eviction durable, or no durability")
 	}
 	if ps.Capacity < 0 {
 		return errors.New("capacity: must not be negative")

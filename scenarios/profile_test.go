@@ -52,7 +52,6 @@ policies:
   eviction: forgets
   capacity: 10
   interruption: keep-consistent
-  durability: {restart: true}
 `))
 	require.NoError(t, err)
 	s := target.(Subprocess)
@@ -66,7 +65,7 @@ policies:
 	p := s.Profile()
 	assert.Equal(t, Profile{Header: "x-session", Keys: []string{"k1"}, Model: "agent", Concurrency: model.Reject,
 		ModelTimeout: 3 * time.Second, Eviction: Forgets, Capacity: 10, Interruption: KeepConsistent,
-		Durability: Durability{Restart: true}, Agent: "helper"}, p)
+		Agent: "helper"}, p)
 
 	target, err = ParseProfile([]byte("url: http://127.0.0.1:8080\nmodel_addr: '[::1]:9090'\n"))
 	require.NoError(t, err)

@@ -110,6 +110,11 @@ func (s *subprocessServer) Restart(crash bool, agents []string) error {
 		if err := s.p.Kill(); err != nil {
 			return err
 		}
+	} else {
+		// How the old run ended (a failure status after SIGTERM, or a
+		// SIGKILL after the grace period) is no invariant's business:
+		// what matters is that the new run serves the old data.
+		_ = s.p.Stop()
 	}
 	return s.p.Restart()
 }

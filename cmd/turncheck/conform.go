@@ -110,9 +110,10 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if opts.Progress != nil {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
-	if err != nil {
+	if err != nil && c == nil {
 		return fail(stderr, "conform", err)
 	}
+	// What was found before an error is printed and saved all the same.
 	fmt.Fprint(stdout, c.Text(target.Profile()))
 	for _, f := range c.Failures() {
 		if *save == "" {
@@ -146,6 +147,13 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	writeFile(*jsonPath, "json", c.WriteJSON)
 	writeFile(*junitPath, "junit", c.WriteJUnit)
+	switch {
+	case err != nil:
+		return fail(stderr, "conform", err)
+	case c.Stopped == "interrupted":
+		fmt.Fprintln(stdout, "INTERRUPTED: the verdicts above cover the checks run so far")
+		return exitUsage
+	}
 	if c.Passed() {
 		fmt.Fprintln(stdout, "CONFORMS: every applicable invariant turncheck checks was exercised and passed")
 		return exitOK
