@@ -55,6 +55,8 @@ type Model struct {
 	scripts map[model.Token]*script
 	// holding are the gates of calls being held now, for Reset to let go.
 	holding map[*Gate]bool
+	// epoch, if not "", is the text a call must carry to be recorded.
+	epoch string
 }
 
 type script struct {
@@ -167,10 +169,16 @@ func (m *Model) Forget(tok model.Token) {
 
 // Reset forgets every script and recorded call, and lets any held call go
 // on: the model is as new, on the same address. A server started once,
-// pointed at this model, can then serve check after check.
-func (m *Model) Reset() {
+// pointed at this model, can then serve check after check. With an epoch,
+// only calls that carry it in the text of some message are recorded and
+// scripted from now on; any other call (a late one, about a conversation
+// of an earlier check) is answered as a plain reply and otherwise
+// ignored, so that it cannot pass for a call of this check's turn with
+// the same token. "" records every call.
+func (m *Model) Reset(epoch string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.epoch = epoch
 	for _, s := range m.scripts {
 		if s.gate != nil {
 			s.gate.Release()
@@ -231,6 +239,10 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	call := readCall(req.Messages)
+	if !m.ofEpoch(req.Messages) {
+		m.answer(w, r, req, call, Fault{})
+		return
+	}
 	fault, arrived, gate := m.record(call)
 	if m.cfg.Log != nil {
 		m.logMu.Lock()
@@ -340,6 +352,22 @@ func (m *Model) record(call model.Call) (Fault, chan struct{}, *Gate) {
 		return Fault{}, arrived, gate
 	}
 	return s.fault, arrived, gate
+}
+
+// ofEpoch reports whether a request carries the current epoch (see Reset).
+func (m *Model) ofEpoch(msgs []openai.Message) bool {
+	m.mu.Lock()
+	epoch := m.epoch
+	m.mu.Unlock()
+	if epoch == "" {
+		return true
+	}
+	for _, msg := range msgs {
+		if strings.Contains(string(msg.Content), epoch) {
+			return true
+		}
+	}
+	return false
 }
 
 // unhold forgets a gate whose call is no longer held.

@@ -1038,7 +1038,7 @@ func TestResetForgetsEverything(t *testing.T) {
 		held <- resp.StatusCode
 	}()
 	<-gate.Arrived()
-	f.m.Reset()
+	f.m.Reset("")
 	assert.Equal(t, 200, <-held, "a held call goes on after Reset")
 	assert.Zero(t, f.m.CallCount())
 	resp, _ = f.post(false, user("tc-u1"))
@@ -1095,4 +1095,20 @@ func TestAgentNamesAreRestricted(t *testing.T) {
 	resp, _ := f.send(http.MethodPost, "/agents/helper.yaml", nil)
 	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 	assert.Equal(t, http.MethodGet, resp.Header.Get("Allow"))
+}
+
+// TestResetEpoch: after Reset with an epoch, a call that does not carry it
+// (a late call about an earlier check's conversation) is answered but
+// neither recorded nor scripted; one that carries it is both.
+func TestResetEpoch(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Reset("ep-2")
+	f.m.Script("tc-u1", faults.Fault{Kind: faults.Status, Status: 503})
+	resp, got := f.post(false, user("tc-u1 from an earlier check (ep-1)"))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "not scripted: %s", got)
+	assert.Contains(t, string(got), "tc-a1")
+	assert.Zero(t, f.m.CallCount(), "not recorded")
+	resp, _ = f.post(false, user("tc-u1 of this check (ep-2)"))
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.Equal(t, 1, f.m.CallCount())
 }

@@ -87,8 +87,21 @@ func (c *client) rebase(base string) {
 	c.base = strings.TrimRight(base, "/")
 }
 
-// newRequest builds a request carrying msgs on conversation conv.
+// newRequest builds a request carrying msgs on conversation conv. On a
+// server shared by several sessions, every user message with a token also
+// carries the session's namespace, which the fake model tells this
+// session's calls by.
 func (c *client) newRequest(conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
+	if c.ns != "" {
+		tagged := make([]openai.Message, len(msgs))
+		for i, m := range msgs {
+			tagged[i] = m
+			if m.Role == openai.RoleUser && len(model.Tokens(string(m.Content))) > 0 {
+				tagged[i].Content = openai.Content(fmt.Sprintf("%s %s", m.Content, epochTag(c.ns)))
+			}
+		}
+		msgs = tagged
+	}
 	body, err := json.Marshal(openai.ChatRequest{Model: c.profile.Model, Messages: msgs, Stream: stream})
 	if err != nil {
 		panic(err) // plain strings always encode

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/turncheck/turncheck/faults"
@@ -108,6 +109,16 @@ func (l *lab) close() error {
 	return errors.Join(err, l.fake.Close())
 }
 
+// epochTag is the text every user message of a session on a shared
+// server carries, "" for a server of its own; whole, with its
+// parentheses, so that no session's tag is part of another's.
+func epochTag(ns string) string {
+	if ns == "" {
+		return ""
+	}
+	return "(" + strings.TrimSuffix(ns, "-") + ")"
+}
+
 // session is one check against a server under test, and what executing
 // plans against it has shown so far: the history and the reference state.
 // A check's run and a replay of saved plans are both a session, so a plan
@@ -141,7 +152,6 @@ type session struct {
 func (l *lab) session(ctx context.Context) (*session, error) {
 	clock := &atomic.Int64{}
 	l.clock.Store(clock)
-	l.fake.Reset()
 	l.sessions++
 	srv, own, ns := l.shared, false, ""
 	if l.reuses() {
@@ -165,6 +175,9 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 		}
 		srv, own = s, true
 	}
+	// On a shared server, every message the session sends carries its
+	// namespace, and the fake model records only calls that carry it.
+	l.fake.Reset(epochTag(ns))
 	_, l.restartable = srv.(Restarter)
 	cl := newClient(srv.URL(), l.profile, ns)
 	return &session{
