@@ -260,9 +260,8 @@ type conv struct {
 	restarted bool
 	// resume is the invariant the conversation's next turn must resume
 	// under after a restart: T8 when the restart changed its source's
-	// reference, T7 otherwise; "" when no resume is due. lostTo is the
-	// invariant a committed turn missing after the restart breaks.
-	resume, lostTo Invariant
+	// reference, T7 otherwise; "" when no resume is due.
+	resume Invariant
 	// ambiguous is set while the server loads several sources sharing the
 	// stable key this conversation was bound under: every resume must be
 	// refused. A conversation started during such a spell binds to one of
@@ -430,7 +429,6 @@ func (m *Model) Restart(changed, ambiguous bool) {
 		} else if cv.resume == "" {
 			cv.resume = T7
 		}
-		cv.lostTo = cv.resume
 	}
 }
 
@@ -545,10 +543,10 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		next, v = line.Step(t)
 	}
 	if v != nil && v.Invariant == T2 && cv.restarted {
-		// A committed turn went missing across a restart: durability, or
-		// a resume that started the conversation over under a changed
-		// source.
-		v.Invariant = cv.lostTo
+		// A committed turn went missing across a restart: durability,
+		// whether or not the restart also changed the agent's source (T8
+		// is about resuming at all, T7 about what a resume finds).
+		v.Invariant = T7
 		v.Reason = "after a restart of the server, " + v.Reason
 	}
 	if v != nil {
