@@ -82,8 +82,12 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 				text = strings.Replace(text, `--conversations-max, "4"`, `--conversations-max, "2"`, 1)
 			}
 			require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
-			cmd := exec.Command(bin, "conform", "--profile", profile, "--checks", "10", "--steps", "20", "--seed", "2",
-				"--save", dir, "--timeout", "2m", "--shrink-time", "5s")
+			checks := "6"
+			if m.Mutant == sut.LostOnEvict {
+				checks = "12" // it needs a conversation evicted, then continued
+			}
+			cmd := exec.Command(bin, "conform", "--profile", profile, "--checks", checks, "--steps", "20", "--seed", "2",
+				"--save", dir, "--timeout", "2m", "--shrink-time", "3s")
 			out, err := cmd.CombinedOutput()
 			var exit *exec.ExitError
 			require.ErrorAs(t, err, &exit, "%s", out)
