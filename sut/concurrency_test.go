@@ -513,7 +513,7 @@ func TestLockIsReleasedBeforeTheTurnsEnd(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, s.Close()) }()
 	serve := func(w http.ResponseWriter, tok string, stream bool) {
-		req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/chat/completions",
+		req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "http://127.0.0.1/v1/chat/completions",
 			strings.NewReader(chatBody(t, stream, user(tok+" hi"))))
 		req.Header.Set(sut.DefaultConversationHeader, "c1")
 		s.ServeHTTP(w, req)
@@ -667,7 +667,7 @@ func TestGaugeCountsEveryRequest(t *testing.T) {
 			if tc.name == "stopped" {
 				require.NoError(t, s.Close())
 			}
-			req := httptest.NewRequestWithContext(context.Background(), tc.method, tc.path, strings.NewReader(tc.body))
+			req := httptest.NewRequestWithContext(context.Background(), tc.method, "http://127.0.0.1"+tc.path, strings.NewReader(tc.body))
 			req.Header.Set(sut.DefaultConversationHeader, "c1")
 			if tc.key != "" {
 				req.Header.Set("Authorization", "Bearer "+tc.key)

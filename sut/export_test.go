@@ -17,3 +17,12 @@ func SetAgentFetchTimeout(d time.Duration) (restore func()) {
 	agentFetchTimeout = d
 	return func() { agentFetchTimeout = old }
 }
+
+// Redact is what a server configured with keys and modelURL logs of s.
+func Redact(keys []string, modelURL, s string) string {
+	u, err := parseModelURL(modelURL)
+	if err != nil {
+		panic(err)
+	}
+	return newRedactor(keys, u).redact(s)
+}

@@ -15,19 +15,24 @@ import (
 )
 
 // FuzzChatRequest feeds arbitrary bodies, with or without a conversation id,
-// to the server's handler in-process. Whatever the body, the server must not
-// panic, must answer one of the contract's statuses, must answer every
-// failure with an OpenAI error body, and must not call the model for a
-// request it refuses.
+// under arbitrary Content-Types, to the server's handler in-process.
+// Whatever the request, the server must not panic, must answer one of the
+// contract's statuses, must answer every failure with an OpenAI error body
+// that names no Go type, and must not call the model for a request it
+// refuses. The body limit is large enough to reach the field bounds (a
+// model name, a thousand messages) and the history limits are small, so
+// that the fuzzer meets them.
 //
 // Run with: go test ./sut/ -run XXX -fuzz FuzzChatRequest -fuzztime 20s
 func FuzzChatRequest(f *testing.F) {
-	const maxBody = 4096
+	const maxBody = 8192
 	m := startModel(f)
 	s, err := sut.New(sut.Config{
-		ModelURL:     m.URL(),
-		DataDir:      f.TempDir(),
-		MaxBodyBytes: maxBody,
+		ModelURL:           m.URL(),
+		DataDir:            f.TempDir(),
+		MaxBodyBytes:       maxBody,
+		MaxHistoryMessages: 8,
+		MaxHistoryBytes:    1024,
 		// Bounds an iteration that reaches the model; the fake model
 		// answers in well under a millisecond.
 		RequestTimeout: 2 * time.Second,
@@ -41,6 +46,7 @@ func FuzzChatRequest(f *testing.F) {
 		}
 	})
 
+	many := `{"messages":[` + strings.Repeat(`{},`, sut.MaxMessages) + `{"role":"user","content":"x"}]}`
 	for _, seed := range []struct {
 		body string
 		conv string
@@ -75,14 +81,32 @@ func FuzzChatRequest(f *testing.F) {
 		{`{"model":"m","messages":[{"role":"user","content":"x"}]}`, strings.Repeat("c", 300)},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}]}`, "c\x01"},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}]}`, "c\n1"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}]}`, "c\xff1"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}]}`, " "},
+		{`{"model":"m","MESSAGES":[{"role":"user","content":"x"}]}`, ""},
+		{`{"model":"m","messages":[{"Role":"user","content":"x"}]}`, "c1"},
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","Text":"x"}]}]}`, "c1"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"messag\u0065s":[]}`, "c1"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"x":{"a":1,"a":2}}`, ""},
+		{`{"model":"` + strings.Repeat("<", sut.MaxModelBytes+1) + `","messages":[{"role":"user","content":"x"}],"stream":true}`, "c1"},
+		{`{"model":"` + strings.Repeat("m", sut.MaxModelBytes) + `","messages":[{"role":"user","content":"x"}],"stream":true}`, "c1"},
+		{many, ""},
+		{`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"},{"role":"assistant","content":"d"},` +
+			`{"role":"user","content":"e"},{"role":"assistant","content":"f"},{"role":"user","content":"g"},{"role":"assistant","content":"h"},{"role":"user","content":"i"}]}`, ""},
+		{`{"messages":[{"role":"user","content":"` + strings.Repeat("y", 1100) + `"}]}`, "c1"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}` + strings.Repeat(" ", 10), "c1"},
 	} {
-		f.Add([]byte(seed.body), seed.conv)
+		for _, ct := range []string{"application/json", "application/json; charset=utf-8", "", "text/plain"} {
+			f.Add([]byte(seed.body), seed.conv, ct)
+		}
 	}
 
 	var seq atomic.Int64
-	f.Fuzz(func(t *testing.T, body []byte, conv string) {
-		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
+	f.Fuzz(func(t *testing.T, body []byte, conv, contentType string) {
+		req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1/v1/chat/completions", bytes.NewReader(body))
+		if contentType != "" {
+			req.Header["Content-Type"] = []string{contentType}
+		}
 		if conv != "" {
 			// A fresh conversation per iteration, so that histories do not
 			// grow over a long run; the id keeps the fuzzed bytes, so that
@@ -99,8 +123,14 @@ func FuzzChatRequest(f *testing.F) {
 		switch res.StatusCode {
 		case http.StatusOK:
 			checkOK(t, res.Header.Get("Content-Type"), got)
+			// The fake model's replies are short: a long answer is the
+			// server copying the request into it (the model name into
+			// every chunk once made 1 MB into 36).
+			if len(got) > 16<<10 {
+				t.Errorf("a %d-byte request got a %d-byte answer", len(body), len(got))
+			}
 			return
-		case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType:
 			if n := m.CallCount(); n != calls {
 				t.Errorf("status %d, but the model got %d call(s)", res.StatusCode, n-calls)
 			}
@@ -116,6 +146,9 @@ func FuzzChatRequest(f *testing.F) {
 		}
 		if err := json.Unmarshal(got, &eb); err != nil || eb.Error == nil || eb.Error.Message == nil || eb.Error.Type == nil {
 			t.Fatalf("status %d without an OpenAI error body: %q (%v)", res.StatusCode, got, err)
+		}
+		if goTypes.MatchString(*eb.Error.Message) {
+			t.Errorf("status %d names Go types: %q", res.StatusCode, *eb.Error.Message)
 		}
 		if ct := res.Header.Get("Content-Type"); !strings.Contains(ct, "application/json") {
 			t.Errorf("status %d with content type %q", res.StatusCode, ct)

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
-	"time"
 )
 
 // Running is a Server listening on an address.
@@ -14,6 +14,7 @@ type Running struct {
 	*Server
 	ln      net.Listener
 	hs      *http.Server
+	conns   *connTracker
 	serving chan struct{}
 }
 
@@ -31,21 +32,36 @@ func Start(cfg Config, addr string) (*Running, error) {
 }
 
 // Serve opens a server with cfg and serves it on ln, which it closes when
-// the server stops or fails to open.
+// the server stops or fails to open. Its connections are bounded in number
+// (cfg.MaxConns), in the time their headers may take (cfg.HeaderTimeout)
+// and in the time they may stay idle (cfg.IdleTimeout); the handler bounds
+// the body. There is no write timeout for the whole response: a stream
+// lasts as long as its turn, and every write has a deadline of its own
+// (StreamWriteTimeout).
 func Serve(cfg Config, ln net.Listener) (*Running, error) {
 	s, err := New(cfg)
 	if err != nil {
 		return nil, errors.Join(err, ln.Close())
 	}
+	conns := newConnTracker(s.cfg.MaxConns)
 	r := &Running{
-		Server:  s,
-		ln:      ln,
-		hs:      &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second},
+		Server: s,
+		ln:     ln,
+		conns:  conns,
+		hs: &http.Server{
+			Handler:           s,
+			ReadHeaderTimeout: s.cfg.HeaderTimeout,
+			IdleTimeout:       s.cfg.IdleTimeout,
+			MaxHeaderBytes:    MaxHeaderBytes,
+			ConnContext:       conns.connContext,
+			// net/http's complaints (accept errors) go to the server's log.
+			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		},
 		serving: make(chan struct{}),
 	}
 	go func() {
 		defer close(r.serving)
-		_ = r.hs.Serve(ln)
+		_ = r.hs.Serve(conns.listener(ln))
 	}()
 	return r, nil
 }
@@ -56,8 +72,10 @@ func (r *Running) URL() string { return "http://" + r.ln.Addr().String() }
 // Close stops listening, drops every connection (turns in flight see their
 // client go away and roll back), waits for them to end and closes the store.
 func (r *Running) Close() error {
+	r.conns.stop()
 	err := r.hs.Close()
 	<-r.serving
+	r.conns.wait()
 	return errors.Join(err, r.Server.Close())
 }
 
@@ -71,9 +89,11 @@ func (r *Running) Close() error {
 // after one of them, Crash does nothing.
 func (r *Running) Crash() error {
 	// The connections go first: from here on no reply reaches a client.
+	r.conns.stop()
 	err := r.hs.Close()
 	crashed, serr := r.Server.crash()
 	<-r.serving
+	r.conns.wait()
 	if !crashed {
 		return nil // closed already
 	}
@@ -81,12 +101,16 @@ func (r *Running) Crash() error {
 }
 
 // Shutdown stops listening, lets turns in flight finish (until ctx ends,
-// when the rest are dropped and roll back), then closes the store.
+// when the rest are dropped and roll back), then closes the store. A
+// connection on which no turn runs (idle, or still sending its request) is
+// closed at once: a stalled client does not hold the stop.
 func (r *Running) Shutdown(ctx context.Context) error {
+	r.conns.stop()
 	err := r.hs.Shutdown(ctx)
 	if err != nil {
 		err = errors.Join(err, r.hs.Close())
 	}
 	<-r.serving
+	r.conns.wait()
 	return errors.Join(err, r.Server.Close())
 }

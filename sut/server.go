@@ -8,9 +8,7 @@ package sut
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -33,12 +31,34 @@ const (
 	DefaultRequestTimeout     = 60 * time.Second
 	DefaultMaxBodyBytes       = 1 << 20
 	DefaultModelName          = "turncheck-reference"
-	maxConversationID         = 256
+	// DefaultHeaderTimeout bounds reading a request's headers.
+	DefaultHeaderTimeout = 10 * time.Second
+	// DefaultBodyTimeout bounds reading a request's body: a 1 MiB body
+	// at 64 KiB/s.
+	DefaultBodyTimeout = 15 * time.Second
+	// DefaultIdleTimeout is how long a keep-alive connection may wait for
+	// its next request.
+	DefaultIdleTimeout = 60 * time.Second
+	// DefaultMaxConns bounds open client connections. Go raises the soft
+	// limit on file descriptors to the hard one at start (commonly 2^20,
+	// at least 4096 on most systems), so the cap is reached long before
+	// the server runs out of descriptors for its store and its model.
+	DefaultMaxConns = 1024
+	// DefaultMaxRequests bounds the turns worked on at once; each may
+	// hold a model connection and a reply of up to 4 MiB.
+	DefaultMaxRequests = 512
+	// DefaultMaxHistoryMessages bounds a conversation's messages.
+	DefaultMaxHistoryMessages = 2000
+	// DefaultMaxHistoryBytes bounds a conversation's text: about what a
+	// model with a large context takes (a token is about 4 bytes).
+	DefaultMaxHistoryBytes = 4 << 20
 	// statusClientClosed answers a request whose client went away (as
 	// nginx's 499): nobody may take it for a reply.
 	statusClientClosed = 499
-	// streamWriteTimeout bounds one write to a streaming client.
-	streamWriteTimeout = 30 * time.Second
+	// StreamWriteTimeout bounds one write to a client: a chunk of a
+	// stream, or a whole reply. A client that does not read for that long
+	// is taken for gone, and its turn rolls back.
+	StreamWriteTimeout = 30 * time.Second
 )
 
 // systemPrompt is prepended to every model request of a turn bound to no
@@ -67,8 +87,40 @@ type Config struct {
 	// Keys, if any, are the bearer keys the server accepts; conversations
 	// are scoped per key.
 	Keys []string
-	// MaxBodyBytes bounds a request body (413 past it).
+	// MaxBodyBytes bounds a request body (413 past it, at once when the
+	// request declares a longer Content-Length).
 	MaxBodyBytes int64
+	// BodyTimeout bounds reading a request's body, from the end of its
+	// headers; past it the request gets 408 and its connection closes.
+	BodyTimeout time.Duration
+	// HeaderTimeout bounds reading a request's headers; past it the
+	// connection closes. Start and Serve only.
+	HeaderTimeout time.Duration
+	// IdleTimeout is how long a keep-alive connection may wait for its
+	// next request. Start and Serve only.
+	IdleTimeout time.Duration
+	// MaxConns bounds the client connections open at once; past it a new
+	// one takes the place of the oldest on which no turn runs, or gets
+	// 503 with Retry-After if a turn runs on every one (conns.go). Start
+	// and Serve only.
+	MaxConns int
+	// MaxRequests bounds the chat requests worked on at once, counted
+	// from the end of their body (running, or waiting for their
+	// conversation); past it 503 with Retry-After. It also sizes the pool
+	// of idle connections to the model.
+	MaxRequests int
+	// MaxHistoryMessages bounds a conversation's messages: a turn that
+	// would take it past them, its reply included, is refused with 400
+	// and nothing changes (limits.go).
+	MaxHistoryMessages int
+	// MaxHistoryBytes bounds the text of a conversation's messages: a
+	// turn whose new message would take it past them is refused with 400
+	// and nothing changes (limits.go).
+	MaxHistoryBytes int64
+	// AllowedHosts are host names (or addresses), besides loopback and the
+	// address a request came in on, that requests may name in their Host,
+	// and pages in their Origin (guard.go).
+	AllowedHosts []string
 	// ModelName is the model name sent to the provider.
 	ModelName string
 	// Concurrency is what the server does with a request for a
@@ -105,8 +157,14 @@ type Server struct {
 	up      *upstream
 	log     *slog.Logger
 	ids     atomic.Int64
-	// scopes[i] is the scope of cfg.Keys[i]: a digest, as it is stored with
-	// every message and the store should hold no usable key.
+	slots   requestSlots
+	// redact hides credentials in what the server logs of a model failure.
+	redact func(string) string
+	// allowedHosts are cfg.AllowedHosts, normalized.
+	allowedHosts []string
+	// scopes[i] is the scope of cfg.Keys[i]: a keyed digest (scope.go), as
+	// it is stored with every message and the store must hold no usable
+	// key.
 	scopes []string
 
 	// life ends when the server crashes: every request's context, and so
@@ -124,11 +182,9 @@ type Server struct {
 
 // New opens the store in cfg.DataDir and returns a server ready to serve.
 func New(cfg Config) (*Server, error) {
-	if cfg.ModelURL == "" {
-		return nil, errors.New("a model URL is required")
-	}
-	if !strings.HasPrefix(cfg.ModelURL, "http://") && !strings.HasPrefix(cfg.ModelURL, "https://") {
-		return nil, fmt.Errorf("model URL %q: want http:// or https://", cfg.ModelURL)
+	modelURL, err := parseModelURL(cfg.ModelURL)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("a data dir is required")
@@ -151,8 +207,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ConversationHeader == "" {
 		cfg.ConversationHeader = DefaultConversationHeader
 	}
-	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	if err := cfg.setLimits(); err != nil {
+		return nil, err
+	}
+	allowedHosts, err := parseAllowedHosts(cfg.AllowedHosts)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.ModelName == "" {
 		cfg.ModelName = DefaultModelName
@@ -190,24 +250,86 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	scopes := make([]string, len(cfg.Keys))
+	legacy := map[string]string{}
 	for i, k := range cfg.Keys {
-		sum := sha256.Sum256([]byte(k))
-		scopes[i] = hex.EncodeToString(sum[:16])
+		scopes[i] = keyScope(st.secret, k)
+		legacy[legacyScope(k)] = scopes[i]
+	}
+	if err := st.rescope(legacy); err != nil {
+		_ = st.close()
+		return nil, err
 	}
 	life, kill := context.WithCancel(context.Background())
-	return &Server{
-		sources: srcs,
-		life:    life,
-		kill:    kill,
-		scopes:  scopes,
-		stopped: make(chan struct{}),
-		cfg:     cfg,
-		store:   st,
-		convs:   convs,
-		locks:   convLocks{gauge: cfg.Gauge},
-		up:      newUpstream(cfg.ModelURL, cfg.ModelName),
-		log:     log,
-	}, nil
+	s := &Server{
+		sources:      srcs,
+		life:         life,
+		kill:         kill,
+		scopes:       scopes,
+		stopped:      make(chan struct{}),
+		cfg:          cfg,
+		store:        st,
+		convs:        convs,
+		locks:        convLocks{gauge: cfg.Gauge},
+		up:           newUpstream(modelURL, cfg.ModelName, cfg.MaxRequests),
+		log:          log,
+		redact:       newRedactor(cfg.Keys, modelURL).redact,
+		allowedHosts: allowedHosts,
+	}
+	s.slots.max = int64(cfg.MaxRequests)
+	return s, nil
+}
+
+// setLimits fills in the defaults of the limits and timeouts left zero,
+// and refuses negative ones.
+func (cfg *Config) setLimits() error {
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"body timeout", &cfg.BodyTimeout, DefaultBodyTimeout},
+		{"header timeout", &cfg.HeaderTimeout, DefaultHeaderTimeout},
+		{"idle timeout", &cfg.IdleTimeout, DefaultIdleTimeout},
+	} {
+		if *d.v < 0 {
+			return fmt.Errorf("%s %s: want a positive duration", d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    *int64
+		def  int64
+	}{
+		{"max body bytes", &cfg.MaxBodyBytes, DefaultMaxBodyBytes},
+		{"max history bytes", &cfg.MaxHistoryBytes, DefaultMaxHistoryBytes},
+	} {
+		if *n.v < 0 {
+			return fmt.Errorf("%s %d: want a positive number", n.name, *n.v)
+		}
+		if *n.v == 0 {
+			*n.v = n.def
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"max conns", &cfg.MaxConns, DefaultMaxConns},
+		{"max requests", &cfg.MaxRequests, DefaultMaxRequests},
+		{"max history messages", &cfg.MaxHistoryMessages, DefaultMaxHistoryMessages},
+	} {
+		if *n.v < 0 {
+			return fmt.Errorf("%s %d: want a positive number", n.name, *n.v)
+		}
+		if *n.v == 0 {
+			*n.v = n.def
+		}
+	}
+	return nil
 }
 
 // Close refuses new requests (503), waits for those in flight to end,
@@ -271,11 +393,27 @@ func (s *Server) enter() bool {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.cfg.Gauge.add(1, 0)
 	defer s.cfg.Gauge.add(-1, 0)
+	conn := connOf(r.Context())
+	conn.enter()
+	defer conn.leave()
+	// The client has BodyTimeout to send its body. The deadline is set for
+	// every request, so that a request refused before its body is read
+	// does not hold its connection past it either (net/http reads what is
+	// left of a body after the handler); readBody lifts it.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
 	if !s.enter() {
-		openai.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the server is stopping")
+		refuseEarly(w, http.StatusServiceUnavailable, "unavailable", "the server is stopping")
 		return
 	}
 	defer s.active.Done()
+	if err := s.checkHost(r); err != nil {
+		refuseEarly(w, http.StatusMisdirectedRequest, "misdirected_request", err.Error())
+		return
+	}
+	if err := s.checkOrigin(r); err != nil {
+		refuseEarly(w, http.StatusForbidden, "forbidden", err.Error())
+		return
+	}
 	// A crash ends the request at once, as a killed process would.
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -316,20 +454,65 @@ type turn struct {
 	release func()
 }
 
+// refuseEarly answers a request refused before its body was read, and
+// closes its connection after the answer: what is left of the body is
+// not worth waiting for.
+func refuseEarly(w http.ResponseWriter, status int, typ, msg string) {
+	w.Header().Set("Connection", "close")
+	openai.WriteError(w, status, typ, msg)
+}
+
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	scope, ok := s.authorize(r)
 	if !ok {
-		openai.WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or unknown API key: send Authorization: Bearer <key>")
+		refuseEarly(w, http.StatusUnauthorized, "unauthorized", "missing or unknown API key: send Authorization: Bearer <key>")
 		return
 	}
-	req, err := s.decode(w, r)
+	if err := checkContentType(r); err != nil {
+		refuseEarly(w, http.StatusUnsupportedMediaType, "invalid_request_error", err.Error())
+		return
+	}
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		// Refused on its word, before a byte of it is read.
+		refuseEarly(w, http.StatusRequestEntityTooLarge, "request_too_large",
+			fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
+		return
+	}
+	id, err := s.conversationID(r)
+	if err != nil {
+		refuseEarly(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	body, err := s.readBody(w, r)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			openai.WriteError(w, http.StatusRequestEntityTooLarge, "request_too_large",
+		switch {
+		case errors.As(err, &tooLarge):
+			refuseEarly(w, http.StatusRequestEntityTooLarge, "request_too_large",
 				fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
-			return
+		case errors.Is(err, errBodyTimeout):
+			refuseEarly(w, http.StatusRequestTimeout, "request_timeout",
+				fmt.Sprintf("the request body did not arrive within %s", s.cfg.BodyTimeout))
+		default:
+			refuseEarly(w, http.StatusBadRequest, "invalid_request_error", "the request body could not be read")
 		}
+		return
+	}
+	// The request is in: from here a turn runs on its connection, which a
+	// crowd of new ones must not evict.
+	if !connOf(r.Context()).work() {
+		clientGone(w)
+		return
+	}
+	if !s.slots.take() {
+		w.Header().Set("Retry-After", "1")
+		openai.WriteError(w, http.StatusServiceUnavailable, "overloaded",
+			fmt.Sprintf("the server is working on %d requests, its limit; nothing was changed: retry shortly", s.cfg.MaxRequests))
+		return
+	}
+	defer s.slots.give()
+	req, err := decodeRequest(body)
+	if err != nil {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
@@ -338,15 +521,14 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	id := r.Header.Get(s.cfg.ConversationHeader)
-	if err := validConversationID(id); err != nil {
-		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return
-	}
 
 	t := &turn{release: func() {}}
 	if id == "" {
 		// Stateless: the array is the whole history.
+		if err := s.checkHistory(req.Messages[:len(req.Messages)-1], user); err != nil {
+			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+			return
+		}
 		t.work = &conversation{messages: req.Messages}
 	} else {
 		t.stateful = true
@@ -361,6 +543,13 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			t.release()
 			s.refuse(w, r, t, err)
+			return
+		}
+		if err := s.checkHistory(base.messages, user); err != nil {
+			// Refused before any model call: nothing changes.
+			t.release()
+			s.log.Info("conversation full; turn refused", "conversation", t.key.id, "err", err)
+			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return
 		}
 		t.agent, err = s.agentFor(base, req.Model)
@@ -451,7 +640,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 	history := append([]openai.Message{{Role: openai.RoleSystem, Content: openai.Content(instruction)}}, t.work.messages...)
 
 	// A client that stops reading must not hold the conversation: a write
-	// that fails, or blocks past streamWriteTimeout, ends the turn.
+	// that fails, or blocks past StreamWriteTimeout, ends the turn.
 	var out *sse.Writer
 	rc := http.NewResponseController(w)
 	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }() // the connection lives on
@@ -460,7 +649,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		if writeErr != nil {
 			return
 		}
-		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		_ = rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
 		if writeErr = out.Data(payload); writeErr != nil {
 			cancel()
 		}
@@ -513,6 +702,8 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	// A client that does not read its reply must not hold the handler.
+	_ = rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
 	_, _ = io.WriteString(w, openai.Encode(openai.Completion{
 		ID: id, Object: openai.ObjectCompletion, Created: created, Model: model,
 		Choices: []openai.Choice{{
@@ -543,17 +734,17 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, t *turn, out *sse.
 		return
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		s.log.Info("model timed out; turn rolled back", "conversation", t.key.id)
-		s.answerError(w, out, http.StatusGatewayTimeout, "upstream_timeout",
-			fmt.Sprintf("the model did not answer within %s", s.cfg.RequestTimeout))
+		s.log.Info("model timed out; turn rolled back", "conversation", t.key.id, "timeout", s.cfg.RequestTimeout)
+		s.answerError(w, out, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)
 		return
 	}
-	attrs := []any{"conversation", t.key.id, "err", err}
+	// The details are the operator's: the client gets the class alone.
+	attrs := []any{"conversation", t.key.id, "err", s.redact(err.Error())}
 	if isUpstream && upErr.cause != nil {
-		attrs = append(attrs, "cause", upErr.cause)
+		attrs = append(attrs, "cause", s.redact(upErr.cause.Error()))
 	}
-	s.log.Info("model failed; turn rolled back", attrs...)
-	s.answerError(w, out, http.StatusBadGateway, "upstream_error", err.Error())
+	s.log.Warn("model failed; turn rolled back", attrs...)
+	s.answerError(w, out, http.StatusBadGateway, "upstream_error", msgModelFailed)
 }
 
 // answerError reports a failure: as a status before the stream began, as an
@@ -564,7 +755,7 @@ func (s *Server) answerError(w http.ResponseWriter, out *sse.Writer, status int,
 		return
 	}
 	// The last chunk may be long ago: give this write a deadline of its own.
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
 	_ = out.Data(openai.Encode(openai.Completion{Object: openai.ObjectChunk, Choices: []openai.Choice{},
 		Error: &openai.ErrorDetail{Message: msg, Type: typ}}))
 	_ = out.Data(openai.DoneSentinel)
@@ -593,80 +784,6 @@ func (s *Server) authorize(r *http.Request) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// decode reads and validates the request body.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*openai.ChatRequest, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
-		return nil, err
-	}
-	return decodeRequest(body)
-}
-
-// decodeRequest parses a chat request and checks its fields.
-func decodeRequest(body []byte) (*openai.ChatRequest, error) {
-	var raw struct {
-		openai.ChatRequest
-		Messages *[]openai.Message `json:"messages"`
-	}
-	if err := openai.DecodeObject(body, &raw); err != nil {
-		return nil, fmt.Errorf("malformed JSON body: %v", err)
-	}
-	if raw.Messages == nil {
-		return nil, errors.New(`"messages" is required: an array of {"role","content"}`)
-	}
-	req := raw.ChatRequest
-	req.Messages = *raw.Messages
-	for i, m := range req.Messages {
-		switch m.Role {
-		case openai.RoleSystem, openai.RoleUser, openai.RoleAssistant, openai.RoleTool:
-		default:
-			return nil, fmt.Errorf("messages[%d]: unknown role %q (want system, user, assistant or tool)", i, m.Role)
-		}
-	}
-	return &req, nil
-}
-
-// newUserMessage returns the request's usable new user message: the last
-// element of the array, with role user and non-blank content. Nothing else
-// in the array is ever used, so an older message cannot be replayed (T3).
-func (s *Server) newUserMessage(msgs []openai.Message) (openai.Message, error) {
-	if n := len(msgs); n > 0 && usable(msgs[n-1]) {
-		return msgs[n-1], nil
-	}
-	if s.cfg.Mutant == ReplayWithoutUser {
-		// The bug: fall back to the latest earlier user message.
-		for i := len(msgs) - 1; i >= 0; i-- {
-			if usable(msgs[i]) {
-				return msgs[i], nil
-			}
-		}
-	}
-	if len(msgs) == 0 {
-		return openai.Message{}, errors.New("no new user message: messages is empty")
-	}
-	last := msgs[len(msgs)-1]
-	if last.Role != openai.RoleUser {
-		return openai.Message{}, fmt.Errorf("no new user message: the last message has role %q; send the new user message last", last.Role)
-	}
-	return openai.Message{}, errors.New("no new user message: the last user message is blank")
-}
-
-func usable(m openai.Message) bool {
-	return m.Role == openai.RoleUser && strings.TrimSpace(string(m.Content)) != ""
-}
-
-func validConversationID(id string) error {
-	if len(id) > maxConversationID {
-		return fmt.Errorf("conversation id over %d bytes", maxConversationID)
-	}
-	for _, r := range id {
-		if r < 0x20 || r == 0x7f {
-			return errors.New("conversation id has control characters")
-		}
-	}
-	return nil
 }
 
 func chunk(id string, created int64, model string, d openai.Delta, finish *string) openai.Completion {

@@ -1013,7 +1013,7 @@ func TestHalfClosedClientIsNotToldSuccess(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close()
 	body := chatBody(t, false, user("hello tc-u1"))
-	_, err = fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+	_, err = fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"+
 		"X-Conversation-Id: c1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	require.NoError(t, err)
 	<-arrived

@@ -2,6 +2,7 @@ package sut
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -18,6 +19,8 @@ import (
 // mode with synchronous=FULL, so a commit that returned survives a crash.
 type store struct {
 	db *sql.DB
+	// secret keys the scopes of API keys (scope.go).
+	secret []byte
 }
 
 const schema = `
@@ -35,19 +38,38 @@ CREATE TABLE IF NOT EXISTS sources (
 	source       TEXT NOT NULL,
 	PRIMARY KEY (scope, conversation)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (
+	name  TEXT NOT NULL PRIMARY KEY,
+	value BLOB NOT NULL
+) WITHOUT ROWID;
 `
 
 // The sources table records the agent source key a conversation was started
 // under, written with its first messages. A data dir from before it gets the
-// table empty: its conversations are unbound, as they were.
+// table empty: its conversations are unbound, as they were. The meta table
+// holds the store's scope secret (scope.go), made when the store is first
+// opened, by this version or a later one.
+
+// The store holds every conversation in the clear: its directory is made
+// 0700 and its files 0600. SQLite gives its -wal and -shm files the mode of
+// the database file, so making that one first is enough. A store from
+// before, made 0644, is tightened when opened; a directory that already
+// exists is left as it is, as it may be one the user shares on purpose.
+const (
+	dirMode  = 0o700
+	fileMode = 0o600
+)
 
 // openStore opens (creating if needed) the store in dir.
 func openStore(dir string) (*store, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, dirMode); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
 	path, err := filepath.Abs(filepath.Join(dir, "conversations.db"))
 	if err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	if err := makePrivate(path); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
 	// A URI, so that '?', '#' or '%' in the path stay part of it.
@@ -64,7 +86,76 @@ func openStore(dir string) (*store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	return &store{db: db}, nil
+	secret, err := loadSecret(db)
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	return &store{db: db, secret: secret}, nil
+}
+
+// makePrivate creates the database file at path readable by its owner
+// only, or makes it so, with its -wal and -shm files, if it exists.
+func makePrivate(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, fileMode)
+	if err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&^fileMode != 0 {
+			if err := os.Chmod(p, fileMode); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// loadSecret returns the store's scope secret, making it if the store has
+// none (a new store, or one from before the secret).
+func loadSecret(db *sql.DB) ([]byte, error) {
+	// INSERT OR IGNORE: a secret once made is never replaced.
+	if _, err := db.Exec(`INSERT OR IGNORE INTO meta (name, value) VALUES ('scope_secret', ?)`, rand.Text()); err != nil {
+		return nil, fmt.Errorf("scope secret: %w", err)
+	}
+	var secret []byte
+	if err := db.QueryRow(`SELECT value FROM meta WHERE name = 'scope_secret'`).Scan(&secret); err != nil {
+		return nil, fmt.Errorf("scope secret: %w", err)
+	}
+	return secret, nil
+}
+
+// rescope moves every conversation stored under a scope in moves (old to
+// new) to its new scope, in one transaction.
+func (s *store) rescope(moves map[string]string) error {
+	if len(moves) == 0 {
+		return nil
+	}
+	tx, err := s.db.Begin()
+	if err != nil {
+		return fmt.Errorf("rescope: %w", err)
+	}
+	for old, next := range moves {
+		for _, table := range []string{"messages", "sources"} {
+			if _, err := tx.Exec(`UPDATE `+table+` SET scope = ? WHERE scope = ?`, next, old); err != nil {
+				return errors.Join(fmt.Errorf("rescope: %w", err), tx.Rollback())
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("rescope: %w", err)
+	}
+	return nil
 }
 
 // load returns the committed conversation k: its messages in order (none

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"syscall"
 
@@ -20,7 +21,9 @@ import (
 const maxReplyBytes = 4 << 20
 
 // upstreamError is a failed model call. started reports whether the model
-// had answered 200 and begun its stream before it failed.
+// had answered 200 and begun its stream before it failed. Its message is for
+// the server's log (through a redactor), never for a client: it quotes
+// what the model said.
 type upstreamError struct {
 	msg     string
 	started bool
@@ -39,13 +42,21 @@ type upstream struct {
 	client *http.Client
 }
 
-func newUpstream(modelURL, modelName string) *upstream {
+// newUpstream returns the client of the model at modelURL, for a server
+// that runs up to concurrency turns at once.
+func newUpstream(modelURL *url.URL, modelName string, concurrency int) *upstream {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	// The default keeps 2 idle connections per host: under load most turns
+	// would open a connection of their own, and leave it in TIME_WAIT.
+	// Every turn the server may run at once keeps its connection instead.
+	tr.MaxIdleConnsPerHost = concurrency
+	tr.MaxIdleConns = max(tr.MaxIdleConns, concurrency)
 	return &upstream{
-		url:   strings.TrimRight(modelURL, "/") + "/chat/completions",
+		url:   modelURL.JoinPath("chat/completions").String(),
 		model: modelName,
 		// No client timeout: every call carries the turn's deadline in its
 		// context, and a client that goes away cancels it at once.
-		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()},
+		client: &http.Client{Transport: tr},
 	}
 }
 

@@ -55,7 +55,7 @@ func TestTurnNotCommittedWhenTheClientStoppedReading(t *testing.T) {
 	defer s.Close()
 
 	send := func(w http.ResponseWriter, stream bool, text string) {
-		req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/chat/completions",
+		req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "http://127.0.0.1/v1/chat/completions",
 			strings.NewReader(chatBody(t, stream, user(text))))
 		req.Header.Set("X-Conversation-Id", "c1")
 		s.ServeHTTP(w, req)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -8,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,9 +22,51 @@ const serveHelp = `Usage: turncheck serve --model-url URL --data-dir DIR [flags]
 
 Runs the reference session server: POST /v1/chat/completions, with the
 conversation named by the X-Conversation-Id header kept server-side in a
-SQLite store under --data-dir. It prints the address it listens on. On
-Ctrl-C or SIGTERM it stops listening, lets the turns in flight end for at
-most --grace (then drops the rest, which roll back), and exits 0.
+SQLite store under --data-dir (made 0700, its files 0600). It prints the
+address it listens on. On Ctrl-C or SIGTERM it stops listening, closes the
+connections on which no turn runs (idle, or still sending a request), lets
+the turns in flight end for at most --grace (then drops the rest, which
+roll back), and exits 0.
+
+Keys: --key (repeatable), --key-file PATH (one key per line; blank lines
+and lines starting with # are skipped) and TURNCHECK_KEYS (comma-separated)
+add up; none of them: no auth. Prefer the file or the environment: a --key
+shows in ps. Conversations are stored under a keyed digest (HMAC-SHA256)
+of their key, with a random secret the store keeps.
+
+Who may call it: a request whose Host is not a loopback name (localhost,
+127.0.0.1, [::1]), the address it came in on, or an --allow-host name gets
+421; one with an Origin that is not on loopback or an --allow-host name
+gets 403 (web pages cannot write into conversations); a Content-Type other
+than application/json gets 415.
+
+Model failures: a client gets 502 "the model failed" or 504 "the model
+timed out"; what the model said goes to the log (stderr), credentials
+redacted.
+
+Limits and timeouts (flag, default):
+  --header-timeout        10s      to send a request's headers (connection closed)
+  --body-timeout          15s      to send a request's body, once its headers are in (408)
+  --idle-timeout          1m0s     a keep-alive connection waits for its next request
+  --request-timeout       1m0s     each model call (504), and each wait for a busy
+                                   conversation under serialize (503)
+  --grace                 10s      on stop, for turns in flight
+  --max-conns             1024     open client connections; past it a new one replaces
+                                   the oldest on which no turn runs, or gets 503 with
+                                   Retry-After: 1 if a turn runs on every one
+  --max-requests          512      chat requests worked on at once, from the end of
+                                   their body (503 with Retry-After: 1); also the
+                                   model connections kept idle for reuse
+  --max-body-bytes        1048576  a request body (413; at once when Content-Length says so)
+  --max-history-messages  2000     a conversation's messages, its next reply included
+  --max-history-bytes     4194304  a conversation's text, its new message included
+                                   (a turn past either: 400, nothing changes; start
+                                   a new conversation)
+  --conversations-max     1000     conversations cached in memory (the rest are on disk)
+Fixed: headers 65536 bytes (431); "model" 256 bytes, each message's content
+65536 bytes, 1024 messages per request, a conversation id 256 bytes (400);
+a model reply 4194304 bytes; each write to a client 30s (a client that does
+not read is taken for gone); an --agent fetch 5s and 65536 bytes.
 
 --agent loads an agent definition at start-up, from an http(s) URL or a
 file: YAML with a "name" and an "instruction" (no other field). Repeat it
@@ -43,14 +88,17 @@ turn is still running:
 
 Examples:
   turncheck model --listen 127.0.0.1:9090 &
-  turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data --key secret --concurrency reject
+  echo secret > keys.txt; chmod 600 keys.txt
+  turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data --key-file keys.txt --concurrency reject
   curl -sS http://127.0.0.1:8080/v1/chat/completions -H 'Authorization: Bearer secret' \
-    -H 'X-Conversation-Id: c1' -d '{"model":"m","messages":[{"role":"user","content":"hi tc-u1"}]}'
+    -H 'Content-Type: application/json' -H 'X-Conversation-Id: c1' \
+    -d '{"model":"m","messages":[{"role":"user","content":"hi tc-u1"}]}'
 
   # an agent served by the fake model; the conversation names it by name
   turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data \
     --agent 'http://127.0.0.1:9090/agents/helper.yaml?tag=v1'
   curl -sS http://127.0.0.1:8080/v1/chat/completions -H 'X-Conversation-Id: c2' \
+    -H 'Content-Type: application/json' \
     -d '{"model":"helper","messages":[{"role":"user","content":"hi tc-u2"}]}'
 `
 
@@ -86,6 +134,22 @@ func (k *keyList) Set(v string) error {
 	return nil
 }
 
+// keysEnv names the environment variable that holds API keys,
+// comma-separated: unlike --key, the environment does not show in ps.
+const keysEnv = "TURNCHECK_KEYS"
+
+// hostList is a repeatable --allow-host flag.
+type hostList []string
+
+func (h *hostList) String() string { return strings.Join(*h, ",") }
+func (h *hostList) Set(v string) error {
+	if strings.TrimSpace(v) == "" {
+		return errors.New("a host name may not be empty")
+	}
+	*h = append(*h, v)
+	return nil
+}
+
 // agentList is a repeatable --agent flag.
 type agentList []string
 
@@ -111,8 +175,19 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	grace := fs.Duration("grace", defaultGrace, "on Ctrl-C or SIGTERM, how long turns in flight may take to finish before they are dropped")
 	var keys keyList
 	fs.Var(&keys, "key", "API key to accept as a bearer token; repeat for several (none: no auth)")
+	keyFile := fs.String("key-file", "", "file of API keys to accept, one per line (# comments); adds to --key and $"+keysEnv)
 	var agents agentList
 	fs.Var(&agents, "agent", "agent definition to load: an http(s) URL or a file; repeat for several (none: no agents)")
+	var hosts hostList
+	fs.Var(&hosts, "allow-host", "a host name requests may name in their Host (and pages in their Origin) besides loopback and the listen address; repeat for several")
+	headerTimeout := fs.Duration("header-timeout", sut.DefaultHeaderTimeout, "time a client has to send a request's headers")
+	bodyTimeout := fs.Duration("body-timeout", sut.DefaultBodyTimeout, "time a client has to send a request's body, once its headers are in (408 past it)")
+	idleTimeout := fs.Duration("idle-timeout", sut.DefaultIdleTimeout, "time a keep-alive connection may wait for its next request")
+	maxConns := fs.Int("max-conns", sut.DefaultMaxConns, "client connections open at once")
+	maxRequests := fs.Int("max-requests", sut.DefaultMaxRequests, "chat requests worked on at once, from the end of their body (503 past it)")
+	maxBody := fs.Int64("max-body-bytes", sut.DefaultMaxBodyBytes, "bytes of a request body (413 past it)")
+	maxHistMsgs := fs.Int("max-history-messages", sut.DefaultMaxHistoryMessages, "messages of a conversation (a turn past it: 400)")
+	maxHistBytes := fs.Int64("max-history-bytes", sut.DefaultMaxHistoryBytes, "bytes of a conversation's text (a turn past it: 400)")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
@@ -127,8 +202,17 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(stderr, "serve", errors.New("--request-timeout must be positive"))
 	case *grace <= 0:
 		return fail(stderr, "serve", errors.New("--grace must be positive"))
+	case *headerTimeout <= 0 || *bodyTimeout <= 0 || *idleTimeout <= 0:
+		return fail(stderr, "serve", errors.New("--header-timeout, --body-timeout and --idle-timeout must be positive"))
+	case *maxConns <= 0 || *maxRequests <= 0 || *maxBody <= 0 || *maxHistMsgs <= 0 || *maxHistBytes <= 0:
+		return fail(stderr, "serve", errors.New("--max-conns, --max-requests, --max-body-bytes and --max-history-* must be positive"))
 	}
 	if err := checkListen(*listen); err != nil {
+		return fail(stderr, "serve", err)
+	}
+	envKeys, envSet := os.LookupEnv(keysEnv)
+	allKeys, err := gatherKeys(keys, *keyFile, envKeys, envSet, stderr)
+	if err != nil {
 		return fail(stderr, "serve", err)
 	}
 	m, err := sut.ParseMutant(*mutant)
@@ -146,10 +230,19 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		RequestTimeout:     *timeout,
 		ConversationHeader: *header,
 		Concurrency:        policy,
-		Keys:               keys,
+		Keys:               allKeys,
 		Agents:             agents,
 		Mutant:             m,
 		Logger:             slog.New(slog.NewTextHandler(stderr, nil)),
+		AllowedHosts:       hosts,
+		HeaderTimeout:      *headerTimeout,
+		BodyTimeout:        *bodyTimeout,
+		IdleTimeout:        *idleTimeout,
+		MaxConns:           *maxConns,
+		MaxRequests:        *maxRequests,
+		MaxBodyBytes:       *maxBody,
+		MaxHistoryMessages: *maxHistMsgs,
+		MaxHistoryBytes:    *maxHistBytes,
 	}, *listen)
 	if err != nil {
 		return fail(stderr, "serve", err)
@@ -157,6 +250,56 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fmt.Fprintf(stdout, "turncheck serve: listening on %s\n", run.URL())
 	<-ctx.Done()
 	return stopServer(run, *grace, stderr)
+}
+
+// gatherKeys returns the API keys of --key, of --key-file (one a line;
+// blank lines and # comments skipped) and of $TURNCHECK_KEYS
+// (comma-separated), in that order, each once. A key file or a set
+// variable that holds no key is an error: auth must not be off by a
+// mistake. A key file others may read gets a warning.
+func gatherKeys(flagKeys []string, keyFile, env string, envSet bool, stderr io.Writer) ([]string, error) {
+	all := slices.Clone(flagKeys)
+	if keyFile != "" {
+		f, err := os.Open(keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--key-file: %w", err)
+		}
+		defer f.Close()
+		if fi, err := f.Stat(); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			fmt.Fprintf(stderr, "turncheck serve: warning: --key-file %s can be read by others (mode %v): chmod 600 it\n", keyFile, fi.Mode().Perm())
+		}
+		n := len(all)
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if line := strings.TrimSpace(sc.Text()); line != "" && !strings.HasPrefix(line, "#") {
+				all = append(all, line)
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return nil, fmt.Errorf("--key-file %s: %w", keyFile, err)
+		}
+		if len(all) == n {
+			return nil, fmt.Errorf("--key-file %s holds no key", keyFile)
+		}
+	}
+	if envSet && strings.TrimSpace(env) != "" {
+		n := len(all)
+		for k := range strings.SplitSeq(env, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				all = append(all, k)
+			}
+		}
+		if len(all) == n {
+			return nil, fmt.Errorf("$%s holds no key", keysEnv)
+		}
+	}
+	var out []string
+	for _, k := range all {
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out, nil
 }
 
 // stopServer stops a server gracefully: turns in flight get grace to end,
@@ -227,4 +370,7 @@ func checkListen(addr string) error {
 	return nil
 }
 
-var _ flag.Value = (*keyList)(nil)
+var (
+	_ flag.Value = (*keyList)(nil)
+	_ flag.Value = (*hostList)(nil)
+)

@@ -1,0 +1,262 @@
+package sut_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/sut"
+)
+
+// ---------------------------------------------------------------------------
+// Slow clients: deadlines, caps and a bounded stop (conns.go, listen.go).
+
+// addrOf is the host:port of a server's base URL.
+func addrOf(baseURL string) string { return strings.TrimPrefix(baseURL, "http://") }
+
+// stall opens a connection to addr and sends the headers of a chat request
+// declaring a body of length bytes, and its first byte; then nothing. The
+// connection is closed when the test ends.
+func stall(t testing.TB, addr string, length int64) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, requestDeadline)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"+
+		"X-Conversation-Id: stalled\r\nContent-Length: %d\r\n\r\n{", length)
+	require.NoError(t, err)
+	return c
+}
+
+// readAnswer reads the response on c within d; ok is false if none came.
+func readAnswer(t testing.TB, c net.Conn, d time.Duration) (reply, bool) {
+	t.Helper()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(d)))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return reply{}, false
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return reply{status: resp.StatusCode, header: resp.Header, body: body}, true
+}
+
+// stillOpen reports, for each connection, whether the server still holds
+// it open: a read that times out after wait (nothing came, nothing
+// closed). They are probed at once, so that the probe takes wait in all.
+func stillOpen(conns []net.Conn, wait time.Duration) []bool {
+	open := make([]bool, len(conns))
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Go(func() {
+			_ = c.SetReadDeadline(time.Now().Add(wait))
+			_, err := c.Read(make([]byte, 1))
+			open[i] = errors.Is(err, os.ErrDeadlineExceeded)
+		})
+	}
+	wg.Wait()
+	return open
+}
+
+func count(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// TestStalledClientsDoNotStarveTurns: hundreds of clients that send their
+// headers and one byte of body, then nothing, neither hold more than
+// MaxConns connections nor keep a client that sends a whole turn from
+// being served at once. The body deadline is a minute here, so that it is
+// the cap that makes room, not the deadline.
+func TestStalledClientsDoNotStarveTurns(t *testing.T) {
+	const stalled, maxConns = 300, 64
+	e := newEnv(t, sut.Config{MaxConns: maxConns, BodyTimeout: time.Minute})
+	conns := make([]net.Conn, stalled)
+	for i := range conns {
+		conns[i] = stall(t, addrOf(e.srv.URL()), 100)
+	}
+	start := time.Now()
+	require.Equal(t, toks("u1"), e.ok(t, "", "c1", "tc-u1"))
+	took := time.Since(start)
+	open := count(stillOpen(conns, 300*time.Millisecond))
+	t.Logf("%d stalled connections (cap %d): a turn took %s; %d stalled ones still open", stalled, maxConns, took, open)
+	assert.Less(t, took, 2*time.Second, "a turn must not wait for stalled clients")
+	assert.LessOrEqual(t, open, maxConns, "the server holds more connections than its cap")
+	// The newest stalled ones are those kept: the oldest made room.
+	assert.Positive(t, open, "the newest stalled clients may stay until their deadline")
+	assert.Equal(t, toks("u1", "a1", "u2"), e.ok(t, "", "c1", "tc-u2"))
+}
+
+// TestStalledClientsUnderTheDefaultCaps: the same crowd under the default
+// caps is simply held, and a turn is still served at once.
+func TestStalledClientsUnderTheDefaultCaps(t *testing.T) {
+	const stalled = 300
+	e := newEnv(t, sut.Config{})
+	for range stalled {
+		stall(t, addrOf(e.srv.URL()), 100)
+	}
+	start := time.Now()
+	require.Equal(t, toks("u1"), e.ok(t, "", "c1", "tc-u1"))
+	took := time.Since(start)
+	t.Logf("%d stalled connections (default caps): a turn took %s", stalled, took)
+	assert.Less(t, took, 2*time.Second)
+}
+
+// TestStalledBodyGets408: a body that does not arrive within BodyTimeout
+// gets 408 in the JSON error shape, and its connection closes.
+func TestStalledBodyGets408(t *testing.T) {
+	e := newEnv(t, sut.Config{BodyTimeout: 200 * time.Millisecond})
+	c := stall(t, addrOf(e.srv.URL()), 100)
+	start := time.Now()
+	r, ok := readAnswer(t, c, 3*time.Second)
+	require.True(t, ok, "no answer to a stalled body: the server waits for it forever")
+	requireErrorBody(t, r, http.StatusRequestTimeout, "request_timeout")
+	assert.Less(t, time.Since(start), 2*time.Second)
+	assert.Equal(t, []bool{false}, stillOpen([]net.Conn{c}, time.Second), "the connection must close after a 408")
+	assert.Zero(t, e.model.CallCount())
+}
+
+// TestDeclaredLengthOverTheLimitIs413AtOnce: a request whose Content-Length
+// is over MaxBodyBytes gets 413 before a byte of its body is read, not
+// when the body has come (or after the body deadline).
+func TestDeclaredLengthOverTheLimitIs413AtOnce(t *testing.T) {
+	e := newEnv(t, sut.Config{BodyTimeout: time.Minute})
+	c := stall(t, addrOf(e.srv.URL()), 99999999999)
+	r, ok := readAnswer(t, c, 3*time.Second)
+	require.True(t, ok, "no answer: the server waits for a body it will refuse")
+	requireErrorBody(t, r, http.StatusRequestEntityTooLarge, "request_too_large")
+	assert.Equal(t, []bool{false}, stillOpen([]net.Conn{c}, time.Second), "the connection must close: the rest of the body is not worth reading")
+}
+
+// TestIdleConnectionsClose: a keep-alive connection that sends no next
+// request is closed after IdleTimeout.
+func TestIdleConnectionsClose(t *testing.T) {
+	e := newEnv(t, sut.Config{IdleTimeout: 200 * time.Millisecond})
+	c, err := net.Dial("tcp", addrOf(e.srv.URL()))
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	require.NoError(t, err)
+	r, ok := readAnswer(t, c, 3*time.Second)
+	require.True(t, ok)
+	require.Equal(t, http.StatusOK, r.status)
+	start := time.Now()
+	assert.Equal(t, []bool{false}, stillOpen([]net.Conn{c}, 3*time.Second), "an idle connection stays open")
+	assert.Less(t, time.Since(start), 2*time.Second)
+}
+
+// TestConnCapRefusesWhenEveryConnectionHasATurn: at MaxConns, with a turn
+// running on every connection, a new one gets 503 with Retry-After in the
+// JSON error shape; once a turn ends, turns are served again.
+func TestConnCapRefusesWhenEveryConnectionHasATurn(t *testing.T) {
+	e := newRaceEnv(t, sut.Config{MaxConns: 2})
+	g1, g2 := e.model.hold("tc-u1"), e.model.hold("tc-u2")
+	f1, f2 := e.send(t, "c1", "tc-u1", false), e.send(t, "c2", "tc-u2", false)
+	arrive(t, g1, "tc-u1")
+	arrive(t, g2, "tc-u2")
+
+	c, err := net.Dial("tcp", addrOf(e.srv.URL()))
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	require.NoError(t, err)
+	r, ok := readAnswer(t, c, 3*time.Second)
+	require.True(t, ok, "no answer past the connection cap")
+	requireErrorBody(t, r, http.StatusServiceUnavailable, "overloaded")
+	assert.Equal(t, "1", r.header.Get("Retry-After"))
+
+	g1.open()
+	g2.open()
+	requireOK(t, f1.wait(t), false)
+	requireOK(t, f2.wait(t), false)
+	assert.Equal(t, hist("u1", "a1", "u3"), e.ok(t, "c1", "tc-u3", false))
+}
+
+// TestRequestCapAnswers503: past MaxRequests turns at once, a request gets
+// 503 with Retry-After, and nothing changes.
+func TestRequestCapAnswers503(t *testing.T) {
+	e := newRaceEnv(t, sut.Config{MaxRequests: 1})
+	g := e.model.hold("tc-u1")
+	f := e.send(t, "c1", "tc-u1", false)
+	arrive(t, g, "tc-u1")
+
+	r := e.send(t, "c2", "tc-u2", false).wait(t)
+	requireErrorBody(t, r, http.StatusServiceUnavailable, "overloaded")
+	assert.Equal(t, "1", r.header.Get("Retry-After"))
+	assert.Empty(t, e.model.callsOf("tc-u2"), "a refused request must not reach the model")
+
+	g.open()
+	requireOK(t, f.wait(t), false)
+	assert.Equal(t, hist("u3"), e.ok(t, "c2", "tc-u3", false), "c2 is as it was")
+}
+
+// TestShutdownDoesNotWaitForStalledClients: a graceful stop closes the
+// connections on which no turn runs at once, so that a stalled body (or an
+// idle keep-alive connection) does not hold it until its context ends.
+func TestShutdownDoesNotWaitForStalledClients(t *testing.T) {
+	m := startModel(t)
+	run, err := sut.Start(sut.Config{ModelURL: m.URL(), DataDir: t.TempDir(), BodyTimeout: time.Minute}, "")
+	require.NoError(t, err)
+	c := stall(t, addrOf(run.URL()), 100)
+	// Let the server take the request in before it stops.
+	require.Eventually(t, func() bool { return stillOpen([]net.Conn{c}, 10*time.Millisecond)[0] }, time.Second, time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	require.NoError(t, run.Shutdown(ctx))
+	assert.Less(t, time.Since(start), 2*time.Second, "the stop waited for a stalled client")
+}
+
+// TestHTTPLayerErrorsAreJSON: what net/http answers itself, before any
+// handler (headers too large, a malformed header, an unsupported transfer
+// coding), comes in the JSON error shape.
+func TestHTTPLayerErrorsAreJSON(t *testing.T) {
+	e := newEnv(t, sut.Config{})
+	for _, tc := range []struct {
+		name   string
+		req    string
+		status int
+	}{
+		{"headers too large", "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + strings.Repeat("x", sut.MaxHeaderBytes+8192) + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge},
+		{"header line without a colon", "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nno colon here\r\n\r\n", http.StatusBadRequest},
+		{"control byte in a header", "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Conversation-Id: a\x01b\r\n\r\n", http.StatusBadRequest},
+		{"no Host", "GET /healthz HTTP/1.1\r\n\r\n", http.StatusBadRequest},
+		{"unsupported transfer coding", "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: gzip\r\n\r\n", http.StatusNotImplemented},
+		{"malformed request line", "GARBAGE\r\n\r\n", http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", addrOf(e.srv.URL()))
+			require.NoError(t, err)
+			defer c.Close()
+			_, err = io.WriteString(c, tc.req)
+			require.NoError(t, err)
+			r, ok := readAnswer(t, c, 3*time.Second)
+			require.True(t, ok)
+			requireErrorBody(t, r, tc.status, "invalid_request_error")
+			var eb struct{ Error struct{ Message string } }
+			require.NoError(t, json.Unmarshal(r.body, &eb))
+			t.Logf("%d %s", r.status, eb.Error.Message)
+		})
+	}
+	// The server still serves.
+	assert.Equal(t, toks("u1"), e.ok(t, "", "c1", "tc-u1"))
+}
