@@ -7,9 +7,14 @@
 // and the history is validated by the reference model in package model
 // and, for bursts, by porcupine's linearizability checker.
 //
-// Check runs it and returns a Result, for the CLI and for tests that expect
-// a failure; Run runs it inside a Go test, in the spirit of
-// testing/fstest.TestFS, for servers that import this package.
+// Conform runs it against the whole contract and gives a verdict per
+// invariant, exploring on after a failure; Check stops at the first broken
+// invariant and returns a Result, for the CLI and for tests that expect a
+// failure; Run runs Conform inside a Go test, one subtest per invariant, in
+// the spirit of testing/fstest.TestFS, for servers that import this
+// package. Targets start the servers: the in-repo Reference, a Handler, a
+// Subprocess from a command line, a Remote server already running, or any
+// of them from a YAML profile (LoadProfile).
 package scenarios
 
 import (
