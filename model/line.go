@@ -295,7 +295,7 @@ func (k *Known) knows(l Line, t *Turn) bool {
 	// A copy of the turn k was taken with (as ApplyStep gets turns): what
 	// step reads, with the calls, histories included, compared by identity.
 	o := k.turn
-	return t.User == o.User && t.Usable == o.Usable && t.Outcome == o.Outcome && t.Status == o.Status &&
+	return t.User == o.User && t.Usable == o.Usable && t.Outcome == o.Outcome && t.Status == o.Status && t.TimedOut == o.TimedOut &&
 		t.Return == o.Return && t.Reply == o.Reply && sameSlice(t.Calls, o.Calls)
 }
 
@@ -394,11 +394,14 @@ func (l Line) refuse(t Turn) *Violation {
 				Observed: call.History}
 		}
 	}
-	if t.Outcome == Unknown && t.Status == 0 {
-		// No answer at all (the server was unreachable, or never
-		// answered): nothing to judge the status by, and whether the
-		// server should have answered is not T3's business.
+	if t.Outcome == Unknown && t.Status == 0 && !t.TimedOut {
+		// No answer at all because the client could not reach the server,
+		// or gave up on it: nothing to judge the status by.
 		return nil
+	}
+	if t.TimedOut {
+		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
+			Reason: "a request without a usable new user message got no answer within the client's time; want 400 at once"}
 	}
 	if t.Outcome != Fail || t.Status != 400 {
 		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,

@@ -149,6 +149,9 @@ type Turn struct {
 	Outcome Outcome `json:"outcome"`
 	// Status is the HTTP status the client got, 0 if none.
 	Status int `json:"status,omitempty"`
+	// TimedOut reports a request the server took and never answered within
+	// the client's time: no status, but not for want of a server.
+	TimedOut bool `json:"timedOut,omitempty"`
 	// Reply is the assistant text the client received.
 	Reply string `json:"reply,omitempty"`
 	// Calls are the model requests attributed to the turn: those whose last
@@ -532,7 +535,7 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 				}
 			}
 		}
-	} else if t.Status != 0 || len(t.Calls) > 0 {
+	} else if t.Status != 0 || len(t.Calls) > 0 || t.TimedOut {
 		m.checked.add(T3) // a request that got no answer at all shows nothing
 	}
 	var next Line

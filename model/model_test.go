@@ -493,9 +493,19 @@ func TestApply(t *testing.T) {
 			steps: []step{{turn: invalid(convA, "", model.Unknown, 200), want: model.T3}},
 		},
 		{
-			// Unreachable, or never answered: nothing to judge.
+			// Unreachable, or the client gave up: nothing to judge.
 			name:  "invalid request that got no answer at all",
 			steps: []step{{turn: invalid(convA, "", model.Unknown, 0)}},
+		},
+		{
+			// Taken and never answered: a server that hangs on a blank
+			// message.
+			name: "invalid request the server took and never answered",
+			steps: []step{{turn: func() model.Turn {
+				t := invalid(convA, "", model.Unknown, 0)
+				t.TimedOut = true
+				return t
+			}(), want: model.T3}},
 		},
 
 		// T5: isolation.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -54,6 +55,9 @@ type Response struct {
 	// Detail says what happened in a few words: the error message, or why
 	// the outcome is unknown.
 	Detail string `json:"detail,omitempty"`
+	// TimedOut reports a request the server took and never answered, not
+	// even with a status, within the client's time.
+	TimedOut bool `json:"timedOut,omitempty"`
 }
 
 // client speaks the chat endpoint of one server.
@@ -121,7 +125,9 @@ func (c *client) send(ctx context.Context, req Request) Response {
 	}
 	resp, err := c.http.Do(hr)
 	if err != nil {
-		return Response{Outcome: model.Unknown, Detail: "no response: " + transportError(ctx, err)}
+		var timeout net.Error
+		return Response{Outcome: model.Unknown, Detail: "no response: " + transportError(ctx, err),
+			TimedOut: ctx.Err() == nil && errors.As(err, &timeout) && timeout.Timeout()}
 	}
 	defer resp.Body.Close()
 	body := io.LimitReader(resp.Body, maxResponseBytes)

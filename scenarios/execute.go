@@ -355,6 +355,7 @@ func (e *executor) attribute(ops []Op, calls []model.Call) {
 		op.Turn.Outcome = op.Response.Outcome
 		op.Turn.Status = op.Response.Status
 		op.Turn.Reply = op.Response.Reply
+		op.Turn.TimedOut = op.Response.TimedOut
 	}
 	for _, c := range calls {
 		owner := 0
