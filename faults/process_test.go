@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -20,29 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 )
-
-// buildServer builds the reference server (cmd/turncheck) into dir and
-// returns the binary's path. It skips the test when the go tool is missing,
-// since the subprocess tests need a real server to run.
-func buildServer(t *testing.T, dir string) string {
-	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("the subprocess tests build cmd/turncheck and need the go tool on PATH: ", err)
-	}
-	out, err := exec.Command(goTool, "env", "GOMOD").Output()
-	require.NoError(t, err, "go env GOMOD")
-	gomod := strings.TrimSpace(string(out))
-	require.NotEmpty(t, gomod, "go env GOMOD names no module")
-	bin := filepath.Join(dir, "turncheck")
-	build := exec.Command(goTool, "build", "-o", bin, "./cmd/turncheck")
-	build.Dir = filepath.Dir(gomod)
-	msgs, err := build.CombinedOutput()
-	require.NoError(t, err, "go build ./cmd/turncheck:\n%s", msgs)
-	return bin
-}
 
 // procServe is the command template that runs the reference server.
 func procServe(bin string) []string {
@@ -126,7 +105,7 @@ func readPID(t *testing.T, path string) int {
 // TestProcess runs the reference server, built once for all its subtests,
 // through the subprocess lifecycle.
 func TestProcess(t *testing.T) {
-	bin := buildServer(t, t.TempDir())
+	bin := testbin.Turncheck(t)
 
 	t.Run("a started server is ready and answers a turn", func(t *testing.T) {
 		t.Parallel()

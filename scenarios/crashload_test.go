@@ -17,6 +17,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 )
@@ -27,7 +28,7 @@ import (
 // data, every turn it acknowledged is in the history of its conversation's
 // next model call, in order.
 func TestCrashUnderLoadLosesNothing(t *testing.T) {
-	bin := buildTurncheck(t)
+	bin := testbin.Turncheck(t)
 	fake, err := faults.StartModel(faults.ModelConfig{})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, fake.Close()) }()

@@ -3,12 +3,11 @@
 package scenarios
 
 import (
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 )
 
@@ -19,7 +18,7 @@ import (
 // plain turn; "turn" is that turn alone in a session already open, so a
 // check's overhead is its ns/op minus turn's.
 func BenchmarkCheckOverhead(b *testing.B) {
-	bin := buildServer(b)
+	bin := testbin.Turncheck(b)
 	target := func(fresh bool) Subprocess {
 		return Subprocess{
 			Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}",
@@ -63,7 +62,7 @@ func BenchmarkCheckOverhead(b *testing.B) {
 // server, run as a subprocess, to the restarted server answering, on a
 // data dir holding a few committed conversations.
 func BenchmarkCrashRestart(b *testing.B) {
-	bin := buildServer(b)
+	bin := testbin.Turncheck(b)
 	target := Subprocess{
 		Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}",
 			"--key", "key-a", "--key", "key-b", "--agent={agents}"},
@@ -87,16 +86,4 @@ func BenchmarkCrashRestart(b *testing.B) {
 		ops, v := s.step(crash)
 		require.Nil(b, v, "%+v", ops)
 	}
-}
-
-// buildServer builds turncheck into a temporary dir, for a benchmark that
-// runs the reference server as a subprocess.
-func buildServer(b *testing.B) string {
-	if _, err := exec.LookPath("go"); err != nil {
-		b.Skip("no go command to build turncheck with")
-	}
-	bin := filepath.Join(b.TempDir(), "turncheck")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/turncheck").CombinedOutput()
-	require.NoError(b, err, "%s", out)
-	return bin
 }

@@ -3,35 +3,22 @@
 package scenarios_test
 
 import (
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 )
-
-// buildTurncheck builds the turncheck command into a temporary dir.
-func buildTurncheck(t *testing.T) string {
-	t.Helper()
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("no go command to build turncheck with")
-	}
-	bin := filepath.Join(t.TempDir(), "turncheck")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/turncheck").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
-}
 
 // TestSubprocessTarget checks the reference server run as a subprocess, as
 // any server in another language is: the clean one passes, and a fork is
 // caught and shrunk through the black-box path.
 func TestSubprocessTarget(t *testing.T) {
-	bin := buildTurncheck(t)
+	bin := testbin.Turncheck(t)
 	serve := func(extra ...string) scenarios.Subprocess {
 		return scenarios.Subprocess{
 			Command: append([]string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}",

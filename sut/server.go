@@ -282,52 +282,34 @@ func New(cfg Config) (*Server, error) {
 // setLimits fills in the defaults of the limits and timeouts left zero,
 // and refuses negative ones.
 func (cfg *Config) setLimits() error {
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"body timeout", &cfg.BodyTimeout, DefaultBodyTimeout},
-		{"header timeout", &cfg.HeaderTimeout, DefaultHeaderTimeout},
-		{"idle timeout", &cfg.IdleTimeout, DefaultIdleTimeout},
+	for _, err := range []error{
+		orDefault("body timeout", &cfg.BodyTimeout, DefaultBodyTimeout),
+		orDefault("header timeout", &cfg.HeaderTimeout, DefaultHeaderTimeout),
+		orDefault("idle timeout", &cfg.IdleTimeout, DefaultIdleTimeout),
+		orDefault("max body bytes", &cfg.MaxBodyBytes, DefaultMaxBodyBytes),
+		orDefault("max history bytes", &cfg.MaxHistoryBytes, DefaultMaxHistoryBytes),
+		orDefault("max conns", &cfg.MaxConns, DefaultMaxConns),
+		orDefault("max requests", &cfg.MaxRequests, DefaultMaxRequests),
+		orDefault("max history messages", &cfg.MaxHistoryMessages, DefaultMaxHistoryMessages),
 	} {
-		if *d.v < 0 {
-			return fmt.Errorf("%s %s: want a positive duration", d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
+		if err != nil {
+			return err // the first, on one line
 		}
 	}
-	for _, n := range []struct {
-		name string
-		v    *int64
-		def  int64
-	}{
-		{"max body bytes", &cfg.MaxBodyBytes, DefaultMaxBodyBytes},
-		{"max history bytes", &cfg.MaxHistoryBytes, DefaultMaxHistoryBytes},
-	} {
-		if *n.v < 0 {
-			return fmt.Errorf("%s %d: want a positive number", n.name, *n.v)
+	return nil
+}
+
+// orDefault sets *v to def if it is zero, and refuses a negative *v.
+func orDefault[T int | int64 | time.Duration](name string, v *T, def T) error {
+	switch {
+	case *v < 0:
+		what := "number"
+		if _, ok := any(*v).(time.Duration); ok {
+			what = "duration"
 		}
-		if *n.v == 0 {
-			*n.v = n.def
-		}
-	}
-	for _, n := range []struct {
-		name string
-		v    *int
-		def  int
-	}{
-		{"max conns", &cfg.MaxConns, DefaultMaxConns},
-		{"max requests", &cfg.MaxRequests, DefaultMaxRequests},
-		{"max history messages", &cfg.MaxHistoryMessages, DefaultMaxHistoryMessages},
-	} {
-		if *n.v < 0 {
-			return fmt.Errorf("%s %d: want a positive number", n.name, *n.v)
-		}
-		if *n.v == 0 {
-			*n.v = n.def
-		}
+		return fmt.Errorf("%s %v: want a positive %s", name, *v, what)
+	case *v == 0:
+		*v = def
 	}
 	return nil
 }

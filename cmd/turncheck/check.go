@@ -291,24 +291,28 @@ func writeReports(cmd string, rf runFlags, rep *scenarios.Report, name string, s
 			htmlPath = filepath.Join(*rf.save, name+".html")
 		}
 	}
-	write := func(path, what string, render func(io.Writer) error) {
-		if path == "" {
-			return
-		}
-		var b bytes.Buffer
-		err := render(&b)
-		if err == nil {
-			err = os.WriteFile(path, b.Bytes(), 0o644)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "turncheck %s: the %s report: %v\n", cmd, what, err)
-			return
-		}
-		fmt.Fprintf(stdout, "%s: %s\n", what, path)
+	writeReport(cmd, *rf.json, "json", rep.WriteJSON, stdout, stderr)
+	writeReport(cmd, *rf.junit, "junit", rep.WriteJUnit, stdout, stderr)
+	writeReport(cmd, htmlPath, "html", rep.WriteHTML, stdout, stderr)
+}
+
+// writeReport renders a report (what: json, junit, html) to path, if one
+// was asked for, and says where it went; a rendering that fails leaves no
+// file behind.
+func writeReport(cmd, path, what string, render func(io.Writer) error, stdout, stderr io.Writer) {
+	if path == "" {
+		return
 	}
-	write(*rf.json, "json", rep.WriteJSON)
-	write(*rf.junit, "junit", rep.WriteJUnit)
-	write(htmlPath, "html", rep.WriteHTML)
+	var b bytes.Buffer
+	err := render(&b)
+	if err == nil {
+		err = os.WriteFile(path, b.Bytes(), 0o644)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "turncheck %s: the %s report: %v\n", cmd, what, err)
+		return
+	}
+	fmt.Fprintf(stdout, "%s: %s\n", what, path)
 }
 
 func mutantLabel(m sut.Mutant) string {

@@ -131,22 +131,8 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		fmt.Fprintf(stdout, "saved: %s (replay: turncheck replay %s)\n", path, path)
 	}
-	writeFile := func(path, what string, render func(io.Writer) error) {
-		if path == "" {
-			return
-		}
-		f, err := os.Create(path)
-		if err == nil {
-			err = errors.Join(render(f), f.Close())
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "turncheck conform: the %s report: %v\n", what, err)
-			return
-		}
-		fmt.Fprintf(stdout, "%s: %s\n", what, path)
-	}
-	writeFile(*jsonPath, "json", c.WriteJSON)
-	writeFile(*junitPath, "junit", c.WriteJUnit)
+	writeReport("conform", *jsonPath, "json", c.WriteJSON, stdout, stderr)
+	writeReport("conform", *junitPath, "junit", c.WriteJUnit, stdout, stderr)
 	switch {
 	case err != nil:
 		return fail(stderr, "conform", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -21,14 +22,8 @@ import (
 // PATH, as profiles/reference.yaml expects, for the rest of the test.
 func onPath(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("no go command to build turncheck with")
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "turncheck")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	bin := testbin.Turncheck(t)
+	t.Setenv("PATH", filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
 	return bin
 }
 

@@ -122,45 +122,25 @@ Example:
 // patience (systemd waits 90 s, Kubernetes 30 s before SIGKILL).
 const defaultGrace = 10 * time.Second
 
-// keyList is a repeatable --key flag.
-type keyList []string
+// repeated is a flag that may be given several times, each value
+// non-empty; what names the value in the error for an empty one.
+type repeated struct {
+	values []string
+	what   string
+}
 
-func (k *keyList) String() string { return strings.Join(*k, ",") }
-func (k *keyList) Set(v string) error {
-	if v == "" {
-		return errors.New("a key may not be empty")
+func (r *repeated) String() string { return strings.Join(r.values, ",") }
+func (r *repeated) Set(v string) error {
+	if strings.TrimSpace(v) == "" {
+		return fmt.Errorf("%s may not be empty", r.what)
 	}
-	*k = append(*k, v)
+	r.values = append(r.values, v)
 	return nil
 }
 
 // keysEnv names the environment variable that holds API keys,
 // comma-separated: unlike --key, the environment does not show in ps.
 const keysEnv = "TURNCHECK_KEYS"
-
-// hostList is a repeatable --allow-host flag.
-type hostList []string
-
-func (h *hostList) String() string { return strings.Join(*h, ",") }
-func (h *hostList) Set(v string) error {
-	if strings.TrimSpace(v) == "" {
-		return errors.New("a host name may not be empty")
-	}
-	*h = append(*h, v)
-	return nil
-}
-
-// agentList is a repeatable --agent flag.
-type agentList []string
-
-func (a *agentList) String() string { return strings.Join(*a, " ") }
-func (a *agentList) Set(v string) error {
-	if strings.TrimSpace(v) == "" {
-		return errors.New("an agent reference may not be empty")
-	}
-	*a = append(*a, v)
-	return nil
-}
 
 func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("serve", serveHelp, stdout, stderr)
@@ -173,13 +153,13 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	header := fs.String("conversation-header", sut.DefaultConversationHeader, "header that names the conversation")
 	concurrency := fs.String("concurrency", string(sut.Serialize), "what a request for a busy conversation gets: serialize (wait its turn) or reject (409)")
 	grace := fs.Duration("grace", defaultGrace, "on Ctrl-C or SIGTERM, how long turns in flight may take to finish before they are dropped")
-	var keys keyList
-	fs.Var(&keys, "key", "API key to accept as a bearer token; repeat for several (none: no auth)")
+	keys := &repeated{what: "a key"}
+	fs.Var(keys, "key", "API key to accept as a bearer token; repeat for several (none: no auth)")
 	keyFile := fs.String("key-file", "", "file of API keys to accept, one per line (# comments); adds to --key and $"+keysEnv)
-	var agents agentList
-	fs.Var(&agents, "agent", "agent definition to load: an http(s) URL or a file; repeat for several (none: no agents)")
-	var hosts hostList
-	fs.Var(&hosts, "allow-host", "a host name requests may name in their Host (and pages in their Origin) besides loopback and the listen address; repeat for several")
+	agents := &repeated{what: "an agent reference"}
+	fs.Var(agents, "agent", "agent definition to load: an http(s) URL or a file; repeat for several (none: no agents)")
+	hosts := &repeated{what: "a host name"}
+	fs.Var(hosts, "allow-host", "a host name requests may name in their Host (and pages in their Origin) besides loopback and the listen address; repeat for several")
 	headerTimeout := fs.Duration("header-timeout", sut.DefaultHeaderTimeout, "time a client has to send a request's headers")
 	bodyTimeout := fs.Duration("body-timeout", sut.DefaultBodyTimeout, "time a client has to send a request's body, once its headers are in (408 past it)")
 	idleTimeout := fs.Duration("idle-timeout", sut.DefaultIdleTimeout, "time a keep-alive connection may wait for its next request")
@@ -211,7 +191,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(stderr, "serve", err)
 	}
 	envKeys, envSet := os.LookupEnv(keysEnv)
-	allKeys, err := gatherKeys(keys, *keyFile, envKeys, envSet, stderr)
+	allKeys, err := gatherKeys(keys.values, *keyFile, envKeys, envSet, stderr)
 	if err != nil {
 		return fail(stderr, "serve", err)
 	}
@@ -231,10 +211,10 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		ConversationHeader: *header,
 		Concurrency:        policy,
 		Keys:               allKeys,
-		Agents:             agents,
+		Agents:             agents.values,
 		Mutant:             m,
 		Logger:             slog.New(slog.NewTextHandler(stderr, nil)),
-		AllowedHosts:       hosts,
+		AllowedHosts:       hosts.values,
 		HeaderTimeout:      *headerTimeout,
 		BodyTimeout:        *bodyTimeout,
 		IdleTimeout:        *idleTimeout,
@@ -341,8 +321,6 @@ func withoutDeadline(err error) error {
 	return errors.Join(rest...)
 }
 
-var _ flag.Value = (*agentList)(nil)
-
 func cmdModel(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("model", modelHelp, stdout, stderr)
 	listen := fs.String("listen", "127.0.0.1:9090", "address to listen on (loopback by default)")
@@ -370,7 +348,4 @@ func checkListen(addr string) error {
 	return nil
 }
 
-var (
-	_ flag.Value = (*keyList)(nil)
-	_ flag.Value = (*hostList)(nil)
-)
+var _ flag.Value = (*repeated)(nil)
