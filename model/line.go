@@ -39,13 +39,22 @@ type rare struct {
 	// dropped holds unknown turns that a later history showed were not
 	// committed: they may never appear again (T6).
 	dropped []Token
+	// interrupted holds the turns whose client disconnected mid-turn: what
+	// of them may stand in a later history is T10's business.
+	interrupted []Token
 }
 
 // segment is one turn in a line: its user message and its reply. A pending
-// segment is a turn with an unknown outcome, not resolved yet.
+// segment is a turn with an unknown outcome, not resolved yet. A segment
+// without a reply holds the user message alone: an interrupted turn that a
+// keep-consistent server kept (with its completed tool pairs, which the
+// line does not follow).
 type segment struct {
 	user, reply Token
 	pending     bool
+	// partial marks a pending segment of an interrupted turn: it resolves
+	// to nothing, or to its user message alone, never to a reply (T10).
+	partial bool
 	// done is when the turn that put it there completed, on the run's
 	// timeline. A turn sent before then ran alongside it, so a history of
 	// that turn without it is a fork (T4), not a lost turn (T2).
@@ -57,10 +66,18 @@ type node struct {
 	segment
 	prev *node
 	// Up to and including this segment: how many segments, how many of
-	// them pending, and the hash of what Equal compares (porcupine asks for
-	// it far more often than a line changes).
-	n, pend int
-	hash    uint64
+	// them pending, how many tokens, and the hash of what Equal compares
+	// (porcupine asks for it far more often than a line changes).
+	n, pend, toks int
+	hash          uint64
+}
+
+// size is how many tokens the segment stands for in a history.
+func (s segment) size() int {
+	if s.reply == "" {
+		return 1
+	}
+	return 2
 }
 
 // failed is the line's failed turns (see rare).
@@ -79,6 +96,14 @@ func (l Line) dropped() []Token {
 	return l.rare.dropped
 }
 
+// interrupted is the line's interrupted turns (see rare).
+func (l Line) interrupted() []Token {
+	if l.rare == nil {
+		return nil
+	}
+	return l.rare.interrupted
+}
+
 // withRare returns l with failed and dropped, sharing l's rare part when
 // neither changed (both are only ever replaced, never changed in place, so
 // the same list, or the same first element and length, mean the same).
@@ -86,13 +111,27 @@ func (l Line) withRare(failed *failure, dropped []Token) Line {
 	if failed == l.failed() && sameSlice(dropped, l.dropped()) {
 		return l
 	}
-	if failed == nil && len(dropped) == 0 {
+	interrupted := l.interrupted()
+	if failed == nil && len(dropped) == 0 && len(interrupted) == 0 {
 		l.rare = nil
 	} else {
-		l.rare = &rare{failed: failed, dropped: dropped}
+		l.rare = &rare{failed: failed, dropped: dropped, interrupted: interrupted}
 	}
 	return l
 }
+
+// withInterrupted returns l with user added to its interrupted turns.
+func (l Line) withInterrupted(user Token) Line {
+	r := rare{interrupted: append(slices.Clip(l.interrupted()), user)}
+	if l.rare != nil {
+		r.failed, r.dropped = l.rare.failed, l.rare.dropped
+	}
+	l.rare = &r
+	return l
+}
+
+// wasInterrupted reports whether user's turn was interrupted on this line.
+func (l Line) wasInterrupted(user Token) bool { return slices.Contains(l.interrupted(), user) }
 
 // sameSlice reports whether a and b are the same slice of the same array.
 func sameSlice[T any](a, b []T) bool {
@@ -202,9 +241,9 @@ const (
 
 // appended returns l with s appended, extending its hash.
 func (l Line) appended(s segment) Line {
-	nd := &node{segment: s, prev: l.last, n: 1, hash: hashSegment(l.Hash(), s)}
+	nd := &node{segment: s, prev: l.last, n: 1, toks: s.size(), hash: hashSegment(l.Hash(), s)}
 	if l.last != nil {
-		nd.n, nd.pend = l.last.n+1, l.last.pend
+		nd.n, nd.pend, nd.toks = l.last.n+1, l.last.pend, l.last.toks+s.size()
 	}
 	if s.pending {
 		nd.pend++
@@ -221,10 +260,13 @@ func (l Line) String() string {
 	}
 	out := make([]Token, 0, 2*l.last.n)
 	for _, s := range l.segs() {
+		mark := Token("")
 		if s.pending {
-			out = append(out, s.user+"?", s.reply+"?")
-		} else {
-			out = append(out, s.user, s.reply)
+			mark = "?"
+		}
+		out = append(out, s.user+mark)
+		if s.reply != "" {
+			out = append(out, s.reply+mark)
 		}
 	}
 	return FormatTokens(out)
@@ -296,6 +338,7 @@ func (k *Known) knows(l Line, t *Turn) bool {
 	// step reads, with the calls, histories included, compared by identity.
 	o := k.turn
 	return t.User == o.User && t.Usable == o.Usable && t.Outcome == o.Outcome && t.Status == o.Status && t.TimedOut == o.TimedOut &&
+		t.Interrupted == o.Interrupted &&
 		t.Return == o.Return && t.Reply == o.Reply && sameSlice(t.Calls, o.Calls)
 }
 
@@ -362,7 +405,15 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 		failed := newFailure(t.User, t.Status, withoutFailure(next.failed(), t.User))
 		next = next.withRare(failed, next.dropped())
 	case Unknown:
-		next = next.appended(segment{user: t.User, reply: t.User.Reply(), pending: true, done: t.Return})
+		s := segment{user: t.User, reply: t.User.Reply(), pending: true, done: t.Return}
+		if t.Interrupted {
+			// Rolled back, or kept as its user message and completed tool
+			// pairs (keep-consistent): which of them the policy allows is
+			// Model's to judge; a reply is never kept.
+			s.reply, s.partial = "", true
+			next = next.withInterrupted(t.User)
+		}
+		next = next.appended(s)
 		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
 	}
 	return next, nil
@@ -468,7 +519,9 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 	allowed := map[Token]int{t.User: 1}
 	for _, s := range segs {
 		allowed[s.user]++
-		allowed[s.reply]++
+		if s.reply != "" {
+			allowed[s.reply]++
+		}
 	}
 	seen := map[Token]int{}
 	for _, tok := range call.History {
@@ -481,6 +534,14 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		user := tok.User()
 		status := l.failedWith(user)
 		switch {
+		case l.wasInterrupted(user) && !tok.IsUser():
+			v.Invariant = T10
+			v.Reason = fmt.Sprintf("%s, the reply of a turn whose client disconnected mid-turn, reached the model in a later turn: "+
+				"an interrupted turn is rolled back, or keeps at most its user message and completed tool pairs", tok)
+		case l.wasInterrupted(user):
+			v.Invariant = T10
+			v.Reason = fmt.Sprintf("%s, of a turn whose client disconnected mid-turn, appears %d times, or again after an earlier history "+
+				"showed it rolled back: an interrupted turn is rolled back, or kept once as a consistent prefix", tok, seen[tok])
 		case slices.Contains(l.dropped(), user) || slices.Contains(dropped, user):
 			v.Invariant = T6
 			v.Reason = fmt.Sprintf("%s belongs to a turn with an unknown outcome that an earlier history showed was not committed; it may not appear later", tok)
@@ -513,7 +574,7 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 			continue
 		}
 		for _, tok := range []Token{s.user, s.reply} {
-			if seen[tok] > 0 {
+			if tok == "" || seen[tok] > 0 {
 				continue
 			}
 			if s.done > t.Invoke {
@@ -530,7 +591,7 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		}
 	}
 	for _, s := range segs {
-		if s.pending && (seen[s.user] > 0) != (seen[s.reply] > 0) {
+		if s.pending && !s.partial && (seen[s.user] > 0) != (seen[s.reply] > 0) {
 			v.Invariant = T6
 			v.Reason = fmt.Sprintf("the turn %s, whose outcome was unknown, appears in part: it must be committed whole or not at all", s.user)
 			return v
@@ -557,10 +618,17 @@ func (l Line) match(history []Token, user Token) (Line, bool) {
 		if l.last == nil {
 			return l, i == 0
 		}
-		if i != 2*l.last.n {
+		if i != l.last.toks {
 			return l, false
 		}
 		for nd := l.last; nd != nil; nd = nd.prev {
+			if nd.reply == "" {
+				i--
+				if history[i] != nd.user {
+					return l, false
+				}
+				continue
+			}
 			i -= 2
 			if history[i] != nd.user || history[i+1] != nd.reply {
 				return l, false
@@ -577,15 +645,20 @@ func (l Line) match(history []Token, user Token) (Line, bool) {
 		if nd.pend == 0 && base == nil {
 			base = nd
 		}
-		whole := i >= 2 && history[i-2] == nd.user && history[i-1] == nd.reply
+		var whole bool
+		if nd.reply == "" {
+			whole = i >= 1 && history[i-1] == nd.user
+		} else {
+			whole = i >= 2 && history[i-2] == nd.user && history[i-1] == nd.reply
+		}
 		switch {
 		case !whole && !nd.pending:
 			return l, false
 		case whole:
-			i -= 2
+			i -= nd.size()
 			if base == nil {
 				s := nd.segment
-				s.pending = false
+				s.pending, s.partial = false, false
 				kept = append(kept, s)
 			}
 		}
@@ -613,7 +686,10 @@ func flatten(segs []segment, withPending bool) []Token {
 		if s.pending && !withPending {
 			continue
 		}
-		out = append(out, s.user, s.reply)
+		out = append(out, s.user)
+		if s.reply != "" {
+			out = append(out, s.reply)
+		}
 	}
 	return out
 }

@@ -26,9 +26,8 @@ const (
 	T8 Invariant = "T8" // stable source resume
 )
 
-// The invariants of PROTOCOL.md this package does not check yet: they are
-// named so that a conformance report can list the whole contract and say
-// which parts it did not judge.
+// T9 to T11 are checked on the tool traffic of model requests (Call.Tools)
+// and on turns whose client disconnected (Turn.Interrupted).
 const (
 	T9  Invariant = "T9"  // tool pairs
 	T10 Invariant = "T10" // interruption
@@ -60,7 +59,7 @@ func (i Invariant) Title() string { return invariantTitles[i] }
 func Invariants() []Invariant { return slices.Clone(invariants[:]) }
 
 // invariants is Invariants(), the order counters keeps its counts in.
-var invariants = [...]Invariant{T1, T2, T3, T4, T5, T6, T7, T8}
+var invariants = [...]Invariant{T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11}
 
 // counters counts how many times each invariant was evaluated, in the order
 // of invariants: an array, not a map, because the checker counts three or
@@ -86,6 +85,12 @@ func (c *counters) add(i Invariant) {
 		c[6]++
 	case T8:
 		c[7]++
+	case T9:
+		c[8]++
+	case T10:
+		c[9]++
+	case T11:
+		c[10]++
 	default:
 		panic("model: unknown invariant " + string(i))
 	}
@@ -164,6 +169,19 @@ type Turn struct {
 	// invoked.
 	Invoke int64 `json:"invoke"`
 	Return int64 `json:"return"`
+	// Interrupted reports that the client disconnected while the server
+	// was waiting at a point the fake model held (a model call, a tool
+	// run): the server must stop the turn and roll it back, or, under
+	// the keep-consistent policy, keep at most its user message and its
+	// completed tool pairs (T10). Its Outcome is Unknown.
+	Interrupted bool `json:"interrupted,omitempty"`
+	// Released is when, after an interruption, the harness let go of
+	// what the server was still waiting on, on the run's timeline: a
+	// model call or tool run of the turn that starts after it started
+	// after the disconnect was seen (T10).
+	Released int64 `json:"released,omitempty"`
+	// Runs are the tool runs of the turn the harness saw start.
+	Runs []ToolRun `json:"runs,omitempty"`
 }
 
 // overlaps reports whether t and o were in flight at the same time.
@@ -193,6 +211,10 @@ func (c Concurrency) String() string {
 // the model judges it by them, and by nothing it did not claim.
 type Policies struct {
 	Concurrency Concurrency
+	// KeepConsistent is the keep-consistent interruption policy: an
+	// interrupted turn may keep its user message and completed tool
+	// pairs. Otherwise it is rolled back (T10).
+	KeepConsistent bool
 }
 
 // Model is the reference state of every conversation a run has touched: a
@@ -273,6 +295,16 @@ type conv struct {
 	// live is set once a turn of the conversation ended ok or unknown:
 	// its tokens may then be in the server's state, to leak (T5).
 	live bool
+	// interrupted is set once a turn of the conversation was interrupted:
+	// a later call shows whether it was rolled back (T10).
+	interrupted bool
+	// shown is what the first call of the latest turn that reached the
+	// model showed of the committed tool calls (sorted ids), and
+	// unchanged that only turns that failed came since: the committed
+	// conversation is then the same, and so must be what a turn's first
+	// call shows of it (T11).
+	shown     []string
+	unchanged bool
 }
 
 // New returns a model with no conversations, for a server that serializes.
@@ -422,6 +454,7 @@ func (m *Model) Restart(changed, ambiguous bool) {
 	m.ambiguous = ambiguous
 	for _, cv := range m.convs {
 		cv.mayRun = false
+		cv.unchanged = false
 		cv.ambiguous = ambiguous && cv.committed
 		if !cv.committed {
 			continue
@@ -484,6 +517,15 @@ func (m *Model) checkResume(t Turn, cv *conv) (*Violation, bool) {
 // is a step known ahead for it.
 func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	for _, call := range t.Calls {
+		// Whatever a request is for, its tool calls and results must pair.
+		if v := m.checkToolPairs(t, call); v != nil {
+			return v
+		}
+	}
+	if v := m.checkStopped(t); v != nil {
+		return v
+	}
+	for _, call := range t.Calls {
 		if t.Usable && call.Turn == t.User {
 			continue // the turn's own calls: below
 		}
@@ -533,6 +575,9 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 				if cv.restarted {
 					m.checked.add(T7)
 				}
+				if cv.interrupted {
+					m.checked.add(T10)
+				}
 			}
 		}
 	} else if t.Status != 0 || len(t.Calls) > 0 || t.TimedOut {
@@ -566,6 +611,25 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		return v
 	}
 	if t.Usable {
+		if v := m.checkKept(t, cv, next); v != nil {
+			return v
+		}
+		first := true
+		for _, call := range t.Calls {
+			if call.Turn == t.User {
+				if v := m.checkToolOwners(t, cv, next, call, first); v != nil {
+					return v
+				}
+				first = false
+			}
+		}
+		// Last: a leaked message is T1's, a leaked tool call T1's or T10's;
+		// what is left to see is how the committed ones are shown.
+		if v := m.checkShown(t, cv); v != nil {
+			return v
+		}
+	}
+	if t.Usable {
 		// A 409 says nothing of whether an earlier unknown turn has ended:
 		// the conversation may still be busy after one.
 		refused := t.Outcome == Fail && t.Status == 409
@@ -576,10 +640,17 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 			cv.live = true
 			m.live++
 		}
+		cv.interrupted = cv.interrupted || t.Interrupted
 		for _, c := range t.Calls {
 			if c.Turn == t.User {
 				cv.restarted = false // a call showed the history whole
 			}
+		}
+		if t.Outcome != Fail {
+			// It may have committed something. A turn that failed did not:
+			// the next turn's first call must show the committed tool
+			// calls as the last one did (T11).
+			cv.unchanged = false
 		}
 	}
 	return nil
@@ -665,4 +736,213 @@ func clip(s string) string {
 		return string(r[:77]) + "..."
 	}
 	return s
+}
+
+// checkToolPairs checks a model request's tool traffic (T9): each tool
+// call is answered by exactly one tool result with its id before the next
+// user message (or the end of the request), and no result stands without
+// its call.
+func (m *Model) checkToolPairs(t Turn, call Call) *Violation {
+	if len(call.Tools) == 0 {
+		return nil
+	}
+	m.checked.add(T9)
+	open := map[string]bool{} // called, not answered yet
+	seen := map[string]bool{} // called at all
+	var order []string        // open, in call order, for a stable report
+	unanswered := func() string {
+		for _, id := range order {
+			if open[id] {
+				return id
+			}
+		}
+		return ""
+	}
+	fail := func(reason string) *Violation {
+		return &Violation{Invariant: T9, Conv: t.Conv, Turn: t.User, Reason: reason, Observed: call.History}
+	}
+	for _, e := range call.Tools {
+		switch e.Kind {
+		case ToolCalled:
+			if seen[e.ID] {
+				return fail(fmt.Sprintf("the model request asks for the tool call %s twice", e.ID))
+			}
+			seen[e.ID], open[e.ID] = true, true
+			order = append(order, e.ID)
+		case ToolAnswered:
+			switch {
+			case open[e.ID]:
+				open[e.ID] = false
+			case seen[e.ID]:
+				return fail(fmt.Sprintf("the model request carries two results for the tool call %s", e.ID))
+			default:
+				return fail(fmt.Sprintf("the model request carries a result for the tool call %s, and no assistant message asks for that call before it", e.ID))
+			}
+		case UserMessage:
+			if id := unanswered(); id != "" {
+				return fail(fmt.Sprintf("the tool call %s has no result before the next user message: an orphaned tool call", id))
+			}
+		}
+	}
+	if id := unanswered(); id != "" {
+		return fail(fmt.Sprintf("the tool call %s has no result in the model request: an orphaned tool call", id))
+	}
+	return nil
+}
+
+// checkStopped checks that a turn whose client disconnected started no
+// model call and no tool run after the harness, having let the server
+// see the disconnect, let go of what it was waiting on (T10).
+func (m *Model) checkStopped(t Turn) *Violation {
+	if !t.Interrupted || t.Released == 0 {
+		return nil
+	}
+	m.checked.add(T10)
+	stop := func(what string) *Violation {
+		return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User,
+			Reason: "the client disconnected mid-turn, and " + what + " started after that: the server must stop the turn at once"}
+	}
+	for _, c := range t.Calls {
+		if c.Turn == t.User && c.At > t.Released {
+			return stop("a model call of the turn")
+		}
+	}
+	for _, r := range t.Runs {
+		if r.At > t.Released {
+			return stop("the tool call " + r.ID)
+		}
+	}
+	return nil
+}
+
+// checkKept judges what a step's call showed of interrupted turns under
+// the rollback policy: one kept as its user message is T10 (the line
+// allows it for the keep-consistent policy; a reply is never allowed).
+func (m *Model) checkKept(t Turn, cv *conv, next Line) *Violation {
+	if m.policies.KeepConsistent || !cv.interrupted {
+		return nil
+	}
+	for nd := next.last; nd != nil; nd = nd.prev {
+		if !nd.pending && nd.reply == "" {
+			return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User,
+				Reason: fmt.Sprintf("%s, of a turn whose client disconnected mid-turn, reached the model in a later turn: "+
+					"the server declares the rollback policy, so an interrupted turn must leave nothing", nd.user),
+				Expected: expected(cv.line.segs(), t.User), Observed: firstOwnHistory(t)}
+		}
+	}
+	return nil
+}
+
+// checkToolOwners checks where the tool calls and results of call, one of
+// t's own, come from: t itself (after its first call), or a turn the
+// conversation holds. One of a turn that failed is T1 (also t's own in its
+// first call: an earlier attempt's, seen by its retry), of an interrupted
+// turn not kept T10, of an unknown turn not committed T6, of another
+// conversation T5.
+func (m *Model) checkToolOwners(t Turn, cv *conv, next Line, call Call, first bool) *Violation {
+	for _, e := range call.Tools {
+		if e.Kind == UserMessage {
+			continue
+		}
+		user, _, ok := ToolTurn(e.ID)
+		if ok && user == t.User && first {
+			return &Violation{Invariant: T1, Conv: t.Conv, Turn: t.User, Observed: call.History,
+				Reason: fmt.Sprintf("the first model request of the turn already carries its tool call %s: an earlier, failed attempt's output; "+
+					"a retry must see the last committed history", e.ID)}
+		}
+		if !ok || user == t.User || next.holds(user) {
+			continue
+		}
+		v := &Violation{Conv: t.Conv, Turn: t.User, Observed: call.History}
+		owner, known := m.ownerOf(user)
+		switch {
+		case known && owner != cv:
+			v.Invariant = T5
+			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, which belongs to conversation %s", e.ID, user, owner.ref)
+		case next.wasInterrupted(user):
+			v.Invariant = T10
+			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, whose client disconnected mid-turn, without that turn's user message: "+
+				"an interrupted turn is rolled back, or kept as its user message followed by its completed tool pairs", e.ID, user)
+		case next.failedWith(user) != 0:
+			v.Invariant = T1
+			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, which failed: a failed turn's output never reaches the model in a later turn", e.ID, user)
+		case slices.Contains(next.dropped(), user):
+			v.Invariant = T6
+			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, whose outcome was unknown and which a history showed was not committed", e.ID, user)
+		default:
+			v.Invariant = T1
+			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, which no turn the conversation holds made", e.ID, user)
+		}
+		return v
+	}
+	return nil
+}
+
+// checkShown compares what t's first call shows of the committed tool
+// calls with what the previous turn's first call showed, when only turns
+// that failed came between: those committed nothing, so the server holds
+// the same conversation, and a change is a failed turn's working copy
+// (its compaction marks, say) showing in the committed one (T11). It
+// takes a server's compaction to depend on the committed conversation
+// (and the size of the new message, which the harness keeps alike), not
+// on turns that failed.
+func (m *Model) checkShown(t Turn, cv *conv) *Violation {
+	var first *Call
+	for i := range t.Calls {
+		if t.Calls[i].Turn == t.User {
+			first = &t.Calls[i]
+			break
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	var shown []string
+	for _, e := range first.Tools {
+		if user, _, ok := ToolTurn(e.ID); ok && e.Kind == ToolCalled && user != t.User {
+			shown = append(shown, e.ID)
+		}
+	}
+	slices.Sort(shown)
+	shown = slices.Compact(shown)
+	prev, compare := cv.shown, cv.unchanged
+	cv.shown, cv.unchanged = shown, true
+	if !compare || len(prev) == 0 && len(shown) == 0 {
+		return nil
+	}
+	m.checked.add(T11)
+	if slices.Equal(prev, shown) {
+		return nil
+	}
+	var hidden, unhidden []string
+	for _, id := range prev {
+		if !slices.Contains(shown, id) {
+			hidden = append(hidden, id)
+		}
+	}
+	for _, id := range shown {
+		if !slices.Contains(prev, id) {
+			unhidden = append(unhidden, id)
+		}
+	}
+	reason := "only failed turns came since the previous turn's first model request, so the committed conversation is the same, " +
+		"but this turn's first request shows its tool calls differently"
+	if len(hidden) > 0 {
+		reason += fmt.Sprintf("; hidden now: %s", strings.Join(hidden, " "))
+	}
+	if len(unhidden) > 0 {
+		reason += fmt.Sprintf("; shown now, hidden before: %s", strings.Join(unhidden, " "))
+	}
+	return &Violation{Invariant: T11, Conv: t.Conv, Turn: t.User,
+		Reason: reason + ": a failed turn's working copy (its compaction marks) leaked into the committed conversation"}
+}
+
+// firstOwnHistory is the history of t's first own call, nil if none.
+func firstOwnHistory(t Turn) []Token {
+	for _, c := range t.Calls {
+		if c.Turn == t.User {
+			return c.History
+		}
+	}
+	return nil
 }

@@ -170,4 +170,70 @@ type Call struct {
 	// At is when the call reached the model, on the run's timeline (the
 	// one Turn.Invoke and Turn.Return count on).
 	At int64 `json:"at"`
+	// Tools is the tool traffic the request carried, in message order:
+	// each tool call an assistant message asks for, each tool result, and
+	// each user message as a boundary between them (T9). Nil when the
+	// request carried no tool call and no tool result.
+	Tools []ToolEvent `json:"tools,omitempty"`
+}
+
+// ToolEventKind is what a ToolEvent marks.
+type ToolEventKind string
+
+// The kinds of ToolEvent.
+const (
+	// ToolCalled: an assistant message asks for the tool call ID.
+	ToolCalled ToolEventKind = "call"
+	// ToolAnswered: a tool message answers the tool call ID.
+	ToolAnswered ToolEventKind = "result"
+	// UserMessage: a user message (ID is ""), which every tool call
+	// before it must have been answered by.
+	UserMessage ToolEventKind = "user"
+)
+
+// ToolEvent is one mark of a model request's tool traffic.
+type ToolEvent struct {
+	Kind ToolEventKind `json:"kind"`
+	ID   string        `json:"id,omitempty"`
+}
+
+// ToolRun is one run of a tool that the harness saw start (the lookup
+// tool asks the fake model), by the id of the tool call it runs.
+type ToolRun struct {
+	ID string `json:"id"`
+	// At is when it started, on the run's timeline.
+	At int64 `json:"at"`
+}
+
+// ToolCallID is the id the fake model gives the i-th tool call (from 1)
+// of round r (from 1) of the tool loop of the turn user: "tc-k7-2-1". The
+// turn it belongs to can be read back from it (ToolTurn), so that a tool
+// call seen in any request names its conversation and its turn.
+func ToolCallID(user Token, round, i int) string {
+	return fmt.Sprintf("tc-k%s-%d-%d", strings.TrimPrefix(string(user), "tc-u"), round, i)
+}
+
+// ToolTurn returns the user token of the turn a tool call id of
+// ToolCallID's belongs to, and its round; false for any other id.
+func ToolTurn(id string) (user Token, round int, ok bool) {
+	rest, ok := strings.CutPrefix(id, "tc-k")
+	if !ok {
+		return "", 0, false
+	}
+	parts := strings.Split(rest, "-")
+	if len(parts) != 3 {
+		return "", 0, false
+	}
+	nums := [3]int{}
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 || strconv.Itoa(n) != p {
+			return "", 0, false
+		}
+		nums[i] = n
+	}
+	if nums[1] < 1 || nums[2] < 1 {
+		return "", 0, false
+	}
+	return Token("tc-u" + parts[0]), nums[1], true
 }

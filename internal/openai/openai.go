@@ -30,6 +30,13 @@ const (
 // FinishStop is the finish reason of a reply that ended normally.
 const FinishStop = "stop"
 
+// FinishToolCalls is the finish reason of an answer that asks for tool
+// calls: the caller runs them and calls again with their results.
+const FinishToolCalls = "tool_calls"
+
+// TypeFunction is the type of every tool and tool call.
+const TypeFunction = "function"
+
 // DoneSentinel is the data payload that closes an SSE stream.
 const DoneSentinel = "[DONE]"
 
@@ -38,6 +45,57 @@ const DoneSentinel = "[DONE]"
 type Message struct {
 	Role    string  `json:"role"`
 	Content Content `json:"content"`
+	// ToolCalls are the tool calls an assistant message asks for.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID is the id of the tool call a tool message answers.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+}
+
+// ToolCall is one tool call an assistant message asks for.
+type ToolCall struct {
+	// ID names the call; the tool message with its result carries it.
+	ID string `json:"id"`
+	// Type is TypeFunction.
+	Type     string       `json:"type"`
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall names the tool a call runs and its arguments.
+type FunctionCall struct {
+	Name string `json:"name"`
+	// Arguments is a JSON object, as text.
+	Arguments string `json:"arguments"`
+}
+
+// Tool is a tool a request offers the model.
+type Tool struct {
+	// Type is TypeFunction.
+	Type     string   `json:"type"`
+	Function Function `json:"function"`
+}
+
+// Function describes an offered tool.
+type Function struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	// Parameters is the JSON schema of the tool's arguments.
+	Parameters json.RawMessage `json:"parameters,omitempty"`
+}
+
+// ToolCallDelta is a piece of a tool call in a stream chunk: the first
+// piece of a call carries its id and name, later ones (with the same
+// Index) more of its arguments.
+type ToolCallDelta struct {
+	Index    int           `json:"index"`
+	ID       string        `json:"id,omitempty"`
+	Type     string        `json:"type,omitempty"`
+	Function FunctionDelta `json:"function"`
+}
+
+// FunctionDelta is a piece of a tool call's function.
+type FunctionDelta struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments,omitempty"`
 }
 
 // Content is a message's text. It decodes from a JSON string, null, or an
@@ -89,6 +147,8 @@ type ChatRequest struct {
 	// the token usage: some servers wait for it before they take a stream
 	// as finished.
 	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
+	// Tools are the tools the model may call.
+	Tools []Tool `json:"tools,omitempty"`
 }
 
 // StreamOptions are a streamed request's options.
@@ -128,8 +188,9 @@ type Choice struct {
 
 // Delta is the increment a stream chunk carries.
 type Delta struct {
-	Role    string `json:"role,omitempty"`
-	Content string `json:"content,omitempty"`
+	Role      string          `json:"role,omitempty"`
+	Content   string          `json:"content,omitempty"`
+	ToolCalls []ToolCallDelta `json:"tool_calls,omitempty"`
 }
 
 // ErrorBody is the body of every error response.
