@@ -61,10 +61,15 @@ type Fault struct {
 	RetryHint bool `json:"retryHint,omitempty"`
 	// After is how many reply chunks go out before a Cut or Malformed fault.
 	After int `json:"after,omitempty"`
-	// Times limits the fault to the first Times calls of the turn; later
-	// calls (a server retrying the model) are answered normally. 0: every
-	// call.
+	// Times limits the fault to the first Times calls of the turn at
+	// Round; later ones (a server retrying the model) are answered
+	// normally. 0: every call.
 	Times int `json:"times,omitempty"`
+	// Round is the model call of the turn's tool loop the fault hits: 0
+	// the first call, k the call that carries the results of k tool rounds
+	// (see Reply). Calls before it are answered normally, so that a turn
+	// can fail after its tools ran (PROTOCOL.md, "tool turns").
+	Round int `json:"round,omitempty"`
 }
 
 // String says what the fault does, for a person reading a report.
@@ -86,6 +91,9 @@ func (f Fault) String() string {
 		s = fmt.Sprintf("malformed-chunk after %d chunk(s)", f.After)
 	default:
 		s = f.Kind.String()
+	}
+	if f.Round > 0 {
+		s += fmt.Sprintf(" after %d tool round(s)", f.Round)
 	}
 	if f.Times > 0 {
 		s += fmt.Sprintf(" on the first %d call(s)", f.Times)

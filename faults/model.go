@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"regexp"
@@ -27,19 +28,23 @@ const maxModelRequest = 8 << 20
 type ModelConfig struct {
 	// Addr is the address to listen on; "" means 127.0.0.1:0.
 	Addr string
-	// Log, if set, receives one line per call: the tokens it carried and the
-	// fault injected; and one per agent definition served.
+	// Log, if set, receives one line per call: the tokens it carried, its
+	// place in its tool loop, the fault injected and the tools asked for;
+	// one per lookup; and one per agent definition served.
 	Log io.Writer
-	// Clock, if set, stamps every call's arrival (model.Call.At), so that
-	// calls fall on the same timeline as what the harness records; nil
-	// numbers calls 1, 2, 3...
+	// Clock, if set, stamps every call's and lookup's arrival
+	// (model.Call.At, model.ToolRun.At), so that they fall on the same
+	// timeline as what the harness records; nil numbers them 1, 2, 3... on
+	// one count.
 	Clock func() int64
 }
 
 // Model is a fake OpenAI-compatible model provider on loopback. It records
 // every chat-completion request as the tokens it carries, and answers each by
-// the script set for the token of the request's last user message: a reply
-// carrying the matching reply token, or a fault.
+// the script set for the token of the request's last user message: tool
+// calls, a reply carrying the matching reply token, or a fault. It also
+// serves the lookup tool (see ServeHTTP), so that a tool run shows on its
+// timeline as calls do.
 type Model struct {
 	cfg     ModelConfig
 	ln      net.Listener
@@ -52,37 +57,47 @@ type Model struct {
 
 	mu      sync.Mutex
 	calls   []model.Call
+	runs    []model.ToolRun
+	seq     int64 // the last stamp given without a Clock
 	scripts map[model.Token]*script
-	// holding are the gates of calls being held now, for Reset to let go.
+	// holding are the gates of calls and lookups being held now, for
+	// Reset to let go and Holding to count.
 	holding map[*Gate]bool
 	// epoch, if not "", is the text a call must carry to be recorded.
 	epoch string
 }
 
+// script is what the model does for one turn's token.
 type script struct {
-	fault   Fault
+	reply Reply
+	// calls counts the turn's calls at reply.Fault.Round, for its Times.
 	calls   int
 	arrived chan struct{}
-	gate    *Gate
+	// gates are the points the turn is to be held at, each until its
+	// first arrival there.
+	gates map[Point]*Gate
 }
 
-// Gate holds the first call of one turn where it arrives, until the
-// harness releases it. Concurrent turns then reach the model, and go on
-// from it, in an order the harness chooses, not in one the scheduler
-// happens to pick: an interleaving replays. A gated call whose server gives
-// up on it (the client went away, a deadline passed) ends unanswered. Safe
-// for concurrent use.
+// Gate holds the first arrival of one turn at one point (see Point): its
+// first model call, a later one, part of the way through a streamed
+// answer, or a lookup; until the harness releases it. Concurrent turns
+// then reach the model, and go on from it, in an order the harness
+// chooses, not in one the scheduler happens to pick: an interleaving
+// replays; and a client can abort at a known point of a turn. A held call
+// or lookup whose server gives up on it (the client went away, a deadline
+// passed) ends unanswered. Safe for concurrent use.
 type Gate struct {
 	arrived chan struct{}
 	release chan struct{}
 	once    sync.Once
 }
 
-// Arrived is closed when the gated call has arrived and is being held.
+// Arrived is closed when the gated call or lookup has arrived and is being
+// held.
 func (g *Gate) Arrived() <-chan struct{} { return g.arrived }
 
-// Release lets the held call go on, to its script's answer or fault. It
-// may be called before the call arrives, and more than once.
+// Release lets the held call or lookup go on, to its script's answer or
+// fault. It may be called before it arrives, and more than once.
 func (g *Gate) Release() { g.once.Do(func() { close(g.release) }) }
 
 // StartModel starts a fake model and returns once it is listening.
@@ -117,8 +132,8 @@ func (m *Model) URL() string { return "http://" + m.ln.Addr().String() + "/v1" }
 // Addr is the address the model listens on.
 func (m *Model) Addr() string { return m.ln.Addr().String() }
 
-// Close releases held calls, closes every connection and waits for the
-// model's goroutines to end.
+// Close aborts held calls and lookups, closes every connection and waits
+// for the model's goroutines to end.
 func (m *Model) Close() error {
 	m.once.Do(func() {
 		m.mu.Lock()
@@ -132,21 +147,37 @@ func (m *Model) Close() error {
 }
 
 // Script sets the fault for the next calls of the turn whose user token is
-// tok, replacing any earlier script for it and resetting its call count. The
-// returned channel is closed when the first call of tok arrives, so that a
-// client can abort at a known point rather than after a guessed delay.
+// tok, with no tool rounds: ScriptReply(tok, Reply{Fault: f}).
 func (m *Model) Script(tok model.Token, f Fault) <-chan struct{} {
+	return m.ScriptReply(tok, Reply{Fault: f})
+}
+
+// ScriptReply sets the whole script for the next calls of the turn whose
+// user token is tok, replacing any earlier one (and its gates) and
+// resetting its call count. The returned channel is closed when the first
+// call of tok arrives, so that a client can abort at a known point rather
+// than after a guessed delay.
+func (m *Model) ScriptReply(tok model.Token, r Reply) <-chan struct{} {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := &script{fault: f, arrived: make(chan struct{})}
+	s := &script{reply: r, arrived: make(chan struct{})}
 	m.scripts[tok] = s
 	return s.arrived
 }
 
 // Gate holds the next first call of tok (the first after its latest
-// Script) until the returned gate is released; the call then gets tok's
-// scripted answer or fault. Without a script, tok gets a normal answer.
-func (m *Model) Gate(tok model.Token) *Gate {
+// Script) until the returned gate is released: HoldAt(tok, Point{}).
+func (m *Model) Gate(tok model.Token) *Gate { return m.HoldAt(tok, Point{}) }
+
+// HoldAt holds the first arrival of tok at p after its latest Script or
+// ScriptReply until the returned gate is released; what arrives then goes
+// on to tok's scripted answer or fault. Without a script, tok is answered
+// normally. A turn may have gates at several points at once (one at
+// Point{} to order concurrent turns, one later where the client will
+// abort); a second gate at the same point replaces the first. A gate at a
+// point the turn never reaches (a round beyond its script, a tool call
+// that is not a lookup, Tool > 0 with Round < 1) never arrives.
+func (m *Model) HoldAt(tok model.Token, p Point) *Gate {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.scripts[tok]
@@ -154,8 +185,30 @@ func (m *Model) Gate(tok model.Token) *Gate {
 		s = &script{arrived: make(chan struct{})}
 		m.scripts[tok] = s
 	}
-	s.gate = &Gate{arrived: make(chan struct{}), release: make(chan struct{})}
-	return s.gate
+	if s.gates == nil {
+		s.gates = map[Point]*Gate{}
+	}
+	g := &Gate{arrived: make(chan struct{}), release: make(chan struct{})}
+	s.gates[p.normal()] = g
+	return g
+}
+
+// Holding is how many calls and lookups are held at a gate right now,
+// waiting for their release: a server whose turn is not done while its
+// calls are held is waiting on the fake model, not hung. A call held by a
+// Hold fault is not counted: that one waits for the server to give up.
+func (m *Model) Holding() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for g := range m.holding {
+		select {
+		case <-g.release:
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 // Forget drops the script for tok: later calls of it are answered
@@ -167,21 +220,23 @@ func (m *Model) Forget(tok model.Token) {
 	delete(m.scripts, tok)
 }
 
-// Reset forgets every script and recorded call, and lets any held call go
-// on: the model is as new, on the same address. A server started once,
-// pointed at this model, can then serve check after check. With an epoch,
-// only calls that carry it in the text of some message are recorded and
-// scripted from now on; any other call (a late one, about a conversation
-// of an earlier check) is answered as a plain reply and otherwise
-// ignored, so that it cannot pass for a call of this check's turn with
-// the same token. "" records every call.
+// Reset forgets every script, recorded call and tool run, and lets any
+// held call or lookup go on: the model is as new, on the same address. A
+// server started once, pointed at this model, can then serve check after
+// check. With an epoch, only calls that carry it in the text of some
+// message are recorded and scripted from now on; any other call (a late
+// one, about a conversation of an earlier check) is answered as a plain
+// reply and otherwise ignored, so that it cannot pass for a call of this
+// check's turn with the same token. Lookup keys carry the epoch too, and a
+// lookup without it is answered but not recorded or held. "" records
+// every call and lookup.
 func (m *Model) Reset(epoch string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.epoch = epoch
 	for _, s := range m.scripts {
-		if s.gate != nil {
-			s.gate.Release()
+		for _, g := range s.gates {
+			g.Release()
 		}
 	}
 	for g := range m.holding {
@@ -189,6 +244,8 @@ func (m *Model) Reset(epoch string) {
 	}
 	m.scripts = map[model.Token]*script{}
 	m.calls = nil
+	m.runs = nil
+	m.seq = 0
 }
 
 // CallCount is how many calls the model has recorded.
@@ -207,8 +264,9 @@ func (m *Model) CallsAfter(at int64) []model.Call {
 	return slices.Clone(m.calls[i:])
 }
 
-// ServeHTTP answers the chat-completion endpoint, and serves agent
-// definitions at GET /agents/NAME.yaml (see AgentDefinition).
+// ServeHTTP answers the chat-completion endpoint, serves agent definitions
+// at GET /agents/NAME.yaml (see AgentDefinition), and runs the lookup tool
+// at GET /tools/lookup?key=K (see serveLookup); each also under /v1.
 func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.mu.Lock()
 	select {
@@ -222,6 +280,10 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer m.active.Done()
 	if strings.Contains(r.URL.Path, "/agents/") {
 		m.serveAgent(w, r)
+		return
+	}
+	if r.URL.Path == "/v1/tools/lookup" || r.URL.Path == "/tools/lookup" {
+		m.serveLookup(w, r)
 		return
 	}
 	if r.URL.Path != "/v1/chat/completions" && r.URL.Path != "/chat/completions" {
@@ -240,31 +302,24 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	call := readCall(req.Messages)
 	if !m.ofEpoch(req.Messages) {
-		m.answer(w, r, req, call, Fault{})
+		m.answer(w, r, req, call, plan{})
 		return
 	}
-	fault, arrived, gate := m.record(call)
+	p, arrived := m.record(call, req)
 	if m.cfg.Log != nil {
+		asks := ""
+		if p.ask != nil {
+			asks = " asks=" + strings.Join(p.ask, ",")
+		}
 		m.logMu.Lock()
-		fmt.Fprintf(m.cfg.Log, "call turn=%s stream=%t fault=%q history=%s\n",
-			orDash(call.Turn), req.Stream, fault, model.FormatTokens(call.History))
+		fmt.Fprintf(m.cfg.Log, "call turn=%s stream=%t round=%d fault=%q%s history=%s\n",
+			orDash(call.Turn), req.Stream, p.round, p.fault, asks, model.FormatTokens(call.History))
 		m.logMu.Unlock()
 	}
 	if arrived != nil {
 		close(arrived)
 	}
-	if gate != nil {
-		close(gate.arrived)
-		defer m.unhold(gate)
-		select {
-		case <-gate.release:
-		case <-r.Context().Done():
-			return // the server gave up on the call
-		case <-m.closing:
-			panic(http.ErrAbortHandler)
-		}
-	}
-	m.answer(w, r, req, call, fault)
+	m.answer(w, r, req, call, p)
 }
 
 // agentPath matches the paths agent definitions are served at: under the
@@ -326,32 +381,137 @@ type AgentDefinition struct {
 	Instruction string `yaml:"instruction"`
 }
 
-// record stamps and appends call and returns the fault to inject for it,
-// and, if this is the first call of its turn, the arrival channel to close
-// and the gate to hold it at.
-func (m *Model) record(call model.Call) (Fault, chan struct{}, *Gate) {
+// plan is how the model answers one call of a turn.
+type plan struct {
+	// s is the turn's script, where its gates are; nil if it has none.
+	s *script
+	// round is how many of the turn's tool rounds the call carries the
+	// results of: the call's place in the tool loop.
+	round int
+	// ask is the round of tool calls to answer with; nil: the reply.
+	ask   Round
+	fault Fault
+	// epoch is the model's epoch when the call arrived, for lookup keys.
+	epoch string
+	// first is the gate the call is held at before it is answered, taken
+	// as it is recorded: when its arrival shows, so does its hold.
+	first *Gate
+}
+
+// record stamps and appends call and returns how to answer it, and, if this
+// is the first call of its turn, the arrival channel to close.
+func (m *Model) record(call model.Call, req *openai.ChatRequest) (plan, chan struct{}) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.cfg.Clock != nil {
-		call.At = m.cfg.Clock()
-	} else {
-		call.At = int64(len(m.calls) + 1)
-	}
+	call.At = m.stamp()
 	m.calls = append(m.calls, call)
 	s := m.scripts[call.Turn]
 	if s == nil || call.Turn == "" {
-		return Fault{}, nil, nil
+		return plan{}, nil
 	}
-	s.calls++
-	arrived, gate := s.arrived, s.gate
-	s.arrived, s.gate = nil, nil
-	if gate != nil {
-		m.holding[gate] = true
+	p := plan{s: s, round: completedRounds(call.Turn, s.reply.Rounds, req.Messages), epoch: m.epoch}
+	if p.round < len(s.reply.Rounds) && offers(req.Tools, s.reply.Rounds[p.round]) {
+		p.ask = s.reply.Rounds[p.round]
 	}
-	if s.fault.Times > 0 && s.calls > s.fault.Times {
-		return Fault{}, arrived, gate
+	arrived := s.arrived
+	s.arrived = nil
+	p.first = m.takeGateLocked(s, p.gatesAt(0, firstHold(req.Stream)))
+	if f := s.reply.Fault; f.Round == p.round {
+		s.calls++
+		if f.Times == 0 || s.calls <= f.Times {
+			p.fault = f
+		}
 	}
-	return s.fault, arrived, gate
+	return p, arrived
+}
+
+// stamp is the time of an arrival on the model's timeline; m.mu is held.
+func (m *Model) stamp() int64 {
+	if m.cfg.Clock != nil {
+		return m.cfg.Clock()
+	}
+	m.seq++
+	return m.seq
+}
+
+// takeGate takes the gate of s at the point, of those at matches, with the
+// fewest chunks: it is no longer waiting for an arrival, it is holding one.
+// Nil if there is none.
+func (m *Model) takeGate(s *script, matches func(Point) bool) *Gate {
+	if s == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.takeGateLocked(s, matches)
+}
+
+// takeGateLocked is takeGate with m.mu held.
+func (m *Model) takeGateLocked(s *script, matches func(Point) bool) *Gate {
+	var (
+		at    Point
+		found *Gate
+	)
+	for p, g := range s.gates {
+		if matches(p) && (found == nil || p.Chunks < at.Chunks) {
+			at, found = p, g
+		}
+	}
+	if found != nil {
+		delete(s.gates, at)
+		m.holding[found] = true
+	}
+	return found
+}
+
+// hold holds what arrived at g until g is released (true) or the server
+// gives up on its request (false). A closing model aborts it.
+func (m *Model) hold(r *http.Request, g *Gate) bool {
+	defer m.unhold(g)
+	close(g.arrived)
+	select {
+	case <-g.release:
+		return true
+	case <-r.Context().Done():
+		return false
+	case <-m.closing:
+		// Shutting down: drop the request rather than let net/http end it
+		// with a response the server would take for an answer.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// gatesAt matches the points that hold a call of p after from lo to hi
+// chunks.
+func (p plan) gatesAt(lo, hi int) func(Point) bool {
+	return func(at Point) bool {
+		return at.Tool == 0 && at.Round == p.round && lo <= at.Chunks && at.Chunks <= hi
+	}
+}
+
+// firstHold is the most chunks a point may count and still hold a call
+// before it is answered at all: 0 for a stream, which can be held between
+// chunks (every answer streams at least one); any for a call answered
+// whole.
+func firstHold(stream bool) int {
+	if stream {
+		return 0
+	}
+	return math.MaxInt
+}
+
+// holdCall holds a call of p at its gates for chunk counts from lo to hi,
+// in order; false if the server gave up on it meanwhile.
+func (m *Model) holdCall(r *http.Request, p plan, lo, hi int) bool {
+	for {
+		g := m.takeGate(p.s, p.gatesAt(lo, hi))
+		if g == nil {
+			return true
+		}
+		if !m.hold(r, g) {
+			return false
+		}
+	}
 }
 
 // ofEpoch reports whether a request carries the current epoch (see Reset).
@@ -370,7 +530,7 @@ func (m *Model) ofEpoch(msgs []openai.Message) bool {
 	return false
 }
 
-// unhold forgets a gate whose call is no longer held.
+// unhold forgets a gate whose call or lookup is no longer held.
 func (m *Model) unhold(g *Gate) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -395,11 +555,27 @@ func decodeRequest(body io.Reader) (*openai.ChatRequest, error) {
 }
 
 // readCall reads a request as tokens: all of them in message order, and the
-// token of the last user message.
+// token of the last user message; and its tool traffic. A tool loop's
+// later calls end in assistant and tool messages after the user's, which
+// leave the turn as it is.
 func readCall(msgs []openai.Message) model.Call {
 	var call model.Call
 	prevUser := false
+	var events []model.ToolEvent
+	tooled := false
 	for _, msg := range msgs {
+		switch msg.Role {
+		case openai.RoleAssistant:
+			for _, tc := range msg.ToolCalls {
+				events = append(events, model.ToolEvent{Kind: model.ToolCalled, ID: tc.ID})
+				tooled = true
+			}
+		case openai.RoleTool:
+			events = append(events, model.ToolEvent{Kind: model.ToolAnswered, ID: msg.ToolCallID})
+			tooled = true
+		case openai.RoleUser:
+			events = append(events, model.ToolEvent{Kind: model.UserMessage})
+		}
 		toks := model.Tokens(string(msg.Content))
 		call.History = append(call.History, toks...)
 		isUser := msg.Role == openai.RoleUser
@@ -430,6 +606,10 @@ func readCall(msgs []openai.Message) model.Call {
 	if call.History == nil {
 		call.History = []model.Token{}
 	}
+	if tooled {
+		// Only then: a plain history stays as small as it was.
+		call.Tools = events
+	}
 	return call
 }
 
@@ -440,8 +620,31 @@ func ReplyChunks(tok model.Token) []string {
 	return []string{string(tok.Reply()), " acknowledges", " your", " message."}
 }
 
-func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatRequest, call model.Call, f Fault) {
-	turn, stream := call.Turn, req.Stream
+// answer answers a call by its plan: holds it at its gates, then injects
+// its fault, or writes its tool calls or its reply, streamed or whole.
+func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatRequest, call model.Call, p plan) {
+	var a answerText
+	if p.ask != nil {
+		a = toolAnswer(call.Turn, p.round+1, p.ask, p.epoch)
+	} else {
+		a = replyAnswer(call.Turn)
+	}
+	n := len(a.deltas)
+	// Where a count of chunks holds a call: after that many, or before the
+	// finish for any count beyond the answer; a call answered whole is
+	// held before it is answered at all.
+	upTo := func(c int) int {
+		if c < n && req.Stream {
+			return c
+		}
+		return math.MaxInt
+	}
+	// The first gate was taken when the call was recorded; any others
+	// before the answer (a call answered whole) hold it in turn.
+	if p.first != nil && !m.hold(r, p.first) || !m.holdCall(r, p, 0, upTo(0)) {
+		return // the server gave up on the call
+	}
+	f := p.fault
 	switch f.Kind {
 	case Status:
 		if f.Status < 400 {
@@ -462,21 +665,20 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatR
 		}
 		return
 	}
-	chunks := ReplyChunks(turn)
-	if turn == "" {
-		chunks = []string{"no turn token in the last user message"}
-	}
-	usage := &openai.Usage{PromptTokens: len(call.History), CompletionTokens: len(chunks)}
+	usage := &openai.Usage{PromptTokens: len(call.History), CompletionTokens: n}
 	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
-	if !stream {
-		m.answerWhole(w, chunks, usage, f)
+	if !req.Stream {
+		m.answerWhole(w, a, usage, f)
 		return
 	}
 	sw := sse.NewWriter(w)
 	w.WriteHeader(http.StatusOK)
-	_ = sw.Data(openai.Encode(chunk("", openai.RoleAssistant, nil)))
-	for i, c := range chunks {
-		if i == f.After {
+	_ = sw.Data(openai.Encode(chunk(openai.Delta{Role: openai.RoleAssistant}, nil)))
+	for c := 0; c <= n; c++ {
+		if c > 0 && !m.holdCall(r, p, c, upTo(c)) {
+			panic(http.ErrAbortHandler) // the server gave up mid-stream
+		}
+		if c == f.After || (c == n && f.After > n) {
 			switch f.Kind {
 			case Cut:
 				panic(http.ErrAbortHandler) // the connection drops mid-stream
@@ -484,17 +686,11 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatR
 				_ = sw.Data(malformedChunk)
 			}
 		}
-		_ = sw.Data(openai.Encode(chunk(c, "", nil)))
-	}
-	if f.After >= len(chunks) {
-		switch f.Kind {
-		case Cut:
-			panic(http.ErrAbortHandler)
-		case Malformed:
-			_ = sw.Data(malformedChunk)
+		if c < n {
+			_ = sw.Data(openai.Encode(chunk(a.deltas[c], nil)))
 		}
 	}
-	_ = sw.Data(openai.Encode(chunk("", "", openai.Ptr(openai.FinishStop))))
+	_ = sw.Data(openai.Encode(chunk(openai.Delta{}, openai.Ptr(a.finish))))
 	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
 		// As OpenAI sends it: after the finish, no choices, then [DONE].
 		_ = sw.Data(openai.Encode(openai.Completion{ID: "fake", Object: openai.ObjectChunk, Model: "fake",
@@ -503,13 +699,35 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatR
 	_ = sw.Data(openai.DoneSentinel)
 }
 
-func (m *Model) answerWhole(w http.ResponseWriter, chunks []string, usage *openai.Usage, f Fault) {
+// answerText is an answer before any fault: the deltas that stream it (the
+// chunks a Fault's After and a Point's Chunks count), the whole message,
+// and its finish reason.
+type answerText struct {
+	deltas  []openai.Delta
+	message openai.Message
+	finish  string
+}
+
+// replyAnswer is the reply to the turn tok (ReplyChunks).
+func replyAnswer(tok model.Token) answerText {
+	chunks := ReplyChunks(tok)
+	if tok == "" {
+		chunks = []string{"no turn token in the last user message"}
+	}
+	a := answerText{
+		message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(strings.Join(chunks, ""))},
+		finish:  openai.FinishStop,
+	}
+	for _, c := range chunks {
+		a.deltas = append(a.deltas, openai.Delta{Content: c})
+	}
+	return a
+}
+
+func (m *Model) answerWhole(w http.ResponseWriter, a answerText, usage *openai.Usage, f Fault) {
 	body := openai.Encode(openai.Completion{
 		ID: "fake", Object: openai.ObjectCompletion, Model: "fake", Usage: usage,
-		Choices: []openai.Choice{{
-			Message:      &openai.Message{Role: openai.RoleAssistant, Content: openai.Content(strings.Join(chunks, ""))},
-			FinishReason: openai.Ptr(openai.FinishStop),
-		}},
+		Choices: []openai.Choice{{Message: &a.message, FinishReason: openai.Ptr(a.finish)}},
 	})
 	w.Header().Set("Content-Type", "application/json")
 	switch f.Kind {
@@ -530,10 +748,10 @@ func (m *Model) answerWhole(w http.ResponseWriter, chunks []string, usage *opena
 // malformedChunk is a chunk cut off mid-JSON.
 const malformedChunk = `{"id":"fake","object":"chat.completion.chunk","choices":[{"delta":`
 
-func chunk(content, role string, finish *string) openai.Completion {
+func chunk(d openai.Delta, finish *string) openai.Completion {
 	return openai.Completion{
 		ID: "fake", Object: openai.ObjectChunk, Model: "fake",
-		Choices: []openai.Choice{{Delta: &openai.Delta{Role: role, Content: content}, FinishReason: finish}},
+		Choices: []openai.Choice{{Delta: &d, FinishReason: finish}},
 	}
 }
 

@@ -997,9 +997,10 @@ func TestFaultString(t *testing.T) {
 	cases := map[string]faults.Fault{
 		"none":            {},
 		"model-error 503": {Kind: faults.Status, Status: 503},
-		"model-error 429 with Retry-After on the first 2 call(s)": {Kind: faults.Status, Status: 429, RetryHint: true, Times: 2},
-		"stream-cut after 3 chunk(s)":                             {Kind: faults.Cut, After: 3},
-		"malformed-chunk after 0 chunk(s)":                        {Kind: faults.Malformed},
+		"model-error 429 with Retry-After on the first 2 call(s)":      {Kind: faults.Status, Status: 429, RetryHint: true, Times: 2},
+		"stream-cut after 3 chunk(s)":                                  {Kind: faults.Cut, After: 3},
+		"malformed-chunk after 0 chunk(s)":                             {Kind: faults.Malformed},
+		"model-error 503 after 1 tool round(s) on the first 2 call(s)": {Kind: faults.Status, Status: 503, Round: 1, Times: 2},
 	}
 	for want, f := range cases {
 		assert.Equal(t, want, f.String())

@@ -190,19 +190,26 @@ func verdicts(p Profile, target Target, restartable bool, skip []model.Invariant
 // preconditions say, for each invariant, what a run must reach to
 // evaluate it: the reason it was not exercised.
 var preconditions = map[model.Invariant]string{
-	model.T1: "no turn failed before a later turn of its conversation reached the model",
-	model.T2: "no turn ended ok before a later turn of its conversation reached the model",
-	model.T3: "no request without a usable user message was answered",
-	model.T4: "no two turns of one conversation were in flight at once",
-	model.T5: "no model call was made while two conversations existed",
-	model.T6: "no turn with an unknown outcome was followed by a turn that reached the model",
-	model.T7: "no conversation with a committed turn was continued after a restart",
-	model.T8: "no conversation with a committed turn was resumed after a restart that changed its agent source",
+	model.T1:  "no turn failed before a later turn of its conversation reached the model",
+	model.T2:  "no turn ended ok before a later turn of its conversation reached the model",
+	model.T3:  "no request without a usable user message was answered",
+	model.T4:  "no two turns of one conversation were in flight at once",
+	model.T5:  "no model call was made while two conversations existed",
+	model.T6:  "no turn with an unknown outcome was followed by a turn that reached the model",
+	model.T7:  "no conversation with a committed turn was continued after a restart",
+	model.T8:  "no conversation with a committed turn was resumed after a restart that changed its agent source",
+	model.T9:  "no model request carried a tool call or a tool result",
+	model.T10: "no client disconnected mid-turn while the server waited on the model or a tool",
+	model.T11: "no turn failed between two turns of a conversation with committed tool calls that both reached the model",
 }
 
 // notApplicable says why the server's declared policies, or the way it
 // is run, exclude inv; "" if they do not.
 func notApplicable(p Profile, target Target, restartable bool, inv model.Invariant) string {
+	if (inv == model.T9 || inv == model.T11) && !p.Tools {
+		// T10 stays: a disconnect mid-turn is judged on any server.
+		return "the server offers the model no tools (profile: tools)"
+	}
 	if inv != model.T7 && inv != model.T8 {
 		return ""
 	}

@@ -2,6 +2,7 @@ package scenarios
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,11 +57,18 @@ func (e *executor) tick() int64 { return e.clock.Add(1) }
 
 // flight is one request of a plan in flight.
 type flight struct {
-	gate    *faults.Gate
+	// gate is where the model holds the request now, or will: its first
+	// call, then, for an abort at a later point, that point (later).
+	gate, later *faults.Gate
+	// gates are all of them, released when the step ends.
+	gates   []*faults.Gate
 	cancel  context.CancelFunc
 	done    chan struct{}
-	arrived atomic.Bool // the gated call is held by the model
+	arrived atomic.Bool // the model holds the request at gate
 	acted   bool        // let go, aborted or timed out
+	// interrupted: the client dropped the connection while the model
+	// held the turn.
+	interrupted bool
 }
 
 func (f *flight) finished() bool {
@@ -109,12 +117,31 @@ func (e *executor) execute(p Plan) (ops []Op) {
 		}
 	}
 	var wg sync.WaitGroup
+	// watch marks f arrived when the model holds it at its gate.
+	watch := func(f *flight) {
+		g := f.gate
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-g.Arrived():
+				f.arrived.Store(true)
+				poke()
+			case <-f.done:
+			}
+		}()
+	}
 	for i, s := range p.Sends {
 		f := &flight{done: make(chan struct{})}
 		flights[i] = f
 		if s.Token != "" {
-			e.fake.Script(s.Token, s.Fault)
+			e.fake.ScriptReply(s.Token, faults.Reply{Rounds: s.Rounds, Fault: s.Fault})
 			f.gate = e.fake.Gate(s.Token)
+			f.gates = []*faults.Gate{f.gate}
+			if later, ok := laterPoint(s); ok {
+				f.later = e.fake.HoldAt(s.Token, later)
+				f.gates = append(f.gates, f.later)
+			}
 		}
 	}
 	for i, s := range p.Sends {
@@ -137,16 +164,7 @@ func (e *executor) execute(p Plan) (ops []Op) {
 			poke() // after done: a wake-up must find the change it announces
 		}()
 		if f.gate != nil {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				select {
-				case <-f.gate.Arrived():
-					f.arrived.Store(true)
-					poke()
-				case <-f.done:
-				}
-			}()
+			watch(f)
 		}
 		e.settle(flights[:i+1], wake)
 	}
@@ -179,25 +197,50 @@ func (e *executor) execute(p Plan) (ops []Op) {
 			crashed = &op
 			continue
 		}
+		if f := flights[next]; f.later != nil {
+			// The turn goes on to the point where the client drops it, or
+			// the server's deadline passes.
+			f.gate.Release()
+			f.gate, f.later = f.later, nil
+			f.arrived.Store(false)
+			watch(f)
+			continue
+		}
 		e.let(p.Sends[next], flights[next])
 	}
 	wg.Wait()
 	for _, f := range flights {
 		f.cancel()
 	}
-	e.idle()
+	interrupted := slices.ContainsFunc(flights, func(f *flight) bool { return f.interrupted })
+	e.idle(interrupted)
+	var released int64
+	if interrupted {
+		released = e.tick()
+	}
 	for _, f := range flights {
-		if f.gate != nil {
+		for _, g := range f.gates {
 			// A server that did not pass an abort or a deadline on to the
-			// model still holds the call: answer it, so that what the server
-			// does with the answer shows, rather than a stall. Only once the
-			// server is idle: a server that is still noticing its client
-			// left would otherwise get the reply first and commit, or not,
-			// by a race.
-			f.gate.Release()
+			// model still holds the call (or the tool run): answer it, so
+			// that what the server does with the answer shows, rather than
+			// a stall. Only once the server is idle: a server that is still
+			// noticing its client left would otherwise get the reply first
+			// and commit, or not, by a race.
+			g.Release()
 		}
 	}
-	e.attribute(ops, e.fake.CallsAfter(start))
+	if interrupted {
+		// What the server does once let go, after its client left, is
+		// what T10 judges: wait for it.
+		e.idle(false)
+		e.quiet()
+	}
+	e.attribute(ops, e.fake.CallsAfter(start), e.fake.RunsAfter(start))
+	for i, f := range flights {
+		if f.interrupted {
+			ops[i].Turn.Interrupted, ops[i].Turn.Released = true, released
+		}
+	}
 	for _, s := range p.Sends {
 		if s.Token != "" {
 			// A fault is for this step only: a server that later replays
@@ -251,6 +294,7 @@ func (e *executor) let(s Send, f *flight) {
 	switch dc, ok := e.srv.(DeadlineController); {
 	case s.Abort:
 		f.cancel()
+		f.interrupted = true
 	case s.Fault.Kind == faults.Hold && ok:
 		// The model never answers: the server's deadline passes now. Only
 		// a sequential step holds until the deadline, so no other call is
@@ -319,25 +363,82 @@ func (e *executor) waitChange(wake <-chan struct{}) {
 }
 
 // idle waits, where the server reports its activity, until it has finished
-// every request: an aborted turn's rollback is then done before the next
-// step, which would otherwise race it.
-func (e *executor) idle() {
+// every request, or is only waiting for what the fake model holds: an
+// aborted turn's rollback is then done before the next step, which would
+// otherwise race it. After a client dropped a turn (aborted), the server
+// is given abortGrace to see the disconnect before a wait on the model
+// counts as rest: a server that passes the abort on ends the turn at
+// once, well within it. A server that does not report its activity is
+// then given until the model holds nothing (it cancelled its held call),
+// or abortGrace.
+func (e *executor) idle(aborted bool) {
 	ar, ok := e.srv.(ActivityReporter)
+	deadline := time.After(clientTimeout)
+	grace := time.Now().Add(abortGrace)
 	if !ok {
+		if !aborted {
+			return
+		}
+		for e.fake.Holding() > 0 && time.Now().Before(grace) {
+			time.Sleep(pollInterval)
+		}
 		return
 	}
-	deadline := time.After(clientTimeout)
 	for {
 		working, _, changed := ar.Activity()
-		if working == 0 {
+		if working == 0 || working <= e.fake.Holding() && (!aborted || !time.Now().Before(grace)) {
 			return
 		}
 		select {
 		case <-changed:
+		case <-time.After(pollInterval): // the model's holds change unannounced
 		case <-deadline:
 			return
 		}
 	}
+}
+
+// abortGrace is how long a server that does not report its activity is
+// given to see that a client dropped its turn before the harness lets go
+// of what the model holds for it. pollInterval is how often the harness
+// looks at what the model holds.
+const (
+	abortGrace   = 4 * quietPeriod
+	pollInterval = 2 * time.Millisecond
+)
+
+// quiet waits until no model call or tool run has arrived for a quiet
+// period (at most clientTimeout): what a server that does not report its
+// activity does once let go then falls in this step.
+func (e *executor) quiet() {
+	if _, ok := e.srv.(ActivityReporter); ok {
+		return // idle has waited for it
+	}
+	deadline := time.After(clientTimeout)
+	last, since := e.fake.CallCount()+len(e.fake.RunsAfter(0)), time.Now()
+	for time.Since(since) < quietPeriod {
+		select {
+		case <-deadline:
+			return
+		case <-time.After(pollInterval):
+		}
+		if n := e.fake.CallCount() + len(e.fake.RunsAfter(0)); n != last {
+			last, since = n, time.Now()
+		}
+	}
+}
+
+// laterPoint is where, past its first model call, the model holds a
+// turn for the harness to act on: the point its client drops it at, or
+// the call of its tool loop held until the server's deadline.
+func laterPoint(s Send) (faults.Point, bool) {
+	switch {
+	case s.Abort && s.AbortAt != nil && *s.AbortAt != (faults.Point{}):
+		return *s.AbortAt, true
+	case !s.Abort && s.Fault.Kind == faults.Hold && s.Fault.Round > 0:
+		return faults.Point{Round: s.Fault.Round}, true
+	}
+	return faults.Point{}, false
 }
 
 // attribute fills in each op's model.Turn: its outcome, and the calls that
@@ -346,7 +447,7 @@ func (e *executor) idle() {
 // without a usable message sent on its own, what that request set off
 // (T3), and otherwise an auxiliary call (a title, a summary), which must
 // still mix no conversations (T5): it goes with the step's first request.
-func (e *executor) attribute(ops []Op, calls []model.Call) {
+func (e *executor) attribute(ops []Op, calls []model.Call, runs []model.ToolRun) {
 	for i := range ops {
 		op := &ops[i]
 		op.Turn.Conv = op.Send.Conv
@@ -366,5 +467,16 @@ func (e *executor) attribute(ops []Op, calls []model.Call) {
 			}
 		}
 		ops[owner].Turn.Calls = append(ops[owner].Turn.Calls, c)
+	}
+	// A tool run belongs to the turn whose tool call it runs; the model
+	// names the turn in the call's id.
+	for _, r := range runs {
+		user, _, ok := model.ToolTurn(r.ID)
+		for i := range ops {
+			if ok && ops[i].Send.Token != "" && ops[i].Send.Token == user {
+				ops[i].Turn.Runs = append(ops[i].Turn.Runs, r)
+				break
+			}
+		}
 	}
 }

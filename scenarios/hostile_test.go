@@ -359,12 +359,13 @@ func TestHostileGigabytes(t *testing.T) {
 	}
 	cases := []struct {
 		name    string
+		status  int // what the server answers every request, an invalid one too (T3)
 		handler func(sent, requests *atomic.Int64) http.HandlerFunc
 	}{
-		{"json body", endless(http.StatusOK, "application/json", `{"choices":[{"message":{"role":"assistant","content":"`, same)},
-		{"one sse data line", endless(http.StatusOK, "text/event-stream", "data: ", same)},
-		{"sse chunks", endless(http.StatusOK, "text/event-stream", "", func() []byte { return chunks })},
-		{"error body", endless(http.StatusInternalServerError, "application/json", `{"error":{"message":"`, same)},
+		{"json body", http.StatusOK, endless(http.StatusOK, "application/json", `{"choices":[{"message":{"role":"assistant","content":"`, same)},
+		{"one sse data line", http.StatusOK, endless(http.StatusOK, "text/event-stream", "data: ", same)},
+		{"sse chunks", http.StatusOK, endless(http.StatusOK, "text/event-stream", "", func() []byte { return chunks })},
+		{"error body", http.StatusInternalServerError, endless(http.StatusInternalServerError, "application/json", `{"error":{"message":"`, same)},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -389,7 +390,7 @@ func TestHostileGigabytes(t *testing.T) {
 			assert.Less(t, total/n, int64(24<<20), "the client read on far past its bounds")
 			assert.Less(t, heapPeak, before.HeapInuse+256<<20, "the heap grew with what the server sent")
 			assert.Zero(t, r.c.Stats.Outcomes["ok"])
-			assertHonest(t, r.c, t3AnsweredWith(200))
+			assertHonest(t, r.c, t3AnsweredWith(tc.status))
 		})
 	}
 }

@@ -181,6 +181,9 @@ func burstAction(n int) string { return fmt.Sprintf("burst of %d", n) }
 // wrong with it.
 func (m *machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool) Send {
 	s := turnSend(c.ref, tok, rapid.Bool().Draw(t, "stream"))
+	if m.profile.Tools {
+		drawRounds(t, &s)
+	}
 	drawFaults(t, &s, sequential)
 	return s
 }
@@ -232,6 +235,9 @@ func (m *machine) record(op Op) {
 	m.stats.Outcomes[op.Response.Outcome.String()]++
 	if k := op.Send.faultKind(); k != "" {
 		m.stats.Faults[k]++
+	}
+	if len(op.Send.Rounds) > 0 {
+		m.stats.Faults["tool-turn"]++
 	}
 	tok := op.Send.Token
 	if tok == "" {

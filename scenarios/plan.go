@@ -1,6 +1,7 @@
 package scenarios
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -70,20 +71,56 @@ type Send struct {
 	// Messages are the request's messages, as sent.
 	Messages []openai.Message `json:"messages"`
 	Stream   bool             `json:"stream,omitempty"`
+	// Rounds are the tool calls the fake model asks for before it
+	// replies, round by round (a server that offers no tools gets the
+	// reply at once).
+	Rounds []faults.Round `json:"rounds,omitempty"`
 	// Fault is what the fake model does with the turn's calls once the
-	// first is let go.
+	// first is let go: at the call of the tool loop Fault.Round says.
 	Fault faults.Fault `json:"fault,omitzero"`
-	// Abort: instead of letting the held call go, the client drops the
-	// connection, so the turn's outcome is unknown.
-	Abort bool `json:"abort,omitempty"`
+	// Abort: the client drops the connection while the model holds the
+	// turn at AbortAt (nil: its first call, before any answer), so the
+	// turn is interrupted and its outcome unknown.
+	Abort   bool          `json:"abort,omitempty"`
+	AbortAt *faults.Point `json:"abortAt,omitempty"`
 }
 
-// String says what is injected, for a person reading a report.
+// String says what the fake model does, and what is injected, for a
+// person reading a report.
 func (s Send) String() string {
-	if s.Abort {
-		return "client-abort: the model holds the call, the client drops the connection"
+	var parts []string
+	if len(s.Rounds) > 0 {
+		rounds := make([]string, len(s.Rounds))
+		for i, r := range s.Rounds {
+			rounds[i] = strings.Join(r, "+")
+		}
+		parts = append(parts, "tools "+strings.Join(rounds, ", then "))
 	}
-	return s.Fault.String()
+	switch {
+	case s.Abort:
+		parts = append(parts, "client-abort: the client drops the connection while the model holds the turn at "+abortPoint(s.AbortAt))
+	case s.Fault.Kind != faults.None || len(parts) == 0:
+		parts = append(parts, s.Fault.String())
+	}
+	return strings.Join(parts, "; ")
+}
+
+// abortPoint says where a turn is held for the client to drop it.
+func abortPoint(p *faults.Point) string {
+	switch {
+	case p == nil || *p == faults.Point{}:
+		return "its first model call"
+	case p.Tool > 0:
+		return fmt.Sprintf("tool call %d of round %d (running)", p.Tool, p.Round)
+	}
+	where := "its first model call"
+	if p.Round > 0 {
+		where = fmt.Sprintf("the model call after %d tool round(s)", p.Round)
+	}
+	if p.Chunks > 0 {
+		return fmt.Sprintf("%s, after %d chunk(s) of its answer", where, p.Chunks)
+	}
+	return where
 }
 
 // faultKind is the send's fault as Stats counts it, "" for none.
@@ -131,6 +168,41 @@ func (p Plan) check() error {
 		if s.Token != "" && len(s.Messages) == 0 {
 			return fmt.Errorf("%q: request %s has no messages", p.Action, s.Token)
 		}
+		if err := s.checkTools(); err != nil {
+			return fmt.Errorf("%q: request %s: %w", p.Action, s.Token, err)
+		}
+		if s.AbortAt != nil && len(p.Sends) > 1 {
+			return fmt.Errorf("%q: an abort at a later point of a turn in a burst", p.Action)
+		}
+	}
+	return nil
+}
+
+// checkTools says what makes the send's tool rounds, fault and abort
+// point impossible, nil if nothing.
+func (s Send) checkTools() error {
+	for i, r := range s.Rounds {
+		if len(r) == 0 {
+			return fmt.Errorf("tool round %d calls no tool", i+1)
+		}
+		for _, name := range r {
+			if name != faults.ToolEcho && name != faults.ToolLookup {
+				return fmt.Errorf("tool round %d: unknown tool %q", i+1, name)
+			}
+		}
+	}
+	if s.Fault.Round < 0 || s.Fault.Round > len(s.Rounds) {
+		return fmt.Errorf("a fault at the model call after %d tool round(s), of %d", s.Fault.Round, len(s.Rounds))
+	}
+	p := s.AbortAt
+	switch {
+	case p == nil:
+	case !s.Abort:
+		return errors.New("an abort point without an abort")
+	case p.Round < 0 || p.Round > len(s.Rounds) || p.Chunks < 0 || p.Tool < 0:
+		return fmt.Errorf("abort point %+v is outside the turn's %d tool round(s)", *p, len(s.Rounds))
+	case p.Tool > 0 && (p.Round < 1 || p.Tool > len(s.Rounds[p.Round-1]) || s.Rounds[p.Round-1][p.Tool-1] != faults.ToolLookup):
+		return fmt.Errorf("abort point %+v is not a lookup tool call of the turn", *p)
 	}
 	return nil
 }
@@ -165,11 +237,65 @@ func turnSend(conv model.ConversationRef, tok model.Token, stream bool) Send {
 		Messages: []openai.Message{{Role: openai.RoleUser, Content: openai.Content(UserText(tok))}}}
 }
 
+// drawRounds draws the tool calls the fake model asks for before it
+// replies: most turns none, and otherwise one to three rounds of one to
+// three calls, each of echo or lookup.
+func drawRounds(t *rapid.T, s *Send) {
+	// Most turns plain; of the others, one round most often.
+	rounds := [...]int{0, 0, 0, 0, 0, 1, 1, 2, 3}
+	n := rounds[rapid.IntRange(0, len(rounds)-1).Draw(t, "tool rounds")]
+	for range n {
+		calls := rapid.IntRange(1, 3).Draw(t, "tool calls")
+		r := make(faults.Round, calls)
+		for i := range r {
+			r[i] = rapid.SampledFrom([]string{faults.ToolEcho, faults.ToolLookup}).Draw(t, "tool")
+		}
+		s.Rounds = append(s.Rounds, r)
+	}
+}
+
+// drawAbortPoint draws where a sequential turn's client drops the
+// connection: its first model call (the zero point), or, now and then, a
+// later model call after some chunks of its answer, or a lookup tool call
+// while it runs.
+func drawAbortPoint(t *rapid.T, s *Send) {
+	if rapid.IntRange(0, 2).Draw(t, "abort later") == 0 {
+		return
+	}
+	p := faults.Point{Round: rapid.IntRange(0, len(s.Rounds)).Draw(t, "abort round")}
+	var lookups []int
+	if p.Round > 0 {
+		for i, name := range s.Rounds[p.Round-1] {
+			if name == faults.ToolLookup {
+				lookups = append(lookups, i+1)
+			}
+		}
+	}
+	if len(lookups) > 0 && rapid.Bool().Draw(t, "abort in a tool") {
+		p.Tool = rapid.SampledFrom(lookups).Draw(t, "abort tool")
+	} else {
+		p.Chunks = rapid.IntRange(0, len(faults.ReplyChunks("tc-u0"))).Draw(t, "abort after chunks")
+	}
+	if p != (faults.Point{}) {
+		s.AbortAt = &p
+	}
+}
+
 // drawFaults draws what goes wrong with one turn. Draws shrink toward zero,
 // so the buckets are ordered from the plainest turn to the most disruptive.
 // A hold until the server's deadline is drawn only for a turn sent on its
 // own (sequential): the harness expires every deadline in flight at once.
+// A fault lands at a drawn call of the turn's tool loop, an abort (of a
+// sequential turn) at a drawn point of it.
 func drawFaults(t *rapid.T, s *Send, sequential bool) {
+	defer func() {
+		if s.Fault.Kind != faults.None && len(s.Rounds) > 0 {
+			s.Fault.Round = rapid.IntRange(0, len(s.Rounds)).Draw(t, "fault round")
+		}
+		if s.Abort && sequential {
+			drawAbortPoint(t, s)
+		}
+	}()
 	switch k := rapid.IntRange(0, 39).Draw(t, "fault"); {
 	case k < 20:
 	case k < 26:

@@ -63,6 +63,7 @@ type profileFile struct {
 	Keys               []string      `yaml:"keys"`
 	Model              string        `yaml:"model"`
 	ModelTimeout       time.Duration `yaml:"model_timeout"`
+	Tools              bool          `yaml:"tools"`
 	Policies           policySection `yaml:"policies"`
 }
 
@@ -189,7 +190,7 @@ func fieldList(t reflect.Type) string {
 
 // target checks the profile's values and builds its Target.
 func (f *profileFile) target() (Target, error) {
-	p := Profile{Header: f.ConversationHeader, Keys: f.Keys, Model: f.Model, ModelTimeout: f.ModelTimeout}
+	p := Profile{Header: f.ConversationHeader, Keys: f.Keys, Model: f.Model, ModelTimeout: f.ModelTimeout, Tools: f.Tools}
 	if f.Server != nil {
 		p.Agent = f.Server.Agent
 	}

@@ -83,7 +83,7 @@ func writeOp(b *strings.Builder, op Op, p Profile) {
 	if op.Request.Stream {
 		b.WriteString(", streamed")
 	}
-	fmt.Fprintf(b, "\n        fault: %s\n", op.Send)
+	fmt.Fprintf(b, "\n        model does: %s\n", op.Send)
 	fmt.Fprintf(b, "        outcome: %s", op.Response.Outcome)
 	if op.Response.Status != 0 {
 		fmt.Fprintf(b, " (status %d)", op.Response.Status)
@@ -99,6 +99,15 @@ func writeOp(b *strings.Builder, op Op, p Profile) {
 	}
 	for _, c := range op.Turn.Calls {
 		fmt.Fprintf(b, "        model saw: %s\n", model.FormatTokens(c.History))
+		if len(c.Tools) > 0 {
+			fmt.Fprintf(b, "          tool traffic: %s\n", formatTools(c.Tools))
+		}
+	}
+	for _, r := range op.Turn.Runs {
+		fmt.Fprintf(b, "        tool run: %s (at %d)\n", r.ID, r.At)
+	}
+	if op.Turn.Interrupted {
+		fmt.Fprintf(b, "        interrupted: what the server still waited on was let go at %d, after the client dropped the connection\n", op.Turn.Released)
 	}
 	fmt.Fprintf(b, "        %s\n", curlCommand(op.Request, p))
 }
@@ -180,6 +189,19 @@ func countList(m map[string]int) string {
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// formatTools renders a call's tool traffic: "call ID", "result ID" and
+// "user" for each user message, in message order.
+func formatTools(events []model.ToolEvent) string {
+	parts := make([]string, len(events))
+	for i, e := range events {
+		parts[i] = string(e.Kind)
+		if e.ID != "" {
+			parts[i] += " " + e.ID
+		}
 	}
 	return strings.Join(parts, ", ")
 }

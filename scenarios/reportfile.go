@@ -21,9 +21,10 @@ const ReportSchema = "turncheck/report/v1"
 // with its mutant and concurrency policy; any other kind names a server
 // only the caller knows how to start.
 type ServerSpec struct {
-	Kind        string `json:"kind"`
-	Mutant      string `json:"mutant,omitempty"`
-	Concurrency string `json:"concurrency,omitempty"`
+	Kind         string `json:"kind"`
+	Mutant       string `json:"mutant,omitempty"`
+	Concurrency  string `json:"concurrency,omitempty"`
+	Interruption string `json:"interruption,omitempty"`
 	// Profile is the path of the profile, for kind "profile"; URL the
 	// server's base URL, for kind "url" (a server started by someone else).
 	Profile string `json:"profile,omitempty"`

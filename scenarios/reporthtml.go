@@ -27,7 +27,7 @@ iframe{width:100%;height:32em;border:1px solid #ccc}
 </style></head><body>
 <h1>turncheck report</h1>
 <p class="verdict {{if .Failure}}fail{{else}}pass{{end}}">{{.Verdict}}{{with .Failure}}{{with .Violation}}: {{.Invariant}} ({{.Invariant.Title}}) broken{{end}}{{end}}</p>
-<p class="muted">server {{.Server.Kind}}{{with .Server.Mutant}}, mutant {{.}}{{end}}{{with .Server.Concurrency}}, concurrency {{.}}{{end}}; seed {{.Seed}}; {{.Stats.Checks}} check(s), {{.Stats.Steps}} request(s)</p>
+<p class="muted">server {{.Server.Kind}}{{with .Server.Mutant}}, mutant {{.}}{{end}}{{with .Server.Concurrency}}, concurrency {{.}}{{end}}{{with .Server.Interruption}}, interruption {{.}}{{end}}; seed {{.Seed}}; {{.Stats.Checks}} check(s), {{.Stats.Steps}} request(s)</p>
 {{with .Failure}}
 {{with .Violation}}<pre id="violation">{{.Error}}</pre>{{end}}
 {{if .Flaky}}<p class="fail">The failure did not reproduce when its steps were replayed: this is the run that failed.</p>{{end}}

@@ -50,8 +50,11 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.AckBeforeDurable:    {model.T7},
 	// The evicted conversation's loss shows when it is next loaded: after
 	// an eviction, or after a restart, which empties the cache (T7).
-	sut.LostOnEvict:        {model.T2, model.T7},
-	sut.NoConversationLock: {model.T4},
+	sut.LostOnEvict:               {model.T2, model.T7},
+	sut.NoConversationLock:        {model.T4},
+	sut.OrphanToolCallOnInterrupt: {model.T9},
+	sut.ShallowClone:              {model.T11},
+	sut.ToolRunsAfterCancel:       {model.T10},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: the
@@ -78,7 +81,7 @@ func TestMutantsCaught(t *testing.T) {
 	require.Len(t, caughtAs, len(sut.Mutants()), "every mutant needs an entry")
 	for _, info := range sut.Mutants() {
 		t.Run(string(info.Mutant), func(t *testing.T) {
-			target := scenarios.Reference{Mutant: info.Mutant}
+			target := scenarios.MutantReference(info.Mutant)
 			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, ShrinkTime: 5 * time.Second})
 			require.NoError(t, err)
 			require.NotNil(t, res.Failure, "mutant %s (%s) not caught in %d checks (seed %d)",

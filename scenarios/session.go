@@ -188,7 +188,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 		fake:    l.fake,
 		client:  cl,
 		exec:    &executor{srv: srv, fake: l.fake, client: cl, clock: clock, ctx: ctx},
-		ref:     model.NewWith(model.Policies{Concurrency: l.profile.Concurrency}),
+		ref:     model.NewWith(l.profile.policies()),
 		aside:   map[model.ConversationRef]bool{},
 		skipped: map[model.Invariant]int{},
 		sources: []string{referenceSource},

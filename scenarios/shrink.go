@@ -110,8 +110,9 @@ func (s *shrinker) simplify() bool {
 }
 
 // simpler lists simpler versions of p, most drastic first: the burst
-// without one of its requests, then one request without its fault or its
-// stream, then the burst's requests on fewer conversations.
+// without one of its requests, then one request without its fault, with
+// its abort at its first call, with fewer or plainer tool calls, or
+// without its stream, then the burst's requests on fewer conversations.
 func simpler(p Plan, all []Plan) []Plan {
 	var out []Plan
 	if p.Restart != nil && len(p.Sends) > 0 {
@@ -127,7 +128,17 @@ func simpler(p Plan, all []Plan) []Plan {
 	for k, send := range p.Sends {
 		if send.Abort || send.Fault.Kind != faults.None {
 			q := clonePlan(p)
-			q.Sends[k].Abort, q.Sends[k].Fault = false, faults.Fault{}
+			q.Sends[k].Abort, q.Sends[k].AbortAt, q.Sends[k].Fault = false, nil, faults.Fault{}
+			out = append(out, q)
+		}
+		if send.AbortAt != nil {
+			q := clonePlan(p)
+			q.Sends[k].AbortAt = nil
+			out = append(out, q)
+		}
+		for _, s := range simplerTools(send) {
+			q := clonePlan(p)
+			q.Sends[k] = s
 			out = append(out, q)
 		}
 	}
@@ -166,6 +177,49 @@ func withoutSend(p Plan, k int) Plan {
 		}
 	}
 	return q
+}
+
+// simplerTools lists the send with fewer or plainer tool calls: without
+// its last round, without one call of a round, with a lookup made an
+// echo; each only where its fault and abort point still fit.
+func simplerTools(s Send) []Send {
+	var out []Send
+	add := func(rounds []faults.Round) {
+		c := s
+		c.Rounds = rounds
+		if c.checkTools() == nil {
+			out = append(out, c)
+		}
+	}
+	if n := len(s.Rounds); n > 0 {
+		add(cloneRounds(s.Rounds[:n-1]))
+	}
+	for r, round := range s.Rounds {
+		for i, name := range round {
+			if len(round) > 1 {
+				rounds := cloneRounds(s.Rounds)
+				rounds[r] = slices.Delete(rounds[r], i, i+1)
+				add(rounds)
+			}
+			if name == faults.ToolLookup {
+				rounds := cloneRounds(s.Rounds)
+				rounds[r][i] = faults.ToolEcho
+				add(rounds)
+			}
+		}
+	}
+	return out
+}
+
+func cloneRounds(rounds []faults.Round) []faults.Round {
+	out := make([]faults.Round, len(rounds))
+	for i, r := range rounds {
+		out[i] = slices.Clone(r)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 func clonePlan(p Plan) Plan {

@@ -70,6 +70,18 @@ type Profile struct {
 	// harness restarts such a server with the reference's query changed,
 	// and with two references sharing its stable key (T8).
 	Agent string
+	// Tools says that the server offers the model the tools echo {text}
+	// and lookup {key} of PROTOCOL.md's tool loop (lookup GETs
+	// MODEL/tools/lookup?key=KEY): the fake model then asks for tool
+	// calls, and tool pairs (T9) and working-copy leaks (T11) are checked.
+	// Without it they are not applicable.
+	Tools bool
+}
+
+// policies are the policies p declares, as the reference model takes
+// them.
+func (p Profile) policies() model.Policies {
+	return model.Policies{Concurrency: p.Concurrency, KeepConsistent: p.Interruption == KeepConsistent}
 }
 
 // requestTimeout bounds one request: the server's model timeout and a
@@ -140,6 +152,27 @@ type Reference struct {
 	// Concurrency is the server's policy for concurrent requests on one
 	// conversation; "" means sut.Serialize.
 	Concurrency sut.Concurrency
+	// Interruption is the server's policy for a turn whose client
+	// disconnects; "" means rollback.
+	Interruption sut.Interruption
+}
+
+// ReferenceCompactAfter is the reference server's compaction threshold
+// (sut.Config.CompactAfter) in checks: low enough that a turn with a few tool rounds passes it, so
+// that compaction marks are made, committed and rolled back (T11).
+const ReferenceCompactAfter = 6
+
+// MutantReference is the reference server with mutant m switched on (none
+// for sut.Clean), declaring the interruption policy of the server its bug
+// comes from (sut.MutantInfo), rollback if it names none.
+func MutantReference(m sut.Mutant) Reference {
+	r := Reference{Mutant: m, Interruption: sut.Rollback}
+	for _, info := range sut.Mutants() {
+		if info.Mutant == m && info.Interruption != "" {
+			r.Interruption = info.Interruption
+		}
+	}
+	return r
 }
 
 var referenceKeys = []string{"key-a", "key-b"}
@@ -154,10 +187,13 @@ const (
 // Profile is the reference server's profile: two API keys, the
 // concurrency policy it runs with, durable storage, and one agent.
 func (r Reference) Profile() Profile {
-	p := Profile{Keys: referenceKeys, Model: referenceAgent, Agent: referenceAgent,
-		Durability: Durability{Restart: true, Crash: true}}
+	p := Profile{Keys: referenceKeys, Model: referenceAgent, Agent: referenceAgent, Tools: true,
+		Durability: Durability{Restart: true, Crash: true}, Interruption: Rollback}
 	if r.Concurrency == sut.Reject {
 		p.Concurrency = model.Reject
+	}
+	if string(r.Interruption) == string(KeepConsistent) {
+		p.Interruption = KeepConsistent
 	}
 	return p
 }
@@ -180,6 +216,8 @@ func (r Reference) Start(modelURL string) (Server, error) {
 		Keys:             referenceKeys,
 		Mutant:           r.Mutant,
 		Concurrency:      r.Concurrency,
+		Interruption:     r.Interruption,
+		CompactAfter:     ReferenceCompactAfter,
 		Gauge:            gauge,
 		Agents:           agentRefs(modelURL, referenceAgent, []string{referenceSource}),
 	}}

@@ -3,6 +3,7 @@ package sut
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -17,20 +18,87 @@ type convKey struct {
 	id    string
 }
 
+// message is one message of a conversation, with what the server keeps
+// about it besides its wire form. Conversations hold pointers to messages,
+// so that compaction can mark one in place: a working copy must therefore
+// copy every message it may mark (clone), or a failed turn's marks would
+// show in the committed conversation (T11).
+type message struct {
+	openai.Message
+	// hidden marks a message that compaction took out of what the model
+	// is sent (compaction.go). It stays in the conversation and the store.
+	hidden bool
+}
+
+// copy returns a message that shares nothing mutable with m.
+func (m *message) copy() *message {
+	c := *m
+	c.ToolCalls = slices.Clone(m.ToolCalls)
+	return &c
+}
+
+// toolPair reports whether m belongs to a tool round: an assistant message
+// that asks for tool calls, or a tool result.
+func (m *message) toolPair() bool {
+	return m.Role == openai.RoleTool || (m.Role == openai.RoleAssistant && len(m.ToolCalls) > 0)
+}
+
+// size is what m counts for against MaxHistoryBytes: its text, and the
+// arguments of the tool calls it asks for.
+func (m *message) size() int64 {
+	n := int64(len(m.Content))
+	for _, c := range m.ToolCalls {
+		n += int64(len(c.Function.Arguments))
+	}
+	return n
+}
+
+// wrap returns msgs as conversation messages, none hidden.
+func wrap(msgs []openai.Message) []*message {
+	out := make([]*message, len(msgs))
+	for i, m := range msgs {
+		out[i] = (&message{Message: m}).copy()
+	}
+	return out
+}
+
 // conversation is a committed history. The server never runs a turn on a
 // cached conversation: it runs it on a clone and swaps the clone in only
 // when the turn is committed (T1).
 type conversation struct {
-	messages []openai.Message
+	messages []*message
 	// source is the key of the agent source the conversation was started
 	// under; "" when it is bound to none (no agents were loaded).
 	source string
 }
 
-// clone returns a copy that shares no mutable state with c. Messages hold
-// only strings, so copying the slice copies them whole.
+// clone returns a copy that shares no mutable state with c: new message
+// structs, tool calls copied, so that marking a message of the copy leaves
+// c as it was.
 func (c *conversation) clone() *conversation {
-	return &conversation{messages: append([]openai.Message(nil), c.messages...), source: c.source}
+	msgs := make([]*message, len(c.messages))
+	for i, m := range c.messages {
+		msgs[i] = m.copy()
+	}
+	return &conversation{messages: msgs, source: c.source}
+}
+
+// shallowClone copies the slice of c's messages and not the messages: the
+// copy can grow on its own, but a mark on one of its messages is a mark on
+// c's. Only the shallow-clone mutant runs turns on it.
+func (c *conversation) shallowClone() *conversation {
+	return &conversation{messages: slices.Clone(c.messages), source: c.source}
+}
+
+// visible returns the messages the model is sent: all but the hidden.
+func (c *conversation) visible() []openai.Message {
+	out := make([]openai.Message, 0, len(c.messages))
+	for _, m := range c.messages {
+		if !m.hidden {
+			out = append(out, m.Message)
+		}
+	}
+	return out
 }
 
 // conversations is the bounded cache of committed conversations over the
@@ -111,21 +179,22 @@ func (cs *conversations) peek(ctx context.Context, k convKey) (*conversation, er
 }
 
 // commit makes next the committed state of k: the messages after the
-// first committedLen go to the store durably, then next replaces the cached
-// conversation. Under the lock nothing else can have been committed since
-// committedLen, and a clash fails the commit; with overwrite (the mutants
-// that run turns without the lock) the messages replace whatever another
-// turn committed at the same places, and the later commit wins.
-func (cs *conversations) commit(k convKey, committedLen int, next *conversation, overwrite bool) error {
-	msgs := next.messages[committedLen:]
+// first committedLen go to the store durably, with the hidden marks the
+// turn set on earlier messages (hid, their indexes), then next replaces the
+// cached conversation. Under the lock nothing else can have been committed
+// since committedLen, and a clash fails the commit; with overwrite (the
+// mutants that run turns without the lock) the messages replace whatever
+// another turn committed at the same places, and the later commit wins.
+func (cs *conversations) commit(k convKey, committedLen int, hid []int, next *conversation, overwrite bool) error {
+	ch := change{seq: committedLen, msgs: snapshot(next.messages[committedLen:]), hide: slices.Clone(hid), source: next.source}
 	if !overwrite {
 		if cs.behind != nil {
 			// The bug: acknowledged before it is durable.
-			cs.behind.enqueue(k, committedLen, msgs, next.source)
+			cs.behind.enqueue(k, ch)
 			cs.cache.Add(k, next)
 			return nil
 		}
-		if err := cs.store.appendMessages(k, committedLen, msgs, next.source); err != nil {
+		if err := cs.store.appendMessages(k, ch); err != nil {
 			return err
 		}
 		cs.cache.Add(k, next)
@@ -133,9 +202,30 @@ func (cs *conversations) commit(k convKey, committedLen int, next *conversation,
 	}
 	cs.overwriting.Lock()
 	defer cs.overwriting.Unlock()
-	if err := cs.store.overwriteMessages(k, committedLen, msgs, next.source); err != nil {
+	if err := cs.store.overwriteMessages(k, ch); err != nil {
 		return err
 	}
 	cs.cache.Add(k, next)
 	return nil
+}
+
+// change is one commit's change to a stored conversation: messages from
+// seq on, hidden marks set on earlier ones, and the source key (written
+// with the first messages only).
+type change struct {
+	seq    int
+	msgs   []message // values: what they were at the commit
+	hide   []int     // indexes of earlier messages now hidden
+	source string
+}
+
+// snapshot copies msgs as values, so that a change queued behind (the
+// ack-before-durable mutant) is what was committed, whatever happens to
+// the messages after.
+func snapshot(msgs []*message) []message {
+	out := make([]message, len(msgs))
+	for i, m := range msgs {
+		out[i] = *m.copy()
+	}
+	return out
 }

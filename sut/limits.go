@@ -35,17 +35,23 @@ func (rs *requestSlots) give() { rs.used.Add(-1) }
 // message must be within MaxHistoryBytes; a reply may then take it past
 // that, and the next turn is refused.
 //
+// A turn's tool rounds are not known before it runs either: they may take
+// a conversation past either limit too, by at most MaxToolRounds rounds,
+// and then the next turn is refused. Text counts with the arguments of
+// the tool calls.
+//
 // A full conversation is refused, never trimmed: every committed turn
-// stays in every later model request (PROTOCOL.md, T2). The client learns
-// why, with the limit, instead of a model error on every later turn.
-func (s *Server) checkHistory(committed []openai.Message, user openai.Message) error {
+// stays in every later model request (PROTOCOL.md, T2), but for the tool
+// rounds compaction hides. The client learns why, with the limit, instead
+// of a model error on every later turn.
+func (s *Server) checkHistory(committed []*message, user openai.Message) error {
 	if n := len(committed) + 2; n > s.cfg.MaxHistoryMessages {
 		return fmt.Errorf("the conversation is full: with this turn and its reply it would hold %d messages, over the server's limit of %d; nothing was changed: start a new conversation",
 			n, s.cfg.MaxHistoryMessages)
 	}
 	size := int64(len(user.Content))
 	for _, m := range committed {
-		size += int64(len(m.Content))
+		size += m.size()
 	}
 	if size > s.cfg.MaxHistoryBytes {
 		return fmt.Errorf("the conversation is full: with this turn its history would be %d bytes, over the server's limit of %d; nothing was changed: start a new conversation",

@@ -70,7 +70,8 @@ func Serve(cfg Config, ln net.Listener) (*Running, error) {
 func (r *Running) URL() string { return "http://" + r.ln.Addr().String() }
 
 // Close stops listening, drops every connection (turns in flight see their
-// client go away and roll back), waits for them to end and closes the store.
+// client go away and end as interrupted: Config.Interruption), waits for
+// them to end and closes the store.
 func (r *Running) Close() error {
 	r.conns.stop()
 	err := r.hs.Close()
@@ -88,6 +89,9 @@ func (r *Running) Close() error {
 // sees exactly what was durable. A later Close or Shutdown does nothing;
 // after one of them, Crash does nothing.
 func (r *Running) Crash() error {
+	// The turns in flight die with the process: none may take its
+	// dropped connection for a client that disconnected, and commit.
+	r.Server.crashing.Store(true)
 	// The connections go first: from here on no reply reaches a client.
 	r.conns.stop()
 	err := r.hs.Close()
@@ -101,7 +105,7 @@ func (r *Running) Crash() error {
 }
 
 // Shutdown stops listening, lets turns in flight finish (until ctx ends,
-// when the rest are dropped and roll back), then closes the store. A
+// when the rest are dropped and end as interrupted), then closes the store. A
 // connection on which no turn runs (idle, or still sending its request) is
 // closed at once: a stalled client does not hold the stop.
 func (r *Running) Shutdown(ctx context.Context) error {

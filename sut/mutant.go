@@ -48,6 +48,20 @@ const (
 	// LostOnEvict deletes a conversation from the store when the cache
 	// evicts it, though the server claims durable storage.
 	LostOnEvict Mutant = "lost-on-evict"
+	// OrphanToolCallOnInterrupt persists an interrupted turn's working
+	// copy as it stands, whatever the interruption policy: a tool round
+	// whose results are not all in leaves an assistant tool call without
+	// its result in the conversation.
+	OrphanToolCallOnInterrupt Mutant = "orphan-tool-call-on-interrupt"
+	// ShallowClone runs a turn on a copy of the conversation that shares
+	// its message structs with the committed one, so that the compaction
+	// marks of a turn that fails show in the committed conversation.
+	ShallowClone Mutant = "shallow-clone"
+	// ToolRunsAfterCancel runs tools on a context detached from the
+	// request and looks for an interruption only before a model call:
+	// after the client disconnects, the tools left in the round still
+	// start. The turn still rolls back.
+	ToolRunsAfterCancel Mutant = "tool-runs-after-cancel"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -60,29 +74,41 @@ type MutantInfo struct {
 	Breaks string
 	// Bug says what the server gets wrong.
 	Bug string
+	// Interruption is the policy the server with the bug declares, where
+	// the bug is one of a server with that policy ("" for any): goose,
+	// where the orphaned tool call comes from, keeps what an interrupted
+	// turn completed.
+	Interruption Interruption
 }
 
 // Mutants lists every mutant, in a stable order.
 func Mutants() []MutantInfo {
 	return []MutantInfo{
 		{MutateBeforeRun, "docker-agent #2890", "T1",
-			"a continuation appends its user message to the cached conversation before the run; a failed turn stays and a retry sees it twice"},
+			"a continuation appends its user message to the cached conversation before the run; a failed turn stays and a retry sees it twice", ""},
 		{ReplayWithoutUser, "docker-agent #2947", "T3",
-			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400"},
+			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400", ""},
 		{CommitOnStreamError, "docker-agent #2890 (stream errors)", "T1",
-			"a turn whose model stream failed midway is committed with its partial reply although the client got an error"},
+			"a turn whose model stream failed midway is committed with its partial reply although the client got an error", ""},
 		{CrossKeyLeak, "PROTOCOL.md T5 (conversations scoped per key)", "T5",
-			"conversation ids are not scoped per API key: another key naming the same id continues the conversation"},
+			"conversation ids are not scoped per API key: another key naming the same id continues the conversation", ""},
 		{ForkNewSession, "openclaw #84575", "T4",
-			"the session is resolved before the per-conversation lane: concurrent first requests for a new id each start a fresh history, and the later commit overwrites the earlier"},
+			"the session is resolved before the per-conversation lane: concurrent first requests for a new id each start a fresh history, and the later commit overwrites the earlier", ""},
 		{NoConversationLock, "PROTOCOL.md T4 (one conversation, one line)", "T4",
-			"turns on one conversation are not serialized: concurrent continuations run on the same committed base, and the later commit overwrites the earlier"},
+			"turns on one conversation are not serialized: concurrent continuations run on the same committed base, and the later commit overwrites the earlier", ""},
 		{ExactSourceKeyOnly, "docker-agent #3410", "T8",
-			"a resume looks up the exact source key the conversation recorded (the full URL, query included); relaunched under another query, it fails with 500 \"agent not found\""},
+			"a resume looks up the exact source key the conversation recorded (the full URL, query included); relaunched under another query, it fails with 500 \"agent not found\"", ""},
 		{AckBeforeDurable, "PROTOCOL.md T7 (durability)", "T7",
-			"a commit is acknowledged once it is in the cache; the store write is queued and flushed every 500 ms and on a graceful stop, so a kill -9 loses acknowledged turns"},
+			"a commit is acknowledged once it is in the cache; the store write is queued and flushed every 500 ms and on a graceful stop, so a kill -9 loses acknowledged turns", ""},
 		{LostOnEvict, "PROTOCOL.md T2 (committed turns stay)", "T2",
-			"a conversation evicted from the cache is deleted from the store, though the server claims durable storage: it comes back empty"},
+			"a conversation evicted from the cache is deleted from the store, though the server claims durable storage: it comes back empty", ""},
+		{OrphanToolCallOnInterrupt, "goose #7785", "T9",
+			"on an interruption the working copy is persisted as it stands (replace_conversation), whatever the policy: a tool round cut short leaves an assistant tool call without its result",
+			KeepConsistent},
+		{ShallowClone, "docker-agent #2947 (deep-copy hardening)", "T11",
+			"the working copy shares its message structs with the committed conversation (only the slice is copied): a failed turn's compaction marks hide tool rounds from every later turn", ""},
+		{ToolRunsAfterCancel, "goose #7785/#7827", "T10",
+			"tools run on a context detached from the request, and cancellation is checked only before a model call: after the client disconnects, the tools left in the round still start", ""},
 	}
 }
 

@@ -4,6 +4,22 @@
 // commits only a turn that ended ok, durably, in SQLite under a bounded
 // cache. It also carries the catalogue of mutants: switches that bring back
 // the real bugs the harness exists to catch.
+//
+// A turn is a tool loop (toolloop.go): the server offers the model two
+// built-in tools, echo and lookup (tools.go), runs the calls the model asks
+// for and calls it again with their results, for at most MaxToolRounds
+// rounds. The turn commits its user message, every tool round and the
+// final reply together, or nothing.
+//
+// A client that disconnects mid-turn stops it at once: no model call and no
+// tool run starts for it afterwards. What the turn leaves is the server's
+// interruption policy (interruption.go): Rollback leaves nothing;
+// KeepConsistent keeps the user message and the tool rounds that completed,
+// each call with all its results, and never a round cut short or a reply.
+//
+// Long conversations are compacted (compaction.go): past CompactAfter
+// messages, the tool rounds of earlier turns are hidden from the model,
+// kept in the store, and the marks are part of the turn that set them.
 package sut
 
 import (
@@ -76,11 +92,14 @@ type Config struct {
 	DataDir string
 	// ConversationsMax bounds the in-memory conversation cache.
 	ConversationsMax int
-	// RequestTimeout bounds each model call; past it the turn fails (504).
-	// Under Serialize it also bounds the wait for a conversation's turn;
-	// past it the request gives up (503 conversation_busy).
+	// RequestTimeout bounds each model call of a turn; past it the turn
+	// fails (504). It bounds each lookup too; past it the lookup's result
+	// is an error and the turn goes on. Under Serialize it also bounds the
+	// wait for a conversation's turn; past it the request gives up (503
+	// conversation_busy).
 	RequestTimeout time.Duration
-	// Deadlines starts each model call's deadline; nil uses the clock.
+	// Deadlines starts each model call's and each lookup's deadline; nil
+	// uses the clock.
 	Deadlines Deadlines
 	// ConversationHeader names the header carrying the conversation id.
 	ConversationHeader string
@@ -126,6 +145,22 @@ type Config struct {
 	// Concurrency is what the server does with a request for a
 	// conversation whose turn is already running; "" means Serialize.
 	Concurrency Concurrency
+	// Interruption is what a turn leaves when its client disconnects
+	// while it runs; "" means Rollback. Either way the turn stops at once
+	// (its model call or tool run is cancelled, and none starts after).
+	// Under Rollback nothing of the turn is committed. Under
+	// KeepConsistent, if at least one tool round completed (its assistant
+	// tool call message and all its results are in), the user message and
+	// the completed rounds are committed, durably and under the
+	// conversation's lock, though the client is gone: a T9-consistent
+	// prefix, never a round cut short and never a reply; with no round
+	// completed nothing is. A crash is no interruption: it commits nothing.
+	Interruption Interruption
+	// CompactAfter is how many messages (the system prompt not counted) a
+	// stateful turn may show the model before compaction hides the tool
+	// rounds of earlier turns from it (compaction.go). 0 means
+	// DefaultCompactAfter.
+	CompactAfter int
 	// Gauge, if set, counts the requests the server is working on and
 	// those waiting for their conversation's turn; nil counts nothing.
 	Gauge *Gauge
@@ -155,6 +190,7 @@ type Server struct {
 	convs   *conversations
 	locks   convLocks
 	up      *upstream
+	tools   *toolbox
 	log     *slog.Logger
 	ids     atomic.Int64
 	slots   requestSlots
@@ -171,6 +207,10 @@ type Server struct {
 	// every model call, ends with it.
 	life context.Context
 	kill context.CancelFunc
+	// crashing is set as a crash begins, before the connections drop: a
+	// turn whose client then seems gone dies with the process, and is no
+	// interruption (interruption.go).
+	crashing atomic.Bool
 
 	// active counts requests in flight; once closed, none starts.
 	mu       sync.Mutex
@@ -230,6 +270,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cfg.Concurrency = concurrency
+	interruption, err := ParseInterruption(string(cfg.Interruption))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Interruption = interruption
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -260,6 +305,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	life, kill := context.WithCancel(context.Background())
+	up := newUpstream(modelURL, cfg.ModelName, cfg.MaxRequests)
 	s := &Server{
 		sources:      srcs,
 		life:         life,
@@ -270,7 +316,8 @@ func New(cfg Config) (*Server, error) {
 		store:        st,
 		convs:        convs,
 		locks:        convLocks{gauge: cfg.Gauge},
-		up:           newUpstream(modelURL, cfg.ModelName, cfg.MaxRequests),
+		up:           up,
+		tools:        newToolbox(modelURL, up.client, cfg.Deadlines, cfg.RequestTimeout),
 		log:          log,
 		redact:       newRedactor(cfg.Keys, modelURL).redact,
 		allowedHosts: allowedHosts,
@@ -291,6 +338,7 @@ func (cfg *Config) setLimits() error {
 		orDefault("max conns", &cfg.MaxConns, DefaultMaxConns),
 		orDefault("max requests", &cfg.MaxRequests, DefaultMaxRequests),
 		orDefault("max history messages", &cfg.MaxHistoryMessages, DefaultMaxHistoryMessages),
+		orDefault("compact after", &cfg.CompactAfter, DefaultCompactAfter),
 	} {
 		if err != nil {
 			return err // the first, on one line
@@ -342,6 +390,7 @@ func (s *Server) Close() error {
 // reports false, and does nothing, if the server was closed already. A
 // later Close returns nil.
 func (s *Server) crash() (bool, error) {
+	s.crashing.Store(true)
 	s.mu.Lock()
 	already := s.closed
 	s.closed = true
@@ -426,6 +475,12 @@ type turn struct {
 	agent     *agentSource
 	work      *conversation // the working copy the turn runs on
 	committed int           // messages of work already committed
+	// settled is the length of work at the end of its last completed tool
+	// round (all its results in); 0 before one completes.
+	settled int
+	// hid are the indexes of the committed messages this turn's
+	// compaction hid; they are committed with the turn.
+	hid []int
 	// overwrite commits over whatever another turn committed meanwhile:
 	// set only by the mutants that run a turn without the lock.
 	overwrite bool
@@ -483,7 +538,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	// The request is in: from here a turn runs on its connection, which a
 	// crowd of new ones must not evict.
 	if !connOf(r.Context()).work() {
-		clientGone(w)
+		clientGone(w, false)
 		return
 	}
 	if !s.slots.take() {
@@ -507,11 +562,11 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	t := &turn{release: func() {}}
 	if id == "" {
 		// Stateless: the array is the whole history.
-		if err := s.checkHistory(req.Messages[:len(req.Messages)-1], user); err != nil {
+		if err := s.checkHistory(wrap(req.Messages[:len(req.Messages)-1]), user); err != nil {
 			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return
 		}
-		t.work = &conversation{messages: req.Messages}
+		t.work = &conversation{messages: wrap(req.Messages)}
 	} else {
 		t.stateful = true
 		t.key = convKey{scope: scope, id: id}
@@ -542,21 +597,35 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		t.committed = len(base.messages)
-		if s.cfg.Mutant == MutateBeforeRun {
-			// The bug: run on the cached conversation itself, so whatever
-			// the turn appends stays even when the turn fails.
-			s.convs.cache.Add(t.key, base)
-			t.work = base
-		} else {
-			t.work = base.clone()
-		}
+		t.work = s.workingCopy(t, base)
 		if t.committed == 0 && t.agent != nil {
 			// Recorded with the first commit, never changed after.
 			t.work.source = t.agent.key
 		}
-		t.work.messages = append(t.work.messages, user)
+		// The user message is kept as text alone: whatever else the
+		// client put on it is not the conversation's.
+		t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleUser, Content: user.Content}})
 	}
 	s.run(w, r, req, t)
+}
+
+// workingCopy returns the copy of the committed conversation base that the
+// turn runs on: a deep copy, so that nothing the turn does shows in base
+// before it commits. Two mutants change it: mutate-before-run runs on base
+// itself, shallow-clone on a copy that shares base's messages.
+func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
+	switch s.cfg.Mutant {
+	case MutateBeforeRun:
+		// The bug: run on the cached conversation itself, so whatever
+		// the turn appends stays even when the turn fails.
+		s.convs.cache.Add(t.key, base)
+		return base
+	case ShallowClone:
+		// The bug: the slice is copied, the messages are shared, so the
+		// turn's compaction marks land on the committed conversation.
+		return base.shallowClone()
+	}
+	return base.clone()
 }
 
 // acquire takes the turn's conversation lock, by the server's concurrency
@@ -597,17 +666,21 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 		openai.WriteError(w, http.StatusServiceUnavailable, "conversation_busy",
 			fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout))
 	case r.Context().Err() != nil:
-		clientGone(w)
+		clientGone(w, false)
 	default:
 		s.log.Error("load conversation", "conversation", t.key.id, "err", err)
 		openai.WriteError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
 	}
 }
 
-// run calls the model on the turn's working copy, answers the client, and
-// commits the turn if and only if it ended ok.
+// run runs the turn's tool loop on its working copy, answers the client,
+// and commits the turn if and only if it ended ok; an interrupted turn
+// leaves what the interruption policy says (interruption.go).
 func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatRequest, t *turn) {
-	ctx, cancel := s.cfg.Deadlines.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	// ctx is the turn's: it ends when the client goes away, when the
+	// server crashes, and when a write to the client fails. Each model
+	// call and lookup has its own deadline under it.
+	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	id := "chatcmpl-" + strconv.FormatInt(s.ids.Add(1), 10)
 	created := time.Now().Unix()
@@ -615,11 +688,6 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 	if model == "" {
 		model = s.cfg.ModelName
 	}
-	instruction := systemPrompt
-	if t.agent != nil {
-		instruction = t.agent.instruction
-	}
-	history := append([]openai.Message{{Role: openai.RoleSystem, Content: openai.Content(instruction)}}, t.work.messages...)
 
 	// A client that stops reading must not hold the conversation: a write
 	// that fails, or blocks past StreamWriteTimeout, ends the turn.
@@ -647,7 +715,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 			write(openai.Encode(chunk(id, created, model, openai.Delta{Content: text}, nil)))
 		}
 	}
-	reply, err := s.up.complete(ctx, history, onStart, onDelta)
+	reply, err := s.loop(ctx, t, onStart, onDelta)
 	switch {
 	case writeErr != nil:
 		// Whether or not the model finished (its last chunks may have been
@@ -655,22 +723,31 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		t.release()
 		s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.id, "err", writeErr)
 		return
-	case err != nil:
-		s.fail(w, r, t, out, reply, err)
+	case s.interrupted(r):
+		// Whatever the loop returned: the client is gone, and whether the
+		// model finished or failed meanwhile, it never heard of it.
+		kept := s.interrupt(t)
+		if out == nil {
+			clientGone(w, kept)
+		}
 		return
 	case r.Context().Err() != nil:
+		// The server crashed under the turn: it commits nothing.
 		t.release()
-		s.log.Info("client went away before the commit; turn rolled back", "conversation", t.key.id)
+		s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.id)
 		if out == nil {
-			clientGone(w)
+			clientGone(w, false)
 		}
+		return
+	case err != nil:
+		s.fail(w, t, out, reply, err)
 		return
 	}
 	if t.stateful {
-		t.work.messages = append(t.work.messages, openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)})
+		t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)}})
 		// Acknowledge only what is durable: commit before the client hears
 		// the turn ended ok.
-		err := s.convs.commit(t.key, t.committed, t.work, t.overwrite)
+		err := s.convs.commit(t.key, t.committed, t.hid, t.work, t.overwrite)
 		t.release()
 		if err != nil {
 			s.log.Error("commit", "conversation", t.key.id, "err", err)
@@ -695,26 +772,20 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 	}))
 }
 
-// fail answers a turn whose model call failed. Nothing is committed, except
-// under the mutant that brings back committing a broken stream. It releases
-// the conversation before it answers.
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, t *turn, out *sse.Writer, partial string, err error) {
+// fail answers a turn whose model call failed, in any round, or that
+// asked for too many rounds. Nothing is committed, except under the mutant
+// that brings back committing a broken stream. It releases the
+// conversation before it answers.
+func (s *Server) fail(w http.ResponseWriter, t *turn, out *sse.Writer, partial string, err error) {
 	var upErr *upstreamError
 	isUpstream := errors.As(err, &upErr)
 	if s.cfg.Mutant == CommitOnStreamError && t.stateful && isUpstream && upErr.started {
-		t.work.messages = append(t.work.messages, openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)})
-		_ = s.convs.commit(t.key, t.committed, t.work, t.overwrite)
+		t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)}})
+		_ = s.convs.commit(t.key, t.committed, t.hid, t.work, t.overwrite)
 	}
 	// The turn is decided (rolled back, or committed by the mutant):
 	// release before the client hears of it.
 	t.release()
-	if r.Context().Err() != nil {
-		s.log.Info("client went away; turn rolled back", "conversation", t.key.id)
-		if out == nil { // a started stream has its status already
-			clientGone(w)
-		}
-		return
-	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		s.log.Info("model timed out; turn rolled back", "conversation", t.key.id, "timeout", s.cfg.RequestTimeout)
 		s.answerError(w, out, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)
@@ -743,10 +814,16 @@ func (s *Server) answerError(w http.ResponseWriter, out *sse.Writer, status int,
 	_ = out.Data(openai.DoneSentinel)
 }
 
-// clientGone answers a request whose client went away. Nobody reads it, but
-// a half-closed client that still does must not take silence for success.
-func clientGone(w http.ResponseWriter) {
-	openai.WriteError(w, statusClientClosed, "client_closed_request", "the client closed the request; the turn was rolled back")
+// clientGone answers a request whose client went away; kept says whether
+// the interrupted turn committed its completed tool rounds. Nobody reads
+// it, but a half-closed client that still does must not take silence for
+// success.
+func clientGone(w http.ResponseWriter, kept bool) {
+	msg := "the client closed the request; the turn was rolled back"
+	if kept {
+		msg = "the client closed the request; the turn was kept up to its last completed tool round, without a reply"
+	}
+	openai.WriteError(w, statusClientClosed, "client_closed_request", msg)
 }
 
 // authorize returns the request's key scope, or false if keys are required

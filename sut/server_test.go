@@ -861,6 +861,9 @@ func TestMutantsBite(t *testing.T) {
 	for _, rc := range restartCases {
 		covered[rc.mutant] = true // shown by TestRestartMutantsBite in crash_test.go
 	}
+	for _, m := range toolMutants {
+		covered[m] = true // shown by the tool tests (interruption_test.go, compaction_test.go)
+	}
 	for _, info := range sut.Mutants() {
 		assert.True(t, covered[info.Mutant], "mutant %s has no server-level test", info.Mutant)
 	}
@@ -886,6 +889,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		"empty key":               {ModelURL: m.URL(), DataDir: t.TempDir(), Keys: []string{"k", ""}},
 		"unknown mutant":          {ModelURL: m.URL(), DataDir: t.TempDir(), Mutant: "no-such-mutant"},
 		"unknown concurrency":     {ModelURL: m.URL(), DataDir: t.TempDir(), Concurrency: "queue"},
+		"unknown interruption":    {ModelURL: m.URL(), DataDir: t.TempDir(), Interruption: "keep"},
+		"negative compact after":  {ModelURL: m.URL(), DataDir: t.TempDir(), CompactAfter: -1},
 		"store path is directory": {ModelURL: m.URL(), DataDir: dirWithStoreDir(t)},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -30,6 +31,9 @@ CREATE TABLE IF NOT EXISTS messages (
 	seq          INTEGER NOT NULL,
 	role         TEXT    NOT NULL,
 	content      TEXT    NOT NULL,
+	tool_calls   TEXT    NOT NULL DEFAULT '',
+	tool_call_id TEXT    NOT NULL DEFAULT '',
+	hidden       INTEGER NOT NULL DEFAULT 0,
 	PRIMARY KEY (scope, conversation, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sources (
@@ -44,6 +48,12 @@ CREATE TABLE IF NOT EXISTS meta (
 ) WITHOUT ROWID;
 `
 
+// A message's tool_calls are the JSON array of the tool calls an assistant
+// message asks for ('' for none), its tool_call_id the call a tool result
+// answers ('' for none), and hidden is 1 once compaction took it out of
+// what the model is sent. A data dir from before them gets them with those
+// defaults (migrate): its messages are what they were.
+//
 // The sources table records the agent source key a conversation was started
 // under, written with its first messages. A data dir from before it gets the
 // table empty: its conversations are unbound, as they were. The meta table
@@ -86,12 +96,63 @@ func openStore(dir string) (*store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
+	if err := migrate(db); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
 	secret, err := loadSecret(db)
 	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	return &store{db: db, secret: secret}, nil
+}
+
+// addedColumns are the columns of the messages table that came after its
+// first version, with the declaration that gives the rows from before
+// their meaning: no tool calls, no tool call id, not hidden.
+var addedColumns = []struct{ name, decl string }{
+	{"tool_calls", "TEXT NOT NULL DEFAULT ''"},
+	{"tool_call_id", "TEXT NOT NULL DEFAULT ''"},
+	{"hidden", "INTEGER NOT NULL DEFAULT 0"},
+}
+
+// migrate adds to the messages table of a data dir from before them the
+// columns it lacks, in one transaction: a store is never found half
+// migrated.
+func migrate(db *sql.DB) error {
+	rows, err := db.Query(`SELECT name FROM pragma_table_info('messages')`)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			_ = rows.Close()
+			return fmt.Errorf("migrate: %w", err)
+		}
+		have[name] = true
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	tx, err := db.Begin()
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	for _, c := range addedColumns {
+		if have[c.name] {
+			continue
+		}
+		if _, err := tx.Exec(`ALTER TABLE messages ADD COLUMN ` + c.name + ` ` + c.decl); err != nil {
+			return errors.Join(fmt.Errorf("migrate: add column %s: %w", c.name, err), tx.Rollback())
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
 }
 
 // makePrivate creates the database file at path readable by its owner
@@ -173,21 +234,27 @@ func (s *store) load(ctx context.Context, k convKey) (*conversation, error) {
 	return &conversation{messages: msgs, source: source}, nil
 }
 
-func (s *store) loadMessages(ctx context.Context, k convKey) ([]openai.Message, error) {
+func (s *store) loadMessages(ctx context.Context, k convKey) ([]*message, error) {
 	rows, err := s.db.QueryContext(ctx,
-		`SELECT role, content FROM messages WHERE scope = ? AND conversation = ? ORDER BY seq`, k.scope, k.id)
+		`SELECT role, content, tool_calls, tool_call_id, hidden FROM messages WHERE scope = ? AND conversation = ? ORDER BY seq`,
+		k.scope, k.id)
 	if err != nil {
 		return nil, fmt.Errorf("load conversation: %w", err)
 	}
 	defer rows.Close()
-	var out []openai.Message
+	var out []*message
 	for rows.Next() {
-		var m openai.Message
-		var content string
-		if err := rows.Scan(&m.Role, &content); err != nil {
+		m := &message{}
+		var content, calls string
+		if err := rows.Scan(&m.Role, &content, &calls, &m.ToolCallID, &m.hidden); err != nil {
 			return nil, fmt.Errorf("load conversation: %w", err)
 		}
 		m.Content = openai.Content(content)
+		if calls != "" {
+			if err := json.Unmarshal([]byte(calls), &m.ToolCalls); err != nil {
+				return nil, fmt.Errorf("load conversation: message %d: tool calls: %w", len(out), err)
+			}
+		}
 		out = append(out, m)
 	}
 	if err := rows.Err(); err != nil {
@@ -196,40 +263,55 @@ func (s *store) loadMessages(ctx context.Context, k convKey) ([]openai.Message, 
 	return out, nil
 }
 
-// appendMessages commits msgs as the messages from seq on, in one
-// transaction, with the conversation's source key when seq is 0 and it has
-// one. A conflicting seq means the conversation moved on under us, which
-// per-conversation serialization rules out; it fails the commit.
-func (s *store) appendMessages(k convKey, seq int, msgs []openai.Message, source string) error {
-	return s.writeMessages(`INSERT`, k, seq, msgs, source)
+// appendMessages commits ch in one transaction: its messages from ch.seq
+// on, its hidden marks, and the conversation's source key when ch.seq is 0
+// and it has one. A conflicting seq means the conversation moved on under
+// us, which per-conversation serialization rules out; it fails the commit.
+func (s *store) appendMessages(k convKey, ch change) error {
+	return s.writeMessages(`INSERT`, k, ch)
 }
 
-// overwriteMessages commits msgs as the messages from seq on, replacing any
-// already there: the store of the mutants whose turns on one conversation
+// overwriteMessages commits ch, its messages replacing any already at
+// their places: the store of the mutants whose turns on one conversation
 // run at once from the same base, where the later commit wins.
-func (s *store) overwriteMessages(k convKey, seq int, msgs []openai.Message, source string) error {
-	return s.writeMessages(`INSERT OR REPLACE`, k, seq, msgs, source)
+func (s *store) overwriteMessages(k convKey, ch change) error {
+	return s.writeMessages(`INSERT OR REPLACE`, k, ch)
 }
 
-// writeMessages writes msgs from seq on, and the source key with the first
-// messages, in one transaction, with the given insert verb: a conversation
-// is never found with its messages and without its source.
-func (s *store) writeMessages(insert string, k convKey, seq int, msgs []openai.Message, source string) error {
+// writeMessages writes ch with the given insert verb, in one transaction:
+// a conversation is never found with its messages and without its source,
+// nor with a turn's messages and without the marks that turn set.
+func (s *store) writeMessages(insert string, k convKey, ch change) error {
 	// The commit is not tied to the request's context: once a turn is
 	// decided, a client that goes away must not leave it half-written.
 	tx, err := s.db.Begin()
 	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	for i, m := range msgs {
-		if _, err := tx.Exec(insert+` INTO messages (scope, conversation, seq, role, content) VALUES (?, ?, ?, ?, ?)`,
-			k.scope, k.id, seq+i, m.Role, string(m.Content)); err != nil {
+	for i, m := range ch.msgs {
+		calls := ""
+		if len(m.ToolCalls) > 0 {
+			b, err := json.Marshal(m.ToolCalls)
+			if err != nil {
+				return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
+			}
+			calls = string(b)
+		}
+		if _, err := tx.Exec(insert+` INTO messages (scope, conversation, seq, role, content, tool_calls, tool_call_id, hidden)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			k.scope, k.id, ch.seq+i, m.Role, string(m.Content), calls, m.ToolCallID, m.hidden); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
-	if seq == 0 && source != "" {
+	for _, seq := range ch.hide {
+		if _, err := tx.Exec(`UPDATE messages SET hidden = 1 WHERE scope = ? AND conversation = ? AND seq = ?`,
+			k.scope, k.id, seq); err != nil {
+			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
+		}
+	}
+	if ch.seq == 0 && ch.source != "" {
 		if _, err := tx.Exec(insert+` INTO sources (scope, conversation, source) VALUES (?, ?, ?)`,
-			k.scope, k.id, source); err != nil {
+			k.scope, k.id, ch.source); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}

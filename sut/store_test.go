@@ -153,3 +153,39 @@ func TestStoreFromBeforeTheSecretOpens(t *testing.T) {
 	e = newEnv(t, sut.Config{DataDir: dir})
 	assert.Equal(t, toks("u3", "u7"), e.ok(t, "", "c1", "tc-u7"))
 }
+
+// TestStoreFromBeforeToolsOpens: a data dir whose messages table has no
+// tool columns gets them, with defaults that keep its messages as they
+// were; tool rounds are then committed and loaded like any.
+func TestStoreFromBeforeToolsOpens(t *testing.T) {
+	dir := t.TempDir()
+	db := openDB(t, dir)
+	_, err := db.Exec(`CREATE TABLE messages (scope TEXT NOT NULL, conversation TEXT NOT NULL, seq INTEGER NOT NULL,
+		role TEXT NOT NULL, content TEXT NOT NULL, PRIMARY KEY (scope, conversation, seq)) WITHOUT ROWID;
+		CREATE TABLE sources (scope TEXT NOT NULL, conversation TEXT NOT NULL, source TEXT NOT NULL,
+		PRIMARY KEY (scope, conversation)) WITHOUT ROWID;
+		INSERT INTO messages VALUES ('', 'conv', 0, 'user', 'tc-u1'), ('', 'conv', 1, 'assistant', 'tc-a1');`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	e := newToolEnv(t, sut.Config{DataDir: dir})
+	assert.Equal(t, lines("user tc-u1", "assistant tc-a1", "user tc-u2"), shape(e.history(t, "conv", "tc-u2")))
+	e.model.script("tc-u3", ask(echo("c1", "a")))
+	e.ok(t, "conv", "tc-u3", false)
+	e.start(sut.Config{})
+	assert.Equal(t, lines("user tc-u1", "assistant tc-a1", "user tc-u2", "assistant tc-a2",
+		"user tc-u3", "calls c1", "tool c1: a", "assistant tc-a3", "user tc-u4"), shape(e.history(t, "conv", "tc-u4")))
+	require.NoError(t, e.srv.Close())
+
+	rows, err := openDB(t, dir).Query(`SELECT name FROM pragma_table_info('messages')`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var cols []string
+	for rows.Next() {
+		var name string
+		require.NoError(t, rows.Scan(&name))
+		cols = append(cols, name)
+	}
+	require.NoError(t, rows.Err())
+	assert.Equal(t, []string{"scope", "conversation", "seq", "role", "content", "tool_calls", "tool_call_id", "hidden"}, cols)
+}

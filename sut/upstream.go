@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -60,44 +62,56 @@ func newUpstream(modelURL *url.URL, modelName string, concurrency int) *upstream
 	}
 }
 
-// complete sends history to the model and streams its reply. It calls
-// onStart once the model has answered 200, and onDelta for every piece of
-// reply text. It returns the reply text received, complete on success and
-// partial on failure. A failure is an *upstreamError, or the context's cause
+// answer is what the model said in one call: its text and the tool calls
+// it asked for, in the order of their indexes. No tool calls: text is the
+// turn's reply.
+type answer struct {
+	text  string
+	calls []openai.ToolCall
+}
+
+// complete sends history to the model, offering it tools, and streams its
+// answer. It calls onStart once the model has answered 200, and onDelta for
+// every piece of text, until the answer shows a tool call: the client hears
+// the reply, not what the model says on its way to a tool. Tool calls come
+// in pieces (openai.ToolCallDelta) put together by their index. It returns
+// the answer received, complete on success and partial on failure. A
+// failure is an *upstreamError, or the context's cause
 // (context.DeadlineExceeded when the deadline passed) when it ended.
-func (u *upstream) complete(ctx context.Context, history []openai.Message, onStart func(), onDelta func(string)) (string, error) {
-	body, err := json.Marshal(openai.ChatRequest{Model: u.model, Messages: history, Stream: true,
+func (u *upstream) complete(ctx context.Context, history []openai.Message, tools []openai.Tool, onStart func(), onDelta func(string)) (answer, error) {
+	body, err := json.Marshal(openai.ChatRequest{Model: u.model, Messages: history, Stream: true, Tools: tools,
 		// As real servers do: the model then ends its stream with a usage chunk.
 		StreamOptions: &openai.StreamOptions{IncludeUsage: true}})
 	if err != nil {
-		return "", &upstreamError{msg: "encode model request: " + err.Error()}
+		return answer{}, &upstreamError{msg: "encode model request: " + err.Error()}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.url, bytes.NewReader(body))
 	if err != nil {
-		return "", &upstreamError{msg: "model request: " + err.Error()}
+		return answer{}, &upstreamError{msg: "model request: " + err.Error()}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := u.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return "", context.Cause(ctx)
+			return answer{}, context.Cause(ctx)
 		}
-		return "", &upstreamError{msg: "model unreachable: " + netReason(err), cause: err}
+		return answer{}, &upstreamError{msg: "model unreachable: " + netReason(err), cause: err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return "", &upstreamError{msg: fmt.Sprintf("model answered %d: %s", resp.StatusCode, upstreamMessage(resp.Body))}
+		return answer{}, &upstreamError{msg: fmt.Sprintf("model answered %d: %s", resp.StatusCode, upstreamMessage(resp.Body))}
 	}
 	onStart()
 
 	var reply strings.Builder
+	var calls toolCallBuilder
 	// fail ends the stream with a failure; cause, if any, is for the log.
-	fail := func(cause error, format string, args ...any) (string, error) {
+	fail := func(cause error, format string, args ...any) (answer, error) {
 		if ctx.Err() != nil {
-			return reply.String(), context.Cause(ctx)
+			return answer{text: reply.String()}, context.Cause(ctx)
 		}
-		return reply.String(), &upstreamError{msg: fmt.Sprintf(format, args...), started: true, cause: cause}
+		return answer{text: reply.String()}, &upstreamError{msg: fmt.Sprintf(format, args...), started: true, cause: cause}
 	}
 	events := sse.NewReader(resp.Body)
 	for {
@@ -109,7 +123,11 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 			return fail(err, "model stream broke: %s", netReason(err))
 		}
 		if data == openai.DoneSentinel {
-			return reply.String(), nil
+			toolCalls, err := calls.done()
+			if err != nil {
+				return fail(nil, "%v", err)
+			}
+			return answer{text: reply.String(), calls: toolCalls}, nil
 		}
 		var c openai.Completion
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
@@ -118,15 +136,96 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, onSta
 		if c.Error != nil {
 			return fail(nil, "model stream error: %s", c.Error.Message)
 		}
+		if len(c.Choices) > 0 && c.Choices[0].Delta != nil {
+			if err := calls.add(c.Choices[0].Delta.ToolCalls); err != nil {
+				return fail(nil, "%v", err)
+			}
+		}
 		text := c.Text()
-		if reply.Len()+len(text) > maxReplyBytes {
+		if reply.Len()+len(text)+calls.size > maxReplyBytes {
 			return fail(nil, "model reply over %d bytes", maxReplyBytes)
 		}
 		reply.WriteString(text)
-		if text != "" {
+		if text != "" && calls.none() {
 			onDelta(text)
 		}
 	}
+}
+
+// maxToolCallsPerAnswer bounds the tool calls one model answer may ask
+// for: each is a tool run and two messages kept in the conversation.
+const maxToolCallsPerAnswer = 32
+
+// toolCallBuilder puts together the tool calls of a streamed answer from
+// their pieces: the first piece of a call carries its id and name, later
+// ones with the same index more of its arguments. Pieces of different calls
+// may interleave.
+type toolCallBuilder struct {
+	calls map[int]*openai.ToolCall
+	// size is the bytes of ids, names and arguments received, which count
+	// against maxReplyBytes with the text.
+	size int
+}
+
+func (b *toolCallBuilder) none() bool { return len(b.calls) == 0 }
+
+// add takes the tool call pieces of one chunk.
+func (b *toolCallBuilder) add(deltas []openai.ToolCallDelta) error {
+	for _, d := range deltas {
+		c := b.calls[d.Index]
+		if c == nil {
+			if len(b.calls) == maxToolCallsPerAnswer {
+				return fmt.Errorf("model asked for over %d tool calls in one answer", maxToolCallsPerAnswer)
+			}
+			if b.calls == nil {
+				b.calls = map[int]*openai.ToolCall{}
+			}
+			c = &openai.ToolCall{}
+			b.calls[d.Index] = c
+		}
+		// The id, type and name come whole, once; a repeat is the same.
+		if d.ID != "" {
+			c.ID = d.ID
+		}
+		if d.Type != "" {
+			c.Type = d.Type
+		}
+		if d.Function.Name != "" {
+			c.Function.Name = d.Function.Name
+		}
+		c.Function.Arguments += d.Function.Arguments
+		b.size += len(d.ID) + len(d.Function.Name) + len(d.Function.Arguments)
+	}
+	return nil
+}
+
+// done returns the tool calls in the order of their indexes, or an error if
+// one cannot be answered: without an id a result cannot name its call
+// (T9), without a name there is nothing to run.
+func (b *toolCallBuilder) done() ([]openai.ToolCall, error) {
+	if len(b.calls) == 0 {
+		return nil, nil
+	}
+	indexes := slices.Sorted(maps.Keys(b.calls))
+	out := make([]openai.ToolCall, 0, len(indexes))
+	seen := map[string]bool{}
+	for _, i := range indexes {
+		c := b.calls[i]
+		switch {
+		case c.ID == "":
+			return nil, fmt.Errorf("model tool call %d has no id", i)
+		case seen[c.ID]:
+			return nil, fmt.Errorf("model tool call id %.64q is used twice in one answer", c.ID)
+		case c.Function.Name == "":
+			return nil, fmt.Errorf("model tool call %.64q names no tool", c.ID)
+		case c.Type != "" && c.Type != openai.TypeFunction:
+			return nil, fmt.Errorf("model tool call %.64q has type %.32q, want %q", c.ID, c.Type, openai.TypeFunction)
+		}
+		seen[c.ID] = true
+		c.Type = openai.TypeFunction
+		out = append(out, *c)
+	}
+	return out, nil
 }
 
 func (u *upstream) close() { u.client.CloseIdleConnections() }

@@ -5,8 +5,6 @@ import (
 	"log/slog"
 	"sync"
 	"time"
-
-	"github.com/turncheck/turncheck/internal/openai"
 )
 
 // flushInterval is how often the ack-before-durable mutant writes its queue
@@ -34,12 +32,11 @@ type writeBehind struct {
 	done chan struct{}
 }
 
-// pendingWrite is a commit not yet in the store.
+// pendingWrite is a commit not yet in the store: its messages, and the
+// hidden marks it set on earlier ones.
 type pendingWrite struct {
-	k      convKey
-	seq    int
-	msgs   []openai.Message
-	source string
+	k  convKey
+	ch change
 }
 
 func newWriteBehind(st *store, log *slog.Logger) *writeBehind {
@@ -64,22 +61,22 @@ func (w *writeBehind) run() {
 	}
 }
 
-// enqueue queues a commit of msgs from seq on. Once stopped it drops it, as
-// a dead process would.
-func (w *writeBehind) enqueue(k convKey, seq int, msgs []openai.Message, source string) {
+// enqueue queues the commit ch. Once stopped it drops it, as a dead
+// process would.
+func (w *writeBehind) enqueue(k convKey, ch change) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped {
 		return
 	}
-	w.queue = append(w.queue, pendingWrite{k: k, seq: seq, msgs: msgs, source: source})
+	w.queue = append(w.queue, pendingWrite{k: k, ch: ch})
 }
 
 // flush writes the queue in order and empties it. The caller holds w.mu.
 // A write that fails is logged and lost: it was acknowledged long ago.
 func (w *writeBehind) flush() {
 	for _, p := range w.queue {
-		if err := w.store.appendMessages(p.k, p.seq, p.msgs, p.source); err != nil {
+		if err := w.store.appendMessages(p.k, p.ch); err != nil {
 			w.log.Error("write-behind flush", "conversation", p.k.id, "err", err)
 		}
 	}
@@ -96,12 +93,20 @@ func (w *writeBehind) load(ctx context.Context, k convKey) (*conversation, error
 		return nil, err
 	}
 	for _, p := range w.queue {
-		if p.k != k || p.seq > len(c.messages) {
+		if p.k != k || p.ch.seq > len(c.messages) {
 			continue
 		}
-		c.messages = append(c.messages[:p.seq:p.seq], p.msgs...)
-		if p.seq == 0 && p.source != "" {
-			c.source = p.source
+		c.messages = c.messages[:p.ch.seq:p.ch.seq]
+		for _, m := range p.ch.msgs {
+			c.messages = append(c.messages, m.copy())
+		}
+		for _, seq := range p.ch.hide {
+			if seq < len(c.messages) {
+				c.messages[seq].hidden = true
+			}
+		}
+		if p.ch.seq == 0 && p.ch.source != "" {
+			c.source = p.ch.source
 		}
 	}
 	return c, nil

@@ -61,31 +61,72 @@ Examples:
 // runFlags are the flags check and replay share: which server, and where
 // the reports go.
 type runFlags struct {
-	mutant, concurrency, save, json, junit, html *string
+	mutant, concurrency, interruption, save, json, junit, html *string
 }
 
 func addRunFlags(fs *flagSet, mutantHelp string) runFlags {
 	return runFlags{
 		mutant:      fs.String("mutant", "", mutantHelp),
 		concurrency: fs.String("concurrency", string(sut.Serialize), "the reference server's policy for a turn on a busy conversation: serialize or reject"),
-		save:        fs.String("save", "turncheck-failures", "directory where a failure is saved (as JSON, for 'turncheck replay FILE', and as HTML)"),
-		json:        fs.String("json", "", "also write the report as JSON (schema "+scenarios.ReportSchema+") to this file"),
-		junit:       fs.String("junit", "", "also write the report as JUnit XML, one test case per invariant, to this file"),
-		html:        fs.String("html", "", "write the HTML report (timeline and linearizability) to this file; a failure's goes beside its JSON by default"),
+		interruption: fs.String("interruption", "", "the reference server's policy for a turn whose client disconnects: rollback, or keep-consistent "+
+			"(it keeps the user message and completed tool pairs); default rollback, keep-consistent for the orphan-tool-call-on-interrupt mutant"),
+		save:  fs.String("save", "turncheck-failures", "directory where a failure is saved (as JSON, for 'turncheck replay FILE', and as HTML)"),
+		json:  fs.String("json", "", "also write the report as JSON (schema "+scenarios.ReportSchema+") to this file"),
+		junit: fs.String("junit", "", "also write the report as JUnit XML, one test case per invariant, to this file"),
+		html:  fs.String("html", "", "write the HTML report (timeline and linearizability) to this file; a failure's goes beside its JSON by default"),
 	}
 }
 
 // server parses the flags that choose the reference server.
-func (rf runFlags) server() (sut.Mutant, sut.Concurrency, error) {
+func (rf runFlags) server() (scenarios.Reference, error) {
 	mutant, err := sut.ParseMutant(*rf.mutant)
 	if err != nil {
-		return "", "", err
+		return scenarios.Reference{}, err
 	}
 	policy, err := sut.ParseConcurrency(*rf.concurrency)
 	if err != nil {
-		return "", "", fmt.Errorf("--concurrency: %w", err)
+		return scenarios.Reference{}, fmt.Errorf("--concurrency: %w", err)
 	}
-	return mutant, policy, nil
+	r := scenarios.MutantReference(mutant)
+	r.Concurrency = policy
+	if *rf.interruption != "" {
+		if r.Interruption, err = sut.ParseInterruption(*rf.interruption); err != nil {
+			return scenarios.Reference{}, fmt.Errorf("--interruption: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// describeReference says which reference server runs, for people.
+func describeReference(r scenarios.Reference) string {
+	return fmt.Sprintf("reference server, mutant %s, concurrency %s, interruption %s",
+		mutantLabel(r.Mutant), orDefault(string(r.Concurrency), string(sut.Serialize)), r.Interruption)
+}
+
+// referenceSpec is how a report names the reference server r.
+func referenceSpec(r scenarios.Reference) scenarios.ServerSpec {
+	return scenarios.ServerSpec{Kind: "reference", Mutant: string(r.Mutant), Concurrency: string(r.Concurrency),
+		Interruption: string(r.Interruption)}
+}
+
+// referenceFlags are the flags of check and replay that choose r, after
+// its mutant.
+func referenceFlags(r scenarios.Reference) string {
+	var b strings.Builder
+	if r.Concurrency != "" && r.Concurrency != sut.Serialize {
+		fmt.Fprintf(&b, " --concurrency %s", r.Concurrency)
+	}
+	if r.Interruption != scenarios.MutantReference(r.Mutant).Interruption {
+		fmt.Fprintf(&b, " --interruption %s", r.Interruption)
+	}
+	return b.String()
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -171,12 +212,11 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 func replayTarget(spec scenarios.ServerSpec) (scenarios.Target, string, error) {
 	switch spec.Kind {
 	case "reference":
-		mutant, policy, err := runFlags{mutant: &spec.Mutant, concurrency: &spec.Concurrency}.server()
+		r, err := runFlags{mutant: &spec.Mutant, concurrency: &spec.Concurrency, interruption: &spec.Interruption}.server()
 		if err != nil {
 			return nil, "", err
 		}
-		return scenarios.Reference{Mutant: mutant, Concurrency: policy},
-			fmt.Sprintf("the reference server, mutant %s, concurrency %s", mutantLabel(mutant), policy), nil
+		return r, "the " + describeReference(r), nil
 	case "profile":
 		t, err := scenarios.LoadProfile(spec.Profile)
 		if err != nil {
@@ -202,14 +242,13 @@ func replayStats(history []scenarios.Op) scenarios.Stats {
 // summary and, on a violation, the report, where it was saved and how to
 // replay it.
 func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, stderr io.Writer) int {
-	mutant, policy, err := rf.server()
+	target, err := rf.server()
 	if err != nil {
 		return fail(stderr, cmd, err)
 	}
 	if isTerminal(stderr) {
 		opts.Progress = progressLine(stderr)
 	}
-	target := scenarios.Reference{Mutant: mutant, Concurrency: policy}
 	res, err := scenarios.Check(target, opts)
 	if opts.Progress != nil {
 		fmt.Fprint(stderr, "\r\033[K")
@@ -225,9 +264,8 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 	} else if err != nil {
 		return fail(stderr, cmd, err)
 	}
-	spec := scenarios.ServerSpec{Kind: "reference", Mutant: string(mutant), Concurrency: string(policy)}
-	rep := scenarios.NewReport(res, spec)
-	fmt.Fprintf(stdout, "turncheck %s: reference server, mutant %s, concurrency %s, seed %d\n", cmd, mutantLabel(mutant), policy, res.Seed)
+	rep := scenarios.NewReport(res, referenceSpec(target))
+	fmt.Fprintf(stdout, "turncheck %s: %s, seed %d\n", cmd, describeReference(target), res.Seed)
 	f := res.Failure
 	if f == nil {
 		fmt.Fprintf(stdout, "PASS: no invariant broken\n%s\nelapsed: %s\n", res.Summary(), res.Elapsed.Round(time.Millisecond))
@@ -249,25 +287,23 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 	fmt.Fprintf(stdout, "\nTo send the requests by hand, start the fake model and the reference server, then paste the curl commands:\n"+
 		"  turncheck model --listen 127.0.0.1:9090 &\n"+
 		"  turncheck serve --listen 127.0.0.1:8080 --model-url http://127.0.0.1:9090/v1 --data-dir \"$(mktemp -d)\" %s&\n"+
-		"  export TURNCHECK_URL=http://127.0.0.1:8080\n", serveFlags(mutant, policy))
+		"  export TURNCHECK_URL=http://127.0.0.1:8080\n", serveFlags(target))
 	fmt.Fprintf(stdout, "\n%s\n", res.Summary())
 	fmt.Fprintf(stdout, "found after %d check(s) in %s; shrunk in %d replay(s), %s, to %d step(s); elapsed: %s\n",
 		f.FoundAfter, f.FoundIn.Round(time.Millisecond), f.ShrinkRuns, f.ShrunkIn.Round(time.Millisecond), len(f.Plans),
 		res.Elapsed.Round(time.Millisecond))
 	if f.Seed != 0 {
 		replay := fmt.Sprintf("turncheck replay --seed %d", f.Seed)
-		if mutant != sut.Clean {
-			replay += " --mutant " + string(mutant)
+		if target.Mutant != sut.Clean {
+			replay += " --mutant " + string(target.Mutant)
 		}
-		if policy != sut.Serialize {
-			replay += " --concurrency " + string(policy)
-		}
+		replay += referenceFlags(target)
 		if opts.Steps != 30 {
 			replay += fmt.Sprintf(" --steps %d", opts.Steps)
 		}
 		fmt.Fprintf(stdout, "seed: %d (%s searches again)\n", f.Seed, replay)
 	}
-	name := fmt.Sprintf("%s-%s-%d", f.Violation.Invariant, mutantLabel(mutant), res.Seed)
+	name := fmt.Sprintf("%s-%s-%d", f.Violation.Invariant, mutantLabel(target.Mutant), res.Seed)
 	writeReports(cmd, rf, rep, name, stdout, stderr)
 	return exitViolation
 }
@@ -323,17 +359,21 @@ func mutantLabel(m sut.Mutant) string {
 }
 
 // serveFlags are the 'turncheck serve' flags that make the server the one
-// the check ran against: its keys, policy and mutant.
-func serveFlags(m sut.Mutant, policy sut.Concurrency) string {
+// the check ran against: its keys, policies and mutant.
+func serveFlags(r scenarios.Reference) string {
 	var b strings.Builder
-	for _, k := range (scenarios.Reference{}).Profile().Keys {
+	for _, k := range r.Profile().Keys {
 		fmt.Fprintf(&b, "--key %s ", k)
 	}
-	if policy != sut.Serialize {
-		fmt.Fprintf(&b, "--concurrency %s ", policy)
+	if r.Concurrency != "" && r.Concurrency != sut.Serialize {
+		fmt.Fprintf(&b, "--concurrency %s ", r.Concurrency)
 	}
-	if m != sut.Clean {
-		fmt.Fprintf(&b, "--mutant %s ", m)
+	if r.Interruption != "" && r.Interruption != sut.Rollback {
+		fmt.Fprintf(&b, "--interruption %s ", r.Interruption)
+	}
+	fmt.Fprintf(&b, "--compact-after %d ", scenarios.ReferenceCompactAfter)
+	if r.Mutant != sut.Clean {
+		fmt.Fprintf(&b, "--mutant %s ", r.Mutant)
 	}
 	return b.String()
 }

@@ -79,7 +79,7 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if isTerminal(stderr) {
 			fmt.Fprintf(stderr, "\r\033[Kchecking %s...", mutantLabel(info.Mutant))
 		}
-		res, err := scenarios.Check(scenarios.Reference{Mutant: info.Mutant}, opts)
+		res, err := scenarios.Check(scenarios.MutantReference(info.Mutant), opts)
 		if isTerminal(stderr) {
 			fmt.Fprint(stderr, "\r\033[K")
 		}

@@ -25,8 +25,8 @@ conversation named by the X-Conversation-Id header kept server-side in a
 SQLite store under --data-dir (made 0700, its files 0600). It prints the
 address it listens on. On Ctrl-C or SIGTERM it stops listening, closes the
 connections on which no turn runs (idle, or still sending a request), lets
-the turns in flight end for at most --grace (then drops the rest, which
-roll back), and exits 0.
+the turns in flight end for at most --grace (then drops the rest, as if
+their clients had disconnected: see --interruption), and exits 0.
 
 Keys: --key (repeatable), --key-file PATH (one key per line; blank lines
 and lines starting with # are skipped) and TURNCHECK_KEYS (comma-separated)
@@ -48,8 +48,9 @@ Limits and timeouts (flag, default):
   --header-timeout        10s      to send a request's headers (connection closed)
   --body-timeout          15s      to send a request's body, once its headers are in (408)
   --idle-timeout          1m0s     a keep-alive connection waits for its next request
-  --request-timeout       1m0s     each model call (504), and each wait for a busy
-                                   conversation under serialize (503)
+  --request-timeout       1m0s     each model call (504), each lookup (an "error: "
+                                   result), and each wait for a busy conversation
+                                   under serialize (503)
   --grace                 10s      on stop, for turns in flight
   --max-conns             1024     open client connections; past it a new one replaces
                                    the oldest on which no turn runs, or gets 503 with
@@ -63,6 +64,9 @@ Limits and timeouts (flag, default):
                                    (a turn past either: 400, nothing changes; start
                                    a new conversation)
   --conversations-max     1000     conversations cached in memory (the rest are on disk)
+  --compact-after         64       messages a turn may show the model before the tool
+                                   rounds of earlier turns are hidden from it (kept on
+                                   disk; the turn's own rounds are always shown)
 Fixed: headers 65536 bytes (431); "model" 256 bytes, each message's content
 65536 bytes, 1024 messages per request, a conversation id 256 bytes (400);
 a model reply 4194304 bytes; each write to a client 30s (a client that does
@@ -78,6 +82,25 @@ by the reference without its query (several such: 409, nothing changes).
 The agent's instruction is the system message of the conversation's every
 model call.
 
+Tools: every model call offers two tools, echo {"text"} (answers the
+text) and lookup {"key"} (answers the body of GET
+{model-url}/tools/lookup?key=KEY, at most 65536 bytes; bounded by
+--request-timeout). A failed tool, an unknown tool or bad arguments give
+the model a result starting "error: ", and the turn goes on. A turn runs
+at most 8 rounds of tools; a model that asks a 9th time fails the turn
+(502). A turn commits its user message, every tool round and the reply
+together, or nothing.
+
+--interruption decides what a turn leaves when its client disconnects
+mid-turn. Either way the turn stops at once: its model call or lookup is
+cancelled, and no model call or tool run starts after.
+  rollback         nothing: the conversation is as it was before the turn
+                   (the default)
+  keep-consistent  the user message and the tool rounds that completed (each
+                   call with all its results), committed though the client
+                   is gone; never a round cut short, never a reply; nothing
+                   if no round completed
+
 --concurrency decides what happens to a request for a conversation whose
 turn is still running:
   serialize  the request waits its turn, first come first served, for at
@@ -89,7 +112,8 @@ turn is still running:
 Examples:
   turncheck model --listen 127.0.0.1:9090 &
   echo secret > keys.txt; chmod 600 keys.txt
-  turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data --key-file keys.txt --concurrency reject
+  turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data --key-file keys.txt --concurrency reject \
+    --interruption keep-consistent
   curl -sS http://127.0.0.1:8080/v1/chat/completions -H 'Authorization: Bearer secret' \
     -H 'Content-Type: application/json' -H 'X-Conversation-Id: c1' \
     -d '{"model":"m","messages":[{"role":"user","content":"hi tc-u1"}]}'
@@ -152,6 +176,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	timeout := fs.Duration("request-timeout", sut.DefaultRequestTimeout, "deadline of each model call, and of each wait for a busy conversation under serialize")
 	header := fs.String("conversation-header", sut.DefaultConversationHeader, "header that names the conversation")
 	concurrency := fs.String("concurrency", string(sut.Serialize), "what a request for a busy conversation gets: serialize (wait its turn) or reject (409)")
+	interruption := fs.String("interruption", string(sut.Rollback), "what a turn whose client disconnects leaves: rollback (nothing) or keep-consistent (its completed tool rounds)")
+	compactAfter := fs.Int("compact-after", sut.DefaultCompactAfter, "messages a turn may show the model before earlier turns' tool rounds are hidden from it")
 	grace := fs.Duration("grace", defaultGrace, "on Ctrl-C or SIGTERM, how long turns in flight may take to finish before they are dropped")
 	keys := &repeated{what: "a key"}
 	fs.Var(keys, "key", "API key to accept as a bearer token; repeat for several (none: no auth)")
@@ -186,6 +212,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(stderr, "serve", errors.New("--header-timeout, --body-timeout and --idle-timeout must be positive"))
 	case *maxConns <= 0 || *maxRequests <= 0 || *maxBody <= 0 || *maxHistMsgs <= 0 || *maxHistBytes <= 0:
 		return fail(stderr, "serve", errors.New("--max-conns, --max-requests, --max-body-bytes and --max-history-* must be positive"))
+	case *compactAfter <= 0:
+		return fail(stderr, "serve", errors.New("--compact-after must be positive"))
 	}
 	if err := checkListen(*listen); err != nil {
 		return fail(stderr, "serve", err)
@@ -203,6 +231,10 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return fail(stderr, "serve", fmt.Errorf("--concurrency: %w", err))
 	}
+	onInterrupt, err := sut.ParseInterruption(*interruption)
+	if err != nil {
+		return fail(stderr, "serve", fmt.Errorf("--interruption: %w", err))
+	}
 	run, err := sut.Start(sut.Config{
 		ModelURL:           *modelURL,
 		DataDir:            *dataDir,
@@ -210,6 +242,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		RequestTimeout:     *timeout,
 		ConversationHeader: *header,
 		Concurrency:        policy,
+		Interruption:       onInterrupt,
+		CompactAfter:       *compactAfter,
 		Keys:               allKeys,
 		Agents:             agents.values,
 		Mutant:             m,
@@ -283,8 +317,8 @@ func gatherKeys(flagKeys []string, keyFile, env string, envSet bool, stderr io.W
 }
 
 // stopServer stops a server gracefully: turns in flight get grace to end,
-// then the rest are dropped (they roll back: their clients never heard
-// they ended ok), and what is not durable yet is written. Running past the
+// then the rest are dropped (they end as interrupted turns: their clients
+// never heard they ended ok), and what is not durable yet is written. Running past the
 // grace is how a stop is bounded, not a failure; only a store that does not
 // close is.
 func stopServer(run *sut.Running, grace time.Duration, stderr io.Writer) int {

@@ -50,6 +50,7 @@ func TestServeHelpDocumentsEveryLimit(t *testing.T) {
 		"--max-history-messages": strconv.Itoa(sut.DefaultMaxHistoryMessages),
 		"--max-history-bytes":    strconv.Itoa(sut.DefaultMaxHistoryBytes),
 		"--conversations-max":    strconv.Itoa(sut.DefaultConversationsMax),
+		"--compact-after":        strconv.Itoa(sut.DefaultCompactAfter),
 	} {
 		row := regexp.MustCompile(`(?m)^  ` + flag + `\s+(\S+)`).FindStringSubmatch(help)
 		if assert.NotNil(t, row, "the limits table has no row for %s", flag) {
@@ -61,7 +62,9 @@ func TestServeHelpDocumentsEveryLimit(t *testing.T) {
 		assert.Contains(t, help, strconv.Itoa(fixed))
 	}
 	assert.Contains(t, help, sut.StreamWriteTimeout.String())
-	for _, word := range []string{"--key-file", keysEnv, "--allow-host", "415", "421", "403", "503", "Retry-After", "408", "413", "0700", "0600", "HMAC"} {
+	for _, word := range []string{"--key-file", keysEnv, "--allow-host", "415", "421", "403", "503", "Retry-After", "408", "413", "0700", "0600", "HMAC",
+		"--interruption", string(sut.Rollback), string(sut.KeepConsistent), sut.ToolEcho, sut.ToolLookup, "/tools/lookup",
+		strconv.Itoa(sut.MaxToolRounds) + " rounds"} {
 		assert.Contains(t, help, word)
 	}
 }
@@ -90,6 +93,7 @@ func TestServeRefusesBadLimits(t *testing.T) {
 		{"--body-timeout", "0s"}, {"--header-timeout", "-1s"}, {"--idle-timeout", "0s"},
 		{"--max-conns", "0"}, {"--max-requests", "-1"}, {"--max-body-bytes", "0"},
 		{"--max-history-messages", "0"}, {"--max-history-bytes", "0"},
+		{"--compact-after", "0"}, {"--compact-after", "-1"}, {"--interruption", "keep"}, {"--interruption", "Rollback"},
 		{"--allow-host", ""}, {"--allow-host", "host:8080"},
 	} {
 		code, stderr := runStart(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--model-url", "http://127.0.0.1:1/v1",
@@ -97,6 +101,21 @@ func TestServeRefusesBadLimits(t *testing.T) {
 		assert.Equal(t, exitUsage, code, "%v", args)
 		assert.Equal(t, 1, strings.Count(stderr, "\n"), "%v: want a one-line error, got %q", args, stderr)
 	}
+}
+
+// TestServeTakesTheToolPolicies: --interruption and --compact-after reach
+// the server, which starts with either policy.
+func TestServeTakesTheToolPolicies(t *testing.T) {
+	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent} {
+		code, stderr := runStart(t, "serve", "--listen", "127.0.0.1:0", "--model-url", "http://127.0.0.1:1/v1",
+			"--data-dir", t.TempDir(), "--interruption", string(policy), "--compact-after", "8")
+		assert.Equal(t, exitOK, code, "%s: %s", policy, stderr)
+	}
+	code, stderr := runStart(t, "serve", "--listen", "127.0.0.1:0", "--model-url", "http://127.0.0.1:1/v1",
+		"--data-dir", t.TempDir(), "--interruption", "commit")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "--interruption")
+	assert.Contains(t, stderr, string(sut.KeepConsistent), "the error names the valid values")
 }
 
 // sendWithKey sends a turn with key as its bearer token and returns the
