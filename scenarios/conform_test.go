@@ -102,3 +102,25 @@ func referenceHandler() Target {
 		return sut.New(sut.Config{ModelURL: modelURL, DataDir: dataDir, RequestTimeout: time.Second})
 	})
 }
+
+// keepsDeclaredRollback is the keep-consistent reference server, declared
+// as one that rolls an interrupted turn back.
+type keepsDeclaredRollback struct{ Reference }
+
+func (k keepsDeclaredRollback) Profile() Profile {
+	p := k.Reference.Profile()
+	p.Interruption = Rollback
+	return p
+}
+
+// TestInterruptionPolicyIsJudged: what the clean keep-consistent server
+// keeps of an interrupted turn (its user message and completed tool
+// rounds) passes under the policy it declares, and is T10 under rollback:
+// the policies are exercised, not merely named.
+func TestInterruptionPolicyIsJudged(t *testing.T) {
+	res, err := Check(keepsDeclaredRollback{Reference{Interruption: sut.KeepConsistent}}, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure, "a kept interrupted turn went unnoticed under the rollback policy")
+	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+	assert.Equal(t, model.T10, res.Failure.Violation.Invariant, res.Failure.Report)
+}

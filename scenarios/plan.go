@@ -242,7 +242,7 @@ func turnSend(conv model.ConversationRef, tok model.Token, stream bool) Send {
 // three calls, each of echo or lookup.
 func drawRounds(t *rapid.T, s *Send) {
 	// Most turns plain; of the others, one round most often.
-	rounds := [...]int{0, 0, 0, 0, 0, 1, 1, 2, 3}
+	rounds := [...]int{0, 0, 0, 0, 1, 1, 1, 2, 3}
 	n := rounds[rapid.IntRange(0, len(rounds)-1).Draw(t, "tool rounds")]
 	for range n {
 		calls := rapid.IntRange(1, 3).Draw(t, "tool calls")
@@ -256,24 +256,25 @@ func drawRounds(t *rapid.T, s *Send) {
 
 // drawAbortPoint draws where a sequential turn's client drops the
 // connection: its first model call (the zero point), or, now and then, a
-// later model call after some chunks of its answer, or a lookup tool call
-// while it runs.
+// lookup tool call while it runs (where an interruption can cut a tool
+// round short), or a later model call after some chunks of its answer.
 func drawAbortPoint(t *rapid.T, s *Send) {
 	if rapid.IntRange(0, 2).Draw(t, "abort later") == 0 {
 		return
 	}
-	p := faults.Point{Round: rapid.IntRange(0, len(s.Rounds)).Draw(t, "abort round")}
-	var lookups []int
-	if p.Round > 0 {
-		for i, name := range s.Rounds[p.Round-1] {
+	var lookups []faults.Point
+	for r, round := range s.Rounds {
+		for i, name := range round {
 			if name == faults.ToolLookup {
-				lookups = append(lookups, i+1)
+				lookups = append(lookups, faults.Point{Round: r + 1, Tool: i + 1})
 			}
 		}
 	}
-	if len(lookups) > 0 && rapid.Bool().Draw(t, "abort in a tool") {
-		p.Tool = rapid.SampledFrom(lookups).Draw(t, "abort tool")
+	var p faults.Point
+	if len(lookups) > 0 && rapid.IntRange(0, 2).Draw(t, "abort in a tool") > 0 {
+		p = rapid.SampledFrom(lookups).Draw(t, "abort tool")
 	} else {
+		p.Round = rapid.IntRange(0, len(s.Rounds)).Draw(t, "abort round")
 		p.Chunks = rapid.IntRange(0, len(faults.ReplyChunks("tc-u0"))).Draw(t, "abort after chunks")
 	}
 	if p != (faults.Point{}) {
@@ -296,6 +297,12 @@ func drawFaults(t *rapid.T, s *Send, sequential bool) {
 			drawAbortPoint(t, s)
 		}
 	}()
+	if sequential && len(s.Rounds) > 0 && rapid.IntRange(0, 3).Draw(t, "interrupt the tool loop") == 3 {
+		// Interruption is where a tool loop goes wrong (T9, T10): a turn
+		// with tools is dropped by its client more often than a plain one.
+		s.Abort = true
+		return
+	}
 	switch k := rapid.IntRange(0, 39).Draw(t, "fault"); {
 	case k < 20:
 	case k < 26:

@@ -39,9 +39,10 @@ func TestReferenceServerPasses(t *testing.T) {
 
 // caughtAs lists, per mutant, the invariants a shrunk failure may name. A
 // mutant can surface through more than one door: mutate-before-run leaves a
-// client-aborted turn's message behind too, which is T6's business.
+// client-aborted turn's message behind too, which is T10's business (T6's
+// when the server died with the turn in flight).
 var caughtAs = map[sut.Mutant][]model.Invariant{
-	sut.MutateBeforeRun:     {model.T1, model.T6},
+	sut.MutateBeforeRun:     {model.T1, model.T6, model.T10},
 	sut.ReplayWithoutUser:   {model.T3},
 	sut.CommitOnStreamError: {model.T1},
 	sut.CrossKeyLeak:        {model.T5},

@@ -160,7 +160,7 @@ type Reference struct {
 // ReferenceCompactAfter is the reference server's compaction threshold
 // (sut.Config.CompactAfter) in checks: low enough that a turn with a few tool rounds passes it, so
 // that compaction marks are made, committed and rolled back (T11).
-const ReferenceCompactAfter = 6
+const ReferenceCompactAfter = 8
 
 // MutantReference is the reference server with mutant m switched on (none
 // for sut.Clean), declaring the interruption policy of the server its bug

@@ -250,6 +250,7 @@ func TestChatRequestDecodesClientShapes(t *testing.T) {
 			{Role: openai.RoleSystem, Content: ""},
 			{Role: openai.RoleUser, Content: "tc-u1"},
 		},
+		Tools: []openai.Tool{},
 	}, req)
 
 	assert.Error(t, json.Unmarshal([]byte(`{"messages":[{"role":"user","content":7}]}`), &req))
