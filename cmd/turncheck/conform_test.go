@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -60,51 +61,82 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 	bin := onPath(t)
 	base, err := os.ReadFile(referenceProfile)
 	require.NoError(t, err)
+	type run struct {
+		info sut.MutantInfo
+		dir  string
+		out  []byte
+		err  error
+	}
+	// The runs wait on their servers (quiet periods, held calls, the
+	// server's own timeout) far more than they compute: all of them run
+	// at once, each a process of its own (rapid's settings are per
+	// process), rather than two at a time as parallel subtests would.
+	var runs []*run
+	var wg sync.WaitGroup
 	for _, m := range sut.Mutants() {
-		t.Run(string(m.Mutant), func(t *testing.T) {
-			t.Parallel() // each run is a process of its own: rapid's settings are per process
-			dir := t.TempDir()
-			profile := filepath.Join(dir, "profile.yaml")
-			text := strings.Replace(string(base), "--request-timeout, 1s]", "--request-timeout, 1s, --mutant, "+string(m.Mutant)+"]", 1)
-			require.NotEqual(t, string(base), text, "the profile's command ends as the test expects")
-			if m.Interruption == sut.KeepConsistent {
-				// goose #7785's server keeps what an interrupted turn did.
-				text = strings.Replace(text, "--interruption, rollback", "--interruption, keep-consistent", 1)
-				text = strings.Replace(text, "interruption: rollback", "interruption: keep-consistent", 1)
-			}
-			if m.Mutant == sut.LostOnEvict {
-				// A loss on eviction depends on what else the cache holds: on
-				// a server shared by the checks, other checks' conversations
-				// too, so its saved steps replay on a fresh server only if
-				// they were found on one. A smaller cache evicts sooner.
-				text = strings.Replace(text, "  agent: helper\n", "  agent: helper\n  fresh_per_check: true\n", 1)
-				text = strings.Replace(text, `--conversations-max, "4"`, `--conversations-max, "2"`, 1)
-			}
-			require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
-			checks := "6"
-			if m.Mutant == sut.LostOnEvict {
-				checks = "12" // it needs a conversation evicted, then continued
-			}
-			cmd := exec.Command(bin, "conform", "--profile", profile, "--checks", checks, "--steps", "20", "--seed", "2",
-				"--save", dir, "--timeout", "2m", "--shrink-time", "3s")
-			out, err := cmd.CombinedOutput()
+		r := &run{info: m, dir: t.TempDir()}
+		runs = append(runs, r)
+		profile := filepath.Join(r.dir, "profile.yaml")
+		require.NoError(t, os.WriteFile(profile, []byte(mutantProfile(t, string(base), m)), 0o644))
+		checks := "6"
+		switch m.Mutant {
+		case sut.LostOnEvict:
+			checks = "12" // it needs a conversation evicted, then continued
+		case sut.OrphanToolCallOnInterrupt, sut.ShallowClone, sut.ToolRunsAfterCancel:
+			// A tool loop interrupted while a tool runs, or failing past the
+			// compaction threshold: found within 15 to 35 checks of 20 steps
+			// in trials.
+			checks = "60"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.out, r.err = exec.Command(bin, "conform", "--profile", profile, "--checks", checks, "--steps", "20", "--seed", "2",
+				"--save", r.dir, "--timeout", "2m", "--shrink-time", "3s").CombinedOutput()
+		}()
+	}
+	wg.Wait()
+	for _, r := range runs {
+		t.Run(string(r.info.Mutant), func(t *testing.T) {
+			t.Parallel()
 			var exit *exec.ExitError
-			require.ErrorAs(t, err, &exit, "%s", out)
-			require.Equal(t, exitViolation, exit.ExitCode(), "%s", out)
+			require.ErrorAs(t, r.err, &exit, "%s", r.out)
+			require.Equal(t, exitViolation, exit.ExitCode(), "%s", r.out)
 			// An evicted conversation's loss shows when it is next loaded:
 			// after an eviction (T2), or after a restart (T7).
-			breaks := m.Breaks
-			if m.Mutant == sut.LostOnEvict && !strings.Contains(verdictLine(string(out), breaks), "FAIL") {
+			breaks := r.info.Breaks
+			if r.info.Mutant == sut.LostOnEvict && !strings.Contains(verdictLine(string(r.out), breaks), "FAIL") {
 				breaks = "T7"
 			}
-			assert.Contains(t, verdictLine(string(out), breaks), "FAIL", "%s", out)
-			saved := regexp.MustCompile(`saved: (\S+` + breaks + `-conform-\d+\.json)`).FindStringSubmatch(string(out))
-			require.NotNil(t, saved, "%s", out)
+			assert.Contains(t, verdictLine(string(r.out), breaks), "FAIL", "%s", r.out)
+			saved := regexp.MustCompile(`saved: (\S+` + breaks + `-conform-\d+\.json)`).FindStringSubmatch(string(r.out))
+			require.NotNil(t, saved, "%s", r.out)
 			replay, err := exec.Command(bin, "replay", saved[1]).CombinedOutput()
 			require.Error(t, err, "%s", replay)
 			assert.Contains(t, string(replay), "FAIL: "+breaks, "%s", replay)
 		})
 	}
+}
+
+// mutantProfile is the reference profile with mutant m switched on in its
+// start command, and the policies the mutant's server declares.
+func mutantProfile(t *testing.T, base string, m sut.MutantInfo) string {
+	text := strings.Replace(base, "--request-timeout, 1s]", "--request-timeout, 1s, --mutant, "+string(m.Mutant)+"]", 1)
+	require.NotEqual(t, base, text, "the profile's command ends as the test expects")
+	if m.Interruption == sut.KeepConsistent {
+		// goose #7785's server keeps what an interrupted turn did.
+		text = strings.Replace(text, "--interruption, rollback", "--interruption, keep-consistent", 1)
+		text = strings.Replace(text, "interruption: rollback", "interruption: keep-consistent", 1)
+	}
+	if m.Mutant == sut.LostOnEvict {
+		// A loss on eviction depends on what else the cache holds: on a
+		// server shared by the checks, other checks' conversations too, so
+		// its saved steps replay on a fresh server only if they were found
+		// on one. A smaller cache evicts sooner.
+		text = strings.Replace(text, "  agent: helper\n", "  agent: helper\n  fresh_per_check: true\n", 1)
+		text = strings.Replace(text, `--conversations-max, "4"`, `--conversations-max, "2"`, 1)
+	}
+	return text
 }
 
 // TestConformURLNothingServed: a running server that answers 400 to
