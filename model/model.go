@@ -48,14 +48,11 @@ var invariantTitles = map[Invariant]string{
 	T11: "no leaks from the working copy",
 }
 
-// Contract lists every invariant of PROTOCOL.md, T1 to T11, checked by
-// this package or not.
-func Contract() []Invariant { return []Invariant{T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11} }
-
 // Title is the invariant's short name, as PROTOCOL.md gives it.
 func (i Invariant) Title() string { return invariantTitles[i] }
 
-// Invariants lists the invariants this package checks, in order.
+// Invariants lists the invariants of PROTOCOL.md, T1 to T11, in order:
+// this package checks every one.
 func Invariants() []Invariant { return slices.Clone(invariants[:]) }
 
 // invariants is Invariants(), the order counters keeps its counts in.

@@ -279,8 +279,7 @@ func checkSeed(base uint64, n int) uint64 {
 // exactly: with TURNCHECK_REPLAY set to a saved failure, Run re-executes
 // that failure's steps instead of searching. An invariant that was never
 // exercised fails its subtest too, since nothing was shown; one that is
-// not applicable, or not checked by this version, is skipped with the
-// reason. A Go server's own tests call it with a Target that starts that
+// not applicable is skipped with the reason. A Go server's own tests call it with a Target that starts that
 // server (see Handler).
 //
 // A pass of an invariant means that it was exercised and no run broke it:

@@ -29,8 +29,6 @@ const (
 	// turn, no failed turn, no concurrent turns...): neither passed nor
 	// failed.
 	NotExercised Status = "not exercised"
-	// NotChecked: this version of turncheck does not check the invariant.
-	NotChecked Status = "not checked"
 	// Skipped: left out on request, as a known failure; its violations
 	// set their conversations aside, and the rest is checked.
 	Skipped Status = "skipped"
@@ -40,8 +38,8 @@ const (
 type Verdict struct {
 	Invariant model.Invariant `json:"invariant"`
 	Status    Status          `json:"status"`
-	// Reason says why an invariant is not applicable, not exercised, not
-	// checked or skipped.
+	// Reason says why an invariant is not applicable, not exercised or
+	// skipped.
 	Reason string `json:"reason,omitempty"`
 	// Evaluations counts the times it was evaluated where it could break.
 	Evaluations int `json:"evaluations"`
@@ -79,7 +77,7 @@ func (c *Conformance) Verdict(inv model.Invariant) Verdict {
 			return v
 		}
 	}
-	return Verdict{Invariant: inv, Status: NotChecked}
+	return Verdict{Invariant: inv} // not an invariant of the contract
 }
 
 // Failures returns the failures found, in invariant order.
@@ -164,17 +162,14 @@ func conformIn(l *lab, opts Options, c *Conformance, found map[model.Invariant]*
 
 // verdicts judges each invariant of the contract from what the run saw.
 func verdicts(p Profile, target Target, restartable bool, skip []model.Invariant, s Stats, found map[model.Invariant]*Failure) []Verdict {
-	checked := model.Invariants()
 	var out []Verdict
-	for _, inv := range model.Contract() {
+	for _, inv := range model.Invariants() {
 		v := Verdict{Invariant: inv, Evaluations: s.Invariants[inv]}
 		switch {
 		case found[inv] != nil:
 			v.Status, v.Failure = Fail, found[inv]
 		case notApplicable(p, target, restartable, inv) != "":
 			v.Status, v.Reason = NotApplicable, notApplicable(p, target, restartable, inv)
-		case !slices.Contains(checked, inv):
-			v.Status, v.Reason = NotChecked, "this version of turncheck does not check it yet"
 		case slices.Contains(skip, inv):
 			v.Status, v.Reason = Skipped, fmt.Sprintf("left out as a known failure; broken again %d time(s)", s.SetAside[inv])
 		case v.Evaluations == 0:

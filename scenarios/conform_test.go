@@ -31,7 +31,7 @@ func TestConformCleanServer(t *testing.T) {
 			c, err := Conform(Reference{Interruption: policy}, Options{Checks: 30, Seed: 7})
 			require.NoError(t, err)
 			st := statuses(c)
-			for _, inv := range model.Contract() {
+			for _, inv := range model.Invariants() {
 				assert.Equal(t, Pass, st[inv], "%s: %+v", inv, c.Verdict(inv))
 				assert.Positive(t, c.Verdict(inv).Evaluations, "%s", inv)
 			}

@@ -174,7 +174,7 @@ func (c *Conformance) WriteJSON(w io.Writer) error {
 const ConformanceSchema = "turncheck/conformance/v1"
 
 // WriteJUnit writes the verdicts as JUnit XML: a test case per invariant,
-// failed, skipped (not applicable, not checked, skipped) with the reason,
+// failed, skipped (not applicable, skipped) with the reason,
 // or failed as not exercised.
 func (c *Conformance) WriteJUnit(w io.Writer) error {
 	s := junitSuite{Name: "turncheck conform", Time: fmt.Sprintf("%.3f", c.Elapsed.Seconds())}

@@ -22,7 +22,7 @@ const MaxToolRounds = 8
 // An interruption (ctx ending) stops the loop at once: the model call or
 // tool run under way is cancelled through ctx, and the loop looks at ctx
 // before every model call and every tool run, so none starts after it.
-// What the interrupted turn leaves is decided by the caller (interrupt.go).
+// What the interrupted turn leaves is decided by the caller (interruption.go).
 func (s *Server) loop(ctx context.Context, t *turn, onStart func(), onDelta func(string)) (string, error) {
 	started := false
 	start := func() {

@@ -24,7 +24,6 @@ PROTOCOL.md and gives a verdict per invariant:
   FAIL            broken: the shrunk steps follow, saved under --save
   NOT APPLICABLE  the server's declared policies, or the way it runs, exclude it
   NOT EXERCISED   never reached with its preconditions met (e.g. no turn ended ok)
-  NOT CHECKED     this version of turncheck does not check it
   SKIPPED         left out with --skip as a known failure
 
 A broken invariant does not end the run: it is shrunk, recorded, and the
@@ -35,8 +34,9 @@ what the server sends it.
 
 --profile FILE is a YAML profile (see profiles/README.md): the command that
 starts the server (with {addr}, {port}, {model_url}, {data_dir}), or the url
-of a running one, the conversation header, API keys, the model name, and
-the policies the server declares. One server serves the whole run; each
+of a running one, the conversation header, API keys, the model name,
+whether the server offers the tool loop's tools (echo and lookup), and the
+policies it declares. One server serves the whole run; each
 check uses conversation ids of its own.
 
 --url URL checks a server that already runs with the default profile (no
@@ -166,7 +166,7 @@ func (s *skipFlag) String() string { return fmt.Sprint([]model.Invariant(*s)) }
 
 func (s *skipFlag) Set(v string) error {
 	inv := model.Invariant(strings.ToUpper(strings.TrimSpace(v)))
-	for _, known := range model.Contract() {
+	for _, known := range model.Invariants() {
 		if inv == known {
 			*s = append(*s, inv)
 			return nil
