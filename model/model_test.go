@@ -74,25 +74,7 @@ type step struct {
 // the last is the one under test.
 func run(t *testing.T, steps []step) *model.Model {
 	t.Helper()
-	m := model.New()
-	for i, s := range steps {
-		v := m.Apply(s.turn)
-		last := i == len(steps)-1
-		if s.want == "" {
-			if last {
-				assert.Nil(t, v, "step %d (%s): unexpected violation", i, s.turn.User)
-			} else {
-				require.Nil(t, v, "step %d (%s): unexpected violation while setting up", i, s.turn.User)
-			}
-			continue
-		}
-		requireViolation(t, v, s.want, s.turn)
-		if !last {
-			// The model's state after a violation is unspecified.
-			t.Fatalf("step %d: a violation may only be expected on the last step", i)
-		}
-	}
-	return m
+	return runWith(t, model.Policies{}, steps)
 }
 
 // requireViolation checks that v is a violation of want, raised for turn, with

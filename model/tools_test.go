@@ -75,6 +75,7 @@ func runWith(t *testing.T, p model.Policies, steps []step) *model.Model {
 		}
 		requireViolation(t, v, s.want, s.turn)
 		if !last {
+			// The model's state after a violation is unspecified.
 			t.Fatalf("step %d: a violation may only be expected on the last step", i)
 		}
 	}

@@ -124,3 +124,29 @@ func TestInterruptionPolicyIsJudged(t *testing.T) {
 	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
 	assert.Equal(t, model.T10, res.Failure.Violation.Invariant, res.Failure.Report)
 }
+
+// toolsUndeclared is the reference server, with a profile that does not
+// declare its tools.
+type toolsUndeclared struct{ Reference }
+
+func (u toolsUndeclared) Profile() Profile {
+	p := u.Reference.Profile()
+	p.Tools = false
+	return p
+}
+
+// TestConformWithoutTools: a server that offers no tools gets T9 and T11
+// as not applicable, never passed, and no tool turns; a client that drops
+// a turn mid-call is judged all the same (T10).
+func TestConformWithoutTools(t *testing.T) {
+	c, err := Conform(toolsUndeclared{Reference{}}, Options{Checks: 10, Seed: 5})
+	require.NoError(t, err)
+	for _, inv := range []model.Invariant{model.T9, model.T11} {
+		v := c.Verdict(inv)
+		assert.Equal(t, NotApplicable, v.Status, "%s: %+v", inv, v)
+		assert.Contains(t, v.Reason, "no tools")
+	}
+	assert.Equal(t, Pass, c.Verdict(model.T10).Status, "%+v", c.Verdict(model.T10))
+	assert.Zero(t, c.Stats.Faults["tool-turn"], "tool turns drawn for a server that offers no tools")
+	assert.True(t, c.Passed())
+}

@@ -47,6 +47,7 @@ conversation_header: x-session
 keys: [k1]
 model: agent
 model_timeout: 3s
+tools: true
 policies:
   concurrency: reject
   eviction: forgets
@@ -65,7 +66,7 @@ policies:
 	p := s.Profile()
 	assert.Equal(t, Profile{Header: "x-session", Keys: []string{"k1"}, Model: "agent", Concurrency: model.Reject,
 		ModelTimeout: 3 * time.Second, Eviction: Forgets, Capacity: 10, Interruption: KeepConsistent,
-		Agent: "helper"}, p)
+		Agent: "helper", Tools: true}, p)
 
 	target, err = ParseProfile([]byte("url: http://127.0.0.1:8080\nmodel_addr: '[::1]:9090'\n"))
 	require.NoError(t, err)

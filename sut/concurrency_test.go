@@ -212,16 +212,22 @@ type inFlight struct {
 // send sends the turn tok on conv in the background.
 func (e *raceEnv) send(t testing.TB, conv, tok string, stream bool) *inFlight {
 	t.Helper()
-	body := chatBody(t, stream, user(tok+" hello from the test"))
+	return sendChat(t, e.client, e.srv.URL(), conv, chatBody(t, stream, user(tok+" hello from the test")))
+}
+
+// sendChat sends body as a turn on conv to the server at base, in the
+// background.
+func sendChat(t testing.TB, client *http.Client, base, conv, body string) *inFlight {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), requestDeadline)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL()+"/v1/chat/completions", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(sut.DefaultConversationHeader, conv)
 	f := &inFlight{done: make(chan reply, 1), cancel: cancel}
 	go func() {
 		defer cancel()
-		resp, err := e.client.Do(req)
+		resp, err := client.Do(req)
 		if err != nil {
 			f.err = err
 			f.done <- reply{}

@@ -1,7 +1,6 @@
 package sut_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -416,28 +415,7 @@ func (e *toolEnv) start(cfg sut.Config) {
 // background.
 func (e *toolEnv) send(t testing.TB, conv, tok string, stream bool) *inFlight {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), requestDeadline)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL()+"/v1/chat/completions",
-		strings.NewReader(chatBody(t, stream, user(tok))))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(sut.DefaultConversationHeader, conv)
-	f := &inFlight{done: make(chan reply, 1), cancel: cancel}
-	go func() {
-		defer cancel()
-		resp, err := e.client.Do(req)
-		if err != nil {
-			f.err = err
-			f.done <- reply{}
-			return
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		f.err = err
-		f.done <- reply{status: resp.StatusCode, header: resp.Header, body: b}
-	}()
-	t.Cleanup(cancel)
-	return f
+	return sendChat(t, e.client, e.srv.URL(), conv, chatBody(t, stream, user(tok)))
 }
 
 // ok sends the turn tok, requires it to end ok with tok's reply, and
