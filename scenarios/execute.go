@@ -398,10 +398,12 @@ func (e *executor) idle(aborted bool) {
 	}
 }
 
-// abortGrace is how long a server that does not report its activity is
-// given to see that a client dropped its turn before the harness lets go
-// of what the model holds for it. pollInterval is how often the harness
-// looks at what the model holds.
+// abortGrace is how long a server is given to see that a client dropped
+// its turn before the harness lets go of what the model holds for it (a
+// verdict on T10 then depends on a server that takes longer, so it is
+// generous: a server sees a closed connection in well under a
+// millisecond). pollInterval is how often the harness looks at what the
+// model holds.
 const (
 	abortGrace   = 4 * quietPeriod
 	pollInterval = 2 * time.Millisecond
