@@ -15,13 +15,16 @@ import (
 	"github.com/turncheck/turncheck/sut"
 )
 
-const checkHelp = `Usage: turncheck check [--mutant NAME] [--concurrency POLICY] [--checks N] [--steps N] [--seed S] [--shrink-time D]
+const checkHelp = `Usage: turncheck check [--mutant NAME] [--concurrency POLICY] [--interruption POLICY] [--checks N] [--steps N] [--seed S] [--shrink-time D]
 
 Runs the state machine against the embedded reference server: new
 conversations, continuations (streamed or not), invalid continuations,
 retries of failed turns, a second API key reusing a conversation id, and
-bursts of 2-6 turns sent at once on one id, while the fake model injects
-errors, timeouts, cut streams and malformed chunks and the client aborts.
+bursts of 2-6 turns sent at once on one id, and restarts and crashes,
+while the fake model asks for tool calls (echo and lookup, in rounds),
+injects errors, timeouts, cut streams and malformed chunks at any call of
+a turn's tool loop, and the client drops turns mid-call, mid-answer or
+while a tool runs.
 In a burst the model holds every call and lets them go in a drawn order,
 so an interleaving replays from its seed. Every step is checked against the
 reference model, and every burst's conversation for linearizability. A
@@ -33,11 +36,14 @@ dashboards, pass or fail.
 
 --concurrency says which policy the server runs with and is judged by:
 serialize (a concurrent turn waits its turn) or reject (it gets 409 and
-nothing changes).
+nothing changes). --interruption likewise: rollback (a turn whose client
+disconnects leaves nothing) or keep-consistent (it may keep its user
+message and completed tool rounds).
 
 Examples:
   turncheck check --mutant commit-on-stream-error --checks 200
   turncheck check --concurrency reject
+  turncheck check --interruption keep-consistent
   turncheck check --mutant fork-new-session
 `
 
