@@ -238,10 +238,9 @@ func turnSend(conv model.ConversationRef, tok model.Token, stream bool) Send {
 }
 
 // drawRounds draws the tool calls the fake model asks for before it
-// replies: most turns none, and otherwise one to three rounds of one to
-// three calls, each of echo or lookup.
+// replies: four turns in nine none, the others one to three rounds (one
+// most often) of one to three calls, each of echo or lookup.
 func drawRounds(t *rapid.T, s *Send) {
-	// Most turns plain; of the others, one round most often.
 	rounds := [...]int{0, 0, 0, 0, 1, 1, 1, 2, 3}
 	n := rounds[rapid.IntRange(0, len(rounds)-1).Draw(t, "tool rounds")]
 	for range n {

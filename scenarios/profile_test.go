@@ -20,7 +20,7 @@ func TestReferenceProfile(t *testing.T) {
 	require.True(t, ok, "%T", target)
 	assert.Equal(t, []string{"turncheck", "serve", "--listen", "{addr}"}, s.Command[:4])
 	assert.True(t, s.ReuseServer())
-	assert.Equal(t, "/healthz", s.Ready)
+	assert.Equal(t, `listening on (http://\S+)`, s.ReadyLine, "the server picks its port and says where")
 	assert.Equal(t, 15*time.Second, s.StartTimeout)
 	p := s.Profile()
 	assert.Equal(t, []string{"key-a", "key-b"}, p.Keys)
@@ -29,6 +29,7 @@ func TestReferenceProfile(t *testing.T) {
 	assert.Equal(t, Durability{Restart: true, Crash: true}, p.Durability)
 	assert.Equal(t, Durable, p.Eviction)
 	assert.Equal(t, Rollback, p.Interruption)
+	assert.True(t, p.Tools)
 }
 
 // TestProfileFields: every field reaches the target, and a fixed URL
