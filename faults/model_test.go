@@ -21,6 +21,7 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/procs"
 	"github.com/turncheck/turncheck/internal/sse"
+	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/model"
 )
 
@@ -152,24 +153,6 @@ func errorBody(t *testing.T, b []byte) openai.ErrorDetail {
 
 func reply(tok model.Token) string { return strings.Join(faults.ReplyChunks(tok), "") }
 
-// syncBuffer is a Log writer safe for concurrent calls.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // result is what a client call in a goroutine ended with.
 type result struct {
 	status int
@@ -180,9 +163,15 @@ type result struct {
 // goDo sends b in a goroutine and reports how it ended on the returned
 // channel.
 func (f *fixture) goDo(ctx context.Context, b []byte) <-chan result {
+	return f.goSend(ctx, http.MethodPost, "/v1/chat/completions", b)
+}
+
+// goSend sends a request in a goroutine and reports how it ended on the
+// returned channel.
+func (f *fixture) goSend(ctx context.Context, method, path string, b []byte) <-chan result {
 	done := make(chan result, 1)
 	go func() {
-		resp, err := f.do(ctx, http.MethodPost, "/v1/chat/completions", b)
+		resp, err := f.do(ctx, method, path, b)
 		if err != nil {
 			done <- result{err: err}
 			return
@@ -192,6 +181,17 @@ func (f *fixture) goDo(ctx context.Context, b []byte) <-chan result {
 		done <- result{status: resp.StatusCode, body: got, err: err}
 	}()
 	return done
+}
+
+// requireHeld requires that no answer to what comes on done for a while:
+// the model holds it.
+func requireHeld(t *testing.T, done <-chan result, what string) {
+	t.Helper()
+	select {
+	case r := <-done:
+		require.FailNow(t, what+" was answered", "%+v", r)
+	case <-time.After(50 * time.Millisecond):
+	}
 }
 
 func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
@@ -877,7 +877,7 @@ func TestGate(t *testing.T) {
 }
 
 func TestConcurrentCallsAllRecorded(t *testing.T) {
-	f := start(t, faults.ModelConfig{Log: &syncBuffer{}})
+	f := start(t, faults.ModelConfig{Log: &syncbuf.Buffer{}})
 	const n = 32
 	var wg sync.WaitGroup
 	for i := range n {
@@ -908,7 +908,7 @@ func TestConcurrentCallsAllRecorded(t *testing.T) {
 // Bad requests
 
 func TestMalformedRequest(t *testing.T) {
-	log := &syncBuffer{}
+	log := &syncbuf.Buffer{}
 	f := start(t, faults.ModelConfig{Log: log})
 	for _, b := range []string{
 		``,
@@ -967,7 +967,7 @@ func TestMethodAndPath(t *testing.T) {
 // Log
 
 func TestLogOneLinePerCall(t *testing.T) {
-	log := &syncBuffer{}
+	log := &syncbuf.Buffer{}
 	f := start(t, faults.ModelConfig{Log: log})
 	f.m.Script("tc-u2", faults.Fault{Kind: faults.Status, Status: 503, RetryHint: true})
 

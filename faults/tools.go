@@ -84,6 +84,14 @@ func (m *Model) RunsAfter(at int64) []model.ToolRun {
 	return slices.Clone(m.runs[i:])
 }
 
+// RunCount is how many lookups the model has recorded, as CallCount is
+// for calls.
+func (m *Model) RunCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.runs)
+}
+
 // completedRounds is how many of rounds the request's tool results complete,
 // in order: the largest k such that every call of rounds 1..k of the turn
 // tok has a result.

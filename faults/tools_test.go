@@ -20,6 +20,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
+	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/model"
 )
 
@@ -131,18 +132,7 @@ func toolCall(tok model.Token, r, i int, name, args string) openai.ToolCall {
 // lookup runs the lookup tool with key in a goroutine and reports how it
 // ended on the returned channel.
 func (f *fixture) lookup(ctx context.Context, key string) <-chan result {
-	done := make(chan result, 1)
-	go func() {
-		resp, err := f.do(ctx, http.MethodGet, "/tools/lookup?key="+url.QueryEscape(key), nil)
-		if err != nil {
-			done <- result{err: err}
-			return
-		}
-		defer resp.Body.Close()
-		got, err := io.ReadAll(resp.Body)
-		done <- result{status: resp.StatusCode, body: got, err: err}
-	}()
-	return done
+	return f.goSend(ctx, http.MethodGet, "/tools/lookup?key="+url.QueryEscape(key), nil)
 }
 
 // stream sends a streamed request and passes on each payload as it
@@ -419,11 +409,7 @@ func TestHoldAtChunksBeyondTheAnswer(t *testing.T) {
 	g = f.m.HoldAt("tc-u2", faults.Point{Chunks: 2})
 	done := f.goDo(context.Background(), body(t, false, user("tc-u2")))
 	waitClosed(t, g.Arrived(), "the hold of a call answered whole")
-	select {
-	case r := <-done:
-		require.FailNow(t, "a held call was answered", "%+v", r)
-	case <-time.After(50 * time.Millisecond):
-	}
+	requireHeld(t, done, "a held call")
 	g.Release()
 	r := waitResult(t, done)
 	assert.Equal(t, http.StatusOK, r.status)
@@ -515,11 +501,7 @@ func TestSeveralGatesOnATurn(t *testing.T) {
 	}
 	first.Release()
 	waitClosed(t, later.Arrived(), "the later hold of a call answered whole")
-	select {
-	case r := <-done:
-		require.FailNow(t, "a held call was answered", "%+v", r)
-	case <-time.After(50 * time.Millisecond):
-	}
+	requireHeld(t, done, "a held call")
 	later.Release()
 	assert.Equal(t, http.StatusOK, waitResult(t, done).status)
 
@@ -559,6 +541,8 @@ func TestLookupAnswersAndRecords(t *testing.T) {
 	assert.Equal(t, []model.ToolRun{{ID: "tc-k2-3-1", At: 105}}, f.m.RunsAfter(103))
 	assert.Empty(t, f.m.RunsAfter(105))
 	assert.Len(t, f.m.CallsAfter(0), 2, "a lookup is not a model call")
+	assert.Equal(t, 3, f.m.RunCount())
+	assert.Equal(t, 2, f.m.CallCount())
 	got := f.m.RunsAfter(0)
 	got[0].ID = "changed"
 	assert.Equal(t, "tc-k1-1-2", f.m.RunsAfter(0)[0].ID, "the returned slice is a copy")
@@ -633,11 +617,7 @@ func TestHoldAtLookup(t *testing.T) {
 	waitClosed(t, g.Arrived(), "the held lookup")
 	assert.Equal(t, 1, f.m.Holding())
 	assert.Len(t, f.m.RunsAfter(0), 4, "a held lookup has started")
-	select {
-	case r := <-done:
-		require.FailNow(t, "a held lookup was answered", "%+v", r)
-	case <-time.After(50 * time.Millisecond):
-	}
+	requireHeld(t, done, "a held lookup")
 	g.Release()
 	r := waitResult(t, done)
 	assert.Equal(t, http.StatusOK, r.status)
@@ -781,7 +761,7 @@ func TestToolArgumentsSplitOnRunes(t *testing.T) {
 
 // TestLookupLog: one line per lookup, saying whether it was recorded.
 func TestLookupLog(t *testing.T) {
-	log := &syncBuffer{}
+	log := &syncbuf.Buffer{}
 	f := start(t, faults.ModelConfig{Log: log})
 	f.m.Reset("ep-1")
 	waitResult(t, f.lookup(context.Background(), "tc-k1-1-1 ep-1"))

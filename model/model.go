@@ -625,8 +625,6 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		if v := m.checkShown(t, cv); v != nil {
 			return v
 		}
-	}
-	if t.Usable {
 		// A 409 says nothing of whether an earlier unknown turn has ended:
 		// the conversation may still be busy after one.
 		refused := t.Outcome == Fail && t.Status == 409
@@ -815,8 +813,10 @@ func (m *Model) checkStopped(t Turn) *Violation {
 // checkKept judges what a step's call showed of interrupted turns under
 // the rollback policy: one kept as its user message is T10 (the line
 // allows it for the keep-consistent policy; a reply is never allowed).
+// Only a step from a line with pending turns can keep one: an earlier
+// step that kept one was judged then.
 func (m *Model) checkKept(t Turn, cv *conv, next Line) *Violation {
-	if m.policies.KeepConsistent || !cv.interrupted {
+	if m.policies.KeepConsistent || !cv.interrupted || cv.line.pending() == 0 {
 		return nil
 	}
 	for nd := next.last; nd != nil; nd = nd.prev {

@@ -103,13 +103,16 @@ func referenceHandler() Target {
 	})
 }
 
-// keepsDeclaredRollback is the keep-consistent reference server, declared
-// as one that rolls an interrupted turn back.
-type keepsDeclaredRollback struct{ Reference }
+// misdeclared is the reference server with a profile that declares what
+// declare makes of its own.
+type misdeclared struct {
+	Reference
+	declare func(*Profile)
+}
 
-func (k keepsDeclaredRollback) Profile() Profile {
-	p := k.Reference.Profile()
-	p.Interruption = Rollback
+func (m misdeclared) Profile() Profile {
+	p := m.Reference.Profile()
+	m.declare(&p)
 	return p
 }
 
@@ -118,28 +121,20 @@ func (k keepsDeclaredRollback) Profile() Profile {
 // rounds) passes under the policy it declares, and is T10 under rollback:
 // the policies are exercised, not merely named.
 func TestInterruptionPolicyIsJudged(t *testing.T) {
-	res, err := Check(keepsDeclaredRollback{Reference{Interruption: sut.KeepConsistent}}, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
+	keepsDeclaredRollback := misdeclared{Reference{Interruption: sut.KeepConsistent}, func(p *Profile) { p.Interruption = Rollback }}
+	res, err := Check(keepsDeclaredRollback, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
 	require.NoError(t, err)
 	require.NotNil(t, res.Failure, "a kept interrupted turn went unnoticed under the rollback policy")
 	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
 	assert.Equal(t, model.T10, res.Failure.Violation.Invariant, res.Failure.Report)
 }
 
-// toolsUndeclared is the reference server, with a profile that does not
-// declare its tools.
-type toolsUndeclared struct{ Reference }
-
-func (u toolsUndeclared) Profile() Profile {
-	p := u.Reference.Profile()
-	p.Tools = false
-	return p
-}
-
 // TestConformWithoutTools: a server that offers no tools gets T9 and T11
 // as not applicable, never passed, and no tool turns; a client that drops
 // a turn mid-call is judged all the same (T10).
 func TestConformWithoutTools(t *testing.T) {
-	c, err := Conform(toolsUndeclared{Reference{}}, Options{Checks: 10, Seed: 5})
+	toolsUndeclared := misdeclared{Reference{}, func(p *Profile) { p.Tools = false }}
+	c, err := Conform(toolsUndeclared, Options{Checks: 10, Seed: 5})
 	require.NoError(t, err)
 	for _, inv := range []model.Invariant{model.T9, model.T11} {
 		v := c.Verdict(inv)

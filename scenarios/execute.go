@@ -417,14 +417,14 @@ func (e *executor) quiet() {
 		return // idle has waited for it
 	}
 	deadline := time.After(clientTimeout)
-	last, since := e.fake.CallCount()+len(e.fake.RunsAfter(0)), time.Now()
+	last, since := e.fake.CallCount()+e.fake.RunCount(), time.Now()
 	for time.Since(since) < quietPeriod {
 		select {
 		case <-deadline:
 			return
 		case <-time.After(pollInterval):
 		}
-		if n := e.fake.CallCount() + len(e.fake.RunsAfter(0)); n != last {
+		if n := e.fake.CallCount() + e.fake.RunCount(); n != last {
 			last, since = n, time.Now()
 		}
 	}

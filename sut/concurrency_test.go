@@ -36,8 +36,8 @@ type gateModel struct {
 
 	mu     sync.Mutex
 	calls  []gateCall
-	gates  map[string]*gate // the gates of calls yet to arrive
-	all    []*gate          // every gate, to open at cleanup
+	gates  map[string]*held // the holds of first calls yet to arrive
+	all    []*held          // every one, to open at cleanup
 	faults map[string]modelFault
 }
 
@@ -56,16 +56,6 @@ type gateCall struct {
 	history []string
 }
 
-// gate holds one turn's first call.
-type gate struct {
-	arrived chan struct{} // closed when the call has arrived and is held
-	release chan struct{}
-	once    sync.Once
-}
-
-// open lets the held call go on; it may come before the call does.
-func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
-
 var tokenRE = regexp.MustCompile(`tc-[ua][0-9]+`)
 
 // replyOf is the reply token of the user token tok: tc-u7 -> tc-a7.
@@ -73,7 +63,7 @@ func replyOf(tok string) string { return strings.Replace(tok, "tc-u", "tc-a", 1)
 
 func startGateModel(t testing.TB) *gateModel {
 	t.Helper()
-	m := &gateModel{gates: map[string]*gate{}, faults: map[string]modelFault{}}
+	m := &gateModel{gates: map[string]*held{}, faults: map[string]modelFault{}}
 	m.srv = httptest.NewServer(m)
 	t.Cleanup(m.srv.Close)
 	// Cleanups run last first: every held call goes on before the model
@@ -90,11 +80,11 @@ func startGateModel(t testing.TB) *gateModel {
 
 func (m *gateModel) URL() string { return m.srv.URL + "/v1" }
 
-// hold gates the next call of tok.
-func (m *gateModel) hold(tok string) *gate {
+// hold holds the next call of tok.
+func (m *gateModel) hold(tok string) *held {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	g := &gate{arrived: make(chan struct{}), release: make(chan struct{})}
+	g := newHeld()
 	m.gates[tok] = g
 	m.all = append(m.all, g)
 	return g
@@ -153,13 +143,8 @@ func (m *gateModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	fault := m.faults[call.turn]
 	m.mu.Unlock()
-	if g != nil {
-		close(g.arrived)
-		select {
-		case <-g.release:
-		case <-r.Context().Done():
-			return // the server gave up on the call
-		}
+	if g != nil && !g.wait(r) {
+		return // the server gave up on the call
 	}
 	if fault == answer500 {
 		openai.WriteError(w, http.StatusInternalServerError, "server_error", "injected model error")
@@ -305,13 +290,9 @@ func awaitIdle(t testing.TB, g *sut.Gauge) {
 }
 
 // arrive waits for a held call to arrive.
-func arrive(t testing.TB, g *gate, tok string) {
+func arrive(t testing.TB, g *held, tok string) {
 	t.Helper()
-	select {
-	case <-g.arrived:
-	case <-time.After(requestDeadline):
-		require.FailNow(t, "the model call never arrived", "turn %s", tok)
-	}
+	await(t, g.arrived, "the model call of turn "+tok)
 }
 
 // hist builds a token history: hist("u1", "a1") is [tc-u1 tc-a1].

@@ -1,7 +1,6 @@
 package sut_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,13 +8,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -29,24 +28,6 @@ const secretModelError = `Incorrect API key provided: sk-live-4f8a9b2c7d1e6f3a. 
 
 // secrets are the parts of secretModelError no one may see.
 var secrets = []string{"sk-live-4f8a9b2c7d1e6f3a", "eyJhbGciOi", "hunter2", "svc:", "abc123def"}
-
-// syncLog is a log a server writes and a test reads.
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestModelErrorsDoNotReachClients: whatever the model says when it fails,
 // before its stream or in it, the client gets the status class and a
@@ -68,7 +49,7 @@ func TestModelErrorsDoNotReachClients(t *testing.T) {
 	for _, path := range []string{"/v1", "/midstream/v1"} {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s stream=%t", path, stream), func(t *testing.T) {
-				var log syncLog
+				var log syncbuf.Buffer
 				e := newEnv(t, sut.Config{ModelURL: failing.URL + path, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 				r := e.turn(t, "", "c1", "tc-u1", stream)
 				var msg string
@@ -104,7 +85,7 @@ func TestModelErrorsDoNotReachClients(t *testing.T) {
 // cannot be reached fails turns with the fixed message, and neither the
 // client nor the log sees the credentials.
 func TestModelURLCredentialsStayHidden(t *testing.T) {
-	var log syncLog
+	var log syncbuf.Buffer
 	e := newEnv(t, sut.Config{ModelURL: "http://svc:hunter2@127.0.0.1:1/v1", Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	r := e.turn(t, "", "c1", "tc-u1", false)
 	requireErrorBody(t, r, http.StatusBadGateway, "upstream_error")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -106,7 +107,7 @@ func (rf runFlags) server() (scenarios.Reference, error) {
 // describeReference says which reference server runs, for people.
 func describeReference(r scenarios.Reference) string {
 	return fmt.Sprintf("reference server, mutant %s, concurrency %s, interruption %s",
-		mutantLabel(r.Mutant), orDefault(string(r.Concurrency), string(sut.Serialize)), r.Interruption)
+		mutantLabel(r.Mutant), cmp.Or(r.Concurrency, sut.Serialize), r.Interruption)
 }
 
 // referenceSpec is how a report names the reference server r.
@@ -126,13 +127,6 @@ func referenceFlags(r scenarios.Reference) string {
 		fmt.Fprintf(&b, " --interruption %s", r.Interruption)
 	}
 	return b.String()
-}
-
-func orDefault(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/procs"
+	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -194,24 +194,6 @@ func TestReports(t *testing.T) {
 	assert.Contains(t, string(xmlReport), `failures="0"`)
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 var listening = regexp.MustCompile(`listening on (http://\S+)`)
 
 // startCommand runs a long-running command until the returned stop is
@@ -219,7 +201,7 @@ var listening = regexp.MustCompile(`listening on (http://\S+)`)
 func startCommand(t *testing.T, args ...string) (url string, stop func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, &stdout, &stderr) }()
 	deadline := time.Now().Add(10 * time.Second)
@@ -366,7 +348,7 @@ func TestServeStopIsBounded(t *testing.T) {
 	arrived := m.Script("tc-u1", faults.Fault{Kind: faults.Hold})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	exited := make(chan int, 1)
 	go func() {
 		exited <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--model-url", m.URL(), "--data-dir", dir,

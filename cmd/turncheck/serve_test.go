@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -28,7 +29,7 @@ func runStart(t *testing.T, args ...string) (int, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	code := run(ctx, args, &stdout, &stderr)
 	return code, stderr.String()
 }
