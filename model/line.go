@@ -55,6 +55,16 @@ type segment struct {
 	// partial marks a pending segment of an interrupted turn: it resolves
 	// to nothing, or to its user message alone, never to a reply (T10).
 	partial bool
+	// detached marks a pending segment of a turn whose client disconnected
+	// from a server that runs such a turn to its end (the complete
+	// policy): whole or nothing, as any unknown turn, and a part of it is
+	// T10's.
+	detached bool
+	// unsure marks a segment of a turn that never ended ok, kept because
+	// a history showed it (an unknown turn committed, an interrupted turn
+	// kept): one missing later was lost by a turn that never promised it,
+	// T6's or T10's, never a committed turn lost (T2, T7) or a fork (T4).
+	unsure bool
 	// done is when the turn that put it there completed, on the run's
 	// timeline. A turn sent before then ran alongside it, so a history of
 	// that turn without it is a fork (T4), not a lost turn (T2).
@@ -406,12 +416,17 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 		next = next.withRare(failed, next.dropped())
 	case Unknown:
 		s := segment{user: t.User, reply: t.User.Reply(), pending: true, done: t.Return}
-		if t.Interrupted {
+		switch {
+		case t.Interrupted:
 			// Rolled back, or kept as its user message and completed tool
 			// pairs (keep-consistent): which of them the policy allows is
 			// Model's to judge; a reply is never kept.
 			s.reply, s.partial = "", true
 			next = next.withInterrupted(t.User)
+		case t.Detached:
+			// Whole or nothing, as any unknown turn (T6); only a part of
+			// it is T10's.
+			s.detached = true
 		}
 		next = next.appended(s)
 		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
@@ -577,6 +592,19 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 			if tok == "" || seen[tok] > 0 {
 				continue
 			}
+			if s.unsure {
+				// Never promised: the turn did not end ok. It was shown
+				// kept, and is gone now.
+				v.Invariant = T6
+				what := "whose outcome was unknown"
+				if l.wasInterrupted(s.user) {
+					v.Invariant = T10
+					what = "whose client disconnected mid-turn"
+				}
+				v.Reason = fmt.Sprintf("%s, of a turn %s, was in an earlier history of the conversation and is missing now: "+
+					"such a turn is kept whole, once and for good, or not at all", tok, what)
+				return v
+			}
 			if s.done > t.Invoke {
 				// The turn that committed it had not completed when this one
 				// was sent: the two ran at once on one history.
@@ -594,6 +622,11 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		if s.pending && !s.partial && (seen[s.user] > 0) != (seen[s.reply] > 0) {
 			v.Invariant = T6
 			v.Reason = fmt.Sprintf("the turn %s, whose outcome was unknown, appears in part: it must be committed whole or not at all", s.user)
+			if s.detached {
+				v.Invariant = T10
+				v.Reason = fmt.Sprintf("the turn %s, whose client disconnected mid-turn, appears in part: the server declares the complete policy, "+
+					"so the turn runs to its end and is committed whole or not at all", s.user)
+			}
 			return v
 		}
 	}
@@ -658,7 +691,8 @@ func (l Line) match(history []Token, user Token) (Line, bool) {
 			i -= nd.size()
 			if base == nil {
 				s := nd.segment
-				s.pending, s.partial = false, false
+				s.unsure = s.unsure || s.pending
+				s.pending, s.partial, s.detached = false, false, false
 				kept = append(kept, s)
 			}
 		}

@@ -179,6 +179,20 @@ type Turn struct {
 	Released int64 `json:"released,omitempty"`
 	// Runs are the tool runs of the turn the harness saw start.
 	Runs []ToolRun `json:"runs,omitempty"`
+	// Detached reports that the client disconnected mid-turn from a
+	// server that declares the complete policy: the turn runs on to its
+	// end, and is committed whole or not at all, as an unknown turn is
+	// (T6); a part of it kept is T10. Its Outcome is Unknown.
+	Detached bool `json:"detached,omitempty"`
+	// Open reports that the client stopped reading the response before
+	// the server ended it (after an error chunk, say): the server may
+	// still be finishing the turn, and a 409 to the next request is no
+	// deviation.
+	Open bool `json:"open,omitempty"`
+	// HeldPastTimeout reports that the model held the turn's call until
+	// the server's own model timeout: a serializing server may give up
+	// on a request waiting behind it (T4).
+	HeldPastTimeout bool `json:"heldPastTimeout,omitempty"`
 }
 
 // overlaps reports whether t and o were in flight at the same time.
@@ -210,8 +224,12 @@ type Policies struct {
 	Concurrency Concurrency
 	// KeepConsistent is the keep-consistent interruption policy: an
 	// interrupted turn may keep its user message and completed tool
-	// pairs. Otherwise it is rolled back (T10).
+	// pairs. Otherwise it is rolled back (T10), unless Complete.
 	KeepConsistent bool
+	// Complete is the complete interruption policy: a turn whose client
+	// disconnected runs to its end and is committed whole or not at all.
+	// The client then sends such a turn as Detached, not Interrupted.
+	Complete bool
 }
 
 // Model is the reference state of every conversation a run has touched: a
@@ -267,11 +285,9 @@ type conv struct {
 	// mayRun is set when the latest turn ended unknown: it may still be
 	// running on the server, so a 409 there is no deviation.
 	mayRun bool
-	// inStep counts the turns on the conversation in the step being
-	// applied, and okInStep says one of them ended ok; both are reset
-	// before any of them is applied.
-	inStep   int
-	okInStep bool
+	// ranInStep counts the turns on the conversation in the step being
+	// applied that reached the model; reset before any of them is applied.
+	ranInStep int
 	// failed and committed are set once a usable turn of the conversation
 	// has failed, or ended ok: only then can a later call show a failed
 	// turn's leftovers (T1) or a committed turn gone (T2).
@@ -396,23 +412,26 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 			cv = &conv{ref: t.Conv}
 			m.convs[t.Conv] = cv
 		}
-		if cv.inStep == 0 {
+		if !slices.Contains(touched, cv) {
 			touched = append(touched, cv)
 		}
-		cv.inStep++
-		cv.okInStep = cv.okInStep || (t.Usable && t.Outcome == OK)
+		if t.Usable && t.reached() {
+			cv.ranInStep++
+		}
 		if t.Usable {
 			m.sent = append(m.sent, sentTurn{t.User, cv})
 		}
 		order[i] = ran{t.RanAt(), i, cv}
 	}
 	for _, cv := range touched {
-		// Concurrent turns exercise T4 only if one of them was served:
-		// refusing them all proves nothing of one line.
-		if cv.inStep > 1 && cv.okInStep {
+		// Concurrent turns exercise T4 only where two of them reached the
+		// model (a refusal is counted where it is judged, checkConflict):
+		// a server that answers by itself, or refuses everything, proves
+		// nothing of one line.
+		if cv.ranInStep > 1 {
 			m.checked.add(T4)
 		}
-		cv.inStep, cv.okInStep = 0, false
+		cv.ranInStep = 0
 	}
 	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Compare(a.at, b.at) })
 	for _, r := range order {
@@ -425,6 +444,16 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 		}
 	}
 	return nil
+}
+
+// reached reports whether a call of t's own reached the model.
+func (t *Turn) reached() bool {
+	for _, c := range t.Calls {
+		if c.Turn == t.User {
+			return true
+		}
+	}
+	return false
 }
 
 // RanAt is when the server ran t, as far as the client can tell: when its
@@ -480,6 +509,13 @@ func (m *Model) checkResume(t Turn, cv *conv) (*Violation, bool) {
 		return nil, false // it showed nothing: the next turn will
 	}
 	if cv.ambiguous {
+		if h := firstOwnHistory(t); h != nil {
+			if _, ok := cv.line.match(h, t.User); !ok {
+				// The history is wrong, whichever source served it: that
+				// is the more specific finding (T7, T2), judged below.
+				return nil, false
+			}
+		}
 		m.checked.add(T8)
 		switch {
 		case called || t.Outcome == OK:
@@ -551,6 +587,9 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 			return v
 		}
 	}
+	if v := m.checkWaited(t, cv, step); v != nil {
+		return v
+	}
 	line := cv.line
 	if t.Usable {
 		for _, call := range t.Calls {
@@ -577,8 +616,10 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 				}
 			}
 		}
-	} else if t.Status != 0 || len(t.Calls) > 0 || t.TimedOut {
-		m.checked.add(T3) // a request that got no answer at all shows nothing
+	} else if cv.committed && (t.Status != 0 || len(t.Calls) > 0 || t.TimedOut) {
+		// Only a conversation with a committed turn has something to
+		// replay, and a request that got no answer at all shows nothing.
+		m.checked.add(T3)
 	}
 	var next Line
 	var v *Violation
@@ -628,14 +669,14 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		// A 409 says nothing of whether an earlier unknown turn has ended:
 		// the conversation may still be busy after one.
 		refused := t.Outcome == Fail && t.Status == 409
-		cv.line, cv.lined, cv.mayRun = next, true, t.Outcome == Unknown || (cv.mayRun && refused)
+		cv.line, cv.lined, cv.mayRun = next, true, t.Outcome == Unknown || t.Open || (cv.mayRun && refused)
 		cv.failed = cv.failed || t.Outcome == Fail
 		cv.committed = cv.committed || t.Outcome == OK
 		if !cv.live && (t.Outcome == OK || t.Outcome == Unknown) {
 			cv.live = true
 			m.live++
 		}
-		cv.interrupted = cv.interrupted || t.Interrupted
+		cv.interrupted = cv.interrupted || t.Interrupted || t.Detached
 		for _, c := range t.Calls {
 			if c.Turn == t.User {
 				cv.restarted = false // a call showed the history whole
@@ -672,6 +713,37 @@ func (m *Model) checkConflict(t Turn, cv *conv, step []Turn) *Violation {
 	return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User,
 		Reason: "spurious 409: no other turn of the conversation was running when the request was sent; " +
 			"the reject policy allows 409 only while one may be"}
+}
+
+// checkWaited judges a refusal under the serialize policy (T4): a request
+// refused (any status from 409 up) before any model call of its own, while
+// another turn of its conversation was running, was refused instead of
+// waiting its turn, unless the turn ahead was held past the server's model
+// timeout (a server may bound the wait). A 409 is checkConflict's.
+func (m *Model) checkWaited(t Turn, cv *conv, step []Turn) *Violation {
+	if m.policies.Concurrency != Serialize || !t.Usable || t.Outcome != Fail || t.Status <= 409 ||
+		cv.ambiguous || m.ambiguous && !cv.committed || t.reached() {
+		return nil
+	}
+	var ahead *Turn
+	for i := range step {
+		o := &step[i]
+		if o.Conv != t.Conv || o.User == t.User || !o.overlaps(t) || !o.reached() {
+			continue
+		}
+		if o.HeldPastTimeout {
+			return nil
+		}
+		ahead = o
+	}
+	if ahead == nil {
+		return nil
+	}
+	m.checked.add(T4)
+	return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User,
+		Reason: fmt.Sprintf("refused instead of waiting its turn: the request got %d before any model call while turn %s of the conversation was running; "+
+			"the server declares the serialize policy, so it must wait (a bounded wait may end only after the turn ahead was held past the model timeout)",
+			t.Status, ahead.User)}
 }
 
 // ownerOf is the conversation tok was sent on or written for, if any:

@@ -563,7 +563,7 @@ func TestApply(t *testing.T) {
 			name: "unknown turn shown committed stays committed",
 			steps: with(unknown2,
 				step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3)))},
-				step{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(3), a(3), u(4))), want: model.T2}),
+				step{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(3), a(3), u(4))), want: model.T6}),
 		},
 		{
 			name: "unknown turn shown not committed",
@@ -680,7 +680,7 @@ func TestApply(t *testing.T) {
 			steps: with(unknown2,
 				step{turn: ok(convA, u(3),
 					call(u(3), u(1), a(1), u(2), a(2), u(3)),
-					call(u(3), u(1), a(1), u(3))), want: model.T2}),
+					call(u(3), u(1), a(1), u(3))), want: model.T6}),
 		},
 		{
 			name: "retried model call agrees on an unknown turn's commit",
@@ -807,6 +807,7 @@ func TestChecked(t *testing.T) {
 
 func TestCheckedReturnsACopy(t *testing.T) {
 	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
 	require.Nil(t, m.Apply(invalid(convA, "", model.Fail, 400)))
 	c := m.Checked()
 	c[model.T3] = 100
@@ -1035,6 +1036,11 @@ func TestRestartAmbiguousSources(t *testing.T) {
 		require.NotNil(t, v, name)
 		assert.Equal(t, model.T8, v.Invariant, name)
 	}
+	// A conversation the server lost and started afresh is a lost history
+	// (T7), decided before the resume: not a silent pick.
+	v := setup().Apply(ok(convA, u(2), call(u(2), u(2))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T7, v.Invariant, "%v", v)
 }
 
 // TestRestartEdges: what a restart must not make the model say.

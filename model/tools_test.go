@@ -773,7 +773,7 @@ func TestInterruptedKeepConsistent(t *testing.T) {
 		{
 			name: "the next turn drops the kept user message",
 			steps: withSteps(kept3,
-				step{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(3), a(3), u(4))), want: model.T2}),
+				step{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(3), a(3), u(4))), want: model.T10}),
 		},
 		{
 			name: "the next turn moves the kept user message",
