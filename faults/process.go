@@ -327,7 +327,7 @@ func (p *Process) stop() error {
 	select {
 	case <-r.done:
 		if !cleanAfterTerm(r.err) {
-			return fmt.Errorf("server %s after SIGTERM%s", exitString(r.err), p.outputSince(r.mark))
+			return &StopError{msg: fmt.Sprintf("server %s after SIGTERM%s", exitString(r.err), p.outputSince(r.mark))}
 		}
 		return nil
 	case <-grace.C:
@@ -336,6 +336,14 @@ func (p *Process) stop() error {
 	<-r.done
 	return fmt.Errorf("server did not exit within %v of SIGTERM; killed%s", p.cfg.StopGrace, p.outputSince(r.mark))
 }
+
+// StopError is Stop's error for a server that did exit on SIGTERM, in
+// time, but with a failure status: it stopped, untidily. What it served
+// before stands; a harness reports this beside its verdicts, not instead
+// of them.
+type StopError struct{ msg string }
+
+func (e *StopError) Error() string { return e.msg }
 
 // Kill kills the server's whole process group with SIGKILL, as a crash or
 // kill -9 would, and returns once the server has exited and its output is

@@ -548,6 +548,9 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		}
 		user := tok.User()
 		status := l.failedWith(user)
+		if user != t.User && (l.wasInterrupted(user) || status != 0 || slices.Contains(l.dropped(), user) || slices.Contains(dropped, user)) {
+			v.Kind = Leftover
+		}
 		switch {
 		case l.wasInterrupted(user) && !tok.IsUser():
 			v.Invariant = T10
@@ -613,7 +616,7 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 					"both turns ran on the same history, a fork; turns on one conversation must form one line", tok)
 				return v
 			}
-			v.Invariant = T2
+			v.Invariant, v.Kind = T2, Lost
 			v.Reason = fmt.Sprintf("%s, of a committed turn, is missing from the history", tok)
 			return v
 		}

@@ -105,7 +105,25 @@ type Violation struct {
 	// nil where no single history was expected.
 	Expected []Token `json:"expected,omitempty"`
 	Observed []Token `json:"observed,omitempty"`
+	// Kind names the wrong state the violation shows where more than one
+	// invariant names its forms (Leftover, Lost): one root cause, shown
+	// again under another name, is still one finding.
+	Kind Kind `json:"kind,omitempty"`
 }
+
+// Kind is a wrong state that several invariants name, each for its own
+// kind of turn.
+type Kind string
+
+// The kinds.
+const (
+	// Leftover: a turn that did not commit (failed, refused, interrupted
+	// and rolled back, or shown not committed) left its message or output
+	// in the conversation (T1, T4, T6, T10).
+	Leftover Kind = "leftover"
+	// Lost: a committed turn went missing (T2, and T7 after a restart).
+	Lost Kind = "lost"
+)
 
 // Error says which invariant broke, where, why, and shows the expected and
 // observed histories.
@@ -590,6 +608,12 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	if v := m.checkWaited(t, cv, step); v != nil {
 		return v
 	}
+	if t.Status == 409 && (cv.ambiguous || m.ambiguous && !cv.committed) {
+		// A refusal for an ambiguous source (T8), not for a busy
+		// conversation: its turn is a failed one like any other, and its
+		// message seen later is T1's, not a refused concurrent request's.
+		t.Status = 0
+	}
 	line := cv.line
 	if t.Usable {
 		for _, call := range t.Calls {
@@ -896,7 +920,7 @@ func (m *Model) checkKept(t Turn, cv *conv, next Line) *Violation {
 			return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User,
 				Reason: fmt.Sprintf("%s, of a turn whose client disconnected mid-turn, reached the model in a later turn: "+
 					"the server declares the rollback policy, so an interrupted turn must leave nothing", nd.user),
-				Expected: expected(cv.line.segs(), t.User), Observed: firstOwnHistory(t)}
+				Expected: expected(cv.line.segs(), t.User), Observed: firstOwnHistory(t), Kind: Leftover}
 		}
 	}
 	return nil
@@ -929,14 +953,14 @@ func (m *Model) checkToolOwners(t Turn, cv *conv, next Line, call Call, first bo
 			v.Invariant = T5
 			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, which belongs to conversation %s", e.ID, user, owner.ref)
 		case next.wasInterrupted(user):
-			v.Invariant = T10
+			v.Kind, v.Invariant = Leftover, T10
 			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, whose client disconnected mid-turn, without that turn's user message: "+
 				"an interrupted turn is rolled back, or kept as its user message followed by its completed tool pairs", e.ID, user)
 		case next.failedWith(user) != 0:
-			v.Invariant = T1
+			v.Kind, v.Invariant = Leftover, T1
 			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, which failed: a failed turn's output never reaches the model in a later turn", e.ID, user)
 		case slices.Contains(next.dropped(), user):
-			v.Invariant = T6
+			v.Kind, v.Invariant = Leftover, T6
 			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, whose outcome was unknown and which a history showed was not committed", e.ID, user)
 		default:
 			v.Invariant = T1

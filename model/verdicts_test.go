@@ -150,3 +150,34 @@ func TestKeptThenLostIsNotACommittedTurnLost(t *testing.T) {
 		{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(3), a(3), u(4))), want: model.T6},
 	})
 }
+
+func TestViolationKinds(t *testing.T) {
+	failedThenSeen := []step{
+		{turn: ok(convA, u(1), call(u(1), u(1)))},
+		{turn: fail(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+	}
+	m := model.New()
+	for _, s := range failedThenSeen {
+		require.Nil(t, m.Apply(s.turn))
+	}
+	v := m.Apply(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T1, v.Invariant)
+	assert.Equal(t, model.Leftover, v.Kind)
+
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	require.Nil(t, m.Apply(interrupted(convA, u(2), 0, call(u(2), u(1), a(1), u(2)))))
+	v = m.Apply(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T10, v.Invariant)
+	assert.Equal(t, model.Leftover, v.Kind, "an interrupted turn's leftover is the same wrong state as a failed turn's")
+
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	v = m.Apply(ok(convA, u(2), call(u(2), u(2))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T7, v.Invariant)
+	assert.Equal(t, model.Lost, v.Kind)
+}

@@ -108,6 +108,9 @@ type Failure struct {
 	// (Options.Skip): a replay sets them aside too, or it could stop at one
 	// of them before it reaches this failure.
 	Skipped []model.Invariant `json:"skipped,omitempty"`
+	// SkippedKinds are the kinds of wrong state the run had found before
+	// (model.Kind), set aside as Skipped is.
+	SkippedKinds []model.Kind `json:"skippedKinds,omitempty"`
 }
 
 // rapidFlags guards rapid's global settings, which live in package flag.
@@ -215,7 +218,8 @@ func check(l *lab, opts Options) (*Result, error) {
 // violation was seen (the harness itself failed).
 func (r *runner) failure(tb *recorder, opts Options) *Failure {
 	msg := strings.Join(tb.errors, "\n")
-	f := &Failure{Seed: failingSeed(msg), FoundAfter: r.foundAfter, FoundIn: r.foundIn, Skipped: slices.Clone(r.lab.skip)}
+	f := &Failure{Seed: failingSeed(msg), FoundAfter: r.foundAfter, FoundIn: r.foundIn, Skipped: slices.Clone(r.lab.skip),
+		SkippedKinds: slices.Clone(r.lab.skipKinds)}
 	if f.Seed == 0 && r.foundAfter > 0 {
 		// rapid names the seed only once it has shrunk; an interrupted
 		// run's is worked out the way rapid derives it.
@@ -300,7 +304,7 @@ func Run(t *testing.T, target Target) {
 		t.Run(string(v.Invariant), func(t *testing.T) {
 			switch v.Status {
 			case Pass:
-				t.Logf("%s (%s): evaluated %d time(s), never broken", v.Invariant, v.Invariant.Title(), v.Evaluations)
+				t.Logf("%s (%s): %d %s", v.Invariant, v.Invariant.Title(), v.Evaluations, exercises[v.Invariant])
 			case Fail:
 				f := v.Failure
 				res := &Result{Stats: c.Stats, Seed: f.Seed, Elapsed: c.Elapsed, Failure: f}
@@ -343,7 +347,7 @@ func replayIn(t *testing.T, target Target, path string) {
 	if saved.Failure == nil {
 		t.Fatalf("turncheck: %s holds no failure to replay", path)
 	}
-	history, v, err := Replay(target, saved.Failure.Plans, saved.Failure.Skipped...)
+	history, v, err := ReplayFailure(target, saved.Failure)
 	if err != nil {
 		t.Fatalf("turncheck: %v", err)
 	}
@@ -445,7 +449,11 @@ func (r *runner) property(t *rapid.T) {
 			r.teardownErr = err
 		}
 	})
-	m := &machine{session: sess, stats: r.stats, onViolation: r.onViolation}
+	m := &machine{session: sess, stats: r.stats, onViolation: r.onViolation, onDead: func(err error) {
+		if r.setupErr == nil {
+			r.setupErr = err
+		}
+	}}
 	r.stats.Checks++
 	t.Cleanup(func() {
 		for k, v := range m.ref.Checked() {
@@ -453,6 +461,12 @@ func (r *runner) property(t *rapid.T) {
 		}
 		for k, v := range sess.skipped {
 			r.stats.SetAside[k] += v
+		}
+		for k, v := range sess.consequences {
+			r.stats.Consequences[k] += v
+		}
+		for k, v := range sess.sameCause {
+			r.stats.SameCause[k] += v
 		}
 		if r.progress != nil {
 			r.progress(*r.stats)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
@@ -58,7 +59,35 @@ type Response struct {
 	// TimedOut reports a request the server took and never answered, not
 	// even with a status, within the client's time.
 	TimedOut bool `json:"timedOut,omitempty"`
+	// Cause names, for a turn that did not end ok, why, in a few words
+	// that a run's summary counts by: "status 502", "error chunk",
+	// "connection refused", "no finish_reason stop", ...
+	Cause string `json:"cause,omitempty"`
+	// Open reports that the client stopped reading before the server
+	// ended the response (an error chunk followed by a stream that did
+	// not end within errorDrain).
+	Open bool `json:"open,omitempty"`
 }
+
+// The causes a summary counts outcomes by, where a status does not say.
+const (
+	causeRefused   = "connection refused"
+	causeNoAnswer  = "no response (connection broke)"
+	causeTimedOut  = "no response within the client's time"
+	causeAborted   = "client abort (injected)"
+	causeNoDone    = "stream never ended with [DONE]"
+	causeNoStop    = "no finish_reason stop before [DONE]"
+	causeMalformed = "malformed chunk"
+	causeNoBody    = "200 without a chat.completion body"
+	causeChunk     = "error chunk"
+)
+
+// errorDrain bounds how long the client keeps reading a stream after an
+// error chunk, for the server to end the response: a server may finish
+// the turn (and release its conversation) only once it has. It never
+// decides a verdict against a server: one that has not ended the
+// response by then is only excused a 409 to the next request.
+const errorDrain = 2 * time.Second
 
 // client speaks the chat endpoint of one server.
 type client struct {
@@ -126,12 +155,26 @@ func (c *client) send(ctx context.Context, req Request) Response {
 	resp, err := c.http.Do(hr)
 	if err != nil {
 		var timeout net.Error
-		return Response{Outcome: model.Unknown, Detail: "no response: " + transportError(ctx, err),
+		out := Response{Outcome: model.Unknown, Detail: "no response: " + transportError(ctx, err),
 			TimedOut: ctx.Err() == nil && errors.As(err, &timeout) && timeout.Timeout()}
+		out.Cause = transportCause(ctx, err, out.TimedOut)
+		return out
 	}
 	defer resp.Body.Close()
-	body := io.LimitReader(resp.Body, maxResponseBytes)
 	out := Response{Status: resp.StatusCode}
+	out = readResponse(ctx, resp, out)
+	if out.Outcome != model.OK && out.Cause == "" {
+		out.Cause = fmt.Sprintf("status %d", resp.StatusCode)
+		if ctx.Err() != nil {
+			out.Cause = causeAborted
+		}
+	}
+	return out
+}
+
+// readResponse reads resp's body into out.
+func readResponse(ctx context.Context, resp *http.Response, out Response) Response {
+	body := io.LimitReader(resp.Body, maxResponseBytes)
 	switch {
 	case resp.StatusCode >= 400:
 		out.Outcome = model.Fail
@@ -142,10 +185,23 @@ func (c *client) send(ctx context.Context, req Request) Response {
 		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)
 		return out
 	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
-		return readStream(ctx, body, out)
+		return readStream(ctx, body, resp.Body, out)
 	default:
 		return readWhole(ctx, body, out)
 	}
+}
+
+// transportCause names why a request got no response at all.
+func transportCause(ctx context.Context, err error, timedOut bool) string {
+	switch {
+	case ctx.Err() != nil:
+		return causeAborted
+	case timedOut:
+		return causeTimedOut
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return causeRefused
+	}
+	return causeNoAnswer
 }
 
 // headers are the request headers for conversation conv under the profile.
@@ -170,7 +226,7 @@ func readWhole(ctx context.Context, body io.Reader, out Response) Response {
 	var c openai.Completion
 	if err := json.Unmarshal(raw, &c); err != nil || len(c.Choices) == 0 || c.Choices[0].Message == nil {
 		out.Outcome = model.Unknown
-		out.Detail = "200 without a chat.completion body"
+		out.Detail, out.Cause = causeNoBody, causeNoBody
 		return out
 	}
 	out.Outcome = model.OK
@@ -181,7 +237,12 @@ func readWhole(ctx context.Context, body io.Reader, out Response) Response {
 // readStream reads an SSE reply. It succeeded only if no chunk carried an
 // error, a chunk finished with "stop", and [DONE] closed the stream; an
 // error chunk fails the turn whatever follows it (PROTOCOL.md).
-func readStream(ctx context.Context, body io.Reader, out Response) Response {
+//
+// After an error chunk it reads on, within errorDrain, until the server
+// ends the response ([DONE] or the end of the body): a server that sends
+// [DONE] after an error chunk may release the conversation only then, and
+// the next request must not race it. closer ends a read that takes longer.
+func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Response) Response {
 	var reply strings.Builder
 	stopped := false
 	events := sse.NewReader(body)
@@ -191,9 +252,13 @@ func readStream(ctx context.Context, body io.Reader, out Response) Response {
 			out.Reply = reply.String()
 			out.Outcome = model.Unknown
 			if errors.Is(err, io.EOF) {
-				out.Detail = "stream ended without [DONE]"
+				out.Detail, out.Cause = "stream ended without [DONE]", causeNoDone
 			} else {
-				out.Detail = "stream broke: " + transportError(ctx, err)
+				out.Detail, out.Cause = "stream broke: "+transportError(ctx, err), causeNoDone
+				var timeout net.Error
+				if ctx.Err() == nil && errors.As(err, &timeout) && timeout.Timeout() {
+					out.Cause = "stream never ended within the client's time"
+				}
 			}
 			return out
 		}
@@ -203,7 +268,7 @@ func readStream(ctx context.Context, body io.Reader, out Response) Response {
 				out.Outcome = model.OK
 			} else {
 				out.Outcome = model.Unknown
-				out.Detail = "[DONE] without a chunk finishing with stop"
+				out.Detail, out.Cause = "[DONE] without a chunk finishing with stop", causeNoStop
 			}
 			return out
 		}
@@ -211,13 +276,14 @@ func readStream(ctx context.Context, body io.Reader, out Response) Response {
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
 			out.Reply = reply.String()
 			out.Outcome = model.Unknown
-			out.Detail = "malformed chunk from the server"
+			out.Detail, out.Cause = "malformed chunk from the server", causeMalformed
 			return out
 		}
 		if c.Error != nil {
 			out.Reply = reply.String()
 			out.Outcome = model.Fail
-			out.Detail = "error chunk: " + c.Error.Message
+			out.Detail, out.Cause = "error chunk: "+c.Error.Message, causeChunk
+			out.Open = !drain(events, closer)
 			return out
 		}
 		if reply.Len() < maxKeptReply {
@@ -227,6 +293,38 @@ func readStream(ctx context.Context, body io.Reader, out Response) Response {
 			stopped = true
 		}
 	}
+}
+
+// drain reads events until the server ends the response, for at most
+// errorDrain; it reports whether the server ended it in time.
+func drain(events *sse.Reader, closer io.Closer) bool {
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		for {
+			if data, err := events.Next(); err != nil || data == openai.DoneSentinel {
+				return
+			}
+		}
+	}()
+	timer := time.NewTimer(errorDrain)
+	defer timer.Stop()
+	select {
+	case <-ended:
+		return true
+	case <-timer.C:
+		_ = closer.Close() // ends the read above
+		<-ended
+		return false
+	}
+}
+
+// clipText keeps at most n bytes of s, saying when it cut.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 // clipReply keeps at most maxKeptReply bytes of a reply.

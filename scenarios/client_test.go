@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -38,7 +39,26 @@ func TestKeptReplyIsBounded(t *testing.T) {
 		Choices: []openai.Choice{{Delta: &openai.Delta{}, FinishReason: &stop}}})
 	require.NoError(t, err)
 	fmt.Fprintf(&sse, "data: %s\n\ndata: %s\n\n", last, openai.DoneSentinel)
-	r = readStream(context.Background(), strings.NewReader(sse.String()), Response{Status: 200})
+	r = readStream(context.Background(), strings.NewReader(sse.String()), io.NopCloser(nil), Response{Status: 200})
 	require.Equal(t, model.OK, r.Outcome, r.Detail)
 	assert.LessOrEqual(t, len(r.Reply), maxKeptReply)
+}
+
+// TestErrorChunkReadToTheEnd: after an error chunk the client reads on
+// until the server ends the response, so that the next request does not
+// race the server's own end of the turn; a response that does not end in
+// time is marked open.
+func TestErrorChunkReadToTheEnd(t *testing.T) {
+	errChunk := `data: {"object":"chat.completion.chunk","choices":[],"error":{"message":"boom","type":"server_error"}}` + "\n\n"
+	r := readStream(context.Background(), strings.NewReader(errChunk+"data: [DONE]\n\n"), io.NopCloser(nil), Response{Status: 200})
+	assert.Equal(t, model.Fail, r.Outcome)
+	assert.Equal(t, causeChunk, r.Cause)
+	assert.False(t, r.Open, "the server ended the response")
+
+	pr, pw := io.Pipe()
+	go func() { _, _ = pw.Write([]byte(errChunk)) }() // and never ends
+	r = readStream(context.Background(), pr, pr, Response{Status: 200})
+	assert.Equal(t, model.Fail, r.Outcome)
+	assert.True(t, r.Open, "the server never ended the response")
+	_ = pw.Close()
 }

@@ -32,6 +32,11 @@ const (
 	// Skipped: left out on request, as a known failure; its violations
 	// set their conversations aside, and the rest is checked.
 	Skipped Status = "skipped"
+	// SameCause: broken, but only in the way another invariant's finding
+	// is (the same kind of wrong state, model.Kind, under this
+	// invariant's name): one root cause, reported once, under that
+	// finding. Not a pass.
+	SameCause Status = "same cause"
 )
 
 // Verdict is what a conformance run says of one invariant.
@@ -57,6 +62,12 @@ type Conformance struct {
 	// Stopped says why the run ended before all its checks ran (the time
 	// bound, or an interruption); "" when they all ran.
 	Stopped string `json:"stopped,omitempty"`
+	// Notes are said beside the verdicts and change none: a server that
+	// exited untidily on SIGTERM after the run, say.
+	Notes []string `json:"notes,omitempty"`
+	// ServerOutput is the last lines the server wrote, kept when an
+	// invariant failed or none passed: its tracebacks often say why.
+	ServerOutput string `json:"serverOutput,omitempty"`
 }
 
 // Passed reports whether the server conforms: every applicable invariant
@@ -115,12 +126,32 @@ func Conform(target Target, opts Options) (*Conformance, error) {
 	c := &Conformance{Seed: opts.Seed, Stats: *newStats()}
 	found := map[model.Invariant]*Failure{}
 	runErr := conformIn(l, opts, c, found)
-	if cerr := l.close(); cerr != nil {
-		runErr = errors.Join(runErr, cerr)
+	notes, cerr := StopNotes(l.close())
+	runErr = errors.Join(runErr, cerr)
+	if runErr != nil {
+		// A failed run's notes go with its error.
+		runErr = errors.Join(runErr, noteErr(notes))
+		notes = nil
 	}
+	c.Notes = append(c.Notes, notes...)
 	c.Elapsed = time.Since(start)
 	c.Verdicts = verdicts(target.Profile(), target, l.restartable, opts.Skip, c.Stats, found)
+	out := l.output()
+	if runErr != nil && out != "" && !strings.Contains(runErr.Error(), out) {
+		runErr = fmt.Errorf("%w\nthe server's last output:\n%s", runErr, out)
+	}
+	if runErr == nil && (len(found) > 0 || !slices.ContainsFunc(c.Verdicts, func(v Verdict) bool { return v.Status == Pass })) {
+		c.ServerOutput = out
+	}
 	return c, runErr
+}
+
+// noteErr is notes as an error, nil for none.
+func noteErr(notes []string) error {
+	if len(notes) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(notes, "\n"))
 }
 
 // conformIn runs rounds of checks in l until the checks are spent, the
@@ -138,9 +169,18 @@ func conformIn(l *lab, opts Options, c *Conformance, found map[model.Invariant]*
 			f := res.Failure
 			found[f.Violation.Invariant] = f
 			l.skip = append(l.skip, f.Violation.Invariant)
+			if k := f.Violation.Kind; k != "" && !slices.Contains(l.skipKinds, k) {
+				l.skipKinds = append(l.skipKinds, k)
+			}
 			used := max(f.FoundAfter, 1)
 			remaining -= used
 			seed = checkSeed(seed, used+1)
+		}
+		if err != nil && !errors.Is(err, ErrInterrupted) {
+			// A server that stopped untidily after serving the checks is a
+			// note, not an error that hides the verdicts.
+			notes, rest := StopNotes(err)
+			c.Notes, err = append(c.Notes, notes...), rest
 		}
 		switch {
 		case errors.Is(err, ErrInterrupted):
@@ -168,6 +208,10 @@ func verdicts(p Profile, target Target, restartable bool, skip []model.Invariant
 		switch {
 		case found[inv] != nil:
 			v.Status, v.Failure = Fail, found[inv]
+		case s.SameCause[inv] > 0:
+			v.Status = SameCause
+			v.Reason = fmt.Sprintf("broken %d time(s), each time in the way of the finding of %s: one root cause, reported there",
+				s.SameCause[inv], kindFinding(found))
 		case notApplicable(p, target, restartable, inv) != "":
 			v.Status, v.Reason = NotApplicable, notApplicable(p, target, restartable, inv)
 		case slices.Contains(skip, inv):
@@ -180,6 +224,33 @@ func verdicts(p Profile, target Target, restartable bool, skip []model.Invariant
 		out = append(out, v)
 	}
 	return out
+}
+
+// kindFinding names the findings that have a kind of wrong state.
+func kindFinding(found map[model.Invariant]*Failure) string {
+	var names []string
+	for _, i := range model.Invariants() {
+		if f := found[i]; f != nil && f.Violation.Kind != "" {
+			names = append(names, fmt.Sprintf("%s (%s)", i, f.Violation.Kind))
+		}
+	}
+	return strings.Join(names, " or ")
+}
+
+// exercises say, for each invariant, what one evaluation that counts is:
+// a PASS line says how many of them the run saw.
+var exercises = map[model.Invariant]string{
+	model.T1:  "model request(s) of conversations with a failed turn, never showing it",
+	model.T2:  "model request(s) of conversations with committed turns, showing them whole",
+	model.T3:  "request(s) without a usable message answered on conversations with history, none replayed",
+	model.T4:  "time(s) turns of one conversation overlapped and ran, or a refusal was judged by the declared policy",
+	model.T5:  "model request(s) made while other conversations held turns, none leaking",
+	model.T6:  "model request(s) after a turn with an unknown outcome, showing it whole or not at all",
+	model.T7:  "resume(s) after a restart or crash, history intact",
+	model.T8:  "resume(s) after the agent's source changed or became ambiguous",
+	model.T9:  "model request(s) carrying tool calls or results, all paired",
+	model.T10: "judgement(s) of a turn whose client disconnected mid-turn",
+	model.T11: "first request(s) compared across turns that failed",
 }
 
 // preconditions say, for each invariant, what a run must reach to
@@ -238,6 +309,20 @@ func (s *Stats) add(o Stats) {
 	for k, v := range o.SetAside {
 		s.SetAside[k] += v
 	}
+	for k, v := range o.Consequences {
+		s.Consequences[k] += v
+	}
+	for k, v := range o.SameCause {
+		s.SameCause[k] += v
+	}
+	for k, v := range o.Causes {
+		s.Causes[k] += v
+	}
+	for _, a := range o.FirstAnswers {
+		if len(s.FirstAnswers) < maxFirstAnswers {
+			s.FirstAnswers = append(s.FirstAnswers, a)
+		}
+	}
 }
 
 // Text renders the verdicts for a person: a table, then each failure's
@@ -248,7 +333,7 @@ func (c *Conformance) Text(p Profile) string {
 		fmt.Fprintf(&b, "%-4s %-31s %-15s", v.Invariant, v.Invariant.Title(), strings.ToUpper(string(v.Status)))
 		switch {
 		case v.Status == Pass:
-			fmt.Fprintf(&b, "evaluated %d time(s)", v.Evaluations)
+			fmt.Fprintf(&b, "%d %s", v.Evaluations, exercises[v.Invariant])
 		case v.Failure != nil:
 			b.WriteString(firstLine(v.Failure.Violation.Error()))
 		default:
@@ -267,6 +352,12 @@ func (c *Conformance) Text(p Profile) string {
 	fmt.Fprintf(&b, "\n%s\n", c.Stats.Summary())
 	if c.Stopped != "" {
 		fmt.Fprintf(&b, "stopped early: %s\n", c.Stopped)
+	}
+	for _, n := range c.Notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	if c.ServerOutput != "" {
+		fmt.Fprintf(&b, "the server's last output:\n%s\n", c.ServerOutput)
 	}
 	fmt.Fprintf(&b, "seed %d, elapsed %s\n", c.Seed, c.Elapsed.Round(time.Millisecond))
 	return b.String()

@@ -237,7 +237,12 @@ func (e *executor) execute(p Plan) (ops []Op) {
 	}
 	e.attribute(ops, e.fake.CallsAfter(start), e.fake.RunsAfter(start))
 	for i, f := range flights {
-		if f.interrupted {
+		switch {
+		case !f.interrupted:
+		case e.client.profile.Interruption == Complete:
+			// The server runs the turn on: an unknown outcome, not a stop.
+			ops[i].Turn.Detached = true
+		default:
 			ops[i].Turn.Interrupted, ops[i].Turn.Released = true, released
 		}
 	}
@@ -459,6 +464,8 @@ func (e *executor) attribute(ops []Op, calls []model.Call, runs []model.ToolRun)
 		op.Turn.Status = op.Response.Status
 		op.Turn.Reply = op.Response.Reply
 		op.Turn.TimedOut = op.Response.TimedOut
+		op.Turn.Open = op.Response.Open
+		op.Turn.HeldPastTimeout = op.Send.Fault.Kind == faults.Hold && !op.Send.Abort
 	}
 	for _, c := range calls {
 		owner := 0

@@ -6,6 +6,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
 )
@@ -26,10 +27,15 @@ type conv struct {
 type machine struct {
 	*session
 	stats *Stats
-	// onViolation is told of a violation before the check fails.
+	// onViolation is told of a violation before the check fails, and
+	// onDead of a server that stopped answering.
 	onViolation func(*model.Violation, []Plan, []Op)
+	onDead      func(error)
 
-	convs  []*conv
+	convs []*conv
+	// opened counts the conversations the check has sent a request on,
+	// set aside ones included: what the server may hold.
+	opened int
 	ids    int
 	tokens int
 	// sources are the queries of the references to the profile's agent the
@@ -190,9 +196,10 @@ func (m *machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 
 // newConv draws a key and opens a conversation under a new id.
 func (m *machine) newConv(t *rapid.T) *conv {
-	if m.profile.Eviction == Forgets && len(m.convs) >= m.profile.Capacity {
+	if m.profile.Eviction == Forgets && m.opened >= m.profile.Capacity {
 		// It could forget one the check still uses, as it may: the model
-		// does not follow a conversation starting over yet.
+		// does not follow a conversation starting over yet. Every id sent
+		// counts, set aside or refused: the server may hold it.
 		t.Skip("the server's declared capacity is reached")
 	}
 	key := ""
@@ -210,6 +217,12 @@ func (m *machine) step(t *rapid.T, p Plan) {
 		m.record(op)
 	}
 	m.convs = slices.DeleteFunc(m.convs, func(c *conv) bool { return m.aside[c.ref] })
+	if m.dead != nil {
+		if m.onDead != nil {
+			m.onDead(m.dead)
+		}
+		t.Fatalf("%v", m.dead)
+	}
 	if v != nil {
 		if m.onViolation != nil {
 			m.onViolation(v, slices.Clone(m.plans), slices.Clone(m.history))
@@ -233,6 +246,17 @@ func (m *machine) record(op Op) {
 	}
 	m.stats.Steps++
 	m.stats.Outcomes[op.Response.Outcome.String()]++
+	if r := op.Response; r.Outcome != model.OK {
+		m.stats.Causes[r.Cause]++
+		injected := r.Cause == causeAborted || op.Send.Fault.Kind != faults.None || op.Send.Token == ""
+		if !injected && len(m.stats.FirstAnswers) < maxFirstAnswers {
+			a := r.Cause
+			if r.Detail != "" && r.Detail != r.Cause {
+				a += ": " + clipText(r.Detail, 120)
+			}
+			m.stats.FirstAnswers = append(m.stats.FirstAnswers, a)
+		}
+	}
 	if k := op.Send.faultKind(); k != "" {
 		m.stats.Faults[k]++
 	}
@@ -259,6 +283,7 @@ func (m *machine) conv(ref model.ConversationRef) *conv {
 	}
 	c := &conv{ref: ref}
 	m.convs = append(m.convs, c)
+	m.opened++
 	return c
 }
 

@@ -42,6 +42,10 @@ const (
 	// KeepConsistent: completed tool pairs may be kept, as a prefix that
 	// keeps every tool call paired with its result.
 	KeepConsistent Interruption = "keep-consistent"
+	// Complete: the turn runs on to its end and is committed whole, or
+	// not at all, as a turn with an unknown outcome is (T6); only a part
+	// of it kept is T10's.
+	Complete Interruption = "complete"
 )
 
 // Durability says whether a server declares that committed turns survive
@@ -320,10 +324,10 @@ func (ps policySection) apply(p *Profile) error {
 	switch Interruption(ps.Interruption) {
 	case "", Rollback:
 		p.Interruption = Rollback
-	case KeepConsistent:
-		p.Interruption = KeepConsistent
+	case KeepConsistent, Complete:
+		p.Interruption = Interruption(ps.Interruption)
 	default:
-		return fmt.Errorf("interruption: %q; want rollback or keep-consistent", ps.Interruption)
+		return fmt.Errorf("interruption: %q; want rollback, keep-consistent or complete", ps.Interruption)
 	}
 	p.Durability = ps.Durability
 	return nil

@@ -3,6 +3,7 @@ package scenarios
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -146,11 +147,28 @@ type Stats struct {
 	// SetAside counts violations of skipped invariants (Options.Skip),
 	// whose conversations were set aside.
 	SetAside map[model.Invariant]int `json:"setAside,omitempty"`
+	// Consequences counts what was seen of a violation already found
+	// (its conversations, their tokens elsewhere), by the invariant it
+	// would otherwise have been named under: one root cause, one FAIL.
+	Consequences map[model.Invariant]int `json:"consequences,omitempty"`
+	// SameCause counts violations of a kind of wrong state already found
+	// (model.Kind), by the invariant that named them: one root cause.
+	SameCause map[model.Invariant]int `json:"sameCause,omitempty"`
+	// Causes counts the turns that did not end ok by why (Response.Cause).
+	Causes map[string]int `json:"causes,omitempty"`
+	// FirstAnswers are the first few answers of the server that were not
+	// ok and not a fault the harness injected, for a run where nothing
+	// works.
+	FirstAnswers []string `json:"firstAnswers,omitempty"`
 }
+
+// maxFirstAnswers bounds Stats.FirstAnswers.
+const maxFirstAnswers = 3
 
 func newStats() *Stats {
 	return &Stats{Faults: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{},
-		SetAside: map[model.Invariant]int{}}
+		SetAside: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},
+		Causes: map[string]int{}}
 }
 
 // Summary renders the counts on a few lines.
@@ -167,14 +185,86 @@ func (s *Stats) Summary() string {
 	}
 	b.WriteString(countList(inv))
 	if len(s.SetAside) > 0 {
-		aside := map[string]int{}
-		for k, v := range s.SetAside {
-			aside[string(k)] = v
-		}
 		b.WriteString("\nskipped invariants broken again (conversations set aside): ")
-		b.WriteString(countList(aside))
+		b.WriteString(countList(byName(s.SetAside)))
+	}
+	if len(s.SameCause) > 0 {
+		b.WriteString("\nthe same wrong state as a finding, under other names (one root cause): ")
+		b.WriteString(countList(byName(s.SameCause)))
+	}
+	if len(s.Consequences) > 0 {
+		b.WriteString("\nalso seen, as consequences of a violation already found (not counted as findings): ")
+		b.WriteString(countList(byName(s.Consequences)))
+	}
+	if len(s.Causes) > 0 {
+		b.WriteString("\nturns not ok, by cause: ")
+		b.WriteString(countList(s.Causes))
+	}
+	for _, w := range s.Warnings() {
+		b.WriteString("\nWARNING: " + w)
 	}
 	return b.String()
+}
+
+func byName(m map[model.Invariant]int) map[string]int {
+	out := map[string]int{}
+	for k, v := range m {
+		out[string(k)] = v
+	}
+	return out
+}
+
+// weakCauses are the causes of an unknown outcome the harness did not
+// inject, each with what it likely means.
+var weakCauses = map[string]string{
+	causeNoStop:    `the server's streams end with [DONE] but no chunk carries finish_reason "stop": the contract counts such a turn as unknown, so little can be judged`,
+	causeNoDone:    "the server's streams end, or break, without data: [DONE]",
+	causeTimedOut:  "the server takes requests and never answers them",
+	causeMalformed: "the server sends chunks that are not chat.completion.chunk JSON",
+	causeNoBody:    "the server answers 200 without a chat.completion body",
+	causeRefused:   "the server refuses connections",
+	causeNoAnswer:  "the server drops connections without an answer",
+	"stream never ended within the client's time": "the server's streams never end",
+}
+
+// Warnings say why a run is weak, whatever its verdicts: no turn ended ok,
+// unknown outcomes the harness did not inject dominate, or one refusal
+// does. Each names the likely cause.
+func (s *Stats) Warnings() []string {
+	if s.Steps == 0 {
+		return nil
+	}
+	var out []string
+	if s.Outcomes["ok"] == 0 {
+		w := fmt.Sprintf("no turn of %d ended ok: nothing committed could be checked. Check that the server calls the model URL "+
+			"it was given (the fake model's), accepts the keys and the model name the profile gives, and reads the conversation "+
+			"from the header the profile names", s.Steps)
+		if len(s.FirstAnswers) > 0 {
+			w += "; its first answers: " + strings.Join(s.FirstAnswers, "; ")
+		}
+		out = append(out, w)
+	}
+	weak, why := 0, map[string]int{}
+	for c, n := range s.Causes {
+		if _, ok := weakCauses[c]; ok {
+			weak += n
+			why[c] = n
+		}
+	}
+	if weak*5 > s.Steps {
+		var hints []string
+		for _, c := range slices.Sorted(maps.Keys(why)) {
+			hints = append(hints, fmt.Sprintf("%s (%d): %s", c, why[c], weakCauses[c]))
+		}
+		out = append(out, fmt.Sprintf("%d of %d turns (%d%%) ended unknown for reasons the harness did not inject: %s",
+			weak, s.Steps, 100*weak/s.Steps, strings.Join(hints, "; ")))
+	}
+	for c, n := range s.Causes {
+		if strings.HasPrefix(c, "status 4") && c != "status 400" && c != "status 409" && n*2 > s.Steps {
+			out = append(out, fmt.Sprintf("%d of %d turns were refused with %s: check the keys, the model name and the conversation header the profile gives", n, s.Steps, c))
+		}
+	}
+	return out
 }
 
 func countList(m map[string]int) string {

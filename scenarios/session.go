@@ -72,6 +72,50 @@ type lab struct {
 	// skip lists invariants whose violations do not stop a run: their
 	// conversations are set aside and checking goes on.
 	skip []model.Invariant
+	// last is the server the latest session used, for its output.
+	last Server
+	// skipKinds lists the kinds of wrong state already found: a violation
+	// of one, under whatever invariant, is the same root cause again, and
+	// sets its conversations aside as a skipped invariant's does.
+	skipKinds []model.Kind
+}
+
+// outputter is a Server that keeps what it wrote (a process's stdout and
+// stderr): shown with a failure, an error, or a run that exercised
+// nothing, it often says why.
+type outputter interface {
+	Output() string
+}
+
+// output is the last lines the latest session's server wrote, "" if it
+// keeps none.
+func (l *lab) output() string {
+	if o, ok := l.last.(outputter); ok {
+		return strings.TrimRight(o.Output(), "\n ")
+	}
+	return ""
+}
+
+// StopNotes splits err, as Check, Conform or Replay return it, into what
+// is only a note (a server that exited on SIGTERM with a failure status,
+// after serving everything asked of it) and the rest, which is an error.
+func StopNotes(err error) (notes []string, rest error) {
+	if err == nil {
+		return nil, nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var errs []error
+		for _, e := range j.Unwrap() {
+			n, r := StopNotes(e)
+			notes = append(notes, n...)
+			errs = append(errs, r)
+		}
+		return notes, errors.Join(errs...)
+	}
+	if se := (*faults.StopError)(nil); errors.As(err, &se) {
+		return []string{"the server did not stop cleanly: " + err.Error()}, nil
+	}
+	return nil, err
 }
 
 // openLab starts the fake model a run's sessions share.
@@ -137,8 +181,17 @@ type session struct {
 	// invariant: the reference state no longer says what they hold, so no
 	// later turn of theirs is judged.
 	aside map[model.ConversationRef]bool
-	// skipped counts the violations of skipped invariants seen.
-	skipped map[model.Invariant]int
+	// skipped counts the violations of skipped invariants seen,
+	// consequences the violations that involved set-aside state, and
+	// sameCause those of a kind already found.
+	skipped, consequences, sameCause map[model.Invariant]int
+	// asideTokens are the user tokens of the conversations set aside:
+	// seen anywhere later, they are a consequence of what set them aside.
+	asideTokens map[model.Token]bool
+	// unanswered counts the requests in a row that got no connection or
+	// no answer at all, and dead says the server stopped answering.
+	unanswered int
+	dead       error
 	// sources are the queries of the agent references the server loads.
 	sources []string
 
@@ -179,6 +232,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 	// namespace, and the fake model records only calls that carry it.
 	l.fake.Reset(epochTag(ns))
 	_, l.restartable = srv.(Restarter)
+	l.last = srv
 	cl := newClient(srv.URL(), l.profile, ns)
 	return &session{
 		lab:     l,
@@ -190,8 +244,9 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 		exec:    &executor{srv: srv, fake: l.fake, client: cl, clock: clock, ctx: ctx},
 		ref:     model.NewWith(l.profile.policies()),
 		aside:   map[model.ConversationRef]bool{},
-		skipped: map[model.Invariant]int{},
-		sources: []string{referenceSource},
+		skipped: map[model.Invariant]int{}, consequences: map[model.Invariant]int{}, sameCause: map[model.Invariant]int{},
+		asideTokens: map[model.Token]bool{},
+		sources:     []string{referenceSource},
 	}, nil
 }
 
@@ -229,14 +284,131 @@ func (s *session) step(p Plan) ([]Op, *model.Violation) {
 			v = rv
 		}
 	}
-	if v != nil && slices.Contains(s.lab.skip, v.Invariant) {
-		s.skipped[v.Invariant]++
-		for _, t := range turns {
-			s.aside[t.Conv] = true
-		}
+	s.watch(ops)
+	switch {
+	case v == nil:
 		return ops, nil
+	case s.involvesAside(v, ops):
+		// One root cause, one finding: what a violation already found
+		// touched shows its consequences under other names.
+		s.consequences[v.Invariant]++
+	case slices.Contains(s.lab.skip, v.Invariant):
+		s.skipped[v.Invariant]++
+	case v.Kind != "" && slices.Contains(s.lab.skipKinds, v.Kind):
+		s.sameCause[v.Invariant]++
+	default:
+		return ops, v
 	}
-	return ops, v
+	for _, t := range turns {
+		s.setAside(t.Conv)
+	}
+	if v.Conv != (model.ConversationRef{}) {
+		s.setAside(v.Conv)
+	}
+	return ops, nil
+}
+
+// setAside sets conversation ref aside, with every token sent on it so
+// far; later ones are added as they are sent (watch).
+func (s *session) setAside(ref model.ConversationRef) {
+	s.aside[ref] = true
+	for _, op := range s.history {
+		if op.Restart == nil && op.Send.Conv == ref && op.Send.Token != "" {
+			s.asideTokens[op.Send.Token] = true
+		}
+	}
+}
+
+// involvesAside reports whether v, seen in ops, involves state a violation
+// already found set aside: its conversation, or a token of one.
+func (s *session) involvesAside(v *model.Violation, ops []Op) bool {
+	if len(s.aside) == 0 {
+		return false
+	}
+	if s.aside[v.Conv] {
+		return true
+	}
+	mentions := func(toks []model.Token) bool {
+		return slices.ContainsFunc(toks, func(tok model.Token) bool { return s.asideTokens[tok.User()] })
+	}
+	if mentions(v.Observed) {
+		return true
+	}
+	for _, op := range ops {
+		if op.Send.Conv != v.Conv {
+			continue
+		}
+		for _, c := range op.Turn.Calls {
+			if mentions(c.History) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// deadAfter is how many requests in a row may go without a connection or
+// an answer before the run takes the server to have stopped answering.
+const deadAfter = 8
+
+// watch follows the step's requests: tokens sent on set-aside
+// conversations, and a server that stopped answering.
+func (s *session) watch(ops []Op) {
+	for _, op := range ops {
+		if op.Restart != nil {
+			s.unanswered = 0 // a restart that did not come back is T7's, or an error
+			continue
+		}
+		if s.aside[op.Send.Conv] && op.Send.Token != "" {
+			s.asideTokens[op.Send.Token] = true
+		}
+		switch op.Response.Cause {
+		case causeRefused, causeNoAnswer:
+			s.unanswered++
+		default:
+			s.unanswered = 0
+		}
+	}
+	if s.dead != nil || s.unanswered == 0 {
+		return
+	}
+	w, watched := s.srv.(ServerWatcher)
+	exited := error(nil)
+	if watched {
+		exited = w.Exited()
+	}
+	if exited == nil && s.unanswered < deadAfter {
+		return
+	}
+	last := ops[len(ops)-1]
+	if exited != nil {
+		s.dead = fmt.Errorf("the server under test died during the run: step %d got %s; its last answers before: %s\n%w",
+			last.Step, last.Response.Cause, s.lastAnswers(3), exited)
+		return
+	}
+	s.dead = fmt.Errorf("the server under test stopped answering during the run: %d request(s) in a row, up to step %d, got %s; "+
+		"its last answers before: %s", s.unanswered, last.Step, last.Response.Cause, s.lastAnswers(3))
+}
+
+// lastAnswers describes the last n answers the server gave, newest last.
+func (s *session) lastAnswers(n int) string {
+	var out []string
+	for i := len(s.history) - 1; i >= 0 && len(out) < n; i-- {
+		op := s.history[i]
+		if op.Restart != nil || op.Response.Status == 0 {
+			continue
+		}
+		a := fmt.Sprintf("step %d: %s %d", op.Step, op.Response.Outcome, op.Response.Status)
+		if op.Response.Detail != "" {
+			a += " (" + clipText(op.Response.Detail, 80) + ")"
+		}
+		out = append(out, a)
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	slices.Reverse(out)
+	return strings.Join(out, "; ")
 }
 
 // restarted tells the reference model of a restart the server went
@@ -288,16 +460,24 @@ func (s *session) close() error {
 // the violation (nil if none). The error says the replay could not be
 // carried out.
 func Replay(target Target, plans []Plan, skip ...model.Invariant) ([]Op, *model.Violation, error) {
-	for i, p := range plans {
+	return ReplayFailure(target, &Failure{Plans: plans, Skipped: skip})
+}
+
+// ReplayFailure is Replay of a saved failure's plans, with what its run
+// had set aside: the invariants it skipped, and the kinds of wrong state
+// already found, whose violations set their conversations aside again.
+func ReplayFailure(target Target, f *Failure) ([]Op, *model.Violation, error) {
+	for i, p := range f.Plans {
 		if err := p.check(); err != nil {
 			return nil, nil, fmt.Errorf("step %d: %w", i+1, err)
 		}
 	}
-	l, err := openLab(target, skip)
+	l, err := openLab(target, f.Skipped)
 	if err != nil {
 		return nil, nil, err
 	}
-	history, v, err := l.replay(context.Background(), plans)
+	l.skipKinds = f.SkippedKinds
+	history, v, err := l.replay(context.Background(), f.Plans)
 	return history, v, errors.Join(err, l.close())
 }
 
@@ -315,6 +495,9 @@ func (l *lab) replay(ctx context.Context, plans []Plan) ([]Op, *model.Violation,
 		}
 		if _, v = s.step(p); v != nil {
 			break
+		}
+		if s.dead != nil {
+			return s.history, nil, errors.Join(s.dead, s.close())
 		}
 	}
 	return s.history, v, s.close()

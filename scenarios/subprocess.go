@@ -99,6 +99,9 @@ func (s *subprocessServer) Exited() error {
 	}
 }
 
+// Output is the last lines the process wrote, stdout and stderr together.
+func (s *subprocessServer) Output() string { return lastLines(s.p.Stderr(), 20) }
+
 // Restart stops the process gracefully, or kills its group (crash), and
 // starts it again on the same data dir, with agents for {agents} if not
 // nil.

@@ -81,7 +81,8 @@ type Profile struct {
 // policies are the policies p declares, as the reference model takes
 // them.
 func (p Profile) policies() model.Policies {
-	return model.Policies{Concurrency: p.Concurrency, KeepConsistent: p.Interruption == KeepConsistent}
+	return model.Policies{Concurrency: p.Concurrency, KeepConsistent: p.Interruption == KeepConsistent,
+		Complete: p.Interruption == Complete}
 }
 
 // requestTimeout bounds one request: the server's model timeout and a
@@ -192,8 +193,8 @@ func (r Reference) Profile() Profile {
 	if r.Concurrency == sut.Reject {
 		p.Concurrency = model.Reject
 	}
-	if string(r.Interruption) == string(KeepConsistent) {
-		p.Interruption = KeepConsistent
+	if r.Interruption != "" {
+		p.Interruption = Interruption(r.Interruption)
 	}
 	return p
 }

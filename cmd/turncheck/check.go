@@ -183,9 +183,14 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 		return fail(stderr, "replay", fmt.Errorf("%s: %w", path, err))
 	}
 	start := time.Now()
-	history, v, err := scenarios.Replay(target, saved.Failure.Plans, saved.Failure.Skipped...)
+	history, v, err := scenarios.ReplayFailure(target, saved.Failure)
+	notes, err := scenarios.StopNotes(err)
 	if err != nil {
 		return fail(stderr, "replay", err)
+	}
+	for _, n := range notes {
+		// Said beside the verdict, never instead of it.
+		defer fmt.Fprintf(stdout, "note: %s\n", n)
 	}
 	// The replay's own counts: one run of the saved steps.
 	res := &scenarios.Result{Seed: saved.Seed, Elapsed: time.Since(start), Stats: replayStats(history)}
