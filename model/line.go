@@ -548,7 +548,7 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		}
 		user := tok.User()
 		status := l.failedWith(user)
-		if user != t.User && (l.wasInterrupted(user) || status != 0 || slices.Contains(l.dropped(), user) || slices.Contains(dropped, user)) {
+		if l.wasInterrupted(user) || status != 0 || slices.Contains(l.dropped(), user) || slices.Contains(dropped, user) {
 			v.Kind = Leftover
 		}
 		switch {

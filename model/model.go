@@ -211,6 +211,11 @@ type Turn struct {
 	// the server's own model timeout: a serializing server may give up
 	// on a request waiting behind it (T4).
 	HeldPastTimeout bool `json:"heldPastTimeout,omitempty"`
+	// WaitedOut reports that the answer came only after the server's
+	// declared model timeout had passed since the request was sent: a
+	// refusal then may be a serializing server's bounded wait ending,
+	// not a refusal to wait (T4). It only ever excuses.
+	WaitedOut bool `json:"waitedOut,omitempty"`
 }
 
 // overlaps reports whether t and o were in flight at the same time.
@@ -745,7 +750,7 @@ func (m *Model) checkConflict(t Turn, cv *conv, step []Turn) *Violation {
 // waiting its turn, unless the turn ahead was held past the server's model
 // timeout (a server may bound the wait). A 409 is checkConflict's.
 func (m *Model) checkWaited(t Turn, cv *conv, step []Turn) *Violation {
-	if m.policies.Concurrency != Serialize || !t.Usable || t.Outcome != Fail || t.Status <= 409 ||
+	if m.policies.Concurrency != Serialize || !t.Usable || t.Outcome != Fail || t.Status <= 409 || t.WaitedOut ||
 		cv.ambiguous || m.ambiguous && !cv.committed || t.reached() {
 		return nil
 	}

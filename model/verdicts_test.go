@@ -40,6 +40,12 @@ func TestRefusedInsteadOfWaiting(t *testing.T) {
 		held.HeldPastTimeout = true
 		assert.Nil(t, m.ApplyStep([]model.Turn{held, span(refused(convA, u(2), 503), 2, 3)}))
 	})
+	t.Run("serialize: the refusal came after the model timeout (a bounded wait)", func(t *testing.T) {
+		m := model.New()
+		r := span(refused(convA, u(2), 503), 2, 3)
+		r.WaitedOut = true
+		assert.Nil(t, m.ApplyStep([]model.Turn{running, r}))
+	})
 	t.Run("serialize: nothing else ran", func(t *testing.T) {
 		m := model.New()
 		assert.Nil(t, m.ApplyStep([]model.Turn{span(refused(convA, u(2), 500), 2, 3)}))

@@ -158,8 +158,12 @@ func (e *executor) execute(p Plan) (ops []Op) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			sent := time.Now()
 			ops[i].Response = e.client.send(ctx, req)
 			ops[i].Turn.Return = e.tick()
+			// Wall time only ever excuses: a refusal after this long may
+			// be a bounded wait ending (T4).
+			ops[i].Turn.WaitedOut = time.Since(sent) >= e.client.profile.modelTimeout()
 			close(f.done)
 			poke() // after done: a wake-up must find the change it announces
 		}()

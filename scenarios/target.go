@@ -94,6 +94,15 @@ func (p Profile) requestTimeout() time.Duration {
 	return p.ModelTimeout + clientTimeout - defaultModelTimeout
 }
 
+// modelTimeout is the model-call timeout p declares, or the one it is
+// taken to declare.
+func (p Profile) modelTimeout() time.Duration {
+	if p.ModelTimeout <= 0 {
+		return defaultModelTimeout
+	}
+	return p.ModelTimeout
+}
+
 func (p Profile) header() string {
 	if p.Header == "" {
 		return sut.DefaultConversationHeader

@@ -56,7 +56,8 @@ func TestConformReferenceProfile(t *testing.T) {
 
 // TestConformMutantsThroughProfile: each mutant, switched on in the
 // profile's start command, fails the invariant it breaks through the
-// black-box path, and its saved failure replays through the profile.
+// black-box path, and no other, and its saved failure replays through the
+// profile.
 func TestConformMutantsThroughProfile(t *testing.T) {
 	bin := onPath(t)
 	base, err := os.ReadFile(referenceProfile)
@@ -109,6 +110,10 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 				breaks = "T7"
 			}
 			assert.Contains(t, verdictLine(string(r.out), breaks), "FAIL", "%s", r.out)
+			// One root cause, one FAIL: no other invariant is named for it.
+			fails := regexp.MustCompile(`(?m)^(T\d+) +.*\bFAIL\b`).FindAllStringSubmatch(string(r.out), -1)
+			require.Len(t, fails, 1, "%s", r.out)
+			assert.Equal(t, breaks, fails[0][1])
 			saved := regexp.MustCompile(`saved: (\S+` + breaks + `-conform-\d+\.json)`).FindStringSubmatch(string(r.out))
 			require.NotNil(t, saved, "%s", r.out)
 			replay, err := exec.Command(bin, "replay", saved[1]).CombinedOutput()
