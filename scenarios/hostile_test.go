@@ -10,11 +10,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -533,7 +535,40 @@ func hostileChild(mode string, args []string) int {
 		err = http.Serve(ln, h)
 		fmt.Fprintln(os.Stderr, "hostile:", err)
 		return 2
+	case "untidy-stop":
+		// The reference server, which exits 1 on SIGTERM, as some servers
+		// do, once it has served everything asked of it.
+		srv, err := sut.New(sut.Config{ModelURL: modelURL, DataDir: dataDir, RequestTimeout: time.Second})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "hostile:", err)
+			return 2
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "hostile:", err)
+			return 2
+		}
+		term := make(chan os.Signal, 1)
+		signal.Notify(term, syscall.SIGTERM)
+		go func() { _ = http.Serve(ln, srv) }()
+		<-term
+		fmt.Fprintln(os.Stderr, "hostile: panic: close of closed channel (on SIGTERM)")
+		return 1
 	}
 	fmt.Fprintf(os.Stderr, "hostile: unknown mode %q\n", mode)
 	return 2
+}
+
+// TestHostileUntidyStop: a server that exits 1 on SIGTERM after the run
+// gets its verdicts all the same, with a note that quotes it, not an
+// error in their place.
+func TestHostileUntidyStop(t *testing.T) {
+	r := conformWithin(t, hostileCommand(t, "untidy-stop"), 20*time.Second, scenarios.Options{Checks: 3, Steps: 8})
+	require.NoError(t, r.err)
+	require.NotNil(t, r.c)
+	assert.Equal(t, scenarios.Pass, r.c.Verdict(model.T2).Status)
+	require.Len(t, r.c.Notes, 1)
+	assert.Contains(t, r.c.Notes[0], "exited with status 1 after SIGTERM")
+	assert.Contains(t, r.c.Notes[0], "close of closed channel")
+	assert.Contains(t, r.c.Text(hostileProfile), "note: the server did not stop cleanly")
 }
