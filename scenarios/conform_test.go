@@ -3,6 +3,7 @@ package scenarios
 import (
 	"flag"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,4 +145,23 @@ func TestConformWithoutTools(t *testing.T) {
 	assert.Equal(t, Pass, c.Verdict(model.T10).Status, "%+v", c.Verdict(model.T10))
 	assert.Zero(t, c.Stats.Faults["tool-turn"], "tool turns drawn for a server that offers no tools")
 	assert.True(t, c.Passed())
+}
+
+// TestSameCauseIsNotAPass: an invariant broken only in the way another's
+// finding was is neither a second FAIL nor a PASS, in the text and in
+// JUnit.
+func TestSameCauseIsNotAPass(t *testing.T) {
+	s := newStats()
+	s.Invariants[model.T1], s.Invariants[model.T10] = 5, 5
+	s.SameCause[model.T10] = 2
+	found := map[model.Invariant]*Failure{model.T1: {Violation: &model.Violation{Invariant: model.T1, Kind: model.Leftover, Reason: "left"}}}
+	c := &Conformance{Stats: *s, Verdicts: verdicts(Profile{Tools: true}, refuseAll{}, false, nil, *s, found)}
+	v := c.Verdict(model.T10)
+	assert.Equal(t, SameCause, v.Status)
+	assert.Contains(t, v.Reason, "T1 (leftover)")
+	assert.Len(t, c.Failures(), 1)
+	assert.Contains(t, c.Text(Profile{}), "SAME CAUSE")
+	var junit strings.Builder
+	require.NoError(t, c.WriteJUnit(&junit))
+	assert.Contains(t, junit.String(), `<skipped message="same cause: broken 2 time(s)`)
 }
