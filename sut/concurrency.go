@@ -84,6 +84,9 @@ var (
 	errConversationBusy = errors.New("a turn on this conversation is already in flight")
 	// errWaitTimedOut: the request waited its turn for RequestTimeout.
 	errWaitTimedOut = errors.New("waited too long for the conversation's turn")
+	// errSessionBusy: under the refuse-concurrent-new mutant, the lock of
+	// a conversation with nothing committed yet was held.
+	errSessionBusy = errors.New("session is busy")
 )
 
 // convLocks serializes turns per conversation. Waiters queue explicitly and

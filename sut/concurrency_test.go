@@ -683,9 +683,10 @@ const (
 	forked   race = iota // it reached the model beside the first, on the same base
 	queued               // it waited for the first
 	rejected             // it got 409
+	refused              // it got 500 "session is busy"
 )
 
-func (r race) String() string { return [...]string{"forked", "queued", "rejected"}[r] }
+func (r race) String() string { return [...]string{"forked", "queued", "rejected", "refused"}[r] }
 
 // raceTwoTurns sends turn a on conv and holds it at the model, then sends
 // turn b on conv and waits until b comes to rest. It asserts what each
@@ -716,6 +717,9 @@ rest:
 		case rbReply = <-rb.done:
 			require.NoError(t, rb.err)
 			outcome = rejected
+			if rbReply.status == http.StatusInternalServerError {
+				outcome = refused
+			}
 			break rest
 		case <-changed:
 		case <-failsafe:
@@ -748,6 +752,13 @@ rest:
 		gateA.open()
 		requireOK(t, ra.wait(t), true)
 		assert.Equal(t, with(a, replyOf(a), next), e.ok(t, conv, next, false), "the rejected turn changed nothing")
+	case refused:
+		requireErrorBody(t, rbReply, http.StatusInternalServerError, "server_error")
+		assert.Contains(t, string(rbReply.body), "session is busy")
+		assert.Empty(t, e.model.callsOf(b), "a refused turn must not reach the model")
+		gateA.open()
+		requireOK(t, ra.wait(t), true)
+		assert.Equal(t, with(a, replyOf(a), next), e.ok(t, conv, next, false), "the refused turn changed nothing")
 	}
 	awaitIdle(t, e.gauge)
 	return outcome
@@ -755,12 +766,14 @@ rest:
 
 // raceMutants are the mutants the race tests below show; TestMutantsBite
 // counts them covered.
-var raceMutants = []sut.Mutant{sut.ForkNewSession, sut.NoConversationLock}
+var raceMutants = []sut.Mutant{sut.ForkNewSession, sut.NoConversationLock, sut.RefuseConcurrentNew}
 
 // TestConcurrentFirstTurnsOnANewConversation: two first turns on a new id
 // at once. The clean server serializes them or rejects the second (T4);
 // fork-new-session and no-conversation-lock start two histories, and the
 // later commit wins. A mutant without the lock never answers 409.
+// refuse-concurrent-new answers the second 500 at once, under either
+// policy, where it should wait (or get 409).
 func TestConcurrentFirstTurnsOnANewConversation(t *testing.T) {
 	for _, tc := range []struct {
 		mutant sut.Mutant
@@ -773,6 +786,8 @@ func TestConcurrentFirstTurnsOnANewConversation(t *testing.T) {
 		{sut.ForkNewSession, sut.Reject, forked},
 		{sut.NoConversationLock, sut.Serialize, forked},
 		{sut.NoConversationLock, sut.Reject, forked},
+		{sut.RefuseConcurrentNew, sut.Serialize, refused},
+		{sut.RefuseConcurrentNew, sut.Reject, refused},
 	} {
 		t.Run(fmt.Sprintf("%s/%s", cmp.Or(string(tc.mutant), "clean"), tc.policy), func(t *testing.T) {
 			e := newRaceEnv(t, sut.Config{Mutant: tc.mutant, Concurrency: tc.policy})
@@ -783,7 +798,8 @@ func TestConcurrentFirstTurnsOnANewConversation(t *testing.T) {
 
 // TestConcurrentContinuations: two continuations of one conversation at
 // once. Only no-conversation-lock forks them; fork-new-session takes the
-// lock for a conversation that exists, as the clean server does.
+// lock for a conversation that exists, as the clean server does, and
+// refuse-concurrent-new lets a continuation wait (or get 409) as it does.
 func TestConcurrentContinuations(t *testing.T) {
 	for _, tc := range []struct {
 		mutant sut.Mutant
@@ -796,6 +812,8 @@ func TestConcurrentContinuations(t *testing.T) {
 		{sut.ForkNewSession, sut.Reject, rejected},
 		{sut.NoConversationLock, sut.Serialize, forked},
 		{sut.NoConversationLock, sut.Reject, forked},
+		{sut.RefuseConcurrentNew, sut.Serialize, queued},
+		{sut.RefuseConcurrentNew, sut.Reject, rejected},
 	} {
 		t.Run(fmt.Sprintf("%s/%s", cmp.Or(string(tc.mutant), "clean"), tc.policy), func(t *testing.T) {
 			e := newRaceEnv(t, sut.Config{Mutant: tc.mutant, Concurrency: tc.policy})

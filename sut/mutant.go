@@ -62,6 +62,13 @@ const (
 	// after the client disconnects, the tools left in the round still
 	// start. The turn still rolls back.
 	ToolRunsAfterCancel Mutant = "tool-runs-after-cancel"
+	// RefuseConcurrentNew refuses, as busy with a 500, a first request
+	// for a conversation with nothing committed yet that finds the
+	// conversation's lock taken by another first request, instead of
+	// making it wait its turn (or, under Reject, answering 409).
+	// Continuations of a conversation with a committed turn wait as the
+	// clean server's do.
+	RefuseConcurrentNew Mutant = "refuse-concurrent-new"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -109,6 +116,8 @@ func Mutants() []MutantInfo {
 			"the working copy shares its message structs with the committed conversation (only the slice is copied): a failed turn's compaction marks hide tool rounds from every later turn", ""},
 		{ToolRunsAfterCancel, "goose #7785/#7827", "T10",
 			"tools run on a context detached from the request, and cancellation is checked only before a model call: after the client disconnects, the tools left in the round still start", ""},
+		{RefuseConcurrentNew, "openclaw #84575 (serialize: a refusal instead of a wait)", "T4",
+			"a first request for a new id that finds another first request's turn running is refused at once with 500 \"session is busy\" instead of waiting its turn; continuations of a committed conversation still wait", ""},
 	}
 }
 

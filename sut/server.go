@@ -631,7 +631,9 @@ func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
 // acquire takes the turn's conversation lock, by the server's concurrency
 // policy, and returns the committed conversation as it stands under the
 // lock. The mutants that skip the lock load the conversation without it,
-// and mark the turn to commit over whatever another turn commits meanwhile.
+// and mark the turn to commit over whatever another turn commits meanwhile;
+// refuse-concurrent-new refuses (errSessionBusy) a request that finds the
+// lock of a conversation with nothing committed taken.
 func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 	switch s.cfg.Mutant {
 	case NoConversationLock:
@@ -645,6 +647,26 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 			t.overwrite = true
 			return base, err
 		}
+	case RefuseConcurrentNew:
+		// The bug: a request that finds the lane taken by the first turn
+		// of a conversation not yet committed is refused as busy, where
+		// it should wait its turn (or, under Reject, get 409).
+		unlock, err := s.locks.lock(ctx, t.key, Reject, 0)
+		if err == nil {
+			t.release = unlock
+			return s.convs.get(ctx, t.key)
+		}
+		if !errors.Is(err, errConversationBusy) {
+			return nil, err
+		}
+		base, err := s.convs.peek(ctx, t.key)
+		if err != nil {
+			return nil, err
+		}
+		if len(base.messages) == 0 {
+			return nil, errSessionBusy
+		}
+		// A conversation with a committed turn: its lane as usual.
 	}
 	unlock, err := s.locks.lock(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
 	if err != nil {
@@ -656,11 +678,15 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 
 // refuse answers a turn that could not start: its conversation was busy,
 // its client went away while it waited, or the conversation did not load.
+// The refuse-concurrent-new mutant's busy new session is a 500, as
+// openclaw's "session is busy" is.
 func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err error) {
 	switch {
 	case errors.Is(err, errConversationBusy):
 		openai.WriteError(w, http.StatusConflict, "conflict",
 			"a turn on this conversation is already in flight; nothing was changed: send this turn again once that one has ended")
+	case errors.Is(err, errSessionBusy):
+		openai.WriteError(w, http.StatusInternalServerError, "server_error", "session is busy")
 	case errors.Is(err, errWaitTimedOut):
 		w.Header().Set("Retry-After", "1")
 		openai.WriteError(w, http.StatusServiceUnavailable, "conversation_busy",
