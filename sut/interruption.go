@@ -1,14 +1,18 @@
 package sut
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+
+	"github.com/turncheck/turncheck/internal/sse"
 )
 
 // Interruption is what a turn leaves in its conversation when its client
-// disconnects while it runs (PROTOCOL.md, T10). Either way the turn stops
-// at once: no model call and no tool run starts for it after the
-// disconnect is seen.
+// disconnects while it runs (PROTOCOL.md, T10). Under Rollback and
+// KeepConsistent the turn stops at once: no model call and no tool run
+// starts for it after the disconnect is seen. Under Complete it runs on to
+// its end, as if the client had stayed.
 type Interruption string
 
 // The interruption policies PROTOCOL.md allows a server to declare (T10).
@@ -22,6 +26,15 @@ const (
 	// after: never a round whose results are not all in, never a reply.
 	// With no round completed it commits nothing, as Rollback.
 	KeepConsistent Interruption = "keep-consistent"
+	// Complete does not stop the turn: it runs to its end (its model
+	// calls and tool rounds go on, each still bounded by RequestTimeout)
+	// on a context detached from the client, and commits the turn whole
+	// if it ends ok, nothing if it fails, as if the client had stayed. The
+	// conversation's lock is held, and the request counts as working, until
+	// then. Only the server itself ends such a turn early: a crash, or a
+	// stop that drops the turns still running (Running.Close, or
+	// Running.Shutdown past its deadline); it then commits nothing.
+	Complete Interruption = "complete"
 )
 
 // ParseInterruption returns the policy named s ("" for Rollback), or an
@@ -30,14 +43,58 @@ func ParseInterruption(s string) (Interruption, error) {
 	switch p := Interruption(s); p {
 	case "":
 		return Rollback, nil
-	case Rollback, KeepConsistent:
+	case Rollback, KeepConsistent, Complete:
 		return p, nil
 	}
-	return "", fmt.Errorf("unknown interruption policy %q (want %s or %s)", s, Rollback, KeepConsistent)
+	return "", fmt.Errorf("unknown interruption policy %q (want %s, %s or %s)", s, Rollback, KeepConsistent, Complete)
+}
+
+// turnContext returns the context the turn t runs on, and whether the
+// turn completes whatever its client does. A turn's context ends when its
+// client goes away, and so when the server crashes (ServeHTTP ends every
+// request's context then). Under Complete a stateful turn's is detached
+// from its client: it ends only with s.turns (a crash, or a stop that
+// drops the turns still running); each model call and lookup keeps its
+// own deadline under it. A stateless turn has no conversation to complete:
+// it stops with its client under any policy.
+func (s *Server) turnContext(r *http.Request, t *turn) (ctx context.Context, cancel context.CancelFunc, completes bool) {
+	if s.cfg.Interruption != Complete || !t.stateful {
+		ctx, cancel = context.WithCancel(r.Context())
+		return ctx, cancel, false
+	}
+	ctx, end := context.WithCancel(context.WithoutCancel(r.Context()))
+	stop := context.AfterFunc(s.turns, end)
+	return ctx, func() { stop(); end() }, true
+}
+
+// dropped settles a turn under Complete that the server itself ended
+// before it could: a crash, or a stop that dropped the turns still
+// running. Neither commits anything: a killed process commits nothing,
+// and the turn did not end. It releases the lock and reports true for
+// such a turn; for any other it does nothing and reports false. A turn
+// that ended ok just as a stop came is not dropped: it commits.
+func (s *Server) dropped(w http.ResponseWriter, r *http.Request, ctx context.Context, t *turn, out *sse.Writer, err error) bool {
+	switch {
+	case s.crashing.Load() || s.life.Err() != nil:
+		t.release()
+		s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.id)
+		if out == nil {
+			clientGone(w, false)
+		}
+		return true
+	case err != nil && ctx.Err() != nil:
+		t.release()
+		s.log.Info("server stopping; turn dropped before its end and rolled back", "conversation", t.key.id)
+		if r.Context().Err() == nil {
+			s.answerError(w, out, http.StatusServiceUnavailable, "unavailable", "the server is stopping; the turn was rolled back")
+		}
+		return true
+	}
+	return false
 }
 
 // interrupted reports whether the turn of r was interrupted: its client
-// went away. A crash drops every connection and ends every request's
+// went away. Under Complete it does not matter (see turnContext). A crash drops every connection and ends every request's
 // context too, but a killed process commits nothing, so that is no
 // interruption.
 func (s *Server) interrupted(r *http.Request) bool {

@@ -3,11 +3,13 @@ package sut_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,16 +23,17 @@ import (
 // T10).
 
 func TestParseInterruption(t *testing.T) {
-	for in, want := range map[string]sut.Interruption{"": sut.Rollback, "rollback": sut.Rollback, "keep-consistent": sut.KeepConsistent} {
+	for in, want := range map[string]sut.Interruption{"": sut.Rollback, "rollback": sut.Rollback, "keep-consistent": sut.KeepConsistent, "complete": sut.Complete} {
 		got, err := sut.ParseInterruption(in)
 		require.NoError(t, err, "%q", in)
 		assert.Equal(t, want, got, "%q", in)
 	}
-	for _, in := range []string{"Rollback", "keep", "commit", " rollback"} {
+	for _, in := range []string{"Rollback", "keep", "commit", " rollback", "Complete", "completed"} {
 		_, err := sut.ParseInterruption(in)
 		require.Error(t, err, "%q", in)
-		assert.Contains(t, err.Error(), "rollback", "the error names the valid values")
-		assert.Contains(t, err.Error(), "keep-consistent", "the error names the valid values")
+		for _, valid := range []sut.Interruption{sut.Rollback, sut.KeepConsistent, sut.Complete} {
+			assert.Contains(t, err.Error(), string(valid), "the error names the valid values")
+		}
 	}
 }
 
@@ -81,15 +84,24 @@ func TestInterruptionDuringAModelCall(t *testing.T) {
 // channel closed when the handler has returned.
 func serveInProcess(t testing.TB, s *sut.Server, ctx context.Context, conv, tok string) <-chan struct{} {
 	t.Helper()
+	_, done := serveRecorded(t, s, ctx, conv, tok, false)
+	return done
+}
+
+// serveRecorded is serveInProcess, streamed or not, with the recorder
+// of the response: read it only once the channel is closed.
+func serveRecorded(t testing.TB, s *sut.Server, ctx context.Context, conv, tok string, stream bool) (*httptest.ResponseRecorder, <-chan struct{}) {
+	t.Helper()
 	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1/v1/chat/completions",
-		strings.NewReader(chatBody(t, false, user(tok))))
+		strings.NewReader(chatBody(t, stream, user(tok))))
 	req.Header.Set(sut.DefaultConversationHeader, conv)
+	rec := httptest.NewRecorder()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.ServeHTTP(httptest.NewRecorder(), req)
+		s.ServeHTTP(rec, req)
 	}()
-	return done
+	return rec, done
 }
 
 // interruptDuringLookup runs a turn whose one round is two lookups,
@@ -195,4 +207,214 @@ func TestCrashIsNoInterruption(t *testing.T) {
 
 	e.start(cfg)
 	assert.Equal(t, lines("user tc-u1", "assistant tc-a1", "user tc-u3"), shape(e.history(t, "conv", "tc-u3")))
+}
+
+// ---------------------------------------------------------------------------
+// The complete policy: a turn whose client disconnects runs on to its end,
+// and commits whole or not at all, as if the client had stayed.
+
+// completeEnv is a server under Complete in front of a tool model, served
+// in-process, so that the server sees a client go the moment the test
+// says; its conversation "conv" has one committed turn, tc-u1.
+type completeEnv struct {
+	model *toolModel
+	srv   *sut.Server
+	gauge *sut.Gauge
+}
+
+func newCompleteEnv(t *testing.T, policy sut.Concurrency) *completeEnv {
+	t.Helper()
+	c := &completeEnv{model: startToolModel(t), gauge: &sut.Gauge{}}
+	var err error
+	c.srv, err = sut.New(sut.Config{ModelURL: c.model.URL(), DataDir: t.TempDir(),
+		Interruption: sut.Complete, Concurrency: policy, Gauge: c.gauge})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, c.srv.Close()) })
+	<-serveInProcess(t, c.srv, context.Background(), "conv", "tc-u1")
+	return c
+}
+
+// leave sends the turn tok on conv, waits for h (a held model call or
+// lookup of it) to arrive and disconnects the client. The server has seen
+// the disconnect when leave returns, and still works on the turn: h holds
+// it. It returns a channel closed when the handler has returned.
+func (c *completeEnv) leave(t *testing.T, tok string, stream bool, h *held) <-chan struct{} {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	_, done := serveRecorded(t, c.srv, ctx, "conv", tok, stream)
+	await(t, h.arrived, "the held call of "+tok)
+	cancel()
+	working, waiting, _ := c.gauge.Read()
+	assert.Equal(t, [2]int{1, 0}, [2]int{working, waiting}, "the turn the client left still counts as working")
+	return done
+}
+
+// history is what the first model request of the plain turn tok on conv
+// carried: the conversation as committed, then tok.
+func (c *completeEnv) history(t *testing.T, tok string) []openai.Message {
+	t.Helper()
+	<-serveInProcess(t, c.srv, context.Background(), "conv", tok)
+	reqs := c.model.requestsOf(tok)
+	require.Len(t, reqs, 1, "a turn without tools makes one model call")
+	return reqs[0].messages
+}
+
+// finish releases h, waits for the turn to end, and checks that the server
+// never gave up h and is idle after.
+func (c *completeEnv) finish(t *testing.T, h *held, done <-chan struct{}) {
+	t.Helper()
+	h.open()
+	await(t, done, "the turn to complete")
+	select {
+	case <-h.gone:
+		assert.Fail(t, "the server gave up a call of a turn it should complete")
+	default:
+	}
+	awaitIdle(t, c.gauge)
+}
+
+// TestCompleteRunsAnInterruptedTurnToItsEnd: under complete, a client that
+// disconnects while a model call of its turn is held does not stop the
+// turn: once the call goes on, the later rounds run, and the turn, its
+// reply included, is committed whole.
+func TestCompleteRunsAnInterruptedTurnToItsEnd(t *testing.T) {
+	whole := lines("user tc-u2", "calls c1,c2", "tool c1: a", "tool c2: value-of-k", "calls c3", "tool c3: b", "assistant tc-a2")
+	for _, tc := range []struct {
+		round  int // the round whose model call is held, from 0
+		stream bool
+	}{{0, false}, {1, false}, {1, true}, {2, false}, {2, true}} {
+		t.Run(fmt.Sprintf("round %d/stream=%t", tc.round+1, tc.stream), func(t *testing.T) {
+			c := newCompleteEnv(t, sut.Serialize)
+			steps := []toolStep{ask(echo("c1", "a"), lookup("c2", "k")), ask(echo("c3", "b")), {}}
+			h := newHeld()
+			steps[tc.round].hold = h
+			c.model.script("tc-u2", steps...)
+			c.finish(t, h, c.leave(t, "tc-u2", tc.stream, h))
+			assert.Len(t, c.model.requestsOf("tc-u2"), 3, "every round ran, after the disconnect too")
+
+			next := c.history(t, "tc-u3")
+			assert.Equal(t, lines("user tc-u1", "assistant tc-a1", whole, "user tc-u3"), shape(next))
+			assert.Empty(t, unpaired(next))
+		})
+	}
+}
+
+// TestCompleteGoesOnAfterATool: under complete, a client that disconnects
+// while a lookup of its turn runs does not stop the round: the next tool
+// and the next model call run, and the turn is committed whole.
+func TestCompleteGoesOnAfterATool(t *testing.T) {
+	c := newCompleteEnv(t, sut.Serialize)
+	c.model.script("tc-u2", ask(lookup("c1", "held"), lookup("c2", "next")))
+	h := c.model.holdLookup("held")
+	c.finish(t, h, c.leave(t, "tc-u2", true, h))
+	assert.Equal(t, []string{"held", "next"}, c.model.lookupKeys(), "the round's next tool ran")
+	assert.Len(t, c.model.requestsOf("tc-u2"), 2, "the model was called again after the round")
+
+	next := c.history(t, "tc-u3")
+	assert.Equal(t, lines("user tc-u1", "assistant tc-a1",
+		"user tc-u2", "calls c1,c2", "tool c1: value-of-held", "tool c2: value-of-next", "assistant tc-a2",
+		"user tc-u3"), shape(next))
+}
+
+// TestCompleteCommitsNothingOfAFailedTurn: under complete, a turn whose
+// client left and whose model then fails commits nothing, not even the
+// rounds that completed: as if the client had stayed.
+func TestCompleteCommitsNothingOfAFailedTurn(t *testing.T) {
+	c := newCompleteEnv(t, sut.Serialize)
+	h := newHeld()
+	c.model.script("tc-u2", ask(echo("c1", "a")), toolStep{hold: h, fail: true})
+	c.finish(t, h, c.leave(t, "tc-u2", false, h))
+	assert.Len(t, c.model.requestsOf("tc-u2"), 2)
+	assert.Equal(t, lines("user tc-u1", "assistant tc-a1", "user tc-u3"), shape(c.history(t, "tc-u3")))
+}
+
+// TestCompleteHoldsTheConversation: under complete, a turn whose client
+// left holds its conversation until it has ended: the next turn waits
+// for it under serialize, and then sees it; under reject it gets 409.
+func TestCompleteHoldsTheConversation(t *testing.T) {
+	t.Run(string(sut.Serialize), func(t *testing.T) {
+		c := newCompleteEnv(t, sut.Serialize)
+		h := newHeld()
+		c.model.script("tc-u2", toolStep{hold: h})
+		done := c.leave(t, "tc-u2", false, h)
+		rec, next := serveRecorded(t, c.srv, context.Background(), "conv", "tc-u3", false)
+		awaitWaiting(t, c.gauge, 1)
+		assert.Empty(t, c.model.requestsOf("tc-u3"), "the next turn waits")
+		c.finish(t, h, done)
+		await(t, next, "the next turn")
+		assert.Equal(t, http.StatusOK, rec.Code, "%s", rec.Body)
+		reqs := c.model.requestsOf("tc-u3")
+		require.Len(t, reqs, 1)
+		assert.Equal(t, lines("user tc-u1", "assistant tc-a1", "user tc-u2", "assistant tc-a2", "user tc-u3"), shape(reqs[0].messages))
+	})
+	t.Run(string(sut.Reject), func(t *testing.T) {
+		c := newCompleteEnv(t, sut.Reject)
+		h := newHeld()
+		c.model.script("tc-u2", toolStep{hold: h})
+		done := c.leave(t, "tc-u2", true, h)
+		rec, next := serveRecorded(t, c.srv, context.Background(), "conv", "tc-u3", false)
+		await(t, next, "the rejected turn")
+		assert.Equal(t, http.StatusConflict, rec.Code, "%s", rec.Body)
+		assert.Empty(t, c.model.requestsOf("tc-u3"))
+		c.finish(t, h, done)
+		assert.Equal(t, lines("user tc-u1", "assistant tc-a1", "user tc-u2", "assistant tc-a2", "user tc-u4"), shape(c.history(t, "tc-u4")))
+	})
+}
+
+// TestCompleteAndTheServersStop: a turn whose client left, under complete,
+// is a turn in flight: a graceful stop waits for it, and it is committed;
+// a stop past its deadline drops it, and a crash kills it: neither commits
+// anything of it.
+func TestCompleteAndTheServersStop(t *testing.T) {
+	cfg := sut.Config{Interruption: sut.Complete}
+	for _, stop := range []string{"graceful", "past the deadline", "crash"} {
+		t.Run(stop, func(t *testing.T) {
+			e := newToolEnv(t, cfg)
+			e.history(t, "conv", "tc-u1")
+			h := newHeld()
+			e.model.script("tc-u2", ask(echo("c1", "a")), toolStep{hold: h})
+			f := e.send(t, "conv", "tc-u2", true)
+			await(t, h.arrived, "the held call of tc-u2")
+			f.cancel()
+			<-f.done
+			kept := lines("user tc-u1", "assistant tc-a1", "user tc-u3")
+			switch stop {
+			case "graceful":
+				stopped := make(chan error, 1)
+				go func() { stopped <- e.srv.Shutdown(context.Background()) }()
+				awaitNotListening(t, e.srv.URL())
+				// The stop has begun, and the turn is still held.
+				h.open()
+				require.NoError(t, <-stopped)
+				kept = lines("user tc-u1", "assistant tc-a1", "user tc-u2", "calls c1", "tool c1: a", "assistant tc-a2", "user tc-u3")
+			case "past the deadline":
+				ctx, cancel := context.WithTimeout(context.Background(), 0)
+				defer cancel()
+				require.ErrorIs(t, e.srv.Shutdown(ctx), context.DeadlineExceeded)
+				await(t, h.gone, "the server to give up the held call")
+			case "crash":
+				require.NoError(t, e.srv.Crash())
+				await(t, h.gone, "the server to give up the held call")
+			}
+			e.start(cfg)
+			next := e.history(t, "conv", "tc-u3")
+			assert.Equal(t, kept, shape(next))
+		})
+	}
+}
+
+// awaitNotListening waits until the server at base refuses connections.
+func awaitNotListening(t testing.TB, base string) {
+	t.Helper()
+	addr := strings.TrimPrefix(base, "http://")
+	failsafe := time.Now().Add(requestDeadline)
+	for time.Now().Before(failsafe) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return
+		}
+		_ = c.Close()
+		time.Sleep(time.Millisecond)
+	}
+	require.FailNow(t, "the server still listens")
 }

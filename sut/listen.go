@@ -71,9 +71,12 @@ func (r *Running) URL() string { return "http://" + r.ln.Addr().String() }
 
 // Close stops listening, drops every connection (turns in flight see their
 // client go away and end as interrupted: Config.Interruption), waits for
-// them to end and closes the store.
+// them to end and closes the store. Under Complete, where a client's going
+// does not end a turn, it drops the turns in flight too: they commit
+// nothing.
 func (r *Running) Close() error {
 	r.conns.stop()
+	r.Server.endTurns()
 	err := r.hs.Close()
 	<-r.serving
 	r.conns.wait()
@@ -105,13 +108,16 @@ func (r *Running) Crash() error {
 }
 
 // Shutdown stops listening, lets turns in flight finish (until ctx ends,
-// when the rest are dropped and end as interrupted), then closes the store. A
+// when the rest are dropped and end as interrupted; under Complete they
+// end too, and commit nothing), then closes the store. A turn that goes on
+// after its client left (Complete) is a turn in flight like any other. A
 // connection on which no turn runs (idle, or still sending its request) is
 // closed at once: a stalled client does not hold the stop.
 func (r *Running) Shutdown(ctx context.Context) error {
 	r.conns.stop()
 	err := r.hs.Shutdown(ctx)
 	if err != nil {
+		r.Server.endTurns()
 		err = errors.Join(err, r.hs.Close())
 	}
 	<-r.serving

@@ -11,11 +11,14 @@
 // rounds. The turn commits its user message, every tool round and the
 // final reply together, or nothing.
 //
-// A client that disconnects mid-turn stops it at once: no model call and no
-// tool run starts for it afterwards. What the turn leaves is the server's
-// interruption policy (interruption.go): Rollback leaves nothing;
-// KeepConsistent keeps the user message and the tool rounds that completed,
-// each call with all its results, and never a round cut short or a reply.
+// What a client that disconnects mid-turn leaves is the server's
+// interruption policy (interruption.go). Under Rollback and KeepConsistent
+// the turn stops at once: no model call and no tool run starts for it
+// afterwards. Rollback leaves nothing; KeepConsistent keeps the user
+// message and the tool rounds that completed, each call with all its
+// results, and never a round cut short or a reply. Under Complete the turn
+// runs on to its end, detached from the client, and commits whole or not
+// at all, as if the client had stayed.
 //
 // Long conversations are compacted (compaction.go): past CompactAfter
 // messages, the tool rounds of earlier turns are hidden from the model,
@@ -146,15 +149,19 @@ type Config struct {
 	// conversation whose turn is already running; "" means Serialize.
 	Concurrency Concurrency
 	// Interruption is what a turn leaves when its client disconnects
-	// while it runs; "" means Rollback. Either way the turn stops at once
-	// (its model call or tool run is cancelled, and none starts after).
-	// Under Rollback nothing of the turn is committed. Under
-	// KeepConsistent, if at least one tool round completed (its assistant
-	// tool call message and all its results are in), the user message and
-	// the completed rounds are committed, durably and under the
-	// conversation's lock, though the client is gone: a T9-consistent
+	// while it runs; "" means Rollback. Under Rollback and KeepConsistent
+	// the turn stops at once (its model call or tool run is cancelled, and
+	// none starts after). Under Rollback nothing of the turn is committed.
+	// Under KeepConsistent, if at least one tool round completed (its
+	// assistant tool call message and all its results are in), the user
+	// message and the completed rounds are committed, durably and under
+	// the conversation's lock, though the client is gone: a T9-consistent
 	// prefix, never a round cut short and never a reply; with no round
-	// completed nothing is. A crash is no interruption: it commits nothing.
+	// completed nothing is. Under Complete the turn runs to its end
+	// (interruption.go) and commits whole if it ends ok, nothing if it
+	// fails; the conversation's lock stays held, and the request counts
+	// as working (Gauge), until it ends. A crash is no interruption: it
+	// commits nothing.
 	Interruption Interruption
 	// CompactAfter is how many messages (the system prompt not counted) a
 	// stateful turn may show the model before compaction hides the tool
@@ -207,6 +214,11 @@ type Server struct {
 	// every model call, ends with it.
 	life context.Context
 	kill context.CancelFunc
+	// turns ends with life, or when a stop drops the turns still running
+	// (endTurns): the turns that complete whatever their client does
+	// (Complete) run under it, not under their request.
+	turns    context.Context
+	endTurns context.CancelFunc
 	// crashing is set as a crash begins, before the connections drop: a
 	// turn whose client then seems gone dies with the process, and is no
 	// interruption (interruption.go).
@@ -305,11 +317,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	life, kill := context.WithCancel(context.Background())
+	turns, endTurns := context.WithCancel(life)
 	up := newUpstream(modelURL, cfg.ModelName, cfg.MaxRequests)
 	s := &Server{
 		sources:      srcs,
 		life:         life,
 		kill:         kill,
+		turns:        turns,
+		endTurns:     endTurns,
 		scopes:       scopes,
 		stopped:      make(chan struct{}),
 		cfg:          cfg,
@@ -362,7 +377,8 @@ func orDefault[T int | int64 | time.Duration](name string, v *T, def T) error {
 	return nil
 }
 
-// Close refuses new requests (503), waits for those in flight to end,
+// Close refuses new requests (503), waits for those in flight to end (the
+// turns that complete after their client left among them),
 // writes whatever is not durable yet (only the ack-before-durable mutant
 // has any), then closes the store. Stop the HTTP server in front of it
 // first. After a crash (Running.Crash) it does nothing.
@@ -379,6 +395,7 @@ func (s *Server) Close() error {
 	s.convs.close()
 	s.up.close()
 	s.kill()
+	s.endTurns()
 	s.closeErr = s.store.close()
 	close(s.stopped)
 	return s.closeErr
@@ -705,8 +722,10 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatRequest, t *turn) {
 	// ctx is the turn's: it ends when the client goes away, when the
 	// server crashes, and when a write to the client fails. Each model
-	// call and lookup has its own deadline under it.
-	ctx, cancel := context.WithCancel(r.Context())
+	// call and lookup has its own deadline under it. A turn that
+	// completes (Complete) runs on whatever its client does: only the
+	// server ends it early.
+	ctx, cancel, completes := s.turnContext(r, t)
 	defer cancel()
 	id := "chatcmpl-" + strconv.FormatInt(s.ids.Add(1), 10)
 	created := time.Now().Unix()
@@ -716,7 +735,8 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 	}
 
 	// A client that stops reading must not hold the conversation: a write
-	// that fails, or blocks past StreamWriteTimeout, ends the turn.
+	// that fails, or blocks past StreamWriteTimeout, ends the turn; one
+	// that completes, it only stops writing to.
 	var out *sse.Writer
 	rc := http.NewResponseController(w)
 	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }() // the connection lives on
@@ -726,7 +746,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 			return
 		}
 		_ = rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
-		if writeErr = out.Data(payload); writeErr != nil {
+		if writeErr = out.Data(payload); writeErr != nil && !completes {
 			cancel()
 		}
 	}
@@ -743,6 +763,17 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 	}
 	reply, err := s.loop(ctx, t, onStart, onDelta)
 	switch {
+	case completes:
+		// Whether or not the client is still there: the turn ran to its
+		// end, and settles as if it had stayed, unless the server ended
+		// it first.
+		if s.dropped(w, r, ctx, t, out, err) {
+			return
+		}
+		if err != nil {
+			s.fail(w, t, out, reply, err)
+			return
+		}
 	case writeErr != nil:
 		// Whether or not the model finished (its last chunks may have been
 		// buffered already), the turn never reached the client.
@@ -779,6 +810,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 			s.log.Error("commit", "conversation", t.key.id, "err", err)
 			s.answerError(w, out, http.StatusInternalServerError, "server_error", "the turn could not be committed")
 			return
+		}
+		if completes && (writeErr != nil || r.Context().Err() != nil) {
+			s.log.Info("client went away; turn completed and committed", "conversation", t.key.id)
 		}
 	}
 	if out != nil {

@@ -92,14 +92,20 @@ at most 8 rounds of tools; a model that asks a 9th time fails the turn
 together, or nothing.
 
 --interruption decides what a turn leaves when its client disconnects
-mid-turn. Either way the turn stops at once: its model call or lookup is
-cancelled, and no model call or tool run starts after.
+mid-turn. Under rollback and keep-consistent the turn stops at once: its
+model call or lookup is cancelled, and no model call or tool run starts
+after.
   rollback         nothing: the conversation is as it was before the turn
                    (the default)
   keep-consistent  the user message and the tool rounds that completed (each
                    call with all its results), committed though the client
                    is gone; never a round cut short, never a reply; nothing
                    if no round completed
+  complete         the whole turn if it ends ok, nothing if it fails: it runs
+                   on to its end as if the client had stayed (each model call
+                   and lookup still bounded by --request-timeout), holding the
+                   conversation until then; a stop waits for it like any turn
+                   in flight, and one past --grace drops it (nothing kept)
 
 --concurrency decides what happens to a request for a conversation whose
 turn is still running:
@@ -176,7 +182,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	timeout := fs.Duration("request-timeout", sut.DefaultRequestTimeout, "deadline of each model call, and of each wait for a busy conversation under serialize")
 	header := fs.String("conversation-header", sut.DefaultConversationHeader, "header that names the conversation")
 	concurrency := fs.String("concurrency", string(sut.Serialize), "what a request for a busy conversation gets: serialize (wait its turn) or reject (409)")
-	interruption := fs.String("interruption", string(sut.Rollback), "what a turn whose client disconnects leaves: rollback (nothing) or keep-consistent (its completed tool rounds)")
+	interruption := fs.String("interruption", string(sut.Rollback), "what a turn whose client disconnects leaves: rollback (nothing), keep-consistent (its completed tool rounds) or complete (it runs to its end, then commits whole or nothing)")
 	compactAfter := fs.Int("compact-after", sut.DefaultCompactAfter, "messages a turn may show the model before earlier turns' tool rounds are hidden from it")
 	grace := fs.Duration("grace", defaultGrace, "on Ctrl-C or SIGTERM, how long turns in flight may take to finish before they are dropped")
 	keys := &repeated{what: "a key"}
