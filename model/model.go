@@ -771,7 +771,7 @@ func (m *Model) checkWaited(t Turn, cv *conv, step []Turn) *Violation {
 	m.checked.add(T4)
 	return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User,
 		Reason: fmt.Sprintf("refused instead of waiting its turn: the request got %d before any model call while turn %s of the conversation was running; "+
-			"the server declares the serialize policy, so it must wait (a bounded wait may end only after the turn ahead was held past the model timeout)",
+			"the server declares the serialize policy, so it must wait (a bounded wait may end in a refusal only once the model timeout has passed)",
 			t.Status, ahead.User)}
 }
 

@@ -27,7 +27,7 @@ func statuses(c *Conformance) map[model.Invariant]Status {
 // invariant of the contract, each exercised, under either interruption
 // policy.
 func TestConformCleanServer(t *testing.T) {
-	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent} {
+	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent, sut.Complete} {
 		t.Run(string(policy), func(t *testing.T) {
 			c, err := Conform(Reference{Interruption: policy}, Options{Checks: 30, Seed: 7})
 			require.NoError(t, err)
@@ -126,6 +126,27 @@ func TestInterruptionPolicyIsJudged(t *testing.T) {
 	res, err := Check(keepsDeclaredRollback, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
 	require.NoError(t, err)
 	require.NotNil(t, res.Failure, "a kept interrupted turn went unnoticed under the rollback policy")
+	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+	assert.Equal(t, model.T10, res.Failure.Violation.Invariant, res.Failure.Report)
+	t.Logf("keeps, declared rollback: %s, found after %d", res.Elapsed, res.Failure.FoundAfter)
+
+	// A server that runs a dropped turn on, declared rollback: its calls
+	// after the disconnect, or its reply kept, are T10.
+	completesDeclaredRollback := misdeclared{Reference{Interruption: sut.Complete}, func(p *Profile) { p.Interruption = Rollback }}
+	res, err = Check(completesDeclaredRollback, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure, "a turn run on after its client left went unnoticed under the rollback policy")
+	t.Logf("completes, declared rollback: %s, found after %d", res.Elapsed, res.Failure.FoundAfter)
+	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+	assert.Equal(t, model.T10, res.Failure.Violation.Invariant, res.Failure.Report)
+
+	// A server that keeps part of a dropped turn, declared complete: a
+	// part is T10 (whole or nothing).
+	keepsDeclaredComplete := misdeclared{Reference{Interruption: sut.KeepConsistent}, func(p *Profile) { p.Interruption = Complete }}
+	res, err = Check(keepsDeclaredComplete, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure, "a turn kept in part went unnoticed under the complete policy")
+	t.Logf("keeps, declared complete: %s, found after %d", res.Elapsed, res.Failure.FoundAfter)
 	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
 	assert.Equal(t, model.T10, res.Failure.Violation.Invariant, res.Failure.Report)
 }

@@ -67,8 +67,12 @@ type flight struct {
 	arrived atomic.Bool // the model holds the request at gate
 	acted   bool        // let go, aborted or timed out
 	// interrupted: the client dropped the connection while the model
-	// held the turn.
+	// held the turn; abortedAt is when.
 	interrupted bool
+	abortedAt   time.Time
+	// released is when the harness let go of what the server still waited
+	// on for this dropped turn before the step ended (0: at its end).
+	released int64
 }
 
 func (f *flight) finished() bool {
@@ -189,8 +193,13 @@ func (e *executor) execute(p Plan) (ops []Op) {
 		}
 		if next < 0 {
 			// Nothing is held: a request is on its way (to the model, or
-			// out of a queue); wait for it to come to rest.
-			e.waitChange(wake)
+			// out of a queue); wait for it to come to rest. Unless the
+			// server still waits on a dropped turn's held call, and so
+			// keeps the others queued: then let that call go, once the
+			// server has had the time to see the disconnect.
+			if !e.releaseDropped(flights) {
+				e.waitChange(wake, e.dropWait(flights))
+			}
 			continue
 		}
 		if p.Restart != nil && crashed == nil {
@@ -246,6 +255,8 @@ func (e *executor) execute(p Plan) (ops []Op) {
 		case e.client.profile.Interruption == Complete:
 			// The server runs the turn on: an unknown outcome, not a stop.
 			ops[i].Turn.Detached = true
+		case f.released != 0:
+			ops[i].Turn.Interrupted, ops[i].Turn.Released = true, f.released
 		default:
 			ops[i].Turn.Interrupted, ops[i].Turn.Released = true, released
 		}
@@ -303,7 +314,15 @@ func (e *executor) let(s Send, f *flight) {
 	switch dc, ok := e.srv.(DeadlineController); {
 	case s.Abort:
 		f.cancel()
-		f.interrupted = true
+		f.interrupted, f.abortedAt = true, time.Now()
+		if e.client.profile.Interruption == Complete {
+			// The server runs the turn on, the conversation held: let it,
+			// or the turns queued behind it in a burst wait on the harness.
+			f.released = e.tick()
+			for _, g := range f.gates {
+				g.Release()
+			}
+		}
 	case s.Fault.Kind == faults.Hold && ok:
 		// The model never answers: the server's deadline passes now. Only
 		// a sequential step holds until the deadline, so no other call is
@@ -358,8 +377,8 @@ func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
 }
 
 // waitChange waits for any request or, where the server reports it, the
-// server's queue to change.
-func (e *executor) waitChange(wake <-chan struct{}) {
+// server's queue to change, at most limit.
+func (e *executor) waitChange(wake <-chan struct{}, limit time.Duration) {
 	var changed <-chan struct{}
 	if ar, ok := e.srv.(ActivityReporter); ok {
 		_, _, changed = ar.Activity()
@@ -367,8 +386,44 @@ func (e *executor) waitChange(wake <-chan struct{}) {
 	select {
 	case <-wake:
 	case <-changed:
-	case <-time.After(clientTimeout):
+	case <-time.After(limit):
 	}
+}
+
+// pendingDrop is a dropped turn of flights whose held calls the harness
+// has not let go, nil if none.
+func pendingDrop(flights []*flight) *flight {
+	for _, f := range flights {
+		if f.interrupted && f.released == 0 && len(f.gates) > 0 {
+			return f
+		}
+	}
+	return nil
+}
+
+// dropWait is how long to wait for a change: until a dropped turn's grace
+// ends, if one is pending, or the client's time.
+func (e *executor) dropWait(flights []*flight) time.Duration {
+	if f := pendingDrop(flights); f != nil {
+		return max(abortGrace-time.Since(f.abortedAt), pollInterval)
+	}
+	return clientTimeout
+}
+
+// releaseDropped lets go of what the model holds for a dropped turn of
+// flights, once the server has had abortGrace to see the disconnect and
+// still waits on it, and reports whether it did. What the turn does after
+// that is what T10 judges, from this tick on.
+func (e *executor) releaseDropped(flights []*flight) bool {
+	f := pendingDrop(flights)
+	if f == nil || time.Since(f.abortedAt) < abortGrace || e.fake.Holding() == 0 {
+		return false
+	}
+	f.released = e.tick()
+	for _, g := range f.gates {
+		g.Release()
+	}
+	return true
 }
 
 // idle waits, where the server reports its activity, until it has finished
