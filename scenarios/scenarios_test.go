@@ -56,6 +56,7 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.OrphanToolCallOnInterrupt: {model.T9},
 	sut.ShallowClone:              {model.T11},
 	sut.ToolRunsAfterCancel:       {model.T10},
+	sut.RefuseConcurrentNew:       {model.T4},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: the

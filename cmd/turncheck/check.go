@@ -38,8 +38,9 @@ dashboards, pass or fail.
 --concurrency says which policy the server runs with and is judged by:
 serialize (a concurrent turn waits its turn) or reject (it gets 409 and
 nothing changes). --interruption likewise: rollback (a turn whose client
-disconnects leaves nothing) or keep-consistent (it may keep its user
-message and completed tool rounds).
+disconnects leaves nothing), keep-consistent (it may keep its user
+message and completed tool rounds) or complete (it runs on to its end and
+is committed whole or not at all).
 
 Examples:
   turncheck check --mutant commit-on-stream-error --checks 200
@@ -75,8 +76,8 @@ func addRunFlags(fs *flagSet, mutantHelp string) runFlags {
 	return runFlags{
 		mutant:      fs.String("mutant", "", mutantHelp),
 		concurrency: fs.String("concurrency", string(sut.Serialize), "the reference server's policy for a turn on a busy conversation: serialize or reject"),
-		interruption: fs.String("interruption", "", "the reference server's policy for a turn whose client disconnects: rollback, or keep-consistent "+
-			"(it keeps the user message and completed tool pairs); default rollback, keep-consistent for the orphan-tool-call-on-interrupt mutant"),
+		interruption: fs.String("interruption", "", "the reference server's policy for a turn whose client disconnects: rollback, keep-consistent "+
+			"(it keeps the user message and completed tool pairs) or complete (it runs on to its end); default rollback, keep-consistent for the orphan-tool-call-on-interrupt mutant"),
 		save:  fs.String("save", "turncheck-failures", "directory where a failure is saved (as JSON, for 'turncheck replay FILE', and as HTML)"),
 		json:  fs.String("json", "", "also write the report as JSON (schema "+scenarios.ReportSchema+") to this file"),
 		junit: fs.String("junit", "", "also write the report as JUnit XML, one test case per invariant, to this file"),

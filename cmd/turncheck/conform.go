@@ -20,14 +20,20 @@ const conformHelp = `Usage: turncheck conform --profile FILE [--checks N] [--see
 Checks a session server, in any language, against the whole contract of
 PROTOCOL.md and gives a verdict per invariant:
 
-  PASS            exercised, and never broken
+  PASS            exercised, and never broken: the line says how often,
+                  counting only what could have broken it
   FAIL            broken: the shrunk steps follow, saved under --save
   NOT APPLICABLE  the server's declared policies, or the way it runs, exclude it
   NOT EXERCISED   never reached with its preconditions met (e.g. no turn ended ok)
   SKIPPED         left out with --skip as a known failure
+  SAME CAUSE      broken only in the way another invariant's finding was
+                  (one root cause, reported once, there): not a pass
 
 A broken invariant does not end the run: it is shrunk, recorded, and the
-checks go on for the others. The server must take the base URL of an
+checks go on for the others, with what it touched set aside: its later
+consequences are counted in the summary, never a FAIL of their own. The
+summary counts the turns that did not end ok by cause, and warns when the
+run is weak (no turn ended ok, unknown outcomes or one refusal dominate). The server must take the base URL of an
 OpenAI-compatible model provider: the harness runs a fake one, which it
 scripts to fail, hang and cut streams, and reads the server's history from
 what the server sends it.
@@ -44,11 +50,15 @@ keys, X-Conversation-Id, policy serialize). Start it with its model base URL
 set to http://MODEL-ADDR/v1 first.
 
 --timeout bounds the whole run, shrinking included. A server that hangs,
-streams forever or dies gets a verdict or a clear error within it.
+streams forever or dies gets a verdict or a clear error within it; one
+that stops answering (it exits, or 8 requests in a row get no connection
+or no answer) ends the run with exit 2, never a pass. One that exits with
+a failure status on SIGTERM at the end is a note beside the verdicts.
 
 Exit status: 0 when every applicable invariant that turncheck checks was
 exercised and passed (skipped ones aside), 1 otherwise, 2 when the run
-could not be carried out (bad profile, server did not start or died).
+could not be carried out (bad profile, server did not start, died or
+stopped answering).
 
 Examples:
   turncheck conform --profile profiles/reference.yaml
