@@ -41,17 +41,31 @@ func verdictLine(out, inv string) string {
 // turncheck checks passes, exercised.
 func TestConformReferenceProfile(t *testing.T) {
 	onPath(t)
-	save := t.TempDir()
-	code, stdout, stderr := runCLI(t, "conform", "--profile", referenceProfile, "--checks", "6", "--steps", "20",
-		"--seed", "1", "--save", save, "--junit", filepath.Join(save, "junit.xml"))
-	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
-	assert.Contains(t, stdout, "CONFORMS")
-	for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11"} {
-		assert.Contains(t, verdictLine(stdout, inv), "PASS", inv)
-	}
-	junit, err := os.ReadFile(filepath.Join(save, "junit.xml"))
+	base, err := os.ReadFile(referenceProfile)
 	require.NoError(t, err)
-	assert.Contains(t, string(junit), `tests="11"`)
+	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent, sut.Complete} {
+		t.Run(string(policy), func(t *testing.T) {
+			t.Parallel() // each run mostly waits on its server
+			save := t.TempDir()
+			profile := referenceProfile
+			if policy != sut.Rollback {
+				profile = filepath.Join(save, "profile.yaml")
+				text := strings.Replace(string(base), "--interruption, rollback", "--interruption, "+string(policy), 1)
+				text = strings.Replace(text, "interruption: rollback", "interruption: "+string(policy), 1)
+				require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
+			}
+			code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "6", "--steps", "20",
+				"--seed", "1", "--save", save, "--junit", filepath.Join(save, "junit.xml"))
+			require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+			assert.Contains(t, stdout, "CONFORMS")
+			for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11"} {
+				assert.Regexp(t, `PASS +[1-9]\d* `, verdictLine(stdout, inv), inv)
+			}
+			junit, err := os.ReadFile(filepath.Join(save, "junit.xml"))
+			require.NoError(t, err)
+			assert.Contains(t, string(junit), `tests="11"`)
+		})
+	}
 }
 
 // TestConformMutantsThroughProfile: each mutant, switched on in the
