@@ -298,30 +298,24 @@ func (s *Stats) add(o Stats) {
 	s.Checks += o.Checks
 	s.Steps += o.Steps
 	s.ShrinkRuns += o.ShrinkRuns
-	for _, m := range []struct{ to, from map[string]int }{{s.Faults, o.Faults}, {s.Outcomes, o.Outcomes}} {
-		for k, v := range m.from {
-			m.to[k] += v
-		}
-	}
-	for k, v := range o.Invariants {
-		s.Invariants[k] += v
-	}
-	for k, v := range o.SetAside {
-		s.SetAside[k] += v
-	}
-	for k, v := range o.Consequences {
-		s.Consequences[k] += v
-	}
-	for k, v := range o.SameCause {
-		s.SameCause[k] += v
-	}
-	for k, v := range o.Causes {
-		s.Causes[k] += v
+	addCounts(s.Faults, o.Faults)
+	addCounts(s.Outcomes, o.Outcomes)
+	addCounts(s.Causes, o.Causes)
+	for _, m := range []struct{ to, from map[model.Invariant]int }{{s.Invariants, o.Invariants},
+		{s.SetAside, o.SetAside}, {s.Consequences, o.Consequences}, {s.SameCause, o.SameCause}} {
+		addCounts(m.to, m.from)
 	}
 	for _, a := range o.FirstAnswers {
 		if len(s.FirstAnswers) < maxFirstAnswers {
 			s.FirstAnswers = append(s.FirstAnswers, a)
 		}
+	}
+}
+
+// addCounts adds the counts of from to those of to.
+func addCounts[K comparable](to, from map[K]int) {
+	for k, v := range from {
+		to[k] += v
 	}
 }
 

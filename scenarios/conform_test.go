@@ -117,38 +117,33 @@ func (m misdeclared) Profile() Profile {
 	return p
 }
 
-// TestInterruptionPolicyIsJudged: what the clean keep-consistent server
-// keeps of an interrupted turn (its user message and completed tool
-// rounds) passes under the policy it declares, and is T10 under rollback:
-// the policies are exercised, not merely named.
+// TestInterruptionPolicyIsJudged: what a clean server does with a turn
+// whose client left passes under the policy it declares, and is T10 under
+// another: the policies are exercised, not merely named.
 func TestInterruptionPolicyIsJudged(t *testing.T) {
-	keepsDeclaredRollback := misdeclared{Reference{Interruption: sut.KeepConsistent}, func(p *Profile) { p.Interruption = Rollback }}
-	res, err := Check(keepsDeclaredRollback, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
-	require.NoError(t, err)
-	require.NotNil(t, res.Failure, "a kept interrupted turn went unnoticed under the rollback policy")
-	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
-	assert.Equal(t, model.T10, res.Failure.Violation.Invariant, res.Failure.Report)
-	t.Logf("keeps, declared rollback: %s, found after %d", res.Elapsed, res.Failure.FoundAfter)
-
-	// A server that runs a dropped turn on, declared rollback: its calls
-	// after the disconnect, or its reply kept, are T10.
-	completesDeclaredRollback := misdeclared{Reference{Interruption: sut.Complete}, func(p *Profile) { p.Interruption = Rollback }}
-	res, err = Check(completesDeclaredRollback, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
-	require.NoError(t, err)
-	require.NotNil(t, res.Failure, "a turn run on after its client left went unnoticed under the rollback policy")
-	t.Logf("completes, declared rollback: %s, found after %d", res.Elapsed, res.Failure.FoundAfter)
-	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
-	assert.Equal(t, model.T10, res.Failure.Violation.Invariant, res.Failure.Report)
-
-	// A server that keeps part of a dropped turn, declared complete: a
-	// part is T10 (whole or nothing).
-	keepsDeclaredComplete := misdeclared{Reference{Interruption: sut.KeepConsistent}, func(p *Profile) { p.Interruption = Complete }}
-	res, err = Check(keepsDeclaredComplete, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
-	require.NoError(t, err)
-	require.NotNil(t, res.Failure, "a turn kept in part went unnoticed under the complete policy")
-	t.Logf("keeps, declared complete: %s, found after %d", res.Elapsed, res.Failure.FoundAfter)
-	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
-	assert.Equal(t, model.T10, res.Failure.Violation.Invariant, res.Failure.Report)
+	for _, tc := range []struct {
+		name     string
+		runs     sut.Interruption
+		declares Interruption
+	}{
+		// What a keep-consistent server keeps is T10 under rollback.
+		{"keeps, declared rollback", sut.KeepConsistent, Rollback},
+		// Calls after the disconnect, or a reply kept, are T10 under
+		// rollback.
+		{"completes, declared rollback", sut.Complete, Rollback},
+		// A part kept is T10 under complete (whole or nothing).
+		{"keeps, declared complete", sut.KeepConsistent, Complete},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			target := misdeclared{Reference{Interruption: tc.runs}, func(p *Profile) { p.Interruption = tc.declares }}
+			res, err := Check(target, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
+			require.NoError(t, err)
+			require.NotNil(t, res.Failure, "a %s server went unnoticed under the %s policy", tc.runs, tc.declares)
+			require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+			assert.Equal(t, model.T10, res.Failure.Violation.Invariant, res.Failure.Report)
+			t.Logf("found after %d check(s); %s in all", res.Failure.FoundAfter, res.Elapsed)
+		})
+	}
 }
 
 // TestConformWithoutTools: a server that offers no tools gets T9 and T11
