@@ -80,6 +80,7 @@ const (
 	causeMalformed = "malformed chunk"
 	causeNoBody    = "200 without a chat.completion body"
 	causeChunk     = "error chunk"
+	causeRunEnded  = "still open when the run ended"
 )
 
 // errorDrain bounds how long the client keeps reading a stream after an
@@ -256,7 +257,10 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 			} else {
 				out.Detail, out.Cause = "stream broke: "+transportError(ctx, err), causeNoDone
 				var timeout net.Error
-				if ctx.Err() == nil && errors.As(err, &timeout) && timeout.Timeout() {
+				switch {
+				case ctx.Err() != nil:
+					out.Cause = causeAborted
+				case errors.As(err, &timeout) && timeout.Timeout():
 					out.Cause = "stream never ended within the client's time"
 				}
 			}

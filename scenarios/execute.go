@@ -164,6 +164,10 @@ func (e *executor) execute(p Plan) (ops []Op) {
 			defer wg.Done()
 			sent := time.Now()
 			ops[i].Response = e.client.send(ctx, req)
+			if ops[i].Response.Cause == causeAborted && base.Err() != nil {
+				// Not an abort the plan drew: the run ended with it open.
+				ops[i].Response.Cause = causeRunEnded
+			}
 			ops[i].Turn.Return = e.tick()
 			// Wall time only ever excuses: a refusal after this long may
 			// be a bounded wait ending (T4).

@@ -331,6 +331,7 @@ func TestHostileEndlessStream(t *testing.T) {
 	assert.Greater(t, chunks.Load(), int64(50), "the stream did flow")
 	assert.Zero(t, r.c.Stats.Outcomes["ok"]+r.c.Stats.Outcomes["fail"])
 	assertHonest(t, r.c, t3AnsweredWith(200))
+	assert.Contains(t, strings.Join(r.c.Stats.Warnings(), "\n"), "may never end", "the run says no response ever ended")
 }
 
 // TestHostileGigabytes: a response body without end, as fast as the

@@ -225,6 +225,7 @@ var weakCauses = map[string]string{
 	causeRefused:   "the server refuses connections",
 	causeNoAnswer:  "the server drops connections without an answer",
 	"stream never ended within the client's time": "the server's streams never end",
+	causeRunEnded: "no response had ended when the run's time bound did: the server's responses may never end",
 }
 
 // Warnings say why a run is weak, whatever its verdicts: no turn ended ok,
