@@ -98,6 +98,11 @@ type Failure struct {
 	// ShrunkIn how long shrinking took.
 	ShrinkRuns int           `json:"shrinkRuns"`
 	ShrunkIn   time.Duration `json:"shrunkInNs"`
+	// Shrink says how far shrinking got: Shrunk (no smaller candidate
+	// the shrinker tries breaks the invariant), PartlyShrunk (the bound
+	// ran out on the way) or NotShrunk (it ran out before any smaller
+	// run, or the failure did not reproduce).
+	Shrink ShrinkState `json:"shrink,omitempty"`
 	// Report is the failure rendered for a person.
 	Report string `json:"-"`
 	// Flaky reports that the failure did not reproduce when its steps were
@@ -112,6 +117,16 @@ type Failure struct {
 	// (model.Kind), set aside as Skipped is.
 	SkippedKinds []model.Kind `json:"skippedKinds,omitempty"`
 }
+
+// ShrinkState is how far a failure's shrinking got.
+type ShrinkState string
+
+// The shrink states.
+const (
+	Shrunk       ShrinkState = "shrunk"
+	PartlyShrunk ShrinkState = "partly shrunk"
+	NotShrunk    ShrinkState = "not shrunk"
+)
 
 // rapidFlags guards rapid's global settings, which live in package flag.
 var rapidFlags sync.Mutex
@@ -252,13 +267,21 @@ func (r *runner) failure(tb *recorder, opts Options) *Failure {
 	case ok:
 		f.Violation, f.Plans, f.History = s.violation, s.plans, s.history
 		f.Report = FormatFailure(f.Violation, f.History, profile)
+		f.Shrink = Shrunk
+		if s.cut {
+			f.Shrink = PartlyShrunk
+			if len(f.Plans) >= len(r.smallest.plans) {
+				f.Shrink = NotShrunk
+			}
+		}
 	case ctx.Err() != nil:
 		// Interrupted, or out of time, before the replay said anything: the
 		// run as it failed, unshrunk.
 		f.Violation, f.Plans, f.History = r.smallest.violation, r.smallest.plans, r.smallest.history
 		f.Report = FormatFailure(f.Violation, f.History, profile)
+		f.Shrink = NotShrunk
 	default:
-		f.Flaky = true
+		f.Flaky, f.Shrink = true, NotShrunk
 		f.Violation, f.Plans, f.History = r.first.violation, r.first.plans, r.first.history
 		f.Report = "The failure did not reproduce when its steps were replayed against a fresh server: the server does not\n" +
 			"behave the same way under the same steps. This is the run that failed:\n\n" +
@@ -308,7 +331,7 @@ func Run(t *testing.T, target Target) {
 			case Fail:
 				f := v.Failure
 				res := &Result{Stats: c.Stats, Seed: f.Seed, Elapsed: c.Elapsed, Failure: f}
-				t.Fatalf("turncheck: %s\n%s\n%s", f.Report, f.shrinkStats(), saveForTest(t.Name(), res, target))
+				t.Fatalf("turncheck: %s\n%s\n%s", f.Report, f.ShrinkStats(), saveForTest(t.Name(), res, target))
 			case NotExercised:
 				t.Fatalf("turncheck: %s (%s) was not exercised: %s", v.Invariant, v.Invariant.Title(), v.Reason)
 			default:

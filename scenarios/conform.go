@@ -341,7 +341,7 @@ func (c *Conformance) Text(p Profile) string {
 			b.WriteString("(broken once, but the same steps did not break it again: the server does not behave the same way under the same steps)\n")
 		}
 		b.WriteString(strings.TrimRight(f.Report, "\n"))
-		fmt.Fprintf(&b, "\n%s\n", f.shrinkStats())
+		fmt.Fprintf(&b, "\n%s\n", f.ShrinkStats())
 	}
 	fmt.Fprintf(&b, "\n%s\n", c.Stats.Summary())
 	if c.Stopped != "" {

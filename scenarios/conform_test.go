@@ -51,7 +51,11 @@ func TestConformGoesOnAfterAFailure(t *testing.T) {
 	v := c.Verdict(model.T1)
 	require.Equal(t, Fail, v.Status, "%+v", c.Verdicts)
 	require.NotNil(t, v.Failure)
-	assert.LessOrEqual(t, len(v.Failure.Plans), 3, "shrunk")
+	if v.Failure.Shrink == Shrunk {
+		// Only a shrink that was done says how short it gets: a loaded
+		// machine may cut one short, and that is no failure of the test.
+		assert.LessOrEqual(t, len(v.Failure.Plans), 3, "shrunk")
+	}
 	assert.False(t, c.Passed())
 	st := statuses(c)
 	for _, inv := range []model.Invariant{model.T2, model.T3, model.T4, model.T5} {

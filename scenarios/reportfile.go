@@ -208,8 +208,21 @@ func (s junitSuite) write(w io.Writer) error {
 	return errors.Join(enc.Encode(s), enc.Close())
 }
 
-// shrinkStats summarises how a failure was found and shrunk, for a person.
-func (f *Failure) shrinkStats() string {
-	return fmt.Sprintf("found after %d check(s) in %s; shrunk in %d replay(s), %s, to %d step(s)",
-		f.FoundAfter, f.FoundIn.Round(time.Millisecond), f.ShrinkRuns, f.ShrunkIn.Round(time.Millisecond), len(f.Plans))
+// ShrinkStats says, for a person, how a failure was found and how far it
+// was shrunk: "shrunk" only where the shrinker was done, not where its
+// bound cut it short.
+func (f *Failure) ShrinkStats() string {
+	state := f.Shrink
+	if state == "" {
+		state = Shrunk // a report saved before the state was kept
+	}
+	how := string(state)
+	if state != Shrunk {
+		how += " (the shrink bound, --shrink-time, ran out first)"
+		if f.Flaky {
+			how = string(state) + " (the failure did not reproduce)"
+		}
+	}
+	return fmt.Sprintf("found after %d check(s) in %s; %s in %d replay(s), %s, to %d step(s)",
+		f.FoundAfter, f.FoundIn.Round(time.Millisecond), how, f.ShrinkRuns, f.ShrunkIn.Round(time.Millisecond), len(f.Plans))
 }

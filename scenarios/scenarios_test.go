@@ -90,14 +90,21 @@ func TestMutantsCaught(t *testing.T) {
 	for _, info := range sut.Mutants() {
 		t.Run(string(info.Mutant), func(t *testing.T) {
 			target := scenarios.MutantReference(info.Mutant)
-			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, ShrinkTime: 5 * time.Second})
+			// A generous bound: a shrink that is done takes well under it on
+			// an idle machine, and only a shrink that is done is held to a
+			// length, so a loaded machine slows the test, never fails it.
+			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, ShrinkTime: 30 * time.Second})
 			require.NoError(t, err)
 			require.NotNil(t, res.Failure, "mutant %s (%s) not caught in %d checks (seed %d)",
 				info.Mutant, info.Issue, res.Checks, res.Seed)
 			f := res.Failure
 			require.NotNil(t, f.Violation, f.Report)
 			assert.Contains(t, caughtAs[info.Mutant], f.Violation.Invariant, f.Report)
-			assert.LessOrEqual(t, len(f.Plans), max(maxShrunkSteps, longerShrunk[info.Mutant]), f.Report)
+			if f.Shrink == scenarios.Shrunk {
+				assert.LessOrEqual(t, len(f.Plans), max(maxShrunkSteps, longerShrunk[info.Mutant]), f.Report)
+			} else {
+				t.Logf("%s: %s", info.Mutant, f.ShrinkStats())
+			}
 			assert.False(t, f.Flaky, f.Report)
 			require.NotZero(t, f.Seed, "no replay seed in the failure")
 			t.Logf("%s: caught as %s after %d check(s) in %s; shrunk to %d steps; %s in all; seed %d",
@@ -270,4 +277,16 @@ func TestInterruptKeepsTheFailure(t *testing.T) {
 	replay, err := scenarios.Check(target, scenarios.Options{Checks: 1, Seed: res.Failure.Seed, ShrinkTime: time.Second})
 	require.NoError(t, err)
 	require.NotNil(t, replay.Failure, "seed %d of an interrupted run does not replay", res.Failure.Seed)
+}
+
+// TestShrinkCutShortSaysSo: a failure whose shrink bound ran out is not
+// called shrunk.
+func TestShrinkCutShortSaysSo(t *testing.T) {
+	res, err := scenarios.Check(scenarios.MutantReference(sut.LostOnEvict), scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: time.Millisecond})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure)
+	f := res.Failure
+	assert.NotEqual(t, scenarios.Shrunk, f.Shrink)
+	assert.Contains(t, f.ShrinkStats(), "ran out")
+	assert.NotContains(t, f.ShrinkStats(), "; shrunk in")
 }

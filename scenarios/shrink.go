@@ -22,6 +22,8 @@ type shrinker struct {
 	// runs counts the candidates replayed; after is called after each.
 	runs  int
 	after func()
+	// cut says the bound ran out before the shrinker was done.
+	cut bool
 	// plans, history and violation are the smallest failing run so far.
 	plans     []Plan
 	history   []Op
@@ -43,6 +45,9 @@ func shrink(ctx context.Context, l *lab, plans []Plan, v *model.Violation, after
 			s.ddmin()
 		}
 	}
+	// A candidate the bound cut short decided nothing: the shrinker may
+	// have stopped short of where it would have ended.
+	s.cut = s.done()
 	return s, true
 }
 

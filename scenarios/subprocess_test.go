@@ -40,7 +40,9 @@ func TestSubprocessTarget(t *testing.T) {
 	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
 	assert.Equal(t, model.T4, res.Failure.Violation.Invariant, res.Failure.Report)
 	f := res.Failure
-	assert.LessOrEqual(t, len(f.Plans), 2, f.Report)
+	if f.Shrink == scenarios.Shrunk { // a loaded machine may cut a shrink short
+		assert.LessOrEqual(t, len(f.Plans), 2, f.Report)
+	}
 	t.Logf("caught after %d check(s) in %s; shrunk in %d replays, %s, to %d step(s)",
 		f.FoundAfter, f.FoundIn, f.ShrinkRuns, f.ShrunkIn, len(f.Plans))
 }

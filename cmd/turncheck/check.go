@@ -295,9 +295,7 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 		"  turncheck serve --listen 127.0.0.1:8080 --model-url http://127.0.0.1:9090/v1 --data-dir \"$(mktemp -d)\" %s&\n"+
 		"  export TURNCHECK_URL=http://127.0.0.1:8080\n", serveFlags(target))
 	fmt.Fprintf(stdout, "\n%s\n", res.Summary())
-	fmt.Fprintf(stdout, "found after %d check(s) in %s; shrunk in %d replay(s), %s, to %d step(s); elapsed: %s\n",
-		f.FoundAfter, f.FoundIn.Round(time.Millisecond), f.ShrinkRuns, f.ShrunkIn.Round(time.Millisecond), len(f.Plans),
-		res.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(stdout, "%s; elapsed: %s\n", f.ShrinkStats(), res.Elapsed.Round(time.Millisecond))
 	if f.Seed != 0 {
 		replay := fmt.Sprintf("turncheck replay --seed %d", f.Seed)
 		if target.Mutant != sut.Clean {
