@@ -1,0 +1,39 @@
+package scenarios
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// TestProtocolNamesWhatTheCodeNames: the contract document at the root of
+// the repository names every invariant (with its title), kind of wrong
+// state, policy and verdict the code uses, so the two cannot drift apart
+// unnoticed.
+func TestProtocolNamesWhatTheCodeNames(t *testing.T) {
+	b, err := os.ReadFile("../PROTOCOL.md")
+	require.NoError(t, err, "the contract document is missing")
+	doc := string(b)
+	for _, inv := range model.Invariants() {
+		assert.True(t, strings.Contains(doc, "**"+string(inv)+" "+inv.Title()+"**"), "invariant %s", inv)
+	}
+	for _, k := range []model.Kind{model.Leftover, model.Lost} {
+		assert.True(t, strings.Contains(doc, "**"+string(k)+"**"), "kind %s", k)
+	}
+	for _, policy := range []string{
+		model.Serialize.String(), model.Reject.String(),
+		string(Durable), string(Forgets), "capacity",
+		string(Rollback), string(KeepConsistent), string(Complete),
+		"restart", "crash", "tools: true",
+	} {
+		assert.True(t, strings.Contains(doc, "`"+policy+"`"), "policy value %s", policy)
+	}
+	for _, s := range []Status{Pass, Fail, NotApplicable, NotExercised, Skipped, SameCause} {
+		assert.True(t, strings.Contains(doc, "**"+strings.ToUpper(string(s))+"**"), "verdict %s", s)
+	}
+}
