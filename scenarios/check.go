@@ -61,6 +61,12 @@ type Options struct {
 	// its conversations aside and the run goes on, so that a server with
 	// a known bug can still be checked for the others.
 	Skip []model.Invariant
+	// Found, if set, is called by Conform with each failure as soon as it
+	// is shrunk, before the run goes on, and what the run did so far: a
+	// person sees a finding when it is made, not when the run ends.
+	Found func(*Failure, Stats)
+	// FailFast ends a Conform at its first failure.
+	FailFast bool
 }
 
 // ErrInterrupted is returned by Check when Options.Context ended first.

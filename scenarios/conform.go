@@ -168,6 +168,9 @@ func conformIn(l *lab, opts Options, c *Conformance, found map[model.Invariant]*
 		if res != nil && res.Failure != nil && res.Failure.Violation != nil {
 			f := res.Failure
 			found[f.Violation.Invariant] = f
+			if opts.Found != nil {
+				opts.Found(f, c.Stats)
+			}
 			l.skip = append(l.skip, f.Violation.Invariant)
 			if k := f.Violation.Kind; k != "" && !slices.Contains(l.skipKinds, k) {
 				l.skipKinds = append(l.skipKinds, k)
@@ -181,6 +184,10 @@ func conformIn(l *lab, opts Options, c *Conformance, found map[model.Invariant]*
 			// note, not an error that hides the verdicts.
 			notes, rest := StopNotes(err)
 			c.Notes, err = append(c.Notes, notes...), rest
+		}
+		if err == nil && opts.FailFast && res.Failure != nil && res.Failure.Violation != nil {
+			c.Stopped = "the first failure was found (fail fast)"
+			return nil
 		}
 		switch {
 		case errors.Is(err, ErrInterrupted):
@@ -320,8 +327,19 @@ func addCounts[K comparable](to, from map[K]int) {
 }
 
 // Text renders the verdicts for a person: a table, then each failure's
-// report.
+// report, then what the run did.
 func (c *Conformance) Text(p Profile) string {
+	var b strings.Builder
+	b.WriteString(c.Table())
+	for _, f := range c.Failures() {
+		b.WriteString("\n" + FindingText(f))
+	}
+	b.WriteString("\n" + c.Closing())
+	return b.String()
+}
+
+// Table is one line per invariant: its verdict, and what it rests on.
+func (c *Conformance) Table() string {
 	var b strings.Builder
 	for _, v := range c.Verdicts {
 		fmt.Fprintf(&b, "%-4s %-31s %-15s", v.Invariant, v.Invariant.Title(), strings.ToUpper(string(v.Status)))
@@ -335,15 +353,27 @@ func (c *Conformance) Text(p Profile) string {
 		}
 		b.WriteByte('\n')
 	}
-	for _, f := range c.Failures() {
-		fmt.Fprintf(&b, "\n=== %s (%s) ===\n", f.Violation.Invariant, f.Violation.Invariant.Title())
-		if f.Flaky {
-			b.WriteString("(broken once, but the same steps did not break it again: the server does not behave the same way under the same steps)\n")
-		}
-		b.WriteString(strings.TrimRight(f.Report, "\n"))
-		fmt.Fprintf(&b, "\n%s\n", f.ShrinkStats())
+	return b.String()
+}
+
+// FindingText renders one failure for a person: the broken invariant, the
+// shrunk steps, and how it was found and shrunk.
+func FindingText(f *Failure) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "=== %s (%s) ===\n", f.Violation.Invariant, f.Violation.Invariant.Title())
+	if f.Flaky {
+		b.WriteString("(broken once, but the same steps did not break it again: the server does not behave the same way under the same steps)\n")
 	}
-	fmt.Fprintf(&b, "\n%s\n", c.Stats.Summary())
+	b.WriteString(strings.TrimRight(f.Report, "\n"))
+	fmt.Fprintf(&b, "\n%s\n", f.ShrinkStats())
+	return b.String()
+}
+
+// Closing is what the run did: its counts and warnings, why it stopped
+// early, notes, the server's last output where it helps, the seed.
+func (c *Conformance) Closing() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n", c.Stats.Summary())
 	if c.Stopped != "" {
 		fmt.Fprintf(&b, "stopped early: %s\n", c.Stopped)
 	}

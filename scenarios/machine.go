@@ -33,6 +33,9 @@ type machine struct {
 	onDead      func(error)
 
 	convs []*conv
+	// committed is set once a turn of the check ended ok: a restart has
+	// something to lose.
+	committed bool
 	// opened counts the conversations the check has sent a request on,
 	// set aside ones included: what the server may hold.
 	opened int
@@ -66,6 +69,11 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 // then loading its agent under another query, or twice under one stable
 // key (T7, T8).
 func (m *machine) restart(t *rapid.T) {
+	if !m.committed {
+		// A restart of a server with nothing to lose shows nothing, and
+		// on a slow server it is the costliest step there is.
+		t.Skip("nothing committed to lose yet")
+	}
 	d := m.profile.Durability
 	r := Restart{Crash: !d.Restart || (d.Crash && rapid.Bool().Draw(t, "crash"))}
 	if m.profile.Agent != "" {
@@ -267,6 +275,7 @@ func (m *machine) record(op Op) {
 	if tok == "" {
 		return
 	}
+	m.committed = m.committed || op.Response.Outcome == model.OK
 	c := m.conv(op.Send.Conv)
 	c.lastUser = op.Send.Messages[len(op.Send.Messages)-1]
 	c.failed = slices.DeleteFunc(c.failed, func(f model.Token) bool { return f == tok })

@@ -29,8 +29,8 @@ PROTOCOL.md and gives a verdict per invariant:
   SAME CAUSE      broken only in the way another invariant's finding was
                   (one root cause, reported once, there): not a pass
 
-A broken invariant does not end the run: it is shrunk, recorded, and the
-checks go on for the others, with what it touched set aside: its later
+A broken invariant does not end the run (unless --fail-fast): it is
+shrunk, printed and saved at once, and the checks go on for the others, with what it touched set aside: its later
 consequences are counted in the summary, never a FAIL of their own. The
 summary counts the turns that did not end ok by cause, and warns when the
 run is weak (no turn ended ok, unknown outcomes or one refusal dominate). The server must take the base URL of an
@@ -48,6 +48,8 @@ check uses conversation ids of its own.
 --url URL checks a server that already runs with the default profile (no
 keys, X-Conversation-Id, policy serialize). Start it with its model base URL
 set to http://MODEL-ADDR/v1 first.
+
+Off a terminal (a CI log, a file), progress is a line on stderr every 30s.
 
 --timeout bounds the whole run, shrinking included. A server that hangs,
 streams forever or dies gets a verdict or a clear error within it; one
@@ -81,6 +83,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	save := fs.String("save", "turncheck-failures", "directory where each failure is saved (JSON, for 'turncheck replay FILE')")
 	jsonPath := fs.String("json", "", "also write the verdicts as JSON to this file")
 	junitPath := fs.String("junit", "", "also write the verdicts as JUnit XML, one test case per invariant, to this file")
+	failFast := fs.Bool("fail-fast", false, "stop at the first failure (its verdict, shrunk and saved, and the others as far as they got)")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
@@ -106,41 +109,58 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		target, spec = t, scenarios.ServerSpec{Kind: "url", URL: *url}
 	}
-	runCtx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	opts := scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: runCtx, Skip: skip}
-	if isTerminal(stderr) {
-		opts.Progress = progressLine(stderr)
-	}
-	fmt.Fprintf(stdout, "turncheck conform: %s\n", describe(target))
-	if r, ok := target.(scenarios.Remote); ok {
-		fmt.Fprintf(stdout, "the fake model listens at http://%s/v1: the server must be configured to call it there\n", r.ModelAt)
-	}
-	c, err := scenarios.Conform(target, opts)
-	if opts.Progress != nil {
-		fmt.Fprint(stderr, "\r\033[K")
-	}
-	if err != nil && c == nil {
-		return fail(stderr, "conform", err)
-	}
-	// What was found before an error is printed and saved all the same.
-	fmt.Fprint(stdout, c.Text(target.Profile()))
-	for _, f := range c.Failures() {
+	saveFinding := func(f *scenarios.Failure, stats scenarios.Stats) {
 		if *save == "" {
-			break
+			return
 		}
-		rep := scenarios.NewReport(&scenarios.Result{Stats: c.Stats, Seed: f.Seed, Elapsed: c.Elapsed, Failure: f}, spec)
-		path := filepath.Join(*save, fmt.Sprintf("%s-conform-%d.json", f.Violation.Invariant, c.Seed))
+		rep := scenarios.NewReport(&scenarios.Result{Stats: stats, Seed: f.Seed, Elapsed: f.FoundIn + f.ShrunkIn, Failure: f}, spec)
+		// Named by the failing check's seed, the one the file holds.
+		path := filepath.Join(*save, fmt.Sprintf("%s-conform-%d.json", f.Violation.Invariant, f.Seed))
 		err := os.MkdirAll(*save, 0o755)
 		if err == nil {
 			err = rep.Save(path)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "turncheck conform: save the %s failure: %v\n", f.Violation.Invariant, err)
-			continue
+			return
 		}
 		fmt.Fprintf(stdout, "saved: %s (replay: turncheck replay %s)\n", path, path)
 	}
+	runCtx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	opts := scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: runCtx, Skip: skip,
+		FailFast: *failFast}
+	live := isTerminal(stderr)
+	opts.Progress = progress(stderr, live)
+	// Each finding is printed, and saved, as soon as it is shrunk: on a
+	// slow server the first one may come minutes before the run ends.
+	printed := 0
+	opts.Found = func(f *scenarios.Failure, stats scenarios.Stats) {
+		if live {
+			fmt.Fprint(stderr, "\r\033[K")
+		}
+		printed++
+		fmt.Fprint(stdout, scenarios.FindingText(f))
+		saveFinding(f, stats)
+		fmt.Fprintln(stdout)
+	}
+	fmt.Fprintf(stdout, "turncheck conform: %s\n", describe(target))
+	if r, ok := target.(scenarios.Remote); ok {
+		fmt.Fprintf(stdout, "the fake model listens at http://%s/v1: the server must be configured to call it there\n", r.ModelAt)
+	}
+	c, err := scenarios.Conform(target, opts)
+	if live {
+		fmt.Fprint(stderr, "\r\033[K")
+	}
+	if err != nil && c == nil {
+		return fail(stderr, "conform", err)
+	}
+	// What was found before an error is printed and saved all the same.
+	fmt.Fprint(stdout, c.Table())
+	if printed > 0 {
+		fmt.Fprintf(stdout, "\n(the %d failure(s) are printed above, as they were found)\n", printed)
+	}
+	fmt.Fprint(stdout, "\n"+c.Closing())
 	writeReport("conform", *jsonPath, "json", c.WriteJSON, stdout, stderr)
 	writeReport("conform", *junitPath, "junit", c.WriteJUnit, stdout, stderr)
 	switch {
@@ -187,8 +207,23 @@ func (s *skipFlag) Set(v string) error {
 
 // progressLine rewrites one line on a terminal after every check.
 func progressLine(w io.Writer) func(scenarios.Stats) {
-	start := time.Now()
+	return progress(w, true)
+}
+
+// progressEvery is how often progress is said off a terminal.
+const progressEvery = 30 * time.Second
+
+// progress says how a run goes: on a terminal (live) one updating line,
+// otherwise (a CI log, a file) a plain line every progressEvery.
+func progress(w io.Writer, live bool) func(scenarios.Stats) {
+	start, last := time.Now(), time.Now()
 	return func(s scenarios.Stats) {
+		if !live {
+			if time.Since(last) < progressEvery {
+				return
+			}
+			last = time.Now()
+		}
 		faults := 0
 		for _, n := range s.Faults {
 			faults += n
@@ -199,6 +234,10 @@ func progressLine(w io.Writer) func(scenarios.Stats) {
 		if s.ShrinkRuns > 0 {
 			line += fmt.Sprintf("; shrinking: %d replays", s.ShrinkRuns)
 		}
-		fmt.Fprintf(w, "\r\033[K%s", line)
+		if live {
+			fmt.Fprintf(w, "\r\033[K%s", line)
+			return
+		}
+		fmt.Fprintf(w, "turncheck: %s\n", line)
 	}
 }

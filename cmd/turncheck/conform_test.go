@@ -212,3 +212,27 @@ func TestConformUsage(t *testing.T) {
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, `unknown field "comand" in server`)
 }
+
+// TestConformFindingsAsTheyHappen: a finding is printed, and saved, as
+// soon as it is shrunk, before the verdicts; --fail-fast ends the run
+// there.
+func TestConformFindingsAsTheyHappen(t *testing.T) {
+	onPath(t)
+	base, err := os.ReadFile(referenceProfile)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	profile := filepath.Join(dir, "profile.yaml")
+	info := sut.Mutants()[0]
+	require.NoError(t, os.WriteFile(profile, []byte(mutantProfile(t, string(base), info)), 0o644))
+	code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "20", "--steps", "20", "--seed", "2",
+		"--save", dir, "--fail-fast", "--shrink-time", "3s")
+	require.Equal(t, exitViolation, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	finding := strings.Index(stdout, "=== T")
+	table := strings.Index(stdout, "\nT1   atomic turns")
+	require.GreaterOrEqual(t, finding, 0, stdout)
+	require.Greater(t, table, finding, "the finding comes before the verdicts:\n%s", stdout)
+	assert.Less(t, strings.Index(stdout, "saved: "), table, "and is saved as it is found")
+	assert.Contains(t, stdout, "stopped early: the first failure was found (fail fast)")
+	fails := regexp.MustCompile(`(?m)^(T\d+) +.*\bFAIL\b`).FindAllStringSubmatch(stdout, -1)
+	assert.Len(t, fails, 1, stdout)
+}
