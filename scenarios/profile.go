@@ -67,6 +67,7 @@ type profileFile struct {
 	Keys               []string      `yaml:"keys"`
 	Model              string        `yaml:"model"`
 	ModelTimeout       time.Duration `yaml:"model_timeout"`
+	ClientTimeout      time.Duration `yaml:"client_timeout"`
 	Tools              bool          `yaml:"tools"`
 	Policies           policySection `yaml:"policies"`
 }
@@ -194,7 +195,7 @@ func fieldList(t reflect.Type) string {
 
 // target checks the profile's values and builds its Target.
 func (f *profileFile) target() (Target, error) {
-	p := Profile{Header: f.ConversationHeader, Keys: f.Keys, Model: f.Model, ModelTimeout: f.ModelTimeout, Tools: f.Tools}
+	p := Profile{Header: f.ConversationHeader, Keys: f.Keys, Model: f.Model, ModelTimeout: f.ModelTimeout, ClientTimeout: f.ClientTimeout, Tools: f.Tools}
 	if f.Server != nil {
 		p.Agent = f.Server.Agent
 	}
@@ -203,6 +204,12 @@ func (f *profileFile) target() (Target, error) {
 		if p.Agent != "" {
 			p.Model = p.Agent // a new conversation binds to its agent by name
 		}
+	}
+	if f.ClientTimeout < 0 {
+		return nil, errors.New("client_timeout: must not be negative")
+	}
+	if f.ClientTimeout > 0 && f.ModelTimeout > 0 && f.ClientTimeout <= f.ModelTimeout {
+		return nil, errors.New("client_timeout: must be longer than model_timeout, or a held call's timeout would read as the server never answering")
 	}
 	if f.ModelTimeout < 0 {
 		return nil, errors.New("model_timeout: must not be negative")

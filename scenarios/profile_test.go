@@ -48,6 +48,7 @@ conversation_header: x-session
 keys: [k1]
 model: agent
 model_timeout: 3s
+client_timeout: 3m
 tools: true
 policies:
   concurrency: reject
@@ -66,8 +67,9 @@ policies:
 	assert.Equal(t, "127.0.0.1:9999", s.ModelAddr())
 	p := s.Profile()
 	assert.Equal(t, Profile{Header: "x-session", Keys: []string{"k1"}, Model: "agent", Concurrency: model.Reject,
-		ModelTimeout: 3 * time.Second, Eviction: Forgets, Capacity: 10, Interruption: KeepConsistent,
+		ModelTimeout: 3 * time.Second, ClientTimeout: 3 * time.Minute, Eviction: Forgets, Capacity: 10, Interruption: KeepConsistent,
 		Agent: "helper", Tools: true}, p)
+	assert.Equal(t, 3*time.Minute, p.requestTimeout(), "the client waits as long as declared, apart from the model timeout")
 
 	target, err = ParseProfile([]byte("url: http://127.0.0.1:8080\nmodel_addr: '[::1]:9090'\n"))
 	require.NoError(t, err)
@@ -92,6 +94,7 @@ func TestProfileErrors(t *testing.T) {
 		cmd + "policies: {eviction: forgets}":         "policies.capacity",
 		cmd + "policies: {interruption: x}":           "policies.interruption",
 		cmd + "model_timeout: soon":                   "line 2",
+		cmd + "model_timeout: 5s\nclient_timeout: 5s": "client_timeout: must be longer",
 		cmd + "keys: ['a b']":                         "keys[0]",
 		cmd + "conversation_header: 'a b'":            "conversation_header",
 		cmd + "url: http://127.0.0.1:1":               "not both",

@@ -51,6 +51,11 @@ type Profile struct {
 	// waits that long and a margin for an answer before it takes a turn's
 	// outcome as unknown. 0 means 20s.
 	ModelTimeout time.Duration
+	// ClientTimeout is how long the client waits for a turn's response
+	// before it takes the outcome as unknown; 0 means ModelTimeout plus
+	// 10s. A server whose first turn after a start takes minutes needs a
+	// long one, without a long ModelTimeout slowing every held call.
+	ClientTimeout time.Duration
 	// Eviction is what the server declares becomes of an evicted
 	// conversation; "" means Durable. Capacity is how many conversations
 	// its cache holds (0: not declared). A server that forgets is given at
@@ -88,6 +93,9 @@ func (p Profile) policies() model.Policies {
 // requestTimeout bounds one request: the server's model timeout and a
 // margin.
 func (p Profile) requestTimeout() time.Duration {
+	if p.ClientTimeout > 0 {
+		return p.ClientTimeout
+	}
 	if p.ModelTimeout <= 0 {
 		return clientTimeout
 	}
