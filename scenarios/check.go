@@ -289,8 +289,8 @@ func (r *runner) failure(tb *recorder, opts Options) *Failure {
 	default:
 		f.Flaky, f.Shrink = true, NotShrunk
 		f.Violation, f.Plans, f.History = r.first.violation, r.first.plans, r.first.history
-		f.Report = "The failure did not reproduce when its steps were replayed against a fresh server: the server does not\n" +
-			"behave the same way under the same steps. This is the run that failed:\n\n" +
+		f.Report = fmt.Sprintf("The failure did not reproduce in %d replay(s) of its steps against a fresh server: the server does not\n"+
+			"behave the same way under the same steps. This is the run that failed:\n\n", f.ShrinkRuns) +
 			FormatFailure(f.Violation, f.History, profile)
 	}
 	return f

@@ -35,7 +35,16 @@ type shrinker struct {
 // at all: the failure did not reproduce.
 func shrink(ctx context.Context, l *lab, plans []Plan, v *model.Violation, after func()) (s *shrinker, ok bool) {
 	s = &shrinker{lab: l, want: v.Invariant, ctx: ctx, after: after}
-	if !s.try(plans) {
+	// A server that does not report its activity may run a burst in
+	// another interleaving on a replay: a failure is taken not to
+	// reproduce only after several tries.
+	reproduced := false
+	for range reproduceTries {
+		if reproduced = s.try(plans); reproduced || s.done() {
+			break
+		}
+	}
+	if !reproduced {
 		return s, false
 	}
 	s.ddmin()
@@ -52,6 +61,10 @@ func shrink(ctx context.Context, l *lab, plans []Plan, v *model.Violation, after
 }
 
 func (s *shrinker) done() bool { return s.ctx.Err() != nil }
+
+// reproduceTries is how many replays of a failing run's steps must all
+// pass before the failure is called flaky.
+const reproduceTries = 3
 
 // try replays plans; it keeps them, cut after the step that broke the
 // invariant, if they break it.

@@ -4,6 +4,8 @@ package scenarios_test
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -153,4 +155,69 @@ func TestDeadRemoteServerNeverPasses(t *testing.T) {
 	assert.Contains(t, r.err.Error(), "stopped answering")
 	assert.Contains(t, r.err.Error(), "connection refused")
 	assert.Contains(t, r.err.Error(), "its last answers before: step")
+}
+
+// TestFlakyOnlyAfterTrying: a failure that does not come back is called
+// flaky only after several replays of its steps, and says how many.
+func TestFlakyOnlyAfterTrying(t *testing.T) {
+	var once atomic.Bool
+	target := scenarios.Handler(scenarios.Profile{Model: "turncheck", ModelTimeout: time.Second},
+		func(modelURL, dataDir string) (http.Handler, error) {
+			h, err := referenceHandler(modelURL, dataDir)
+			if err != nil {
+				return nil, err
+			}
+			return onceWrong{h, &once}, nil
+		})
+	res, err := scenarios.Check(target, scenarios.Options{Checks: 50, Seed: 3, ShrinkTime: 20 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure, "the one wrong answer went unnoticed")
+	f := res.Failure
+	require.NotNil(t, f.Violation)
+	assert.Equal(t, model.T3, f.Violation.Invariant)
+	assert.True(t, f.Flaky, f.Report)
+	assert.GreaterOrEqual(t, f.ShrinkRuns, 3, "called flaky after fewer than three replays")
+	assert.Contains(t, f.Report, fmt.Sprintf("did not reproduce in %d replay(s)", f.ShrinkRuns))
+	assert.Equal(t, scenarios.NotShrunk, f.Shrink)
+}
+
+// onceWrong is a server that answers the first request without a usable
+// user message with 200 instead of 400, once in its whole life across
+// restarts: a failure no replay brings back.
+type onceWrong struct {
+	http.Handler
+	done *atomic.Bool
+}
+
+func (o onceWrong) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/chat/completions" && r.Header.Get("X-Conversation-Id") != "" {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if lastRoleNotUser(body) {
+			if o.done.CompareAndSwap(false, true) {
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`))
+				return
+			}
+		}
+	}
+	o.Handler.ServeHTTP(w, r)
+}
+
+func (o onceWrong) Close() error { return o.Handler.(io.Closer).Close() }
+
+// lastRoleNotUser reports whether a chat request's last message is not a
+// user message with text.
+func lastRoleNotUser(body []byte) bool {
+	var req struct {
+		Messages []struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	if json.Unmarshal(body, &req) != nil || len(req.Messages) == 0 {
+		return true
+	}
+	last := req.Messages[len(req.Messages)-1]
+	return last.Role != "user" || strings.TrimSpace(last.Content) == ""
 }
