@@ -324,6 +324,10 @@ func Run(t *testing.T, target Target) {
 		return
 	}
 	opts := Options{Checks: int(uintFlag("rapid.checks")), Steps: int(uintFlag("rapid.steps")), Seed: uintFlag("rapid.seed")}
+	if testing.Short() {
+		// As rapid does under -short: a fifth of the checks.
+		opts.Checks = max(opts.Checks/5, 1)
+	}
 	c, err := Conform(target, opts)
 	if err != nil {
 		t.Fatalf("turncheck: %v", err)

@@ -47,6 +47,7 @@ func shrink(ctx context.Context, l *lab, plans []Plan, v *model.Violation, after
 	if !reproduced {
 		return s, false
 	}
+	s.slice()
 	s.ddmin()
 	for changed := true; changed && !s.done(); {
 		changed = s.simplify()
@@ -83,6 +84,26 @@ func (s *shrinker) try(plans []Plan) bool {
 	s.plans = slices.Clone(plans[:history[len(history)-1].Step])
 	s.history, s.violation = history, v
 	return true
+}
+
+// slice tries, in one replay, the steps that touch the violation's
+// conversation, with every restart they may depend on: most failures
+// need nothing else, and on a server that is slow to start one replay
+// saves many of ddmin's.
+func (s *shrinker) slice() {
+	conv := s.violation.Conv
+	if conv == (model.ConversationRef{}) {
+		return
+	}
+	var kept []Plan
+	for _, p := range s.plans {
+		if p.Restart != nil || slices.ContainsFunc(p.Sends, func(x Send) bool { return x.Conv == conv }) {
+			kept = append(kept, p)
+		}
+	}
+	if len(kept) < len(s.plans) {
+		s.try(kept)
+	}
 }
 
 // ddmin removes as many whole steps as it can: chunks of the plans, halved
