@@ -269,6 +269,7 @@ func (r *runner) failure(tb *recorder, opts Options) *Failure {
 		s.runs += runs
 	}
 	f.ShrinkRuns, f.ShrunkIn = s.runs, time.Since(start)
+	r.stats.TimeMS[spentShrink] += f.ShrunkIn.Milliseconds()
 	switch {
 	case ok:
 		f.Violation, f.Plans, f.History = s.violation, s.plans, s.history
@@ -494,6 +495,9 @@ func (r *runner) property(t *rapid.T) {
 		}
 		for k, v := range sess.skipped {
 			r.stats.SetAside[k] += v
+		}
+		for k, d := range sess.exec.spent {
+			r.stats.TimeMS[k] += d.Milliseconds()
 		}
 		for k, v := range sess.consequences {
 			r.stats.Consequences[k] += v

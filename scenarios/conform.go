@@ -308,6 +308,7 @@ func (s *Stats) add(o Stats) {
 	addCounts(s.Faults, o.Faults)
 	addCounts(s.Outcomes, o.Outcomes)
 	addCounts(s.Causes, o.Causes)
+	addCounts(s.TimeMS, o.TimeMS)
 	for _, m := range []struct{ to, from map[model.Invariant]int }{{s.Invariants, o.Invariants},
 		{s.SetAside, o.SetAside}, {s.Consequences, o.Consequences}, {s.SameCause, o.SameCause}} {
 		addCounts(m.to, m.from)
@@ -320,7 +321,7 @@ func (s *Stats) add(o Stats) {
 }
 
 // addCounts adds the counts of from to those of to.
-func addCounts[K comparable](to, from map[K]int) {
+func addCounts[K comparable, N int | int64](to, from map[K]N) {
 	for k, v := range from {
 		to[k] += v
 	}

@@ -51,7 +51,23 @@ type executor struct {
 	steps int
 	// ctx, if set, aborts every request in flight when it ends.
 	ctx context.Context
+	// spent is where the executor's wall time went, for a run's summary.
+	spent timeSpent
 }
+
+// timeSpent is where a run's wall time went, by what it waited on.
+type timeSpent map[string]time.Duration
+
+// The places time goes that a summary names.
+const (
+	spentStarting = "starting servers"
+	spentRestarts = "restarts and crashes"
+	spentSettling = "waiting for the server to come to rest"
+	spentShrink   = "shrinking"
+)
+
+// since adds the time since start to what.
+func (t timeSpent) since(what string, start time.Time) { t[what] += time.Since(start) }
 
 func (e *executor) tick() int64 { return e.clock.Add(1) }
 
@@ -282,6 +298,7 @@ func (e *executor) execute(p Plan) (ops []Op) {
 // it now listens. The op's Response.Detail is "" for a server that came
 // back, or what went wrong.
 func (e *executor) restart(p Plan, step, index int) Op {
+	defer e.spent.since(spentRestarts, time.Now())
 	op := Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: Response{Outcome: model.OK}}
 	r, ok := e.srv.(Restarter)
 	if !ok {
@@ -343,6 +360,7 @@ func (e *executor) let(s Send, f *flight) {
 // held by the model, or (as the server reports it) queued behind another
 // turn. A server that does not report its activity gets a quiet period.
 func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
+	defer e.spent.since(spentSettling, time.Now())
 	ar, reports := e.srv.(ActivityReporter)
 	for {
 		resting := 0
@@ -440,6 +458,7 @@ func (e *executor) releaseDropped(flights []*flight) bool {
 // then given until the model holds nothing (it cancelled its held call),
 // or abortGrace.
 func (e *executor) idle(aborted bool) {
+	defer e.spent.since(spentSettling, time.Now())
 	ar, ok := e.srv.(ActivityReporter)
 	deadline := time.After(clientTimeout)
 	grace := time.Now().Add(abortGrace)
@@ -481,6 +500,7 @@ const (
 // period (at most clientTimeout): what a server that does not report its
 // activity does once let go then falls in this step.
 func (e *executor) quiet() {
+	defer e.spent.since(spentSettling, time.Now())
 	if _, ok := e.srv.(ActivityReporter); ok {
 		return // idle has waited for it
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/turncheck/turncheck/model"
 )
@@ -156,6 +157,10 @@ type Stats struct {
 	SameCause map[model.Invariant]int `json:"sameCause,omitempty"`
 	// Causes counts the turns that did not end ok by why (Response.Cause).
 	Causes map[string]int `json:"causes,omitempty"`
+	// TimeMS says where the run's wall time went, in milliseconds: starting
+	// servers, restarts and crashes, waiting for a server to come to
+	// rest, shrinking; the rest went to the turns themselves.
+	TimeMS map[string]int64 `json:"timeMs,omitempty"`
 	// FirstAnswers are the first few answers of the server that were not
 	// ok and not a fault the harness injected, for a run where nothing
 	// works.
@@ -168,7 +173,7 @@ const maxFirstAnswers = 3
 func newStats() *Stats {
 	return &Stats{Faults: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{},
 		SetAside: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},
-		Causes: map[string]int{}}
+		Causes: map[string]int{}, TimeMS: map[string]int64{}}
 }
 
 // Summary renders the counts on a few lines.
@@ -199,6 +204,14 @@ func (s *Stats) Summary() string {
 	if len(s.Causes) > 0 {
 		b.WriteString("\nturns not ok, by cause: ")
 		b.WriteString(countList(s.Causes))
+	}
+	if len(s.TimeMS) > 0 {
+		b.WriteString("\ntime spent: ")
+		parts := []string{}
+		for _, k := range slices.Sorted(maps.Keys(s.TimeMS)) {
+			parts = append(parts, fmt.Sprintf("%s %s", k, (time.Duration(s.TimeMS[k])*time.Millisecond).Round(10*time.Millisecond)))
+		}
+		b.WriteString(strings.Join(parts, ", "))
 	}
 	for _, w := range s.Warnings() {
 		b.WriteString("\nWARNING: " + w)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
@@ -203,6 +204,8 @@ type session struct {
 // fresh namespace, with the fake model reset. Its requests in flight are
 // aborted when ctx ends (nil: never). The caller closes it.
 func (l *lab) session(ctx context.Context) (*session, error) {
+	spent := timeSpent{}
+	defer spent.since(spentStarting, time.Now())
 	clock := &atomic.Int64{}
 	l.clock.Store(clock)
 	l.sessions++
@@ -241,7 +244,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 		own:     own,
 		fake:    l.fake,
 		client:  cl,
-		exec:    &executor{srv: srv, fake: l.fake, client: cl, clock: clock, ctx: ctx},
+		exec:    &executor{srv: srv, fake: l.fake, client: cl, clock: clock, ctx: ctx, spent: spent},
 		ref:     model.NewWith(l.profile.policies()),
 		aside:   map[model.ConversationRef]bool{},
 		skipped: map[model.Invariant]int{}, consequences: map[model.Invariant]int{}, sameCause: map[model.Invariant]int{},

@@ -221,3 +221,13 @@ func lastRoleNotUser(body []byte) bool {
 	last := req.Messages[len(req.Messages)-1]
 	return last.Role != "user" || strings.TrimSpace(last.Content) == ""
 }
+
+// TestWhereTheTimeGoes: a run's summary says where its wall time went.
+func TestWhereTheTimeGoes(t *testing.T) {
+	res, err := scenarios.Check(scenarios.Reference{}, scenarios.Options{Checks: 3, Seed: 1})
+	require.NoError(t, err)
+	for _, what := range []string{"starting servers", "waiting for the server to come to rest"} {
+		assert.Contains(t, res.TimeMS, what)
+	}
+	assert.Contains(t, res.Summary(), "time spent: ")
+}
