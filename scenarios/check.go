@@ -275,11 +275,11 @@ func (r *runner) failure(tb *recorder, opts Options) *Failure {
 		f.Violation, f.Plans, f.History = s.violation, s.plans, s.history
 		f.Report = FormatFailure(f.Violation, f.History, profile)
 		f.Shrink = Shrunk
-		if s.cut {
+		switch {
+		case s.cut && s.kept > 0:
 			f.Shrink = PartlyShrunk
-			if len(f.Plans) >= len(r.smallest.plans) {
-				f.Shrink = NotShrunk
-			}
+		case s.cut:
+			f.Shrink = NotShrunk
 		}
 	case ctx.Err() != nil:
 		// Interrupted, or out of time, before the replay said anything: the

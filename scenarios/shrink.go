@@ -22,8 +22,10 @@ type shrinker struct {
 	// runs counts the candidates replayed; after is called after each.
 	runs  int
 	after func()
-	// cut says the bound ran out before the shrinker was done.
-	cut bool
+	// cut says the bound ran out before the shrinker was done, and kept
+	// counts the smaller candidates it kept before then.
+	cut  bool
+	kept int
 	// plans, history and violation are the smallest failing run so far.
 	plans     []Plan
 	history   []Op
@@ -80,6 +82,9 @@ func (s *shrinker) try(plans []Plan) bool {
 	}
 	if err != nil || v == nil || v.Invariant != s.want || s.done() {
 		return false
+	}
+	if s.plans != nil {
+		s.kept++
 	}
 	s.plans = slices.Clone(plans[:history[len(history)-1].Step])
 	s.history, s.violation = history, v
