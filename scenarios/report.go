@@ -180,26 +180,37 @@ func newStats() *Stats {
 func (s *Stats) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "checks: %d, steps: %d", s.Checks, s.Steps)
-	fmt.Fprintf(&b, " (ok %d, fail %d, unknown %d)\n", s.Outcomes["ok"], s.Outcomes["fail"], s.Outcomes["unknown"])
-	b.WriteString("faults injected: ")
-	b.WriteString(countList(s.Faults))
-	b.WriteString("\ninvariants checked: ")
-	inv := map[string]int{}
-	for k, v := range s.Invariants {
-		inv[string(k)+" "+k.Title()] = v
+	// Turns that failed did so mostly as the faults drawn asked: not
+	// failures of the check.
+	fmt.Fprintf(&b, " (turns ok %d, answered with an error %d, outcome unknown %d)\n",
+		s.Outcomes["ok"], s.Outcomes["fail"], s.Outcomes["unknown"])
+	faults, shapes := map[string]int{}, map[string]int{}
+	for k, v := range s.Faults {
+		if name, ok := drawnShapes[k]; ok {
+			shapes[name] = v
+		} else {
+			faults[k] = v
+		}
 	}
-	b.WriteString(countList(inv))
+	b.WriteString("faults injected: ")
+	b.WriteString(countList(faults))
+	if len(shapes) > 0 {
+		b.WriteString("\nalso drawn: ")
+		b.WriteString(countList(shapes))
+	}
+	b.WriteString("\ninvariants checked: ")
+	b.WriteString(invariantList(s.Invariants, true))
 	if len(s.SetAside) > 0 {
 		b.WriteString("\nskipped invariants broken again (conversations set aside): ")
-		b.WriteString(countList(byName(s.SetAside)))
+		b.WriteString(invariantList(s.SetAside, false))
 	}
 	if len(s.SameCause) > 0 {
 		b.WriteString("\nthe same wrong state as a finding, under other names (one root cause): ")
-		b.WriteString(countList(byName(s.SameCause)))
+		b.WriteString(invariantList(s.SameCause, false))
 	}
 	if len(s.Consequences) > 0 {
 		b.WriteString("\nalso seen, as consequences of a violation already found (not counted as findings): ")
-		b.WriteString(countList(byName(s.Consequences)))
+		b.WriteString(invariantList(s.Consequences, false))
 	}
 	if len(s.Causes) > 0 {
 		b.WriteString("\nturns not ok, by cause: ")
@@ -219,12 +230,27 @@ func (s *Stats) Summary() string {
 	return b.String()
 }
 
-func byName(m map[model.Invariant]int) map[string]int {
-	out := map[string]int{}
-	for k, v := range m {
-		out[string(k)] = v
+// drawnShapes are the counts of Stats.Faults that are shapes of traffic,
+// not faults, by the name a summary gives them.
+var drawnShapes = map[string]string{"concurrency": "bursts", "tool-turn": "tool turns"}
+
+// invariantList renders counts by invariant in the contract's order (T1,
+// T2, ... T11), with titles if asked.
+func invariantList(m map[model.Invariant]int, titled bool) string {
+	var parts []string
+	for _, inv := range model.Invariants() {
+		if n, ok := m[inv]; ok {
+			name := string(inv)
+			if titled {
+				name += " " + inv.Title()
+			}
+			parts = append(parts, fmt.Sprintf("%s %d", name, n))
+		}
 	}
-	return out
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // weakCauses are the causes of an unknown outcome the harness did not

@@ -22,9 +22,30 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 )
+
+// version says which turncheck this is: the module version, or the
+// commit it was built from.
+func version() string {
+	v := "turncheck (version unknown)"
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return v
+	}
+	v = "turncheck " + bi.Main.Version
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			v += ", commit " + s.Value
+		case s.Key == "vcs.modified" && s.Value == "true":
+			v += " (modified)"
+		}
+	}
+	return v + ", " + bi.GoVersion
+}
 
 // Exit statuses.
 const (
@@ -47,6 +68,7 @@ Commands:
   serve     run the reference session server
   model     run the fake model provider standalone
   mutants   the track record: check every mutant (a real bug brought back) and the clean server
+  version   print turncheck's version
 
 Examples:
   turncheck check
@@ -94,6 +116,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdModel(ctx, rest, stdout, stderr)
 	case "mutants":
 		return cmdMutants(ctx, rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, version())
+		return exitOK
 	case "help", "-h", "-help", "--help":
 		if len(rest) > 0 && rest[0] != "help" && !strings.HasPrefix(rest[0], "-") {
 			return run(ctx, []string{rest[0], "--help"}, stdout, stderr) // turncheck help check
@@ -126,13 +151,16 @@ func newFlags(name, help string, stdout, stderr io.Writer) *flagSet {
 
 // parse parses args; it returns the exit status to stop with, or -1 to go
 // on.
+//
+// Flags may come anywhere on the line, before or after the arguments
+// (replay FILE --html x.html), up to a "--", after which everything is an
+// argument.
 func (fs *flagSet) parse(args []string) int {
-	err := fs.Parse(args)
+	err := fs.parseAnywhere(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		fmt.Fprintf(fs.stdout, "%s\n\nFlags:\n", strings.TrimSpace(fs.help))
-		fs.SetOutput(fs.stdout)
-		fs.PrintDefaults()
+		fs.printFlags()
 		return exitOK
 	case err != nil:
 		fmt.Fprintf(fs.stderr, "%s: %v (see '%s --help')\n", fs.Name(), err, fs.Name())
@@ -142,6 +170,47 @@ func (fs *flagSet) parse(args []string) int {
 		return exitUsage
 	}
 	return -1
+}
+
+// parseAnywhere parses args with flags before, between and after the
+// arguments, leaving the arguments, in order, as fs.Args().
+func (fs *flagSet) parseAnywhere(args []string) error {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
+			positional = append(positional, rest...) // after "--": all arguments
+			break
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+	return fs.Parse(append([]string{"--"}, positional...))
+}
+
+// printFlags lists the flags as they are written, --name, with what each
+// takes and its default.
+func (fs *flagSet) printFlags() {
+	fs.VisitAll(func(f *flag.Flag) {
+		kind, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if kind != "" {
+			line += " " + kind
+		}
+		fmt.Fprintf(fs.stdout, "%s\n    \t%s", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
+		switch f.DefValue {
+		case "", "0", "false", "0s", "[]":
+		default:
+			fmt.Fprintf(fs.stdout, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(fs.stdout)
+	})
 }
 
 func fail(stderr io.Writer, cmd string, err error) int {

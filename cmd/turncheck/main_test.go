@@ -413,3 +413,27 @@ func TestServeAgents(t *testing.T) {
 	_, stdout, _ := runCLI(t, "serve", "--help")
 	assert.Contains(t, stdout, "--agent 'http://127.0.0.1:9090/agents/helper.yaml?tag=v1'", "the help shows an example")
 }
+
+// TestFlagsAnywhere: flags may follow a command's arguments, and --help
+// shows them as they are written.
+func TestFlagsAnywhere(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.json")
+	code, _, stderr := runCLI(t, "replay", missing, "--json", filepath.Join(t.TempDir(), "out.json"))
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "missing.json", "the file was taken as the argument and read")
+	assert.NotContains(t, stderr, "unexpected argument")
+
+	code, _, stderr = runCLI(t, "replay", "--", "--not-a-flag.json")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "--not-a-flag.json", "after --, an argument")
+	assert.NotContains(t, stderr, "flag provided but not defined")
+
+	code, stdout, _ := runCLI(t, "conform", "--help")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, stdout, "\n  --checks int\n")
+	assert.NotContains(t, stdout, "\n  -checks")
+
+	code, stdout, _ = runCLI(t, "version")
+	assert.Equal(t, exitOK, code)
+	assert.True(t, strings.HasPrefix(stdout, "turncheck "), stdout)
+}
