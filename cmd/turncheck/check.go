@@ -297,7 +297,7 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 	fmt.Fprintf(stdout, "\n%s\n", res.Summary())
 	fmt.Fprintf(stdout, "%s; elapsed: %s\n", f.ShrinkStats(), res.Elapsed.Round(time.Millisecond))
 	if f.Seed != 0 {
-		replay := fmt.Sprintf("turncheck replay --seed %d", f.Seed)
+		replay := fmt.Sprintf("%s replay --seed %d", self(), f.Seed)
 		if target.Mutant != sut.Clean {
 			replay += " --mutant " + string(target.Mutant)
 		}
@@ -325,7 +325,7 @@ func writeReports(cmd string, rf runFlags, rep *scenarios.Report, name string, s
 		if err != nil {
 			fmt.Fprintf(stderr, "turncheck %s: save the failure: %v\n", cmd, err)
 		} else {
-			fmt.Fprintf(stdout, "saved: %s\nreplay: turncheck replay %s\n", saved, saved)
+			fmt.Fprintf(stdout, "saved: %s\nreplay: %s replay %s\n", saved, self(), absPath(saved))
 		}
 		if htmlPath == "" {
 			htmlPath = filepath.Join(*rf.save, name+".html")

@@ -124,7 +124,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			fmt.Fprintf(stderr, "turncheck conform: save the %s failure: %v\n", f.Violation.Invariant, err)
 			return
 		}
-		fmt.Fprintf(stdout, "saved: %s (replay: turncheck replay %s)\n", path, path)
+		fmt.Fprintf(stdout, "saved: %s (replay: %s replay %s)\n", path, self(), absPath(path))
 	}
 	runCtx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -152,7 +152,9 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if live {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
-	if err != nil && c == nil {
+	if err != nil && (c == nil || c.Stats.Steps == 0) {
+		// Nothing was sent (the server did not start, say): the cause
+		// alone, not a table of verdicts that rest on nothing.
 		return fail(stderr, "conform", err)
 	}
 	// What was found before an error is printed and saved all the same.

@@ -22,6 +22,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -211,6 +212,25 @@ func (fs *flagSet) printFlags() {
 		}
 		fmt.Fprintln(fs.stdout)
 	})
+}
+
+// self is how to run this turncheck again from a shell: "turncheck", or,
+// under go run (a binary in Go's build cache), the go run form, which
+// works from the module's root.
+func self() string {
+	if strings.Contains(os.Args[0], string(filepath.Separator)+"go-build") {
+		return "go run ./cmd/turncheck"
+	}
+	return "turncheck"
+}
+
+// absPath is path made absolute where it can be, so that a printed
+// command works from any directory.
+func absPath(path string) string {
+	if abs, err := filepath.Abs(path); err == nil {
+		return abs
+	}
+	return path
 }
 
 func fail(stderr io.Writer, cmd string, err error) int {

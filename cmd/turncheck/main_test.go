@@ -121,7 +121,7 @@ func TestCheckPassesOnCleanServer(t *testing.T) {
 	assert.Contains(t, stdout, "invariants checked:")
 }
 
-var replayLine = regexp.MustCompile(`replay: turncheck replay (\S+\.json)`)
+var replayLine = regexp.MustCompile(`replay: (?:turncheck|go run \./cmd/turncheck) replay (\S+\.json)`)
 
 // TestCheckCatchesAndReplays: a mutant exits 1 with a report, saves the
 // failure, and the saved file replays to identical output twice in a row.

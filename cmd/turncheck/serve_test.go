@@ -57,7 +57,7 @@ func TestServeHelpDocumentsEveryLimit(t *testing.T) {
 		if assert.NotNil(t, row, "the limits table has no row for %s", flag) {
 			assert.Equal(t, def, row[1], "%s: the table's default is not the flag's", flag)
 		}
-		assert.Contains(t, help, "  "+strings.TrimPrefix(flag, "-")+" ", "%s is not a flag", flag) // PrintDefaults: "  -flag type"
+		assert.Regexp(t, `(?m)^  `+flag+` (int|duration)$`, help, "%s is not a flag", flag) // the flag list: "  --flag type"
 	}
 	for _, fixed := range []int{sut.MaxHeaderBytes, sut.MaxModelBytes, sut.MaxContentBytes, sut.MaxMessages, sut.MaxConversationIDBytes} {
 		assert.Contains(t, help, strconv.Itoa(fixed))
