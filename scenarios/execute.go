@@ -433,12 +433,13 @@ func (e *executor) dropWait(flights []*flight) time.Duration {
 }
 
 // releaseDropped lets go of what the model holds for a dropped turn of
-// flights, once the server has had abortGrace to see the disconnect and
-// still waits on it, and reports whether it did. What the turn does after
+// flights, once the server has had abortGrace to see the disconnect, and
+// reports whether it did: a server that still waits on it would keep the
+// turns queued behind it waiting on the harness. What the turn does after
 // that is what T10 judges, from this tick on.
 func (e *executor) releaseDropped(flights []*flight) bool {
 	f := pendingDrop(flights)
-	if f == nil || time.Since(f.abortedAt) < abortGrace || e.fake.Holding() == 0 {
+	if f == nil || time.Since(f.abortedAt) < abortGrace {
 		return false
 	}
 	f.released = e.tick()
