@@ -351,8 +351,12 @@ func (s *session) involvesAside(v *model.Violation, ops []Op) bool {
 }
 
 // deadAfter is how many requests in a row may go without a connection or
-// an answer before the run takes the server to have stopped answering.
-const deadAfter = 8
+// an answer before the run takes the server to have stopped answering;
+// exitWait is how long a watched process then has to be seen exiting.
+const (
+	deadAfter = 8
+	exitWait  = 2 * time.Second
+)
 
 // watch follows the step's requests: tokens sent on set-aside
 // conversations, and a server that stopped answering.
@@ -382,6 +386,12 @@ func (s *session) watch(ops []Op) {
 	}
 	if exited == nil && s.unanswered < deadAfter {
 		return
+	}
+	for wait := time.Now(); watched && exited == nil && time.Since(wait) < exitWait; {
+		// A process that stopped answering is most likely dying: say so,
+		// with its last words, once it is seen to have exited.
+		time.Sleep(10 * time.Millisecond)
+		exited = w.Exited()
 	}
 	last := ops[len(ops)-1]
 	if exited != nil {
