@@ -207,10 +207,6 @@ type Turn struct {
 	// still be finishing the turn, and a 409 to the next request is no
 	// deviation.
 	Open bool `json:"open,omitempty"`
-	// HeldPastTimeout reports that the model held the turn's call until
-	// the server's own model timeout: a serializing server may give up
-	// on a request waiting behind it (T4).
-	HeldPastTimeout bool `json:"heldPastTimeout,omitempty"`
 	// WaitedOut reports that the answer came only after the server's
 	// declared model timeout had passed since the request was sent: a
 	// refusal then may be a serializing server's bounded wait ending,
@@ -747,8 +743,8 @@ func (m *Model) checkConflict(t Turn, cv *conv, step []Turn) *Violation {
 // checkWaited judges a refusal under the serialize policy (T4): a request
 // refused (any status from 409 up) before any model call of its own, while
 // another turn of its conversation was running, was refused instead of
-// waiting its turn, unless the turn ahead was held past the server's model
-// timeout (a server may bound the wait). A 409 is checkConflict's.
+// waiting its turn, unless it came only after the server's model timeout
+// (WaitedOut: a server may bound the wait). A 409 is checkConflict's.
 func (m *Model) checkWaited(t Turn, cv *conv, step []Turn) *Violation {
 	if m.policies.Concurrency != Serialize || !t.Usable || t.Outcome != Fail || t.Status <= 409 || t.WaitedOut ||
 		cv.ambiguous || m.ambiguous && !cv.committed || t.reached() {
@@ -759,9 +755,6 @@ func (m *Model) checkWaited(t Turn, cv *conv, step []Turn) *Violation {
 		o := &step[i]
 		if o.Conv != t.Conv || o.User == t.User || !o.overlaps(t) || !o.reached() {
 			continue
-		}
-		if o.HeldPastTimeout {
-			return nil
 		}
 		ahead = o
 	}

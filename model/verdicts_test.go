@@ -34,12 +34,6 @@ func TestRefusedInsteadOfWaiting(t *testing.T) {
 		requireViolation(t, v, model.T4, r)
 		assert.Contains(t, v.Reason, "refused instead of waiting")
 	})
-	t.Run("serialize: the turn ahead was held past the model timeout", func(t *testing.T) {
-		m := model.New()
-		held := running
-		held.HeldPastTimeout = true
-		assert.Nil(t, m.ApplyStep([]model.Turn{held, span(refused(convA, u(2), 503), 2, 3)}))
-	})
 	t.Run("serialize: the refusal came after the model timeout (a bounded wait)", func(t *testing.T) {
 		m := model.New()
 		r := span(refused(convA, u(2), 503), 2, 3)

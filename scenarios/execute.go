@@ -549,7 +549,6 @@ func (e *executor) attribute(ops []Op, calls []model.Call, runs []model.ToolRun)
 		op.Turn.Reply = op.Response.Reply
 		op.Turn.TimedOut = op.Response.TimedOut
 		op.Turn.Open = op.Response.Open
-		op.Turn.HeldPastTimeout = op.Send.Fault.Kind == faults.Hold && !op.Send.Abort
 	}
 	for _, c := range calls {
 		owner := 0
