@@ -200,17 +200,17 @@ func (s *Stats) Summary() string {
 	}
 	b.WriteString("\ninvariants checked: ")
 	b.WriteString(invariantList(s.Invariants, true))
-	if len(s.SetAside) > 0 {
-		b.WriteString("\nskipped invariants broken again (conversations set aside): ")
-		b.WriteString(invariantList(s.SetAside, false))
-	}
-	if len(s.SameCause) > 0 {
-		b.WriteString("\nthe same wrong state as a finding, under other names (one root cause): ")
-		b.WriteString(invariantList(s.SameCause, false))
-	}
-	if len(s.Consequences) > 0 {
-		b.WriteString("\nalso seen, as consequences of a violation already found (not counted as findings): ")
-		b.WriteString(invariantList(s.Consequences, false))
+	for _, line := range []struct {
+		label  string
+		counts map[model.Invariant]int
+	}{
+		{"skipped invariants broken again (conversations set aside)", s.SetAside},
+		{"the same wrong state as a finding, under other names (one root cause)", s.SameCause},
+		{"also seen, as consequences of a violation already found (not counted as findings)", s.Consequences},
+	} {
+		if len(line.counts) > 0 {
+			fmt.Fprintf(&b, "\n%s: %s", line.label, invariantList(line.counts, false))
+		}
 	}
 	if len(s.Causes) > 0 {
 		b.WriteString("\nturns not ok, by cause: ")
