@@ -236,3 +236,19 @@ func TestConformFindingsAsTheyHappen(t *testing.T) {
 	fails := regexp.MustCompile(`(?m)^(T\d+) +.*\bFAIL\b`).FindAllStringSubmatch(stdout, -1)
 	assert.Len(t, fails, 1, stdout)
 }
+
+// TestExampleServerConforms: the README's walkthrough server, a few lines
+// of Python, conforms through its profile, so the walkthrough never rots.
+func TestExampleServerConforms(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3 on this machine: the example server is a Python script")
+	}
+	t.Chdir("../..") // the profile names the script from the repository's root
+	code, stdout, stderr := runCLI(t, "conform", "--profile", "examples/pyserver/profile.yaml", "--checks", "4", "--steps", "15",
+		"--seed", "1", "--save", t.TempDir())
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Contains(t, stdout, "CONFORMS")
+	for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T10"} {
+		assert.Regexp(t, `PASS +[1-9]\d* `, verdictLine(stdout, inv), inv)
+	}
+}
