@@ -231,3 +231,13 @@ func TestWhereTheTimeGoes(t *testing.T) {
 	}
 	assert.Contains(t, res.Summary(), "time spent: ")
 }
+
+// TestChecksCountWhatWasAsked: --checks N runs at most N checks, however
+// many failures a Conform finds and rapid replays.
+func TestChecksCountWhatWasAsked(t *testing.T) {
+	c, err := scenarios.Conform(scenarios.MutantReference(sut.MutateBeforeRun), scenarios.Options{Checks: 15, Seed: 1, ShrinkTime: 2 * time.Second})
+	require.NoError(t, err)
+	require.NotEmpty(t, c.Failures())
+	assert.LessOrEqual(t, c.Stats.Checks, 15)
+	assert.Positive(t, c.Stats.Checks)
+}
