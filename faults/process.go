@@ -9,6 +9,7 @@ package faults
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -135,6 +136,12 @@ type ProcessConfig struct {
 	// StopGrace is how long Stop waits after SIGTERM before SIGKILL; 0
 	// means 5s.
 	StopGrace time.Duration
+	// Context, if set, bounds every wait for the server to be ready, the
+	// first start's and each Restart's: once it ends, a start still
+	// waiting kills its run and returns an error that wraps the
+	// context's. A run's time bound then holds through a restart in
+	// flight on a server that takes long to start.
+	Context context.Context
 }
 
 // Process is one server under test running as a subprocess, in a process
@@ -447,7 +454,7 @@ func (p *Process) startOn(addr string) (inUse bool, err error) {
 
 	if r.watch != nil {
 		var line, captured string
-		line, captured, err = waitLine(r, p.cfg.ReadyLine, p.cfg.StartTimeout)
+		line, captured, err = waitLine(p.cfg.Context, r, p.cfg.ReadyLine, p.cfg.StartTimeout)
 		if err == nil && p.capture {
 			var got string
 			if got, err = capturedAddr(captured); err != nil {
@@ -459,7 +466,7 @@ func (p *Process) startOn(addr string) (inUse bool, err error) {
 			}
 		}
 	} else {
-		err = waitReady(r, "http://"+addr+p.cfg.Ready, p.cfg.StartTimeout)
+		err = waitReady(p.cfg.Context, r, "http://"+addr+p.cfg.Ready, p.cfg.StartTimeout)
 	}
 	if err == nil {
 		return false, nil
@@ -537,8 +544,11 @@ func (p *Process) exec(argv, env []string) (*run, error) {
 var errExited = errors.New("exited before it was ready")
 
 // waitReady polls url until it answers with a status below 500, the run
-// exits, or timeout passes.
-func waitReady(r *run, url string, timeout time.Duration) error {
+// exits, timeout passes, or ctx (if not nil) ends.
+func waitReady(ctx context.Context, r *run, url string, timeout time.Duration) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	tr := &http.Transport{DisableKeepAlives: true} // no proxy: loopback only
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
@@ -561,18 +571,25 @@ func waitReady(r *run, url string, timeout time.Duration) error {
 		select {
 		case <-r.done:
 			return errExited
+		case <-ctx.Done():
+			return fmt.Errorf("not waited for any longer: %w", context.Cause(ctx))
 		case <-tick.C:
 		}
 	}
 }
 
 // waitLine waits until the run writes a line that matches its ReadyLine
-// expr, the run exits, or timeout passes. It returns the line and the text
-// of the expression's first group in it.
-func waitLine(r *run, expr string, timeout time.Duration) (line, captured string, err error) {
+// expr, the run exits, timeout passes, or ctx (if not nil) ends. It
+// returns the line and the text of the expression's first group in it.
+func waitLine(ctx context.Context, r *run, expr string, timeout time.Duration) (line, captured string, err error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
+	case <-ctx.Done():
+		return "", "", fmt.Errorf("not waited for any longer: %w", context.Cause(ctx))
 	case <-r.watch.seen:
 		return r.watch.line, r.watch.captured, nil
 	case <-r.done:

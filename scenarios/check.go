@@ -27,15 +27,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"pgregory.net/rapid"
 
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/sut"
@@ -67,6 +64,12 @@ type Options struct {
 	Found func(*Failure, Stats)
 	// FailFast ends a Conform at its first failure.
 	FailFast bool
+	// Parallel is how many checks run at once, each on a server and fake
+	// model of its own (the shrinker replays as many candidates at once);
+	// 0 means 1. A target whose fake model must listen at a fixed address
+	// runs one at a time whatever it says (see Parallel). The verdicts do
+	// not depend on it: they are those of the checks run in order.
+	Parallel int
 }
 
 // ErrInterrupted is returned by Check when Options.Context ended first.
@@ -134,7 +137,8 @@ const (
 	NotShrunk    ShrinkState = "not shrunk"
 )
 
-// rapidFlags guards rapid's global settings, which live in package flag.
+// rapidFlags guards rapid's global settings, which live in package flag:
+// the number of steps a check draws.
 var rapidFlags sync.Mutex
 
 // Check runs the state machine against target and reports what it found.
@@ -159,7 +163,7 @@ func Check(target Target, opts Options) (*Result, error) {
 	return res, err
 }
 
-// check is Check in the sessions of l.
+// check is Check in the sessions of l and its workers.
 func check(l *lab, opts Options) (*Result, error) {
 	if opts.Checks <= 0 {
 		opts.Checks = 100
@@ -173,82 +177,74 @@ func check(l *lab, opts Options) (*Result, error) {
 	if opts.Seed == 0 {
 		opts.Seed = randomSeed()
 	}
+	l.ctx = opts.Context
+	labs, err := l.workers(Parallel(l.target, max(opts.Parallel, 1)))
+	if err != nil {
+		return nil, err
+	}
 
 	rapidFlags.Lock()
 	defer rapidFlags.Unlock()
 	if err := initTesting(); err != nil {
 		return nil, err
 	}
-	checks, steps := opts.Checks, opts.Steps
+	steps := opts.Steps
 	if testing.Short() {
-		// rapid runs a fifth of the checks and half the steps under -short;
-		// Options are exact, so undo that.
-		checks, steps = checks*5, steps*2
+		// rapid draws half the steps under -short; Options are exact, so
+		// undo that.
+		steps *= 2
 	}
-	restore, err := setRapidFlags(map[string]string{
-		"rapid.checks": strconv.Itoa(checks),
-		"rapid.steps":  strconv.Itoa(steps),
-		"rapid.seed":   strconv.FormatUint(opts.Seed, 10),
-		// rapid finds the failure; its own shrinking gives way to ours,
-		// which works on plans directly.
-		"rapid.shrinktime": "1ms",
-		"rapid.nofailfile": "true",
-	})
+	restore, err := setRapidFlags(map[string]string{"rapid.steps": strconv.Itoa(steps)})
 	if err != nil {
 		return nil, err
 	}
 	defer restore()
 
 	start := time.Now()
-	r := &runner{lab: l, stats: newStats(), progress: opts.Progress, start: start, ctx: opts.Context}
-	tb := &recorder{}
-	// rapid runs on a goroutine of its own, which an interruption ends with
-	// runtime.Goexit: rapid has no way to stop early, and Goexit still runs
-	// every deferred cleanup on the way out.
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		rapid.Check(tb, r.property)
-	}()
-	<-done
-	res := &Result{Stats: *r.stats, Seed: opts.Seed}
-	if r.setupErr != nil {
+	r := &runner{labs: labs, stats: newStats(), live: newStats(), progress: opts.Progress, start: start, ctx: opts.Context}
+	runs := r.drive(opts.Checks, opts.Seed)
+	res := &Result{Seed: opts.Seed}
+	var last *checkRun
+	var teardownErr error
+	for _, c := range runs {
+		r.stats.add(*c.stats)
+		if teardownErr == nil {
+			teardownErr = c.teardownErr
+		}
+		last = c
+	}
+	if last != nil && last.setupErr != nil {
+		l.last = last.lab.last // its output says why
 		// What stopped the server from serving comes first, before an
 		// interruption or the time bound it may have run into.
-		res.Elapsed = time.Since(start)
-		return res, r.setupErr
+		res.Stats, res.Elapsed = *r.stats, time.Since(start)
+		return res, last.setupErr
 	}
-	if tb.failed || r.first != nil {
-		res.Failure = r.failure(tb, opts)
-		res.Stats = *r.stats
+	if last != nil && (last.failing != nil || last.broke != "") {
+		res.Failure = r.failure(last, opts)
 	}
-	res.Elapsed = time.Since(start)
-	if r.interrupted || (opts.Context != nil && opts.Context.Err() != nil) {
+	res.Stats, res.Elapsed = *r.stats, time.Since(start)
+	if r.interrupted() || (last != nil && last.interrupted && res.Failure == nil) {
 		return res, ErrInterrupted
 	}
-	if r.teardownErr != nil && res.Failure != nil {
+	if teardownErr != nil && res.Failure != nil {
 		// The violation comes first; the leftover is said after it.
-		res.Failure.Report += "\nAlso: " + r.teardownErr.Error() + "\n"
+		res.Failure.Report += "\nAlso: " + teardownErr.Error() + "\n"
 		return res, nil
 	}
-	return res, r.teardownErr
+	return res, teardownErr
 }
 
-// failure describes what the run found: the failing run shrunk, the
-// original run if it did not reproduce, or what rapid reported when no
-// violation was seen (the harness itself failed).
-func (r *runner) failure(tb *recorder, opts Options) *Failure {
-	msg := strings.Join(tb.errors, "\n")
-	f := &Failure{Seed: failingSeed(msg), FoundAfter: r.foundAfter, FoundIn: r.foundIn, Skipped: slices.Clone(r.lab.skip),
-		SkippedKinds: slices.Clone(r.lab.skipKinds)}
-	if f.Seed == 0 && r.foundAfter > 0 {
-		// rapid names the seed only once it has shrunk; an interrupted
-		// run's is worked out the way rapid derives it.
-		f.Seed = checkSeed(opts.Seed, r.foundAfter)
-	}
-	profile := r.lab.profile
-	if r.first == nil {
-		f.Report = msg
+// failure describes what check c found: its failing run shrunk, the run
+// as it failed if it did not reproduce, or what stopped it when it was no
+// violation (the harness itself failed).
+func (r *runner) failure(c *checkRun, opts Options) *Failure {
+	l := r.labs[0]
+	f := &Failure{Seed: checkSeed(opts.Seed, c.n), FoundAfter: c.n, FoundIn: c.foundIn, Skipped: slices.Clone(l.skip),
+		SkippedKinds: slices.Clone(l.skipKinds)}
+	profile := l.profile
+	if c.failing == nil {
+		f.Report = c.broke
 		return f
 	}
 	ctx, cancel := shrinkBudget(opts.Context, opts.ShrinkTime)
@@ -260,14 +256,8 @@ func (r *runner) failure(tb *recorder, opts Options) *Failure {
 			r.progress(*r.stats)
 		}
 	}
-	s, ok := shrink(ctx, r.lab, r.smallest.plans, r.smallest.violation, after)
-	if !ok && ctx.Err() == nil && r.first != r.smallest {
-		// The shortest failing run did not fail again: before calling the
-		// failure flaky, try the one that failed first.
-		runs := s.runs
-		s, ok = shrink(ctx, r.lab, r.first.plans, r.first.violation, after)
-		s.runs += runs
-	}
+	run := c.failing
+	s, ok := shrink(ctx, r.labs, run.plans, run.violation, after)
 	f.ShrinkRuns, f.ShrunkIn = s.runs, time.Since(start)
 	r.stats.TimeMS[spentShrink] += f.ShrunkIn.Milliseconds()
 	switch {
@@ -284,14 +274,14 @@ func (r *runner) failure(tb *recorder, opts Options) *Failure {
 	case ctx.Err() != nil:
 		// Interrupted, or out of time, before the replay said anything: the
 		// run as it failed, unshrunk.
-		f.Violation, f.Plans, f.History = r.smallest.violation, r.smallest.plans, r.smallest.history
+		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 		f.Report = FormatFailure(f.Violation, f.History, profile)
 		f.Shrink = NotShrunk
 	default:
 		f.Flaky, f.Shrink = true, NotShrunk
-		f.Violation, f.Plans, f.History = r.first.violation, r.first.plans, r.first.history
-		f.Report = fmt.Sprintf("The failure did not reproduce in %d replay(s) of its steps against a fresh server: the server does not\n"+
-			"behave the same way under the same steps. This is the run that failed:\n\n", f.ShrinkRuns) +
+		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
+		f.Report = fmt.Sprintf("The failure did not reproduce in %d replay(s) of its steps: the server does not\n"+
+			"behave the same way under the same steps.%s This is the run that failed:\n\n", f.ShrinkRuns, s.differed(run.history)) +
 			FormatFailure(f.Violation, f.History, profile)
 	}
 	return f
@@ -414,147 +404,6 @@ func uintFlag(name string) uint64 {
 	return n
 }
 
-// runner holds what one Check or Run learns across its state-machine runs.
-type runner struct {
-	lab      *lab
-	stats    *Stats
-	setupErr error
-	// first is the first failing run seen, and smallest the one with the
-	// fewest steps (rapid may shrink a little before it gives way).
-	first, smallest *failingRun
-	// foundAfter and foundIn say when the first violation was seen.
-	foundAfter int
-	foundIn    time.Duration
-	start      time.Time
-	progress   func(Stats)
-	// teardownErr is the first failure to stop a server, reported once
-	// the run is over: a leftover is a defect even when no invariant broke.
-	teardownErr error
-	// ctx, if not nil, interrupts the run when it ends.
-	ctx         context.Context
-	interrupted bool
-}
-
-// stopIfInterrupted ends the rapid goroutine if the run's context ended.
-func (r *runner) stopIfInterrupted() {
-	if r.ctx != nil && r.ctx.Err() != nil {
-		r.interrupted = true
-		runtime.Goexit()
-	}
-}
-
-// failingRun is a run that broke an invariant: its plans, what they came
-// to, and the violation.
-type failingRun struct {
-	plans     []Plan
-	history   []Op
-	violation *model.Violation
-}
-
-func (r *runner) onViolation(v *model.Violation, plans []Plan, history []Op) {
-	run := &failingRun{plans: plans, history: history, violation: v}
-	if r.first == nil {
-		r.first = run
-	}
-	if r.smallest == nil || len(plans) < len(r.smallest.plans) {
-		r.smallest = run
-	}
-	if r.foundAfter == 0 {
-		r.foundAfter, r.foundIn = r.stats.Checks, time.Since(r.start)
-	}
-}
-
-// property is one state-machine run: a fresh fake model and server, then
-// steps drawn by rapid.
-func (r *runner) property(t *rapid.T) {
-	r.stopIfInterrupted()
-	if r.setupErr != nil {
-		// rapid runs a failed property again to shrink it: a server that
-		// did not start is not started again and again.
-		t.Fatalf("setup: %v", r.setupErr)
-	}
-	sess, err := r.lab.session(r.ctx)
-	if err != nil {
-		r.setupErr = err
-		t.Fatalf("setup: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := sess.close(); err != nil && r.teardownErr == nil {
-			r.teardownErr = err
-		}
-	})
-	m := &machine{session: sess, stats: r.stats, onViolation: r.onViolation, onDead: func(err error) {
-		if r.setupErr == nil {
-			r.setupErr = err
-		}
-	}}
-	if r.first == nil {
-		// rapid runs a failing check again on its way out: those runs are
-		// not checks asked for.
-		r.stats.Checks++
-	}
-	t.Cleanup(func() {
-		for k, v := range m.ref.Checked() {
-			r.stats.Invariants[k] += v
-		}
-		for k, v := range sess.skipped {
-			r.stats.SetAside[k] += v
-		}
-		for k, d := range sess.exec.spent {
-			r.stats.TimeMS[k] += d.Milliseconds()
-		}
-		for k, v := range sess.consequences {
-			r.stats.Consequences[k] += v
-		}
-		for k, v := range sess.sameCause {
-			r.stats.SameCause[k] += v
-		}
-		if r.progress != nil {
-			r.progress(*r.stats)
-		}
-	})
-	actions := m.actions()
-	actions[""] = func(*rapid.T) { r.stopIfInterrupted() } // between steps
-	t.Repeat(actions)
-}
-
-// recorder is the rapid.TB that Check runs under: it keeps what rapid
-// reports instead of failing a Go test.
-type recorder struct {
-	mu     sync.Mutex
-	failed bool
-	errors []string
-}
-
-func (r *recorder) Helper()                   {}
-func (r *recorder) Name() string              { return "turncheck" }
-func (r *recorder) Logf(string, ...any)       {}
-func (r *recorder) Log(...any)                {}
-func (r *recorder) Skipf(string, ...any)      {}
-func (r *recorder) Skip(...any)               {}
-func (r *recorder) SkipNow()                  {}
-func (r *recorder) Errorf(f string, a ...any) { r.fail(fmt.Sprintf(f, a...)) }
-func (r *recorder) Error(a ...any)            { r.fail(fmt.Sprint(a...)) }
-func (r *recorder) Fatalf(f string, a ...any) { r.fail(fmt.Sprintf(f, a...)) }
-func (r *recorder) Fatal(a ...any)            { r.fail(fmt.Sprint(a...)) }
-func (r *recorder) FailNow()                  { r.fail("") }
-func (r *recorder) Fail()                     { r.fail("") }
-
-func (r *recorder) Failed() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.failed
-}
-
-func (r *recorder) fail(msg string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.failed = true
-	if msg != "" {
-		r.errors = append(r.errors, msg)
-	}
-}
-
 // initTesting makes testing.Short callable, as rapid calls it: outside a
 // test binary the testing flags are registered and parsed (empty) first.
 func initTesting() error {
@@ -587,18 +436,6 @@ func setRapidFlags(values map[string]string) (restore func(), err error) {
 		}
 	}
 	return restore, nil
-}
-
-var seedPattern = regexp.MustCompile(`-rapid\.seed=(\d+)`)
-
-// failingSeed reads the seed of the failing run from rapid's report.
-func failingSeed(msg string) uint64 {
-	m := seedPattern.FindStringSubmatch(msg)
-	if m == nil {
-		return 0
-	}
-	s, _ := strconv.ParseUint(m[1], 10, 64)
-	return s
 }
 
 func randomSeed() uint64 {

@@ -135,7 +135,7 @@ func Conform(target Target, opts Options) (*Conformance, error) {
 	}
 	c.Notes = append(c.Notes, notes...)
 	c.Elapsed = time.Since(start)
-	c.Verdicts = verdicts(target.Profile(), target, l.restartable, opts.Skip, c.Stats, found)
+	c.Verdicts = verdicts(target.Profile(), target, l.canRestart(), opts.Skip, c.Stats, found)
 	out := l.output()
 	if runErr != nil && out != "" && !strings.Contains(runErr.Error(), out) {
 		runErr = fmt.Errorf("%w\nthe server's last output:\n%s", runErr, out)

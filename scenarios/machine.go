@@ -235,12 +235,6 @@ func (m *machine) step(t *rapid.T, p Plan) {
 		if m.onViolation != nil {
 			m.onViolation(v, slices.Clone(m.plans), slices.Clone(m.history))
 		}
-		// The steps go to the log, shown for the shrunk run; the failure
-		// itself is the violation alone, which names only tokens and
-		// conversations: rapid tells a reproduced failure by its message,
-		// and the steps hold details (ports in error texts) that differ
-		// between runs of the same steps.
-		t.Logf("%s", FormatFailure(v, m.history, m.profile))
 		t.Fatalf("%s", v.Error())
 	}
 }

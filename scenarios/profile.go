@@ -79,6 +79,7 @@ type serverSection struct {
 	Ready         readySection      `yaml:"ready"`
 	StopGrace     time.Duration     `yaml:"stop_grace"`
 	FreshPerCheck bool              `yaml:"fresh_per_check"`
+	Parallel      int               `yaml:"parallel"`
 }
 
 type readySection struct {
@@ -266,8 +267,8 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 			return nil, fmt.Errorf("server.ready.line: %v", err)
 		}
 	}
-	if s.Ready.Timeout < 0 || s.StopGrace < 0 {
-		return nil, errors.New("server.ready.timeout and server.stop_grace must not be negative")
+	if s.Ready.Timeout < 0 || s.StopGrace < 0 || s.Parallel < 0 {
+		return nil, errors.New("server.ready.timeout, server.stop_grace and server.parallel must not be negative")
 	}
 	if s.Agent != "" && !agentName.MatchString(s.Agent) {
 		return nil, fmt.Errorf("server.agent: %q is not an agent name (letters, digits, - and _)", s.Agent)
@@ -296,6 +297,7 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 		StartTimeout:  s.Ready.Timeout,
 		StopGrace:     s.StopGrace,
 		FreshPerCheck: s.FreshPerCheck,
+		MaxParallel:   s.Parallel,
 		ModelAt:       modelAddr,
 		Reaches:       p,
 	}, nil

@@ -79,6 +79,32 @@ type lab struct {
 	// of one, under whatever invariant, is the same root cause again, and
 	// sets its conversations aside as a skipped invariant's does.
 	skipKinds []model.Kind
+	// helpers are the labs that run checks and replays beside this one
+	// (workers), closed with it.
+	helpers []*lab
+	// ctx, if not nil, is the run's: it bounds the start of a shared
+	// server and its restarts, where the target allows (contextStarter).
+	ctx context.Context
+}
+
+// contextStarter is a Target whose servers' starts and restarts a context
+// can cut short: a server that takes a minute to start does not hold a
+// run past its time bound.
+type contextStarter interface {
+	startContext(ctx context.Context, modelURL string) (Server, error)
+}
+
+// start starts a server of l's target, cut short when ctx (if not nil)
+// ends.
+func (l *lab) start(ctx context.Context) (Server, error) {
+	cs, ok := l.target.(contextStarter)
+	if !ok {
+		return l.target.Start(l.fake.URL())
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return cs.startContext(ctx, l.fake.URL())
 }
 
 // outputter is a Server that keeps what it wrote (a process's stdout and
@@ -143,7 +169,8 @@ func (l *lab) reuses() bool {
 	return ok && r.ReuseServer()
 }
 
-// close stops the shared server, if any, and the fake model.
+// close stops the shared server, if any, and the fake model, and those
+// of the helpers.
 func (l *lab) close() error {
 	var err error
 	if l.shared != nil {
@@ -151,7 +178,17 @@ func (l *lab) close() error {
 			err = fmt.Errorf("stop the server under test: %w", err)
 		}
 	}
-	return errors.Join(err, l.fake.Close())
+	err = errors.Join(err, l.fake.Close())
+	for _, h := range l.helpers {
+		err = errors.Join(err, h.close())
+	}
+	return err
+}
+
+// canRestart reports whether a session of l or of a helper had a server
+// the harness could restart.
+func (l *lab) canRestart() bool {
+	return l.restartable || slices.ContainsFunc(l.helpers, (*lab).canRestart)
 }
 
 // epochTag is the text every user message of a session on a shared
@@ -212,7 +249,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 	srv, own, ns := l.shared, false, ""
 	if l.reuses() {
 		if l.shared == nil {
-			s, err := l.target.Start(l.fake.URL())
+			s, err := l.start(l.ctx)
 			if err != nil {
 				return nil, fmt.Errorf("start the server under test: %w", err)
 			}
@@ -225,7 +262,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 		}
 		srv, ns = l.shared, fmt.Sprintf("%s-%d-", l.run, l.sessions)
 	} else {
-		s, err := l.target.Start(l.fake.URL())
+		s, err := l.start(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("start the server under test: %w", err)
 		}
@@ -262,6 +299,11 @@ func (s *session) step(p Plan) ([]Op, *model.Violation) {
 	ops := s.exec.execute(p)
 	s.plans = append(s.plans, p)
 	s.history = append(s.history, ops...)
+	if ctx := s.exec.ctx; ctx != nil && ctx.Err() != nil {
+		// The run's end cut the step short (its requests aborted, a
+		// restart not waited for): what it came to decides nothing.
+		return ops, nil
+	}
 	var restart *Op
 	turns := make([]model.Turn, 0, len(ops))
 	for i, op := range ops {

@@ -1,8 +1,12 @@
 package scenarios
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/turncheck/turncheck/faults"
@@ -13,10 +17,13 @@ import (
 // does: first whole steps go (ddmin over the plans), then each step is made
 // simpler (fewer requests in a burst, no fault, no stream, fewer
 // conversations). Every candidate is replayed in a session of its own, and
-// kept if it breaks the same invariant. rapid stays the search; this is
-// the shrinker, bounded by a hard wall-clock budget.
+// kept if it breaks the same invariant; with several labs, as many
+// candidates as there are labs are replayed at once, and the first of
+// them in the order tried alone is kept, so the result is the one one lab
+// gives. rapid stays the search; this is the shrinker, bounded by a hard
+// wall-clock budget.
 type shrinker struct {
-	lab  *lab
+	labs []*lab
 	want model.Invariant
 	ctx  context.Context
 	// runs counts the candidates replayed; after is called after each.
@@ -30,21 +37,37 @@ type shrinker struct {
 	plans     []Plan
 	history   []Op
 	violation *model.Violation
+	// misses are the histories of the replays of the original steps that
+	// did not break the invariant: what differed, for a flaky failure.
+	misses [][]Op
 }
 
 // shrink returns the smallest run it finds, within ctx, that breaks v's
-// invariant as plans did. ok is false if plans, replayed, did not break it
-// at all: the failure did not reproduce.
-func shrink(ctx context.Context, l *lab, plans []Plan, v *model.Violation, after func()) (s *shrinker, ok bool) {
-	s = &shrinker{lab: l, want: v.Invariant, ctx: ctx, after: after}
+// invariant as plans did, replaying candidates in labs. ok is false if
+// plans, replayed, did not break it at all: the failure did not reproduce.
+func shrink(ctx context.Context, labs []*lab, plans []Plan, v *model.Violation, after func()) (s *shrinker, ok bool) {
+	s = &shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after}
 	// A server that does not report its activity may run a burst in
 	// another interleaving on a replay: a failure is taken not to
-	// reproduce only after several tries.
+	// reproduce only after several tries. The first goes alone, since it
+	// mostly reproduces.
 	reproduced := false
-	for range reproduceTries {
-		if reproduced = s.try(plans); reproduced || s.done() {
-			break
+	for tries := 0; tries < reproduceTries && !reproduced && !s.done(); {
+		n := 1
+		if tries > 0 {
+			n = min(len(labs), reproduceTries-tries)
 		}
+		batch := slices.Repeat([][]Plan{plans}, n)
+		for i, r := range s.replay(batch) {
+			if s.keep(batch[i], r) {
+				reproduced = true
+				break
+			}
+			if r.err == nil && !s.done() {
+				s.misses = append(s.misses, r.history)
+			}
+		}
+		tries += n
 	}
 	if !reproduced {
 		return s, false
@@ -69,26 +92,64 @@ func (s *shrinker) done() bool { return s.ctx.Err() != nil }
 // pass before the failure is called flaky.
 const reproduceTries = 3
 
-// try replays plans; it keeps them, cut after the step that broke the
-// invariant, if they break it.
-func (s *shrinker) try(plans []Plan) bool {
-	if s.done() || len(plans) == 0 {
-		return false
+// replayed is what one replay of a candidate came to.
+type replayed struct {
+	history []Op
+	v       *model.Violation
+	err     error
+}
+
+// replay replays the candidates, at most one per lab, at once.
+func (s *shrinker) replay(cands [][]Plan) []replayed {
+	out := make([]replayed, len(cands))
+	var wg sync.WaitGroup
+	for i, plans := range cands {
+		wg.Go(func() {
+			h, v, err := s.labs[i].replay(s.ctx, plans)
+			out[i] = replayed{history: h, v: v, err: err}
+		})
 	}
-	s.runs++
-	history, v, err := s.lab.replay(s.ctx, plans)
-	if s.after != nil {
-		s.after()
+	wg.Wait()
+	for range cands {
+		s.runs++
+		if s.after != nil {
+			s.after()
+		}
 	}
-	if err != nil || v == nil || v.Invariant != s.want || s.done() {
+	return out
+}
+
+// keep keeps plans, cut after the step that broke the invariant, if r
+// says they broke it.
+func (s *shrinker) keep(plans []Plan, r replayed) bool {
+	if r.err != nil || r.v == nil || r.v.Invariant != s.want || s.done() {
 		return false
 	}
 	if s.plans != nil {
 		s.kept++
 	}
-	s.plans = slices.Clone(plans[:history[len(history)-1].Step])
-	s.history, s.violation = history, v
+	s.plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
+	s.history, s.violation = r.history, r.v
 	return true
+}
+
+// try replays plans and keeps them if they break the invariant.
+func (s *shrinker) try(plans []Plan) bool { return s.tryFirst([][]Plan{plans}) }
+
+// tryFirst replays the candidates, as many at once as there are labs, and
+// keeps the first, in order, that breaks the invariant.
+func (s *shrinker) tryFirst(cands [][]Plan) bool {
+	cands = slices.DeleteFunc(slices.Clone(cands), func(c []Plan) bool { return len(c) == 0 })
+	for len(cands) > 0 && !s.done() {
+		batch := cands[:min(len(s.labs), len(cands))]
+		cands = cands[len(batch):]
+		for i, r := range s.replay(batch) {
+			if s.keep(batch[i], r) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // slice tries, in one replay, the steps that touch the violation's
@@ -117,19 +178,17 @@ func (s *shrinker) ddmin() {
 	n := 2
 	for len(s.plans) >= 2 && !s.done() {
 		n = min(n, len(s.plans))
-		reduced := false
+		cands := make([][]Plan, n)
 		for i := range n {
 			lo, hi := i*len(s.plans)/n, (i+1)*len(s.plans)/n
-			if s.try(slices.Concat(s.plans[:lo], s.plans[hi:])) {
-				n = max(n-1, 2)
-				reduced = true
-				break
-			}
+			cands[i] = slices.Concat(s.plans[:lo], s.plans[hi:])
 		}
-		if !reduced {
-			if n == len(s.plans) {
-				return
-			}
+		switch {
+		case s.tryFirst(cands):
+			n = max(n-1, 2)
+		case n == len(s.plans):
+			return
+		default:
 			n = min(2*n, len(s.plans))
 		}
 	}
@@ -143,11 +202,12 @@ func (s *shrinker) simplify() bool {
 		if i >= len(s.plans) {
 			continue // a kept candidate ended earlier
 		}
+		var cands [][]Plan
 		for _, p := range simpler(s.plans[i], s.plans) {
-			if s.try(slices.Concat(s.plans[:i], []Plan{p}, s.plans[i+1:])) {
-				changed = true
-				break
-			}
+			cands = append(cands, slices.Concat(s.plans[:i], []Plan{p}, s.plans[i+1:]))
+		}
+		if s.tryFirst(cands) {
+			changed = true
 		}
 	}
 	return changed
@@ -287,4 +347,101 @@ func shrinkBudget(parent context.Context, d time.Duration) (context.Context, con
 		parent = context.Background()
 	}
 	return context.WithTimeout(parent, d)
+}
+
+// differed says, for a failure that did not reproduce, where each replay
+// of its steps first went another way than the failing run: a person
+// reads there what the server does not do the same way twice.
+func (s *shrinker) differed(failing []Op) string {
+	var b strings.Builder
+	for i, h := range s.misses {
+		fmt.Fprintf(&b, "\nReplay %d %s.", i+1, firstDifference(failing, h))
+	}
+	return b.String()
+}
+
+// firstDifference describes the first request of the failing run whose
+// replay came to something else: another outcome or status, another
+// number of model calls, or another order of the requests of a burst.
+func firstDifference(failing, replay []Op) string {
+	byPlace := map[[2]int]Op{}
+	for _, op := range replay {
+		byPlace[[2]int{op.Step, op.Index}] = op
+	}
+	for _, a := range failing {
+		b, ok := byPlace[[2]int{a.Step, a.Index}]
+		where := fmt.Sprintf("at step %d", a.Step)
+		if a.Restart == nil {
+			what := string(a.Send.Token)
+			if what == "" {
+				what = "no new user message"
+			}
+			where = fmt.Sprintf("at step %d, request %d (%s, %s)", a.Step, a.Index+1, a.Send.Conv.ID, what)
+		}
+		switch {
+		case !ok:
+			return fmt.Sprintf("ended before step %d", a.Step)
+		case a.Response.Outcome != b.Response.Outcome || a.Response.Status != b.Response.Status:
+			return fmt.Sprintf("differed %s: the failing run got %s, the replay %s", where, answer(a), answer(b))
+		case len(a.Turn.Calls) != len(b.Turn.Calls):
+			return fmt.Sprintf("differed %s: the request reached the model %d time(s) in the failing run, %d in the replay",
+				where, len(a.Turn.Calls), len(b.Turn.Calls))
+		}
+	}
+	for step := range stepsOf(failing) {
+		if x, y := returnOrder(failing, step), returnOrder(replay, step); !slices.Equal(x, y) {
+			return fmt.Sprintf("differed at step %d: its requests were answered in the order %v in the failing run, %v in the replay",
+				step, x, y)
+		}
+	}
+	return "came to the same outcomes and order; it differed in what the model was asked"
+}
+
+// answer is an op's outcome in a few words.
+func answer(op Op) string {
+	r := op.Response
+	a := r.Outcome.String()
+	if r.Status != 0 {
+		a += fmt.Sprintf(" %d", r.Status)
+	}
+	if r.Cause != "" && !strings.HasPrefix(r.Cause, "status ") {
+		a += " (" + r.Cause + ")"
+	}
+	return a
+}
+
+// stepsOf yields the steps of ops with more than one request, in order.
+func stepsOf(ops []Op) func(func(int) bool) {
+	return func(yield func(int) bool) {
+		count := map[int]int{}
+		var order []int
+		for _, op := range ops {
+			if count[op.Step] == 0 {
+				order = append(order, op.Step)
+			}
+			count[op.Step]++
+		}
+		for _, st := range order {
+			if count[st] > 1 && !yield(st) {
+				return
+			}
+		}
+	}
+}
+
+// returnOrder is the requests of step, numbered from 1, in the order their
+// outcomes were learned.
+func returnOrder(ops []Op, step int) []int {
+	var in []Op
+	for _, op := range ops {
+		if op.Step == step && op.Restart == nil {
+			in = append(in, op)
+		}
+	}
+	slices.SortStableFunc(in, func(a, b Op) int { return cmp.Compare(a.Turn.Return, b.Turn.Return) })
+	out := make([]int, len(in))
+	for i, op := range in {
+		out[i] = op.Index + 1
+	}
+	return out
 }

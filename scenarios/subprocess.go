@@ -3,6 +3,7 @@
 package scenarios
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -44,6 +45,10 @@ type Subprocess struct {
 	// FreshPerCheck starts a fresh server for every check rather than one
 	// for the whole run: slower, but no check can see another's traces.
 	FreshPerCheck bool
+	// MaxParallel, if not 0, is how many of its servers may run at once
+	// (Options.Parallel asks for more in vain): one for a server that
+	// takes a fixed port or a resource only one instance can hold.
+	MaxParallel int
 	// ModelAt, if set, is the loopback host:port the fake model listens
 	// on; "" picks a free port.
 	ModelAt string
@@ -65,6 +70,12 @@ func (s Subprocess) String() string { return strings.Join(s.Command, " ") }
 
 // Start starts a process pointed at modelURL on a fresh data dir.
 func (s Subprocess) Start(modelURL string) (Server, error) {
+	return s.startContext(context.Background(), modelURL)
+}
+
+// startContext is Start, with ctx bounding the waits for the server to be
+// ready: its first start's and every restart's.
+func (s Subprocess) startContext(ctx context.Context, modelURL string) (Server, error) {
 	dir, err := os.MkdirTemp("", "turncheck-subprocess-*")
 	if err != nil {
 		return nil, err
@@ -75,7 +86,7 @@ func (s Subprocess) Start(modelURL string) (Server, error) {
 	}
 	p, err := faults.StartProcess(faults.ProcessConfig{Command: s.Command, ModelURL: modelURL, DataDir: dir,
 		Env: s.Env, Agents: refs, Ready: s.Ready, ReadyLine: s.ReadyLine,
-		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace})
+		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace, Context: ctx})
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
 	}

@@ -179,6 +179,11 @@ func TestFlakyOnlyAfterTrying(t *testing.T) {
 	assert.GreaterOrEqual(t, f.ShrinkRuns, 3, "called flaky after fewer than three replays")
 	assert.Contains(t, f.Report, fmt.Sprintf("did not reproduce in %d replay(s)", f.ShrinkRuns))
 	assert.Equal(t, scenarios.NotShrunk, f.Shrink)
+	// What differed: the invalid continuation the server once answered
+	// ok got its 400 in every replay.
+	for i := 1; i <= f.ShrinkRuns; i++ {
+		assert.Regexp(t, fmt.Sprintf(`Replay %d differed at step \d+, request 1 \(conv-\d+, no new user message\): the failing run got ok 200, the replay fail 400`, i), f.Report)
+	}
 }
 
 // onceWrong is a server that answers the first request without a usable

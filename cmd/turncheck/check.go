@@ -137,13 +137,16 @@ func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	steps := fs.Int("steps", 30, "average steps per run")
 	seed := fs.Uint64("seed", 0, "seed of the first run; 0 draws one")
 	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking a failure (a hard bound)")
+	parallel := fs.Int("parallel", 0, "checks run at once, each on a server of its own; 0: one per core (the verdict is the same either way)")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
-	if *checks <= 0 || *steps <= 0 || *shrink <= 0 {
-		return fail(stderr, "check", fmt.Errorf("--checks, --steps and --shrink-time must be positive"))
+	if *checks <= 0 || *steps <= 0 || *shrink <= 0 || *parallel < 0 {
+		return fail(stderr, "check", fmt.Errorf("--checks, --steps and --shrink-time must be positive, --parallel not negative"))
 	}
-	return checkAndReport("check", rf, scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: ctx}, stdout, stderr)
+	opts := scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: ctx,
+		Parallel: scenarios.Parallel(scenarios.Reference{}, *parallel)}
+	return checkAndReport("check", rf, opts, stdout, stderr)
 }
 
 func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {

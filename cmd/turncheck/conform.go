@@ -51,6 +51,13 @@ set to http://MODEL-ADDR/v1 first.
 
 Off a terminal (a CI log, a file), progress is a line on stderr every 30s.
 
+--parallel N runs N checks at once, each on a server and fake model of its
+own (one per core by default, at most the profile's server.parallel; a
+--url server runs one at a time), and shrinks by replaying N candidates at
+once. The verdicts are those of the same checks run one after another:
+--seed S gives the same findings whatever N is, on a server that behaves
+the same way under the same steps.
+
 --timeout bounds the whole run, shrinking included. A server that hangs,
 streams forever or dies gets a verdict or a clear error within it; one
 that stops answering (it exits, or 8 requests in a row get no connection
@@ -84,11 +91,12 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	jsonPath := fs.String("json", "", "also write the verdicts as JSON to this file")
 	junitPath := fs.String("junit", "", "also write the verdicts as JUnit XML, one test case per invariant, to this file")
 	failFast := fs.Bool("fail-fast", false, "stop at the first failure (its verdict, shrunk and saved, and the others as far as they got)")
+	parallel := fs.Int("parallel", 0, "checks run at once, each on a server of its own; 0: one per core, as the profile allows (server.parallel); a --url server runs one")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
-	if *checks <= 0 || *steps <= 0 || *timeout <= 0 || *shrink <= 0 {
-		return fail(stderr, "conform", errors.New("--checks, --steps, --timeout and --shrink-time must be positive"))
+	if *checks <= 0 || *steps <= 0 || *timeout <= 0 || *shrink <= 0 || *parallel < 0 {
+		return fail(stderr, "conform", errors.New("--checks, --steps, --timeout and --shrink-time must be positive, --parallel not negative"))
 	}
 	var target scenarios.Target
 	var spec scenarios.ServerSpec
@@ -129,7 +137,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	runCtx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	opts := scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: runCtx, Skip: skip,
-		FailFast: *failFast}
+		FailFast: *failFast, Parallel: scenarios.Parallel(target, *parallel)}
 	live := isTerminal(stderr)
 	opts.Progress = progress(stderr, live)
 	// Each finding is printed, and saved, as soon as it is shrunk: on a

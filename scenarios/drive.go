@@ -1,0 +1,260 @@
+package scenarios
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// runner drives the checks of one Check: each is one state-machine run,
+// drawn by rapid from a seed of its own, on one of the run's labs, up to
+// as many at once as there are labs. Whatever the interleaving of the
+// checks, the result is the one a run of them in order gives: the checks
+// after the first failing one are dropped (stopped if they still run),
+// and the counts are those of the checks up to it.
+type runner struct {
+	labs []*lab
+	// stats are the counts of the checks that count, once drive is done;
+	// shrinking adds to them.
+	stats    *Stats
+	progress func(Stats)
+	start    time.Time
+	// ctx, if not nil, interrupts the run when it ends.
+	ctx context.Context
+
+	// mu guards live, the counts of every check ended so far, in the
+	// order they ended: what progress shows while checks still run.
+	mu   sync.Mutex
+	live *Stats
+}
+
+// checkRun is what one check came to.
+type checkRun struct {
+	n     int
+	lab   *lab
+	stats *Stats
+	// failing is the check's violation, with its steps.
+	failing *failingRun
+	foundIn time.Duration
+	// broke is what stopped the check when it was no violation: the
+	// harness failed (a panic), said in words.
+	broke string
+	// setupErr says the server did not start, or stopped answering;
+	// teardownErr that it did not stop cleanly.
+	setupErr, teardownErr error
+	// interrupted says the check was cut short: by the run's context, or
+	// because an earlier check failed and it no longer counts.
+	interrupted bool
+}
+
+// failingRun is a run that broke an invariant: its plans, what they came
+// to, and the violation.
+type failingRun struct {
+	plans     []Plan
+	history   []Op
+	violation *model.Violation
+}
+
+// ended reports whether the check ends the run: a failure, a harness
+// failure, or a server that could not be used.
+func (c *checkRun) ended() bool {
+	return c.failing != nil || c.broke != "" || c.setupErr != nil
+}
+
+// drive runs checks 1..checks, the n-th from checkSeed(seed, n), and
+// returns those that count, in order: all of them, or those up to the
+// first that ended the run.
+func (r *runner) drive(checks int, seed uint64) []*checkRun {
+	var (
+		next  atomic.Int64
+		stop  atomic.Int64 // the lowest check that ended the run, or checks+1
+		mu    sync.Mutex
+		runs  = make([]*checkRun, checks+1)
+		halts = map[int]context.CancelFunc{}
+		wg    sync.WaitGroup
+	)
+	stop.Store(int64(checks + 1))
+	for _, l := range r.labs {
+		wg.Go(func() {
+			for {
+				n := int(next.Add(1))
+				if n >= int(stop.Load()) || r.interrupted() {
+					return
+				}
+				ctx, halt := context.WithCancel(r.context())
+				mu.Lock()
+				halts[n] = halt
+				mu.Unlock()
+				c := r.runCheck(ctx, l, n, checkSeed(seed, n))
+				mu.Lock()
+				delete(halts, n)
+				runs[n] = c
+				if c.ended() && int64(n) < stop.Load() {
+					stop.Store(int64(n))
+					for k, h := range halts {
+						if k > n {
+							h() // a later check no longer counts
+						}
+					}
+				}
+				mu.Unlock()
+				halt()
+				r.ended(c)
+			}
+		})
+	}
+	wg.Wait()
+	var out []*checkRun
+	for n := 1; n <= checks && n <= int(stop.Load()); n++ {
+		if runs[n] == nil {
+			break // interrupted before it started
+		}
+		out = append(out, runs[n])
+	}
+	return out
+}
+
+// ended counts a check that ended, for progress.
+func (r *runner) ended(c *checkRun) {
+	if r.progress == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.live.add(*c.stats)
+	r.progress(*r.live)
+}
+
+func (r *runner) context() context.Context {
+	if r.ctx == nil {
+		return context.Background()
+	}
+	return r.ctx
+}
+
+func (r *runner) interrupted() bool { return r.ctx != nil && r.ctx.Err() != nil }
+
+// runCheck runs check n from seed in l, on a goroutine of its own: an
+// interruption ends it with runtime.Goexit, which rapid cannot stop early
+// otherwise, and which still runs every deferred cleanup on the way out.
+func (r *runner) runCheck(ctx context.Context, l *lab, n int, seed uint64) *checkRun {
+	c := &checkRun{n: n, lab: l, stats: newStats()}
+	c.stats.Checks = 1
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// A Custom generator's example is rapid's way to run a property
+		// once from a given seed, outside rapid.Check: the checks of a run
+		// can then run at once, each drawing exactly as it would alone.
+		rapid.Custom(func(t *rapid.T) struct{} {
+			// rapid takes a property that draws nothing for a broken
+			// generator, and runs it again, up to 1000 times: one that
+			// stops before its first step (a server that did not start)
+			// has drawn this.
+			_ = rapid.Bool().Draw(t, "check")
+			defer func() {
+				if p := recover(); p != nil {
+					c.stopped(t, p)
+				}
+			}()
+			r.property(t, ctx, l, c)
+			return struct{}{}
+		}).Example(int(seed))
+	}()
+	<-done
+	return c
+}
+
+// stopped records why a check stopped with panic p: a failed step (a
+// violation, already recorded, or a dead server), an invalid draw (no
+// check at all), or a harness that panicked.
+func (c *checkRun) stopped(t *rapid.T, p any) {
+	switch {
+	case t.Failed():
+		if c.failing == nil && c.setupErr == nil {
+			c.broke = fmt.Sprint(p)
+		}
+	case reflect.TypeOf(p).PkgPath() == reflect.TypeOf((*rapid.T)(nil)).Elem().PkgPath():
+		// rapid gave up drawing a valid run: the check drew nothing.
+	default:
+		c.broke = fmt.Sprintf("panic: %v\n%s", p, debug.Stack())
+	}
+}
+
+// property is one check: a fresh session of l, then steps drawn by rapid.
+func (r *runner) property(t *rapid.T, ctx context.Context, l *lab, c *checkRun) {
+	stopIfDone := func(*rapid.T) {
+		if ctx.Err() != nil {
+			c.interrupted = true
+			runtime.Goexit()
+		}
+	}
+	stopIfDone(t)
+	sess, err := l.session(ctx)
+	if err != nil {
+		c.setupErr = err
+		t.Fatalf("setup: %v", err)
+	}
+	t.Cleanup(func() { c.teardownErr = sess.close() })
+	m := &machine{session: sess, stats: c.stats, onViolation: func(v *model.Violation, plans []Plan, history []Op) {
+		c.failing, c.foundIn = &failingRun{plans: plans, history: history, violation: v}, time.Since(r.start)
+	}, onDead: func(err error) { c.setupErr = err }}
+	t.Cleanup(func() {
+		s := c.stats
+		addCounts(s.Invariants, m.ref.Checked())
+		addCounts(s.SetAside, sess.skipped)
+		addCounts(s.Consequences, sess.consequences)
+		addCounts(s.SameCause, sess.sameCause)
+		for k, d := range sess.exec.spent {
+			s.TimeMS[k] += d.Milliseconds()
+		}
+	})
+	actions := m.actions()
+	actions[""] = stopIfDone // between steps
+	t.Repeat(actions)
+}
+
+// workers returns n labs for checks and replays to run in at once: l
+// and n-1 more, each with a fake model and servers of its own, kept until
+// l closes. They set aside what l sets aside.
+func (l *lab) workers(n int) ([]*lab, error) {
+	for len(l.helpers) < n-1 {
+		h, err := openLab(l.target, nil)
+		if err != nil {
+			return nil, err
+		}
+		l.helpers = append(l.helpers, h)
+	}
+	out := []*lab{l}
+	for _, h := range l.helpers[:max(n-1, 0)] {
+		h.skip, h.skipKinds, h.ctx = l.skip, l.skipKinds, l.ctx
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// Parallel is how many checks target allows at once, given the n asked
+// for (0: one per core): one for a server whose fake model must listen at
+// a fixed address, since only one can, and at most a Subprocess's
+// MaxParallel.
+func Parallel(target Target, n int) int {
+	if ma, ok := target.(ModelAddresser); ok && ma.ModelAddr() != "" {
+		return 1
+	}
+	if n <= 0 {
+		n = runtime.NumCPU()
+	}
+	if s, ok := target.(Subprocess); ok && s.MaxParallel > 0 {
+		n = min(n, s.MaxParallel)
+	}
+	return max(n, 1)
+}
