@@ -4,6 +4,7 @@ package faults_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -228,6 +229,37 @@ func TestProcess(t *testing.T) {
 		// SIGKILL has been sent to the child's group; the kernel ends it
 		// on its own time.
 		assert.Eventually(t, func() bool { return procGone(child) }, guard, 10*time.Millisecond, "the shell's child is gone")
+	})
+
+	t.Run("a start or restart waiting to be ready ends with its context, and leaves no process", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// Ready on its first start; a restart never is, as a server that
+		// takes minutes to start again.
+		p := procStart(t, faults.ProcessConfig{
+			Command: []string{"sh", "-c", `if [ -e "$1/pid" ]; then echo $$ > "$1/tmp"; mv "$1/tmp" "$1/again"; echo waiting; ` +
+				`else echo $$ > "$1/tmp"; mv "$1/tmp" "$1/pid"; echo ready; fi; exec sleep 60`, "sh", "{data_dir}"},
+			DataDir: dir, ReadyLine: "^ready$", StartTimeout: time.Minute, Context: ctx,
+		})
+		first := readPID(t, filepath.Join(dir, "pid"))
+		restarted := make(chan error, 1)
+		go func() { restarted <- p.Restart() }()
+		require.Eventually(t, func() bool { _, err := os.Stat(filepath.Join(dir, "again")); return err == nil }, guard, 10*time.Millisecond,
+			"the restart runs the command again")
+		cancel()
+		select {
+		case err := <-restarted:
+			require.ErrorIs(t, err, context.Canceled, "the restart says it was cut short")
+		case <-time.After(guard):
+			t.Fatal("the restart went on waiting after its context ended")
+		}
+		second := readPID(t, filepath.Join(dir, "again"))
+		assert.Eventually(t, func() bool { return procGone(first) && procGone(second) }, guard, 10*time.Millisecond,
+			"no run is left")
+		_, err := faults.StartProcess(faults.ProcessConfig{Command: []string{"sleep", "60"}, StartTimeout: time.Minute, Context: ctx})
+		require.ErrorIs(t, err, context.Canceled, "a start under an ended context does not wait")
 	})
 
 	t.Run("output is drained and bounded", func(t *testing.T) {

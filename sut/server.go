@@ -187,6 +187,10 @@ type Config struct {
 	// Logger receives a line per turn that failed or was rolled back, and
 	// per store error; nil discards.
 	Logger *slog.Logger
+	// TurnDelay, if not 0, is waited before each authorized chat request
+	// is worked on: a deliberately slow server, to measure what checking
+	// one costs. It changes no behaviour but time.
+	TurnDelay time.Duration
 }
 
 // Server is the reference session server. It is an http.Handler.
@@ -525,6 +529,13 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	if err := checkContentType(r); err != nil {
 		refuseEarly(w, http.StatusUnsupportedMediaType, "invalid_request_error", err.Error())
 		return
+	}
+	if d := s.cfg.TurnDelay; d > 0 {
+		select {
+		case <-time.After(d):
+		case <-r.Context().Done():
+			return // the client left: nothing was worked on
+		}
 	}
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		// Refused on its word, before a byte of it is read.

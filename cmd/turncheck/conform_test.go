@@ -107,7 +107,7 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			r.out, r.err = exec.Command(bin, "conform", "--profile", profile, "--checks", checks, "--steps", "20", "--seed", "2",
-				"--save", r.dir, "--timeout", "2m", "--shrink-time", "3s").CombinedOutput()
+				"--save", r.dir, "--timeout", "2m", "--shrink-time", "3s", "--parallel", "1").CombinedOutput()
 		}()
 	}
 	wg.Wait()

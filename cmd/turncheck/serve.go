@@ -200,6 +200,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	maxBody := fs.Int64("max-body-bytes", sut.DefaultMaxBodyBytes, "bytes of a request body (413 past it)")
 	maxHistMsgs := fs.Int("max-history-messages", sut.DefaultMaxHistoryMessages, "messages of a conversation (a turn past it: 400)")
 	maxHistBytes := fs.Int64("max-history-bytes", sut.DefaultMaxHistoryBytes, "bytes of a conversation's text (a turn past it: 400)")
+	turnDelay := fs.Duration("turn-delay", 0, "wait this long before working on each chat request: a deliberately slow server, to measure what checking one costs")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
@@ -220,6 +221,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(stderr, "serve", errors.New("--max-conns, --max-requests, --max-body-bytes and --max-history-* must be positive"))
 	case *compactAfter <= 0:
 		return fail(stderr, "serve", errors.New("--compact-after must be positive"))
+	case *turnDelay < 0:
+		return fail(stderr, "serve", errors.New("--turn-delay must not be negative"))
 	}
 	if err := checkListen(*listen); err != nil {
 		return fail(stderr, "serve", err)
@@ -263,6 +266,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		MaxBodyBytes:       *maxBody,
 		MaxHistoryMessages: *maxHistMsgs,
 		MaxHistoryBytes:    *maxHistBytes,
+		TurnDelay:          *turnDelay,
 	}, *listen)
 	if err != nil {
 		return fail(stderr, "serve", err)

@@ -1,0 +1,86 @@
+package scenarios_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/sut"
+)
+
+// TestParallelChecksRunAtOnce shows that Options.Parallel runs checks at
+// once, each on a server of its own: the first two servers wait for each
+// other to start, which only two checks at once let them do.
+func TestParallelChecksRunAtOnce(t *testing.T) {
+	target := &meeting{Reference: scenarios.Reference{}, want: 2, met: make(chan struct{})}
+	res, err := scenarios.Check(target, scenarios.Options{Checks: 6, Seed: 1, Parallel: 2})
+	require.NoError(t, err)
+	require.Nil(t, res.Failure)
+	assert.Equal(t, 6, res.Checks)
+}
+
+// TestParallelGivesTheSameFinding checks a mutant from one seed one check
+// at a time and three at a time: the finding is the same, found by the
+// same check, with the same counts up to it; the checks after it that ran
+// beside it do not count.
+func TestParallelGivesTheSameFinding(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two runs of a mutant: not under -short")
+	}
+	for _, m := range []sut.Mutant{sut.CommitOnStreamError, sut.ToolRunsAfterCancel} {
+		t.Run(string(m), func(t *testing.T) {
+			found := make([]*scenarios.Result, 0, 2)
+			for _, parallel := range []int{1, 3} {
+				res, err := scenarios.Check(scenarios.MutantReference(m), scenarios.Options{Checks: 100, Seed: 7, Parallel: parallel})
+				require.NoError(t, err)
+				require.NotNil(t, res.Failure, "not caught with --parallel %d", parallel)
+				require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+				found = append(found, res)
+			}
+			one, three := found[0], found[1]
+			assert.Equal(t, one.Failure.FoundAfter, three.Failure.FoundAfter, "found by the same check")
+			assert.Equal(t, one.Failure.Seed, three.Failure.Seed)
+			assert.Equal(t, one.Failure.Violation.Invariant, three.Failure.Violation.Invariant)
+			assert.Equal(t, one.Checks, three.Checks, "checks counted")
+			assert.Equal(t, one.Steps, three.Steps, "requests counted")
+			t.Logf("%s: found by check %d; shrunk to %d and %d step(s) in %d and %d replays", m,
+				one.Failure.FoundAfter, len(one.Failure.Plans), len(three.Failure.Plans), one.Failure.ShrinkRuns, three.Failure.ShrinkRuns)
+		})
+	}
+}
+
+// meeting is the reference target whose first want servers each wait, in
+// Start, until all of them have started: a run that starts one at a time
+// never gets past the first, and fails after a bound instead of hanging.
+// The servers are the reference's own, with all its abilities.
+type meeting struct {
+	scenarios.Reference
+	want int
+	met  chan struct{}
+
+	mu      sync.Mutex
+	started int
+}
+
+func (m *meeting) Start(modelURL string) (scenarios.Server, error) {
+	m.mu.Lock()
+	m.started++
+	first := m.started <= m.want
+	if m.started == m.want {
+		close(m.met)
+	}
+	m.mu.Unlock()
+	if first {
+		select {
+		case <-m.met:
+		case <-time.After(30 * time.Second):
+			return nil, fmt.Errorf("a server waited 30s for %d servers to start at once", m.want)
+		}
+	}
+	return m.Reference.Start(modelURL)
+}
