@@ -234,7 +234,7 @@ func StartProcess(cfg ProcessConfig) (*Process, error) {
 	}
 	p.life.Lock()
 	defer p.life.Unlock()
-	if err := p.start(""); err != nil {
+	if err := p.start(context.Background(), ""); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -387,24 +387,35 @@ func (p *Process) kill() error {
 // the same, and moves to another port if that one has been taken
 // meanwhile; when ReadyLine captures the address, the server picks its
 // port afresh and URL follows it.
-func (p *Process) Restart() error {
+func (p *Process) Restart() error { return p.RestartContext(context.Background()) }
+
+// RestartContext is Restart, with ctx bounding the wait for the new run to
+// be ready, as Context does: a shrinker's replay bounded by its own time
+// cuts short a restart in it.
+func (p *Process) RestartContext(ctx context.Context) error {
 	p.life.Lock()
 	defer p.life.Unlock()
 	stopErr := p.stop()
 	p.mu.Lock()
 	addr := p.addr
 	p.mu.Unlock()
-	return errors.Join(stopErr, p.start(addr))
+	return errors.Join(stopErr, p.start(ctx, addr))
 }
 
 // start runs the command until it is ready, trying first on addr if it is
 // not "", then on fresh ports. When ReadyLine captures the address, it runs
 // the command once on port 0 instead: the server binds a port of its own
 // choosing, so a port taken by someone else is not the server's to retry.
+// ctx, and the configuration's Context, bound the waits for readiness.
 // Called with life held.
-func (p *Process) start(addr string) error {
+func (p *Process) start(ctx context.Context, addr string) error {
+	if p.cfg.Context != nil {
+		var stop func() bool
+		ctx, stop = bothContexts(ctx, p.cfg.Context)
+		defer stop()
+	}
 	if p.capture {
-		_, err := p.startOn(captureListen)
+		_, err := p.startOn(ctx, captureListen)
 		return err
 	}
 	var last error
@@ -416,7 +427,7 @@ func (p *Process) start(addr string) error {
 			}
 			addr = a
 		}
-		inUse, err := p.startOn(addr)
+		inUse, err := p.startOn(ctx, addr)
 		if err == nil {
 			return nil
 		}
@@ -431,7 +442,7 @@ func (p *Process) start(addr string) error {
 // startOn runs the command once, listening on addr, and waits until it is
 // ready. On failure the run is dead and reaped; inUse says that it exited
 // with output suggesting the address was taken, so another port may do.
-func (p *Process) startOn(addr string) (inUse bool, err error) {
+func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err error) {
 	p.mu.Lock()
 	agents := p.agents
 	p.mu.Unlock()
@@ -454,7 +465,7 @@ func (p *Process) startOn(addr string) (inUse bool, err error) {
 
 	if r.watch != nil {
 		var line, captured string
-		line, captured, err = waitLine(p.cfg.Context, r, p.cfg.ReadyLine, p.cfg.StartTimeout)
+		line, captured, err = waitLine(ctx, r, p.cfg.ReadyLine, p.cfg.StartTimeout)
 		if err == nil && p.capture {
 			var got string
 			if got, err = capturedAddr(captured); err != nil {
@@ -466,7 +477,7 @@ func (p *Process) startOn(addr string) (inUse bool, err error) {
 			}
 		}
 	} else {
-		err = waitReady(p.cfg.Context, r, "http://"+addr+p.cfg.Ready, p.cfg.StartTimeout)
+		err = waitReady(ctx, r, "http://"+addr+p.cfg.Ready, p.cfg.StartTimeout)
 	}
 	if err == nil {
 		return false, nil
@@ -539,16 +550,21 @@ func (p *Process) exec(argv, env []string) (*run, error) {
 	return r, nil
 }
 
+// bothContexts is ctx, ended also when other ends (with other's cause);
+// stop releases what ties them.
+func bothContexts(ctx, other context.Context) (context.Context, func() bool) {
+	both, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(other, func() { cancel(context.Cause(other)) })
+	return both, func() bool { cancel(nil); return stop() }
+}
+
 // errExited is what a wait for readiness returns when the run exits first;
 // startOn then reports how it exited instead.
 var errExited = errors.New("exited before it was ready")
 
 // waitReady polls url until it answers with a status below 500, the run
-// exits, timeout passes, or ctx (if not nil) ends.
+// exits, timeout passes, or ctx ends.
 func waitReady(ctx context.Context, r *run, url string, timeout time.Duration) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	tr := &http.Transport{DisableKeepAlives: true} // no proxy: loopback only
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
@@ -579,12 +595,9 @@ func waitReady(ctx context.Context, r *run, url string, timeout time.Duration) e
 }
 
 // waitLine waits until the run writes a line that matches its ReadyLine
-// expr, the run exits, timeout passes, or ctx (if not nil) ends. It
+// expr, the run exits, timeout passes, or ctx ends. It
 // returns the line and the text of the expression's first group in it.
 func waitLine(ctx context.Context, r *run, expr string, timeout time.Duration) (line, captured string, err error) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {

@@ -247,16 +247,19 @@ func (r *runner) failure(c *checkRun, opts Options) *Failure {
 		f.Report = c.broke
 		return f
 	}
+	run := c.failing
 	ctx, cancel := shrinkBudget(opts.Context, opts.ShrinkTime)
 	defer cancel()
 	start := time.Now()
-	after := func() {
+	inv := run.violation.Invariant
+	after := func(steps int) {
 		r.stats.ShrinkRuns++
+		r.stats.Shrinking = fmt.Sprintf("the %s failure, at %d step(s)", inv, steps)
 		if r.progress != nil {
 			r.progress(*r.stats)
 		}
 	}
-	run := c.failing
+	defer func() { r.stats.Shrinking = "" }()
 	s, ok := shrink(ctx, r.labs, run.plans, run.violation, after)
 	f.ShrinkRuns, f.ShrunkIn = s.runs, time.Since(start)
 	r.stats.TimeMS[spentShrink] += f.ShrunkIn.Milliseconds()

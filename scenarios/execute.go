@@ -309,7 +309,13 @@ func (e *executor) restart(p Plan, step, index int) Op {
 	if p.Restart.Sources != nil {
 		refs = agentRefs(e.fake.URL(), e.client.profile.Agent, p.Restart.Sources)
 	}
-	if err := r.Restart(p.Restart.Crash, refs); err != nil {
+	restart := r.Restart
+	if rc, ok := e.srv.(contextRestarter); ok && e.ctx != nil {
+		// The run's or the shrink's time bound holds through a restart
+		// of a server slow to start.
+		restart = func(crash bool, refs []string) error { return rc.restartContext(e.ctx, crash, refs) }
+	}
+	if err := restart(p.Restart.Crash, refs); err != nil {
 		op.Response.Outcome, op.Response.Detail = model.Fail, "the server did not come back: "+err.Error()
 		return op
 	}

@@ -161,6 +161,10 @@ type Stats struct {
 	// servers, restarts and crashes, waiting for a server to come to
 	// rest, shrinking; the rest went to the turns themselves.
 	TimeMS map[string]int64 `json:"timeMs,omitempty"`
+	// Shrinking names, while a failure is being shrunk, its invariant and
+	// how many steps it is down to: what a progress line shows. "" once
+	// it is done.
+	Shrinking string `json:"-"`
 	// FirstAnswers are the first few answers of the server that were not
 	// ok and not a fault the harness injected, for a run where nothing
 	// works.

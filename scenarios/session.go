@@ -94,6 +94,11 @@ type contextStarter interface {
 	startContext(ctx context.Context, modelURL string) (Server, error)
 }
 
+// contextRestarter is a Restarter whose restart a context can cut short.
+type contextRestarter interface {
+	restartContext(ctx context.Context, crash bool, agents []string) error
+}
+
 // start starts a server of l's target, cut short when ctx (if not nil)
 // ends.
 func (l *lab) start(ctx context.Context) (Server, error) {

@@ -26,9 +26,12 @@ type shrinker struct {
 	labs []*lab
 	want model.Invariant
 	ctx  context.Context
-	// runs counts the candidates replayed; after is called after each.
+	// runs counts the candidates replayed; after is called after each,
+	// with the steps of the smallest failing run so far.
 	runs  int
-	after func()
+	after func(steps int)
+	// from is how many steps the failing run had.
+	from int
 	// cut says the bound ran out before the shrinker was done, and kept
 	// counts the smaller candidates it kept before then.
 	cut  bool
@@ -45,8 +48,8 @@ type shrinker struct {
 // shrink returns the smallest run it finds, within ctx, that breaks v's
 // invariant as plans did, replaying candidates in labs. ok is false if
 // plans, replayed, did not break it at all: the failure did not reproduce.
-func shrink(ctx context.Context, labs []*lab, plans []Plan, v *model.Violation, after func()) (s *shrinker, ok bool) {
-	s = &shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after}
+func shrink(ctx context.Context, labs []*lab, plans []Plan, v *model.Violation, after func(steps int)) (s *shrinker, ok bool) {
+	s = &shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans)}
 	// A server that does not report its activity may run a burst in
 	// another interleaving on a replay: a failure is taken not to
 	// reproduce only after several tries. The first goes alone, since it
@@ -113,7 +116,7 @@ func (s *shrinker) replay(cands [][]Plan) []replayed {
 	for range cands {
 		s.runs++
 		if s.after != nil {
-			s.after()
+			s.after(cmp.Or(len(s.plans), s.from))
 		}
 	}
 	return out

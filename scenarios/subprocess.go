@@ -117,6 +117,12 @@ func (s *subprocessServer) Output() string { return lastLines(s.p.Stderr(), 20) 
 // starts it again on the same data dir, with agents for {agents} if not
 // nil.
 func (s *subprocessServer) Restart(crash bool, agents []string) error {
+	return s.restartContext(context.Background(), crash, agents)
+}
+
+// restartContext is Restart, with ctx bounding the wait for the new run
+// to be ready.
+func (s *subprocessServer) restartContext(ctx context.Context, crash bool, agents []string) error {
 	if agents != nil {
 		s.p.SetAgents(agents)
 	}
@@ -130,7 +136,7 @@ func (s *subprocessServer) Restart(crash bool, agents []string) error {
 		// what matters is that the new run serves the old data.
 		_ = s.p.Stop()
 	}
-	return s.p.Restart()
+	return s.p.RestartContext(ctx)
 }
 
 // Close stops the process gracefully (then kills it) and removes its data.

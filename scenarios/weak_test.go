@@ -246,3 +246,21 @@ func TestChecksCountWhatWasAsked(t *testing.T) {
 	assert.LessOrEqual(t, c.Stats.Checks, 15)
 	assert.Positive(t, c.Stats.Checks)
 }
+
+// TestProgressNamesTheShrink: while a failure shrinks, progress says which
+// invariant's and how far down it is; once it is done, it says nothing of
+// it.
+func TestProgressNamesTheShrink(t *testing.T) {
+	var named []string
+	res, err := scenarios.Check(scenarios.MutantReference(sut.ForkNewSession), scenarios.Options{Checks: 20, Seed: 1,
+		Progress: func(s scenarios.Stats) {
+			if s.Shrinking != "" {
+				named = append(named, s.Shrinking)
+			}
+		}})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure)
+	require.NotEmpty(t, named, "no progress during the shrink named it")
+	assert.Regexp(t, `^the T4 failure, at \d+ step\(s\)$`, named[len(named)-1])
+	assert.Empty(t, res.Stats.Shrinking)
+}

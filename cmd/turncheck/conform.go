@@ -241,8 +241,11 @@ func progress(w io.Writer, live bool) func(scenarios.Stats) {
 		elapsed := time.Since(start)
 		line := fmt.Sprintf("%d checks, %.0f steps/s, %d faults injected, %s", s.Checks,
 			float64(s.Steps)/max(elapsed.Seconds(), 1e-3), faults, elapsed.Round(time.Second))
-		if s.ShrinkRuns > 0 {
-			line += fmt.Sprintf("; shrinking: %d replays", s.ShrinkRuns)
+		switch {
+		case s.Shrinking != "":
+			line += fmt.Sprintf("; shrinking %s: %d replays so far", s.Shrinking, s.ShrinkRuns)
+		case s.ShrinkRuns > 0:
+			line += fmt.Sprintf("; %d shrink replays", s.ShrinkRuns)
 		}
 		if live {
 			fmt.Fprintf(w, "\r\033[K%s", line)

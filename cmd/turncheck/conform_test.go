@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/internal/testbin"
+	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -251,4 +252,13 @@ func TestExampleServerConforms(t *testing.T) {
 	for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T10"} {
 		assert.Regexp(t, `PASS +[1-9]\d* `, verdictLine(stdout, inv), inv)
 	}
+}
+
+// TestProgressLine: the progress line counts checks and names the failure
+// being shrunk.
+func TestProgressLine(t *testing.T) {
+	var b strings.Builder
+	progress(&b, true)(scenarios.Stats{Checks: 7, ShrinkRuns: 5, Shrinking: "the T4 failure, at 3 step(s)"})
+	assert.Contains(t, b.String(), "7 checks")
+	assert.Contains(t, b.String(), "; shrinking the T4 failure, at 3 step(s): 5 replays so far")
 }

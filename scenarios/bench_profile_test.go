@@ -1,0 +1,128 @@
+//go:build unix
+
+package scenarios_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/internal/testbin"
+	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/sut"
+)
+
+// profileTarget is profiles/reference.yaml with its server run from bin,
+// extra appended to the server's command line.
+func profileTarget(tb testing.TB, bin string, extra ...string) scenarios.Target {
+	return slowStartTarget(tb, bin, 0, "", extra...)
+}
+
+// slowStartTarget is profileTarget whose server, when delay is not 0,
+// waits that long before it starts, each start counted by a line in the
+// file starts.
+func slowStartTarget(tb testing.TB, bin string, delay time.Duration, starts string, extra ...string) scenarios.Target {
+	tb.Helper()
+	base, err := os.ReadFile("../profiles/reference.yaml")
+	require.NoError(tb, err)
+	run := bin + ","
+	if delay > 0 {
+		run = fmt.Sprintf(`sh, -c, 'echo start >> "%s"; sleep %g; exec "$0" "$@"', %s,`, starts, delay.Seconds(), bin)
+	}
+	text := strings.Replace(string(base), "command: [turncheck,", "command: ["+run, 1)
+	for _, arg := range extra {
+		text = strings.Replace(text, "--request-timeout, 1s]", "--request-timeout, 1s, "+arg+"]", 1)
+	}
+	target, err := scenarios.ParseProfile([]byte(text))
+	require.NoError(tb, err)
+	return target
+}
+
+// BenchmarkChecksPerMinute measures whole checks through the reference
+// profile, the server a subprocess, one check at a time and as many at
+// once as the machine has cores: on the reference server as it is, and
+// on one that waits 300 ms before each turn (serve --turn-delay).
+func BenchmarkChecksPerMinute(b *testing.B) {
+	bin := testbin.Turncheck(b)
+	for _, server := range []struct {
+		name   string
+		extra  []string
+		checks int
+	}{{"reference", nil, 12}, {"slow-300ms", []string{"--turn-delay, 300ms"}, 4}} {
+		target := profileTarget(b, bin, server.extra...)
+		for _, parallel := range []int{1, scenarios.Parallel(target, 0)} {
+			b.Run(fmt.Sprintf("%s/parallel=%d", server.name, parallel), func(b *testing.B) {
+				checks, steps, elapsed := 0, 0, time.Duration(0)
+				for b.Loop() {
+					c, err := scenarios.Conform(target, scenarios.Options{Checks: server.checks, Steps: 20, Seed: 1, Parallel: parallel})
+					require.NoError(b, err)
+					require.Empty(b, c.Failures(), "the clean server failed")
+					checks, steps, elapsed = checks+c.Stats.Checks, steps+c.Stats.Steps, elapsed+c.Elapsed
+				}
+				b.ReportMetric(float64(checks)/elapsed.Minutes(), "checks/min")
+				b.ReportMetric(float64(steps)/elapsed.Seconds(), "steps/s")
+			})
+		}
+	}
+}
+
+// BenchmarkFirstFailThroughProfile runs each mutant through the reference
+// profile until its first failure (fail fast), as many checks at once as
+// the machine has cores: when the finding is printed (found and shrunk),
+// how long shrinking took, how many steps it came to and how many
+// candidates it replayed.
+func BenchmarkFirstFailThroughProfile(b *testing.B) {
+	bin := testbin.Turncheck(b)
+	for _, delay := range []time.Duration{0, time.Second} {
+		for _, m := range sut.Mutants() {
+			starts := filepath.Join(b.TempDir(), "starts")
+			extra := []string{"--mutant, " + string(m.Mutant)}
+			if m.Mutant == sut.LostOnEvict {
+				extra = append(extra, "--conversations-max, 2")
+			}
+			if m.Interruption == sut.KeepConsistent {
+				extra = append(extra, "--interruption, keep-consistent")
+			}
+			s := slowStartTarget(b, bin, delay, starts, extra...).(scenarios.Subprocess)
+			if m.Interruption == sut.KeepConsistent {
+				s.Reaches.Interruption = scenarios.KeepConsistent
+			}
+			// A loss on eviction depends on what else the cache holds: a
+			// fresh server per check, as in the conform test.
+			s.FreshPerCheck = m.Mutant == sut.LostOnEvict
+			b.Run(fmt.Sprintf("start=%s/%s", delay, m.Mutant), func(b *testing.B) {
+				var first, shrinking time.Duration
+				steps, replays, n := 0, 0, 0
+				for b.Loop() {
+					start := time.Now()
+					var at time.Duration
+					c, err := scenarios.Conform(s, scenarios.Options{Checks: 60, Steps: 20, Seed: 2, FailFast: true,
+						ShrinkTime: 10 * time.Second, Parallel: scenarios.Parallel(s, 0),
+						Found: func(*scenarios.Failure, scenarios.Stats) { at = time.Since(start) }})
+					require.NoError(b, err)
+					fs := c.Failures()
+					require.NotEmpty(b, fs, "%s not caught", m.Mutant)
+					f := fs[0]
+					b.Logf("%s: %s in %s; %s", m.Mutant, f.Violation.Invariant, at.Round(time.Millisecond), f.ShrinkStats())
+					first, shrinking = first+at, shrinking+f.ShrunkIn
+					steps, replays, n = steps+len(f.Plans), replays+f.ShrinkRuns, n+1
+				}
+				b.ReportMetric(first.Seconds()/float64(n), "s-to-FAIL")
+				b.ReportMetric(shrinking.Seconds()/float64(n), "shrink-s")
+				b.ReportMetric(float64(steps)/float64(n), "steps")
+				b.ReportMetric(float64(replays)/float64(n), "replays")
+				if delay > 0 {
+					// Whole runs: the checks' starts and the shrink's.
+					text, err := os.ReadFile(starts)
+					require.NoError(b, err)
+					b.ReportMetric(float64(strings.Count(string(text), "start"))/float64(n), "starts")
+				}
+			})
+		}
+	}
+}
