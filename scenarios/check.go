@@ -290,8 +290,9 @@ func (r *runner) failure(c *checkRun, opts Options) *Failure {
 	return f
 }
 
-// checkSeed is the seed rapid gives the n-th check (from 1) of a run that
-// starts from base: each check adds the number of checks before it.
+// checkSeed is the seed of the n-th check (from 1) of a run that starts
+// from base: each check adds the number of checks before it, as rapid's
+// own runs do.
 func checkSeed(base uint64, n int) uint64 {
 	k := uint64(n - 1)
 	return base + k*(k+1)/2

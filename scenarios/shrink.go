@@ -155,24 +155,33 @@ func (s *shrinker) tryFirst(cands [][]Plan) bool {
 	return false
 }
 
-// slice tries, in one replay, the steps that touch the violation's
-// conversation, with every restart they may depend on: most failures
-// need nothing else, and on a server that is slow to start one replay
-// saves many of ddmin's.
+// slice tries the steps that touch the violation's conversation alone,
+// first without a restart, then with every restart they may depend on:
+// most failures need nothing else, and on a server that is slow to start
+// the one or two replays save many of ddmin's, each restart most of all.
 func (s *shrinker) slice() {
 	conv := s.violation.Conv
 	if conv == (model.ConversationRef{}) {
 		return
 	}
-	var kept []Plan
+	var alone, restarted []Plan
 	for _, p := range s.plans {
-		if p.Restart != nil || slices.ContainsFunc(p.Sends, func(x Send) bool { return x.Conv == conv }) {
-			kept = append(kept, p)
+		touches := slices.ContainsFunc(p.Sends, func(x Send) bool { return x.Conv == conv })
+		if touches && p.Restart == nil {
+			alone = append(alone, p)
+		}
+		if touches || p.Restart != nil {
+			restarted = append(restarted, p)
 		}
 	}
-	if len(kept) < len(s.plans) {
-		s.try(kept)
+	var cands [][]Plan
+	if len(alone) < len(restarted) {
+		cands = append(cands, alone)
 	}
+	if len(restarted) < len(s.plans) {
+		cands = append(cands, restarted)
+	}
+	s.tryFirst(cands)
 }
 
 // ddmin removes as many whole steps as it can: chunks of the plans, halved
