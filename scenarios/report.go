@@ -221,7 +221,9 @@ func (s *Stats) Summary() string {
 		b.WriteString(countList(s.Causes))
 	}
 	if len(s.TimeMS) > 0 {
-		b.WriteString("\ntime spent: ")
+		// Checks run at once each count their own time: the sums may
+		// pass the run's wall time.
+		b.WriteString("\ntime spent (summed over the checks): ")
 		parts := []string{}
 		for _, k := range slices.Sorted(maps.Keys(s.TimeMS)) {
 			parts = append(parts, fmt.Sprintf("%s %s", k, (time.Duration(s.TimeMS[k])*time.Millisecond).Round(10*time.Millisecond)))

@@ -234,7 +234,7 @@ func TestWhereTheTimeGoes(t *testing.T) {
 	for _, what := range []string{"starting servers", "waiting for the server to come to rest"} {
 		assert.Contains(t, res.TimeMS, what)
 	}
-	assert.Contains(t, res.Summary(), "time spent: ")
+	assert.Contains(t, res.Summary(), "time spent (summed over the checks): ")
 }
 
 // TestChecksCountWhatWasAsked: --checks N runs at most N checks, however
