@@ -59,6 +59,9 @@ type Conformance struct {
 	Stats    Stats         `json:"stats"`
 	Elapsed  time.Duration `json:"elapsedNs"`
 	Verdicts []Verdict     `json:"verdicts"`
+	// Asked is how many checks were asked for; Stats.Checks says how
+	// many ran.
+	Asked int `json:"checksAsked"`
 	// Stopped says why the run ended before all its checks ran (the time
 	// bound, or an interruption); "" when they all ran.
 	Stopped string `json:"stopped,omitempty"`
@@ -71,8 +74,21 @@ type Conformance struct {
 }
 
 // Passed reports whether the server conforms: every applicable invariant
-// that turncheck checks and was not skipped was exercised and passed.
+// that turncheck checks and was not skipped was exercised and passed, in
+// every check asked for. A run the time bound cut short has not passed,
+// whatever it saw (see CutShort).
 func (c *Conformance) Passed() bool {
+	return c.Stopped == "" && c.clean()
+}
+
+// CutShort reports a run that broke nothing and left nothing unexercised
+// in the checks it ran, but ran fewer than asked: it stopped early.
+func (c *Conformance) CutShort() bool {
+	return c.Stopped != "" && c.clean()
+}
+
+// clean reports that no verdict is a FAIL or NOT EXERCISED.
+func (c *Conformance) clean() bool {
 	for _, v := range c.Verdicts {
 		if v.Status == Fail || v.Status == NotExercised {
 			return false
@@ -123,7 +139,7 @@ func Conform(target Target, opts Options) (*Conformance, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Conformance{Seed: opts.Seed, Stats: *newStats()}
+	c := &Conformance{Seed: opts.Seed, Stats: *newStats(), Asked: opts.Checks}
 	found := map[model.Invariant]*Failure{}
 	runErr := conformIn(l, opts, c, found)
 	notes, cerr := StopNotes(l.close())

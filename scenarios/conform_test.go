@@ -185,3 +185,20 @@ func TestSameCauseIsNotAPass(t *testing.T) {
 	require.NoError(t, c.WriteJUnit(&junit))
 	assert.Contains(t, junit.String(), `<skipped message="same cause: broken 2 time(s)`)
 }
+
+// TestCutShortIsNoPass: a run the time bound ended before the checks asked
+// ran has not passed, though nothing broke in what it ran.
+func TestCutShortIsNoPass(t *testing.T) {
+	var all []Verdict
+	for _, inv := range model.Invariants() {
+		all = append(all, Verdict{Invariant: inv, Status: Pass, Evaluations: 1})
+	}
+	done := &Conformance{Verdicts: all, Asked: 10}
+	assert.True(t, done.Passed())
+	assert.False(t, done.CutShort())
+	cut := &Conformance{Verdicts: all, Asked: 10, Stopped: "the time bound was reached"}
+	assert.False(t, cut.Passed())
+	assert.True(t, cut.CutShort())
+	all[3].Status = NotExercised
+	assert.False(t, cut.CutShort(), "a run with an invariant not exercised does not conform, cut short or not")
+}

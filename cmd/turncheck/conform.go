@@ -65,7 +65,8 @@ or no answer) ends the run with exit 2, never a pass. One that exits with
 a failure status on SIGTERM at the end is a note beside the verdicts.
 
 Exit status: 0 when every applicable invariant that turncheck checks was
-exercised and passed (skipped ones aside), 1 otherwise, 2 when the run
+exercised and passed (skipped ones aside) in every check asked, 1
+otherwise (a run --timeout cut short says INCOMPLETE), 2 when the run
 could not be carried out (bad profile, server did not start, died or
 stopped answering).
 
@@ -180,9 +181,14 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stdout, "INTERRUPTED: the verdicts above cover the checks run so far")
 		return exitUsage
 	}
-	if c.Passed() {
+	switch {
+	case c.Passed():
 		fmt.Fprintln(stdout, "CONFORMS: every applicable invariant turncheck checks was exercised and passed")
 		return exitOK
+	case c.CutShort():
+		fmt.Fprintf(stdout, "INCOMPLETE: nothing broken in the %d of %d checks asked that ran, but %s first: "+
+			"run longer (--timeout) or ask fewer checks (--checks) for a verdict\n", c.Stats.Checks, c.Asked, c.Stopped)
+		return exitViolation
 	}
 	fmt.Fprintln(stdout, "DOES NOT CONFORM: see the verdicts above")
 	return exitViolation
