@@ -53,6 +53,9 @@ type executor struct {
 	ctx context.Context
 	// spent is where the executor's wall time went, for a run's summary.
 	spent timeSpent
+	// cutRestart says a restart was cut short by ctx: the server may not
+	// run at all now.
+	cutRestart bool
 }
 
 // timeSpent is where a run's wall time went, by what it waited on.
@@ -316,6 +319,7 @@ func (e *executor) restart(p Plan, step, index int) Op {
 		restart = func(crash bool, refs []string) error { return rc.restartContext(e.ctx, crash, refs) }
 	}
 	if err := restart(p.Restart.Crash, refs); err != nil {
+		e.cutRestart = e.ctx != nil && e.ctx.Err() != nil
 		op.Response.Outcome, op.Response.Detail = model.Fail, "the server did not come back: "+err.Error()
 		return op
 	}

@@ -492,9 +492,13 @@ func (s *session) restarted(r *Restart, op Op) *model.Violation {
 func (s *session) close() error {
 	s.client.close()
 	if !s.own {
-		if !slices.Equal(s.sources, []string{referenceSource}) {
-			// The next check starts as this one did: the agent under its
-			// first reference.
+		if s.lab.ctx != nil && s.lab.ctx.Err() != nil {
+			return nil // the run is over: the shared server is stopped next
+		}
+		// The next check starts as this one did: the agent under its
+		// first reference, on a server that runs (a restart its check's
+		// bound cut short left none).
+		if s.exec.cutRestart || !slices.Equal(s.sources, []string{referenceSource}) {
 			r, ok := s.srv.(Restarter)
 			if ok {
 				refs := agentRefs(s.fake.URL(), s.profile.Agent, []string{referenceSource})

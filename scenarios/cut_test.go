@@ -1,0 +1,51 @@
+//go:build unix
+
+package scenarios
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/internal/testbin"
+	"github.com/turncheck/turncheck/model"
+)
+
+// TestCutRestartLeavesTheSharedServerRunning: a session whose bound ends
+// while a restart of the run's shared server waits for it to be ready (a
+// shrink replay out of time, say) leaves a server that runs for the next
+// session, not one the run then takes for dead.
+func TestCutRestartLeavesTheSharedServerRunning(t *testing.T) {
+	bin := testbin.Turncheck(t)
+	// Ready at once on its first start; each later start waits 2 s
+	// first, longer than the session's bound below.
+	target := Subprocess{
+		Command: []string{"sh", "-c", `if [ -e "$0/started" ]; then sleep 2; fi; touch "$0/started"; exec "$@"`, "{data_dir}",
+			bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}"},
+		ReadyLine: `listening on (http://\S+)`,
+		Reaches:   Profile{Model: "m", Durability: Durability{Restart: true}},
+	}
+	l, err := openLab(target, nil)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, l.close()) }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	s, err := l.session(ctx)
+	require.NoError(t, err)
+	ops, v := s.step(Plan{Action: "restart", Restart: &Restart{}})
+	assert.Nil(t, v, "a step the bound cut short decides nothing")
+	require.NotEqual(t, model.OK, ops[0].Response.Outcome, "the restart was not cut short: the test proves nothing")
+	require.NoError(t, s.close())
+
+	next, err := l.session(context.Background())
+	require.NoError(t, err, "the next session found no server")
+	conv := model.ConversationRef{ID: "conv-1"}
+	ops, v = next.step(single("new conversation", turnSend(conv, model.UserToken(1), false)))
+	require.Nil(t, v)
+	assert.Equal(t, model.OK, ops[0].Response.Outcome, ops[0].Response.Detail)
+	require.NoError(t, next.close())
+}
