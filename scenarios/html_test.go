@@ -43,7 +43,7 @@ func TestHTMLReportInBrowser(t *testing.T) {
 	browser := findChromium(t)
 
 	res, err := scenarios.Check(scenarios.Reference{Mutant: sut.NoConversationLock},
-		scenarios.Options{Checks: 50, ShrinkTime: 2 * time.Second})
+		scenarios.Options{Checks: 50, Seed: 1, ShrinkTime: 2 * time.Second})
 	require.NoError(t, err)
 	require.NotNil(t, res.Failure, "no-conversation-lock not caught (seed %d)", res.Seed)
 	v := res.Failure.Violation

@@ -22,7 +22,7 @@ import (
 func TestSaveForTest(t *testing.T) {
 	t.Chdir(t.TempDir())
 	target := Reference{Mutant: sut.ForkNewSession}
-	res, err := Check(target, Options{Checks: 50})
+	res, err := Check(target, Options{Checks: 50, Seed: 1})
 	require.NoError(t, err)
 	require.NotNil(t, res.Failure)
 	require.NotNil(t, res.Failure.Violation)

@@ -93,7 +93,10 @@ func TestMutantsCaught(t *testing.T) {
 			// A generous bound: a shrink that is done takes well under it on
 			// an idle machine, and only a shrink that is done is held to a
 			// length, so a loaded machine slows the test, never fails it.
-			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, ShrinkTime: 30 * time.Second})
+			// The seed is fixed: whether 100 checks reach a bug is the
+			// search's luck (shallow-clone went uncaught in 50 from a
+			// drawn seed), and the in-process server replays it exactly.
+			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: 30 * time.Second})
 			require.NoError(t, err)
 			require.NotNil(t, res.Failure, "mutant %s (%s) not caught in %d checks (seed %d)",
 				info.Mutant, info.Issue, res.Checks, res.Seed)
@@ -163,7 +166,7 @@ func TestCleanCheckPassesUnderReject(t *testing.T) {
 // TestRejectIsNotSerialize: a server that answers 409 while its profile
 // claims serialize is caught, as T4.
 func TestRejectIsNotSerialize(t *testing.T) {
-	res, err := scenarios.Check(rejectClaimingSerialize{}, scenarios.Options{Checks: 50, ShrinkTime: 5 * time.Second})
+	res, err := scenarios.Check(rejectClaimingSerialize{}, scenarios.Options{Checks: 50, Seed: 1, ShrinkTime: 5 * time.Second})
 	require.NoError(t, err)
 	require.NotNil(t, res.Failure, "a 409 under a serialize profile went unnoticed")
 	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
@@ -208,7 +211,7 @@ func TestWithoutActivityReports(t *testing.T) {
 	assert.Positive(t, res.Invariants[model.T4])
 
 	res, err = scenarios.Check(quietTarget{scenarios.Reference{Mutant: sut.NoConversationLock}},
-		scenarios.Options{Checks: 50, ShrinkTime: 100 * time.Millisecond})
+		scenarios.Options{Checks: 50, Seed: 1, ShrinkTime: 100 * time.Millisecond})
 	require.NoError(t, err)
 	require.NotNil(t, res.Failure)
 	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
