@@ -66,6 +66,8 @@ const (
 	spentStarting = "starting servers"
 	spentRestarts = "restarts and crashes"
 	spentSettling = "waiting for the server to come to rest"
+	spentQuiet    = "quiet periods (the server reports no activity)"
+	spentTimeouts = "held calls waiting out the server's model timeout"
 	spentShrink   = "shrinking"
 )
 
@@ -92,6 +94,10 @@ type flight struct {
 	// released is when the harness let go of what the server still waited
 	// on for this dropped turn before the step ended (0: at its end).
 	released int64
+	// waitingOut is when the harness left a held call to the server's own
+	// model timeout (zero if it did not), and ended when the request
+	// ended: the time between is what that timeout cost the run.
+	waitingOut, ended time.Time
 }
 
 func (f *flight) finished() bool {
@@ -191,6 +197,7 @@ func (e *executor) execute(p Plan) (ops []Op) {
 			// Wall time only ever excuses: a refusal after this long may
 			// be a bounded wait ending (T4).
 			ops[i].Turn.WaitedOut = time.Since(sent) >= e.client.profile.modelTimeout()
+			f.ended = time.Now()
 			close(f.done)
 			poke() // after done: a wake-up must find the change it announces
 		}()
@@ -247,6 +254,9 @@ func (e *executor) execute(p Plan) (ops []Op) {
 	wg.Wait()
 	for _, f := range flights {
 		f.cancel()
+		if !f.waitingOut.IsZero() {
+			e.spent[spentTimeouts] += f.ended.Sub(f.waitingOut)
+		}
 	}
 	interrupted := slices.ContainsFunc(flights, func(f *flight) bool { return f.interrupted })
 	e.idle(interrupted)
@@ -362,6 +372,9 @@ func (e *executor) let(s Send, f *flight) {
 	default:
 		// A hold on a server without deadline control lasts until its own
 		// timeout.
+		if s.Fault.Kind == faults.Hold {
+			f.waitingOut = time.Now()
+		}
 		f.gate.Release()
 	}
 }
@@ -370,8 +383,8 @@ func (e *executor) let(s Send, f *flight) {
 // held by the model, or (as the server reports it) queued behind another
 // turn. A server that does not report its activity gets a quiet period.
 func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
-	defer e.spent.since(spentSettling, time.Now())
 	ar, reports := e.srv.(ActivityReporter)
+	defer e.spent.since(settlingKind(reports), time.Now())
 	for {
 		resting := 0
 		for _, f := range flights {
@@ -469,8 +482,8 @@ func (e *executor) releaseDropped(flights []*flight) bool {
 // then given until the model holds nothing (it cancelled its held call),
 // or abortGrace.
 func (e *executor) idle(aborted bool) {
-	defer e.spent.since(spentSettling, time.Now())
 	ar, ok := e.srv.(ActivityReporter)
+	defer e.spent.since(settlingKind(ok), time.Now())
 	deadline := time.After(clientTimeout)
 	grace := time.Now().Add(abortGrace)
 	if !ok {
@@ -496,6 +509,17 @@ func (e *executor) idle(aborted bool) {
 	}
 }
 
+// settlingKind is where the time a step waits for the server to come
+// to rest goes: a server that reports its activity is waited for, one
+// that does not is given quiet periods, which a user may want to know
+// cost their run.
+func settlingKind(reports bool) string {
+	if reports {
+		return spentSettling
+	}
+	return spentQuiet
+}
+
 // abortGrace is how long a server is given to see that a client dropped
 // its turn before the harness lets go of what the model holds for it (a
 // verdict on T10 then depends on a server that takes longer, so it is
@@ -511,10 +535,10 @@ const (
 // period (at most clientTimeout): what a server that does not report its
 // activity does once let go then falls in this step.
 func (e *executor) quiet() {
-	defer e.spent.since(spentSettling, time.Now())
 	if _, ok := e.srv.(ActivityReporter); ok {
 		return // idle has waited for it
 	}
+	defer e.spent.since(spentQuiet, time.Now())
 	deadline := time.After(clientTimeout)
 	last, since := e.fake.CallCount()+e.fake.RunCount(), time.Now()
 	for time.Since(since) < quietPeriod {

@@ -159,7 +159,9 @@ type Stats struct {
 	Causes map[string]int `json:"causes,omitempty"`
 	// TimeMS says where the run's wall time went, in milliseconds: starting
 	// servers, restarts and crashes, waiting for a server to come to
-	// rest, shrinking; the rest went to the turns themselves.
+	// rest, quiet periods given a server that reports no activity, held
+	// calls left to the server's own model timeout, shrinking; the rest
+	// went to the turns themselves.
 	TimeMS map[string]int64 `json:"timeMs,omitempty"`
 	// Shrinking names, while a failure is being shrunk, its invariant and
 	// how many steps it is down to: what a progress line shows. "" once

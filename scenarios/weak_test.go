@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/sut"
@@ -235,6 +236,20 @@ func TestWhereTheTimeGoes(t *testing.T) {
 		assert.Contains(t, res.TimeMS, what)
 	}
 	assert.Contains(t, res.Summary(), "time spent (summed over the checks): ")
+	assert.NotContains(t, res.TimeMS, "quiet periods (the server reports no activity)",
+		"the in-process server reports its activity: no quiet period is needed")
+
+	// A server run as a process reports no activity and keeps its own
+	// model timeout: its run says what both cost.
+	c, err := scenarios.Conform(profileTarget(t, testbin.Turncheck(t)), scenarios.Options{Checks: 4, Steps: 15, Seed: 3})
+	require.NoError(t, err)
+	require.Positive(t, c.Stats.Faults["model-timeout"], "no held call drawn: pick a seed that draws one")
+	for _, what := range []string{"starting servers", "quiet periods (the server reports no activity)",
+		"held calls waiting out the server's model timeout"} {
+		assert.Contains(t, c.Stats.TimeMS, what)
+	}
+	// Each held call waits out the profile's model_timeout of 1s.
+	assert.GreaterOrEqual(t, c.Stats.TimeMS["held calls waiting out the server's model timeout"], int64(1000))
 }
 
 // TestChecksCountWhatWasAsked: --checks N runs at most N checks, however
