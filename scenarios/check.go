@@ -102,11 +102,11 @@ type Failure struct {
 	// FoundAfter is how many checks ran until the first violation, that one
 	// included, and FoundIn how long that took; the rest of the run shrank it.
 	FoundAfter int           `json:"foundAfterChecks"`
-	FoundIn    time.Duration `json:"foundInNs"`
+	FoundIn    time.Duration `json:"-"` // foundInMs in JSON
 	// ShrinkRuns is how many candidate runs the shrinker replayed, and
 	// ShrunkIn how long shrinking took.
 	ShrinkRuns int           `json:"shrinkRuns"`
-	ShrunkIn   time.Duration `json:"shrunkInNs"`
+	ShrunkIn   time.Duration `json:"-"` // shrunkInMs in JSON
 	// Shrink says how far shrinking got: Shrunk (no smaller candidate
 	// the shrinker tries breaks the invariant), PartlyShrunk (the bound
 	// ran out on the way) or NotShrunk (it ran out before any smaller

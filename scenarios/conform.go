@@ -57,7 +57,7 @@ type Verdict struct {
 type Conformance struct {
 	Seed     uint64        `json:"seed"`
 	Stats    Stats         `json:"stats"`
-	Elapsed  time.Duration `json:"elapsedNs"`
+	Elapsed  time.Duration `json:"-"` // elapsedMs in JSON
 	Verdicts []Verdict     `json:"verdicts"`
 	// Asked is how many checks were asked for; Stats.Checks says how
 	// many ran.

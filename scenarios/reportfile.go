@@ -14,7 +14,12 @@ import (
 
 // ReportSchema names the version of the JSON report format. A saved
 // failure is a report with a failure; `turncheck replay FILE` reads it.
-const ReportSchema = "turncheck/report/v1"
+// v2 gives every duration in milliseconds (v1 gave a failure's in
+// nanoseconds); ReadReport reads both.
+const ReportSchema = "turncheck/report/v2"
+
+// reportSchemaV1 is the schema before durations were all milliseconds.
+const reportSchemaV1 = "turncheck/report/v1"
 
 // ServerSpec says which server a report is about, so that a replay can
 // start the same one: Kind "reference" is the in-repo reference server,
@@ -87,10 +92,47 @@ func ReadReport(path string) (*Report, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("%s: not a turncheck report: %v", path, err)
 	}
-	if r.Schema != ReportSchema {
+	if r.Schema != ReportSchema && r.Schema != reportSchemaV1 {
 		return nil, fmt.Errorf("%s: schema %q, want %q", path, r.Schema, ReportSchema)
 	}
 	return &r, nil
+}
+
+// failureJSON is a Failure as JSON writes it, its durations aside.
+type failureJSON Failure
+
+// MarshalJSON writes f with its durations in milliseconds, as every
+// duration of turncheck's JSON is.
+func (f Failure) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		failureJSON
+		FoundIn  int64 `json:"foundInMs"`
+		ShrunkIn int64 `json:"shrunkInMs"`
+	}{failureJSON(f), f.FoundIn.Milliseconds(), f.ShrunkIn.Milliseconds()})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, and a failure saved under
+// schema v1, whose durations were in nanoseconds.
+func (f *Failure) UnmarshalJSON(b []byte) error {
+	var in struct {
+		*failureJSON
+		FoundInMS  *int64 `json:"foundInMs"`
+		ShrunkInMS *int64 `json:"shrunkInMs"`
+		FoundInNS  int64  `json:"foundInNs"`
+		ShrunkInNS int64  `json:"shrunkInNs"`
+	}
+	in.failureJSON = (*failureJSON)(f)
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	f.FoundIn, f.ShrunkIn = time.Duration(in.FoundInNS), time.Duration(in.ShrunkInNS)
+	if in.FoundInMS != nil {
+		f.FoundIn = time.Duration(*in.FoundInMS) * time.Millisecond
+	}
+	if in.ShrunkInMS != nil {
+		f.ShrunkIn = time.Duration(*in.ShrunkInMS) * time.Millisecond
+	}
+	return nil
 }
 
 // Text renders the report for a person: the failure's report, or the
@@ -166,12 +208,15 @@ func (c *Conformance) WriteJSON(w io.Writer) error {
 	return enc.Encode(struct {
 		Schema string `json:"schema"`
 		*Conformance
-		Passed bool `json:"passed"`
-	}{ConformanceSchema, c, c.Passed()})
+		ElapsedMS int64 `json:"elapsedMs"`
+		Passed    bool  `json:"passed"`
+	}{ConformanceSchema, c, c.Elapsed.Milliseconds(), c.Passed()})
 }
 
-// ConformanceSchema names the version of the JSON verdicts format.
-const ConformanceSchema = "turncheck/conformance/v1"
+// ConformanceSchema names the version of the JSON verdicts format. v2
+// gives the run's wall time as elapsedMs (v1: elapsedNs), in
+// milliseconds as every duration of turncheck's JSON.
+const ConformanceSchema = "turncheck/conformance/v2"
 
 // WriteJUnit writes the verdicts as JUnit XML: a test case per invariant,
 // failed, skipped (not applicable, skipped) with the reason,

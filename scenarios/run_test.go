@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -144,3 +147,35 @@ type closeServer struct{ *httptest.Server }
 
 func (s closeServer) URL() string  { return s.Server.URL }
 func (s closeServer) Close() error { s.Server.Close(); return nil }
+
+// TestDurationsInMilliseconds: a saved failure gives its durations in
+// milliseconds, as the rest of the JSON does, reads back the same, and a
+// failure saved under schema v1 (nanoseconds) still reads.
+func TestDurationsInMilliseconds(t *testing.T) {
+	f := &Failure{FoundIn: 1500 * time.Millisecond, ShrunkIn: 250 * time.Millisecond, Seed: 7}
+	var b strings.Builder
+	require.NoError(t, NewReport(&Result{Seed: 7, Elapsed: 2 * time.Second, Failure: f}, ServerSpec{Kind: "go"}).WriteJSON(&b))
+	assert.Contains(t, b.String(), `"foundInMs": 1500`)
+	assert.Contains(t, b.String(), `"shrunkInMs": 250`)
+	assert.Contains(t, b.String(), `"elapsedMs": 2000`)
+	assert.NotContains(t, b.String(), "Ns\"")
+
+	path := filepath.Join(t.TempDir(), "r.json")
+	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o644))
+	back, err := ReadReport(path)
+	require.NoError(t, err)
+	assert.Equal(t, f.FoundIn, back.Failure.FoundIn)
+	assert.Equal(t, f.ShrunkIn, back.Failure.ShrunkIn)
+
+	v1 := `{"schema": "turncheck/report/v1", "verdict": "fail", "failure": {"seed": 7, "foundInNs": 1500000000, "shrunkInNs": 250000000}}`
+	require.NoError(t, os.WriteFile(path, []byte(v1), 0o644))
+	back, err = ReadReport(path)
+	require.NoError(t, err)
+	assert.Equal(t, f.FoundIn, back.Failure.FoundIn)
+	assert.Equal(t, f.ShrunkIn, back.Failure.ShrunkIn)
+
+	var c strings.Builder
+	require.NoError(t, (&Conformance{Elapsed: 3 * time.Second}).WriteJSON(&c))
+	assert.Contains(t, c.String(), `"elapsedMs": 3000`)
+	assert.NotContains(t, c.String(), "Ns\"")
+}
