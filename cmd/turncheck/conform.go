@@ -38,7 +38,8 @@ OpenAI-compatible model provider: the harness runs a fake one, which it
 scripts to fail, hang and cut streams, and reads the server's history from
 what the server sends it.
 
---profile FILE is a YAML profile (see profiles/README.md): the command that
+--profile FILE is a YAML profile (see profiles/README.md; without --profile
+or --url, turncheck.yaml in the current directory is read): the command that
 starts the server (with {addr}, {port}, {model_url}, {data_dir}), or the url
 of a running one, the conversation header, API keys, the model name,
 whether the server offers the tool loop's tools (echo and lookup), and the
@@ -101,9 +102,16 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	var target scenarios.Target
 	var spec scenarios.ServerSpec
+	if *profile == "" && *url == "" {
+		if _, err := os.Stat(defaultProfile); err == nil {
+			*profile = defaultProfile
+			fmt.Fprintf(stdout, "turncheck conform: using the profile %s found in this directory\n", defaultProfile)
+		}
+	}
 	switch {
 	case (*profile == "") == (*url == ""):
-		return fail(stderr, "conform", errors.New("give --profile FILE or --url URL (see 'turncheck conform --help')"))
+		return fail(stderr, "conform", errors.New("give --profile FILE or --url URL, or write the profile as "+defaultProfile+
+			" in this directory (see 'turncheck conform --help')"))
 	case *profile != "":
 		t, err := scenarios.LoadProfile(*profile)
 		if err != nil {
@@ -193,6 +201,11 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fmt.Fprintln(stdout, "DOES NOT CONFORM: see the verdicts above")
 	return exitViolation
 }
+
+// defaultProfile is the profile conform reads when given neither
+// --profile nor --url: a project keeps its server's profile at its root
+// and runs a bare 'turncheck conform'.
+const defaultProfile = "turncheck.yaml"
 
 // describe names the server a target runs, for the first line of output.
 func describe(t scenarios.Target) string {

@@ -204,6 +204,25 @@ func TestConformURLNothingServed(t *testing.T) {
 	srv.CloseClientConnections()
 }
 
+// TestConformFindsTurncheckYAML: without --profile or --url, conform reads
+// turncheck.yaml in the current directory, and says so; without one it
+// says that it looked.
+func TestConformFindsTurncheckYAML(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	code, _, stderr := runCLI(t, "conform")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "turncheck.yaml")
+
+	// A profile whose server cannot start: what matters is which file
+	// was read, and the error names it.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "turncheck.yaml"), []byte("server: {comand: [x]}\n"), 0o644))
+	code, stdout, stderr := runCLI(t, "conform")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stdout, "using the profile turncheck.yaml")
+	assert.Contains(t, stderr, `turncheck.yaml: line 1: unknown field "comand"`)
+}
+
 // TestConformUsage: what conform cannot run is a one-line error, exit 2.
 func TestConformUsage(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
