@@ -13,11 +13,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,6 +106,13 @@ type ProcessConfig struct {
 	// {data_dir} in a value are replaced as in Command: many servers take
 	// their model's base URL from the environment (OPENAI_BASE_URL).
 	Env []string
+	// Files are written into DataDir before every start, a restart's too:
+	// each maps a path relative to DataDir to a template, whose {addr},
+	// {port}, {model_url} and {data_dir} are replaced as in Command. A
+	// server that reads its model's base URL only from a config file
+	// (an agent YAML, a JSON config) then needs no wrapper script to
+	// write one. Paths must stay inside DataDir (CheckFilePath).
+	Files map[string]string
 	// Ready is the path polled with GET until it answers with any status
 	// below 500; "" means "/healthz". Any HTTP answer counts, a 404 too, so a
 	// server without the path is ready as soon as it answers HTTP at all.
@@ -451,6 +462,9 @@ func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err err
 	if len(argv) == 0 {
 		return false, errors.New("start server: the command is empty once {agents} is expanded with no agents")
 	}
+	if err := p.writeFiles(addr); err != nil {
+		return false, err
+	}
 	r, err := p.exec(argv, env)
 	if err != nil {
 		return false, err
@@ -617,6 +631,39 @@ func waitLine(ctx context.Context, r *run, expr string, timeout time.Duration) (
 	case <-t.C:
 		return "", "", fmt.Errorf("no line of output matched %q within %v", expr, timeout)
 	}
+}
+
+// writeFiles writes cfg.Files into the data dir for a start on addr.
+func (p *Process) writeFiles(addr string) error {
+	for _, name := range slices.Sorted(maps.Keys(p.cfg.Files)) {
+		if err := CheckFilePath(name); err != nil {
+			return fmt.Errorf("start server: file %q: %w", name, err)
+		}
+		text := expandCommand([]string{p.cfg.Files[name]}, nil, addr, p.cfg.ModelURL, p.cfg.DataDir)[0]
+		dst := filepath.Join(p.cfg.DataDir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+			return fmt.Errorf("start server: %w", err)
+		}
+		if err := os.WriteFile(dst, []byte(text), 0o600); err != nil {
+			return fmt.Errorf("start server: %w", err)
+		}
+	}
+	return nil
+}
+
+// CheckFilePath says what is wrong with name as the path of a file
+// written into a server's data dir, nil if nothing: it must be relative,
+// with forward slashes, and stay inside the directory.
+func CheckFilePath(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty path")
+	case path.IsAbs(name) || filepath.IsAbs(name) || strings.Contains(name, `\`):
+		return errors.New("want a path relative to the data dir, with / between its parts")
+	case !filepath.IsLocal(filepath.FromSlash(name)):
+		return errors.New("the path leaves the data dir")
+	}
+	return nil
 }
 
 // expandCommand fills in the command template: {agents} repeats its

@@ -397,6 +397,34 @@ func TestProcessTemplate(t *testing.T) {
 		assert.Equal(t, "base=http://127.0.0.1:9/v1 port="+port+"\nready\n", p.Stderr())
 	})
 
+	t.Run("files written into the data dir before each start", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		p := procStart(t, faults.ProcessConfig{
+			Command:   shCommand(`cat "$1/conf/model.json"; echo; echo ready; exec sleep 60`, "{data_dir}"),
+			Files:     map[string]string{"conf/model.json": `{"base_url": "{model_url}", "listen": "{addr}", "dir": "{data_dir}"}`},
+			ModelURL:  "http://127.0.0.1:9/v1",
+			DataDir:   dir,
+			ReadyLine: `^ready$`,
+		})
+		addr := strings.TrimPrefix(p.URL(), "http://")
+		want := `{"base_url": "http://127.0.0.1:9/v1", "listen": "` + addr + `", "dir": "` + dir + `"}` + "\nready\n"
+		assert.Equal(t, want, p.Stderr())
+		// A restart writes them again, for its own address.
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "conf", "model.json"), []byte("stale"), 0o600))
+		require.NoError(t, p.Restart())
+		assert.NotContains(t, p.Stderr(), "stale")
+	})
+
+	t.Run("a file outside the data dir is refused", func(t *testing.T) {
+		t.Parallel()
+		for _, name := range []string{"../x", "/etc/x", "a/../../x", ""} {
+			_, err := faults.StartProcess(faults.ProcessConfig{Command: shCommand(`echo ready; exec sleep 60`),
+				Files: map[string]string{name: "x"}, DataDir: t.TempDir(), ReadyLine: `^ready$`})
+			assert.Error(t, err, name)
+		}
+	})
+
 	t.Run("{agents} repeats its argument per agent", func(t *testing.T) {
 		t.Parallel()
 		script := `printf '<%s>\n' "$@"; echo ready; exec sleep 60`

@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
 )
 
@@ -75,6 +76,7 @@ type profileFile struct {
 type serverSection struct {
 	Command       []string          `yaml:"command"`
 	Env           map[string]string `yaml:"env"`
+	Files         map[string]string `yaml:"files"`
 	Agent         string            `yaml:"agent"`
 	Ready         readySection      `yaml:"ready"`
 	StopGrace     time.Duration     `yaml:"stop_grace"`
@@ -256,8 +258,16 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 	if !slicesContainsAny(s.Command, "{addr}", "{port}") && s.Ready.Line == "" {
 		return nil, errors.New("server.command: no {addr} or {port}, and no ready.line that reports the address: the server cannot learn where to listen, nor the harness where it listens")
 	}
-	if !slicesContainsAny(s.Command, "{model_url}") && !hasEnvPlaceholder(s.Env, "{model_url}") {
-		return nil, errors.New("server.command: no {model_url} in the command or env: the server must call the fake model, at the URL the harness gives it")
+	if !slicesContainsAny(s.Command, "{model_url}") && !hasEnvPlaceholder(s.Env, "{model_url}") && !hasEnvPlaceholder(s.Files, "{model_url}") {
+		return nil, errors.New("server.command: no {model_url} in the command, env or files: the server must call the fake model, at the URL the harness gives it")
+	}
+	for name, text := range s.Files {
+		if err := faults.CheckFilePath(name); err != nil {
+			return nil, fmt.Errorf("server.files: %q: %v", name, err)
+		}
+		if strings.Contains(text, "{agents}") {
+			return nil, fmt.Errorf("server.files: %q: {agents} is for the command line (--agent={agents}), where it repeats per agent", name)
+		}
 	}
 	if s.Ready.HTTP != "" && s.Ready.Line != "" {
 		return nil, errors.New("server.ready: give http or line, not both")
@@ -291,6 +301,7 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 	return Subprocess{
 		Command:       s.Command,
 		Env:           env,
+		Files:         s.Files,
 		Agent:         s.Agent,
 		Ready:         s.Ready.HTTP,
 		ReadyLine:     s.Ready.Line,

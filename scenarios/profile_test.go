@@ -39,6 +39,7 @@ func TestProfileFields(t *testing.T) {
 server:
   command: [./srv, "--port={port}", "--agent={agents}"]
   env: {OPENAI_BASE_URL: "{model_url}"}
+  files: {conf/model.yaml: "base_url: {model_url}\n"}
   agent: helper
   ready: {line: 'listening on (\S+)', timeout: 1m}
   stop_grace: 2s
@@ -59,6 +60,7 @@ policies:
 	require.NoError(t, err)
 	s := target.(Subprocess)
 	assert.Equal(t, []string{"OPENAI_BASE_URL={model_url}"}, s.Env)
+	assert.Equal(t, map[string]string{"conf/model.yaml": "base_url: {model_url}\n"}, s.Files)
 	assert.Equal(t, "helper", s.Agent)
 	assert.Equal(t, `listening on (\S+)`, s.ReadyLine)
 	assert.Equal(t, time.Minute, s.StartTimeout)
@@ -112,6 +114,10 @@ func TestProfileErrors(t *testing.T) {
 		"server: {command: [x, '{addr}', '{model_url}'], env: {'A=B': c}}":          "server.env",
 		"server: {command: [x, '{addr}', '{model_url}'], agent: helper}":            "no {agents}",
 		"server: {command: [x, '{addr}', '{model_url}', '{agents}'], agent: 'a b'}": "server.agent",
+		"server: {command: [x, '{addr}', '{model_url}'], files: {../c.json: x}}":    `server.files: "../c.json": the path leaves the data dir`,
+		"server: {command: [x, '{addr}', '{model_url}'], files: {/etc/c: x}}":       `server.files: "/etc/c": want a path relative`,
+		"server: {command: [x, '{addr}', '{model_url}'], files: {c: '{agents}'}}":   `server.files: "c": {agents} is for the command line`,
+		"server: {command: [x, '{addr}'], files: {c.json: '{addr}'}}":               "no {model_url} in the command, env or files",
 	} {
 		_, err := ParseProfile([]byte(yaml))
 		require.Error(t, err, "%q", yaml)

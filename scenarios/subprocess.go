@@ -28,6 +28,10 @@ type Subprocess struct {
 	// Env is added to the environment, KEY=VALUE; placeholders are
 	// replaced as in Command.
 	Env []string
+	// Files are written into the data dir before every start, a
+	// restart's too: a path relative to it, mapped to a template whose
+	// placeholders are replaced as in Command (see faults.ProcessConfig).
+	Files map[string]string
 	// Agent names the agent the server loads from the fake model, if any:
 	// {agents} gets a reference to it, http://MODEL/agents/NAME.yaml?tag=v1,
 	// whose query the harness changes across restarts (set Reaches.Agent
@@ -85,7 +89,7 @@ func (s Subprocess) startContext(ctx context.Context, modelURL string) (Server, 
 		refs = agentRefs(modelURL, s.Agent, []string{referenceSource})
 	}
 	p, err := faults.StartProcess(faults.ProcessConfig{Command: s.Command, ModelURL: modelURL, DataDir: dir,
-		Env: s.Env, Agents: refs, Ready: s.Ready, ReadyLine: s.ReadyLine,
+		Env: s.Env, Files: s.Files, Agents: refs, Ready: s.Ready, ReadyLine: s.ReadyLine,
 		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace, Context: ctx})
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))

@@ -46,3 +46,25 @@ func TestSubprocessTarget(t *testing.T) {
 	t.Logf("caught after %d check(s) in %s; shrunk in %d replays, %s, to %d step(s)",
 		f.FoundAfter, f.FoundIn, f.ShrinkRuns, f.ShrunkIn, len(f.Plans))
 }
+
+// TestProfileWritesConfigFiles: a server that reads its model's base URL
+// only from a config file is checked without a wrapper script: the
+// profile writes the file into its data dir, before every start.
+func TestProfileWritesConfigFiles(t *testing.T) {
+	bin := testbin.Turncheck(t)
+	target, err := scenarios.ParseProfile([]byte(`
+server:
+  # The model URL comes from the file alone, never from the command line.
+  command: [sh, -c, 'exec "$0" serve --listen "$1" --data-dir "$2" --model-url "$(cat "$2/conf/model-url")" --request-timeout 1s',
+            ` + bin + `, "{addr}", "{data_dir}"]
+  files: {conf/model-url: "{model_url}"}
+policies: {durability: {restart: true, crash: true}}
+model_timeout: 1s
+`))
+	require.NoError(t, err)
+	res, err := scenarios.Check(target, scenarios.Options{Checks: 3, Steps: 15, Seed: 1})
+	require.NoError(t, err)
+	require.Nil(t, res.Failure, "the clean server configured by a file failed")
+	assert.Positive(t, res.Outcomes["ok"], "no turn reached the model through the file's URL")
+	assert.Positive(t, res.Faults["restart"]+res.Faults["crash"], "no restart: pick a seed that draws one")
+}
