@@ -49,33 +49,14 @@ type shrinker struct {
 // invariant as plans did, replaying candidates in labs. ok is false if
 // plans, replayed, did not break it at all: the failure did not reproduce.
 func shrink(ctx context.Context, labs []*lab, plans []Plan, v *model.Violation, after func(steps int)) (s *shrinker, ok bool) {
-	s = &shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans)}
-	// A server that does not report its activity may run a burst in
-	// another interleaving on a replay: a failure is taken not to
-	// reproduce only after several tries. The first goes alone, since it
-	// mostly reproduces.
-	reproduced := false
-	for tries := 0; tries < reproduceTries && !reproduced && !s.done(); {
-		n := 1
-		if tries > 0 {
-			n = min(len(labs), reproduceTries-tries)
-		}
-		batch := slices.Repeat([][]Plan{plans}, n)
-		for i, r := range s.replay(batch) {
-			if s.keep(batch[i], r) {
-				reproduced = true
-				break
-			}
-			if r.err == nil && !s.done() {
-				s.misses = append(s.misses, r.history)
-			}
-		}
-		tries += n
-	}
-	if !reproduced {
+	s = &shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), plans: plans, violation: v}
+	// The steps that touch the failing conversation, alone, are tried
+	// first: when they break the invariant, the failure reproduces, and
+	// the replay of the whole run, often the costliest of all (its
+	// restarts on a server slow to start), is spared.
+	if !s.slice() && !s.reproduce(plans) {
 		return s, false
 	}
-	s.slice()
 	s.ddmin()
 	for changed := true; changed && !s.done(); {
 		changed = s.simplify()
@@ -90,6 +71,34 @@ func shrink(ctx context.Context, labs []*lab, plans []Plan, v *model.Violation, 
 }
 
 func (s *shrinker) done() bool { return s.ctx.Err() != nil }
+
+// reproduce replays plans until they break the invariant again, and
+// reports whether they did. A server that does not report its activity
+// may run a burst in another interleaving on a replay: a failure is
+// taken not to reproduce only after several tries. The first goes
+// alone, since it mostly reproduces.
+func (s *shrinker) reproduce(plans []Plan) bool {
+	for tries := 0; tries < reproduceTries && !s.done(); {
+		n := 1
+		if tries > 0 {
+			n = min(len(s.labs), reproduceTries-tries)
+		}
+		batch := slices.Repeat([][]Plan{plans}, n)
+		for _, r := range s.replay(batch) {
+			if r.err == nil && r.v != nil && r.v.Invariant == s.want && !s.done() {
+				// The run itself, not a smaller one: nothing kept yet.
+				s.plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
+				s.history, s.violation = r.history, r.v
+				return true
+			}
+			if r.err == nil && !s.done() {
+				s.misses = append(s.misses, r.history)
+			}
+		}
+		tries += n
+	}
+	return false
+}
 
 // reproduceTries is how many replays of a failing run's steps must all
 // pass before the failure is called flaky.
@@ -128,9 +137,7 @@ func (s *shrinker) keep(plans []Plan, r replayed) bool {
 	if r.err != nil || r.v == nil || r.v.Invariant != s.want || s.done() {
 		return false
 	}
-	if s.plans != nil {
-		s.kept++
-	}
+	s.kept++
 	s.plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
 	s.history, s.violation = r.history, r.v
 	return true
@@ -156,13 +163,14 @@ func (s *shrinker) tryFirst(cands [][]Plan) bool {
 }
 
 // slice tries the steps that touch the violation's conversation alone,
-// first without a restart, then with every restart they may depend on:
-// most failures need nothing else, and on a server that is slow to start
-// the one or two replays save many of ddmin's, each restart most of all.
-func (s *shrinker) slice() {
+// first without a restart, then with every restart they may depend on,
+// and reports whether one broke the invariant: most failures need
+// nothing else, and on a server that is slow to start the one or two
+// replays save many of ddmin's, each restart most of all.
+func (s *shrinker) slice() bool {
 	conv := s.violation.Conv
 	if conv == (model.ConversationRef{}) {
-		return
+		return false
 	}
 	var alone, restarted []Plan
 	for _, p := range s.plans {
@@ -181,7 +189,7 @@ func (s *shrinker) slice() {
 	if len(restarted) < len(s.plans) {
 		cands = append(cands, restarted)
 	}
-	s.tryFirst(cands)
+	return s.tryFirst(cands)
 }
 
 // ddmin removes as many whole steps as it can: chunks of the plans, halved
