@@ -18,6 +18,7 @@
 package scenarios
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -312,13 +313,23 @@ func checkSeed(base uint64, n int) uint64 {
 //
 // A pass of an invariant means that it was exercised and no run broke it:
 // no false positives, but a bug the runs did not reach may remain.
-func Run(t *testing.T, target Target) {
+//
+// An Options, if given, sets the run without global flags: its Checks,
+// Steps and Seed, where not zero, win over rapid's flags, and the rest
+// (Skip, ShrinkTime, Parallel, ...) is used as it is.
+func Run(t *testing.T, target Target, options ...Options) {
 	t.Helper()
 	if path := os.Getenv("TURNCHECK_REPLAY"); path != "" {
 		replayIn(t, target, path)
 		return
 	}
-	opts := Options{Checks: int(uintFlag("rapid.checks")), Steps: int(uintFlag("rapid.steps")), Seed: uintFlag("rapid.seed")}
+	var opts Options
+	if len(options) > 0 {
+		opts = options[0]
+	}
+	opts.Checks = cmp.Or(opts.Checks, int(uintFlag("rapid.checks")))
+	opts.Steps = cmp.Or(opts.Steps, int(uintFlag("rapid.steps")))
+	opts.Seed = cmp.Or(opts.Seed, uintFlag("rapid.seed"))
 	if testing.Short() {
 		// As rapid does under -short: a fifth of the checks.
 		opts.Checks = max(opts.Checks/5, 1)
@@ -347,7 +358,9 @@ func Run(t *testing.T, target Target) {
 }
 
 // saveForTest saves a Go test's failure under testdata/turncheck/ and
-// says where, and the command that replays it exactly.
+// says where, and the command that replays it exactly: from the module's
+// root, where a person or CI most likely runs go test, with the file's
+// absolute path.
 func saveForTest(test string, res *Result, target Target) string {
 	f := res.Failure
 	path := filepath.Join("testdata", "turncheck", fmt.Sprintf("%s-%s-%d.json",
@@ -362,7 +375,35 @@ func saveForTest(test string, res *Result, target Target) string {
 	for i, p := range parts {
 		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
 	}
-	return "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + path + " go test -run '" + strings.Join(parts, "/") + "' ."
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		abs = path
+	}
+	return "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + abs + " go test -run '" + strings.Join(parts, "/") + "' " + packageFromRoot()
+}
+
+// packageFromRoot is the package of the current directory (where go test
+// runs a package's tests) as go test names it from the module's root:
+// "./sub/pkg", or "." when no go.mod is found above it.
+func packageFromRoot() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	for root := dir; ; {
+		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
+			rel, err := filepath.Rel(root, dir)
+			if err != nil || rel == "." {
+				return "."
+			}
+			return "./" + filepath.ToSlash(rel)
+		}
+		up := filepath.Dir(root)
+		if up == root {
+			return "."
+		}
+		root = up
+	}
 }
 
 // replayIn re-executes the failure saved at path against target, in t.

@@ -99,6 +99,23 @@ func TestRunSubtests(t *testing.T) {
 	t.Run("conformance", func(t *testing.T) { Run(t, referenceHandler()) })
 }
 
+// TestRunOptions: Options given to Run win over rapid's flags, and the
+// rest of them (here Progress) is used as it is.
+func TestRunOptions(t *testing.T) {
+	old := flag.Lookup("rapid.checks").Value.String()
+	require.NoError(t, flag.Set("rapid.checks", "8"))
+	t.Cleanup(func() { _ = flag.Set("rapid.checks", old) })
+	checks := 0
+	t.Run("conformance", func(t *testing.T) {
+		Run(t, referenceHandler(), Options{Checks: 3, Seed: 5, Progress: func(s Stats) { checks = s.Checks }})
+	})
+	want := 3
+	if testing.Short() {
+		want = 1 // a fifth of them, at least one
+	}
+	assert.Equal(t, want, checks)
+}
+
 // referenceHandler is the reference server as a Go server's own test
 // would give it: an http.Handler built for a model URL. A held model call
 // times out on the server's own clock: a short one keeps the test short.

@@ -23,7 +23,13 @@ import (
 // the message gives the exact command that replays it, and the saved
 // file, read back, replays to the same violation.
 func TestSaveForTest(t *testing.T) {
-	t.Chdir(t.TempDir())
+	// The test runs in its package's directory, in a module: the replay
+	// command is given from the module's root.
+	root := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(root, "go.mod"), []byte("module example.com/m\n"), 0o644))
+	pkg := filepath.Join(root, "sub", "pkg")
+	require.NoError(t, os.MkdirAll(pkg, 0o755))
+	t.Chdir(pkg)
 	target := Reference{Mutant: sut.ForkNewSession}
 	res, err := Check(target, Options{Checks: 50, Seed: 1})
 	require.NoError(t, err)
@@ -31,9 +37,10 @@ func TestSaveForTest(t *testing.T) {
 	require.NotNil(t, res.Failure.Violation)
 
 	msg := saveForTest("TestConversations/sub test", res, target)
-	m := regexp.MustCompile(`replay: TURNCHECK_REPLAY=(testdata/turncheck/TestConversations_sub_test-T4-\d+\.json) go test -run '\^TestConversations\$/\^sub test\$' \.`).
+	m := regexp.MustCompile(`replay: TURNCHECK_REPLAY=(/\S+/sub/pkg/testdata/turncheck/TestConversations_sub_test-T4-\d+\.json) go test -run '\^TestConversations\$/\^sub test\$' \./sub/pkg\n?$`).
 		FindStringSubmatch(msg)
 	require.NotNil(t, m, msg)
+	assert.Contains(t, msg, "saved: testdata/turncheck/TestConversations_sub_test-T4-")
 
 	saved, err := ReadReport(m[1])
 	require.NoError(t, err)
