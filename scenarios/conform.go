@@ -359,18 +359,36 @@ func (c *Conformance) Text(p Profile) string {
 func (c *Conformance) Table() string {
 	var b strings.Builder
 	for _, v := range c.Verdicts {
-		fmt.Fprintf(&b, "%-4s %-31s %-15s", v.Invariant, v.Invariant.Title(), strings.ToUpper(string(v.Status)))
-		switch {
-		case v.Status == Pass:
-			fmt.Fprintf(&b, "%d %s", v.Evaluations, exercises[v.Invariant])
-		case v.Failure != nil:
-			b.WriteString(firstLine(v.Failure.Violation.Error()))
-		default:
-			b.WriteString(v.Reason)
-		}
-		b.WriteByte('\n')
+		fmt.Fprintf(&b, "%-4s %-31s %-15s%s\n", v.Invariant, v.Invariant.Title(), strings.ToUpper(string(v.Status)), v.rests())
 	}
 	return b.String()
+}
+
+// rests says what a verdict rests on: how often a pass was exercised,
+// what a failure broke, or why the invariant was not judged.
+func (v Verdict) rests() string {
+	switch {
+	case v.Status == Pass:
+		return fmt.Sprintf("%d %s", v.Evaluations, exercises[v.Invariant])
+	case v.Failure != nil:
+		return firstLine(v.Failure.Violation.Error())
+	}
+	return v.Reason
+}
+
+// Outcome is the run's verdict in a word or three: CONFORMS, DOES NOT
+// CONFORM, INCOMPLETE (a run the time bound cut short that broke
+// nothing) or INTERRUPTED.
+func (c *Conformance) Outcome() string {
+	switch {
+	case c.Stopped == "interrupted":
+		return "INTERRUPTED"
+	case c.Passed():
+		return "CONFORMS"
+	case c.CutShort():
+		return "INCOMPLETE"
+	}
+	return "DOES NOT CONFORM"
 }
 
 // FindingText renders one failure for a person: the broken invariant, the

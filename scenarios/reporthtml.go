@@ -2,8 +2,11 @@ package scenarios
 
 import (
 	"bytes"
+	"fmt"
 	"html/template"
 	"io"
+	"strings"
+	"time"
 
 	"github.com/turncheck/turncheck/model"
 )
@@ -82,4 +85,93 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		data.Porcupine = b.String()
 	}
 	return htmlPage.Execute(w, data)
+}
+
+// runPage is the HTML page of a whole conformance run: the outcome, a
+// verdict per invariant with what it rests on, each failure's own report
+// (timeline and linearizability) inline, and what the run did: counts,
+// warnings, the time spent, the server's last output. It opens offline.
+var runPage = template.Must(template.New("run").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>turncheck conform: {{.Outcome}}</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:2em;max-width:80em}
+.verdict{font-size:1.4em;font-weight:bold}.fail{color:#b00}.pass{color:#070}.other{color:#666}
+table{border-collapse:collapse}td,th{padding:.3em .8em;text-align:left;vertical-align:top;border-bottom:1px solid #ddd}
+pre{font-family:ui-monospace,monospace;font-size:.9em;white-space:pre-wrap}.muted{color:#666}
+iframe{width:100%;height:40em;border:1px solid #ccc}
+</style></head><body>
+<h1>turncheck conform</h1>
+<p class="verdict {{.Class}}" id="outcome">{{.Outcome}}</p>
+<p class="muted">server: {{.Server}}; seed {{.Seed}}; {{.Stats.Checks}} of {{.Asked}} check(s) ran, {{.Stats.Steps}} step(s); elapsed {{.Elapsed}}</p>
+<table id="verdicts"><tr><th>invariant</th><th></th><th>verdict</th><th>what it rests on</th></tr>
+{{range .Rows}}<tr id="verdict-{{.Invariant}}" class="{{.Class}}"><td>{{.Invariant}}</td><td>{{.Title}}</td><td class="status">{{.Status}}</td><td>{{.Rests}}</td></tr>
+{{end}}</table>
+{{range .Failures}}<h2 id="failure-{{.Invariant}}">{{.Invariant}} ({{.Title}}): {{.Shrink}}</h2>
+<iframe title="the {{.Invariant}} failure" srcdoc="{{.Page}}"></iframe>
+{{end}}
+<h2>What the run did</h2>
+<pre id="summary">{{.Closing}}</pre>
+</body></html>
+`))
+
+// WriteHTML writes the conformance run as one self-contained HTML page
+// about server: the page a results directory opens with.
+func (c *Conformance) WriteHTML(w io.Writer, server ServerSpec) error {
+	type row struct {
+		Invariant            model.Invariant
+		Title, Status, Rests string
+		Class                string
+	}
+	type failure struct {
+		Invariant     model.Invariant
+		Title, Shrink string
+		Page          string
+	}
+	data := struct {
+		*Conformance
+		Outcome, Class, Server, Elapsed, Closing string
+		Rows                                     []row
+		Failures                                 []failure
+	}{Conformance: c, Outcome: c.Outcome(), Class: "fail", Server: server.String(),
+		Elapsed: c.Elapsed.Round(time.Millisecond).String(), Closing: c.Closing()}
+	if c.Passed() {
+		data.Class = "pass"
+	}
+	for _, v := range c.Verdicts {
+		class := "other"
+		switch v.Status {
+		case Pass:
+			class = "pass"
+		case Fail, NotExercised:
+			class = "fail"
+		}
+		data.Rows = append(data.Rows, row{v.Invariant, v.Invariant.Title(), strings.ToUpper(string(v.Status)), v.rests(), class})
+	}
+	for _, f := range c.Failures() {
+		var b bytes.Buffer
+		rep := NewReport(&Result{Stats: c.Stats, Seed: f.Seed, Elapsed: f.FoundIn + f.ShrunkIn, Failure: f}, server)
+		if err := rep.WriteHTML(&b); err != nil {
+			return err
+		}
+		inv := f.Violation.Invariant
+		data.Failures = append(data.Failures, failure{inv, inv.Title(), f.ShrinkStats(), b.String()})
+	}
+	return runPage.Execute(w, data)
+}
+
+// String names the server for a person.
+func (s ServerSpec) String() string {
+	switch s.Kind {
+	case "profile":
+		return "the server of the profile " + s.Profile
+	case "url":
+		return "the server at " + s.URL
+	case "reference":
+		out := "the reference server"
+		if s.Mutant != "" && s.Mutant != "none" {
+			out += fmt.Sprintf(" with the mutant %s", s.Mutant)
+		}
+		return out
+	}
+	return "a " + s.Kind + " server"
 }

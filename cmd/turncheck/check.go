@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -29,11 +28,14 @@ while a tool runs.
 In a burst the model holds every call and lets them go in a drawn order,
 so an interleaving replays from its seed. Every step is checked against the
 reference model, and every burst's conversation for linearizability. A
-violation is shrunk to a short sequence, printed, and saved under --save
-as JSON (replay it with 'turncheck replay FILE') and as an HTML report (a
+violation is shrunk to a short sequence, printed, and saved as JSON
+(replay it with 'turncheck replay FILE') and as an HTML report (a
 timeline of the steps and the linearizability of the history; it opens
-offline). --json and --junit write the report for machines and CI
-dashboards, pass or fail.
+offline). Every run keeps its results, pass or fail, in a directory of
+its own (--out; by default turncheck-results/TIME, with
+turncheck-results/latest naming the newest): report.txt, report.json,
+junit.xml, index.html and failures/. --json, --junit and --html write
+copies where CI wants them.
 
 --concurrency says which policy the server runs with and is judged by:
 serialize (a concurrent turn waits its turn) or reject (it gets 409 and
@@ -62,14 +64,14 @@ With --seed, runs again the check that seed starts (as 'turncheck check'
 printed it), searching and shrinking as check does.
 
 Examples:
-  turncheck replay turncheck-failures/T4-fork-new-session-4852977355662637239.json
+  turncheck replay turncheck-results/latest/failures/T4-fork-new-session-4852977355662637239.json
   turncheck replay --seed 4015895127573847763 --mutant mutate-before-run
 `
 
 // runFlags are the flags check and replay share: which server, and where
 // the reports go.
 type runFlags struct {
-	mutant, concurrency, interruption, save, json, junit, html *string
+	mutant, concurrency, interruption, out, save, json, junit, html *string
 }
 
 func addRunFlags(fs *flagSet, mutantHelp string) runFlags {
@@ -78,10 +80,12 @@ func addRunFlags(fs *flagSet, mutantHelp string) runFlags {
 		concurrency: fs.String("concurrency", string(sut.Serialize), "the reference server's policy for a turn on a busy conversation: serialize or reject"),
 		interruption: fs.String("interruption", "", "the reference server's policy for a turn whose client disconnects: rollback, keep-consistent "+
 			"(it keeps the user message and completed tool pairs) or complete (it runs on to its end); default rollback, keep-consistent for the orphan-tool-call-on-interrupt mutant"),
-		save:  fs.String("save", "turncheck-failures", "directory where a failure is saved (as JSON, for 'turncheck replay FILE', and as HTML)"),
+		out: fs.String("out", "", "directory for the run's results (the report as text, JSON, JUnit and index.html, and the failure); "+
+			"default "+resultsRoot+"/TIME, with "+resultsRoot+"/latest naming the newest"),
+		save:  fs.String("save", "", "directory where a failure is saved (as JSON, for 'turncheck replay FILE', and as HTML); default: failures/ in the results"),
 		json:  fs.String("json", "", "also write the report as JSON (schema "+scenarios.ReportSchema+") to this file"),
 		junit: fs.String("junit", "", "also write the report as JUnit XML, one test case per invariant, to this file"),
-		html:  fs.String("html", "", "write the HTML report (timeline and linearizability) to this file; a failure's goes beside its JSON by default"),
+		html:  fs.String("html", "", "also write the HTML report (timeline and linearizability) to this file"),
 	}
 }
 
@@ -196,6 +200,8 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 		// Said beside the verdict, never instead of it.
 		defer fmt.Fprintf(stdout, "note: %s\n", n)
 	}
+	var text bytes.Buffer
+	stdout = io.MultiWriter(stdout, &text)
 	// The replay's own counts: one run of the saved steps.
 	res := &scenarios.Result{Seed: saved.Seed, Elapsed: time.Since(start), Stats: replayStats(history)}
 	fmt.Fprintf(stdout, "turncheck replay: %s against %s\n", path, what)
@@ -212,7 +218,15 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 		Report: scenarios.FormatFailure(v, history, target.Profile())}
 	rep := scenarios.NewReport(res, saved.Server)
 	fmt.Fprintf(stdout, "FAIL: %s (%s) broken\n\n%s\n", v.Invariant, v.Invariant.Title(), strings.TrimRight(res.Failure.Report, "\n"))
-	writeReports("replay", rf, rep, "", stdout, stderr)
+	// A replay keeps results only where asked: it is the loop of a
+	// person fixing a bug, run again and again.
+	var res0 *results
+	if *rf.out != "" {
+		if res0, err = openResults(*rf.out, *rf.save, time.Now()); err != nil {
+			return fail(stderr, "replay", err)
+		}
+	}
+	writeReports("replay", rf, rep, "", res0, &text, stdout, stderr)
 	return exitViolation
 }
 
@@ -255,6 +269,13 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 	if err != nil {
 		return fail(stderr, cmd, err)
 	}
+	res0, err := openResults(*rf.out, *rf.save, time.Now())
+	if err != nil {
+		return fail(stderr, cmd, err)
+	}
+	// The results keep what the run printed, as it printed it.
+	var text bytes.Buffer
+	stdout = io.MultiWriter(stdout, &text)
 	if isTerminal(stderr) {
 		opts.Progress = progressLine(stderr)
 	}
@@ -278,7 +299,7 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 	f := res.Failure
 	if f == nil {
 		fmt.Fprintf(stdout, "PASS: no invariant broken\n%s\nelapsed: %s\n", res.Summary(), res.Elapsed.Round(time.Millisecond))
-		writeReports(cmd, rf, rep, "", stdout, stderr)
+		writeReports(cmd, rf, rep, "", res0, &text, stdout, stderr)
 		return exitOK
 	}
 	switch {
@@ -311,32 +332,29 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 		fmt.Fprintf(stdout, "seed: %d (%s searches again)\n", f.Seed, replay)
 	}
 	name := fmt.Sprintf("%s-%s-%d", f.Violation.Invariant, mutantLabel(target.Mutant), res.Seed)
-	writeReports(cmd, rf, rep, name, stdout, stderr)
+	writeReports(cmd, rf, rep, name, res0, &text, stdout, stderr)
 	return exitViolation
 }
 
-// writeReports writes rep where the flags say, and a failure (named name)
-// into the save directory, as JSON and HTML; it prints each path.
-func writeReports(cmd string, rf runFlags, rep *scenarios.Report, name string, stdout, stderr io.Writer) {
-	htmlPath := *rf.html
-	if name != "" && *rf.save != "" {
-		saved := filepath.Join(*rf.save, name+".json")
-		err := os.MkdirAll(*rf.save, 0o755)
-		if err == nil {
-			err = rep.Save(saved)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "turncheck %s: save the failure: %v\n", cmd, err)
-		} else {
-			fmt.Fprintf(stdout, "saved: %s\nreplay: %s replay %s\n", saved, self(), absPath(saved))
-		}
-		if htmlPath == "" {
-			htmlPath = filepath.Join(*rf.save, name+".html")
-		}
+// writeReports writes rep where the flags say, and, for a run with
+// results, into them: a failure (named name) as JSON and HTML, then the
+// report as text (what the run printed, text), JSON, JUnit and HTML. It
+// prints each path.
+func writeReports(cmd string, rf runFlags, rep *scenarios.Report, name string, res *results, text *bytes.Buffer, stdout, stderr io.Writer) {
+	if name != "" && res != nil {
+		res.saveFailure(cmd, name, rep.Save, rep.WriteHTML, stdout, stderr)
 	}
 	writeReport(cmd, *rf.json, "json", rep.WriteJSON, stdout, stderr)
 	writeReport(cmd, *rf.junit, "junit", rep.WriteJUnit, stdout, stderr)
-	writeReport(cmd, htmlPath, "html", rep.WriteHTML, stdout, stderr)
+	writeReport(cmd, *rf.html, "html", rep.WriteHTML, stdout, stderr)
+	if res == nil {
+		return
+	}
+	res.write(cmd, "report.txt", func(w io.Writer) error { _, err := w.Write(text.Bytes()); return err }, stderr)
+	res.write(cmd, "report.json", rep.WriteJSON, stderr)
+	res.write(cmd, "junit.xml", rep.WriteJUnit, stderr)
+	res.write(cmd, "index.html", rep.WriteHTML, stderr)
+	res.closing(stdout)
 }
 
 // writeReport renders a report (what: json, junit, html) to path, if one

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,7 +23,7 @@ PROTOCOL.md and gives a verdict per invariant:
 
   PASS            exercised, and never broken: the line says how often,
                   counting only what could have broken it
-  FAIL            broken: the shrunk steps follow, saved under --save
+  FAIL            broken: the shrunk steps follow, saved with the results
   NOT APPLICABLE  the server's declared policies, or the way it runs, exclude it
   NOT EXERCISED   never reached with its preconditions met (e.g. no turn ended ok)
   SKIPPED         left out with --skip as a known failure
@@ -49,6 +50,13 @@ check uses conversation ids of its own.
 --url URL checks a server that already runs with the default profile (no
 keys, X-Conversation-Id, policy serialize). Start it with its model base URL
 set to http://MODEL-ADDR/v1 first.
+
+Every run keeps its results in a directory of its own (--out; by default
+turncheck-results/TIME, with turncheck-results/latest naming the newest):
+verdicts.txt (what the run printed), verdicts.json, junit.xml, index.html
+(a page with every verdict, each failure's timeline and linearizability,
+the counts and the server's last output), and failures/, each failure as
+a file for 'turncheck replay FILE' and as a page.
 
 Off a terminal (a CI log, a file), progress is a line on stderr every 30s.
 
@@ -89,7 +97,8 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking each failure (a hard bound)")
 	var skip skipFlag
 	fs.Var(&skip, "skip", "leave out a known failure, e.g. T3 (repeatable)")
-	save := fs.String("save", "turncheck-failures", "directory where each failure is saved (JSON, for 'turncheck replay FILE')")
+	out := fs.String("out", "", "directory for the run's results (verdicts as text, JSON and JUnit, index.html, each failure); default "+resultsRoot+"/TIME, with "+resultsRoot+"/latest naming the newest")
+	save := fs.String("save", "", "directory where each failure is saved as it is found (JSON for 'turncheck replay FILE', and HTML); default: failures/ in the results")
 	jsonPath := fs.String("json", "", "also write the verdicts as JSON to this file")
 	junitPath := fs.String("junit", "", "also write the verdicts as JUnit XML, one test case per invariant, to this file")
 	failFast := fs.Bool("fail-fast", false, "stop at the first failure (its verdict, shrunk and saved, and the others as far as they got)")
@@ -126,22 +135,17 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		target, spec = t, scenarios.ServerSpec{Kind: "url", URL: *url}
 	}
+	res, err := openResults(*out, *save, time.Now())
+	if err != nil {
+		return fail(stderr, "conform", err)
+	}
+	// The results keep what the run printed, as it printed it.
+	var text bytes.Buffer
+	stdout = io.MultiWriter(stdout, &text)
 	saveFinding := func(f *scenarios.Failure, stats scenarios.Stats) {
-		if *save == "" {
-			return
-		}
 		rep := scenarios.NewReport(&scenarios.Result{Stats: stats, Seed: f.Seed, Elapsed: f.FoundIn + f.ShrunkIn, Failure: f}, spec)
 		// Named by the failing check's seed, the one the file holds.
-		path := filepath.Join(*save, fmt.Sprintf("%s-conform-%d.json", f.Violation.Invariant, f.Seed))
-		err := os.MkdirAll(*save, 0o755)
-		if err == nil {
-			err = rep.Save(path)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "turncheck conform: save the %s failure: %v\n", f.Violation.Invariant, err)
-			return
-		}
-		fmt.Fprintf(stdout, "saved: %s (replay: %s replay %s)\n", path, self(), absPath(path))
+		res.saveFailure("conform", fmt.Sprintf("%s-conform-%d", f.Violation.Invariant, f.Seed), rep.Save, rep.WriteHTML, stdout, stderr)
 	}
 	runCtx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -171,8 +175,11 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	if err != nil && (c == nil || c.Stats.Steps == 0) {
 		// Nothing was sent (the server did not start, say): the cause
-		// alone, not a table of verdicts that rest on nothing.
-		return fail(stderr, "conform", err)
+		// alone, not a table of verdicts that rest on nothing. The
+		// results say it too.
+		fail(io.MultiWriter(stderr, &text), "conform", err)
+		res.write("conform", "verdicts.txt", func(w io.Writer) error { _, err := w.Write(text.Bytes()); return err }, stderr)
+		return exitUsage
 	}
 	// What was found before an error is printed and saved all the same.
 	fmt.Fprint(stdout, c.Table())
@@ -182,24 +189,29 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fmt.Fprint(stdout, "\n"+c.Closing())
 	writeReport("conform", *jsonPath, "json", c.WriteJSON, stdout, stderr)
 	writeReport("conform", *junitPath, "junit", c.WriteJUnit, stdout, stderr)
+	code := exitViolation
 	switch {
 	case err != nil:
-		return fail(stderr, "conform", err)
+		fail(io.MultiWriter(stderr, &text), "conform", err)
+		code = exitUsage
 	case c.Stopped == "interrupted":
 		fmt.Fprintln(stdout, "INTERRUPTED: the verdicts above cover the checks run so far")
-		return exitUsage
-	}
-	switch {
+		code = exitUsage
 	case c.Passed():
 		fmt.Fprintln(stdout, "CONFORMS: every applicable invariant turncheck checks was exercised and passed")
-		return exitOK
+		code = exitOK
 	case c.CutShort():
 		fmt.Fprintf(stdout, "INCOMPLETE: nothing broken in the %d of %d checks asked that ran, but %s first: "+
 			"run longer (--timeout) or ask fewer checks (--checks) for a verdict\n", c.Stats.Checks, c.Asked, c.Stopped)
-		return exitViolation
+	default:
+		fmt.Fprintln(stdout, "DOES NOT CONFORM: see the verdicts above")
 	}
-	fmt.Fprintln(stdout, "DOES NOT CONFORM: see the verdicts above")
-	return exitViolation
+	res.write("conform", "verdicts.txt", func(w io.Writer) error { _, err := w.Write(text.Bytes()); return err }, stderr)
+	res.write("conform", "verdicts.json", c.WriteJSON, stderr)
+	res.write("conform", "junit.xml", c.WriteJUnit, stderr)
+	res.write("conform", "index.html", func(w io.Writer) error { return c.WriteHTML(w, spec) }, stderr)
+	res.closing(stdout)
+	return code
 }
 
 // defaultProfile is the profile conform reads when given neither

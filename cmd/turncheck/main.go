@@ -74,7 +74,7 @@ Commands:
 Examples:
   turncheck check
   turncheck check --mutant mutate-before-run --checks 200
-  turncheck replay turncheck-failures/T1-mutate-before-run-4015895127573847763.json
+  turncheck replay turncheck-results/latest/failures/T1-mutate-before-run-4015895127573847763.json
   turncheck mutants
   turncheck conform --profile profiles/reference.yaml
   turncheck model --listen 127.0.0.1:9090 &

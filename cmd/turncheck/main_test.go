@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,8 +31,13 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(procs.Checked(m)) }
 
 // runCLI runs the CLI with args and returns its exit status and output.
+// A run of check or conform keeps its results in a temporary directory
+// unless args say where (--out): never in the package's.
 func runCLI(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
+	if len(args) > 0 && (args[0] == "check" || args[0] == "conform") && !slices.Contains(args, "--out") {
+		args = append(slices.Clone(args), "--out", t.TempDir())
+	}
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), args, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
