@@ -15,6 +15,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -24,7 +25,7 @@ import (
 // and the CLI use. The metric to compare is steps/s against
 // BenchmarkBaseline's turns/s.
 func BenchmarkSteps(b *testing.B) {
-	target := scenarios.Reference{}
+	target := reference.Target{}
 	steps := 0
 	start := time.Now()
 	for b.Loop() {
@@ -129,7 +130,7 @@ func startBare(b *testing.B, h http.HandlerFunc) string {
 func BenchmarkCatchAndShrink(b *testing.B) {
 	for _, info := range sut.Mutants() {
 		b.Run(string(info.Mutant), func(b *testing.B) {
-			target := scenarios.Reference{Mutant: info.Mutant}
+			target := reference.Target{Mutant: info.Mutant}
 			steps, runs := 0, 0
 			for b.Loop() {
 				res, err := scenarios.Check(target, scenarios.Options{Checks: 100})

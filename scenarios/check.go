@@ -12,7 +12,8 @@
 // invariant and returns a Result, for the CLI and for tests that expect a
 // failure; Run runs Conform inside a Go test, one subtest per invariant, in
 // the spirit of testing/fstest.TestFS, for servers that import this
-// package. Targets start the servers: the in-repo Reference, a Handler, a
+// package. Targets start the servers: the in-repo reference server
+// (package scenarios/reference, which alone imports it), a Handler, a
 // Subprocess from a command line, a Remote server already running, or any
 // of them from a YAML profile (LoadProfile).
 package scenarios
@@ -36,7 +37,6 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
-	"github.com/turncheck/turncheck/sut"
 )
 
 // Options bound a Check.
@@ -429,12 +429,8 @@ func replayIn(t *testing.T, target Target, path string) {
 
 // specOf describes target for a saved report.
 func specOf(target Target) ServerSpec {
-	if r, ok := target.(Reference); ok {
-		c := r.Concurrency
-		if c == "" {
-			c = sut.Serialize
-		}
-		return ServerSpec{Kind: "reference", Mutant: string(r.Mutant), Concurrency: string(c)}
+	if s, ok := target.(Specifier); ok {
+		return s.Spec()
 	}
 	return ServerSpec{Kind: "go"}
 }

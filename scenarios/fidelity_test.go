@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -26,10 +27,10 @@ func TestReplayFidelity(t *testing.T) {
 	}
 	targets := map[string]scenarios.Target{}
 	for _, m := range []sut.Mutant{sut.ForkNewSession, sut.NoConversationLock} {
-		targets[string(m)] = scenarios.Reference{Mutant: m}
+		targets[string(m)] = reference.Target{Mutant: m}
 		// The same server, seen as one that does not report its activity:
 		// bursts settle by a quiet period.
-		targets[string(m)+" without activity reports"] = quietTarget{scenarios.Reference{Mutant: m}}
+		targets[string(m)+" without activity reports"] = quietTarget{reference.Target{Mutant: m}}
 	}
 	for name, target := range targets {
 		t.Run(name, func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/browser"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -33,7 +34,7 @@ var (
 func TestHTMLReportInBrowser(t *testing.T) {
 	chromium := browser.Find(t)
 
-	res, err := scenarios.Check(scenarios.Reference{Mutant: sut.NoConversationLock},
+	res, err := scenarios.Check(reference.Target{Mutant: sut.NoConversationLock},
 		scenarios.Options{Checks: 50, Seed: 1, ShrinkTime: 2 * time.Second})
 	require.NoError(t, err)
 	require.NotNil(t, res.Failure, "no-conversation-lock not caught (seed %d)", res.Seed)

@@ -66,7 +66,7 @@ func BenchmarkCrashRestart(b *testing.B) {
 	target := Subprocess{
 		Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}",
 			"--key", "key-a", "--key", "key-b", "--agent={agents}"},
-		Agent:   referenceAgent,
+		Agent:   Reference{}.Profile().Agent,
 		Reaches: Reference{}.Profile(),
 	}
 	l, err := openLab(target, nil)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -17,7 +18,7 @@ import (
 // once, each on a server of its own: the first two servers wait for each
 // other to start, which only two checks at once let them do.
 func TestParallelChecksRunAtOnce(t *testing.T) {
-	target := &meeting{Reference: scenarios.Reference{}, want: 2, met: make(chan struct{})}
+	target := &meeting{Target: reference.Target{}, want: 2, met: make(chan struct{})}
 	res, err := scenarios.Check(target, scenarios.Options{Checks: 6, Seed: 1, Parallel: 2})
 	require.NoError(t, err)
 	require.Nil(t, res.Failure)
@@ -36,7 +37,7 @@ func TestParallelGivesTheSameFinding(t *testing.T) {
 		t.Run(string(m), func(t *testing.T) {
 			found := make([]*scenarios.Result, 0, 2)
 			for _, parallel := range []int{1, 3} {
-				res, err := scenarios.Check(scenarios.MutantReference(m), scenarios.Options{Checks: 100, Seed: 7, Parallel: parallel})
+				res, err := scenarios.Check(reference.WithMutant(m), scenarios.Options{Checks: 100, Seed: 7, Parallel: parallel})
 				require.NoError(t, err)
 				require.NotNil(t, res.Failure, "not caught with --parallel %d", parallel)
 				require.NotNil(t, res.Failure.Violation, res.Failure.Report)
@@ -59,7 +60,7 @@ func TestParallelGivesTheSameFinding(t *testing.T) {
 // never gets past the first, and fails after a bound instead of hanging.
 // The servers are the reference's own, with all its abilities.
 type meeting struct {
-	scenarios.Reference
+	reference.Target
 	want int
 	met  chan struct{}
 
@@ -82,5 +83,5 @@ func (m *meeting) Start(modelURL string) (scenarios.Server, error) {
 			return nil, fmt.Errorf("a server waited 30s for %d servers to start at once", m.want)
 		}
 	}
-	return m.Reference.Start(modelURL)
+	return m.Target.Start(modelURL)
 }

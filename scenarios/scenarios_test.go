@@ -14,6 +14,7 @@ import (
 	"github.com/turncheck/turncheck/internal/procs"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -34,7 +35,7 @@ func TestMain(m *testing.M) {
 // reference server the way a Go server's own test would: through Run, with
 // rapid's settings from the command line.
 func TestReferenceServerPasses(t *testing.T) {
-	scenarios.Run(t, scenarios.Reference{})
+	scenarios.Run(t, reference.Target{})
 }
 
 // caughtAs lists, per mutant, the invariants a shrunk failure may name. A
@@ -89,7 +90,7 @@ func TestMutantsCaught(t *testing.T) {
 	require.Len(t, caughtAs, len(sut.Mutants()), "every mutant needs an entry")
 	for _, info := range sut.Mutants() {
 		t.Run(string(info.Mutant), func(t *testing.T) {
-			target := scenarios.MutantReference(info.Mutant)
+			target := reference.WithMutant(info.Mutant)
 			// A generous bound: a shrink that is done takes well under it on
 			// an idle machine, and only a shrink that is done is held to a
 			// length, so a loaded machine slows the test, never fails it.
@@ -136,7 +137,7 @@ func TestMutantsCaught(t *testing.T) {
 
 // TestCleanCheckPasses runs Check, the CLI's path, on the clean server.
 func TestCleanCheckPasses(t *testing.T) {
-	res, err := scenarios.Check(scenarios.Reference{}, scenarios.Options{Checks: 20})
+	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 20})
 	require.NoError(t, err)
 	if res.Failure != nil {
 		t.Fatalf("clean reference server failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
@@ -154,7 +155,7 @@ func TestCleanCheckPasses(t *testing.T) {
 // to a concurrent turn passes when its profile says so, and bursts were
 // sent and refused.
 func TestCleanCheckPassesUnderReject(t *testing.T) {
-	res, err := scenarios.Check(scenarios.Reference{Concurrency: sut.Reject}, scenarios.Options{Checks: 20})
+	res, err := scenarios.Check(reference.Target{Concurrency: sut.Reject}, scenarios.Options{Checks: 20})
 	require.NoError(t, err)
 	if res.Failure != nil {
 		t.Fatalf("clean reference server under reject failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
@@ -179,23 +180,23 @@ func TestRejectIsNotSerialize(t *testing.T) {
 type rejectClaimingSerialize struct{}
 
 func (rejectClaimingSerialize) Start(modelURL string) (scenarios.Server, error) {
-	return scenarios.Reference{Concurrency: sut.Reject}.Start(modelURL)
+	return reference.Target{Concurrency: sut.Reject}.Start(modelURL)
 }
-func (rejectClaimingSerialize) Profile() scenarios.Profile { return scenarios.Reference{}.Profile() }
+func (rejectClaimingSerialize) Profile() scenarios.Profile { return reference.Target{}.Profile() }
 
 // quietTarget hides the reference server's activity reports, as a server
 // that does not implement ActivityReporter: bursts then settle by a quiet
 // period.
-type quietTarget struct{ scenarios.Reference }
+type quietTarget struct{ reference.Target }
 
 type quietServer struct{ srv scenarios.DeadlineController }
 
 func (q quietServer) URL() string                { return q.srv.URL() }
 func (q quietServer) Close() error               { return q.srv.Close() }
 func (q quietServer) ExpireDeadlines()           { q.srv.ExpireDeadlines() }
-func (q quietTarget) Profile() scenarios.Profile { return q.Reference.Profile() }
+func (q quietTarget) Profile() scenarios.Profile { return q.Target.Profile() }
 func (q quietTarget) Start(modelURL string) (scenarios.Server, error) {
-	srv, err := q.Reference.Start(modelURL)
+	srv, err := q.Target.Start(modelURL)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +211,7 @@ func TestWithoutActivityReports(t *testing.T) {
 	require.Nil(t, res.Failure, "clean server without activity reports failed")
 	assert.Positive(t, res.Invariants[model.T4])
 
-	res, err = scenarios.Check(quietTarget{scenarios.Reference{Mutant: sut.NoConversationLock}},
+	res, err = scenarios.Check(quietTarget{reference.Target{Mutant: sut.NoConversationLock}},
 		scenarios.Options{Checks: 50, Seed: 1, ShrinkTime: 100 * time.Millisecond})
 	require.NoError(t, err)
 	require.NotNil(t, res.Failure)
@@ -222,9 +223,9 @@ func TestWithoutActivityReports(t *testing.T) {
 // counts are identical too.
 func TestSameSeedSameRun(t *testing.T) {
 	opts := scenarios.Options{Checks: 5, Seed: 42}
-	a, err := scenarios.Check(scenarios.Reference{}, opts)
+	a, err := scenarios.Check(reference.Target{}, opts)
 	require.NoError(t, err)
-	b, err := scenarios.Check(scenarios.Reference{}, opts)
+	b, err := scenarios.Check(reference.Target{}, opts)
 	require.NoError(t, err)
 	assert.Equal(t, a.Steps, b.Steps)
 	assert.Equal(t, a.Faults, b.Faults)
@@ -254,7 +255,7 @@ func TestInterrupt(t *testing.T) {
 			cancel()
 		}
 	}}
-	res, err := scenarios.Check(scenarios.Reference{}, opts)
+	res, err := scenarios.Check(reference.Target{}, opts)
 	require.ErrorIs(t, err, scenarios.ErrInterrupted)
 	assert.Equal(t, 3, res.Checks)
 	assert.Nil(t, res.Failure)
@@ -270,7 +271,7 @@ func TestInterruptKeepsTheFailure(t *testing.T) {
 			cancel() // while shrinking
 		}
 	}}
-	target := scenarios.Reference{Mutant: sut.ReplayWithoutUser}
+	target := reference.Target{Mutant: sut.ReplayWithoutUser}
 	res, err := scenarios.Check(target, opts)
 	require.ErrorIs(t, err, scenarios.ErrInterrupted)
 	require.NotNil(t, res.Failure)
@@ -285,7 +286,7 @@ func TestInterruptKeepsTheFailure(t *testing.T) {
 // TestShrinkCutShortSaysSo: a failure whose shrink bound ran out is not
 // called shrunk.
 func TestShrinkCutShortSaysSo(t *testing.T) {
-	res, err := scenarios.Check(scenarios.MutantReference(sut.LostOnEvict), scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: time.Millisecond})
+	res, err := scenarios.Check(reference.WithMutant(sut.LostOnEvict), scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: time.Millisecond})
 	require.NoError(t, err)
 	require.NotNil(t, res.Failure)
 	f := res.Failure

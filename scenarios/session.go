@@ -291,7 +291,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 		aside:   map[model.ConversationRef]bool{},
 		skipped: map[model.Invariant]int{}, consequences: map[model.Invariant]int{}, sameCause: map[model.Invariant]int{},
 		asideTokens: map[model.Token]bool{},
-		sources:     []string{referenceSource},
+		sources:     []string{firstSource},
 	}, nil
 }
 
@@ -498,10 +498,10 @@ func (s *session) close() error {
 		// The next check starts as this one did: the agent under its
 		// first reference, on a server that runs (a restart its check's
 		// bound cut short left none).
-		if s.exec.cutRestart || !slices.Equal(s.sources, []string{referenceSource}) {
+		if s.exec.cutRestart || !slices.Equal(s.sources, []string{firstSource}) {
 			r, ok := s.srv.(Restarter)
 			if ok {
-				refs := agentRefs(s.fake.URL(), s.profile.Agent, []string{referenceSource})
+				refs := agentRefs(s.fake.URL(), s.profile.Agent, []string{firstSource})
 				if err := r.Restart(false, refs); err != nil {
 					return fmt.Errorf("restart the server under test with its first agent source: %w", err)
 				}

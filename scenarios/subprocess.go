@@ -86,7 +86,7 @@ func (s Subprocess) startContext(ctx context.Context, modelURL string) (Server, 
 	}
 	var refs []string
 	if s.Agent != "" {
-		refs = agentRefs(modelURL, s.Agent, []string{referenceSource})
+		refs = agentRefs(modelURL, s.Agent, []string{firstSource})
 	}
 	p, err := faults.StartProcess(faults.ProcessConfig{Command: s.Command, ModelURL: modelURL, DataDir: dir,
 		Env: s.Env, Files: s.Files, Agents: refs, Ready: s.Ready, ReadyLine: s.ReadyLine,

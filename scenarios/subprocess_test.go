@@ -12,6 +12,7 @@ import (
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
 )
 
 // TestSubprocessTarget checks the reference server run as a subprocess, as
@@ -26,7 +27,7 @@ func TestSubprocessTarget(t *testing.T) {
 				// A held model call times out on the server's own clock: make it short.
 				"--request-timeout", "1s"}, extra...),
 			Agent:   "helper",
-			Reaches: scenarios.Reference{}.Profile(),
+			Reaches: reference.Target{}.Profile(),
 		}
 	}
 	res, err := scenarios.Check(serve(), scenarios.Options{Checks: 3})

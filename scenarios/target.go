@@ -12,7 +12,6 @@ import (
 
 	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/model"
-	"github.com/turncheck/turncheck/sut"
 )
 
 // Target starts the servers under test: a fresh one for every check, so
@@ -24,6 +23,10 @@ type Target interface {
 	// Profile says how to talk to the servers Start returns.
 	Profile() Profile
 }
+
+// DefaultConversationHeader is the header that names a conversation when
+// a profile names none (PROTOCOL.md).
+const DefaultConversationHeader = "X-Conversation-Id"
 
 // Server is one running server under test.
 type Server interface {
@@ -113,7 +116,7 @@ func (p Profile) modelTimeout() time.Duration {
 
 func (p Profile) header() string {
 	if p.Header == "" {
-		return sut.DefaultConversationHeader
+		return DefaultConversationHeader
 	}
 	return p.Header
 }
@@ -158,142 +161,24 @@ type ActivityReporter interface {
 	Activity() (working, waiting int, changed <-chan struct{})
 }
 
-// Reference is the in-repo reference server, run in process on loopback,
-// optionally with a mutant switched on. Its model-call deadlines pass only
-// when the harness expires them (it is a DeadlineController).
-type Reference struct {
-	// Mutant brings back one real bug; sut.Clean for the correct server.
-	Mutant sut.Mutant
-	// ConversationsMax is the server's cache size; 0 means 4, small enough
-	// that checks evict and reload conversations from the store.
-	ConversationsMax int
-	// Concurrency is the server's policy for concurrent requests on one
-	// conversation; "" means sut.Serialize.
-	Concurrency sut.Concurrency
-	// Interruption is the server's policy for a turn whose client
-	// disconnects; "" means rollback.
-	Interruption sut.Interruption
+// Specifier is a Target that says how a saved report names it, so that
+// a replay can start the same server: the reference target does (package
+// scenarios/reference). A report of any other Target names it "go".
+type Specifier interface {
+	Target
+	// Spec is how a report names the target.
+	Spec() ServerSpec
 }
 
-// ReferenceCompactAfter is the reference server's compaction threshold
-// (sut.Config.CompactAfter) in checks: low enough that a turn with a few tool rounds passes it, so
-// that compaction marks are made, committed and rolled back (T11).
-const ReferenceCompactAfter = 8
+// firstSource is the query of the reference to a server's agent at its
+// first start; a restart may load the agent under another (T8).
+const firstSource = "tag=v1"
 
-// MutantReference is the reference server with mutant m switched on (none
-// for sut.Clean), declaring the interruption policy of the server its bug
-// comes from (sut.MutantInfo), rollback if it names none.
-func MutantReference(m sut.Mutant) Reference {
-	r := Reference{Mutant: m, Interruption: sut.Rollback}
-	for _, info := range sut.Mutants() {
-		if info.Mutant == m && info.Interruption != "" {
-			r.Interruption = info.Interruption
-		}
-	}
-	return r
-}
-
-var referenceKeys = []string{"key-a", "key-b"}
-
-// referenceAgent is the agent the reference server loads from the fake
-// model, and the first query of its reference.
-const (
-	referenceAgent  = "helper"
-	referenceSource = "tag=v1"
-)
-
-// Profile is the reference server's profile: two API keys, the
-// concurrency policy it runs with, durable storage, and one agent.
-func (r Reference) Profile() Profile {
-	p := Profile{Keys: referenceKeys, Model: referenceAgent, Agent: referenceAgent, Tools: true,
-		Durability: Durability{Restart: true, Crash: true}, Interruption: Rollback}
-	if r.Concurrency == sut.Reject {
-		p.Concurrency = model.Reject
-	}
-	if r.Interruption != "" {
-		p.Interruption = Interruption(r.Interruption)
-	}
-	return p
-}
-
-// Start starts a reference server on a fresh data dir.
-func (r Reference) Start(modelURL string) (Server, error) {
-	if r.ConversationsMax == 0 {
-		r.ConversationsMax = 4
-	}
-	dir, err := os.MkdirTemp("", "turncheck-sut-*")
-	if err != nil {
-		return nil, err
-	}
-	deadlines, gauge := &sut.ManualDeadlines{}, &sut.Gauge{}
-	s := &referenceServer{dir: dir, deadlines: deadlines, gauge: gauge, cfg: sut.Config{
-		ModelURL:         modelURL,
-		DataDir:          dir,
-		ConversationsMax: r.ConversationsMax,
-		Deadlines:        deadlines,
-		Keys:             referenceKeys,
-		Mutant:           r.Mutant,
-		Concurrency:      r.Concurrency,
-		Interruption:     r.Interruption,
-		CompactAfter:     ReferenceCompactAfter,
-		Gauge:            gauge,
-		Agents:           agentRefs(modelURL, referenceAgent, []string{referenceSource}),
-	}}
-	if err := s.serve(); err != nil {
-		return nil, errors.Join(err, os.RemoveAll(dir))
-	}
-	return s, nil
-}
-
-type referenceServer struct {
-	*sut.Running
-	cfg       sut.Config
-	dir       string
-	deadlines *sut.ManualDeadlines
-	gauge     *sut.Gauge
-}
-
-// serve starts the server on cfg, on a fresh loopback port.
-func (s *referenceServer) serve() error {
-	ln, err := loopback.Listen("")
-	if err != nil {
-		return err
-	}
-	run, err := sut.Serve(s.cfg, ln)
-	if err != nil {
-		return err
-	}
-	s.Running = run
-	return nil
-}
-
-// Restart closes the server, or drops it as a crash would (no graceful
-// close: what was not durable is lost), and serves again on the same data
-// dir.
-func (s *referenceServer) Restart(crash bool, agents []string) error {
-	var err error
-	if crash {
-		err = s.Running.Crash()
-	} else {
-		err = s.Running.Close()
-	}
-	if err != nil {
-		return err
-	}
-	if agents != nil {
-		s.cfg.Agents = agents
-	}
-	return s.serve()
-}
-
-func (s *referenceServer) ExpireDeadlines() { s.deadlines.Expire() }
-
-func (s *referenceServer) Activity() (working, waiting int, changed <-chan struct{}) {
-	return s.gauge.Read()
-}
-
-func (s *referenceServer) Close() error {
-	return errors.Join(s.Running.Close(), os.RemoveAll(s.dir))
+// AgentRefs are the references a server loads its agent from at its
+// first start: the fake model at modelURL serves agent under them, and
+// the harness changes their query across restarts (T8).
+func AgentRefs(modelURL, agent string) []string {
+	return agentRefs(modelURL, agent, []string{firstSource})
 }
 
 // Remote is a Target for a server that already runs at URL, started by

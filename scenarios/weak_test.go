@@ -20,6 +20,7 @@ import (
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -230,7 +231,7 @@ func lastRoleNotUser(body []byte) bool {
 
 // TestWhereTheTimeGoes: a run's summary says where its wall time went.
 func TestWhereTheTimeGoes(t *testing.T) {
-	res, err := scenarios.Check(scenarios.Reference{}, scenarios.Options{Checks: 3, Seed: 1})
+	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 3, Seed: 1})
 	require.NoError(t, err)
 	for _, what := range []string{"starting servers", "waiting for the server to come to rest"} {
 		assert.Contains(t, res.TimeMS, what)
@@ -255,7 +256,7 @@ func TestWhereTheTimeGoes(t *testing.T) {
 // TestChecksCountWhatWasAsked: --checks N runs at most N checks, however
 // many failures a Conform finds and rapid replays.
 func TestChecksCountWhatWasAsked(t *testing.T) {
-	c, err := scenarios.Conform(scenarios.MutantReference(sut.MutateBeforeRun), scenarios.Options{Checks: 15, Seed: 1, ShrinkTime: 2 * time.Second})
+	c, err := scenarios.Conform(reference.WithMutant(sut.MutateBeforeRun), scenarios.Options{Checks: 15, Seed: 1, ShrinkTime: 2 * time.Second})
 	require.NoError(t, err)
 	require.NotEmpty(t, c.Failures())
 	assert.LessOrEqual(t, c.Stats.Checks, 15)
@@ -267,7 +268,7 @@ func TestChecksCountWhatWasAsked(t *testing.T) {
 // it.
 func TestProgressNamesTheShrink(t *testing.T) {
 	var named []string
-	res, err := scenarios.Check(scenarios.MutantReference(sut.ForkNewSession), scenarios.Options{Checks: 20, Seed: 1,
+	res, err := scenarios.Check(reference.WithMutant(sut.ForkNewSession), scenarios.Options{Checks: 20, Seed: 1,
 		Progress: func(s scenarios.Stats) {
 			if s.Shrinking != "" {
 				named = append(named, s.Shrinking)

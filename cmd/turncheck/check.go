@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -90,45 +91,39 @@ func addRunFlags(fs *flagSet, mutantHelp string) runFlags {
 }
 
 // server parses the flags that choose the reference server.
-func (rf runFlags) server() (scenarios.Reference, error) {
+func (rf runFlags) server() (reference.Target, error) {
 	mutant, err := sut.ParseMutant(*rf.mutant)
 	if err != nil {
-		return scenarios.Reference{}, err
+		return reference.Target{}, err
 	}
 	policy, err := sut.ParseConcurrency(*rf.concurrency)
 	if err != nil {
-		return scenarios.Reference{}, fmt.Errorf("--concurrency: %w", err)
+		return reference.Target{}, fmt.Errorf("--concurrency: %w", err)
 	}
-	r := scenarios.MutantReference(mutant)
+	r := reference.WithMutant(mutant)
 	r.Concurrency = policy
 	if *rf.interruption != "" {
 		if r.Interruption, err = sut.ParseInterruption(*rf.interruption); err != nil {
-			return scenarios.Reference{}, fmt.Errorf("--interruption: %w", err)
+			return reference.Target{}, fmt.Errorf("--interruption: %w", err)
 		}
 	}
 	return r, nil
 }
 
 // describeReference says which reference server runs, for people.
-func describeReference(r scenarios.Reference) string {
+func describeReference(r reference.Target) string {
 	return fmt.Sprintf("reference server, mutant %s, concurrency %s, interruption %s",
 		mutantLabel(r.Mutant), cmp.Or(r.Concurrency, sut.Serialize), r.Interruption)
 }
 
-// referenceSpec is how a report names the reference server r.
-func referenceSpec(r scenarios.Reference) scenarios.ServerSpec {
-	return scenarios.ServerSpec{Kind: "reference", Mutant: string(r.Mutant), Concurrency: string(r.Concurrency),
-		Interruption: string(r.Interruption)}
-}
-
 // referenceFlags are the flags of check and replay that choose r, after
 // its mutant.
-func referenceFlags(r scenarios.Reference) string {
+func referenceFlags(r reference.Target) string {
 	var b strings.Builder
 	if r.Concurrency != "" && r.Concurrency != sut.Serialize {
 		fmt.Fprintf(&b, " --concurrency %s", r.Concurrency)
 	}
-	if r.Interruption != scenarios.MutantReference(r.Mutant).Interruption {
+	if r.Interruption != reference.WithMutant(r.Mutant).Interruption {
 		fmt.Fprintf(&b, " --interruption %s", r.Interruption)
 	}
 	return b.String()
@@ -149,7 +144,7 @@ func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(stderr, "check", fmt.Errorf("--checks, --steps and --shrink-time must be positive, --parallel not negative"))
 	}
 	opts := scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: ctx,
-		Parallel: scenarios.Parallel(scenarios.Reference{}, *parallel)}
+		Parallel: scenarios.Parallel(reference.Target{}, *parallel)}
 	return checkAndReport("check", rf, opts, stdout, stderr)
 }
 
@@ -294,7 +289,7 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 	} else if err != nil {
 		return fail(stderr, cmd, err)
 	}
-	rep := scenarios.NewReport(res, referenceSpec(target))
+	rep := scenarios.NewReport(res, target.Spec())
 	fmt.Fprintf(stdout, "turncheck %s: %s, seed %d\n", cmd, describeReference(target), res.Seed)
 	f := res.Failure
 	if f == nil {
@@ -385,7 +380,7 @@ func mutantLabel(m sut.Mutant) string {
 
 // serveFlags are the 'turncheck serve' flags that make the server the one
 // the check ran against: its keys, policies and mutant.
-func serveFlags(r scenarios.Reference) string {
+func serveFlags(r reference.Target) string {
 	var b strings.Builder
 	for _, k := range r.Profile().Keys {
 		fmt.Fprintf(&b, "--key %s ", k)
@@ -396,7 +391,7 @@ func serveFlags(r scenarios.Reference) string {
 	if r.Interruption != "" && r.Interruption != sut.Rollback {
 		fmt.Fprintf(&b, "--interruption %s ", r.Interruption)
 	}
-	fmt.Fprintf(&b, "--compact-after %d ", scenarios.ReferenceCompactAfter)
+	fmt.Fprintf(&b, "--compact-after %d ", reference.CompactAfter)
 	if r.Mutant != sut.Clean {
 		fmt.Fprintf(&b, "--mutant %s ", r.Mutant)
 	}

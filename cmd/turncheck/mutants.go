@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -79,7 +80,7 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if isTerminal(stderr) {
 			fmt.Fprintf(stderr, "\r\033[Kchecking %s...", mutantLabel(info.Mutant))
 		}
-		res, err := scenarios.Check(scenarios.MutantReference(info.Mutant), opts)
+		res, err := scenarios.Check(reference.WithMutant(info.Mutant), opts)
 		if isTerminal(stderr) {
 			fmt.Fprint(stderr, "\r\033[K")
 		}

@@ -1,0 +1,99 @@
+// Package reference is the Target for turncheck's own reference server
+// (package sut), run in process on loopback: the one part of the harness
+// that imports the server, and SQLite with it, so that a Go server's test
+// that imports package scenarios compiles neither.
+//
+// The reference server is the harness's most exact target: its model-call
+// deadlines pass only when the harness expires them, and it reports its
+// activity, so that a burst's interleaving replays from its seed.
+package reference
+
+import (
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/sut"
+)
+
+// Target is the reference server, optionally with a mutant switched on.
+// Each Start serves a fresh one on a fresh data dir.
+type Target struct {
+	// Mutant brings back one real bug; sut.Clean for the correct server.
+	Mutant sut.Mutant
+	// ConversationsMax is the server's cache size; 0 means 4, small enough
+	// that checks evict and reload conversations from the store.
+	ConversationsMax int
+	// Concurrency is the server's policy for concurrent requests on one
+	// conversation; "" means sut.Serialize.
+	Concurrency sut.Concurrency
+	// Interruption is the server's policy for a turn whose client
+	// disconnects; "" means rollback.
+	Interruption sut.Interruption
+}
+
+// CompactAfter is the reference server's compaction threshold
+// (sut.Config.CompactAfter) in checks: low enough that a turn with a few
+// tool rounds passes it, so that compaction marks are made, committed and
+// rolled back (T11).
+const CompactAfter = 8
+
+// WithMutant is the reference server with mutant m switched on (none for
+// sut.Clean), declaring the interruption policy of the server its bug
+// comes from (sut.MutantInfo), rollback if it names none.
+func WithMutant(m sut.Mutant) Target {
+	r := Target{Mutant: m, Interruption: sut.Rollback}
+	for _, info := range sut.Mutants() {
+		if info.Mutant == m && info.Interruption != "" {
+			r.Interruption = info.Interruption
+		}
+	}
+	return r
+}
+
+// keys are the API keys the reference server accepts: two, so that the
+// harness checks that conversations are scoped per key (T5).
+var keys = []string{"key-a", "key-b"}
+
+// agent is the agent the reference server loads from the fake model.
+const agent = "helper"
+
+// Profile is the reference server's profile: two API keys, the policies
+// it runs with, durable storage, the tools, and one agent.
+func (r Target) Profile() scenarios.Profile {
+	p := scenarios.Profile{Keys: keys, Model: agent, Agent: agent, Tools: true,
+		Durability: scenarios.Durability{Restart: true, Crash: true}, Interruption: scenarios.Rollback}
+	if r.Concurrency == sut.Reject {
+		p.Concurrency = model.Reject
+	}
+	if r.Interruption != "" {
+		p.Interruption = scenarios.Interruption(r.Interruption)
+	}
+	return p
+}
+
+// Start serves a reference server, calling the model at modelURL.
+func (r Target) Start(modelURL string) (scenarios.Server, error) {
+	if r.ConversationsMax == 0 {
+		r.ConversationsMax = 4
+	}
+	return sut.StartInstance(sut.Config{
+		ModelURL:         modelURL,
+		ConversationsMax: r.ConversationsMax,
+		Keys:             keys,
+		Mutant:           r.Mutant,
+		Concurrency:      r.Concurrency,
+		Interruption:     r.Interruption,
+		CompactAfter:     CompactAfter,
+		Agents:           scenarios.AgentRefs(modelURL, agent),
+	})
+}
+
+// Spec names the server in a saved report, so that 'turncheck replay'
+// starts the same one.
+func (r Target) Spec() scenarios.ServerSpec {
+	c := r.Concurrency
+	if c == "" {
+		c = sut.Serialize
+	}
+	return scenarios.ServerSpec{Kind: "reference", Mutant: string(r.Mutant), Concurrency: string(c),
+		Interruption: string(r.Interruption)}
+}

@@ -1,0 +1,43 @@
+package reference_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/sut"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestTarget: the reference target declares what its server does, names
+// itself for a replay, and its server passes a short check, its held
+// calls timed out by the harness and its bursts settled by its reports.
+func TestTarget(t *testing.T) {
+	assert.Equal(t, sut.DefaultConversationHeader, scenarios.DefaultConversationHeader,
+		"the harness's default header is the server's")
+	r := reference.WithMutant(sut.OrphanToolCallOnInterrupt)
+	assert.Equal(t, scenarios.KeepConsistent, r.Profile().Interruption, "the mutant's server keeps what an interrupted turn did")
+	assert.Equal(t, scenarios.ServerSpec{Kind: "reference", Mutant: string(sut.OrphanToolCallOnInterrupt),
+		Concurrency: "serialize", Interruption: "keep-consistent"}, r.Spec())
+
+	fake, err := faults.StartModel(faults.ModelConfig{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, fake.Close()) }()
+	srv, err := reference.Target{}.Start(fake.URL())
+	require.NoError(t, err)
+	assert.Implements(t, (*scenarios.DeadlineController)(nil), srv)
+	assert.Implements(t, (*scenarios.ActivityReporter)(nil), srv)
+	assert.Implements(t, (*scenarios.Restarter)(nil), srv)
+	require.NoError(t, srv.Close())
+
+	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 5, Seed: 1})
+	require.NoError(t, err)
+	assert.Nil(t, res.Failure)
+	assert.Positive(t, res.Outcomes["ok"])
+}
