@@ -139,7 +139,8 @@ const (
 )
 
 // rapidFlags guards rapid's global settings, which live in package flag:
-// the number of steps a check draws.
+// the number of steps a check draws, which rapid reads as a check's
+// Repeat starts (holdSteps), and the flags Run reads.
 var rapidFlags sync.Mutex
 
 // Check runs the state machine against target and reports what it found.
@@ -184,10 +185,11 @@ func check(l *lab, opts Options) (*Result, error) {
 		return nil, err
 	}
 
-	rapidFlags.Lock()
-	defer rapidFlags.Unlock()
 	if err := initTesting(); err != nil {
 		return nil, err
+	}
+	if flag.Lookup("rapid.steps") == nil {
+		return nil, errors.New("rapid's flag rapid.steps is not registered")
 	}
 	steps := opts.Steps
 	if testing.Short() {
@@ -195,14 +197,10 @@ func check(l *lab, opts Options) (*Result, error) {
 		// undo that.
 		steps *= 2
 	}
-	restore, err := setRapidFlags(map[string]string{"rapid.steps": strconv.Itoa(steps)})
-	if err != nil {
-		return nil, err
-	}
-	defer restore()
 
 	start := time.Now()
-	r := &runner{labs: labs, stats: newStats(), live: newStats(), progress: opts.Progress, start: start, ctx: opts.Context}
+	r := &runner{labs: labs, stats: newStats(), live: newStats(), progress: opts.Progress, start: start, ctx: opts.Context,
+		steps: steps}
 	runs := r.drive(opts.Checks, opts.Seed)
 	res := &Result{Seed: opts.Seed}
 	var last *checkRun
@@ -341,6 +339,9 @@ func Run(t *testing.T, target Target, options ...Options) {
 	t.Logf("turncheck: seed %d\n%s", c.Seed, c.Stats.Summary())
 	for _, v := range c.Verdicts {
 		t.Run(string(v.Invariant), func(t *testing.T) {
+			// A failure is reported at the call of Run in the server's own
+			// test, not here.
+			t.Helper()
 			switch v.Status {
 			case Pass:
 				t.Logf("%s (%s): %d %s", v.Invariant, v.Invariant.Title(), v.Evaluations, exercises[v.Invariant])
@@ -437,6 +438,8 @@ func specOf(target Target) ServerSpec {
 
 // uintFlag is the value of a number flag rapid registers, 0 if unset.
 func uintFlag(name string) uint64 {
+	rapidFlags.Lock()
+	defer rapidFlags.Unlock()
 	f := flag.Lookup(name)
 	if f == nil {
 		return 0
@@ -446,37 +449,33 @@ func uintFlag(name string) uint64 {
 }
 
 // initTesting makes testing.Short callable, as rapid calls it: outside a
-// test binary the testing flags are registered and parsed (empty) first.
-func initTesting() error {
+// test binary the testing flags are registered and parsed (empty) first,
+// once, whatever runs at once.
+var initTesting = sync.OnceValue(func() error {
 	testing.Init()
 	if !flag.Parsed() {
 		return flag.CommandLine.Parse(nil)
 	}
 	return nil
-}
+})
 
-// setRapidFlags sets rapid's flags and returns a function that restores
-// them.
-func setRapidFlags(values map[string]string) (restore func(), err error) {
-	old := map[string]string{}
-	restore = func() {
-		for name, v := range old {
-			_ = flag.Set(name, v)
-		}
+// holdSteps sets rapid's steps flag to steps, for a check about to start
+// its Repeat, and returns the function that gives it back: rapid reads the
+// flag once, as Repeat starts, and then calls the check action, which
+// gives it back (see runner.property). Checks of runs with other steps,
+// and Run reading rapid's flags, wait only that long.
+func holdSteps(steps int) (release func()) {
+	rapidFlags.Lock()
+	f := flag.Lookup("rapid.steps")
+	old := f.Value.String()
+	if err := f.Value.Set(strconv.Itoa(steps)); err != nil {
+		rapidFlags.Unlock()
+		panic(fmt.Errorf("set rapid.steps: %w", err)) // an int into an int flag
 	}
-	for name, v := range values {
-		f := flag.Lookup(name)
-		if f == nil {
-			restore()
-			return nil, fmt.Errorf("rapid flag %s is not registered", name)
-		}
-		old[name] = f.Value.String()
-		if err := flag.Set(name, v); err != nil {
-			restore()
-			return nil, fmt.Errorf("set %s: %w", name, err)
-		}
-	}
-	return restore, nil
+	return sync.OnceFunc(func() {
+		_ = f.Value.Set(old)
+		rapidFlags.Unlock()
+	})
 }
 
 func randomSeed() uint64 {

@@ -49,6 +49,7 @@ func TestKeptReplyIsBounded(t *testing.T) {
 // race the server's own end of the turn; a response that does not end in
 // time is marked open.
 func TestErrorChunkReadToTheEnd(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	errChunk := `data: {"object":"chat.completion.chunk","choices":[],"error":{"message":"boom","type":"server_error"}}` + "\n\n"
 	r := readStream(context.Background(), strings.NewReader(errChunk+"data: [DONE]\n\n"), io.NopCloser(nil), Response{Status: 200})
 	assert.Equal(t, model.Fail, r.Outcome)

@@ -29,6 +29,7 @@ func statuses(c *Conformance) map[model.Invariant]Status {
 func TestConformCleanServer(t *testing.T) {
 	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent, sut.Complete} {
 		t.Run(string(policy), func(t *testing.T) {
+			t.Parallel()
 			c, err := Conform(Reference{Interruption: policy}, Options{Checks: 30, Seed: 7})
 			require.NoError(t, err)
 			st := statuses(c)
@@ -142,6 +143,7 @@ func (m misdeclared) Profile() Profile {
 // whose client left passes under the policy it declares, and is T10 under
 // another: the policies are exercised, not merely named.
 func TestInterruptionPolicyIsJudged(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	for _, tc := range []struct {
 		name     string
 		runs     sut.Interruption

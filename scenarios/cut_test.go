@@ -19,6 +19,7 @@ import (
 // shrink replay out of time, say) leaves a server that runs for the next
 // session, not one the run then takes for dead.
 func TestCutRestartLeavesTheSharedServerRunning(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	bin := testbin.Turncheck(t)
 	// Ready at once on its first start; each later start waits 2 s
 	// first, longer than the session's bound below.

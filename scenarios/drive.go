@@ -30,6 +30,8 @@ type runner struct {
 	start    time.Time
 	// ctx, if not nil, interrupts the run when it ends.
 	ctx context.Context
+	// steps is the rapid.steps a check draws with (holdSteps).
+	steps int
 
 	// mu guards live, the counts of every check ended so far, in the
 	// order they ended: what progress shows while checks still run.
@@ -219,7 +221,17 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *lab, c *checkRun) 
 		}
 	})
 	actions := m.actions()
-	actions[""] = stopIfDone // between steps
+	// rapid reads its steps flag once, as Repeat starts, and calls the
+	// check action right after: the flag is this check's from just before
+	// Repeat to that first call, so that runs with other steps may run
+	// checks at once. The deferred release is for a Repeat that never
+	// called it.
+	release := holdSteps(r.steps)
+	defer release()
+	actions[""] = func(t *rapid.T) { // between steps
+		release()
+		stopIfDone(t)
+	}
 	t.Repeat(actions)
 }
 

@@ -188,6 +188,7 @@ func TestHostileGarbage(t *testing.T) {
 // headers and then never a byte of body, holds every request until the
 // run's bound aborts it; Conform then stops, says so, and claims nothing.
 func TestHostileHang(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	t.Run("no headers", func(t *testing.T) {
 		// It answers a GET (a liveness probe) but holds every POST.
 		url := "http://" + silentServer(t, true)
@@ -307,6 +308,7 @@ func chunk(s string) string {
 // finishes and never sends [DONE] is no ok turn: it is cut by the run's
 // bound, and its outcome is unknown.
 func TestHostileEndlessStream(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	var chunks atomic.Int64
 	target := hostileHandler(chatOnly(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -446,6 +448,7 @@ func hostileCommand(t *testing.T, mode string) scenarios.Subprocess {
 // ready, is an error that says so and quotes what the server said, not a
 // verdict.
 func TestHostileDeathAtStart(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	cases := []struct{ mode, says, quotes string }{
 		{"exit-at-start", "exited with status 3 before it was ready", "hostile: cannot read my configuration"},
 		{"never-ready", "not ready within 300ms", "hostile: warming up"},
@@ -471,6 +474,7 @@ const hostileRequests = 4
 // serves a few requests and then exits is an error that says the server
 // died, with its last words, within the bound.
 func TestHostileDeathMidRun(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	const bound = 4 * time.Second
 	r := conformWithin(t, hostileCommand(t, "die-mid-run"), bound, scenarios.Options{Checks: 3, Steps: 8})
 	require.Error(t, r.err)
@@ -564,6 +568,7 @@ func hostileChild(mode string, args []string) int {
 // gets its verdicts all the same, with a note that quotes it, not an
 // error in their place.
 func TestHostileUntidyStop(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	r := conformWithin(t, hostileCommand(t, "untidy-stop"), 20*time.Second, scenarios.Options{Checks: 3, Steps: 8})
 	require.NoError(t, r.err)
 	require.NotNil(t, r.c)

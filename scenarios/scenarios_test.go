@@ -90,6 +90,7 @@ func TestMutantsCaught(t *testing.T) {
 	require.Len(t, caughtAs, len(sut.Mutants()), "every mutant needs an entry")
 	for _, info := range sut.Mutants() {
 		t.Run(string(info.Mutant), func(t *testing.T) {
+			t.Parallel() // checks and replays of the in-process server run at once
 			target := reference.WithMutant(info.Mutant)
 			// A generous bound: a shrink that is done takes well under it on
 			// an idle machine, and only a shrink that is done is held to a
@@ -206,6 +207,7 @@ func (q quietTarget) Start(modelURL string) (scenarios.Server, error) {
 // TestWithoutActivityReports: a server that does not report its activity
 // is checked all the same, and a fork on it is caught.
 func TestWithoutActivityReports(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	res, err := scenarios.Check(quietTarget{}, scenarios.Options{Checks: 3})
 	require.NoError(t, err)
 	require.Nil(t, res.Failure, "clean server without activity reports failed")

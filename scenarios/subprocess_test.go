@@ -19,6 +19,7 @@ import (
 // any server in another language is: the clean one passes, and a fork is
 // caught and shrunk through the black-box path.
 func TestSubprocessTarget(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	bin := testbin.Turncheck(t)
 	serve := func(extra ...string) scenarios.Subprocess {
 		return scenarios.Subprocess{
@@ -52,6 +53,7 @@ func TestSubprocessTarget(t *testing.T) {
 // only from a config file is checked without a wrapper script: the
 // profile writes the file into its data dir, before every start.
 func TestProfileWritesConfigFiles(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	bin := testbin.Turncheck(t)
 	target, err := scenarios.ParseProfile([]byte(`
 server:

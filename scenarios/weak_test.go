@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,6 +55,7 @@ func noPassWithout(t *testing.T, c *scenarios.Conformance, invs ...model.Invaria
 // the contract says get no PASS for what they never did, and the run's
 // summary says why it is weak.
 func TestNothingPassesVacuously(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	t.Run("answers 400 to everything", func(t *testing.T) {
 		r := conformWithin(t, hostileHandler(chatOnly(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
@@ -132,6 +134,7 @@ func closedPort(t *testing.T) string {
 // stops answering after some requests ends the run with an error that
 // says so, never a pass.
 func TestDeadRemoteServerNeverPasses(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	modelAddr := closedPort(t)
 	srv, err := sut.New(sut.Config{ModelURL: "http://" + modelAddr + "/v1", DataDir: t.TempDir()})
 	require.NoError(t, err)
@@ -231,6 +234,7 @@ func lastRoleNotUser(body []byte) bool {
 
 // TestWhereTheTimeGoes: a run's summary says where its wall time went.
 func TestWhereTheTimeGoes(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
 	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 3, Seed: 1})
 	require.NoError(t, err)
 	for _, what := range []string{"starting servers", "waiting for the server to come to rest"} {
@@ -279,4 +283,24 @@ func TestProgressNamesTheShrink(t *testing.T) {
 	require.NotEmpty(t, named, "no progress during the shrink named it")
 	assert.Regexp(t, `^the T4 failure, at \d+ step\(s\)$`, named[len(named)-1])
 	assert.Empty(t, res.Stats.Shrinking)
+}
+
+// TestStepsPerRun: each run draws its own number of steps, even while
+// runs with other numbers run at once: rapid's flag for it is held only
+// as each check's steps start.
+func TestStepsPerRun(t *testing.T) {
+	t.Parallel()
+	perCheck := make([]float64, 2)
+	var wg sync.WaitGroup
+	for i, steps := range []int{2, 60} {
+		wg.Go(func() {
+			res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 20, Steps: steps, Seed: 1})
+			if assert.NoError(t, err) && assert.Nil(t, res.Failure) {
+				perCheck[i] = float64(res.Steps) / float64(res.Checks)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Less(t, perCheck[0], 10.0, "runs of 2 steps on average")
+	assert.Greater(t, perCheck[1], 20.0, "runs of 60 steps on average")
 }

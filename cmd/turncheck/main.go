@@ -63,8 +63,10 @@ Usage:
   turncheck <command> [flags]
 
 Commands:
-  check     run the state machine against the embedded reference server
-  conform   check any server, in any language, through a profile: a verdict per invariant
+  conform   check YOUR server, in any language, through a profile: a verdict per
+            invariant (start here: see the README's five-minute walkthrough)
+  check     check turncheck's own reference server, optionally with a mutant (a real
+            bug brought back); also called self-check
   replay    re-execute a saved failure (or a seed) and explain what it finds
   serve     run the reference session server
   model     run the fake model provider standalone
@@ -105,7 +107,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
-	case "check":
+	case "check", "self-check":
 		return cmdCheck(ctx, rest, stdout, stderr)
 	case "replay":
 		return cmdReplay(ctx, rest, stdout, stderr)

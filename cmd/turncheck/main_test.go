@@ -35,7 +35,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(procs.Checked(m)) }
 // unless args say where (--out): never in the package's.
 func runCLI(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	if len(args) > 0 && (args[0] == "check" || args[0] == "conform") && !slices.Contains(args, "--out") {
+	if len(args) > 0 && slices.Contains([]string{"check", "self-check", "conform"}, args[0]) && !slices.Contains(args, "--out") {
 		args = append(slices.Clone(args), "--out", t.TempDir())
 	}
 	var stdout, stderr bytes.Buffer
@@ -92,6 +92,17 @@ func TestHelpTeaches(t *testing.T) {
 		assert.Contains(t, stdout, "Usage: turncheck "+cmd, cmd)
 		assert.Contains(t, stdout, "xample", cmd)
 	}
+}
+
+// TestSelfCheckIsCheck: self-check, the name that says which server it
+// checks, runs check.
+func TestSelfCheckIsCheck(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "self-check", "--checks", "2", "--seed", "1")
+	require.Equal(t, exitOK, code, stdout+stderr)
+	assert.Contains(t, stdout, "turncheck check: reference server")
+	code, stdout, _ = runCLI(t, "self-check", "--help")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, stdout, "Usage: turncheck check")
 }
 
 func TestMutantsLists(t *testing.T) {
