@@ -163,6 +163,17 @@ func namedAs(m sut.MutantInfo) []string {
 	return []string{m.Breaks}
 }
 
+// writeMutantProfile writes mutantProfile for m into dir and returns its
+// path.
+func writeMutantProfile(t *testing.T, dir string, m sut.MutantInfo) string {
+	t.Helper()
+	base, err := os.ReadFile(referenceProfile)
+	require.NoError(t, err)
+	profile := filepath.Join(dir, string(m.Mutant)+".yaml")
+	require.NoError(t, os.WriteFile(profile, []byte(mutantProfile(t, string(base), m)), 0o644))
+	return profile
+}
+
 // mutantProfile is the reference profile with mutant m switched on in its
 // start command, and the policies the mutant's server declares.
 func mutantProfile(t *testing.T, base string, m sut.MutantInfo) string {
@@ -253,12 +264,8 @@ func TestConformUsage(t *testing.T) {
 // there.
 func TestConformFindingsAsTheyHappen(t *testing.T) {
 	onPath(t)
-	base, err := os.ReadFile(referenceProfile)
-	require.NoError(t, err)
 	dir := t.TempDir()
-	profile := filepath.Join(dir, "profile.yaml")
-	info := sut.Mutants()[0]
-	require.NoError(t, os.WriteFile(profile, []byte(mutantProfile(t, string(base), info)), 0o644))
+	profile := writeMutantProfile(t, dir, sut.Mutants()[0])
 	code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "20", "--steps", "20", "--seed", "2",
 		"--save", dir, "--fail-fast", "--shrink-time", "3s")
 	require.Equal(t, exitViolation, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)

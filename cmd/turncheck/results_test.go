@@ -25,11 +25,8 @@ import (
 // index.html, which a browser opens to every verdict and the failure.
 func TestConformResults(t *testing.T) {
 	onPath(t)
-	base, err := os.ReadFile(referenceProfile)
-	require.NoError(t, err)
 	dir := t.TempDir()
-	profile := filepath.Join(dir, "fork.yaml")
-	require.NoError(t, os.WriteFile(profile, []byte(mutantProfile(t, string(base), sut.MutantInfo{Mutant: sut.ForkNewSession})), 0o644))
+	profile := writeMutantProfile(t, dir, sut.MutantInfo{Mutant: sut.ForkNewSession})
 	t.Chdir(dir)
 
 	var runs []string
