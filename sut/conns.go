@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -279,7 +280,11 @@ func (tc *trackedConn) CloseWrite() error {
 // shape. Those are written only when no handler runs on the connection.
 func (tc *trackedConn) Write(p []byte) (int, error) {
 	if bytes.HasPrefix(p, []byte("HTTP/1.1 ")) && tc.handling.Load() == 0 {
-		if j, ok := jsonHTTPError(p); ok {
+		if j, ok := jsonHTTPError(p); ok || isExpectationFailed(p) {
+			if !ok {
+				j = []byte(jsonResponse(http.StatusExpectationFailed, "Expectation Failed", "invalid_request_error",
+					"the request's Expect header asks for what this server does not do (only 100-continue is understood)", ""))
+			}
 			if _, err := tc.Conn.Write(j); err != nil {
 				return 0, err
 			}

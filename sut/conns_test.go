@@ -260,3 +260,73 @@ func TestHTTPLayerErrorsAreJSON(t *testing.T) {
 	// The server still serves.
 	assert.Equal(t, toks("u1"), e.ok(t, "", "c1", "tc-u1"))
 }
+
+// TestChunkedRequestClosesItsConnection: a request framed both by
+// Transfer-Encoding and by Content-Length is answered as chunked, and its
+// connection closed after the answer, so that a request smuggled behind
+// it, which a front framing by length would take for body, is never
+// served (RFC 9112 6.1). Plain requests keep their connection.
+func TestChunkedRequestClosesItsConnection(t *testing.T) {
+	e := newEnv(t, sut.Config{})
+	body := chatBody(t, false, user("tc-u1"))
+	smuggled := "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+	c, err := net.Dial("tcp", addrOf(e.srv.URL()))
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"+
+		"X-Conversation-Id: c1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n%x\r\n%s\r\n0\r\n\r\n%s", len(body), body, smuggled)
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(requestDeadline)))
+	all, err := io.ReadAll(c) // to EOF: the server closes the connection
+	require.NoError(t, err, "the connection stayed open after a chunked request")
+	assert.Equal(t, 1, strings.Count(string(all), "HTTP/1.1 "), "one answer, and none for the smuggled request:\n%s", all)
+	assert.Contains(t, string(all), "HTTP/1.1 200 ")
+
+	// A request framed by its length alone keeps its connection.
+	c2, err := net.Dial("tcp", addrOf(e.srv.URL()))
+	require.NoError(t, err)
+	defer c2.Close()
+	body2 := chatBody(t, false, user("tc-u2"))
+	_, err = fmt.Fprintf(c2, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"+
+		"X-Conversation-Id: c1\r\nContent-Length: %d\r\n\r\n%s%s", len(body2), body2, smuggled)
+	require.NoError(t, err)
+	br := bufio.NewReader(c2)
+	require.NoError(t, c2.SetReadDeadline(time.Now().Add(requestDeadline)))
+	for i := range 2 {
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err, "answer %d", i+1)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+}
+
+// TestHTTPHygiene: two Authorization headers are refused (which one a
+// front checked is anyone's guess), a compressed body is refused rather
+// than read as plain, and an Expect the server does not understand gets
+// 417 in the JSON error shape; none reaches the model.
+func TestHTTPHygiene(t *testing.T) {
+	e := newEnv(t, sut.Config{Keys: []string{"key-a"}})
+	body := chatBody(t, false, user("tc-u9"))
+	for _, tc := range []struct {
+		name   string
+		lines  []string
+		status int
+	}{
+		{"two Authorization headers", []string{"Authorization: Bearer key-a", "Authorization: Bearer bogus", "X-Conversation-Id: c1"}, http.StatusUnauthorized},
+		{"two valid Authorization headers", []string{"Authorization: Bearer key-a", "Authorization: Bearer key-a", "X-Conversation-Id: c1"}, http.StatusUnauthorized},
+		{"gzip body", []string{"Authorization: Bearer key-a", "Content-Encoding: gzip", "X-Conversation-Id: c1"}, http.StatusUnsupportedMediaType},
+		{"two encodings", []string{"Authorization: Bearer key-a", "Content-Encoding: identity", "Content-Encoding: br", "X-Conversation-Id: c1"}, http.StatusUnsupportedMediaType},
+		{"unknown Expect", []string{"Authorization: Bearer key-a", "Expect: gimme", "X-Conversation-Id: c1"}, http.StatusExpectationFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := e.model.CallCount()
+			r := postRaw(t, e.srv.URL(), body, tc.lines...)
+			requireErrorBody(t, r, tc.status, "")
+			assert.Equal(t, n, e.model.CallCount(), "a refused request must not reach the model")
+		})
+	}
+	// Content-Encoding: identity is no encoding at all.
+	r := postRaw(t, e.srv.URL(), chatBody(t, false, user("tc-u1")), "Authorization: Bearer key-a", "Content-Encoding: identity", "X-Conversation-Id: c1")
+	assert.Equal(t, http.StatusOK, r.status, "%s", r.body)
+}

@@ -62,3 +62,11 @@ func jsonResponse(code int, reason, typ, msg, extra string) string {
 	return fmt.Sprintf("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n%s\r\n%s",
 		code, reason, len(body), extra, body)
 }
+
+// isExpectationFailed reports whether p is net/http's own answer to an
+// Expect header it does not understand: a 417 with no body, written
+// before any handler, which jsonHTTPError does not match (it carries a
+// Date header). A handler never answers 417.
+func isExpectationFailed(p []byte) bool {
+	return bytes.HasPrefix(p, []byte("HTTP/1.1 417 ")) && bytes.HasSuffix(p, []byte("Content-Length: 0\r\n\r\n"))
+}

@@ -36,6 +36,12 @@ var credentialPatterns = []struct {
 	// key=value and "key": "value" for names that hold secrets, in query
 	// strings, headers and JSON.
 	{regexp.MustCompile(`(?i)((?:api[-_]?key|access[-_]?token|auth[-_]?token|token|secret|password|passwd|authorization|x-api-key)"?\s*[:=]\s*"?)[^\s"&,;}]+`), "${1}[redacted]"},
+	// Free text after a password, to the end of its line: "login failed
+	// for password hunter2" names no key a pattern above would know.
+	{regexp.MustCompile(`(?i)\b(pass(?:word|wd|phrase))\b[^\n]*`), "${1} [redacted]"},
+	// Any URL: an upstream's error may name its internal hosts and paths,
+	// which are its operator's business, not this server's log's.
+	{regexp.MustCompile(`(?i)\b[a-z][a-z0-9+.-]*://[^\s"'<>]+`), "[redacted]"},
 }
 
 // redactor hides credentials in text bound for the log: the patterns above,

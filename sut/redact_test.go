@@ -25,10 +25,13 @@ import (
 // secretModelError is what a model gateway may say when it fails: a key
 // and an internal host.
 const secretModelError = `Incorrect API key provided: sk-live-4f8a9b2c7d1e6f3a. Authorization: Bearer eyJhbGciOi.payload.sig ` +
-	`(upstream https://svc:hunter2@llm-gw.corp.internal:8443/v1?api_key=abc123def)`
+	`(upstream https://svc:hunter2@llm-gw.corp.internal:8443/v1?api_key=abc123def; see http://10.1.2.3/runbook) ` +
+	`login failed for password s3cr3t-pass`
 
-// secrets are the parts of secretModelError no one may see.
-var secrets = []string{"sk-live-4f8a9b2c7d1e6f3a", "eyJhbGciOi", "hunter2", "svc:", "abc123def"}
+// secrets are the parts of secretModelError no one may see, in a
+// response or in the log: credentials, internal hosts, what follows a
+// password.
+var secrets = []string{"sk-live-4f8a9b2c7d1e6f3a", "eyJhbGciOi", "hunter2", "svc:", "abc123def", "corp.internal", "10.1.2.3", "s3cr3t-pass"}
 
 // TestModelErrorsDoNotReachClients: whatever the model says when it fails,
 // before its stream or in it, the client gets the status class and a
@@ -71,11 +74,11 @@ func TestModelErrorsDoNotReachClients(t *testing.T) {
 				assert.Equal(t, "the model failed", msg)
 				// A chunk's "created" time may hold any digits, "401" too.
 				body := createdTime.ReplaceAllString(string(r.body), `"created":0`)
-				for _, s := range append(secrets, "corp.internal", "401") {
+				for _, s := range append(secrets, "401") {
 					assert.NotContains(t, body, s)
 				}
 				logged := log.String()
-				assert.Contains(t, logged, "llm-gw.corp.internal", "the operator needs the details")
+				assert.Contains(t, logged, "Incorrect API key provided", "the operator needs the details")
 				for _, s := range secrets {
 					assert.NotContains(t, logged, s, "a credential reached the log")
 				}
@@ -155,6 +158,8 @@ func TestRedact(t *testing.T) {
 		"x-api-key: s3cr3t":                                   "s3cr3t",
 		"the client sent key-alpha":                           "key-alpha",
 		"password=hunter2 secret: swordfish access_token=zzz": "hunter2",
+		"upstream http://10.1.2.3:8080/internal/v1 refused":   "10.1.2.3",
+		"login failed for password s3cr3t, try again":         "s3cr3t",
 	} {
 		out := redact(in)
 		assert.NotContains(t, out, hidden, "%q -> %q", in, out)

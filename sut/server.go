@@ -453,6 +453,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// does not hold its connection past it either (net/http reads what is
 	// left of a body after the handler); readBody lifts it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	if len(r.TransferEncoding) > 0 {
+		// A chunked body is served, but its connection is not reused:
+		// net/http takes Transfer-Encoding over a Content-Length sent
+		// beside it and drops the Content-Length before a handler sees
+		// it, so a request framed both ways cannot be told apart, and a
+		// front that framed it by its length would have sent the rest
+		// as a request of its own (request smuggling). RFC 9112 6.1: the
+		// connection is closed after the answer.
+		w.Header().Set("Connection", "close")
+	}
 	if !s.enter() {
 		refuseEarly(w, http.StatusServiceUnavailable, "unavailable", "the server is stopping")
 		return
@@ -528,6 +538,12 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := checkContentType(r); err != nil {
 		refuseEarly(w, http.StatusUnsupportedMediaType, "invalid_request_error", err.Error())
+		return
+	}
+	if ce := r.Header.Values("Content-Encoding"); len(ce) > 0 && !(len(ce) == 1 && strings.EqualFold(strings.TrimSpace(ce[0]), "identity")) {
+		// A compressed body read as plain would be garbage at best.
+		refuseEarly(w, http.StatusUnsupportedMediaType, "invalid_request_error",
+			fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed", strings.Join(ce, ", ")))
 		return
 	}
 	if d := s.cfg.TurnDelay; d > 0 {
@@ -903,8 +919,13 @@ func (s *Server) authorize(r *http.Request) (string, bool) {
 	if len(s.cfg.Keys) == 0 {
 		return "", true
 	}
+	auth := r.Header.Values("Authorization")
+	if len(auth) != 1 {
+		// None, or two: which one a front checked is anyone's guess.
+		return "", false
+	}
 	// The scheme name is case-insensitive (RFC 9110); the key is not.
-	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	scheme, got, ok := strings.Cut(auth[0], " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return "", false
 	}
