@@ -84,8 +84,8 @@ func (s *Server) dropped(w http.ResponseWriter, r *http.Request, ctx context.Con
 		return true
 	case err != nil && ctx.Err() != nil:
 		t.release()
-		s.log.Info("server stopping; turn dropped before its end and rolled back", "conversation", t.key.id)
-		if r.Context().Err() == nil {
+		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.id)
+		if !s.stopDropped(w, r, out) && r.Context().Err() == nil {
 			s.answerError(w, out, http.StatusServiceUnavailable, "unavailable", "the server is stopping; the turn was rolled back")
 		}
 		return true
@@ -98,7 +98,7 @@ func (s *Server) dropped(w http.ResponseWriter, r *http.Request, ctx context.Con
 // context too, but a killed process commits nothing, so that is no
 // interruption.
 func (s *Server) interrupted(r *http.Request) bool {
-	return r.Context().Err() != nil && !s.crashing.Load() && s.life.Err() == nil
+	return r.Context().Err() != nil && !s.crashing.Load() && !s.dropping.Load() && s.life.Err() == nil
 }
 
 // interrupt settles an interrupted turn by the server's policy, under the

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"time"
 )
 
 // Running is a Server listening on an address.
@@ -76,12 +77,19 @@ func (r *Running) URL() string { return "http://" + r.ln.Addr().String() }
 // nothing.
 func (r *Running) Close() error {
 	r.conns.stop()
-	r.Server.endTurns()
+	r.Server.dropTurns(dropAnswerWait)
 	err := r.hs.Close()
 	<-r.serving
 	r.conns.wait()
 	return errors.Join(err, r.Server.Close())
 }
+
+// dropAnswerWait bounds how long a stop waits for the turns it drops to
+// be answered (503, or an error chunk and [DONE]) before it closes their
+// connections: a model call ends at once when its context does, so the
+// answers take milliseconds; a client that does not read is not waited
+// for past it.
+const dropAnswerWait = time.Second
 
 // Crash is an in-process stand-in for kill -9: it closes the listener and
 // every connection at once (no client hears how its turn ended), ends every
@@ -117,7 +125,9 @@ func (r *Running) Shutdown(ctx context.Context) error {
 	r.conns.stop()
 	err := r.hs.Shutdown(ctx)
 	if err != nil {
-		r.Server.endTurns()
+		// The grace ran out: the turns still running are dropped, each
+		// answered so before its connection closes.
+		r.Server.dropTurns(dropAnswerWait)
 		err = errors.Join(err, r.hs.Close())
 	}
 	<-r.serving

@@ -227,6 +227,13 @@ type Server struct {
 	// turn whose client then seems gone dies with the process, and is no
 	// interruption (interruption.go).
 	crashing atomic.Bool
+	// dropping is set when a stop drops the turns still running (its
+	// grace ran out, or Close): their requests end, and each is answered
+	// that the server dropped it, before the connections close.
+	dropping atomic.Bool
+	// handling counts the requests whose handler runs, for a stop that
+	// waits for the dropped ones to be answered.
+	handling atomic.Int64
 
 	// active counts requests in flight; once closed, none starts.
 	mu       sync.Mutex
@@ -445,6 +452,8 @@ func (s *Server) enter() bool {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.cfg.Gauge.add(1, 0)
 	defer s.cfg.Gauge.add(-1, 0)
+	s.handling.Add(1)
+	defer s.handling.Add(-1)
 	conn := connOf(r.Context())
 	conn.enter()
 	defer conn.leave()
@@ -476,10 +485,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		refuseEarly(w, http.StatusForbidden, "forbidden", err.Error())
 		return
 	}
-	// A crash ends the request at once, as a killed process would.
+	// A crash ends the request at once, as a killed process would; a stop
+	// that drops the turns still running ends it too.
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(s.life, cancel)()
+	defer context.AfterFunc(s.turns, cancel)()
 	r = r.WithContext(ctx)
 	switch {
 	case r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/chat/completions":
@@ -735,6 +746,7 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 		w.Header().Set("Retry-After", "1")
 		openai.WriteError(w, http.StatusServiceUnavailable, "conversation_busy",
 			fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout))
+	case s.stopDropped(w, r, nil):
 	case r.Context().Err() != nil:
 		clientGone(w, false)
 	default:
@@ -806,6 +818,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		// buffered already), the turn never reached the client.
 		t.release()
 		s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.id, "err", writeErr)
+		return
+	case s.dropping.Load() && !s.crashing.Load() && r.Context().Err() != nil:
+		// The server's stop dropped the turn before its end: it commits
+		// nothing, and the client hears so.
+		t.release()
+		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.id)
+		s.stopDropped(w, r, out)
 		return
 	case s.interrupted(r):
 		// Whatever the loop returned: the client is gone, and whether the
@@ -899,6 +918,33 @@ func (s *Server) answerError(w http.ResponseWriter, out *sse.Writer, status int,
 	_ = out.Data(openai.Encode(openai.Completion{Object: openai.ObjectChunk, Choices: []openai.Choice{},
 		Error: &openai.ErrorDetail{Message: msg, Type: typ}}))
 	_ = out.Data(openai.DoneSentinel)
+}
+
+// stopDropped answers a request that a stop dropped (its grace ran out)
+// with 503, or on a stream with an error chunk and [DONE], and reports
+// whether it was one: nothing of its turn was kept.
+func (s *Server) stopDropped(w http.ResponseWriter, r *http.Request, out *sse.Writer) bool {
+	if !s.dropping.Load() || s.crashing.Load() || r.Context().Err() == nil {
+		return false
+	}
+	if out == nil {
+		w.Header().Set("Retry-After", "1")
+	}
+	s.answerError(w, out, http.StatusServiceUnavailable, "unavailable",
+		"the server is stopping and dropped this turn before its end; nothing was changed: retry")
+	return true
+}
+
+// dropTurns ends the turns still running, each answered that the server
+// dropped it, and waits at most wait for their answers to be written:
+// the connections may close after that.
+func (s *Server) dropTurns(wait time.Duration) {
+	s.dropping.Store(true)
+	s.endTurns()
+	deadline := time.Now().Add(wait)
+	for s.handling.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // clientGone answers a request whose client went away; kept says whether

@@ -25,8 +25,11 @@ conversation named by the X-Conversation-Id header kept server-side in a
 SQLite store under --data-dir (made 0700, its files 0600). It prints the
 address it listens on. On Ctrl-C or SIGTERM it stops listening, closes the
 connections on which no turn runs (idle, or still sending a request), lets
-the turns in flight end for at most --grace (then drops the rest, as if
-their clients had disconnected: see --interruption), and exits 0.
+the turns in flight end for at most --grace, and exits 0. Past it, the
+rest are dropped and rolled back, whatever --interruption says: each
+client is answered 503 with a JSON error and Retry-After (on a stream
+that had begun, an error chunk and [DONE]), and the log says the server
+dropped the turn.
 
 Keys: --key (repeatable), --key-file PATH (one key per line; blank lines
 and lines starting with # are skipped) and TURNCHECK_KEYS (comma-separated)
