@@ -5,6 +5,7 @@ import (
 	"container/list"
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -15,13 +16,18 @@ import (
 // A server that accepts every connection runs out of file descriptors under
 // a crowd of slow clients, and then cannot even reach its model. The
 // listener Serve uses counts the connections it has open and keeps them to
-// MaxConns. Past the cap, a new connection takes the place of the oldest
-// one on which no turn is running (idle between requests, still sending
-// its request, or being refused): those have cost the server nothing yet,
-// and the oldest is the likeliest to be stalled. A client that has sent its
-// request promptly is thus served even while hundreds of stalled ones wait
-// for their deadlines. Only when a turn runs on every connection is the new
-// one refused: 503 with Retry-After, written before its request is read.
+// MaxConns. Past the cap, a new connection takes the place of one on which
+// no turn is running, the cheapest to lose first: one that has not sent a
+// whole request head yet (a header slowloris), then one idle between
+// requests, then one whose head is in but whose body is not (a body
+// slowloris, or a request being refused); within each, the oldest, the
+// likeliest to be stalled. A client that sends its request promptly is
+// thus served even while thousands of stalled ones wait for their
+// deadlines, and one whose request head is in is never dropped for a
+// newcomer that has sent nothing. Only when a turn runs on every
+// connection is the new one refused: 503 with Retry-After, written before
+// its request is read. The cap being hit is counted, and logged at most
+// once per capLogEvery.
 
 // Refusals past the cap: each takes a goroutine for at most refuseTimeout,
 // and at most maxRefusing run at once; past that a connection is closed
@@ -31,6 +37,10 @@ const (
 	maxRefusing   = 64
 )
 
+// capLogEvery is how often, at most, the cap being hit is logged: a
+// flood must not flood the log too.
+const capLogEvery = 10 * time.Second
+
 // overloadedResponse answers a connection refused past the cap.
 var overloadedResponse = []byte(jsonResponse(503, "Service Unavailable", "overloaded",
 	"the server is at its connection limit; retry shortly", "Retry-After: 1\r\n"))
@@ -39,6 +49,16 @@ var overloadedResponse = []byte(jsonResponse(503, "Service Unavailable", "overlo
 // concurrent use.
 type connTracker struct {
 	max int
+	// log, if not nil, hears of the cap being hit (rate-limited).
+	log *slog.Logger
+
+	// evicted and refused count the connections dropped to make room,
+	// and those refused, since the tracker started.
+	evicted, refused atomic.Int64
+	// logged is when the cap was last logged (Unix nanoseconds), and the
+	// counts then.
+	logged                     atomic.Int64
+	loggedEvicted, loggedRefus atomic.Int64
 
 	mu sync.Mutex
 	// open lists the connections counted in, oldest first.
@@ -51,8 +71,8 @@ type connTracker struct {
 	live sync.WaitGroup
 }
 
-func newConnTracker(max int) *connTracker {
-	return &connTracker{max: max, open: list.New(), refusing: map[net.Conn]struct{}{}}
+func newConnTracker(max int, log *slog.Logger) *connTracker {
+	return &connTracker{max: max, log: log, open: list.New(), refusing: map[net.Conn]struct{}{}}
 }
 
 // trackedConn is a connection the tracker counts. Its handler tells it when
@@ -69,6 +89,25 @@ type trackedConn struct {
 	// Under tracker.mu:
 	elem *list.Element // nil once counted out
 	busy bool          // a turn runs on it: it is never evicted
+	// headIn says that a request head has come in on it: a handler runs,
+	// or ran (the connection is idle between requests).
+	headIn bool
+}
+
+// evictionClass ranks tc as a connection to drop for a newcomer: 0 first
+// (no request head yet), then 1 (idle between requests), then 2 (a
+// request being read or refused); -1 never (a turn runs on it). Called
+// under tracker.mu.
+func (tc *trackedConn) evictionClass() int {
+	switch {
+	case tc.busy:
+		return -1
+	case !tc.headIn:
+		return 0
+	case tc.handling.Load() == 0:
+		return 1
+	}
+	return 2
 }
 
 // listener wraps ln so that its connections are tracked.
@@ -104,28 +143,56 @@ func (t *connTracker) admit(c net.Conn) *trackedConn {
 	}
 	var victim *trackedConn
 	if t.open.Len() >= t.max {
-		for e := t.open.Front(); e != nil; e = e.Next() {
-			if tc := e.Value.(*trackedConn); !tc.busy {
-				victim = tc
-				break
-			}
-		}
+		victim = t.victimLocked()
 		if victim == nil {
 			t.mu.Unlock()
+			t.refused.Add(1)
+			t.logCap()
 			t.refuse(c)
 			return nil
 		}
 		t.countOutLocked(victim)
+		t.evicted.Add(1)
 	}
 	tc := &trackedConn{Conn: c, tracker: t}
 	tc.elem = t.open.PushBack(tc)
 	t.live.Add(1)
 	t.mu.Unlock()
 	if victim != nil {
+		t.logCap()
 		// Its handler, if one runs, sees its reads and writes fail.
 		_ = victim.Conn.Close()
 	}
 	return tc
+}
+
+// victimLocked is the connection to drop for a newcomer: the oldest of
+// the cheapest class (evictionClass), nil if a turn runs on every one.
+func (t *connTracker) victimLocked() *trackedConn {
+	var victim *trackedConn
+	best := 3
+	for e := t.open.Front(); e != nil && best > 0; e = e.Next() {
+		tc := e.Value.(*trackedConn)
+		if c := tc.evictionClass(); c >= 0 && c < best {
+			victim, best = tc, c
+		}
+	}
+	return victim
+}
+
+// logCap logs the cap being hit, with what it cost since the last time,
+// at most once per capLogEvery.
+func (t *connTracker) logCap() {
+	if t.log == nil {
+		return
+	}
+	now, last := time.Now().UnixNano(), t.logged.Load()
+	if now-last < int64(capLogEvery) || !t.logged.CompareAndSwap(last, now) {
+		return
+	}
+	ev, rf := t.evicted.Load(), t.refused.Load()
+	t.log.Warn("connection cap reached: stalled connections dropped to make room, new ones refused when every connection runs a turn",
+		"max_conns", t.max, "dropped", ev-t.loggedEvicted.Swap(ev), "refused", rf-t.loggedRefus.Swap(rf))
 }
 
 func (t *connTracker) countOutLocked(tc *trackedConn) {
@@ -222,11 +289,16 @@ func connOf(ctx context.Context) *trackedConn {
 	return tc
 }
 
-// enter marks a handler running on the connection.
+// enter marks a handler running on the connection: its request head is
+// in.
 func (tc *trackedConn) enter() {
-	if tc != nil {
-		tc.handling.Add(1)
+	if tc == nil {
+		return
 	}
+	tc.handling.Add(1)
+	tc.tracker.mu.Lock()
+	tc.headIn = true
+	tc.tracker.mu.Unlock()
 }
 
 // leave marks the handler done, and no turn running.

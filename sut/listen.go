@@ -44,7 +44,7 @@ func Serve(cfg Config, ln net.Listener) (*Running, error) {
 	if err != nil {
 		return nil, errors.Join(err, ln.Close())
 	}
-	conns := newConnTracker(s.cfg.MaxConns)
+	conns := newConnTracker(s.cfg.MaxConns, s.log)
 	r := &Running{
 		Server: s,
 		ln:     ln,
