@@ -17,17 +17,16 @@ import (
 // a crowd of slow clients, and then cannot even reach its model. The
 // listener Serve uses counts the connections it has open and keeps them to
 // MaxConns. Past the cap, a new connection takes the place of one on which
-// no turn is running, the cheapest to lose first: one that has not sent a
-// whole request head yet (a header slowloris), then one idle between
-// requests, then one whose head is in but whose body is not (a body
-// slowloris, or a request being refused); within each, the oldest, the
+// no turn is running, the cheapest to lose first: one that has had
+// headWindow to send its request head and has not (a header slowloris),
+// then one idle between requests, then one whose head is in but whose
+// body is not (a body slowloris, or a request being refused), and only
+// then one still within its headWindow; within each, the oldest, the
 // likeliest to be stalled. A client that sends its request promptly is
 // thus served even while thousands of stalled ones wait for their
-// deadlines, and one whose request head is in is never dropped for a
-// newcomer that has sent nothing. Only when a turn runs on every
-// connection is the new one refused: 503 with Retry-After, written before
-// its request is read. The cap being hit is counted, and logged at most
-// once per capLogEvery.
+// deadlines. Only when a turn runs on every connection is the new one
+// refused: 503 with Retry-After, written before its request is read. The
+// cap being hit is counted, and logged at most once per capLogEvery.
 
 // Refusals past the cap: each takes a goroutine for at most refuseTimeout,
 // and at most maxRefusing run at once; past that a connection is closed
@@ -40,6 +39,10 @@ const (
 // capLogEvery is how often, at most, the cap being hit is logged: a
 // flood must not flood the log too.
 const capLogEvery = 10 * time.Second
+
+// headWindow is how long a new connection has to send its request head
+// before it ranks as stalled: a client on this machine sends it at once.
+const headWindow = time.Second
 
 // overloadedResponse answers a connection refused past the cap.
 var overloadedResponse = []byte(jsonResponse(503, "Service Unavailable", "overloaded",
@@ -92,18 +95,23 @@ type trackedConn struct {
 	// headIn says that a request head has come in on it: a handler runs,
 	// or ran (the connection is idle between requests).
 	headIn bool
+	// admitted is when the tracker counted it in.
+	admitted time.Time
 }
 
-// evictionClass ranks tc as a connection to drop for a newcomer: 0 first
-// (no request head yet), then 1 (idle between requests), then 2 (a
-// request being read or refused); -1 never (a turn runs on it). Called
-// under tracker.mu.
-func (tc *trackedConn) evictionClass() int {
+// evictionClass ranks tc, at now, as a connection to drop for a
+// newcomer: 0 first (no request head within headWindow), then 1 (idle
+// between requests), then 2 (a request being read or refused), then 3
+// (no request head yet, within headWindow); -1 never (a turn runs on it).
+// Called under tracker.mu.
+func (tc *trackedConn) evictionClass(now time.Time) int {
 	switch {
 	case tc.busy:
 		return -1
-	case !tc.headIn:
+	case !tc.headIn && now.Sub(tc.admitted) >= headWindow:
 		return 0
+	case !tc.headIn:
+		return 3
 	case tc.handling.Load() == 0:
 		return 1
 	}
@@ -154,7 +162,7 @@ func (t *connTracker) admit(c net.Conn) *trackedConn {
 		t.countOutLocked(victim)
 		t.evicted.Add(1)
 	}
-	tc := &trackedConn{Conn: c, tracker: t}
+	tc := &trackedConn{Conn: c, tracker: t, admitted: time.Now()}
 	tc.elem = t.open.PushBack(tc)
 	t.live.Add(1)
 	t.mu.Unlock()
@@ -170,10 +178,10 @@ func (t *connTracker) admit(c net.Conn) *trackedConn {
 // the cheapest class (evictionClass), nil if a turn runs on every one.
 func (t *connTracker) victimLocked() *trackedConn {
 	var victim *trackedConn
-	best := 3
+	best, now := 4, time.Now()
 	for e := t.open.Front(); e != nil && best > 0; e = e.Next() {
 		tc := e.Value.(*trackedConn)
-		if c := tc.evictionClass(); c >= 0 && c < best {
+		if c := tc.evictionClass(now); c >= 0 && c < best {
 			victim, best = tc, c
 		}
 	}

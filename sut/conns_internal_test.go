@@ -5,62 +5,63 @@ import (
 	"log/slog"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // TestEvictionOrder: past the cap, a newcomer takes the place of a
-// connection that has sent no request head before one idle between
-// requests, and of that before one whose head is in (its body still
-// coming); never of one running a turn; within a class, the oldest. The
-// cap being hit is logged once per capLogEvery, with what it cost.
+// connection that has not sent its request head within headWindow, then
+// of one idle between requests, then of one whose head is in (its body
+// still coming), and only then of one still within its headWindow; never
+// of one running a turn; within a class, the oldest. The cap being hit is
+// logged once per capLogEvery, with what it cost.
 func TestEvictionOrder(t *testing.T) {
 	var log bytes.Buffer
 	tr := newConnTracker(4, slog.New(slog.NewTextHandler(&log, nil)))
-	pipe := func() net.Conn {
+	admit := func() *trackedConn {
 		a, b := net.Pipe()
 		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
-		return a
-	}
-	// Oldest first: a turn, a request being read, an idle one, a header
-	// slowloris.
-	turn, reading, idle, headless := tr.admit(pipe()), tr.admit(pipe()), tr.admit(pipe()), tr.admit(pipe())
-	for _, tc := range []*trackedConn{turn, reading, idle, headless} {
+		tc := tr.admit(a)
 		require.NotNil(t, tc)
+		return tc
 	}
-	turn.enter()
-	require.True(t, turn.work())
-	reading.enter()
-	idle.enter()
-	idle.leave()
-
 	evicted := func() *trackedConn {
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
 		return tr.victimLocked()
 	}
-	assert.Same(t, headless, evicted(), "no request head yet: the first to go")
-	require.NotNil(t, tr.admit(pipe()))
-	newcomer := evicted()
-	assert.NotSame(t, reading, newcomer)
-	assert.NotSame(t, turn, newcomer)
-	newcomer.enter() // its head came in, and it was served: now idle too
-	newcomer.leave()
-	assert.Same(t, idle, evicted(), "then the oldest idle one")
-	require.NotNil(t, tr.admit(pipe()))
-	fresh := evicted() // the newest has sent nothing: it goes before the idle one
-	fresh.enter()
-	assert.Same(t, newcomer, evicted(), "the idle newcomer")
-	require.NotNil(t, tr.admit(pipe()))
+	// Oldest first: a turn, a request being read, an idle one, a header
+	// slowloris past its window.
+	turn, reading, idle, stalled := admit(), admit(), admit(), admit()
+	turn.enter()
+	require.True(t, turn.work())
+	reading.enter()
+	idle.enter()
+	idle.leave()
+	tr.mu.Lock()
+	stalled.admitted = time.Now().Add(-2 * headWindow)
+	tr.mu.Unlock()
+
+	assert.Same(t, stalled, evicted(), "no request head within its window: the first to go")
+	fresh := admit() // within its window
+	assert.Same(t, idle, evicted(), "then an idle one, before a newcomer that may yet send its head")
+	fresh2 := admit()
+	assert.Same(t, reading, evicted(), "then a request being read")
+	admit()
+	assert.Same(t, fresh, evicted(), "and a newcomer within its window only when nothing else is left")
+	for _, tc := range []*trackedConn{fresh, fresh2} {
+		tc.enter()
+		require.True(t, tc.work())
+	}
 	last := evicted()
 	last.enter()
-	assert.Same(t, reading, evicted(), "a request being read goes only when nothing cheaper is left")
-	require.True(t, reading.work())
-	require.True(t, fresh.work())
 	require.True(t, last.work())
-	assert.Nil(t, evicted(), "a turn runs on every connection: the newcomer is refused")
-	assert.Nil(t, tr.admit(pipe()))
+	assert.Nil(t, evicted(), "a turn runs on every connection")
+	a, b := net.Pipe()
+	defer func() { _ = a.Close(); _ = b.Close() }()
+	assert.Nil(t, tr.admit(a), "the newcomer is refused")
 	tr.stop()
 	tr.refusals.Wait()
 
