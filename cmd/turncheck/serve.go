@@ -56,8 +56,11 @@ Limits and timeouts (flag, default):
                                    under serialize (503)
   --grace                 10s      on stop, for turns in flight
   --max-conns             1024     open client connections; past it a new one replaces
-                                   the oldest on which no turn runs, or gets 503 with
-                                   Retry-After: 1 if a turn runs on every one
+                                   one on which no turn runs: first the oldest that sent
+                                   no request head within 1s, then an idle one, then one
+                                   whose body is still coming, then the oldest newcomer;
+                                   503 with Retry-After: 1 if a turn runs on every one
+                                   (the cap being hit is logged at most every 10s)
   --max-requests          512      chat requests worked on at once, from the end of
                                    their body (503 with Retry-After: 1); also the
                                    model connections kept idle for reuse
