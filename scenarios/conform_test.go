@@ -47,6 +47,7 @@ func TestConformCleanServer(t *testing.T) {
 // TestConformGoesOnAfterAFailure: a broken invariant is shrunk and
 // recorded, and the run goes on to exercise and pass the others.
 func TestConformGoesOnAfterAFailure(t *testing.T) {
+	t.Parallel()
 	c, err := Conform(Reference{Mutant: sut.MutateBeforeRun}, Options{Checks: 40, Seed: 11})
 	require.NoError(t, err)
 	v := c.Verdict(model.T1)

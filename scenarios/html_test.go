@@ -32,6 +32,7 @@ var (
 // the violating step and the violation, and porcupine's inline script ran
 // (offline, from a file) and drew its SVG.
 func TestHTMLReportInBrowser(t *testing.T) {
+	t.Parallel()
 	chromium := browser.Find(t)
 
 	res, err := scenarios.Check(reference.Target{Mutant: sut.NoConversationLock},

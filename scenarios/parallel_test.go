@@ -30,6 +30,7 @@ func TestParallelChecksRunAtOnce(t *testing.T) {
 // same check, with the same counts up to it; the checks after it that ran
 // beside it do not count.
 func TestParallelGivesTheSameFinding(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("two runs of a mutant: not under -short")
 	}

@@ -35,6 +35,7 @@ func TestMain(m *testing.M) {
 // reference server the way a Go server's own test would: through Run, with
 // rapid's settings from the command line.
 func TestReferenceServerPasses(t *testing.T) {
+	t.Parallel()
 	scenarios.Run(t, reference.Target{})
 }
 
@@ -138,6 +139,7 @@ func TestMutantsCaught(t *testing.T) {
 
 // TestCleanCheckPasses runs Check, the CLI's path, on the clean server.
 func TestCleanCheckPasses(t *testing.T) {
+	t.Parallel()
 	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 20})
 	require.NoError(t, err)
 	if res.Failure != nil {
@@ -156,6 +158,7 @@ func TestCleanCheckPasses(t *testing.T) {
 // to a concurrent turn passes when its profile says so, and bursts were
 // sent and refused.
 func TestCleanCheckPassesUnderReject(t *testing.T) {
+	t.Parallel()
 	res, err := scenarios.Check(reference.Target{Concurrency: sut.Reject}, scenarios.Options{Checks: 20})
 	require.NoError(t, err)
 	if res.Failure != nil {

@@ -119,6 +119,7 @@ func TestMutantsLists(t *testing.T) {
 // bug is the search's luck, not the command's behaviour (shallow-clone
 // went uncaught from a drawn seed).
 func TestTrackRecord(t *testing.T) {
+	t.Parallel()
 	code, stdout, stderr := runCLI(t, "mutants", "--checks", "50", "--seed", "1", "--json")
 	require.Equal(t, exitOK, code, stdout+stderr)
 	var rows []trackRow
