@@ -43,19 +43,39 @@ type shrinker struct {
 	// misses are the histories of the replays of the original steps that
 	// did not break the invariant: what differed, for a flaky failure.
 	misses [][]Op
+	// replayOn replays plans in a lab: (*lab).replay, but for tests of the
+	// shrinker itself.
+	replayOn func(l *lab, ctx context.Context, plans []Plan) ([]Op, *model.Violation, error)
+	// found are the failing runs kept so far, the smallest last: a
+	// candidate that broke the invariant once, on a server that runs a
+	// burst another way on another replay, may not again (confirm).
+	found []foundRun
+}
+
+// foundRun is a failing run the shrinker kept.
+type foundRun struct {
+	plans     []Plan
+	history   []Op
+	violation *model.Violation
 }
 
 // shrink returns the smallest run it finds, within ctx, that breaks v's
 // invariant as plans did, replaying candidates in labs. ok is false if
 // plans, replayed, did not break it at all: the failure did not reproduce.
 func shrink(ctx context.Context, labs []*lab, plans []Plan, v *model.Violation, after func(steps int)) (s *shrinker, ok bool) {
-	s = &shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), plans: plans, violation: v}
+	s = &shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), plans: plans, violation: v,
+		replayOn: (*lab).replay}
+	return s, s.run(plans)
+}
+
+// run shrinks plans, and reports whether they broke the invariant again.
+func (s *shrinker) run(plans []Plan) bool {
 	// The steps that touch the failing conversation, alone, are tried
 	// first: when they break the invariant, the failure reproduces, and
 	// the replay of the whole run, often the costliest of all (its
 	// restarts on a server slow to start), is spared.
 	if !s.slice() && !s.reproduce(plans) {
-		return s, false
+		return false
 	}
 	s.ddmin()
 	for changed := true; changed && !s.done(); {
@@ -64,10 +84,11 @@ func shrink(ctx context.Context, labs []*lab, plans []Plan, v *model.Violation, 
 			s.ddmin()
 		}
 	}
+	s.confirm()
 	// A candidate the bound cut short decided nothing: the shrinker may
 	// have stopped short of where it would have ended.
 	s.cut = s.done()
-	return s, true
+	return true
 }
 
 func (s *shrinker) done() bool { return s.ctx.Err() != nil }
@@ -89,6 +110,7 @@ func (s *shrinker) reproduce(plans []Plan) bool {
 				// The run itself, not a smaller one: nothing kept yet.
 				s.plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
 				s.history, s.violation = r.history, r.v
+				s.found = append(s.found, foundRun{s.plans, s.history, s.violation})
 				return true
 			}
 			if r.err == nil && !s.done() {
@@ -117,7 +139,7 @@ func (s *shrinker) replay(cands [][]Plan) []replayed {
 	var wg sync.WaitGroup
 	for i, plans := range cands {
 		wg.Go(func() {
-			h, v, err := s.labs[i].replay(s.ctx, plans)
+			h, v, err := s.replayOn(s.labs[i], s.ctx, plans)
 			out[i] = replayed{history: h, v: v, err: err}
 		})
 	}
@@ -140,7 +162,39 @@ func (s *shrinker) keep(plans []Plan, r replayed) bool {
 	s.kept++
 	s.plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
 	s.history, s.violation = r.history, r.v
+	s.found = append(s.found, foundRun{s.plans, s.history, s.violation})
 	return true
+}
+
+// confirm makes sure the smallest failing run kept breaks the invariant
+// again, in one of reproduceTries replays, before it is reported: one
+// that broke it once by the luck of an interleaving would be saved as a
+// failure that does not replay. One that does not is dropped for the
+// next smallest, down to the first run kept, which reproduced already.
+// On a server that behaves the same way under the same steps, it costs
+// one replay.
+func (s *shrinker) confirm() {
+	for len(s.found) > 1 && !s.done() {
+		top := s.found[len(s.found)-1]
+		for tries := 0; tries < reproduceTries && !s.done(); {
+			n := 1
+			if tries > 0 {
+				n = min(len(s.labs), reproduceTries-tries)
+			}
+			for _, r := range s.replay(slices.Repeat([][]Plan{top.plans}, n)) {
+				if r.err == nil && r.v != nil && r.v.Invariant == s.want && !s.done() {
+					return
+				}
+			}
+			tries += n
+		}
+		if s.done() {
+			return // cut short: the bound says so (partly shrunk)
+		}
+		s.found = s.found[:len(s.found)-1]
+		next := s.found[len(s.found)-1]
+		s.plans, s.history, s.violation = next.plans, next.history, next.violation
+	}
 }
 
 // try replays plans and keeps them if they break the invariant.
