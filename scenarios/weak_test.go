@@ -134,7 +134,6 @@ func closedPort(t *testing.T) string {
 // stops answering after some requests ends the run with an error that
 // says so, never a pass.
 func TestDeadRemoteServerNeverPasses(t *testing.T) {
-	t.Parallel() // it mostly waits on servers and bounds
 	modelAddr := closedPort(t)
 	srv, err := sut.New(sut.Config{ModelURL: "http://" + modelAddr + "/v1", DataDir: t.TempDir()})
 	require.NoError(t, err)
