@@ -629,6 +629,12 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 			t.key.scope = ""
 		}
 		base, err := s.acquire(r.Context(), t)
+		if err == nil && s.dropping.Load() {
+			// A stop dropped the turns still running just as this one got
+			// its conversation (a turn ahead of it let go): it must not
+			// start, though its own context may not have ended yet.
+			err = errStopping
+		}
 		// Every way out releases the lock; the turn's own release comes
 		// earlier, as soon as the turn is decided.
 		defer func() { t.release() }()
@@ -746,6 +752,8 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 		w.Header().Set("Retry-After", "1")
 		openai.WriteError(w, http.StatusServiceUnavailable, "conversation_busy",
 			fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout))
+	case errors.Is(err, errStopping):
+		s.answerDropped(w, nil)
 	case s.stopDropped(w, r, nil):
 	case r.Context().Err() != nil:
 		clientGone(w, false)
@@ -927,12 +935,21 @@ func (s *Server) stopDropped(w http.ResponseWriter, r *http.Request, out *sse.Wr
 	if !s.dropping.Load() || s.crashing.Load() || r.Context().Err() == nil {
 		return false
 	}
+	s.answerDropped(w, out)
+	return true
+}
+
+// errStopping is a turn refused because a stop is dropping the turns.
+var errStopping = errors.New("the server is stopping")
+
+// answerDropped answers a turn a stop dropped: 503, or on a stream an
+// error chunk and [DONE].
+func (s *Server) answerDropped(w http.ResponseWriter, out *sse.Writer) {
 	if out == nil {
 		w.Header().Set("Retry-After", "1")
 	}
 	s.answerError(w, out, http.StatusServiceUnavailable, "unavailable",
 		"the server is stopping and dropped this turn before its end; nothing was changed: retry")
-	return true
 }
 
 // dropTurns ends the turns still running, each answered that the server
