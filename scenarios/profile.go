@@ -258,7 +258,7 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 	if !slicesContainsAny(s.Command, "{addr}", "{port}") && s.Ready.Line == "" {
 		return nil, errors.New("server.command: no {addr} or {port}, and no ready.line that reports the address: the server cannot learn where to listen, nor the harness where it listens")
 	}
-	if !slicesContainsAny(s.Command, "{model_url}") && !hasEnvPlaceholder(s.Env, "{model_url}") && !hasEnvPlaceholder(s.Files, "{model_url}") {
+	if !slicesContainsAny(s.Command, "{model_url}") && !hasPlaceholder(s.Env, "{model_url}") && !hasPlaceholder(s.Files, "{model_url}") {
 		return nil, errors.New("server.command: no {model_url} in the command, env or files: the server must call the fake model, at the URL the harness gives it")
 	}
 	for name, text := range s.Files {
@@ -364,8 +364,9 @@ func slicesContainsAny(args []string, subs ...string) bool {
 	return false
 }
 
-func hasEnvPlaceholder(env map[string]string, sub string) bool {
-	for _, v := range env {
+// hasPlaceholder reports whether a value of m holds sub.
+func hasPlaceholder(m map[string]string, sub string) bool {
+	for _, v := range m {
 		if strings.Contains(v, sub) {
 			return true
 		}

@@ -96,30 +96,37 @@ func (s *shrinker) done() bool { return s.ctx.Err() != nil }
 // reproduce replays plans until they break the invariant again, and
 // reports whether they did. A server that does not report its activity
 // may run a burst in another interleaving on a replay: a failure is
-// taken not to reproduce only after several tries. The first goes
-// alone, since it mostly reproduces.
+// taken not to reproduce only after several tries.
 func (s *shrinker) reproduce(plans []Plan) bool {
+	r, ok := s.breaksAgain(plans, func(miss replayed) { s.misses = append(s.misses, miss.history) })
+	if ok {
+		// The run itself, not a smaller one: nothing kept yet.
+		s.record(plans, r)
+	}
+	return ok
+}
+
+// breaksAgain replays plans up to reproduceTries times, the first alone
+// (it mostly breaks the invariant), then as many at once as there are
+// labs, and returns the first replay that breaks the invariant; missed
+// hears of each one that came to an end without breaking it.
+func (s *shrinker) breaksAgain(plans []Plan, missed func(replayed)) (replayed, bool) {
 	for tries := 0; tries < reproduceTries && !s.done(); {
 		n := 1
 		if tries > 0 {
 			n = min(len(s.labs), reproduceTries-tries)
 		}
-		batch := slices.Repeat([][]Plan{plans}, n)
-		for _, r := range s.replay(batch) {
+		for _, r := range s.replay(slices.Repeat([][]Plan{plans}, n)) {
 			if r.err == nil && r.v != nil && r.v.Invariant == s.want && !s.done() {
-				// The run itself, not a smaller one: nothing kept yet.
-				s.plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
-				s.history, s.violation = r.history, r.v
-				s.found = append(s.found, foundRun{s.plans, s.history, s.violation})
-				return true
+				return r, true
 			}
-			if r.err == nil && !s.done() {
-				s.misses = append(s.misses, r.history)
+			if r.err == nil && !s.done() && missed != nil {
+				missed(r)
 			}
 		}
 		tries += n
 	}
-	return false
+	return replayed{}, false
 }
 
 // reproduceTries is how many replays of a failing run's steps must all
@@ -160,10 +167,16 @@ func (s *shrinker) keep(plans []Plan, r replayed) bool {
 		return false
 	}
 	s.kept++
+	s.record(plans, r)
+	return true
+}
+
+// record makes plans, cut after the step that broke the invariant in r,
+// the smallest failing run so far.
+func (s *shrinker) record(plans []Plan, r replayed) {
 	s.plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
 	s.history, s.violation = r.history, r.v
 	s.found = append(s.found, foundRun{s.plans, s.history, s.violation})
-	return true
 }
 
 // confirm makes sure the smallest failing run kept breaks the invariant
@@ -175,18 +188,8 @@ func (s *shrinker) keep(plans []Plan, r replayed) bool {
 // one replay.
 func (s *shrinker) confirm() {
 	for len(s.found) > 1 && !s.done() {
-		top := s.found[len(s.found)-1]
-		for tries := 0; tries < reproduceTries && !s.done(); {
-			n := 1
-			if tries > 0 {
-				n = min(len(s.labs), reproduceTries-tries)
-			}
-			for _, r := range s.replay(slices.Repeat([][]Plan{top.plans}, n)) {
-				if r.err == nil && r.v != nil && r.v.Invariant == s.want && !s.done() {
-					return
-				}
-			}
-			tries += n
+		if _, ok := s.breaksAgain(s.found[len(s.found)-1].plans, nil); ok {
+			return
 		}
 		if s.done() {
 			return // cut short: the bound says so (partly shrunk)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,11 +91,12 @@ type trackedConn struct {
 	// Under tracker.mu:
 	elem *list.Element // nil once counted out
 	busy bool          // a turn runs on it: it is never evicted
-	// headIn says that a request head has come in on it: a handler runs,
-	// or ran (the connection is idle between requests).
-	headIn bool
 	// admitted is when the tracker counted it in.
 	admitted time.Time
+
+	// headIn says that a request head has come in on it: a handler runs,
+	// or ran (the connection is idle between requests).
+	headIn atomic.Bool
 }
 
 // evictionClass ranks tc, at now, as a connection to drop for a
@@ -108,9 +108,9 @@ func (tc *trackedConn) evictionClass(now time.Time) int {
 	switch {
 	case tc.busy:
 		return -1
-	case !tc.headIn && now.Sub(tc.admitted) >= headWindow:
+	case !tc.headIn.Load() && now.Sub(tc.admitted) >= headWindow:
 		return 0
-	case !tc.headIn:
+	case !tc.headIn.Load():
 		return 3
 	case tc.handling.Load() == 0:
 		return 1
@@ -300,13 +300,10 @@ func connOf(ctx context.Context) *trackedConn {
 // enter marks a handler running on the connection: its request head is
 // in.
 func (tc *trackedConn) enter() {
-	if tc == nil {
-		return
+	if tc != nil {
+		tc.handling.Add(1)
+		tc.headIn.Store(true)
 	}
-	tc.handling.Add(1)
-	tc.tracker.mu.Lock()
-	tc.headIn = true
-	tc.tracker.mu.Unlock()
 }
 
 // leave marks the handler done, and no turn running.
@@ -360,11 +357,7 @@ func (tc *trackedConn) CloseWrite() error {
 // shape. Those are written only when no handler runs on the connection.
 func (tc *trackedConn) Write(p []byte) (int, error) {
 	if bytes.HasPrefix(p, []byte("HTTP/1.1 ")) && tc.handling.Load() == 0 {
-		if j, ok := jsonHTTPError(p); ok || isExpectationFailed(p) {
-			if !ok {
-				j = []byte(jsonResponse(http.StatusExpectationFailed, "Expectation Failed", "invalid_request_error",
-					"the request's Expect header asks for what this server does not do (only 100-continue is understood)", ""))
-			}
+		if j, ok := jsonHTTPError(p); ok {
 			if _, err := tc.Conn.Write(j); err != nil {
 				return 0, err
 			}

@@ -32,6 +32,13 @@ func jsonHTTPError(p []byte) ([]byte, bool) {
 	if !ok {
 		return nil, false
 	}
+	if bytes.HasPrefix(rest, []byte("417 ")) && bytes.HasSuffix(rest, []byte("Content-Length: 0\r\n\r\n")) {
+		// Its answer to an Expect it does not understand, a 417 with no
+		// body, has a Date header, unlike the others; a handler never
+		// answers 417.
+		return []byte(jsonResponse(417, "Expectation Failed", "invalid_request_error",
+			"the request's Expect header asks for what this server does not do (only 100-continue is understood)", "")), true
+	}
 	statusLine, body, ok := bytes.Cut(rest, []byte(netHTTPErrorHeaders))
 	if !ok || bytes.Contains(statusLine, []byte("\r\n")) || len(statusLine) < 4 || statusLine[3] != ' ' {
 		return nil, false
@@ -61,12 +68,4 @@ func jsonResponse(code int, reason, typ, msg, extra string) string {
 	body := openai.Encode(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: typ}})
 	return fmt.Sprintf("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n%s\r\n%s",
 		code, reason, len(body), extra, body)
-}
-
-// isExpectationFailed reports whether p is net/http's own answer to an
-// Expect header it does not understand: a 417 with no body, written
-// before any handler, which jsonHTTPError does not match (it carries a
-// Date header). A handler never answers 417.
-func isExpectationFailed(p []byte) bool {
-	return bytes.HasPrefix(p, []byte("HTTP/1.1 417 ")) && bytes.HasSuffix(p, []byte("Content-Length: 0\r\n\r\n"))
 }

@@ -345,7 +345,7 @@ func writeReports(cmd string, rf runFlags, rep *scenarios.Report, name string, r
 	if res == nil {
 		return
 	}
-	res.write(cmd, "report.txt", func(w io.Writer) error { _, err := w.Write(text.Bytes()); return err }, stderr)
+	res.writeText(cmd, "report.txt", text, stderr)
 	res.write(cmd, "report.json", rep.WriteJSON, stderr)
 	res.write(cmd, "junit.xml", rep.WriteJUnit, stderr)
 	res.write(cmd, "index.html", rep.WriteHTML, stderr)

@@ -178,7 +178,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		// alone, not a table of verdicts that rest on nothing. The
 		// results say it too.
 		fail(io.MultiWriter(stderr, &text), "conform", err)
-		res.write("conform", "verdicts.txt", func(w io.Writer) error { _, err := w.Write(text.Bytes()); return err }, stderr)
+		res.writeText("conform", "verdicts.txt", &text, stderr)
 		return exitUsage
 	}
 	// What was found before an error is printed and saved all the same.
@@ -206,7 +206,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	default:
 		fmt.Fprintln(stdout, "DOES NOT CONFORM: see the verdicts above")
 	}
-	res.write("conform", "verdicts.txt", func(w io.Writer) error { _, err := w.Write(text.Bytes()); return err }, stderr)
+	res.writeText("conform", "verdicts.txt", &text, stderr)
 	res.write("conform", "verdicts.json", c.WriteJSON, stderr)
 	res.write("conform", "junit.xml", c.WriteJUnit, stderr)
 	res.write("conform", "index.html", func(w io.Writer) error { return c.WriteHTML(w, spec) }, stderr)

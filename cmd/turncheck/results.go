@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -82,6 +83,12 @@ func newRunDir(now time.Time) (string, error) {
 func (r *results) write(cmd, name string, render func(io.Writer) error, stderr io.Writer) {
 	path := filepath.Join(r.dir, name)
 	writeReport(cmd, path, name, render, io.Discard, stderr)
+}
+
+// writeText writes text, what the run printed, as one file of the
+// results.
+func (r *results) writeText(cmd, name string, text *bytes.Buffer, stderr io.Writer) {
+	r.write(cmd, name, func(w io.Writer) error { _, err := w.Write(text.Bytes()); return err }, stderr)
 }
 
 // saveFailure saves a failure's report as NAME.json (for 'turncheck
