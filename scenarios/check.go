@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // Options bound a Check.
@@ -148,7 +149,7 @@ var rapidFlags sync.Mutex
 // says the run could not be carried out (the target or the fake model did
 // not start), left something behind (a server that did not stop cleanly),
 // or was interrupted (ErrInterrupted; the Result holds what was found).
-func Check(target Target, opts Options) (*Result, error) {
+func Check(target targets.Target, opts Options) (*Result, error) {
 	l, err := openLab(target, opts.Skip)
 	if err != nil {
 		return nil, err
@@ -315,7 +316,7 @@ func checkSeed(base uint64, n int) uint64 {
 // An Options, if given, sets the run without global flags: its Checks,
 // Steps and Seed, where not zero, win over rapid's flags, and the rest
 // (Skip, ShrinkTime, Parallel, ...) is used as it is.
-func Run(t *testing.T, target Target, options ...Options) {
+func Run(t *testing.T, target targets.Target, options ...Options) {
 	t.Helper()
 	if path := os.Getenv("TURNCHECK_REPLAY"); path != "" {
 		replayIn(t, target, path)
@@ -362,7 +363,7 @@ func Run(t *testing.T, target Target, options ...Options) {
 // says where, and the command that replays it exactly: from the module's
 // root, where a person or CI most likely runs go test, with the file's
 // absolute path.
-func saveForTest(test string, res *Result, target Target) string {
+func saveForTest(test string, res *Result, target targets.Target) string {
 	f := res.Failure
 	path := filepath.Join("testdata", "turncheck", fmt.Sprintf("%s-%s-%d.json",
 		strings.NewReplacer("/", "_", " ", "_").Replace(test), f.Violation.Invariant, res.Seed))
@@ -408,7 +409,7 @@ func packageFromRoot() string {
 }
 
 // replayIn re-executes the failure saved at path against target, in t.
-func replayIn(t *testing.T, target Target, path string) {
+func replayIn(t *testing.T, target targets.Target, path string) {
 	t.Helper()
 	saved, err := ReadReport(path)
 	if err != nil {
@@ -429,11 +430,11 @@ func replayIn(t *testing.T, target Target, path string) {
 }
 
 // specOf describes target for a saved report.
-func specOf(target Target) ServerSpec {
-	if s, ok := target.(Specifier); ok {
+func specOf(target targets.Target) targets.ServerSpec {
+	if s, ok := target.(targets.Specifier); ok {
 		return s.Spec()
 	}
-	return ServerSpec{Kind: "go"}
+	return targets.ServerSpec{Kind: "go"}
 }
 
 // uintFlag is the value of a number flag rapid registers, 0 if unset.

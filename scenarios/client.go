@@ -16,17 +16,8 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
-
-// clientTimeout is a safety net for a server that never answers: the turn's
-// outcome is then unknown. It never decides a verdict on a server that
-// answers, and the model's held calls are released by the server's own
-// deadline or by an abort at a known point, never by this timer.
-const clientTimeout = 30 * time.Second
-
-// defaultModelTimeout is the model-call timeout a profile is taken to
-// declare when it declares none; clientTimeout leaves a margin over it.
-const defaultModelTimeout = 20 * time.Second
 
 // maxResponseBytes bounds what the client reads of one response.
 const maxResponseBytes = 8 << 20
@@ -93,20 +84,20 @@ const errorDrain = 2 * time.Second
 // client speaks the chat endpoint of one server.
 type client struct {
 	base    string
-	profile Profile
+	profile targets.Profile
 	// ns prefixes every conversation id sent: the session's namespace on
 	// a server shared by several.
 	ns   string
 	http *http.Client
 }
 
-func newClient(base string, p Profile, ns string) *client {
+func newClient(base string, p targets.Profile, ns string) *client {
 	return &client{
 		base:    strings.TrimRight(base, "/"),
 		profile: p,
 		ns:      ns,
 		http: &http.Client{
-			Timeout:   p.requestTimeout(),
+			Timeout:   p.RequestTimeout(),
 			Transport: http.DefaultTransport.(*http.Transport).Clone(),
 		},
 	}
@@ -209,7 +200,7 @@ func transportCause(ctx context.Context, err error, timedOut bool) string {
 func (c *client) headers(conv model.ConversationRef) map[string]string {
 	h := map[string]string{"Content-Type": "application/json"}
 	if conv.ID != "" {
-		h[c.profile.header()] = c.ns + conv.ID
+		h[c.profile.HeaderName()] = c.ns + conv.ID
 	}
 	if conv.Key != "" {
 		h["Authorization"] = "Bearer " + conv.Key

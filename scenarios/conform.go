@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // Status is the verdict on one invariant of a conformance run.
@@ -127,7 +128,7 @@ func (c *Conformance) Failures() []*Failure {
 //
 // The error says the run could not be carried out: the server did not
 // start, died during the run, or the harness failed.
-func Conform(target Target, opts Options) (*Conformance, error) {
+func Conform(target targets.Target, opts Options) (*Conformance, error) {
 	if opts.Checks <= 0 {
 		opts.Checks = 100
 	}
@@ -224,7 +225,7 @@ func conformIn(l *lab, opts Options, c *Conformance, found map[model.Invariant]*
 }
 
 // verdicts judges each invariant of the contract from what the run saw.
-func verdicts(p Profile, target Target, restartable bool, skip []model.Invariant, s Stats, found map[model.Invariant]*Failure) []Verdict {
+func verdicts(p targets.Profile, target targets.Target, restartable bool, skip []model.Invariant, s Stats, found map[model.Invariant]*Failure) []Verdict {
 	var out []Verdict
 	for _, inv := range model.Invariants() {
 		v := Verdict{Invariant: inv, Evaluations: s.Invariants[inv]}
@@ -294,7 +295,7 @@ var preconditions = map[model.Invariant]string{
 
 // notApplicable says why the server's declared policies, or the way it
 // is run, exclude inv; "" if they do not.
-func notApplicable(p Profile, target Target, restartable bool, inv model.Invariant) string {
+func notApplicable(p targets.Profile, target targets.Target, restartable bool, inv model.Invariant) string {
 	if (inv == model.T9 || inv == model.T11) && !p.Tools {
 		// T10 stays: a disconnect mid-turn is judged on any server.
 		return "the server offers the model no tools (profile: tools)"
@@ -302,7 +303,7 @@ func notApplicable(p Profile, target Target, restartable bool, inv model.Invaria
 	if inv != model.T7 && inv != model.T8 {
 		return ""
 	}
-	_, remote := target.(Remote)
+	_, remote := target.(targets.Remote)
 	switch {
 	case remote:
 		return "the server runs at a fixed URL: the harness cannot restart or crash it"
@@ -345,7 +346,7 @@ func addCounts[K comparable, N int | int64](to, from map[K]N) {
 
 // Text renders the verdicts for a person: a table, then each failure's
 // report, then what the run did.
-func (c *Conformance) Text(p Profile) string {
+func (c *Conformance) Text(p targets.Profile) string {
 	var b strings.Builder
 	b.WriteString(c.Table())
 	for _, f := range c.Failures() {

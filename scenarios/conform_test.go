@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -39,7 +40,7 @@ func TestConformCleanServer(t *testing.T) {
 			}
 			assert.True(t, c.Passed())
 			assert.Empty(t, c.Stopped)
-			assert.Contains(t, c.Text(Profile{}), "T4   one conversation, one line")
+			assert.Contains(t, c.Text(targets.Profile{}), "T4   one conversation, one line")
 		})
 	}
 }
@@ -73,7 +74,7 @@ func TestConformSkip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Skipped, c.Verdict(model.T3).Status)
 	assert.Positive(t, c.Stats.SetAside[model.T3])
-	assert.True(t, c.Passed(), "%s", c.Text(Profile{}))
+	assert.True(t, c.Passed(), "%s", c.Text(targets.Profile{}))
 }
 
 // TestNothingServedIsNoPass: a server that answers 400 to everything
@@ -121,8 +122,8 @@ func TestRunOptions(t *testing.T) {
 // referenceHandler is the reference server as a Go server's own test
 // would give it: an http.Handler built for a model URL. A held model call
 // times out on the server's own clock: a short one keeps the test short.
-func referenceHandler() Target {
-	return Handler(Profile{Model: "turncheck", ModelTimeout: time.Second}, func(modelURL, dataDir string) (http.Handler, error) {
+func referenceHandler() targets.Target {
+	return targets.Handler(targets.Profile{Model: "turncheck", ModelTimeout: time.Second}, func(modelURL, dataDir string) (http.Handler, error) {
 		return sut.New(sut.Config{ModelURL: modelURL, DataDir: dataDir, RequestTimeout: time.Second})
 	})
 }
@@ -131,10 +132,10 @@ func referenceHandler() Target {
 // declare makes of its own.
 type misdeclared struct {
 	Reference
-	declare func(*Profile)
+	declare func(*targets.Profile)
 }
 
-func (m misdeclared) Profile() Profile {
+func (m misdeclared) Profile() targets.Profile {
 	p := m.Reference.Profile()
 	m.declare(&p)
 	return p
@@ -148,18 +149,18 @@ func TestInterruptionPolicyIsJudged(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		runs     sut.Interruption
-		declares Interruption
+		declares targets.Interruption
 	}{
 		// What a keep-consistent server keeps is T10 under rollback.
-		{"keeps, declared rollback", sut.KeepConsistent, Rollback},
+		{"keeps, declared rollback", sut.KeepConsistent, targets.Rollback},
 		// Calls after the disconnect, or a reply kept, are T10 under
 		// rollback.
-		{"completes, declared rollback", sut.Complete, Rollback},
+		{"completes, declared rollback", sut.Complete, targets.Rollback},
 		// A part kept is T10 under complete (whole or nothing).
-		{"keeps, declared complete", sut.KeepConsistent, Complete},
+		{"keeps, declared complete", sut.KeepConsistent, targets.Complete},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			target := misdeclared{Reference{Interruption: tc.runs}, func(p *Profile) { p.Interruption = tc.declares }}
+			target := misdeclared{Reference{Interruption: tc.runs}, func(p *targets.Profile) { p.Interruption = tc.declares }}
 			res, err := Check(target, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
 			require.NoError(t, err)
 			require.NotNil(t, res.Failure, "a %s server went unnoticed under the %s policy", tc.runs, tc.declares)
@@ -174,7 +175,7 @@ func TestInterruptionPolicyIsJudged(t *testing.T) {
 // as not applicable, never passed, and no tool turns; a client that drops
 // a turn mid-call is judged all the same (T10).
 func TestConformWithoutTools(t *testing.T) {
-	toolsUndeclared := misdeclared{Reference{}, func(p *Profile) { p.Tools = false }}
+	toolsUndeclared := misdeclared{Reference{}, func(p *targets.Profile) { p.Tools = false }}
 	c, err := Conform(toolsUndeclared, Options{Checks: 10, Seed: 5})
 	require.NoError(t, err)
 	for _, inv := range []model.Invariant{model.T9, model.T11} {
@@ -195,12 +196,12 @@ func TestSameCauseIsNotAPass(t *testing.T) {
 	s.Invariants[model.T1], s.Invariants[model.T10] = 5, 5
 	s.SameCause[model.T10] = 2
 	found := map[model.Invariant]*Failure{model.T1: {Violation: &model.Violation{Invariant: model.T1, Kind: model.Leftover, Reason: "left"}}}
-	c := &Conformance{Stats: *s, Verdicts: verdicts(Profile{Tools: true}, refuseAll{}, false, nil, *s, found)}
+	c := &Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Tools: true}, refuseAll{}, false, nil, *s, found)}
 	v := c.Verdict(model.T10)
 	assert.Equal(t, SameCause, v.Status)
 	assert.Contains(t, v.Reason, "T1 (leftover)")
 	assert.Len(t, c.Failures(), 1)
-	assert.Contains(t, c.Text(Profile{}), "SAME CAUSE")
+	assert.Contains(t, c.Text(targets.Profile{}), "SAME CAUSE")
 	var junit strings.Builder
 	require.NoError(t, c.WriteJUnit(&junit))
 	assert.Contains(t, junit.String(), `<skipped message="same cause: broken 2 time(s)`)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // TestCutRestartLeavesTheSharedServerRunning: a session whose bound ends
@@ -23,11 +24,11 @@ func TestCutRestartLeavesTheSharedServerRunning(t *testing.T) {
 	bin := testbin.Turncheck(t)
 	// Ready at once on its first start; each later start waits 2 s
 	// first, longer than the session's bound below.
-	target := Subprocess{
+	target := targets.Subprocess{
 		Command: []string{"sh", "-c", `if [ -e "$0/started" ]; then sleep 2; fi; touch "$0/started"; exec "$@"`, "{data_dir}",
 			bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}"},
 		ReadyLine: `listening on (http://\S+)`,
-		Reaches:   Profile{Model: "m", Durability: Durability{Restart: true}},
+		Reaches:   targets.Profile{Model: "m", Durability: targets.Durability{Restart: true}},
 	}
 	l, err := openLab(target, nil)
 	require.NoError(t, err)

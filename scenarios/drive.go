@@ -13,6 +13,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // runner drives the checks of one Check: each is one state-machine run,
@@ -258,14 +259,14 @@ func (l *lab) workers(n int) ([]*lab, error) {
 // for (0: one per core): one for a server whose fake model must listen at
 // a fixed address, since only one can, and at most a Subprocess's
 // MaxParallel.
-func Parallel(target Target, n int) int {
-	if ma, ok := target.(ModelAddresser); ok && ma.ModelAddr() != "" {
+func Parallel(target targets.Target, n int) int {
+	if ma, ok := target.(targets.ModelAddresser); ok && ma.ModelAddr() != "" {
 		return 1
 	}
 	if n <= 0 {
 		n = runtime.NumCPU()
 	}
-	if s, ok := target.(Subprocess); ok && s.MaxParallel > 0 {
+	if s, ok := target.(targets.Subprocess); ok && s.MaxParallel > 0 {
 		n = min(n, s.MaxParallel)
 	}
 	return max(n, 1)

@@ -3,13 +3,13 @@ package scenarios
 import (
 	"context"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // Op is one request of a run as its history records it: what was planned
@@ -42,7 +42,7 @@ const quietPeriod = 25 * time.Millisecond
 
 // executor carries out plans against one server and records their history.
 type executor struct {
-	srv    Server
+	srv    targets.Server
 	fake   *faults.Model
 	client *client
 	// clock is the run's timeline: invocations, completions and (through
@@ -196,7 +196,7 @@ func (e *executor) execute(p Plan) (ops []Op) {
 			ops[i].Turn.Return = e.tick()
 			// Wall time only ever excuses: a refusal after this long may
 			// be a bounded wait ending (T4).
-			ops[i].Turn.WaitedOut = time.Since(sent) >= e.client.profile.modelTimeout()
+			ops[i].Turn.WaitedOut = time.Since(sent) >= e.client.profile.ModelTimeoutOrDefault()
 			f.ended = time.Now()
 			close(f.done)
 			poke() // after done: a wake-up must find the change it announces
@@ -285,7 +285,7 @@ func (e *executor) execute(p Plan) (ops []Op) {
 	for i, f := range flights {
 		switch {
 		case !f.interrupted:
-		case e.client.profile.Interruption == Complete:
+		case e.client.profile.Interruption == targets.Complete:
 			// The server runs the turn on: an unknown outcome, not a stop.
 			ops[i].Turn.Detached = true
 		case f.released != 0:
@@ -313,20 +313,20 @@ func (e *executor) execute(p Plan) (ops []Op) {
 func (e *executor) restart(p Plan, step, index int) Op {
 	defer e.spent.since(spentRestarts, time.Now())
 	op := Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: Response{Outcome: model.OK}}
-	r, ok := e.srv.(Restarter)
+	r, ok := e.srv.(targets.Restarter)
 	if !ok {
 		op.Response.Outcome, op.Response.Detail = model.Fail, "the server cannot be restarted by the harness"
 		return op
 	}
 	var refs []string
 	if p.Restart.Sources != nil {
-		refs = agentRefs(e.fake.URL(), e.client.profile.Agent, p.Restart.Sources)
+		refs = targets.SourceRefs(e.fake.URL(), e.client.profile.Agent, p.Restart.Sources)
 	}
 	restart := r.Restart
-	if rc, ok := e.srv.(contextRestarter); ok && e.ctx != nil {
+	if rc, ok := e.srv.(targets.ContextRestarter); ok && e.ctx != nil {
 		// The run's or the shrink's time bound holds through a restart
 		// of a server slow to start.
-		restart = func(crash bool, refs []string) error { return rc.restartContext(e.ctx, crash, refs) }
+		restart = func(crash bool, refs []string) error { return rc.RestartContext(e.ctx, crash, refs) }
 	}
 	if err := restart(p.Restart.Crash, refs); err != nil {
 		e.cutRestart = e.ctx != nil && e.ctx.Err() != nil
@@ -337,26 +337,15 @@ func (e *executor) restart(p Plan, step, index int) Op {
 	return op
 }
 
-// agentRefs are the references to agent that the fake model at modelURL
-// serves, one per query.
-func agentRefs(modelURL, agent string, queries []string) []string {
-	base := strings.TrimSuffix(modelURL, "/v1")
-	out := make([]string, len(queries))
-	for i, q := range queries {
-		out[i] = base + "/agents/" + agent + ".yaml?" + q
-	}
-	return out
-}
-
 // let does what s says with its held call: abort the request, time the
 // call out at the server's deadline, or let it go on.
 func (e *executor) let(s Send, f *flight) {
 	f.acted = true
-	switch dc, ok := e.srv.(DeadlineController); {
+	switch dc, ok := e.srv.(targets.DeadlineController); {
 	case s.Abort:
 		f.cancel()
 		f.interrupted, f.abortedAt = true, time.Now()
-		if e.client.profile.Interruption == Complete {
+		if e.client.profile.Interruption == targets.Complete {
 			// The server runs the turn on, the conversation held: let it,
 			// or the turns queued behind it in a burst wait on the harness.
 			f.released = e.tick()
@@ -383,7 +372,7 @@ func (e *executor) let(s Send, f *flight) {
 // held by the model, or (as the server reports it) queued behind another
 // turn. A server that does not report its activity gets a quiet period.
 func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
-	ar, reports := e.srv.(ActivityReporter)
+	ar, reports := e.srv.(targets.ActivityReporter)
 	defer e.spent.since(settlingKind(reports), time.Now())
 	for {
 		resting := 0
@@ -425,7 +414,7 @@ func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
 // server's queue to change, at most limit.
 func (e *executor) waitChange(wake <-chan struct{}, limit time.Duration) {
 	var changed <-chan struct{}
-	if ar, ok := e.srv.(ActivityReporter); ok {
+	if ar, ok := e.srv.(targets.ActivityReporter); ok {
 		_, _, changed = ar.Activity()
 	}
 	select {
@@ -452,7 +441,7 @@ func (e *executor) dropWait(flights []*flight) time.Duration {
 	if f := pendingDrop(flights); f != nil {
 		return max(abortGrace-time.Since(f.abortedAt), pollInterval)
 	}
-	return clientTimeout
+	return targets.ClientTimeout
 }
 
 // releaseDropped lets go of what the model holds for a dropped turn of
@@ -482,9 +471,9 @@ func (e *executor) releaseDropped(flights []*flight) bool {
 // then given until the model holds nothing (it cancelled its held call),
 // or abortGrace.
 func (e *executor) idle(aborted bool) {
-	ar, ok := e.srv.(ActivityReporter)
+	ar, ok := e.srv.(targets.ActivityReporter)
 	defer e.spent.since(settlingKind(ok), time.Now())
-	deadline := time.After(clientTimeout)
+	deadline := time.After(targets.ClientTimeout)
 	grace := time.Now().Add(abortGrace)
 	if !ok {
 		if !aborted {
@@ -532,14 +521,14 @@ const (
 )
 
 // quiet waits until no model call or tool run has arrived for a quiet
-// period (at most clientTimeout): what a server that does not report its
+// period (at most targets.ClientTimeout): what a server that does not report its
 // activity does once let go then falls in this step.
 func (e *executor) quiet() {
-	if _, ok := e.srv.(ActivityReporter); ok {
+	if _, ok := e.srv.(targets.ActivityReporter); ok {
 		return // idle has waited for it
 	}
 	defer e.spent.since(spentQuiet, time.Now())
-	deadline := time.After(clientTimeout)
+	deadline := time.After(targets.ClientTimeout)
 	last, since := e.fake.CallCount()+e.fake.RunCount(), time.Now()
 	for time.Since(since) < quietPeriod {
 		select {

@@ -10,12 +10,13 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
 // newExecutor starts a session on target and returns its executor; the
 // session stops when the test ends.
-func newExecutor(t testing.TB, target Target) *executor {
+func newExecutor(t testing.TB, target targets.Target) *executor {
 	t.Helper()
 	s := newSession(t, target)
 	return s.exec
@@ -23,7 +24,7 @@ func newExecutor(t testing.TB, target Target) *executor {
 
 // newSession starts a session of a lab of its own on target; both stop
 // when the test ends.
-func newSession(t testing.TB, target Target, skip ...model.Invariant) *session {
+func newSession(t testing.TB, target targets.Target, skip ...model.Invariant) *session {
 	t.Helper()
 	l, err := openLab(target, skip)
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // conv is the harness's view of one conversation, for drawing plans.
@@ -58,7 +59,7 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 	if len(m.profile.Keys) >= 2 {
 		a["same id, other key"] = m.otherKey
 	}
-	if _, ok := m.srv.(Restarter); ok && (m.profile.Durability.Restart || m.profile.Durability.Crash) {
+	if _, ok := m.srv.(targets.Restarter); ok && (m.profile.Durability.Restart || m.profile.Durability.Crash) {
 		a["restart"] = m.restart
 	}
 	return a
@@ -204,7 +205,7 @@ func (m *machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 
 // newConv draws a key and opens a conversation under a new id.
 func (m *machine) newConv(t *rapid.T) *conv {
-	if m.profile.Eviction == Forgets && m.opened >= m.profile.Capacity {
+	if m.profile.Eviction == targets.Forgets && m.opened >= m.profile.Capacity {
 		// It could forget one the check still uses, as it may: the model
 		// does not follow a conversation starting over yet. Every id sent
 		// counts, set aside or refused: the server may hold it.

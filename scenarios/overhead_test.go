@@ -9,6 +9,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // BenchmarkCheckOverhead measures what a check costs before and after its
@@ -19,8 +20,8 @@ import (
 // check's overhead is its ns/op minus turn's.
 func BenchmarkCheckOverhead(b *testing.B) {
 	bin := testbin.Turncheck(b)
-	target := func(fresh bool) Subprocess {
-		return Subprocess{
+	target := func(fresh bool) targets.Subprocess {
+		return targets.Subprocess{
 			Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}",
 				"--key", "key-a", "--key", "key-b"},
 			FreshPerCheck: fresh,
@@ -63,7 +64,7 @@ func BenchmarkCheckOverhead(b *testing.B) {
 // data dir holding a few committed conversations.
 func BenchmarkCrashRestart(b *testing.B) {
 	bin := testbin.Turncheck(b)
-	target := Subprocess{
+	target := targets.Subprocess{
 		Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}",
 			"--key", "key-a", "--key", "key-b", "--agent={agents}"},
 		Agent:   Reference{}.Profile().Agent,

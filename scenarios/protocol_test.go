@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // TestProtocolNamesWhatTheCodeNames: the contract document at the root of
@@ -27,8 +28,8 @@ func TestProtocolNamesWhatTheCodeNames(t *testing.T) {
 	}
 	for _, policy := range []string{
 		model.Serialize.String(), model.Reject.String(),
-		string(Durable), string(Forgets), "capacity",
-		string(Rollback), string(KeepConsistent), string(Complete),
+		string(targets.Durable), string(targets.Forgets), "capacity",
+		string(targets.Rollback), string(targets.KeepConsistent), string(targets.Complete),
 		"restart", "crash", "tools: true",
 	} {
 		assert.True(t, strings.Contains(doc, "`"+policy+"`"), "policy value %s", policy)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // FormatFailure renders a violation and the history that led to it for a
@@ -17,7 +18,7 @@ import (
 // (several for a burst, with the order in which they were sent and
 // answered), the injected faults, the outcomes, what the model saw, and a
 // curl command that sends each request by hand.
-func FormatFailure(v *model.Violation, history []Op, p Profile) string {
+func FormatFailure(v *model.Violation, history []Op, p targets.Profile) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", v.Error())
 	steps := 0
@@ -69,7 +70,7 @@ func letters(n int) []string {
 	return out
 }
 
-func writeOp(b *strings.Builder, op Op, p Profile) {
+func writeOp(b *strings.Builder, op Op, p targets.Profile) {
 	if op.Restart != nil {
 		fmt.Fprintf(b, "     %s", op.Restart)
 		if op.Response.Detail != "" {
@@ -115,10 +116,10 @@ func writeOp(b *strings.Builder, op Op, p Profile) {
 }
 
 // curlCommand is a shell command that sends r.
-func curlCommand(r Request, p Profile) string {
+func curlCommand(r Request, p targets.Profile) string {
 	parts := []string{`curl -sS -N "$TURNCHECK_URL/v1/chat/completions"`, "-H 'Content-Type: application/json'"}
 	if r.Conv.ID != "" {
-		parts = append(parts, "-H "+shellQuote(p.header()+": "+r.Conv.ID))
+		parts = append(parts, "-H "+shellQuote(p.HeaderName()+": "+r.Conv.ID))
 	}
 	if r.Conv.Key != "" {
 		parts = append(parts, "-H "+shellQuote("Authorization: Bearer "+r.Conv.Key))

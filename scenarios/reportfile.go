@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // ReportSchema names the version of the JSON report format. A saved
@@ -21,27 +22,12 @@ const ReportSchema = "turncheck/report/v2"
 // reportSchemaV1 is the schema before durations were all milliseconds.
 const reportSchemaV1 = "turncheck/report/v1"
 
-// ServerSpec says which server a report is about, so that a replay can
-// start the same one: Kind "reference" is the in-repo reference server,
-// with its mutant and concurrency policy; any other kind names a server
-// only the caller knows how to start.
-type ServerSpec struct {
-	Kind         string `json:"kind"`
-	Mutant       string `json:"mutant,omitempty"`
-	Concurrency  string `json:"concurrency,omitempty"`
-	Interruption string `json:"interruption,omitempty"`
-	// Profile is the path of the profile, for kind "profile"; URL the
-	// server's base URL, for kind "url" (a server started by someone else).
-	Profile string `json:"profile,omitempty"`
-	URL     string `json:"url,omitempty"`
-}
-
 // Report is a run's outcome as data: the JSON report, the saved failure
 // file, and the text, JUnit and HTML renderings all come from it.
 type Report struct {
-	Schema string     `json:"schema"`
-	Server ServerSpec `json:"server"`
-	Seed   uint64     `json:"seed"`
+	Schema string             `json:"schema"`
+	Server targets.ServerSpec `json:"server"`
+	Seed   uint64             `json:"seed"`
 	// Verdict is "pass", "fail", or "flaky" (a failure that did not
 	// reproduce when its steps were replayed).
 	Verdict string `json:"verdict"`
@@ -53,7 +39,7 @@ type Report struct {
 }
 
 // NewReport turns a Check's result into a report about server.
-func NewReport(res *Result, server ServerSpec) *Report {
+func NewReport(res *Result, server targets.ServerSpec) *Report {
 	r := &Report{Schema: ReportSchema, Server: server, Seed: res.Seed, Verdict: "pass", Stats: res.Stats,
 		ElapsedMS: res.Elapsed.Milliseconds(), Failure: res.Failure}
 	if f := res.Failure; f != nil {
@@ -137,7 +123,7 @@ func (f *Failure) UnmarshalJSON(b []byte) error {
 
 // Text renders the report for a person: the failure's report, or the
 // run's summary.
-func (r *Report) Text(p Profile) string {
+func (r *Report) Text(p targets.Profile) string {
 	if r.Failure == nil {
 		return "PASS: no invariant broken\n" + r.Stats.Summary() + "\n"
 	}

@@ -2,13 +2,13 @@ package scenarios
 
 import (
 	"bytes"
-	"fmt"
 	"html/template"
 	"io"
 	"strings"
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // htmlPage is the HTML report: the verdict, the failing run as a timeline
@@ -116,7 +116,7 @@ iframe{width:100%;height:40em;border:1px solid #ccc}
 
 // WriteHTML writes the conformance run as one self-contained HTML page
 // about server: the page a results directory opens with.
-func (c *Conformance) WriteHTML(w io.Writer, server ServerSpec) error {
+func (c *Conformance) WriteHTML(w io.Writer, server targets.ServerSpec) error {
 	type row struct {
 		Invariant            model.Invariant
 		Title, Status, Rests string
@@ -157,21 +157,4 @@ func (c *Conformance) WriteHTML(w io.Writer, server ServerSpec) error {
 		data.Failures = append(data.Failures, failure{inv, inv.Title(), f.ShrinkStats(), b.String()})
 	}
 	return runPage.Execute(w, data)
-}
-
-// String names the server for a person.
-func (s ServerSpec) String() string {
-	switch s.Kind {
-	case "profile":
-		return "the server of the profile " + s.Profile
-	case "url":
-		return "the server at " + s.URL
-	case "reference":
-		out := "the reference server"
-		if s.Mutant != "" && s.Mutant != "none" {
-			out += fmt.Sprintf(" with the mutant %s", s.Mutant)
-		}
-		return out
-	}
-	return "a " + s.Kind + " server"
 }

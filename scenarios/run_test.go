@@ -16,6 +16,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -44,7 +45,7 @@ func TestSaveForTest(t *testing.T) {
 
 	saved, err := ReadReport(m[1])
 	require.NoError(t, err)
-	assert.Equal(t, ServerSpec{Kind: "reference", Mutant: "fork-new-session", Concurrency: "serialize"}, saved.Server)
+	assert.Equal(t, targets.ServerSpec{Kind: "reference", Mutant: "fork-new-session", Concurrency: "serialize"}, saved.Server)
 	assert.Equal(t, "fail", saved.Verdict)
 	_, v, err := Replay(target, saved.Failure.Plans)
 	require.NoError(t, err)
@@ -130,7 +131,7 @@ func TestSimplerTools(t *testing.T) {
 // TestJUnitHarnessFailure: a run the harness itself failed shows no
 // invariant as held.
 func TestJUnitHarnessFailure(t *testing.T) {
-	rep := NewReport(&Result{Stats: *newStats(), Failure: &Failure{Report: "boom"}}, ServerSpec{Kind: "go"})
+	rep := NewReport(&Result{Stats: *newStats(), Failure: &Failure{Report: "boom"}}, targets.ServerSpec{Kind: "go"})
 	var b strings.Builder
 	require.NoError(t, rep.WriteJUnit(&b))
 	assert.Contains(t, b.String(), `<testcase name="harness"`)
@@ -140,8 +141,8 @@ func TestJUnitHarnessFailure(t *testing.T) {
 // refuseAll starts servers that answer 400 to every request.
 type refuseAll struct{}
 
-func (refuseAll) Profile() Profile { return Profile{} }
-func (refuseAll) Start(string) (Server, error) {
+func (refuseAll) Profile() targets.Profile { return targets.Profile{} }
+func (refuseAll) Start(string) (targets.Server, error) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
@@ -161,7 +162,7 @@ func (s closeServer) Close() error { s.Server.Close(); return nil }
 func TestDurationsInMilliseconds(t *testing.T) {
 	f := &Failure{FoundIn: 1500 * time.Millisecond, ShrunkIn: 250 * time.Millisecond, Seed: 7}
 	var b strings.Builder
-	require.NoError(t, NewReport(&Result{Seed: 7, Elapsed: 2 * time.Second, Failure: f}, ServerSpec{Kind: "go"}).WriteJSON(&b))
+	require.NoError(t, NewReport(&Result{Seed: 7, Elapsed: 2 * time.Second, Failure: f}, targets.ServerSpec{Kind: "go"}).WriteJSON(&b))
 	assert.Contains(t, b.String(), `"foundInMs": 1500`)
 	assert.Contains(t, b.String(), `"shrunkInMs": 250`)
 	assert.Contains(t, b.String(), `"elapsedMs": 2000`)

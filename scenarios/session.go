@@ -13,55 +13,23 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
-
-// ServerReuser is a Target whose server may serve every check of a run,
-// one after another, rather than a fresh server each: a server that is
-// slow to start (seconds, for some gateways) would otherwise spend most
-// of a run starting. Each check then gets a namespace of conversation ids
-// of its own (every id the harness sends is prefixed with it), and the
-// fake model forgets the previous check, so checks stay independent
-// without a restart; a check or a replay still replays from its seed,
-// against the same server state as far as its own conversations go.
-type ServerReuser interface {
-	Target
-	// ReuseServer reports whether one server serves the whole run.
-	ReuseServer() bool
-}
-
-// ModelAddresser is a Target whose servers must find the fake model at a
-// fixed address: a server started by someone else, configured with a
-// model URL before the harness runs.
-type ModelAddresser interface {
-	Target
-	// ModelAddr is the loopback host:port the fake model listens on.
-	ModelAddr() string
-}
-
-// ServerWatcher is a Server that can tell that it died on its own (a
-// process that exited mid-run): the run then stops with an error that
-// says so, rather than reporting every later request as unanswered.
-type ServerWatcher interface {
-	Server
-	// Exited returns an error describing the exit if the server has
-	// exited on its own, nil while it runs.
-	Exited() error
-}
 
 // lab is what the sessions of one run share: the fake model, on one
 // address for the whole run, and, for a target that reuses its server,
 // that server. A check's run, each replay of the shrinker, and a replay of
 // saved steps are each a session of a lab.
 type lab struct {
-	target  Target
-	profile Profile
+	target  targets.Target
+	profile targets.Profile
 	fake    *faults.Model
 	// clock is the timeline of the current session; the fake model stamps
 	// calls on it, so each session's timeline starts at zero.
 	clock atomic.Pointer[atomic.Int64]
 	// shared is the server every session uses when the target reuses its
 	// server, nil otherwise; started by the first session.
-	shared Server
+	shared targets.Server
 	// run prefixes the namespaces of a reused server: unique to this run,
 	// so that a second run against the same long-lived server does not
 	// meet the first run's conversations.
@@ -74,7 +42,7 @@ type lab struct {
 	// conversations are set aside and checking goes on.
 	skip []model.Invariant
 	// last is the server the latest session used, for its output.
-	last Server
+	last targets.Server
 	// skipKinds lists the kinds of wrong state already found: a violation
 	// of one, under whatever invariant, is the same root cause again, and
 	// sets its conversations aside as a skipped invariant's does.
@@ -83,46 +51,27 @@ type lab struct {
 	// (workers), closed with it.
 	helpers []*lab
 	// ctx, if not nil, is the run's: it bounds the start of a shared
-	// server and its restarts, where the target allows (contextStarter).
+	// server and its restarts, where the target allows (targets.ContextStarter).
 	ctx context.Context
-}
-
-// contextStarter is a Target whose servers' starts and restarts a context
-// can cut short: a server that takes a minute to start does not hold a
-// run past its time bound.
-type contextStarter interface {
-	startContext(ctx context.Context, modelURL string) (Server, error)
-}
-
-// contextRestarter is a Restarter whose restart a context can cut short.
-type contextRestarter interface {
-	restartContext(ctx context.Context, crash bool, agents []string) error
 }
 
 // start starts a server of l's target, cut short when ctx (if not nil)
 // ends.
-func (l *lab) start(ctx context.Context) (Server, error) {
-	cs, ok := l.target.(contextStarter)
+func (l *lab) start(ctx context.Context) (targets.Server, error) {
+	cs, ok := l.target.(targets.ContextStarter)
 	if !ok {
 		return l.target.Start(l.fake.URL())
 	}
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	return cs.startContext(ctx, l.fake.URL())
-}
-
-// outputter is a Server that keeps what it wrote (a process's stdout and
-// stderr): shown with a failure, an error, or a run that exercised
-// nothing, it often says why.
-type outputter interface {
-	Output() string
+	return cs.StartContext(ctx, l.fake.URL())
 }
 
 // output is the last lines the latest session's server wrote, "" if it
 // keeps none.
 func (l *lab) output() string {
-	if o, ok := l.last.(outputter); ok {
+	if o, ok := l.last.(targets.Outputter); ok {
 		return strings.TrimRight(o.Output(), "\n ")
 	}
 	return ""
@@ -151,11 +100,11 @@ func StopNotes(err error) (notes []string, rest error) {
 }
 
 // openLab starts the fake model a run's sessions share.
-func openLab(target Target, skip []model.Invariant) (*lab, error) {
+func openLab(target targets.Target, skip []model.Invariant) (*lab, error) {
 	l := &lab{target: target, profile: target.Profile(), skip: skip}
 	l.clock.Store(&atomic.Int64{})
 	addr := ""
-	if ma, ok := target.(ModelAddresser); ok {
+	if ma, ok := target.(targets.ModelAddresser); ok {
 		addr = ma.ModelAddr()
 	}
 	fake, err := faults.StartModel(faults.ModelConfig{Addr: addr, Clock: func() int64 { return l.clock.Load().Add(1) }})
@@ -170,7 +119,7 @@ func openLab(target Target, skip []model.Invariant) (*lab, error) {
 }
 
 func (l *lab) reuses() bool {
-	r, ok := l.target.(ServerReuser)
+	r, ok := l.target.(targets.ServerReuser)
 	return ok && r.ReuseServer()
 }
 
@@ -212,8 +161,8 @@ func epochTag(ns string) string {
 // executes the same way in either.
 type session struct {
 	lab     *lab
-	profile Profile
-	srv     Server
+	profile targets.Profile
+	srv     targets.Server
 	// own is set when the session started srv, and so stops it.
 	own    bool
 	fake   *faults.Model
@@ -260,7 +209,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 			}
 			l.shared = s
 		}
-		if w, ok := l.shared.(ServerWatcher); ok {
+		if w, ok := l.shared.(targets.ServerWatcher); ok {
 			if err := w.Exited(); err != nil {
 				return nil, fmt.Errorf("the server under test died during the run: %w", err)
 			}
@@ -276,7 +225,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 	// On a shared server, every message the session sends carries its
 	// namespace, and the fake model records only calls that carry it.
 	l.fake.Reset(epochTag(ns))
-	_, l.restartable = srv.(Restarter)
+	_, l.restartable = srv.(targets.Restarter)
 	l.last = srv
 	cl := newClient(srv.URL(), l.profile, ns)
 	return &session{
@@ -287,11 +236,11 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 		fake:    l.fake,
 		client:  cl,
 		exec:    &executor{srv: srv, fake: l.fake, client: cl, clock: clock, ctx: ctx, spent: spent},
-		ref:     model.NewWith(l.profile.policies()),
+		ref:     model.NewWith(l.profile.Policies()),
 		aside:   map[model.ConversationRef]bool{},
 		skipped: map[model.Invariant]int{}, consequences: map[model.Invariant]int{}, sameCause: map[model.Invariant]int{},
 		asideTokens: map[model.Token]bool{},
-		sources:     []string{firstSource},
+		sources:     []string{targets.FirstSource},
 	}, nil
 }
 
@@ -426,7 +375,7 @@ func (s *session) watch(ops []Op) {
 	if s.dead != nil || s.unanswered == 0 {
 		return
 	}
-	w, watched := s.srv.(ServerWatcher)
+	w, watched := s.srv.(targets.ServerWatcher)
 	exited := error(nil)
 	if watched {
 		exited = w.Exited()
@@ -498,10 +447,10 @@ func (s *session) close() error {
 		// The next check starts as this one did: the agent under its
 		// first reference, on a server that runs (a restart its check's
 		// bound cut short left none).
-		if s.exec.cutRestart || !slices.Equal(s.sources, []string{firstSource}) {
-			r, ok := s.srv.(Restarter)
+		if s.exec.cutRestart || !slices.Equal(s.sources, []string{targets.FirstSource}) {
+			r, ok := s.srv.(targets.Restarter)
 			if ok {
-				refs := agentRefs(s.fake.URL(), s.profile.Agent, []string{firstSource})
+				refs := targets.SourceRefs(s.fake.URL(), s.profile.Agent, []string{targets.FirstSource})
 				if err := r.Restart(false, refs); err != nil {
 					return fmt.Errorf("restart the server under test with its first agent source: %w", err)
 				}
@@ -523,14 +472,14 @@ func (s *session) close() error {
 // stops at the first other violation and returns the history up to it and
 // the violation (nil if none). The error says the replay could not be
 // carried out.
-func Replay(target Target, plans []Plan, skip ...model.Invariant) ([]Op, *model.Violation, error) {
+func Replay(target targets.Target, plans []Plan, skip ...model.Invariant) ([]Op, *model.Violation, error) {
 	return ReplayFailure(target, &Failure{Plans: plans, Skipped: skip})
 }
 
 // ReplayFailure is Replay of a saved failure's plans, with what its run
 // had set aside: the invariants it skipped, and the kinds of wrong state
 // already found, whose violations set their conversations aside again.
-func ReplayFailure(target Target, f *Failure) ([]Op, *model.Violation, error) {
+func ReplayFailure(target targets.Target, f *Failure) ([]Op, *model.Violation, error) {
 	for i, p := range f.Plans {
 		if err := p.check(); err != nil {
 			return nil, nil, fmt.Errorf("step %d: %w", i+1, err)

@@ -10,7 +10,7 @@ package reference
 
 import (
 	"github.com/turncheck/turncheck/model"
-	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -58,20 +58,20 @@ const agent = "helper"
 
 // Profile is the reference server's profile: two API keys, the policies
 // it runs with, durable storage, the tools, and one agent.
-func (r Target) Profile() scenarios.Profile {
-	p := scenarios.Profile{Keys: keys, Model: agent, Agent: agent, Tools: true,
-		Durability: scenarios.Durability{Restart: true, Crash: true}, Interruption: scenarios.Rollback}
+func (r Target) Profile() targets.Profile {
+	p := targets.Profile{Keys: keys, Model: agent, Agent: agent, Tools: true,
+		Durability: targets.Durability{Restart: true, Crash: true}, Interruption: targets.Rollback}
 	if r.Concurrency == sut.Reject {
 		p.Concurrency = model.Reject
 	}
 	if r.Interruption != "" {
-		p.Interruption = scenarios.Interruption(r.Interruption)
+		p.Interruption = targets.Interruption(r.Interruption)
 	}
 	return p
 }
 
 // Start serves a reference server, calling the model at modelURL.
-func (r Target) Start(modelURL string) (scenarios.Server, error) {
+func (r Target) Start(modelURL string) (targets.Server, error) {
 	if r.ConversationsMax == 0 {
 		r.ConversationsMax = 4
 	}
@@ -83,17 +83,17 @@ func (r Target) Start(modelURL string) (scenarios.Server, error) {
 		Concurrency:      r.Concurrency,
 		Interruption:     r.Interruption,
 		CompactAfter:     CompactAfter,
-		Agents:           scenarios.AgentRefs(modelURL, agent),
+		Agents:           targets.AgentRefs(modelURL, agent),
 	})
 }
 
 // Spec names the server in a saved report, so that 'turncheck replay'
 // starts the same one.
-func (r Target) Spec() scenarios.ServerSpec {
+func (r Target) Spec() targets.ServerSpec {
 	c := r.Concurrency
 	if c == "" {
 		c = sut.Serialize
 	}
-	return scenarios.ServerSpec{Kind: "reference", Mutant: string(r.Mutant), Concurrency: string(c),
+	return targets.ServerSpec{Kind: "reference", Mutant: string(r.Mutant), Concurrency: string(c),
 		Interruption: string(r.Interruption)}
 }

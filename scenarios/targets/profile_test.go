@@ -1,4 +1,4 @@
-package scenarios
+package targets
 
 import (
 	"strings"
@@ -71,7 +71,7 @@ policies:
 	assert.Equal(t, Profile{Header: "x-session", Keys: []string{"k1"}, Model: "agent", Concurrency: model.Reject,
 		ModelTimeout: 3 * time.Second, ClientTimeout: 3 * time.Minute, Eviction: Forgets, Capacity: 10, Interruption: KeepConsistent,
 		Agent: "helper", Tools: true}, p)
-	assert.Equal(t, 3*time.Minute, p.requestTimeout(), "the client waits as long as declared, apart from the model timeout")
+	assert.Equal(t, 3*time.Minute, p.RequestTimeout(), "the client waits as long as declared, apart from the model timeout")
 
 	target, err = ParseProfile([]byte("url: http://127.0.0.1:8080\nmodel_addr: '[::1]:9090'\n"))
 	require.NoError(t, err)

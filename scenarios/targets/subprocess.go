@@ -1,6 +1,6 @@
 //go:build unix
 
-package scenarios
+package targets
 
 import (
 	"context"
@@ -74,19 +74,19 @@ func (s Subprocess) String() string { return strings.Join(s.Command, " ") }
 
 // Start starts a process pointed at modelURL on a fresh data dir.
 func (s Subprocess) Start(modelURL string) (Server, error) {
-	return s.startContext(context.Background(), modelURL)
+	return s.StartContext(context.Background(), modelURL)
 }
 
-// startContext is Start, with ctx bounding the waits for the server to be
+// StartContext is Start, with ctx bounding the waits for the server to be
 // ready: its first start's and every restart's.
-func (s Subprocess) startContext(ctx context.Context, modelURL string) (Server, error) {
+func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, error) {
 	dir, err := os.MkdirTemp("", "turncheck-subprocess-*")
 	if err != nil {
 		return nil, err
 	}
 	var refs []string
 	if s.Agent != "" {
-		refs = agentRefs(modelURL, s.Agent, []string{firstSource})
+		refs = SourceRefs(modelURL, s.Agent, []string{FirstSource})
 	}
 	p, err := faults.StartProcess(faults.ProcessConfig{Command: s.Command, ModelURL: modelURL, DataDir: dir,
 		Env: s.Env, Files: s.Files, Agents: refs, Ready: s.Ready, ReadyLine: s.ReadyLine,
@@ -121,12 +121,12 @@ func (s *subprocessServer) Output() string { return lastLines(s.p.Stderr(), 20) 
 // starts it again on the same data dir, with agents for {agents} if not
 // nil.
 func (s *subprocessServer) Restart(crash bool, agents []string) error {
-	return s.restartContext(context.Background(), crash, agents)
+	return s.RestartContext(context.Background(), crash, agents)
 }
 
-// restartContext is Restart, with ctx bounding the wait for the new run
+// RestartContext is Restart, with ctx bounding the wait for the new run
 // to be ready.
-func (s *subprocessServer) restartContext(ctx context.Context, crash bool, agents []string) error {
+func (s *subprocessServer) RestartContext(ctx context.Context, crash bool, agents []string) error {
 	if agents != nil {
 		s.p.SetAgents(agents)
 	}

@@ -1,4 +1,4 @@
-package scenarios
+package targets
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/turncheck/turncheck/internal/loopback"
@@ -86,35 +87,36 @@ type Profile struct {
 	Tools bool
 }
 
-// policies are the policies p declares, as the reference model takes
+// Policies are the Policies p declares, as the reference model takes
 // them.
-func (p Profile) policies() model.Policies {
+func (p Profile) Policies() model.Policies {
 	return model.Policies{Concurrency: p.Concurrency, KeepConsistent: p.Interruption == KeepConsistent,
 		Complete: p.Interruption == Complete}
 }
 
-// requestTimeout bounds one request: the server's model timeout and a
+// RequestTimeout bounds one request: the server's model timeout and a
 // margin.
-func (p Profile) requestTimeout() time.Duration {
+func (p Profile) RequestTimeout() time.Duration {
 	if p.ClientTimeout > 0 {
 		return p.ClientTimeout
 	}
 	if p.ModelTimeout <= 0 {
-		return clientTimeout
+		return ClientTimeout
 	}
-	return p.ModelTimeout + clientTimeout - defaultModelTimeout
+	return p.ModelTimeout + ClientTimeout - DefaultModelTimeout
 }
 
-// modelTimeout is the model-call timeout p declares, or the one it is
+// ModelTimeoutOrDefault is the model-call timeout p declares, or the one it is
 // taken to declare.
-func (p Profile) modelTimeout() time.Duration {
+func (p Profile) ModelTimeoutOrDefault() time.Duration {
 	if p.ModelTimeout <= 0 {
-		return defaultModelTimeout
+		return DefaultModelTimeout
 	}
 	return p.ModelTimeout
 }
 
-func (p Profile) header() string {
+// HeaderName is the conversation header p names, or the default one.
+func (p Profile) HeaderName() string {
 	if p.Header == "" {
 		return DefaultConversationHeader
 	}
@@ -170,15 +172,15 @@ type Specifier interface {
 	Spec() ServerSpec
 }
 
-// firstSource is the query of the reference to a server's agent at its
+// FirstSource is the query of the reference to a server's agent at its
 // first start; a restart may load the agent under another (T8).
-const firstSource = "tag=v1"
+const FirstSource = "tag=v1"
 
 // AgentRefs are the references a server loads its agent from at its
 // first start: the fake model at modelURL serves agent under them, and
 // the harness changes their query across restarts (T8).
 func AgentRefs(modelURL, agent string) []string {
-	return agentRefs(modelURL, agent, []string{firstSource})
+	return SourceRefs(modelURL, agent, []string{FirstSource})
 }
 
 // Remote is a Target for a server that already runs at URL, started by
@@ -310,4 +312,109 @@ func closeHandler(h http.Handler) error {
 		c.Close()
 	}
 	return nil
+}
+
+// ClientTimeout is a safety net for a server that never answers: the turn's
+// outcome is then unknown. It never decides a verdict on a server that
+// answers, and the model's held calls are released by the server's own
+// deadline or by an abort at a known point, never by this timer.
+const ClientTimeout = 30 * time.Second
+
+// DefaultModelTimeout is the model-call timeout a profile is taken to
+// declare when it declares none; clientTimeout leaves a margin over it.
+const DefaultModelTimeout = 20 * time.Second
+
+// SourceRefs are the references to agent that the fake model at modelURL
+// serves, one per query.
+func SourceRefs(modelURL, agent string, queries []string) []string {
+	base := strings.TrimSuffix(modelURL, "/v1")
+	out := make([]string, len(queries))
+	for i, q := range queries {
+		out[i] = base + "/agents/" + agent + ".yaml?" + q
+	}
+	return out
+}
+
+// ServerSpec says which server a report is about, so that a replay can
+// start the same one: Kind "reference" is the in-repo reference server,
+// with its mutant and concurrency policy; any other kind names a server
+// only the caller knows how to start.
+type ServerSpec struct {
+	Kind         string `json:"kind"`
+	Mutant       string `json:"mutant,omitempty"`
+	Concurrency  string `json:"concurrency,omitempty"`
+	Interruption string `json:"interruption,omitempty"`
+	// Profile is the path of the profile, for kind "profile"; URL the
+	// server's base URL, for kind "url" (a server started by someone else).
+	Profile string `json:"profile,omitempty"`
+	URL     string `json:"url,omitempty"`
+}
+
+// String names the server for a person.
+func (s ServerSpec) String() string {
+	switch s.Kind {
+	case "profile":
+		return "the server of the profile " + s.Profile
+	case "url":
+		return "the server at " + s.URL
+	case "reference":
+		out := "the reference server"
+		if s.Mutant != "" && s.Mutant != "none" {
+			out += fmt.Sprintf(" with the mutant %s", s.Mutant)
+		}
+		return out
+	}
+	return "a " + s.Kind + " server"
+}
+
+// ServerReuser is a Target whose server may serve every check of a run,
+// one after another, rather than a fresh server each: a server that is
+// slow to start (seconds, for some gateways) would otherwise spend most
+// of a run starting. Each check then gets a namespace of conversation ids
+// of its own (every id the harness sends is prefixed with it), and the
+// fake model forgets the previous check, so checks stay independent
+// without a restart; a check or a replay still replays from its seed,
+// against the same server state as far as its own conversations go.
+type ServerReuser interface {
+	Target
+	// ReuseServer reports whether one server serves the whole run.
+	ReuseServer() bool
+}
+
+// ModelAddresser is a Target whose servers must find the fake model at a
+// fixed address: a server started by someone else, configured with a
+// model URL before the harness runs.
+type ModelAddresser interface {
+	Target
+	// ModelAddr is the loopback host:port the fake model listens on.
+	ModelAddr() string
+}
+
+// ServerWatcher is a Server that can tell that it died on its own (a
+// process that exited mid-run): the run then stops with an error that
+// says so, rather than reporting every later request as unanswered.
+type ServerWatcher interface {
+	Server
+	// Exited returns an error describing the exit if the server has
+	// exited on its own, nil while it runs.
+	Exited() error
+}
+
+// ContextStarter is a Target whose servers' starts and restarts a context
+// can cut short: a server that takes a minute to start does not hold a
+// run past its time bound.
+type ContextStarter interface {
+	StartContext(ctx context.Context, modelURL string) (Server, error)
+}
+
+// ContextRestarter is a Restarter whose restart a context can cut short.
+type ContextRestarter interface {
+	RestartContext(ctx context.Context, crash bool, agents []string) error
+}
+
+// Outputter is a Server that keeps what it wrote (a process's stdout and
+// stderr): shown with a failure, an error, or a run that exercised
+// nothing, it often says why.
+type Outputter interface {
+	Output() string
 }
