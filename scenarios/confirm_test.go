@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
 // TestShrinkConfirmsWhatItReports: a candidate that broke the invariant
@@ -19,13 +20,13 @@ import (
 // each length is replayed.
 func TestShrinkConfirmsWhatItReports(t *testing.T) {
 	conv := model.ConversationRef{Key: "key-a", ID: "conv-1"}
-	plans := make([]Plan, 6)
+	plans := make([]plan.Plan, 6)
 	for i := range plans {
-		plans[i] = single("continue", turnSend(conv, model.UserToken(i+1), false))
+		plans[i] = plan.Single("continue", plan.TurnSend(conv, model.UserToken(i+1), false))
 	}
 	var mu sync.Mutex
 	replays := map[int]int{}
-	fake := func(_ *lab, _ context.Context, ps []Plan) ([]Op, *model.Violation, error) {
+	fake := func(_ *lab, _ context.Context, ps []plan.Plan) ([]Op, *model.Violation, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		replays[len(ps)]++

@@ -19,7 +19,7 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
-	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
 // TestCrashUnderLoadLosesNothing: clients send turns on conversations of
@@ -54,7 +54,7 @@ func TestCrashUnderLoadLosesNothing(t *testing.T) {
 	)
 	send := func(c int, tok model.Token) bool {
 		body, _ := json.Marshal(openai.ChatRequest{Model: "turncheck",
-			Messages: []openai.Message{{Role: openai.RoleUser, Content: openai.Content(scenarios.UserText(tok))}}})
+			Messages: []openai.Message{{Role: openai.RoleUser, Content: openai.Content(plan.UserText(tok))}}})
 		req, _ := http.NewRequest(http.MethodPost, p.URL()+"/v1/chat/completions", bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Conversation-Id", fmt.Sprintf("load-%d", c))

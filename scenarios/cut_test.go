@@ -12,6 +12,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -38,7 +39,7 @@ func TestCutRestartLeavesTheSharedServerRunning(t *testing.T) {
 	defer cancel()
 	s, err := l.session(ctx)
 	require.NoError(t, err)
-	ops, v := s.step(Plan{Action: "restart", Restart: &Restart{}})
+	ops, v := s.step(plan.Plan{Action: "restart", Restart: &plan.Restart{}})
 	assert.Nil(t, v, "a step the bound cut short decides nothing")
 	require.NotEqual(t, model.OK, ops[0].Response.Outcome, "the restart was not cut short: the test proves nothing")
 	require.NoError(t, s.close())
@@ -46,7 +47,7 @@ func TestCutRestartLeavesTheSharedServerRunning(t *testing.T) {
 	next, err := l.session(context.Background())
 	require.NoError(t, err, "the next session found no server")
 	conv := model.ConversationRef{ID: "conv-1"}
-	ops, v = next.step(single("new conversation", turnSend(conv, model.UserToken(1), false)))
+	ops, v = next.step(plan.Single("new conversation", plan.TurnSend(conv, model.UserToken(1), false)))
 	require.Nil(t, v)
 	assert.Equal(t, model.OK, ops[0].Response.Outcome, ops[0].Response.Detail)
 	require.NoError(t, next.close())

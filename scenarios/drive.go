@@ -13,6 +13,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -62,7 +63,7 @@ type checkRun struct {
 // failingRun is a run that broke an invariant: its plans, what they came
 // to, and the violation.
 type failingRun struct {
-	plans     []Plan
+	plans     []plan.Plan
 	history   []Op
 	violation *model.Violation
 }
@@ -208,7 +209,7 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *lab, c *checkRun) 
 		t.Fatalf("setup: %v", err)
 	}
 	t.Cleanup(func() { c.teardownErr = sess.close() })
-	m := &machine{session: sess, stats: c.stats, onViolation: func(v *model.Violation, plans []Plan, history []Op) {
+	m := &machine{session: sess, stats: c.stats, onViolation: func(v *model.Violation, plans []plan.Plan, history []Op) {
 		c.failing, c.foundIn = &failingRun{plans: plans, history: history, violation: v}, time.Since(r.start)
 	}, onDead: func(err error) { c.setupErr = err }}
 	t.Cleanup(func() {

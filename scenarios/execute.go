@@ -9,6 +9,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -20,8 +21,8 @@ type Op struct {
 	Step  int `json:"step"`
 	Index int `json:"index"`
 	// Action is the state-machine action that drew the plan.
-	Action string `json:"action"`
-	Send   Send   `json:"send"`
+	Action string    `json:"action"`
+	Send   plan.Send `json:"send"`
 	// Request is the request exactly as sent.
 	Request  Request  `json:"request"`
 	Response Response `json:"response"`
@@ -31,7 +32,7 @@ type Op struct {
 	Turn model.Turn `json:"turn"`
 	// Restart is set for the op of a restart plan, which sends nothing:
 	// Response.Detail then says how the restart went.
-	Restart *Restart `json:"restart,omitempty"`
+	Restart *plan.Restart `json:"restart,omitempty"`
 }
 
 // quietPeriod is how long the harness waits for a server that does not
@@ -115,7 +116,7 @@ func (f *flight) held() bool { return f.arrived.Load() && !f.acted && !f.finishe
 
 // execute sends p's requests and returns what each came to, with the model
 // calls attributed to each by the token of its last user message.
-func (e *executor) execute(p Plan) (ops []Op) {
+func (e *executor) execute(p plan.Plan) (ops []Op) {
 	if p.Restart != nil && len(p.Sends) == 0 {
 		e.steps++
 		return []Op{e.restart(p, e.steps, 0)}
@@ -310,7 +311,7 @@ func (e *executor) execute(p Plan) (ops []Op) {
 // agent from the references p says; the client then speaks to it wherever
 // it now listens. The op's Response.Detail is "" for a server that came
 // back, or what went wrong.
-func (e *executor) restart(p Plan, step, index int) Op {
+func (e *executor) restart(p plan.Plan, step, index int) Op {
 	defer e.spent.since(spentRestarts, time.Now())
 	op := Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: Response{Outcome: model.OK}}
 	r, ok := e.srv.(targets.Restarter)
@@ -339,7 +340,7 @@ func (e *executor) restart(p Plan, step, index int) Op {
 
 // let does what s says with its held call: abort the request, time the
 // call out at the server's deadline, or let it go on.
-func (e *executor) let(s Send, f *flight) {
+func (e *executor) let(s plan.Send, f *flight) {
 	f.acted = true
 	switch dc, ok := e.srv.(targets.DeadlineController); {
 	case s.Abort:
@@ -545,7 +546,7 @@ func (e *executor) quiet() {
 // laterPoint is where, past its first model call, the model holds a
 // turn for the harness to act on: the point its client drops it at, or
 // the call of its tool loop held until the server's deadline.
-func laterPoint(s Send) (faults.Point, bool) {
+func laterPoint(s plan.Send) (faults.Point, bool) {
 	switch {
 	case s.Abort && s.AbortAt != nil && *s.AbortAt != (faults.Point{}):
 		return *s.AbortAt, true

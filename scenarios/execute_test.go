@@ -10,6 +10,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -42,10 +43,10 @@ func newSession(t testing.TB, target targets.Target, skip ...model.Invariant) *s
 
 // burstOn is a plan of n plain turns sent at once on conv, tokens from
 // first on, released in order release.
-func burstOn(conv model.ConversationRef, first, n int, release ...int) Plan {
-	p := Plan{Action: "burst", Release: release}
+func burstOn(conv model.ConversationRef, first, n int, release ...int) plan.Plan {
+	p := plan.Plan{Action: "burst", Release: release}
 	for k := range n {
-		p.Sends = append(p.Sends, turnSend(conv, model.UserToken(first+k), k%2 == 0))
+		p.Sends = append(p.Sends, plan.TurnSend(conv, model.UserToken(first+k), k%2 == 0))
 	}
 	return p
 }
@@ -90,14 +91,14 @@ func TestReleaseOrderDecides(t *testing.T) {
 		t.Run(fmt.Sprint(release), func(t *testing.T) {
 			for range 5 {
 				e := newExecutor(t, Reference{Mutant: sut.NoConversationLock})
-				e.execute(single("new", turnSend(conv, u(1), false)))
+				e.execute(plan.Single("new", plan.TurnSend(conv, u(1), false)))
 				ops := e.execute(burstOn(conv, 2, 2, release...))
 				// Both ran on the committed base.
 				base := []model.Token{u(1), u(1).Reply()}
 				assert.Equal(t, append(base[:2:2], u(2)), firstCall(t, ops[0]))
 				assert.Equal(t, append(base[:2:2], u(3)), firstCall(t, ops[1]))
 				last := u(2 + release[1])
-				next := e.execute(single("next", turnSend(conv, u(9), false)))
+				next := e.execute(plan.Single("next", plan.TurnSend(conv, u(9), false)))
 				assert.Equal(t, append(base[:2:2], last, last.Reply(), u(9)), firstCall(t, next[0]), "the later release wins")
 			}
 		})

@@ -13,6 +13,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
 // lineModel is the reference model in porcupine's shape: a conversation's
@@ -374,13 +375,13 @@ func WriteLinearizability(w io.Writer, history []Op) error {
 	_, info := porcupine.CheckOperationsVerbose(lineModel, ops, time.Minute)
 	var notes []porcupine.Annotation
 	for _, op := range history {
-		if op.Send.faultKind() == "" {
+		if op.Send.FaultKind() == "" {
 			continue
 		}
 		notes = append(notes, porcupine.Annotation{
 			Tag:   "injected faults",
 			Start: op.Turn.Invoke, End: op.Turn.Return,
-			Description: fmt.Sprintf("%s: %s", orNone(string(op.Send.Token)), op.Send.faultKind()),
+			Description: fmt.Sprintf("%s: %s", plan.OrNone(string(op.Send.Token)), op.Send.FaultKind()),
 			Details:     fmt.Sprintf("step %d, %s: %s", op.Step, op.Send.Conv, op.Send),
 		})
 	}

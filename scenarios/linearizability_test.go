@@ -13,6 +13,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
 // simulate returns the history a correct serializing server would give n
@@ -68,7 +69,7 @@ func simulateGivingUp(seed uint64, n, convs, clients int, giveUp float64) []Op {
 			sent++
 			conv := rng.IntN(convs)
 			tok := model.UserToken(sent)
-			c.op = &Op{Index: k, Send: Send{Conv: model.ConversationRef{ID: convID(conv)}, Token: tok}}
+			c.op = &Op{Index: k, Send: plan.Send{Conv: model.ConversationRef{ID: convID(conv)}, Token: tok}}
 			c.op.Turn = model.Turn{Conv: c.op.Send.Conv, User: tok, Usable: true, Invoke: tick()}
 			c.state = 1
 		case 1:
@@ -156,9 +157,9 @@ func lateCall() []Op {
 	conv := model.ConversationRef{ID: "c"}
 	u1, u2 := model.UserToken(1), model.UserToken(2)
 	return []Op{
-		{Send: Send{Conv: conv, Token: u1}, Turn: model.Turn{Conv: conv, User: u1, Usable: true, Outcome: model.Unknown,
+		{Send: plan.Send{Conv: conv, Token: u1}, Turn: model.Turn{Conv: conv, User: u1, Usable: true, Outcome: model.Unknown,
 			Calls: []model.Call{{History: []model.Token{u2, u2.Reply(), u1}, Turn: u1, At: 5}}, Invoke: 1, Return: 3}},
-		{Send: Send{Conv: conv, Token: u2}, Turn: model.Turn{Conv: conv, User: u2, Usable: true, Outcome: model.OK,
+		{Send: plan.Send{Conv: conv, Token: u2}, Turn: model.Turn{Conv: conv, User: u2, Usable: true, Outcome: model.OK,
 			Status: 200, Reply: string(u2.Reply()),
 			Calls: []model.Call{{History: []model.Token{u2}, Turn: u2, At: 4}}, Invoke: 4, Return: 6}},
 	}
@@ -295,7 +296,7 @@ func TestLinearizabilityCatchesAFork(t *testing.T) {
 	conv := model.ConversationRef{ID: "c"}
 	u1, u2 := model.UserToken(1), model.UserToken(2)
 	turn := func(u model.Token, index int, history ...model.Token) Op {
-		return Op{Index: index, Send: Send{Conv: conv, Token: u}, Turn: model.Turn{Conv: conv, User: u, Usable: true,
+		return Op{Index: index, Send: plan.Send{Conv: conv, Token: u}, Turn: model.Turn{Conv: conv, User: u, Usable: true,
 			Outcome: model.OK, Status: 200, Reply: string(u.Reply()),
 			Calls: []model.Call{{History: history, Turn: u}}, Invoke: int64(index + 1), Return: int64(index + 5)}}
 	}

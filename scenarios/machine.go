@@ -9,6 +9,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -30,7 +31,7 @@ type machine struct {
 	stats *Stats
 	// onViolation is told of a violation before the check fails, and
 	// onDead of a server that stopped answering.
-	onViolation func(*model.Violation, []Plan, []Op)
+	onViolation func(*model.Violation, []plan.Plan, []Op)
 	onDead      func(error)
 
 	convs []*conv
@@ -76,7 +77,7 @@ func (m *machine) restart(t *rapid.T) {
 		t.Skip("nothing committed to lose yet")
 	}
 	d := m.profile.Durability
-	r := Restart{Crash: !d.Restart || (d.Crash && rapid.Bool().Draw(t, "crash"))}
+	r := plan.Restart{Crash: !d.Restart || (d.Crash && rapid.Bool().Draw(t, "crash"))}
 	if m.profile.Agent != "" {
 		// Two sources on one stable key refuse every resume: such a spell
 		// ends at the next restart, which loads one source again.
@@ -98,13 +99,13 @@ func (m *machine) restart(t *rapid.T) {
 	if r.Crash {
 		action = "crash"
 	}
-	p := Plan{Action: action, Restart: &r}
+	p := plan.Plan{Action: action, Restart: &r}
 	if r.Crash && len(m.convs) > 0 && rapid.Bool().Draw(t, "turn in flight") {
 		// The server dies while a turn's model call is held: the turn's
 		// outcome is unknown, and it is committed whole or not at all (T6).
 		c := newest(t, m.convs, "conversation")
-		p = Plan{Action: "crash mid-turn", Restart: &r, Release: []int{0},
-			Sends: []Send{turnSend(c.ref, m.newToken(), rapid.Bool().Draw(t, "stream"))}}
+		p = plan.Plan{Action: "crash mid-turn", Restart: &r, Release: []int{0},
+			Sends: []plan.Send{plan.TurnSend(c.ref, m.newToken(), rapid.Bool().Draw(t, "stream"))}}
 	}
 	m.step(t, p)
 }
@@ -116,7 +117,7 @@ func (m *machine) newTag() string {
 
 func (m *machine) newConversation(t *rapid.T) {
 	c := m.newConv(t)
-	m.step(t, single("new conversation", m.drawTurn(t, c, m.newToken(), true)))
+	m.step(t, plan.Single("new conversation", m.drawTurn(t, c, m.newToken(), true)))
 }
 
 func (m *machine) continueConversation(t *rapid.T) {
@@ -124,7 +125,7 @@ func (m *machine) continueConversation(t *rapid.T) {
 		t.Skip("no conversation yet")
 	}
 	c := newest(t, m.convs, "conversation")
-	m.step(t, single("continue", m.drawTurn(t, c, m.newToken(), true)))
+	m.step(t, plan.Single("continue", m.drawTurn(t, c, m.newToken(), true)))
 }
 
 func (m *machine) retryFailed(t *rapid.T) {
@@ -139,7 +140,7 @@ func (m *machine) retryFailed(t *rapid.T) {
 	}
 	c := newest(t, candidates, "conversation")
 	tok := newest(t, c.failed, "failed turn")
-	m.step(t, single("retry failed turn", m.drawTurn(t, c, tok, true)))
+	m.step(t, plan.Single("retry failed turn", m.drawTurn(t, c, tok, true)))
 }
 
 // otherKey continues a conversation id under another API key: a different
@@ -152,7 +153,7 @@ func (m *machine) otherKey(t *rapid.T) {
 	others := slices.DeleteFunc(slices.Clone(m.profile.Keys), func(k string) bool { return k == src.ref.Key })
 	key := rapid.SampledFrom(others).Draw(t, "other key")
 	c := m.conv(model.ConversationRef{Key: key, ID: src.ref.ID})
-	m.step(t, single("same id, other key", m.drawTurn(t, c, m.newToken(), true)))
+	m.step(t, plan.Single("same id, other key", m.drawTurn(t, c, m.newToken(), true)))
 }
 
 func (m *machine) invalidContinuation(t *rapid.T) {
@@ -160,9 +161,9 @@ func (m *machine) invalidContinuation(t *rapid.T) {
 		t.Skip("no conversation yet")
 	}
 	c := newest(t, m.convs, "conversation")
-	shape := invalidShapes[rapid.IntRange(0, len(invalidShapes)-1).Draw(t, "shape")]
-	s := Send{Conv: c.ref, Messages: shape.build(c.lastUser), Stream: rapid.Bool().Draw(t, "stream")}
-	m.step(t, single("invalid continuation: "+shape.name, s))
+	shape := plan.InvalidShapes[rapid.IntRange(0, len(plan.InvalidShapes)-1).Draw(t, "shape")]
+	s := plan.Send{Conv: c.ref, Messages: shape.Build(c.lastUser), Stream: rapid.Bool().Draw(t, "stream")}
+	m.step(t, plan.Single("invalid continuation: "+shape.Name, s))
 }
 
 // burst sends 2 to 6 turns at once on one id, new or existing (T4), with
@@ -176,7 +177,7 @@ func (m *machine) burst(t *rapid.T) {
 		c = newest(t, m.convs, "conversation")
 	}
 	n := rapid.IntRange(2, 6).Draw(t, "requests")
-	p := Plan{Action: burstAction(n)}
+	p := plan.Plan{Action: burstAction(n)}
 	for range n {
 		on := c
 		if len(m.convs) > 1 && rapid.IntRange(0, 4).Draw(t, "on another conversation") == 4 {
@@ -194,12 +195,12 @@ func burstAction(n int) string { return fmt.Sprintf("burst of %d", n) }
 
 // drawTurn draws how a turn with user token tok is sent on c and what goes
 // wrong with it.
-func (m *machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool) Send {
-	s := turnSend(c.ref, tok, rapid.Bool().Draw(t, "stream"))
+func (m *machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool) plan.Send {
+	s := plan.TurnSend(c.ref, tok, rapid.Bool().Draw(t, "stream"))
 	if m.profile.Tools {
-		drawRounds(t, &s)
+		plan.DrawRounds(t, &s)
 	}
-	drawFaults(t, &s, sequential)
+	plan.DrawFaults(t, &s, sequential)
 	return s
 }
 
@@ -220,7 +221,7 @@ func (m *machine) newConv(t *rapid.T) *conv {
 }
 
 // step executes p and checks it; a violation fails the run.
-func (m *machine) step(t *rapid.T, p Plan) {
+func (m *machine) step(t *rapid.T, p plan.Plan) {
 	ops, v := m.session.step(p)
 	for _, op := range ops {
 		m.record(op)
@@ -260,7 +261,7 @@ func (m *machine) record(op Op) {
 			m.stats.FirstAnswers = append(m.stats.FirstAnswers, a)
 		}
 	}
-	if k := op.Send.faultKind(); k != "" {
+	if k := op.Send.FaultKind(); k != "" {
 		m.stats.Faults[k]++
 	}
 	if len(op.Send.Rounds) > 0 {

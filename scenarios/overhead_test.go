@@ -9,6 +9,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -28,7 +29,7 @@ func BenchmarkCheckOverhead(b *testing.B) {
 			Reaches:       Reference{}.Profile(),
 		}
 	}
-	plain := single("continue", turnSend(model.ConversationRef{Key: "key-a", ID: "conv-1"}, model.UserToken(1), false))
+	plain := plan.Single("continue", plan.TurnSend(model.ConversationRef{Key: "key-a", ID: "conv-1"}, model.UserToken(1), false))
 	check := func(b *testing.B, fresh bool) {
 		l, err := openLab(target(fresh), nil)
 		require.NoError(b, err)
@@ -53,7 +54,7 @@ func BenchmarkCheckOverhead(b *testing.B) {
 		defer func() { require.NoError(b, s.close()) }()
 		b.ResetTimer()
 		for i := range b.N {
-			_, v := s.step(single("continue", turnSend(model.ConversationRef{Key: "key-a", ID: "conv-1"}, model.UserToken(i+1), false)))
+			_, v := s.step(plan.Single("continue", plan.TurnSend(model.ConversationRef{Key: "key-a", ID: "conv-1"}, model.UserToken(i+1), false)))
 			require.Nil(b, v)
 		}
 	})
@@ -78,10 +79,10 @@ func BenchmarkCrashRestart(b *testing.B) {
 	defer func() { require.NoError(b, s.close()) }()
 	for i := range 10 {
 		conv := model.ConversationRef{Key: "key-a", ID: "conv-" + string(rune('a'+i))}
-		_, v := s.step(single("continue", turnSend(conv, model.UserToken(i+1), false)))
+		_, v := s.step(plan.Single("continue", plan.TurnSend(conv, model.UserToken(i+1), false)))
 		require.Nil(b, v)
 	}
-	crash := Plan{Action: "crash", Restart: &Restart{Crash: true}}
+	crash := plan.Plan{Action: "crash", Restart: &plan.Restart{Crash: true}}
 	b.ResetTimer()
 	for range b.N {
 		ops, v := s.step(crash)

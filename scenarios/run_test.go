@@ -16,6 +16,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -59,56 +60,56 @@ func TestSaveForTest(t *testing.T) {
 func TestPlanCheck(t *testing.T) {
 	conv := model.ConversationRef{ID: "c"}
 	two := burstOn(conv, 1, 2, 0, 1)
-	assert.NoError(t, two.check())
-	for name, p := range map[string]Plan{
+	assert.NoError(t, two.Check())
+	for name, p := range map[string]plan.Plan{
 		"no request":        {Action: "x"},
 		"release too short": {Action: "x", Sends: two.Sends, Release: []int{0}},
 		"release twice":     {Action: "x", Sends: two.Sends, Release: []int{1, 1}},
 		"release outside":   {Action: "x", Sends: two.Sends, Release: []int{0, 5}},
-		"hold in a burst": func() Plan {
+		"hold in a burst": func() plan.Plan {
 			p := burstOn(conv, 1, 2, 0, 1)
 			p.Sends[1].Fault = faults.Fault{Kind: faults.Hold}
 			return p
 		}(),
-		"no messages":           {Action: "x", Sends: []Send{{Conv: conv, Token: "tc-u1"}}, Release: []int{0}},
-		"empty tool round":      toolPlan(conv, func(s *Send) { s.Rounds = []faults.Round{{}} }),
-		"unknown tool":          toolPlan(conv, func(s *Send) { s.Rounds = []faults.Round{{"shell"}} }),
-		"fault past the rounds": toolPlan(conv, func(s *Send) { s.Fault = faults.Fault{Kind: faults.Status, Round: 2} }),
-		"abort point, no abort": toolPlan(conv, func(s *Send) { s.AbortAt = &faults.Point{Round: 1} }),
-		"abort past the rounds": toolPlan(conv, func(s *Send) { s.Abort, s.AbortAt = true, &faults.Point{Round: 2} }),
-		"abort in an echo":      toolPlan(conv, func(s *Send) { s.Abort, s.AbortAt = true, &faults.Point{Round: 1, Tool: 2} }),
-		"abort later in a burst": func() Plan {
+		"no messages":           {Action: "x", Sends: []plan.Send{{Conv: conv, Token: "tc-u1"}}, Release: []int{0}},
+		"empty tool round":      toolPlan(conv, func(s *plan.Send) { s.Rounds = []faults.Round{{}} }),
+		"unknown tool":          toolPlan(conv, func(s *plan.Send) { s.Rounds = []faults.Round{{"shell"}} }),
+		"fault past the rounds": toolPlan(conv, func(s *plan.Send) { s.Fault = faults.Fault{Kind: faults.Status, Round: 2} }),
+		"abort point, no abort": toolPlan(conv, func(s *plan.Send) { s.AbortAt = &faults.Point{Round: 1} }),
+		"abort past the rounds": toolPlan(conv, func(s *plan.Send) { s.Abort, s.AbortAt = true, &faults.Point{Round: 2} }),
+		"abort in an echo":      toolPlan(conv, func(s *plan.Send) { s.Abort, s.AbortAt = true, &faults.Point{Round: 1, Tool: 2} }),
+		"abort later in a burst": func() plan.Plan {
 			p := burstOn(conv, 1, 2, 0, 1)
 			p.Sends[0].Abort, p.Sends[0].AbortAt = true, &faults.Point{Chunks: 1}
 			return p
 		}(),
 	} {
-		assert.Error(t, p.check(), name)
-		_, _, err := Replay(Reference{}, []Plan{two, p})
+		assert.Error(t, p.Check(), name)
+		_, _, err := Replay(Reference{}, []plan.Plan{two, p})
 		assert.ErrorContains(t, err, "step 2", name)
 	}
 }
 
 // toolPlan is a sequential turn on conv with one tool round (a lookup,
 // then an echo), changed by edit.
-func toolPlan(conv model.ConversationRef, edit func(*Send)) Plan {
-	s := turnSend(conv, "tc-u1", false)
+func toolPlan(conv model.ConversationRef, edit func(*plan.Send)) plan.Plan {
+	s := plan.TurnSend(conv, "tc-u1", false)
 	s.Rounds = []faults.Round{{faults.ToolLookup, faults.ToolEcho}}
 	edit(&s)
-	return single("continue", s)
+	return plan.Single("continue", s)
 }
 
 // TestPlanCheckTools: a turn's tool rounds, the round its fault hits and
 // the point its client drops it at are taken as drawn when they fit.
 func TestPlanCheckTools(t *testing.T) {
 	conv := model.ConversationRef{ID: "c"}
-	for name, edit := range map[string]func(*Send){
-		"plain rounds":        func(*Send) {},
-		"fault at the reply":  func(s *Send) { s.Fault = faults.Fault{Kind: faults.Cut, Round: 1} },
-		"abort in the lookup": func(s *Send) { s.Abort, s.AbortAt = true, &faults.Point{Round: 1, Tool: 1} },
-		"abort mid-answer":    func(s *Send) { s.Abort, s.AbortAt = true, &faults.Point{Round: 1, Chunks: 2} },
+	for name, edit := range map[string]func(*plan.Send){
+		"plain rounds":        func(*plan.Send) {},
+		"fault at the reply":  func(s *plan.Send) { s.Fault = faults.Fault{Kind: faults.Cut, Round: 1} },
+		"abort in the lookup": func(s *plan.Send) { s.Abort, s.AbortAt = true, &faults.Point{Round: 1, Tool: 1} },
+		"abort mid-answer":    func(s *plan.Send) { s.Abort, s.AbortAt = true, &faults.Point{Round: 1, Chunks: 2} },
 	} {
-		assert.NoError(t, toolPlan(conv, edit).check(), name)
+		assert.NoError(t, toolPlan(conv, edit).Check(), name)
 	}
 }
 
@@ -116,12 +117,12 @@ func TestPlanCheckTools(t *testing.T) {
 // turn's fault and abort point, and are plainer: fewer rounds or calls, or
 // an echo for a lookup; the lookup the client drops the turn in stays.
 func TestSimplerTools(t *testing.T) {
-	s := turnSend(model.ConversationRef{ID: "c"}, "tc-u1", false)
+	s := plan.TurnSend(model.ConversationRef{ID: "c"}, "tc-u1", false)
 	s.Rounds = []faults.Round{{faults.ToolLookup, faults.ToolLookup}, {faults.ToolEcho}}
 	s.Abort, s.AbortAt = true, &faults.Point{Round: 1, Tool: 2}
 	var got []string
 	for _, c := range simplerTools(s) {
-		require.NoError(t, c.checkTools())
+		require.NoError(t, c.CheckTools())
 		got = append(got, fmt.Sprint(c.Rounds))
 	}
 	assert.Equal(t, []string{"[[lookup lookup]]", "[[echo lookup] [echo]]"}, got)

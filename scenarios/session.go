@@ -13,6 +13,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -187,7 +188,7 @@ type session struct {
 	// sources are the queries of the agent references the server loads.
 	sources []string
 
-	plans   []Plan
+	plans   []plan.Plan
 	history []Op
 }
 
@@ -249,7 +250,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 // touched. It returns the ops p came to and the first violation, or nil.
 // A violation of a skipped invariant is no violation: the conversations
 // of the step are set aside, and the run goes on with the others.
-func (s *session) step(p Plan) ([]Op, *model.Violation) {
+func (s *session) step(p plan.Plan) ([]Op, *model.Violation) {
 	ops := s.exec.execute(p)
 	s.plans = append(s.plans, p)
 	s.history = append(s.history, ops...)
@@ -423,7 +424,7 @@ func (s *session) lastAnswers(n int) string {
 // restarted tells the reference model of a restart the server went
 // through. A server that declares it survives restarts, and did not come
 // back on its own data, has lost every committed turn (T7).
-func (s *session) restarted(r *Restart, op Op) *model.Violation {
+func (s *session) restarted(r *plan.Restart, op Op) *model.Violation {
 	if op.Response.Outcome != model.OK {
 		return &model.Violation{Invariant: model.T7, Reason: r.String() + ": " + op.Response.Detail}
 	}
@@ -472,7 +473,7 @@ func (s *session) close() error {
 // stops at the first other violation and returns the history up to it and
 // the violation (nil if none). The error says the replay could not be
 // carried out.
-func Replay(target targets.Target, plans []Plan, skip ...model.Invariant) ([]Op, *model.Violation, error) {
+func Replay(target targets.Target, plans []plan.Plan, skip ...model.Invariant) ([]Op, *model.Violation, error) {
 	return ReplayFailure(target, &Failure{Plans: plans, Skipped: skip})
 }
 
@@ -481,7 +482,7 @@ func Replay(target targets.Target, plans []Plan, skip ...model.Invariant) ([]Op,
 // already found, whose violations set their conversations aside again.
 func ReplayFailure(target targets.Target, f *Failure) ([]Op, *model.Violation, error) {
 	for i, p := range f.Plans {
-		if err := p.check(); err != nil {
+		if err := p.Check(); err != nil {
 			return nil, nil, fmt.Errorf("step %d: %w", i+1, err)
 		}
 	}
@@ -496,7 +497,7 @@ func ReplayFailure(target targets.Target, f *Failure) ([]Op, *model.Violation, e
 
 // replay executes plans in a new session of l, stopped when ctx ends: the
 // requests in flight are aborted, and the run decides nothing.
-func (l *lab) replay(ctx context.Context, plans []Plan) ([]Op, *model.Violation, error) {
+func (l *lab) replay(ctx context.Context, plans []plan.Plan) ([]Op, *model.Violation, error) {
 	s, err := l.session(ctx)
 	if err != nil {
 		return nil, nil, err

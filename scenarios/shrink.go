@@ -11,6 +11,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
 // shrinker minimises a failing run's plans directly, as delta debugging
@@ -37,7 +38,7 @@ type shrinker struct {
 	cut  bool
 	kept int
 	// plans, history and violation are the smallest failing run so far.
-	plans     []Plan
+	plans     []plan.Plan
 	history   []Op
 	violation *model.Violation
 	// misses are the histories of the replays of the original steps that
@@ -45,7 +46,7 @@ type shrinker struct {
 	misses [][]Op
 	// replayOn replays plans in a lab: (*lab).replay, but for tests of the
 	// shrinker itself.
-	replayOn func(l *lab, ctx context.Context, plans []Plan) ([]Op, *model.Violation, error)
+	replayOn func(l *lab, ctx context.Context, plans []plan.Plan) ([]Op, *model.Violation, error)
 	// found are the failing runs kept so far, the smallest last: a
 	// candidate that broke the invariant once, on a server that runs a
 	// burst another way on another replay, may not again (confirm).
@@ -54,7 +55,7 @@ type shrinker struct {
 
 // foundRun is a failing run the shrinker kept.
 type foundRun struct {
-	plans     []Plan
+	plans     []plan.Plan
 	history   []Op
 	violation *model.Violation
 }
@@ -62,14 +63,14 @@ type foundRun struct {
 // shrink returns the smallest run it finds, within ctx, that breaks v's
 // invariant as plans did, replaying candidates in labs. ok is false if
 // plans, replayed, did not break it at all: the failure did not reproduce.
-func shrink(ctx context.Context, labs []*lab, plans []Plan, v *model.Violation, after func(steps int)) (s *shrinker, ok bool) {
+func shrink(ctx context.Context, labs []*lab, plans []plan.Plan, v *model.Violation, after func(steps int)) (s *shrinker, ok bool) {
 	s = &shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), plans: plans, violation: v,
 		replayOn: (*lab).replay}
 	return s, s.run(plans)
 }
 
 // run shrinks plans, and reports whether they broke the invariant again.
-func (s *shrinker) run(plans []Plan) bool {
+func (s *shrinker) run(plans []plan.Plan) bool {
 	// The steps that touch the failing conversation, alone, are tried
 	// first: when they break the invariant, the failure reproduces, and
 	// the replay of the whole run, often the costliest of all (its
@@ -97,7 +98,7 @@ func (s *shrinker) done() bool { return s.ctx.Err() != nil }
 // reports whether they did. A server that does not report its activity
 // may run a burst in another interleaving on a replay: a failure is
 // taken not to reproduce only after several tries.
-func (s *shrinker) reproduce(plans []Plan) bool {
+func (s *shrinker) reproduce(plans []plan.Plan) bool {
 	r, ok := s.breaksAgain(plans, func(miss replayed) { s.misses = append(s.misses, miss.history) })
 	if ok {
 		// The run itself, not a smaller one: nothing kept yet.
@@ -110,13 +111,13 @@ func (s *shrinker) reproduce(plans []Plan) bool {
 // (it mostly breaks the invariant), then as many at once as there are
 // labs, and returns the first replay that breaks the invariant; missed
 // hears of each one that came to an end without breaking it.
-func (s *shrinker) breaksAgain(plans []Plan, missed func(replayed)) (replayed, bool) {
+func (s *shrinker) breaksAgain(plans []plan.Plan, missed func(replayed)) (replayed, bool) {
 	for tries := 0; tries < reproduceTries && !s.done(); {
 		n := 1
 		if tries > 0 {
 			n = min(len(s.labs), reproduceTries-tries)
 		}
-		for _, r := range s.replay(slices.Repeat([][]Plan{plans}, n)) {
+		for _, r := range s.replay(slices.Repeat([][]plan.Plan{plans}, n)) {
 			if r.err == nil && r.v != nil && r.v.Invariant == s.want && !s.done() {
 				return r, true
 			}
@@ -141,7 +142,7 @@ type replayed struct {
 }
 
 // replay replays the candidates, at most one per lab, at once.
-func (s *shrinker) replay(cands [][]Plan) []replayed {
+func (s *shrinker) replay(cands [][]plan.Plan) []replayed {
 	out := make([]replayed, len(cands))
 	var wg sync.WaitGroup
 	for i, plans := range cands {
@@ -162,7 +163,7 @@ func (s *shrinker) replay(cands [][]Plan) []replayed {
 
 // keep keeps plans, cut after the step that broke the invariant, if r
 // says they broke it.
-func (s *shrinker) keep(plans []Plan, r replayed) bool {
+func (s *shrinker) keep(plans []plan.Plan, r replayed) bool {
 	if r.err != nil || r.v == nil || r.v.Invariant != s.want || s.done() {
 		return false
 	}
@@ -173,7 +174,7 @@ func (s *shrinker) keep(plans []Plan, r replayed) bool {
 
 // record makes plans, cut after the step that broke the invariant in r,
 // the smallest failing run so far.
-func (s *shrinker) record(plans []Plan, r replayed) {
+func (s *shrinker) record(plans []plan.Plan, r replayed) {
 	s.plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
 	s.history, s.violation = r.history, r.v
 	s.found = append(s.found, foundRun{s.plans, s.history, s.violation})
@@ -201,12 +202,12 @@ func (s *shrinker) confirm() {
 }
 
 // try replays plans and keeps them if they break the invariant.
-func (s *shrinker) try(plans []Plan) bool { return s.tryFirst([][]Plan{plans}) }
+func (s *shrinker) try(plans []plan.Plan) bool { return s.tryFirst([][]plan.Plan{plans}) }
 
 // tryFirst replays the candidates, as many at once as there are labs, and
 // keeps the first, in order, that breaks the invariant.
-func (s *shrinker) tryFirst(cands [][]Plan) bool {
-	cands = slices.DeleteFunc(slices.Clone(cands), func(c []Plan) bool { return len(c) == 0 })
+func (s *shrinker) tryFirst(cands [][]plan.Plan) bool {
+	cands = slices.DeleteFunc(slices.Clone(cands), func(c []plan.Plan) bool { return len(c) == 0 })
 	for len(cands) > 0 && !s.done() {
 		batch := cands[:min(len(s.labs), len(cands))]
 		cands = cands[len(batch):]
@@ -229,9 +230,9 @@ func (s *shrinker) slice() bool {
 	if conv == (model.ConversationRef{}) {
 		return false
 	}
-	var alone, restarted []Plan
+	var alone, restarted []plan.Plan
 	for _, p := range s.plans {
-		touches := slices.ContainsFunc(p.Sends, func(x Send) bool { return x.Conv == conv })
+		touches := slices.ContainsFunc(p.Sends, func(x plan.Send) bool { return x.Conv == conv })
 		if touches && p.Restart == nil {
 			alone = append(alone, p)
 		}
@@ -239,7 +240,7 @@ func (s *shrinker) slice() bool {
 			restarted = append(restarted, p)
 		}
 	}
-	var cands [][]Plan
+	var cands [][]plan.Plan
 	if len(alone) < len(restarted) {
 		cands = append(cands, alone)
 	}
@@ -250,12 +251,12 @@ func (s *shrinker) slice() bool {
 }
 
 // ddmin removes as many whole steps as it can: chunks of the plans, halved
-// until single steps, as Zeller's delta debugging does with complements.
+// until Single steps, as Zeller's delta debugging does with complements.
 func (s *shrinker) ddmin() {
 	n := 2
 	for len(s.plans) >= 2 && !s.done() {
 		n = min(n, len(s.plans))
-		cands := make([][]Plan, n)
+		cands := make([][]plan.Plan, n)
 		for i := range n {
 			lo, hi := i*len(s.plans)/n, (i+1)*len(s.plans)/n
 			cands[i] = slices.Concat(s.plans[:lo], s.plans[hi:])
@@ -279,9 +280,9 @@ func (s *shrinker) simplify() bool {
 		if i >= len(s.plans) {
 			continue // a kept candidate ended earlier
 		}
-		var cands [][]Plan
+		var cands [][]plan.Plan
 		for _, p := range simpler(s.plans[i], s.plans) {
-			cands = append(cands, slices.Concat(s.plans[:i], []Plan{p}, s.plans[i+1:]))
+			cands = append(cands, slices.Concat(s.plans[:i], []plan.Plan{p}, s.plans[i+1:]))
 		}
 		if s.tryFirst(cands) {
 			changed = true
@@ -294,12 +295,12 @@ func (s *shrinker) simplify() bool {
 // without one of its requests, then one request without its fault, with
 // its abort at its first call, with fewer or plainer tool calls, or
 // without its stream, then the burst's requests on fewer conversations.
-func simpler(p Plan, all []Plan) []Plan {
-	var out []Plan
+func simpler(p plan.Plan, all []plan.Plan) []plan.Plan {
+	var out []plan.Plan
 	if p.Restart != nil && len(p.Sends) > 0 {
 		// A crash with a turn in flight: the crash alone, or the turn alone.
-		out = append(out, Plan{Action: "crash", Restart: p.Restart},
-			Plan{Action: "continue", Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release)})
+		out = append(out, plan.Plan{Action: "crash", Restart: p.Restart},
+			plan.Plan{Action: "continue", Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release)})
 	}
 	if len(p.Sends) > 1 {
 		for k := range p.Sends {
@@ -344,8 +345,8 @@ func simpler(p Plan, all []Plan) []Plan {
 
 // withoutSend is p without its k-th request; the release order keeps the
 // others' order.
-func withoutSend(p Plan, k int) Plan {
-	q := Plan{Action: p.Action, Sends: slices.Delete(slices.Clone(p.Sends), k, k+1), Restart: p.Restart}
+func withoutSend(p plan.Plan, k int) plan.Plan {
+	q := plan.Plan{Action: p.Action, Sends: slices.Delete(slices.Clone(p.Sends), k, k+1), Restart: p.Restart}
 	if p.Action == burstAction(len(p.Sends)) {
 		q.Action = burstAction(len(q.Sends))
 	}
@@ -363,12 +364,12 @@ func withoutSend(p Plan, k int) Plan {
 // simplerTools lists the send with fewer or plainer tool calls: without
 // its last round, without one call of a round, with a lookup made an
 // echo; each only where its fault and abort point still fit.
-func simplerTools(s Send) []Send {
-	var out []Send
+func simplerTools(s plan.Send) []plan.Send {
+	var out []plan.Send
 	add := func(rounds []faults.Round) {
 		c := s
 		c.Rounds = rounds
-		if c.checkTools() == nil {
+		if c.CheckTools() == nil {
 			out = append(out, c)
 		}
 	}
@@ -403,12 +404,12 @@ func cloneRounds(rounds []faults.Round) []faults.Round {
 	return out
 }
 
-func clonePlan(p Plan) Plan {
-	return Plan{Action: p.Action, Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release), Restart: p.Restart}
+func clonePlan(p plan.Plan) plan.Plan {
+	return plan.Plan{Action: p.Action, Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release), Restart: p.Restart}
 }
 
 // firstConv is the conversation the run's first request was sent on.
-func firstConv(plans []Plan) model.ConversationRef {
+func firstConv(plans []plan.Plan) model.ConversationRef {
 	for _, p := range plans {
 		for _, s := range p.Sends {
 			return s.Conv

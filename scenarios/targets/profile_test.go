@@ -14,7 +14,7 @@ import (
 // TestReferenceProfile: the reference server's profile reads as the
 // subprocess target it describes.
 func TestReferenceProfile(t *testing.T) {
-	target, err := LoadProfile("../profiles/reference.yaml")
+	target, err := LoadProfile("../../profiles/reference.yaml")
 	require.NoError(t, err)
 	s, ok := target.(Subprocess)
 	require.True(t, ok, "%T", target)

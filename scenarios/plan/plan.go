@@ -1,4 +1,4 @@
-package scenarios
+package plan
 
 import (
 	"errors"
@@ -123,8 +123,8 @@ func abortPoint(p *faults.Point) string {
 	return where
 }
 
-// faultKind is the send's fault as Stats counts it, "" for none.
-func (s Send) faultKind() string {
+// FaultKind is the send's fault as Stats counts it, "" for none.
+func (s Send) FaultKind() string {
 	switch {
 	case s.Abort:
 		return "client-abort"
@@ -134,9 +134,9 @@ func (s Send) faultKind() string {
 	return ""
 }
 
-// check says what makes p impossible to execute, nil if nothing: a plan
+// Check says what makes p impossible to execute, nil if nothing: a plan
 // read from a file is checked before it runs.
-func (p Plan) check() error {
+func (p Plan) Check() error {
 	if p.Restart != nil {
 		switch {
 		case len(p.Sends) == 0:
@@ -168,7 +168,7 @@ func (p Plan) check() error {
 		if s.Token != "" && len(s.Messages) == 0 {
 			return fmt.Errorf("%q: request %s has no messages", p.Action, s.Token)
 		}
-		if err := s.checkTools(); err != nil {
+		if err := s.CheckTools(); err != nil {
 			return fmt.Errorf("%q: request %s: %w", p.Action, s.Token, err)
 		}
 		if s.AbortAt != nil && len(p.Sends) > 1 {
@@ -178,9 +178,9 @@ func (p Plan) check() error {
 	return nil
 }
 
-// checkTools says what makes the send's tool rounds, fault and abort
+// CheckTools says what makes the send's tool rounds, fault and abort
 // point impossible, nil if nothing.
-func (s Send) checkTools() error {
+func (s Send) CheckTools() error {
 	for i, r := range s.Rounds {
 		if len(r) == 0 {
 			return fmt.Errorf("tool round %d calls no tool", i+1)
@@ -214,33 +214,33 @@ func (p Plan) String() string {
 	}
 	parts := make([]string, len(p.Sends))
 	for i, s := range p.Sends {
-		parts[i] = fmt.Sprintf("%s %s [%s]", s.Conv, orNone(string(s.Token)), s)
+		parts[i] = fmt.Sprintf("%s %s [%s]", s.Conv, OrNone(string(s.Token)), s)
 	}
 	return fmt.Sprintf("%s: %s; release %v", p.Action, strings.Join(parts, ", "), p.Release)
 }
 
-func orNone(s string) string {
+func OrNone(s string) string {
 	if s == "" {
 		return "(no new message)"
 	}
 	return s
 }
 
-// single is the plan of a sequential step: a burst of one.
-func single(action string, s Send) Plan {
+// Single is the plan of a sequential step: a burst of one.
+func Single(action string, s Send) Plan {
 	return Plan{Action: action, Sends: []Send{s}, Release: []int{0}}
 }
 
-// turnSend is the send of a turn with user token tok on conv.
-func turnSend(conv model.ConversationRef, tok model.Token, stream bool) Send {
+// TurnSend is the send of a turn with user token tok on conv.
+func TurnSend(conv model.ConversationRef, tok model.Token, stream bool) Send {
 	return Send{Conv: conv, Token: tok, Stream: stream,
 		Messages: []openai.Message{{Role: openai.RoleUser, Content: openai.Content(UserText(tok))}}}
 }
 
-// drawRounds draws the tool calls the fake model asks for before it
+// DrawRounds draws the tool calls the fake model asks for before it
 // replies: four turns in nine none, the others one to three rounds (one
 // most often) of one to three calls, each of echo or lookup.
-func drawRounds(t *rapid.T, s *Send) {
+func DrawRounds(t *rapid.T, s *Send) {
 	rounds := [...]int{0, 0, 0, 0, 1, 1, 1, 2, 3}
 	n := rounds[rapid.IntRange(0, len(rounds)-1).Draw(t, "tool rounds")]
 	for range n {
@@ -281,13 +281,13 @@ func drawAbortPoint(t *rapid.T, s *Send) {
 	}
 }
 
-// drawFaults draws what goes wrong with one turn. Draws shrink toward zero,
+// DrawFaults draws what goes wrong with one turn. Draws shrink toward zero,
 // so the buckets are ordered from the plainest turn to the most disruptive.
 // A hold until the server's deadline is drawn only for a turn sent on its
 // own (sequential): the harness expires every deadline in flight at once.
 // A fault lands at a drawn call of the turn's tool loop, an abort (of a
 // sequential turn) at a drawn point of it.
-func drawFaults(t *rapid.T, s *Send, sequential bool) {
+func DrawFaults(t *rapid.T, s *Send, sequential bool) {
 	defer func() {
 		if s.Fault.Kind != faults.None && len(s.Rounds) > 0 {
 			s.Fault.Round = rapid.IntRange(0, len(s.Rounds)).Draw(t, "fault round")
@@ -328,12 +328,12 @@ func drawFaults(t *rapid.T, s *Send, sequential bool) {
 	}
 }
 
-// invalidShapes are continuations without a usable new user message. Each
+// InvalidShapes are continuations without a usable new user message. Each
 // carries the conversation's latest user message as an earlier element
 // where it can, as a naive client resending history would.
-var invalidShapes = []struct {
-	name  string
-	build func(prev openai.Message) []openai.Message
+var InvalidShapes = []struct {
+	Name  string
+	Build func(prev openai.Message) []openai.Message
 }{
 	{"empty messages array", func(openai.Message) []openai.Message { return []openai.Message{} }},
 	{"last message from the assistant", func(p openai.Message) []openai.Message {
