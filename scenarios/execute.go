@@ -10,6 +10,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -24,8 +25,8 @@ type Op struct {
 	Action string    `json:"action"`
 	Send   plan.Send `json:"send"`
 	// Request is the request exactly as sent.
-	Request  Request  `json:"request"`
-	Response Response `json:"response"`
+	Request  protocol.Request  `json:"request"`
+	Response protocol.Response `json:"response"`
 	// Turn is the operation as the reference model reads it: outcome,
 	// attributed model calls, and when it was sent and answered on the
 	// run's timeline.
@@ -45,7 +46,9 @@ const quietPeriod = 25 * time.Millisecond
 type executor struct {
 	srv    targets.Server
 	fake   *faults.Model
-	client *client
+	client *protocol.Client
+	// profile is the server's, as the client was made for it.
+	profile targets.Profile
 	// clock is the run's timeline: invocations, completions and (through
 	// the fake model's Clock) model calls all take a tick of it.
 	clock *atomic.Int64
@@ -176,7 +179,7 @@ func (e *executor) execute(p plan.Plan) (ops []Op) {
 	}
 	for i, s := range p.Sends {
 		f := flights[i]
-		req := e.client.newRequest(s.Conv, s.Messages, s.Stream)
+		req := e.client.NewRequest(s.Conv, s.Messages, s.Stream)
 		ops[i] = Op{Step: e.steps, Index: i, Action: p.Action, Send: s, Request: req}
 		ops[i].Turn.Invoke = e.tick()
 		base := e.ctx
@@ -189,15 +192,15 @@ func (e *executor) execute(p plan.Plan) (ops []Op) {
 		go func() {
 			defer wg.Done()
 			sent := time.Now()
-			ops[i].Response = e.client.send(ctx, req)
-			if ops[i].Response.Cause == causeAborted && base.Err() != nil {
+			ops[i].Response = e.client.Send(ctx, req)
+			if ops[i].Response.Cause == protocol.CauseAborted && base.Err() != nil {
 				// Not an abort the plan drew: the run ended with it open.
-				ops[i].Response.Cause = causeRunEnded
+				ops[i].Response.Cause = protocol.CauseRunEnded
 			}
 			ops[i].Turn.Return = e.tick()
 			// Wall time only ever excuses: a refusal after this long may
 			// be a bounded wait ending (T4).
-			ops[i].Turn.WaitedOut = time.Since(sent) >= e.client.profile.ModelTimeoutOrDefault()
+			ops[i].Turn.WaitedOut = time.Since(sent) >= e.profile.ModelTimeoutOrDefault()
 			f.ended = time.Now()
 			close(f.done)
 			poke() // after done: a wake-up must find the change it announces
@@ -286,7 +289,7 @@ func (e *executor) execute(p plan.Plan) (ops []Op) {
 	for i, f := range flights {
 		switch {
 		case !f.interrupted:
-		case e.client.profile.Interruption == targets.Complete:
+		case e.profile.Interruption == targets.Complete:
 			// The server runs the turn on: an unknown outcome, not a stop.
 			ops[i].Turn.Detached = true
 		case f.released != 0:
@@ -313,7 +316,7 @@ func (e *executor) execute(p plan.Plan) (ops []Op) {
 // back, or what went wrong.
 func (e *executor) restart(p plan.Plan, step, index int) Op {
 	defer e.spent.since(spentRestarts, time.Now())
-	op := Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: Response{Outcome: model.OK}}
+	op := Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: protocol.Response{Outcome: model.OK}}
 	r, ok := e.srv.(targets.Restarter)
 	if !ok {
 		op.Response.Outcome, op.Response.Detail = model.Fail, "the server cannot be restarted by the harness"
@@ -321,7 +324,7 @@ func (e *executor) restart(p plan.Plan, step, index int) Op {
 	}
 	var refs []string
 	if p.Restart.Sources != nil {
-		refs = targets.SourceRefs(e.fake.URL(), e.client.profile.Agent, p.Restart.Sources)
+		refs = targets.SourceRefs(e.fake.URL(), e.profile.Agent, p.Restart.Sources)
 	}
 	restart := r.Restart
 	if rc, ok := e.srv.(targets.ContextRestarter); ok && e.ctx != nil {
@@ -334,7 +337,7 @@ func (e *executor) restart(p plan.Plan, step, index int) Op {
 		op.Response.Outcome, op.Response.Detail = model.Fail, "the server did not come back: "+err.Error()
 		return op
 	}
-	e.client.rebase(e.srv.URL())
+	e.client.Rebase(e.srv.URL())
 	return op
 }
 
@@ -346,7 +349,7 @@ func (e *executor) let(s plan.Send, f *flight) {
 	case s.Abort:
 		f.cancel()
 		f.interrupted, f.abortedAt = true, time.Now()
-		if e.client.profile.Interruption == targets.Complete {
+		if e.profile.Interruption == targets.Complete {
 			// The server runs the turn on, the conversation held: let it,
 			// or the turns queued behind it in a burst wait on the harness.
 			f.released = e.tick()

@@ -10,6 +10,7 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -252,11 +253,11 @@ func (m *machine) record(op Op) {
 	m.stats.Outcomes[op.Response.Outcome.String()]++
 	if r := op.Response; r.Outcome != model.OK {
 		m.stats.Causes[r.Cause]++
-		injected := r.Cause == causeAborted || op.Send.Fault.Kind != faults.None || op.Send.Token == ""
+		injected := r.Cause == protocol.CauseAborted || op.Send.Fault.Kind != faults.None || op.Send.Token == ""
 		if !injected && len(m.stats.FirstAnswers) < maxFirstAnswers {
 			a := r.Cause
 			if r.Detail != "" && r.Detail != r.Cause {
-				a += ": " + clipText(r.Detail, 120)
+				a += ": " + protocol.ClipText(r.Detail, 120)
 			}
 			m.stats.FirstAnswers = append(m.stats.FirstAnswers, a)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -116,7 +117,7 @@ func writeOp(b *strings.Builder, op Op, p targets.Profile) {
 }
 
 // curlCommand is a shell command that sends r.
-func curlCommand(r Request, p targets.Profile) string {
+func curlCommand(r protocol.Request, p targets.Profile) string {
 	parts := []string{`curl -sS -N "$TURNCHECK_URL/v1/chat/completions"`, "-H 'Content-Type: application/json'"}
 	if r.Conv.ID != "" {
 		parts = append(parts, "-H "+shellQuote(p.HeaderName()+": "+r.Conv.ID))
@@ -265,15 +266,15 @@ func invariantList(m map[model.Invariant]int, titled bool) string {
 // weakCauses are the causes of an unknown outcome the harness did not
 // inject, each with what it likely means.
 var weakCauses = map[string]string{
-	causeNoStop:    `the server's streams end with [DONE] but no chunk carries finish_reason "stop": the contract counts such a turn as unknown, so little can be judged`,
-	causeNoDone:    "the server's streams end, or break, without data: [DONE]",
-	causeTimedOut:  "the server takes requests and never answers them",
-	causeMalformed: "the server sends chunks that are not chat.completion.chunk JSON",
-	causeNoBody:    "the server answers 200 without a chat.completion body",
-	causeRefused:   "the server refuses connections",
-	causeNoAnswer:  "the server drops connections without an answer",
+	protocol.CauseNoStop:                          `the server's streams end with [DONE] but no chunk carries finish_reason "stop": the contract counts such a turn as unknown, so little can be judged`,
+	protocol.CauseNoDone:                          "the server's streams end, or break, without data: [DONE]",
+	protocol.CauseTimedOut:                        "the server takes requests and never answers them",
+	protocol.CauseMalformed:                       "the server sends chunks that are not chat.completion.chunk JSON",
+	protocol.CauseNoBody:                          "the server answers 200 without a chat.completion body",
+	protocol.CauseRefused:                         "the server refuses connections",
+	protocol.CauseNoAnswer:                        "the server drops connections without an answer",
 	"stream never ended within the client's time": "the server's streams never end",
-	causeRunEnded: "no response had ended when the run's time bound did: the server's responses may never end",
+	protocol.CauseRunEnded:                        "no response had ended when the run's time bound did: the server's responses may never end",
 }
 
 // Warnings say why a run is weak, whatever its verdicts: no turn ended ok,

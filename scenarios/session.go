@@ -14,6 +14,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -146,16 +147,6 @@ func (l *lab) canRestart() bool {
 	return l.restartable || slices.ContainsFunc(l.helpers, (*lab).canRestart)
 }
 
-// epochTag is the text every user message of a session on a shared
-// server carries, "" for a server of its own; whole, with its
-// parentheses, so that no session's tag is part of another's.
-func epochTag(ns string) string {
-	if ns == "" {
-		return ""
-	}
-	return "(" + strings.TrimSuffix(ns, "-") + ")"
-}
-
 // session is one check against a server under test, and what executing
 // plans against it has shown so far: the history and the reference state.
 // A check's run and a replay of saved plans are both a session, so a plan
@@ -167,7 +158,7 @@ type session struct {
 	// own is set when the session started srv, and so stops it.
 	own    bool
 	fake   *faults.Model
-	client *client
+	client *protocol.Client
 	exec   *executor
 	ref    *model.Model
 	// aside holds conversations set aside after a violation of a skipped
@@ -225,10 +216,10 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 	}
 	// On a shared server, every message the session sends carries its
 	// namespace, and the fake model records only calls that carry it.
-	l.fake.Reset(epochTag(ns))
+	l.fake.Reset(protocol.EpochTag(ns))
 	_, l.restartable = srv.(targets.Restarter)
 	l.last = srv
-	cl := newClient(srv.URL(), l.profile, ns)
+	cl := protocol.NewClient(srv.URL(), l.profile, ns)
 	return &session{
 		lab:     l,
 		profile: l.profile,
@@ -236,7 +227,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 		own:     own,
 		fake:    l.fake,
 		client:  cl,
-		exec:    &executor{srv: srv, fake: l.fake, client: cl, clock: clock, ctx: ctx, spent: spent},
+		exec:    &executor{srv: srv, fake: l.fake, client: cl, profile: l.profile, clock: clock, ctx: ctx, spent: spent},
 		ref:     model.NewWith(l.profile.Policies()),
 		aside:   map[model.ConversationRef]bool{},
 		skipped: map[model.Invariant]int{}, consequences: map[model.Invariant]int{}, sameCause: map[model.Invariant]int{},
@@ -367,7 +358,7 @@ func (s *session) watch(ops []Op) {
 			s.asideTokens[op.Send.Token] = true
 		}
 		switch op.Response.Cause {
-		case causeRefused, causeNoAnswer:
+		case protocol.CauseRefused, protocol.CauseNoAnswer:
 			s.unanswered++
 		default:
 			s.unanswered = 0
@@ -410,7 +401,7 @@ func (s *session) lastAnswers(n int) string {
 		}
 		a := fmt.Sprintf("step %d: %s %d", op.Step, op.Response.Outcome, op.Response.Status)
 		if op.Response.Detail != "" {
-			a += " (" + clipText(op.Response.Detail, 80) + ")"
+			a += " (" + protocol.ClipText(op.Response.Detail, 80) + ")"
 		}
 		out = append(out, a)
 	}
@@ -440,7 +431,7 @@ func (s *session) restarted(r *plan.Restart, op Op) *model.Violation {
 // shared server is still alive. A server that does not stop cleanly, or
 // died on its own, is a defect.
 func (s *session) close() error {
-	s.client.close()
+	s.client.Close()
 	if !s.own {
 		if s.lab.ctx != nil && s.lab.ctx.Err() != nil {
 			return nil // the run is over: the shared server is stopped next

@@ -1,4 +1,4 @@
-package scenarios
+package protocol
 
 import (
 	"context"
@@ -53,7 +53,7 @@ func TestErrorChunkReadToTheEnd(t *testing.T) {
 	errChunk := `data: {"object":"chat.completion.chunk","choices":[],"error":{"message":"boom","type":"server_error"}}` + "\n\n"
 	r := readStream(context.Background(), strings.NewReader(errChunk+"data: [DONE]\n\n"), io.NopCloser(nil), Response{Status: 200})
 	assert.Equal(t, model.Fail, r.Outcome)
-	assert.Equal(t, causeChunk, r.Cause)
+	assert.Equal(t, CauseChunk, r.Cause)
 	assert.False(t, r.Open, "the server ended the response")
 
 	pr, pw := io.Pipe()

@@ -1,4 +1,4 @@
-package scenarios
+package protocol
 
 import (
 	"bytes"
@@ -56,33 +56,33 @@ type Response struct {
 	Cause string `json:"cause,omitempty"`
 	// Open reports that the client stopped reading before the server
 	// ended the response (an error chunk followed by a stream that did
-	// not end within errorDrain).
+	// not end within ErrorDrain).
 	Open bool `json:"open,omitempty"`
 }
 
 // The causes a summary counts outcomes by, where a status does not say.
 const (
-	causeRefused   = "connection refused"
-	causeNoAnswer  = "no response (connection broke)"
-	causeTimedOut  = "no response within the client's time"
-	causeAborted   = "client abort (injected)"
-	causeNoDone    = "stream never ended with [DONE]"
-	causeNoStop    = "no finish_reason stop before [DONE]"
-	causeMalformed = "malformed chunk"
-	causeNoBody    = "200 without a chat.completion body"
-	causeChunk     = "error chunk"
-	causeRunEnded  = "still open when the run ended"
+	CauseRefused   = "connection refused"
+	CauseNoAnswer  = "no response (connection broke)"
+	CauseTimedOut  = "no response within the client's time"
+	CauseAborted   = "client abort (injected)"
+	CauseNoDone    = "stream never ended with [DONE]"
+	CauseNoStop    = "no finish_reason stop before [DONE]"
+	CauseMalformed = "malformed chunk"
+	CauseNoBody    = "200 without a chat.completion body"
+	CauseChunk     = "error chunk"
+	CauseRunEnded  = "still open when the run ended"
 )
 
-// errorDrain bounds how long the client keeps reading a stream after an
+// ErrorDrain bounds how long the client keeps reading a stream after an
 // error chunk, for the server to end the response: a server may finish
 // the turn (and release its conversation) only once it has. It never
 // decides a verdict against a server: one that has not ended the
 // response by then is only excused a 409 to the next request.
-const errorDrain = 2 * time.Second
+const ErrorDrain = 2 * time.Second
 
-// client speaks the chat endpoint of one server.
-type client struct {
+// Client speaks the chat endpoint of one server.
+type Client struct {
 	base    string
 	profile targets.Profile
 	// ns prefixes every conversation id sent: the session's namespace on
@@ -91,8 +91,8 @@ type client struct {
 	http *http.Client
 }
 
-func newClient(base string, p targets.Profile, ns string) *client {
-	return &client{
+func NewClient(base string, p targets.Profile, ns string) *Client {
+	return &Client{
 		base:    strings.TrimRight(base, "/"),
 		profile: p,
 		ns:      ns,
@@ -103,26 +103,26 @@ func newClient(base string, p targets.Profile, ns string) *client {
 	}
 }
 
-func (c *client) close() { c.http.CloseIdleConnections() }
+func (c *Client) Close() { c.http.CloseIdleConnections() }
 
-// rebase points the client at a server restarted at base, dropping the
+// Rebase points the client at a server restarted at base, dropping the
 // connections to the old one.
-func (c *client) rebase(base string) {
+func (c *Client) Rebase(base string) {
 	c.http.CloseIdleConnections()
 	c.base = strings.TrimRight(base, "/")
 }
 
-// newRequest builds a request carrying msgs on conversation conv. On a
+// NewRequest builds a request carrying msgs on conversation conv. On a
 // server shared by several sessions, every user message with a token also
 // carries the session's namespace, which the fake model tells this
 // session's calls by.
-func (c *client) newRequest(conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
+func (c *Client) NewRequest(conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
 	if c.ns != "" {
 		tagged := make([]openai.Message, len(msgs))
 		for i, m := range msgs {
 			tagged[i] = m
 			if m.Role == openai.RoleUser && len(model.Tokens(string(m.Content))) > 0 {
-				tagged[i].Content = openai.Content(fmt.Sprintf("%s %s", m.Content, epochTag(c.ns)))
+				tagged[i].Content = openai.Content(fmt.Sprintf("%s %s", m.Content, EpochTag(c.ns)))
 			}
 		}
 		msgs = tagged
@@ -134,9 +134,9 @@ func (c *client) newRequest(conv model.ConversationRef, msgs []openai.Message, s
 	return Request{Conv: conv, Body: body, Stream: stream}
 }
 
-// send sends req and reads the outcome. Cancelling ctx aborts the request:
+// Send sends req and reads the outcome. Cancelling ctx aborts the request:
 // the client drops the connection, and the outcome is unknown.
-func (c *client) send(ctx context.Context, req Request) Response {
+func (c *Client) Send(ctx context.Context, req Request) Response {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/chat/completions", bytes.NewReader(req.Body))
 	if err != nil {
 		return Response{Outcome: model.Unknown, Detail: err.Error()}
@@ -158,7 +158,7 @@ func (c *client) send(ctx context.Context, req Request) Response {
 	if out.Outcome != model.OK && out.Cause == "" {
 		out.Cause = fmt.Sprintf("status %d", resp.StatusCode)
 		if ctx.Err() != nil {
-			out.Cause = causeAborted
+			out.Cause = CauseAborted
 		}
 	}
 	return out
@@ -187,17 +187,17 @@ func readResponse(ctx context.Context, resp *http.Response, out Response) Respon
 func transportCause(ctx context.Context, err error, timedOut bool) string {
 	switch {
 	case ctx.Err() != nil:
-		return causeAborted
+		return CauseAborted
 	case timedOut:
-		return causeTimedOut
+		return CauseTimedOut
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return causeRefused
+		return CauseRefused
 	}
-	return causeNoAnswer
+	return CauseNoAnswer
 }
 
 // headers are the request headers for conversation conv under the profile.
-func (c *client) headers(conv model.ConversationRef) map[string]string {
+func (c *Client) headers(conv model.ConversationRef) map[string]string {
 	h := map[string]string{"Content-Type": "application/json"}
 	if conv.ID != "" {
 		h[c.profile.HeaderName()] = c.ns + conv.ID
@@ -218,7 +218,7 @@ func readWhole(ctx context.Context, body io.Reader, out Response) Response {
 	var c openai.Completion
 	if err := json.Unmarshal(raw, &c); err != nil || len(c.Choices) == 0 || c.Choices[0].Message == nil {
 		out.Outcome = model.Unknown
-		out.Detail, out.Cause = causeNoBody, causeNoBody
+		out.Detail, out.Cause = CauseNoBody, CauseNoBody
 		return out
 	}
 	out.Outcome = model.OK
@@ -230,7 +230,7 @@ func readWhole(ctx context.Context, body io.Reader, out Response) Response {
 // error, a chunk finished with "stop", and [DONE] closed the stream; an
 // error chunk fails the turn whatever follows it (PROTOCOL.md).
 //
-// After an error chunk it reads on, within errorDrain, until the server
+// After an error chunk it reads on, within ErrorDrain, until the server
 // ends the response ([DONE] or the end of the body): a server that sends
 // [DONE] after an error chunk may release the conversation only then, and
 // the next request must not race it. closer ends a read that takes longer.
@@ -244,13 +244,13 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 			out.Reply = reply.String()
 			out.Outcome = model.Unknown
 			if errors.Is(err, io.EOF) {
-				out.Detail, out.Cause = "stream ended without [DONE]", causeNoDone
+				out.Detail, out.Cause = "stream ended without [DONE]", CauseNoDone
 			} else {
-				out.Detail, out.Cause = "stream broke: "+transportError(ctx, err), causeNoDone
+				out.Detail, out.Cause = "stream broke: "+transportError(ctx, err), CauseNoDone
 				var timeout net.Error
 				switch {
 				case ctx.Err() != nil:
-					out.Cause = causeAborted
+					out.Cause = CauseAborted
 				case errors.As(err, &timeout) && timeout.Timeout():
 					out.Cause = "stream never ended within the client's time"
 				}
@@ -263,7 +263,7 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 				out.Outcome = model.OK
 			} else {
 				out.Outcome = model.Unknown
-				out.Detail, out.Cause = "[DONE] without a chunk finishing with stop", causeNoStop
+				out.Detail, out.Cause = "[DONE] without a chunk finishing with stop", CauseNoStop
 			}
 			return out
 		}
@@ -271,13 +271,13 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
 			out.Reply = reply.String()
 			out.Outcome = model.Unknown
-			out.Detail, out.Cause = "malformed chunk from the server", causeMalformed
+			out.Detail, out.Cause = "malformed chunk from the server", CauseMalformed
 			return out
 		}
 		if c.Error != nil {
 			out.Reply = reply.String()
 			out.Outcome = model.Fail
-			out.Detail, out.Cause = "error chunk: "+c.Error.Message, causeChunk
+			out.Detail, out.Cause = "error chunk: "+c.Error.Message, CauseChunk
 			out.Open = !drain(events, closer)
 			return out
 		}
@@ -291,7 +291,7 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 }
 
 // drain reads events until the server ends the response, for at most
-// errorDrain; it reports whether the server ended it in time.
+// ErrorDrain; it reports whether the server ended it in time.
 func drain(events *sse.Reader, closer io.Closer) bool {
 	ended := make(chan struct{})
 	go func() {
@@ -302,7 +302,7 @@ func drain(events *sse.Reader, closer io.Closer) bool {
 			}
 		}
 	}()
-	timer := time.NewTimer(errorDrain)
+	timer := time.NewTimer(ErrorDrain)
 	defer timer.Stop()
 	select {
 	case <-ended:
@@ -314,8 +314,8 @@ func drain(events *sse.Reader, closer io.Closer) bool {
 	}
 }
 
-// clipText keeps at most n bytes of s, saying when it cut.
-func clipText(s string, n int) string {
+// ClipText keeps at most n bytes of s, saying when it cut.
+func ClipText(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
@@ -343,4 +343,14 @@ func transportError(ctx context.Context, err error) string {
 		return "the client aborted"
 	}
 	return err.Error()
+}
+
+// EpochTag is the text every user message of a session on a shared
+// server carries, "" for a server of its own; whole, with its
+// parentheses, so that no session's tag is part of another's.
+func EpochTag(ns string) string {
+	if ns == "" {
+		return ""
+	}
+	return "(" + strings.TrimSuffix(ns, "-") + ")"
 }
