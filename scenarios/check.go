@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
@@ -98,8 +99,8 @@ type Failure struct {
 	Violation *model.Violation `json:"violation"`
 	// Plans are the shrunk run's steps, as drawn, and History what each of
 	// their requests came to.
-	Plans   []plan.Plan `json:"plans"`
-	History []Op        `json:"history"`
+	Plans   []plan.Plan  `json:"plans"`
+	History []history.Op `json:"history"`
 	// Seed replays the failing run as the first check of a Check.
 	Seed uint64 `json:"seed"`
 	// FoundAfter is how many checks ran until the first violation, that one

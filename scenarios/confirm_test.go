@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
@@ -26,18 +27,18 @@ func TestShrinkConfirmsWhatItReports(t *testing.T) {
 	}
 	var mu sync.Mutex
 	replays := map[int]int{}
-	fake := func(_ *lab, _ context.Context, ps []plan.Plan) ([]Op, *model.Violation, error) {
+	fake := func(_ *lab, _ context.Context, ps []plan.Plan) ([]history.Op, *model.Violation, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		replays[len(ps)]++
-		history := make([]Op, len(ps))
-		for i := range history {
-			history[i] = Op{Step: i + 1}
+		ops := make([]history.Op, len(ps))
+		for i := range ops {
+			ops[i] = history.Op{Step: i + 1}
 		}
 		if len(ps) >= 3 || replays[len(ps)] == 1 {
-			return history, &model.Violation{Invariant: model.T1, Conv: conv}, nil
+			return ops, &model.Violation{Invariant: model.T1, Conv: conv}, nil
 		}
-		return history, nil, nil
+		return ops, nil, nil
 	}
 	v := &model.Violation{Invariant: model.T1, Conv: conv}
 	s := &shrinker{labs: []*lab{{}}, want: model.T1, ctx: context.Background(), from: len(plans), plans: plans, violation: v,

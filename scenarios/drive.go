@@ -13,6 +13,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
@@ -64,7 +65,7 @@ type checkRun struct {
 // to, and the violation.
 type failingRun struct {
 	plans     []plan.Plan
-	history   []Op
+	history   []history.Op
 	violation *model.Violation
 }
 
@@ -209,7 +210,7 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *lab, c *checkRun) 
 		t.Fatalf("setup: %v", err)
 	}
 	t.Cleanup(func() { c.teardownErr = sess.close() })
-	m := &machine{session: sess, stats: c.stats, onViolation: func(v *model.Violation, plans []plan.Plan, history []Op) {
+	m := &machine{session: sess, stats: c.stats, onViolation: func(v *model.Violation, plans []plan.Plan, history []history.Op) {
 		c.failing, c.foundIn = &failingRun{plans: plans, history: history, violation: v}, time.Since(r.start)
 	}, onDead: func(err error) { c.setupErr = err }}
 	t.Cleanup(func() {

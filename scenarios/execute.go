@@ -9,32 +9,11 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
-
-// Op is one request of a run as its history records it: what was planned
-// and sent, what the client learned, and what the model saw of it.
-type Op struct {
-	// Step numbers the plan it belongs to, from 1; Index is its place in
-	// that plan's Sends (the client that sent it, in a burst).
-	Step  int `json:"step"`
-	Index int `json:"index"`
-	// Action is the state-machine action that drew the plan.
-	Action string    `json:"action"`
-	Send   plan.Send `json:"send"`
-	// Request is the request exactly as sent.
-	Request  protocol.Request  `json:"request"`
-	Response protocol.Response `json:"response"`
-	// Turn is the operation as the reference model reads it: outcome,
-	// attributed model calls, and when it was sent and answered on the
-	// run's timeline.
-	Turn model.Turn `json:"turn"`
-	// Restart is set for the op of a restart plan, which sends nothing:
-	// Response.Detail then says how the restart went.
-	Restart *plan.Restart `json:"restart,omitempty"`
-}
 
 // quietPeriod is how long the harness waits for a server that does not
 // report its activity to do something more, before it takes the requests
@@ -119,17 +98,17 @@ func (f *flight) held() bool { return f.arrived.Load() && !f.acted && !f.finishe
 
 // execute sends p's requests and returns what each came to, with the model
 // calls attributed to each by the token of its last user message.
-func (e *executor) execute(p plan.Plan) (ops []Op) {
+func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 	if p.Restart != nil && len(p.Sends) == 0 {
 		e.steps++
-		return []Op{e.restart(p, e.steps, 0)}
+		return []history.Op{e.restart(p, e.steps, 0)}
 	}
 	e.steps++
 	start := e.clock.Load()
-	ops = make([]Op, len(p.Sends))
+	ops = make([]history.Op, len(p.Sends))
 	// crashed is the restart of a plan that crashes the server with a turn
 	// in flight; it comes after the turns in the history.
-	var crashed *Op
+	var crashed *history.Op
 	defer func() {
 		if p.Restart != nil {
 			if crashed == nil {
@@ -180,7 +159,7 @@ func (e *executor) execute(p plan.Plan) (ops []Op) {
 	for i, s := range p.Sends {
 		f := flights[i]
 		req := e.client.NewRequest(s.Conv, s.Messages, s.Stream)
-		ops[i] = Op{Step: e.steps, Index: i, Action: p.Action, Send: s, Request: req}
+		ops[i] = history.Op{Step: e.steps, Index: i, Action: p.Action, Send: s, Request: req}
 		ops[i].Turn.Invoke = e.tick()
 		base := e.ctx
 		if base == nil {
@@ -314,9 +293,9 @@ func (e *executor) execute(p plan.Plan) (ops []Op) {
 // agent from the references p says; the client then speaks to it wherever
 // it now listens. The op's Response.Detail is "" for a server that came
 // back, or what went wrong.
-func (e *executor) restart(p plan.Plan, step, index int) Op {
+func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	defer e.spent.since(spentRestarts, time.Now())
-	op := Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: protocol.Response{Outcome: model.OK}}
+	op := history.Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: protocol.Response{Outcome: model.OK}}
 	r, ok := e.srv.(targets.Restarter)
 	if !ok {
 		op.Response.Outcome, op.Response.Detail = model.Fail, "the server cannot be restarted by the harness"
@@ -565,7 +544,7 @@ func laterPoint(s plan.Send) (faults.Point, bool) {
 // without a usable message sent on its own, what that request set off
 // (T3), and otherwise an auxiliary call (a title, a summary), which must
 // still mix no conversations (T5): it goes with the step's first request.
-func (e *executor) attribute(ops []Op, calls []model.Call, runs []model.ToolRun) {
+func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.ToolRun) {
 	for i := range ops {
 		op := &ops[i]
 		op.Turn.Conv = op.Send.Conv

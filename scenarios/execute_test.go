@@ -10,8 +10,10 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
+	"github.com/turncheck/turncheck/scenarios/validate"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -51,7 +53,7 @@ func burstOn(conv model.ConversationRef, first, n int, release ...int) plan.Plan
 	return p
 }
 
-func firstCall(t *testing.T, op Op) []model.Token {
+func firstCall(t *testing.T, op history.Op) []model.Token {
 	t.Helper()
 	require.NotEmpty(t, op.Turn.Calls, "no model call for %s", op.Send.Token)
 	return op.Turn.Calls[0].History
@@ -140,7 +142,7 @@ func TestAbortInABurst(t *testing.T) {
 func BenchmarkBursts(b *testing.B) {
 	e := newExecutor(b, Reference{})
 	ref := model.New()
-	var history []Op
+	var history []history.Op
 	tok, requests, conv := 0, 0, 0
 	start := time.Now()
 	for b.Loop() {
@@ -167,7 +169,7 @@ func BenchmarkBursts(b *testing.B) {
 		if v := ref.ApplyStep(turns); v != nil {
 			b.Fatal(v)
 		}
-		if v := checkLinearizable(history, turns); v != nil {
+		if v := validate.CheckLinearizable(history, turns); v != nil {
 			b.Fatal(v)
 		}
 	}

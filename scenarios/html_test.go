@@ -16,6 +16,7 @@ import (
 	"github.com/turncheck/turncheck/internal/browser"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/scenarios/validate"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -59,7 +60,7 @@ func TestHTMLReportInBrowser(t *testing.T) {
 
 	t.Run("linearizability", func(t *testing.T) {
 		var page bytes.Buffer
-		require.NoError(t, scenarios.WriteLinearizability(&page, res.Failure.History))
+		require.NoError(t, validate.WriteLinearizability(&page, res.Failure.History))
 		const drawn = `class="history-rect"`
 		require.NotContains(t, page.String(), drawn, "the page as written must not hold the SVG already")
 		dom := browser.DumpDOM(t, chromium, "linearizability.html", page.Bytes())

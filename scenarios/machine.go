@@ -9,6 +9,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/targets"
@@ -32,7 +33,7 @@ type machine struct {
 	stats *Stats
 	// onViolation is told of a violation before the check fails, and
 	// onDead of a server that stopped answering.
-	onViolation func(*model.Violation, []plan.Plan, []Op)
+	onViolation func(*model.Violation, []plan.Plan, []history.Op)
 	onDead      func(error)
 
 	convs []*conv
@@ -244,7 +245,7 @@ func (m *machine) step(t *rapid.T, p plan.Plan) {
 
 // record counts op and keeps what later draws need: the conversation's
 // latest user message and its failed turns.
-func (m *machine) record(op Op) {
+func (m *machine) record(op history.Op) {
 	if op.Restart != nil {
 		m.stats.Faults[op.Action]++
 		return

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
@@ -19,7 +20,7 @@ import (
 // (several for a burst, with the order in which they were sent and
 // answered), the injected faults, the outcomes, what the model saw, and a
 // curl command that sends each request by hand.
-func FormatFailure(v *model.Violation, history []Op, p targets.Profile) string {
+func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", v.Error())
 	steps := 0
@@ -38,12 +39,12 @@ func FormatFailure(v *model.Violation, history []Op, p targets.Profile) string {
 	return b.String()
 }
 
-// writeStepHeader names the step that starts at history[i]; a burst also
+// writeStepHeader names the step that starts at ops[i]; a burst also
 // says in which order its requests were answered.
-func writeStepHeader(b *strings.Builder, history []Op, i int) {
-	first := history[i]
-	var burst []Op
-	for _, op := range history[i:] {
+func writeStepHeader(b *strings.Builder, ops []history.Op, i int) {
+	first := ops[i]
+	var burst []history.Op
+	for _, op := range ops[i:] {
 		if op.Step != first.Step {
 			break
 		}
@@ -54,7 +55,7 @@ func writeStepHeader(b *strings.Builder, history []Op, i int) {
 		return
 	}
 	byReturn := slices.Clone(burst)
-	slices.SortFunc(byReturn, func(x, y Op) int { return cmp.Compare(x.Turn.Return, y.Turn.Return) })
+	slices.SortFunc(byReturn, func(x, y history.Op) int { return cmp.Compare(x.Turn.Return, y.Turn.Return) })
 	answered := make([]string, len(byReturn))
 	for k, op := range byReturn {
 		answered[k] = string(rune('a' + op.Index))
@@ -71,7 +72,7 @@ func letters(n int) []string {
 	return out
 }
 
-func writeOp(b *strings.Builder, op Op, p targets.Profile) {
+func writeOp(b *strings.Builder, op history.Op, p targets.Profile) {
 	if op.Restart != nil {
 		fmt.Fprintf(b, "     %s", op.Restart)
 		if op.Response.Detail != "" {

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/targets"
+	"github.com/turncheck/turncheck/scenarios/validate"
 )
 
 // htmlPage is the HTML report: the verdict, the failing run as a timeline
@@ -56,7 +58,7 @@ type htmlStep struct {
 }
 
 type htmlOp struct {
-	Op        Op
+	Op        history.Op
 	Violating bool
 }
 
@@ -79,7 +81,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 			s.Ops = append(s.Ops, htmlOp{Op: op, Violating: violating})
 		}
 		var b bytes.Buffer
-		if err := WriteLinearizability(&b, f.History); err != nil {
+		if err := validate.WriteLinearizability(&b, f.History); err != nil {
 			return err
 		}
 		data.Porcupine = b.String()

@@ -13,9 +13,11 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/targets"
+	"github.com/turncheck/turncheck/scenarios/validate"
 )
 
 // lab is what the sessions of one run share: the fake model, on one
@@ -180,7 +182,7 @@ type session struct {
 	sources []string
 
 	plans   []plan.Plan
-	history []Op
+	history []history.Op
 }
 
 // session starts a session: a fresh server, or the shared one under a
@@ -241,7 +243,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 // touched. It returns the ops p came to and the first violation, or nil.
 // A violation of a skipped invariant is no violation: the conversations
 // of the step are set aside, and the run goes on with the others.
-func (s *session) step(p plan.Plan) ([]Op, *model.Violation) {
+func (s *session) step(p plan.Plan) ([]history.Op, *model.Violation) {
 	ops := s.exec.execute(p)
 	s.plans = append(s.plans, p)
 	s.history = append(s.history, ops...)
@@ -250,7 +252,7 @@ func (s *session) step(p plan.Plan) ([]Op, *model.Violation) {
 		// restart not waited for): what it came to decides nothing.
 		return ops, nil
 	}
-	var restart *Op
+	var restart *history.Op
 	turns := make([]model.Turn, 0, len(ops))
 	for i, op := range ops {
 		switch {
@@ -265,7 +267,7 @@ func (s *session) step(p plan.Plan) ([]Op, *model.Violation) {
 	}
 	v := s.ref.ApplyStep(turns)
 	if v == nil {
-		v = checkLinearizable(s.history, turns)
+		v = validate.CheckLinearizable(s.history, turns)
 	}
 	if restart != nil {
 		// The turns ran up to the crash; the restart comes after them,
@@ -312,7 +314,7 @@ func (s *session) setAside(ref model.ConversationRef) {
 
 // involvesAside reports whether v, seen in ops, involves state a violation
 // already found set aside: its conversation, or a token of one.
-func (s *session) involvesAside(v *model.Violation, ops []Op) bool {
+func (s *session) involvesAside(v *model.Violation, ops []history.Op) bool {
 	if len(s.aside) == 0 {
 		return false
 	}
@@ -348,7 +350,7 @@ const (
 
 // watch follows the step's requests: tokens sent on set-aside
 // conversations, and a server that stopped answering.
-func (s *session) watch(ops []Op) {
+func (s *session) watch(ops []history.Op) {
 	for _, op := range ops {
 		if op.Restart != nil {
 			s.unanswered = 0 // a restart that did not come back is T7's, or an error
@@ -415,7 +417,7 @@ func (s *session) lastAnswers(n int) string {
 // restarted tells the reference model of a restart the server went
 // through. A server that declares it survives restarts, and did not come
 // back on its own data, has lost every committed turn (T7).
-func (s *session) restarted(r *plan.Restart, op Op) *model.Violation {
+func (s *session) restarted(r *plan.Restart, op history.Op) *model.Violation {
 	if op.Response.Outcome != model.OK {
 		return &model.Violation{Invariant: model.T7, Reason: r.String() + ": " + op.Response.Detail}
 	}
@@ -464,14 +466,14 @@ func (s *session) close() error {
 // stops at the first other violation and returns the history up to it and
 // the violation (nil if none). The error says the replay could not be
 // carried out.
-func Replay(target targets.Target, plans []plan.Plan, skip ...model.Invariant) ([]Op, *model.Violation, error) {
+func Replay(target targets.Target, plans []plan.Plan, skip ...model.Invariant) ([]history.Op, *model.Violation, error) {
 	return ReplayFailure(target, &Failure{Plans: plans, Skipped: skip})
 }
 
 // ReplayFailure is Replay of a saved failure's plans, with what its run
 // had set aside: the invariants it skipped, and the kinds of wrong state
 // already found, whose violations set their conversations aside again.
-func ReplayFailure(target targets.Target, f *Failure) ([]Op, *model.Violation, error) {
+func ReplayFailure(target targets.Target, f *Failure) ([]history.Op, *model.Violation, error) {
 	for i, p := range f.Plans {
 		if err := p.Check(); err != nil {
 			return nil, nil, fmt.Errorf("step %d: %w", i+1, err)
@@ -488,7 +490,7 @@ func ReplayFailure(target targets.Target, f *Failure) ([]Op, *model.Violation, e
 
 // replay executes plans in a new session of l, stopped when ctx ends: the
 // requests in flight are aborted, and the run decides nothing.
-func (l *lab) replay(ctx context.Context, plans []plan.Plan) ([]Op, *model.Violation, error) {
+func (l *lab) replay(ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error) {
 	s, err := l.session(ctx)
 	if err != nil {
 		return nil, nil, err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
@@ -39,14 +40,14 @@ type shrinker struct {
 	kept int
 	// plans, history and violation are the smallest failing run so far.
 	plans     []plan.Plan
-	history   []Op
+	history   []history.Op
 	violation *model.Violation
 	// misses are the histories of the replays of the original steps that
 	// did not break the invariant: what differed, for a flaky failure.
-	misses [][]Op
+	misses [][]history.Op
 	// replayOn replays plans in a lab: (*lab).replay, but for tests of the
 	// shrinker itself.
-	replayOn func(l *lab, ctx context.Context, plans []plan.Plan) ([]Op, *model.Violation, error)
+	replayOn func(l *lab, ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error)
 	// found are the failing runs kept so far, the smallest last: a
 	// candidate that broke the invariant once, on a server that runs a
 	// burst another way on another replay, may not again (confirm).
@@ -56,7 +57,7 @@ type shrinker struct {
 // foundRun is a failing run the shrinker kept.
 type foundRun struct {
 	plans     []plan.Plan
-	history   []Op
+	history   []history.Op
 	violation *model.Violation
 }
 
@@ -136,7 +137,7 @@ const reproduceTries = 3
 
 // replayed is what one replay of a candidate came to.
 type replayed struct {
-	history []Op
+	history []history.Op
 	v       *model.Violation
 	err     error
 }
@@ -430,7 +431,7 @@ func shrinkBudget(parent context.Context, d time.Duration) (context.Context, con
 // differed says, for a failure that did not reproduce, where each replay
 // of its steps first went another way than the failing run: a person
 // reads there what the server does not do the same way twice.
-func (s *shrinker) differed(failing []Op) string {
+func (s *shrinker) differed(failing []history.Op) string {
 	var b strings.Builder
 	for i, h := range s.misses {
 		fmt.Fprintf(&b, "\nReplay %d %s.", i+1, firstDifference(failing, h))
@@ -441,8 +442,8 @@ func (s *shrinker) differed(failing []Op) string {
 // firstDifference describes the first request of the failing run whose
 // replay came to something else: another outcome or status, another
 // number of model calls, or another order of the requests of a burst.
-func firstDifference(failing, replay []Op) string {
-	byPlace := map[[2]int]Op{}
+func firstDifference(failing, replay []history.Op) string {
+	byPlace := map[[2]int]history.Op{}
 	for _, op := range replay {
 		byPlace[[2]int{op.Step, op.Index}] = op
 	}
@@ -476,7 +477,7 @@ func firstDifference(failing, replay []Op) string {
 }
 
 // answer is an op's outcome in a few words.
-func answer(op Op) string {
+func answer(op history.Op) string {
 	r := op.Response
 	a := r.Outcome.String()
 	if r.Status != 0 {
@@ -489,7 +490,7 @@ func answer(op Op) string {
 }
 
 // stepsOf yields the steps of ops with more than one request, in order.
-func stepsOf(ops []Op) func(func(int) bool) {
+func stepsOf(ops []history.Op) func(func(int) bool) {
 	return func(yield func(int) bool) {
 		count := map[int]int{}
 		var order []int
@@ -509,14 +510,14 @@ func stepsOf(ops []Op) func(func(int) bool) {
 
 // returnOrder is the requests of step, numbered from 1, in the order their
 // outcomes were learned.
-func returnOrder(ops []Op, step int) []int {
-	var in []Op
+func returnOrder(ops []history.Op, step int) []int {
+	var in []history.Op
 	for _, op := range ops {
 		if op.Step == step && op.Restart == nil {
 			in = append(in, op)
 		}
 	}
-	slices.SortStableFunc(in, func(a, b Op) int { return cmp.Compare(a.Turn.Return, b.Turn.Return) })
+	slices.SortStableFunc(in, func(a, b history.Op) int { return cmp.Compare(a.Turn.Return, b.Turn.Return) })
 	out := make([]int, len(in))
 	for i, op := range in {
 		out[i] = op.Index + 1

@@ -1,4 +1,4 @@
-package scenarios
+package validate
 
 import (
 	"cmp"
@@ -13,6 +13,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
@@ -49,7 +50,7 @@ var lineModel = porcupine.Model{
 	},
 	DescribeState: func(s any) string { return s.(model.Line).String() },
 	DescribeOperationMetadata: func(info any) string {
-		op := info.(*Op)
+		op := info.(*history.Op)
 		return fmt.Sprintf("step %d: %s", op.Step, op.Send)
 	},
 }
@@ -107,7 +108,7 @@ func scattered(history []porcupine.Operation) [][]porcupine.Operation {
 	return out
 }
 
-// checkLinearizable checks with porcupine, partitioned by conversation,
+// CheckLinearizable checks with porcupine, partitioned by conversation,
 // the conversations that the step's turns ran on concurrently (two or more
 // of them on one conversation), over the whole history so far; a
 // sequential step is decided by the reference model's chain check alone.
@@ -117,7 +118,7 @@ func scattered(history []porcupine.Operation) [][]porcupine.Operation {
 // finds illegal is a T4 violation. No timeout: a verdict must not depend
 // on how fast the machine is, and a conversation's history in a run is a
 // few dozen turns, at most six at once.
-func checkLinearizable(history []Op, step []model.Turn) *model.Violation {
+func CheckLinearizable(history []history.Op, step []model.Turn) *model.Violation {
 	perConv := map[model.ConversationRef]int{}
 	for _, t := range step {
 		perConv[t.Conv]++
@@ -158,7 +159,7 @@ func notLinearizable(conv model.ConversationRef, user model.Token) *model.Violat
 // conversation at a time (see linearizable), the chain check on this one.
 // Where the chain check finds a violation, the search is called off
 // rather than waited for: its verdict would not be read.
-func validate(history []Op) *model.Violation {
+func validate(history []history.Op) *model.Violation {
 	convs := byConversationIndex(history)
 	known := stepAhead(history, convs)
 	var stop atomic.Bool
@@ -207,7 +208,7 @@ func validate(history []Op) *model.Violation {
 // where none was taken. Taking the steps ahead changes no verdict:
 // ApplyStepKnown and Known.Next take a known step only from the very line
 // it was taken from, and any other step as they would have.
-func stepAhead(history []Op, convs [][]int) []model.Known {
+func stepAhead(history []history.Op, convs [][]int) []model.Known {
 	known := make([]model.Known, len(history))
 	var next atomic.Int64 // the next conversation to step
 	var wg sync.WaitGroup
@@ -243,7 +244,7 @@ func stepAhead(history []Op, convs [][]int) []model.Known {
 // byConversationIndex groups the positions of history's ops by
 // conversation, conversations in order of their first op, each one's
 // positions in history order.
-func byConversationIndex(history []Op) [][]int {
+func byConversationIndex(history []history.Op) [][]int {
 	id := map[model.ConversationRef]int{}
 	conv := make([]int, len(history))
 	var sizes []int
@@ -287,7 +288,7 @@ func byConversationIndex(history []Op) [][]int {
 //
 // Once stop is set, the search is called off: it fails fast, and its
 // verdict means nothing.
-func linearizable(history []Op, idx []int, known []model.Known, stop *atomic.Bool) bool {
+func linearizable(history []history.Op, idx []int, known []model.Known, stop *atomic.Bool) bool {
 	sent := slices.Clone(idx)
 	slices.SortStableFunc(sent, func(i, j int) int { return cmp.Compare(history[i].Turn.Invoke, history[j].Turn.Invoke) })
 	k := forced(history, sent)
@@ -331,7 +332,7 @@ func linearizable(history []Op, idx []int, known []model.Known, stop *atomic.Boo
 // conversation's turns in history, by when each was sent. Where a turn was
 // answered before it was sent, porcupine's event list is out of step with
 // when turns were sent, and none is counted.
-func forced(history []Op, sent []int) int {
+func forced(history []history.Op, sent []int) int {
 	for _, i := range sent {
 		if t := &history[i].Turn; t.Return < t.Invoke {
 			return 0
@@ -348,7 +349,7 @@ func forced(history []Op, sent []int) int {
 // operations turns the history's ops (on conv only, if not nil) into
 // porcupine's operations: the client is the op's place in its burst, the
 // times are the run's timeline, and the metadata says what was injected.
-func operations(history []Op, conv *model.ConversationRef) []porcupine.Operation {
+func operations(history []history.Op, conv *model.ConversationRef) []porcupine.Operation {
 	out := make([]porcupine.Operation, 0, len(history))
 	for i := range history {
 		op := &history[i]
@@ -361,7 +362,7 @@ func operations(history []Op, conv *model.ConversationRef) []porcupine.Operation
 }
 
 // operation is op as a porcupine operation (see operations).
-func operation(op *Op) porcupine.Operation {
+func operation(op *history.Op) porcupine.Operation {
 	return porcupine.Operation{ClientId: op.Index, Input: &op.Turn,
 		Call: op.Turn.Invoke, Return: op.Turn.Return, Metadata: op}
 }
@@ -370,7 +371,7 @@ func operation(op *Op) porcupine.Operation {
 // self-contained HTML page (it opens offline): each conversation's turns as
 // intervals per client, the longest linearizable prefix, and the injected
 // faults as annotations.
-func WriteLinearizability(w io.Writer, history []Op) error {
+func WriteLinearizability(w io.Writer, history []history.Op) error {
 	ops := operations(history, nil)
 	_, info := porcupine.CheckOperationsVerbose(lineModel, ops, time.Minute)
 	var notes []porcupine.Annotation

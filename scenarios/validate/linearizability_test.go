@@ -1,4 +1,4 @@
-package scenarios
+package validate
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
@@ -21,7 +22,7 @@ import (
 // client sends one turn at a time; a turn waits for its conversation,
 // reaches the model with the conversation's committed history, and ends ok
 // (committed), failed, or unknown (committed or not).
-func simulate(seed uint64, n, convs, clients int) []Op {
+func simulate(seed uint64, n, convs, clients int) []history.Op {
 	return simulateGivingUp(seed, n, convs, clients, 0)
 }
 
@@ -30,10 +31,10 @@ func simulate(seed uint64, n, convs, clients int) []Op {
 // turn ends unknown, and the server runs it later all the same, when the
 // conversation is free (committed or not), maybe after turns sent after
 // it. With giveUp 0 it is simulate, to the draw.
-func simulateGivingUp(seed uint64, n, convs, clients int, giveUp float64) []Op {
+func simulateGivingUp(seed uint64, n, convs, clients int, giveUp float64) []history.Op {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	type client struct {
-		op    *Op
+		op    *history.Op
 		state int // 0 idle, 1 waiting for its conversation, 2 at the model
 	}
 	var clock int64
@@ -41,8 +42,8 @@ func simulateGivingUp(seed uint64, n, convs, clients int, giveUp float64) []Op {
 	committed := make([][]model.Token, convs)
 	busy := make([]bool, convs)
 	cs := make([]client, clients)
-	var out []Op
-	var orphans []*Op // given up on, not run yet
+	var out []history.Op
+	var orphans []*history.Op // given up on, not run yet
 	sent := 0
 	for sent < n || len(orphans) > 0 || busyClients(cs, func(c client) bool { return c.state != 0 }) {
 		if giveUp > 0 && len(orphans) > 0 && rng.IntN(4) == 0 {
@@ -69,7 +70,7 @@ func simulateGivingUp(seed uint64, n, convs, clients int, giveUp float64) []Op {
 			sent++
 			conv := rng.IntN(convs)
 			tok := model.UserToken(sent)
-			c.op = &Op{Index: k, Send: plan.Send{Conv: model.ConversationRef{ID: convID(conv)}, Token: tok}}
+			c.op = &history.Op{Index: k, Send: plan.Send{Conv: model.ConversationRef{ID: convID(conv)}, Token: tok}}
 			c.op.Turn = model.Turn{Conv: c.op.Send.Conv, User: tok, Usable: true, Invoke: tick()}
 			c.state = 1
 		case 1:
@@ -135,7 +136,7 @@ func TestSimulatedHistoriesPass(t *testing.T) {
 // validateAll is validate as it was first written, the reference the
 // tests hold validate to: the chain check, then porcupine over every
 // conversation, one after the other.
-func validateAll(history []Op) *model.Violation {
+func validateAll(history []history.Op) *model.Violation {
 	turns := make([]model.Turn, len(history))
 	for i, op := range history {
 		turns[i] = op.Turn
@@ -153,10 +154,10 @@ func validateAll(history []Op) *model.Violation {
 // first turn's call reached the model only after its client gave up on it,
 // and after the second turn's: the chain check follows the server and
 // accepts it, while the only order real time allows does not fit.
-func lateCall() []Op {
+func lateCall() []history.Op {
 	conv := model.ConversationRef{ID: "c"}
 	u1, u2 := model.UserToken(1), model.UserToken(2)
-	return []Op{
+	return []history.Op{
 		{Send: plan.Send{Conv: conv, Token: u1}, Turn: model.Turn{Conv: conv, User: u1, Usable: true, Outcome: model.Unknown,
 			Calls: []model.Call{{History: []model.Token{u2, u2.Reply(), u1}, Turn: u1, At: 5}}, Invoke: 1, Return: 3}},
 		{Send: plan.Send{Conv: conv, Token: u2}, Turn: model.Turn{Conv: conv, User: u2, Usable: true, Outcome: model.OK,
@@ -180,22 +181,22 @@ func TestValidateHoldsTurnsThatNeverOverlappedToRealTime(t *testing.T) {
 
 func TestForced(t *testing.T) {
 	conv := model.ConversationRef{ID: "c"}
-	op := func(invoke, ret int64) Op {
-		return Op{Turn: model.Turn{Conv: conv, User: model.UserToken(int(invoke)), Usable: true, Invoke: invoke, Return: ret}}
+	op := func(invoke, ret int64) history.Op {
+		return history.Op{Turn: model.Turn{Conv: conv, User: model.UserToken(int(invoke)), Usable: true, Invoke: invoke, Return: ret}}
 	}
 	for _, tt := range []struct {
 		name string
-		h    []Op
+		h    []history.Op
 		want int
 	}{
-		{"one after another", []Op{op(1, 3), op(4, 6), op(7, 9)}, 3},
-		{"then two at once", []Op{op(1, 3), op(4, 6), op(7, 10), op(8, 9), op(11, 12)}, 2},
-		{"at once from the start", []Op{op(1, 5), op(4, 6), op(7, 9)}, 0},
-		{"touching: closed intervals", []Op{op(1, 3), op(4, 6), op(6, 7)}, 1},
-		{"a long one under the next two", []Op{op(1, 2), op(3, 9), op(4, 5), op(6, 7)}, 1},
-		{"answered before sent", []Op{op(1, 3), op(4, 6), op(9, 8)}, 0},
-		{"instant", []Op{op(1, 1), op(2, 2)}, 2},
-		{"alone", []Op{op(1, 3)}, 1},
+		{"one after another", []history.Op{op(1, 3), op(4, 6), op(7, 9)}, 3},
+		{"then two at once", []history.Op{op(1, 3), op(4, 6), op(7, 10), op(8, 9), op(11, 12)}, 2},
+		{"at once from the start", []history.Op{op(1, 5), op(4, 6), op(7, 9)}, 0},
+		{"touching: closed intervals", []history.Op{op(1, 3), op(4, 6), op(6, 7)}, 1},
+		{"a long one under the next two", []history.Op{op(1, 2), op(3, 9), op(4, 5), op(6, 7)}, 1},
+		{"answered before sent", []history.Op{op(1, 3), op(4, 6), op(9, 8)}, 0},
+		{"instant", []history.Op{op(1, 1), op(2, 2)}, 2},
+		{"alone", []history.Op{op(1, 3)}, 1},
 		{"none", nil, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -295,22 +296,22 @@ func TestByConversation(t *testing.T) {
 func TestLinearizabilityCatchesAFork(t *testing.T) {
 	conv := model.ConversationRef{ID: "c"}
 	u1, u2 := model.UserToken(1), model.UserToken(2)
-	turn := func(u model.Token, index int, history ...model.Token) Op {
-		return Op{Index: index, Send: plan.Send{Conv: conv, Token: u}, Turn: model.Turn{Conv: conv, User: u, Usable: true,
+	turn := func(u model.Token, index int, seen ...model.Token) history.Op {
+		return history.Op{Index: index, Send: plan.Send{Conv: conv, Token: u}, Turn: model.Turn{Conv: conv, User: u, Usable: true,
 			Outcome: model.OK, Status: 200, Reply: string(u.Reply()),
-			Calls: []model.Call{{History: history, Turn: u}}, Invoke: int64(index + 1), Return: int64(index + 5)}}
+			Calls: []model.Call{{History: seen, Turn: u}}, Invoke: int64(index + 1), Return: int64(index + 5)}}
 	}
-	fork := []Op{turn(u1, 0, u1), turn(u2, 1, u2)}
-	v := checkLinearizable(fork, []model.Turn{fork[0].Turn, fork[1].Turn})
+	fork := []history.Op{turn(u1, 0, u1), turn(u2, 1, u2)}
+	v := CheckLinearizable(fork, []model.Turn{fork[0].Turn, fork[1].Turn})
 	require.NotNil(t, v)
 	assert.Equal(t, model.T4, v.Invariant)
 	assert.Contains(t, v.Reason, "not linearizable")
 
-	line := []Op{turn(u1, 0, u1), turn(u2, 1, u1, u1.Reply(), u2)}
-	assert.Nil(t, checkLinearizable(line, []model.Turn{line[0].Turn, line[1].Turn}))
+	line := []history.Op{turn(u1, 0, u1), turn(u2, 1, u1, u1.Reply(), u2)}
+	assert.Nil(t, CheckLinearizable(line, []model.Turn{line[0].Turn, line[1].Turn}))
 
 	// A lone turn is the chain check's to judge.
-	assert.Nil(t, checkLinearizable(fork, []model.Turn{fork[1].Turn}))
+	assert.Nil(t, CheckLinearizable(fork, []model.Turn{fork[1].Turn}))
 }
 
 // TestWriteLinearizability: the visualisation is one self-contained page

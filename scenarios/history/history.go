@@ -1,0 +1,29 @@
+package history
+
+import (
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/protocol"
+)
+
+// Op is one request of a run as its history records it: what was planned
+// and sent, what the client learned, and what the model saw of it.
+type Op struct {
+	// Step numbers the plan it belongs to, from 1; Index is its place in
+	// that plan's Sends (the client that sent it, in a burst).
+	Step  int `json:"step"`
+	Index int `json:"index"`
+	// Action is the state-machine action that drew the plan.
+	Action string    `json:"action"`
+	Send   plan.Send `json:"send"`
+	// Request is the request exactly as sent.
+	Request  protocol.Request  `json:"request"`
+	Response protocol.Response `json:"response"`
+	// Turn is the operation as the reference model reads it: outcome,
+	// attributed model calls, and when it was sent and answered on the
+	// run's timeline.
+	Turn model.Turn `json:"turn"`
+	// Restart is set for the op of a restart plan, which sends nothing:
+	// Response.Detail then says how the restart went.
+	Restart *plan.Restart `json:"restart,omitempty"`
+}
