@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -248,7 +249,7 @@ func replayTarget(spec scenarios.ServerSpec) (scenarios.Target, string, error) {
 }
 
 // replayStats counts what a replay of saved steps did.
-func replayStats(history []scenarios.Op) scenarios.Stats {
+func replayStats(history []history.Op) scenarios.Stats {
 	s := scenarios.Stats{Checks: 1, Steps: len(history), Faults: map[string]int{}, Outcomes: map[string]int{}}
 	for _, op := range history {
 		s.Outcomes[op.Response.Outcome.String()]++
