@@ -3,6 +3,7 @@ package scenarios
 import (
 	"net/http"
 
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -77,3 +78,35 @@ func Handler(p Profile, newHandler func(modelURL, dataDir string) (http.Handler,
 // AgentRefs are the agent references a server loads at its first start
 // (targets.AgentRefs).
 func AgentRefs(modelURL, agent string) []string { return targets.AgentRefs(modelURL, agent) }
+
+// What a run found, as package report keeps it, named here too.
+type (
+	// Result is what a Check found (report.Result).
+	Result = report.Result
+	// Failure is a broken invariant, shrunk (report.Failure).
+	Failure = report.Failure
+	// Stats counts what a run did (report.Stats).
+	Stats = report.Stats
+	// ShrinkState is how far a failure's shrinking got
+	// (report.ShrinkState).
+	ShrinkState = report.ShrinkState
+	// Conformance is a Conform's verdicts (report.Conformance).
+	Conformance = report.Conformance
+	// Verdict is one invariant's verdict (report.Verdict).
+	Verdict = report.Verdict
+	// Status is a verdict's kind (report.Status).
+	Status = report.Status
+)
+
+// The shrink states and the verdicts' statuses.
+const (
+	Shrunk        = report.Shrunk
+	PartlyShrunk  = report.PartlyShrunk
+	NotShrunk     = report.NotShrunk
+	Pass          = report.Pass
+	Fail          = report.Fail
+	NotApplicable = report.NotApplicable
+	NotExercised  = report.NotExercised
+	Skipped       = report.Skipped
+	SameCause     = report.SameCause
+)

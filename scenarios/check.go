@@ -37,8 +37,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
-	"github.com/turncheck/turncheck/scenarios/history"
-	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -54,7 +53,7 @@ type Options struct {
 	// bound; 0 means 30s.
 	ShrinkTime time.Duration
 	// Progress, if set, is called after every state-machine run.
-	Progress func(Stats)
+	Progress func(report.Stats)
 	// Context, if set, stops the run when it ends: the requests in flight
 	// are aborted, servers are stopped, and Check returns ErrInterrupted.
 	Context context.Context
@@ -65,7 +64,7 @@ type Options struct {
 	// Found, if set, is called by Conform with each failure as soon as it
 	// is shrunk, before the run goes on, and what the run did so far: a
 	// person sees a finding when it is made, not when the run ends.
-	Found func(*Failure, Stats)
+	Found func(*report.Failure, report.Stats)
 	// FailFast ends a Conform at its first failure.
 	FailFast bool
 	// Parallel is how many checks run at once, each on a server and fake
@@ -79,68 +78,6 @@ type Options struct {
 // ErrInterrupted is returned by Check when Options.Context ended first.
 var ErrInterrupted = errors.New("interrupted")
 
-// Result is what a Check found.
-type Result struct {
-	Stats
-	// Seed is the seed the run started from.
-	Seed uint64
-	// Elapsed is the run's wall time, shrinking included.
-	Elapsed time.Duration
-	// Failure is nil when no invariant was broken.
-	Failure *Failure
-}
-
-// Failure is a broken invariant, shrunk to a short sequence of steps. It
-// is data: the plans replay it, the history shows it, and every report is
-// rendered from it.
-type Failure struct {
-	// Violation is the broken invariant, as seen in the shrunk run; nil if
-	// the failure was not a violation (a panic in the harness).
-	Violation *model.Violation `json:"violation"`
-	// Plans are the shrunk run's steps, as drawn, and History what each of
-	// their requests came to.
-	Plans   []plan.Plan  `json:"plans"`
-	History []history.Op `json:"history"`
-	// Seed replays the failing run as the first check of a Check.
-	Seed uint64 `json:"seed"`
-	// FoundAfter is how many checks ran until the first violation, that one
-	// included, and FoundIn how long that took; the rest of the run shrank it.
-	FoundAfter int           `json:"foundAfterChecks"`
-	FoundIn    time.Duration `json:"-"` // foundInMs in JSON
-	// ShrinkRuns is how many candidate runs the shrinker replayed, and
-	// ShrunkIn how long shrinking took.
-	ShrinkRuns int           `json:"shrinkRuns"`
-	ShrunkIn   time.Duration `json:"-"` // shrunkInMs in JSON
-	// Shrink says how far shrinking got: Shrunk (no smaller candidate
-	// the shrinker tries breaks the invariant), PartlyShrunk (the bound
-	// ran out on the way) or NotShrunk (it ran out before any smaller
-	// run, or the failure did not reproduce).
-	Shrink ShrinkState `json:"shrink,omitempty"`
-	// Report is the failure rendered for a person.
-	Report string `json:"-"`
-	// Flaky reports that the failure did not reproduce when its steps were
-	// replayed: the server is not deterministic under the same steps. The
-	// plans and history are then the original failing run's.
-	Flaky bool `json:"flaky,omitempty"`
-	// Skipped are the invariants whose violations the run set aside
-	// (Options.Skip): a replay sets them aside too, or it could stop at one
-	// of them before it reaches this failure.
-	Skipped []model.Invariant `json:"skipped,omitempty"`
-	// SkippedKinds are the kinds of wrong state the run had found before
-	// (model.Kind), set aside as Skipped is.
-	SkippedKinds []model.Kind `json:"skippedKinds,omitempty"`
-}
-
-// ShrinkState is how far a failure's shrinking got.
-type ShrinkState string
-
-// The shrink states.
-const (
-	Shrunk       ShrinkState = "shrunk"
-	PartlyShrunk ShrinkState = "partly shrunk"
-	NotShrunk    ShrinkState = "not shrunk"
-)
-
 // rapidFlags guards rapid's global settings, which live in package flag:
 // the number of steps a check draws, which rapid reads as a check's
 // Repeat starts (holdSteps), and the flags Run reads.
@@ -151,7 +88,7 @@ var rapidFlags sync.Mutex
 // says the run could not be carried out (the target or the fake model did
 // not start), left something behind (a server that did not stop cleanly),
 // or was interrupted (ErrInterrupted; the Result holds what was found).
-func Check(target targets.Target, opts Options) (*Result, error) {
+func Check(target targets.Target, opts Options) (*report.Result, error) {
 	l, err := openLab(target, opts.Skip)
 	if err != nil {
 		return nil, err
@@ -169,7 +106,7 @@ func Check(target targets.Target, opts Options) (*Result, error) {
 }
 
 // check is Check in the sessions of l and its workers.
-func check(l *lab, opts Options) (*Result, error) {
+func check(l *lab, opts Options) (*report.Result, error) {
 	if opts.Checks <= 0 {
 		opts.Checks = 100
 	}
@@ -202,14 +139,14 @@ func check(l *lab, opts Options) (*Result, error) {
 	}
 
 	start := time.Now()
-	r := &runner{labs: labs, stats: newStats(), live: newStats(), progress: opts.Progress, start: start, ctx: opts.Context,
+	r := &runner{labs: labs, stats: report.NewStats(), live: report.NewStats(), progress: opts.Progress, start: start, ctx: opts.Context,
 		steps: steps}
 	runs := r.drive(opts.Checks, opts.Seed)
-	res := &Result{Seed: opts.Seed}
+	res := &report.Result{Seed: opts.Seed}
 	var last *checkRun
 	var teardownErr error
 	for _, c := range runs {
-		r.stats.add(*c.stats)
+		r.stats.Add(*c.stats)
 		if teardownErr == nil {
 			teardownErr = c.teardownErr
 		}
@@ -240,9 +177,9 @@ func check(l *lab, opts Options) (*Result, error) {
 // failure describes what check c found: its failing run shrunk, the run
 // as it failed if it did not reproduce, or what stopped it when it was no
 // violation (the harness itself failed).
-func (r *runner) failure(c *checkRun, opts Options) *Failure {
+func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 	l := r.labs[0]
-	f := &Failure{Seed: checkSeed(opts.Seed, c.n), FoundAfter: c.n, FoundIn: c.foundIn, Skipped: slices.Clone(l.skip),
+	f := &report.Failure{Seed: checkSeed(opts.Seed, c.n), FoundAfter: c.n, FoundIn: c.foundIn, Skipped: slices.Clone(l.skip),
 		SkippedKinds: slices.Clone(l.skipKinds)}
 	profile := l.profile
 	if c.failing == nil {
@@ -268,26 +205,26 @@ func (r *runner) failure(c *checkRun, opts Options) *Failure {
 	switch {
 	case ok:
 		f.Violation, f.Plans, f.History = s.violation, s.plans, s.history
-		f.Report = FormatFailure(f.Violation, f.History, profile)
-		f.Shrink = Shrunk
+		f.Report = report.FormatFailure(f.Violation, f.History, profile)
+		f.Shrink = report.Shrunk
 		switch {
 		case s.cut && s.kept > 0:
-			f.Shrink = PartlyShrunk
+			f.Shrink = report.PartlyShrunk
 		case s.cut:
-			f.Shrink = NotShrunk
+			f.Shrink = report.NotShrunk
 		}
 	case ctx.Err() != nil:
 		// Interrupted, or out of time, before the replay said anything: the
 		// run as it failed, unshrunk.
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
-		f.Report = FormatFailure(f.Violation, f.History, profile)
-		f.Shrink = NotShrunk
+		f.Report = report.FormatFailure(f.Violation, f.History, profile)
+		f.Shrink = report.NotShrunk
 	default:
-		f.Flaky, f.Shrink = true, NotShrunk
+		f.Flaky, f.Shrink = true, report.NotShrunk
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 		f.Report = fmt.Sprintf("The failure did not reproduce in %d replay(s) of its steps: the server does not\n"+
 			"behave the same way under the same steps.%s This is the run that failed:\n\n", f.ShrinkRuns, s.differed(run.history)) +
-			FormatFailure(f.Violation, f.History, profile)
+			report.FormatFailure(f.Violation, f.History, profile)
 	}
 	return f
 }
@@ -346,13 +283,13 @@ func Run(t *testing.T, target targets.Target, options ...Options) {
 			// test, not here.
 			t.Helper()
 			switch v.Status {
-			case Pass:
-				t.Logf("%s (%s): %d %s", v.Invariant, v.Invariant.Title(), v.Evaluations, exercises[v.Invariant])
-			case Fail:
+			case report.Pass:
+				t.Logf("%s (%s): %d %s", v.Invariant, v.Invariant.Title(), v.Evaluations, report.Exercises[v.Invariant])
+			case report.Fail:
 				f := v.Failure
-				res := &Result{Stats: c.Stats, Seed: f.Seed, Elapsed: c.Elapsed, Failure: f}
+				res := &report.Result{Stats: c.Stats, Seed: f.Seed, Elapsed: c.Elapsed, Failure: f}
 				t.Fatalf("turncheck: %s\n%s\n%s", f.Report, f.ShrinkStats(), saveForTest(t.Name(), res, target))
-			case NotExercised:
+			case report.NotExercised:
 				t.Fatalf("turncheck: %s (%s) was not exercised: %s", v.Invariant, v.Invariant.Title(), v.Reason)
 			default:
 				t.Skipf("%s (%s): %s: %s", v.Invariant, v.Invariant.Title(), v.Status, v.Reason)
@@ -365,14 +302,14 @@ func Run(t *testing.T, target targets.Target, options ...Options) {
 // says where, and the command that replays it exactly: from the module's
 // root, where a person or CI most likely runs go test, with the file's
 // absolute path.
-func saveForTest(test string, res *Result, target targets.Target) string {
+func saveForTest(test string, res *report.Result, target targets.Target) string {
 	f := res.Failure
 	path := filepath.Join("testdata", "turncheck", fmt.Sprintf("%s-%s-%d.json",
 		strings.NewReplacer("/", "_", " ", "_").Replace(test), f.Violation.Invariant, res.Seed))
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return "could not save the failure: " + err.Error()
 	}
-	if err := NewReport(res, specOf(target)).Save(path); err != nil {
+	if err := report.NewReport(res, specOf(target)).Save(path); err != nil {
 		return "could not save the failure: " + err.Error()
 	}
 	parts := strings.Split(test, "/")
@@ -413,7 +350,7 @@ func packageFromRoot() string {
 // replayIn re-executes the failure saved at path against target, in t.
 func replayIn(t *testing.T, target targets.Target, path string) {
 	t.Helper()
-	saved, err := ReadReport(path)
+	saved, err := report.ReadReport(path)
 	if err != nil {
 		t.Fatalf("turncheck: %v", err)
 	}
@@ -428,7 +365,7 @@ func replayIn(t *testing.T, target targets.Target, path string) {
 		t.Logf("turncheck: the %d step(s) saved in %s broke no invariant this time", len(saved.Failure.Plans), path)
 		return
 	}
-	t.Fatalf("turncheck: replayed %s:\n%s", path, FormatFailure(v, history, target.Profile()))
+	t.Fatalf("turncheck: replayed %s:\n%s", path, report.FormatFailure(v, history, target.Profile()))
 }
 
 // specOf describes target for a saved report.

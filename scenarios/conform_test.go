@@ -11,13 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
 // statuses maps each invariant to its verdict's status.
-func statuses(c *Conformance) map[model.Invariant]Status {
-	out := map[model.Invariant]Status{}
+func statuses(c *report.Conformance) map[model.Invariant]report.Status {
+	out := map[model.Invariant]report.Status{}
 	for _, v := range c.Verdicts {
 		out[v.Invariant] = v.Status
 	}
@@ -35,7 +36,7 @@ func TestConformCleanServer(t *testing.T) {
 			require.NoError(t, err)
 			st := statuses(c)
 			for _, inv := range model.Invariants() {
-				assert.Equal(t, Pass, st[inv], "%s: %+v", inv, c.Verdict(inv))
+				assert.Equal(t, report.Pass, st[inv], "%s: %+v", inv, c.Verdict(inv))
 				assert.Positive(t, c.Verdict(inv).Evaluations, "%s", inv)
 			}
 			assert.True(t, c.Passed())
@@ -52,9 +53,9 @@ func TestConformGoesOnAfterAFailure(t *testing.T) {
 	c, err := Conform(Reference{Mutant: sut.MutateBeforeRun}, Options{Checks: 40, Seed: 11})
 	require.NoError(t, err)
 	v := c.Verdict(model.T1)
-	require.Equal(t, Fail, v.Status, "%+v", c.Verdicts)
+	require.Equal(t, report.Fail, v.Status, "%+v", c.Verdicts)
 	require.NotNil(t, v.Failure)
-	if v.Failure.Shrink == Shrunk {
+	if v.Failure.Shrink == report.Shrunk {
 		// Only a shrink that was done says how short it gets: a loaded
 		// machine may cut one short, and that is no failure of the test.
 		assert.LessOrEqual(t, len(v.Failure.Plans), 3, "shrunk")
@@ -62,7 +63,7 @@ func TestConformGoesOnAfterAFailure(t *testing.T) {
 	assert.False(t, c.Passed())
 	st := statuses(c)
 	for _, inv := range []model.Invariant{model.T2, model.T3, model.T4, model.T5} {
-		assert.Equal(t, Pass, st[inv], "%s explored after T1 broke: %+v", inv, c.Verdict(inv))
+		assert.Equal(t, report.Pass, st[inv], "%s explored after T1 broke: %+v", inv, c.Verdict(inv))
 	}
 	assert.Positive(t, c.Stats.SetAside[model.T1], "T1 kept breaking, its conversations set aside")
 }
@@ -72,7 +73,7 @@ func TestConformGoesOnAfterAFailure(t *testing.T) {
 func TestConformSkip(t *testing.T) {
 	c, err := Conform(Reference{Mutant: sut.ReplayWithoutUser}, Options{Checks: 20, Seed: 3, Skip: []model.Invariant{model.T3}})
 	require.NoError(t, err)
-	assert.Equal(t, Skipped, c.Verdict(model.T3).Status)
+	assert.Equal(t, report.Skipped, c.Verdict(model.T3).Status)
 	assert.Positive(t, c.Stats.SetAside[model.T3])
 	assert.True(t, c.Passed(), "%s", c.Text(targets.Profile{}))
 }
@@ -86,7 +87,7 @@ func TestNothingServedIsNoPass(t *testing.T) {
 	assert.False(t, c.Passed())
 	st := statuses(c)
 	for _, inv := range []model.Invariant{model.T1, model.T2, model.T3, model.T4, model.T6} {
-		assert.Equal(t, NotExercised, st[inv], "%s", inv)
+		assert.Equal(t, report.NotExercised, st[inv], "%s", inv)
 		assert.NotEmpty(t, c.Verdict(inv).Reason)
 	}
 }
@@ -110,7 +111,7 @@ func TestRunOptions(t *testing.T) {
 	t.Cleanup(func() { _ = flag.Set("rapid.checks", old) })
 	checks := 0
 	t.Run("conformance", func(t *testing.T) {
-		Run(t, referenceHandler(), Options{Checks: 3, Seed: 5, Progress: func(s Stats) { checks = s.Checks }})
+		Run(t, referenceHandler(), Options{Checks: 3, Seed: 5, Progress: func(s report.Stats) { checks = s.Checks }})
 	})
 	want := 3
 	if testing.Short() {
@@ -180,10 +181,10 @@ func TestConformWithoutTools(t *testing.T) {
 	require.NoError(t, err)
 	for _, inv := range []model.Invariant{model.T9, model.T11} {
 		v := c.Verdict(inv)
-		assert.Equal(t, NotApplicable, v.Status, "%s: %+v", inv, v)
+		assert.Equal(t, report.NotApplicable, v.Status, "%s: %+v", inv, v)
 		assert.Contains(t, v.Reason, "no tools")
 	}
-	assert.Equal(t, Pass, c.Verdict(model.T10).Status, "%+v", c.Verdict(model.T10))
+	assert.Equal(t, report.Pass, c.Verdict(model.T10).Status, "%+v", c.Verdict(model.T10))
 	assert.Zero(t, c.Stats.Faults["tool-turn"], "tool turns drawn for a server that offers no tools")
 	assert.True(t, c.Passed())
 }
@@ -192,13 +193,13 @@ func TestConformWithoutTools(t *testing.T) {
 // finding was is neither a second FAIL nor a PASS, in the text and in
 // JUnit.
 func TestSameCauseIsNotAPass(t *testing.T) {
-	s := newStats()
+	s := report.NewStats()
 	s.Invariants[model.T1], s.Invariants[model.T10] = 5, 5
 	s.SameCause[model.T10] = 2
-	found := map[model.Invariant]*Failure{model.T1: {Violation: &model.Violation{Invariant: model.T1, Kind: model.Leftover, Reason: "left"}}}
-	c := &Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Tools: true}, refuseAll{}, false, nil, *s, found)}
+	found := map[model.Invariant]*report.Failure{model.T1: {Violation: &model.Violation{Invariant: model.T1, Kind: model.Leftover, Reason: "left"}}}
+	c := &report.Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Tools: true}, refuseAll{}, false, nil, *s, found)}
 	v := c.Verdict(model.T10)
-	assert.Equal(t, SameCause, v.Status)
+	assert.Equal(t, report.SameCause, v.Status)
 	assert.Contains(t, v.Reason, "T1 (leftover)")
 	assert.Len(t, c.Failures(), 1)
 	assert.Contains(t, c.Text(targets.Profile{}), "SAME CAUSE")
@@ -210,16 +211,16 @@ func TestSameCauseIsNotAPass(t *testing.T) {
 // TestCutShortIsNoPass: a run the time bound ended before the checks asked
 // ran has not passed, though nothing broke in what it ran.
 func TestCutShortIsNoPass(t *testing.T) {
-	var all []Verdict
+	var all []report.Verdict
 	for _, inv := range model.Invariants() {
-		all = append(all, Verdict{Invariant: inv, Status: Pass, Evaluations: 1})
+		all = append(all, report.Verdict{Invariant: inv, Status: report.Pass, Evaluations: 1})
 	}
-	done := &Conformance{Verdicts: all, Asked: 10}
+	done := &report.Conformance{Verdicts: all, Asked: 10}
 	assert.True(t, done.Passed())
 	assert.False(t, done.CutShort())
-	cut := &Conformance{Verdicts: all, Asked: 10, Stopped: "the time bound was reached"}
+	cut := &report.Conformance{Verdicts: all, Asked: 10, Stopped: "the time bound was reached"}
 	assert.False(t, cut.Passed())
 	assert.True(t, cut.CutShort())
-	all[3].Status = NotExercised
+	all[3].Status = report.NotExercised
 	assert.False(t, cut.CutShort(), "a run with an invariant not exercised does not conform, cut short or not")
 }

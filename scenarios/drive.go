@@ -15,6 +15,7 @@ import (
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -28,8 +29,8 @@ type runner struct {
 	labs []*lab
 	// stats are the counts of the checks that count, once drive is done;
 	// shrinking adds to them.
-	stats    *Stats
-	progress func(Stats)
+	stats    *report.Stats
+	progress func(report.Stats)
 	start    time.Time
 	// ctx, if not nil, interrupts the run when it ends.
 	ctx context.Context
@@ -39,14 +40,14 @@ type runner struct {
 	// mu guards live, the counts of every check ended so far, in the
 	// order they ended: what progress shows while checks still run.
 	mu   sync.Mutex
-	live *Stats
+	live *report.Stats
 }
 
 // checkRun is what one check came to.
 type checkRun struct {
 	n     int
 	lab   *lab
-	stats *Stats
+	stats *report.Stats
 	// failing is the check's violation, with its steps.
 	failing *failingRun
 	foundIn time.Duration
@@ -135,7 +136,7 @@ func (r *runner) ended(c *checkRun) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.live.add(*c.stats)
+	r.live.Add(*c.stats)
 	r.progress(*r.live)
 }
 
@@ -152,7 +153,7 @@ func (r *runner) interrupted() bool { return r.ctx != nil && r.ctx.Err() != nil 
 // interruption ends it with runtime.Goexit, which rapid cannot stop early
 // otherwise, and which still runs every deferred cleanup on the way out.
 func (r *runner) runCheck(ctx context.Context, l *lab, n int, seed uint64) *checkRun {
-	c := &checkRun{n: n, lab: l, stats: newStats()}
+	c := &checkRun{n: n, lab: l, stats: report.NewStats()}
 	c.stats.Checks = 1
 	done := make(chan struct{})
 	go func() {
@@ -215,10 +216,10 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *lab, c *checkRun) 
 	}, onDead: func(err error) { c.setupErr = err }}
 	t.Cleanup(func() {
 		s := c.stats
-		addCounts(s.Invariants, m.ref.Checked())
-		addCounts(s.SetAside, sess.skipped)
-		addCounts(s.Consequences, sess.consequences)
-		addCounts(s.SameCause, sess.sameCause)
+		report.AddCounts(s.Invariants, m.ref.Checked())
+		report.AddCounts(s.SetAside, sess.skipped)
+		report.AddCounts(s.Consequences, sess.consequences)
+		report.AddCounts(s.SameCause, sess.sameCause)
 		for k, d := range sess.exec.spent {
 			s.TimeMS[k] += d.Milliseconds()
 		}

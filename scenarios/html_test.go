@@ -16,6 +16,7 @@ import (
 	"github.com/turncheck/turncheck/internal/browser"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/validate"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -42,7 +43,7 @@ func TestHTMLReportInBrowser(t *testing.T) {
 	require.NotNil(t, res.Failure, "no-conversation-lock not caught (seed %d)", res.Seed)
 	v := res.Failure.Violation
 	require.NotNil(t, v, "the failure has no violation")
-	rep := scenarios.NewReport(res, scenarios.ServerSpec{Kind: "reference", Mutant: "no-conversation-lock", Concurrency: "serialize"})
+	rep := report.NewReport(res, scenarios.ServerSpec{Kind: "reference", Mutant: "no-conversation-lock", Concurrency: "serialize"})
 
 	t.Run("report", func(t *testing.T) {
 		var page bytes.Buffer

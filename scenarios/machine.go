@@ -12,6 +12,7 @@ import (
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/protocol"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -30,7 +31,7 @@ type conv struct {
 // its history and validates it.
 type machine struct {
 	*session
-	stats *Stats
+	stats *report.Stats
 	// onViolation is told of a violation before the check fails, and
 	// onDead of a server that stopped answering.
 	onViolation func(*model.Violation, []plan.Plan, []history.Op)
@@ -255,7 +256,7 @@ func (m *machine) record(op history.Op) {
 	if r := op.Response; r.Outcome != model.OK {
 		m.stats.Causes[r.Cause]++
 		injected := r.Cause == protocol.CauseAborted || op.Send.Fault.Kind != faults.None || op.Send.Token == ""
-		if !injected && len(m.stats.FirstAnswers) < maxFirstAnswers {
+		if !injected && len(m.stats.FirstAnswers) < report.MaxFirstAnswers {
 			a := r.Cause
 			if r.Detail != "" && r.Detail != r.Cause {
 				a += ": " + protocol.ClipText(r.Detail, 120)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -34,7 +35,7 @@ func TestProtocolNamesWhatTheCodeNames(t *testing.T) {
 	} {
 		assert.True(t, strings.Contains(doc, "`"+policy+"`"), "policy value %s", policy)
 	}
-	for _, s := range []Status{Pass, Fail, NotApplicable, NotExercised, Skipped, SameCause} {
+	for _, s := range []report.Status{report.Pass, report.Fail, report.NotApplicable, report.NotExercised, report.Skipped, report.SameCause} {
 		assert.True(t, strings.Contains(doc, "**"+strings.ToUpper(string(s))+"**"), "verdict %s", s)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -44,7 +45,7 @@ func TestSaveForTest(t *testing.T) {
 	require.NotNil(t, m, msg)
 	assert.Contains(t, msg, "saved: testdata/turncheck/TestConversations_sub_test-T4-")
 
-	saved, err := ReadReport(m[1])
+	saved, err := report.ReadReport(m[1])
 	require.NoError(t, err)
 	assert.Equal(t, targets.ServerSpec{Kind: "reference", Mutant: "fork-new-session", Concurrency: "serialize"}, saved.Server)
 	assert.Equal(t, "fail", saved.Verdict)
@@ -132,7 +133,7 @@ func TestSimplerTools(t *testing.T) {
 // TestJUnitHarnessFailure: a run the harness itself failed shows no
 // invariant as held.
 func TestJUnitHarnessFailure(t *testing.T) {
-	rep := NewReport(&Result{Stats: *newStats(), Failure: &Failure{Report: "boom"}}, targets.ServerSpec{Kind: "go"})
+	rep := report.NewReport(&report.Result{Stats: *report.NewStats(), Failure: &report.Failure{Report: "boom"}}, targets.ServerSpec{Kind: "go"})
 	var b strings.Builder
 	require.NoError(t, rep.WriteJUnit(&b))
 	assert.Contains(t, b.String(), `<testcase name="harness"`)
@@ -161,9 +162,9 @@ func (s closeServer) Close() error { s.Server.Close(); return nil }
 // milliseconds, as the rest of the JSON does, reads back the same, and a
 // failure saved under schema v1 (nanoseconds) still reads.
 func TestDurationsInMilliseconds(t *testing.T) {
-	f := &Failure{FoundIn: 1500 * time.Millisecond, ShrunkIn: 250 * time.Millisecond, Seed: 7}
+	f := &report.Failure{FoundIn: 1500 * time.Millisecond, ShrunkIn: 250 * time.Millisecond, Seed: 7}
 	var b strings.Builder
-	require.NoError(t, NewReport(&Result{Seed: 7, Elapsed: 2 * time.Second, Failure: f}, targets.ServerSpec{Kind: "go"}).WriteJSON(&b))
+	require.NoError(t, report.NewReport(&report.Result{Seed: 7, Elapsed: 2 * time.Second, Failure: f}, targets.ServerSpec{Kind: "go"}).WriteJSON(&b))
 	assert.Contains(t, b.String(), `"foundInMs": 1500`)
 	assert.Contains(t, b.String(), `"shrunkInMs": 250`)
 	assert.Contains(t, b.String(), `"elapsedMs": 2000`)
@@ -171,20 +172,20 @@ func TestDurationsInMilliseconds(t *testing.T) {
 
 	path := filepath.Join(t.TempDir(), "r.json")
 	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o644))
-	back, err := ReadReport(path)
+	back, err := report.ReadReport(path)
 	require.NoError(t, err)
 	assert.Equal(t, f.FoundIn, back.Failure.FoundIn)
 	assert.Equal(t, f.ShrunkIn, back.Failure.ShrunkIn)
 
 	v1 := `{"schema": "turncheck/report/v1", "verdict": "fail", "failure": {"seed": 7, "foundInNs": 1500000000, "shrunkInNs": 250000000}}`
 	require.NoError(t, os.WriteFile(path, []byte(v1), 0o644))
-	back, err = ReadReport(path)
+	back, err = report.ReadReport(path)
 	require.NoError(t, err)
 	assert.Equal(t, f.FoundIn, back.Failure.FoundIn)
 	assert.Equal(t, f.ShrunkIn, back.Failure.ShrunkIn)
 
 	var c strings.Builder
-	require.NoError(t, (&Conformance{Elapsed: 3 * time.Second}).WriteJSON(&c))
+	require.NoError(t, (&report.Conformance{Elapsed: 3 * time.Second}).WriteJSON(&c))
 	assert.Contains(t, c.String(), `"elapsedMs": 3000`)
 	assert.NotContains(t, c.String(), "Ns\"")
 }

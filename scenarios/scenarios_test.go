@@ -15,6 +15,7 @@ import (
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -123,7 +124,7 @@ func TestMutantsCaught(t *testing.T) {
 				history, v, err := scenarios.Replay(target, f.Plans)
 				require.NoError(t, err)
 				require.NotNil(t, v, "the shrunk plans did not fail again")
-				reports[i] = ports.ReplaceAllString(scenarios.FormatFailure(v, history, target.Profile()), "PORT")
+				reports[i] = ports.ReplaceAllString(report.FormatFailure(v, history, target.Profile()), "PORT")
 			}
 			assert.Equal(t, ports.ReplaceAllString(f.Report, "PORT"), reports[0])
 			assert.Equal(t, reports[0], reports[1])

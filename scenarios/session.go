@@ -16,6 +16,7 @@ import (
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/protocol"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/scenarios/validate"
 )
@@ -467,13 +468,13 @@ func (s *session) close() error {
 // the violation (nil if none). The error says the replay could not be
 // carried out.
 func Replay(target targets.Target, plans []plan.Plan, skip ...model.Invariant) ([]history.Op, *model.Violation, error) {
-	return ReplayFailure(target, &Failure{Plans: plans, Skipped: skip})
+	return ReplayFailure(target, &report.Failure{Plans: plans, Skipped: skip})
 }
 
 // ReplayFailure is Replay of a saved failure's plans, with what its run
 // had set aside: the invariants it skipped, and the kinds of wrong state
 // already found, whose violations set their conversations aside again.
-func ReplayFailure(target targets.Target, f *Failure) ([]history.Op, *model.Violation, error) {
+func ReplayFailure(target targets.Target, f *report.Failure) ([]history.Op, *model.Violation, error) {
 	for i, p := range f.Plans {
 		if err := p.Check(); err != nil {
 			return nil, nil, fmt.Errorf("step %d: %w", i+1, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -85,7 +86,7 @@ func addRunFlags(fs *flagSet, mutantHelp string) runFlags {
 		out: fs.String("out", "", "directory for the run's results (the report as text, JSON, JUnit and index.html, and the failure); "+
 			"default "+resultsRoot+"/TIME, with "+resultsRoot+"/latest naming the newest"),
 		save:  fs.String("save", "", "directory where a failure is saved (as JSON, for 'turncheck replay FILE', and as HTML); default: failures/ in the results"),
-		json:  fs.String("json", "", "also write the report as JSON (schema "+scenarios.ReportSchema+") to this file"),
+		json:  fs.String("json", "", "also write the report as JSON (schema "+report.ReportSchema+") to this file"),
 		junit: fs.String("junit", "", "also write the report as JUnit XML, one test case per invariant, to this file"),
 		html:  fs.String("html", "", "also write the HTML report (timeline and linearizability) to this file"),
 	}
@@ -175,7 +176,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // replayFile re-executes a saved failure's plans against a fresh reference
 // server, without rapid's search, and reports what they come to now.
 func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
-	saved, err := scenarios.ReadReport(path)
+	saved, err := report.ReadReport(path)
 	if err != nil {
 		return fail(stderr, "replay", err)
 	}
@@ -211,8 +212,8 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 	}
 	n := history[len(history)-1].Step
 	res.Failure = &scenarios.Failure{Violation: v, Plans: saved.Failure.Plans[:n], History: history, Seed: saved.Seed,
-		Report: scenarios.FormatFailure(v, history, target.Profile())}
-	rep := scenarios.NewReport(res, saved.Server)
+		Report: report.FormatFailure(v, history, target.Profile())}
+	rep := report.NewReport(res, saved.Server)
 	fmt.Fprintf(stdout, "FAIL: %s (%s) broken\n\n%s\n", v.Invariant, v.Invariant.Title(), strings.TrimRight(res.Failure.Report, "\n"))
 	// A replay keeps results only where asked: it is the loop of a
 	// person fixing a bug, run again and again.
@@ -290,7 +291,7 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 	} else if err != nil {
 		return fail(stderr, cmd, err)
 	}
-	rep := scenarios.NewReport(res, target.Spec())
+	rep := report.NewReport(res, target.Spec())
 	fmt.Fprintf(stdout, "turncheck %s: %s, seed %d\n", cmd, describeReference(target), res.Seed)
 	f := res.Failure
 	if f == nil {
@@ -336,7 +337,7 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 // results, into them: a failure (named name) as JSON and HTML, then the
 // report as text (what the run printed, text), JSON, JUnit and HTML. It
 // prints each path.
-func writeReports(cmd string, rf runFlags, rep *scenarios.Report, name string, res *results, text *bytes.Buffer, stdout, stderr io.Writer) {
+func writeReports(cmd string, rf runFlags, rep *report.Report, name string, res *results, text *bytes.Buffer, stdout, stderr io.Writer) {
 	if name != "" && res != nil {
 		res.saveFailure(cmd, name, rep.Save, rep.WriteHTML, stdout, stderr)
 	}

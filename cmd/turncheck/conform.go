@@ -13,6 +13,7 @@ import (
 
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/report"
 )
 
 const conformHelp = `Usage: turncheck conform --profile FILE [--checks N] [--seed S] [--timeout D] [--skip T3]...
@@ -143,7 +144,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	var text bytes.Buffer
 	stdout = io.MultiWriter(stdout, &text)
 	saveFinding := func(f *scenarios.Failure, stats scenarios.Stats) {
-		rep := scenarios.NewReport(&scenarios.Result{Stats: stats, Seed: f.Seed, Elapsed: f.FoundIn + f.ShrunkIn, Failure: f}, spec)
+		rep := report.NewReport(&scenarios.Result{Stats: stats, Seed: f.Seed, Elapsed: f.FoundIn + f.ShrunkIn, Failure: f}, spec)
 		// Named by the failing check's seed, the one the file holds.
 		res.saveFailure("conform", fmt.Sprintf("%s-conform-%d", f.Violation.Invariant, f.Seed), rep.Save, rep.WriteHTML, stdout, stderr)
 	}
@@ -161,7 +162,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			fmt.Fprint(stderr, "\r\033[K")
 		}
 		printed++
-		fmt.Fprint(stdout, scenarios.FindingText(f))
+		fmt.Fprint(stdout, report.FindingText(f))
 		saveFinding(f, stats)
 		fmt.Fprintln(stdout)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -158,7 +159,7 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 // sends more than one request at once (a burst).
 func sendsAtOnce(t *testing.T, path string) bool {
 	t.Helper()
-	saved, err := scenarios.ReadReport(path)
+	saved, err := report.ReadReport(path)
 	require.NoError(t, err)
 	require.NotNil(t, saved.Failure)
 	for _, p := range saved.Failure.Plans {

@@ -1,4 +1,4 @@
-package scenarios
+package report
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package scenarios
+package report
 
 import (
 	"cmp"
@@ -176,10 +176,10 @@ type Stats struct {
 	FirstAnswers []string `json:"firstAnswers,omitempty"`
 }
 
-// maxFirstAnswers bounds Stats.FirstAnswers.
-const maxFirstAnswers = 3
+// MaxFirstAnswers bounds Stats.FirstAnswers.
+const MaxFirstAnswers = 3
 
-func newStats() *Stats {
+func NewStats() *Stats {
 	return &Stats{Faults: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{},
 		SetAside: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},
 		Causes: map[string]int{}, TimeMS: map[string]int64{}}

@@ -1,0 +1,244 @@
+package report
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
+)
+
+// Status is the verdict on one invariant of a conformance run.
+type Status string
+
+// Verdict is what a conformance run says of one invariant.
+type Verdict struct {
+	Invariant model.Invariant `json:"invariant"`
+	Status    Status          `json:"status"`
+	// Reason says why an invariant is not applicable, not exercised or
+	// skipped.
+	Reason string `json:"reason,omitempty"`
+	// Evaluations counts the times it was evaluated where it could break.
+	Evaluations int `json:"evaluations"`
+	// Failure is the shrunk failure of a Fail.
+	Failure *Failure `json:"failure,omitempty"`
+}
+
+// Conformance is the outcome of Conform: a verdict per invariant of
+// PROTOCOL.md, and what the run did.
+type Conformance struct {
+	Seed     uint64        `json:"seed"`
+	Stats    Stats         `json:"stats"`
+	Elapsed  time.Duration `json:"-"` // elapsedMs in JSON
+	Verdicts []Verdict     `json:"verdicts"`
+	// Asked is how many checks were asked for; Stats.Checks says how
+	// many ran.
+	Asked int `json:"checksAsked"`
+	// Stopped says why the run ended before all its checks ran (the time
+	// bound, or an interruption); "" when they all ran.
+	Stopped string `json:"stopped,omitempty"`
+	// Notes are said beside the verdicts and change none: a server that
+	// exited untidily on SIGTERM after the run, say.
+	Notes []string `json:"notes,omitempty"`
+	// ServerOutput is the last lines the server wrote, kept when an
+	// invariant failed or none passed: its tracebacks often say why.
+	ServerOutput string `json:"serverOutput,omitempty"`
+}
+
+// Passed reports whether the server conforms: every applicable invariant
+// that turncheck checks and was not skipped was exercised and passed, in
+// every check asked for. A run the time bound cut short has not passed,
+// whatever it saw (see CutShort).
+func (c *Conformance) Passed() bool {
+	return c.Stopped == "" && c.clean()
+}
+
+// CutShort reports a run that broke nothing and left nothing unexercised
+// in the checks it ran, but ran fewer than asked: it stopped early.
+func (c *Conformance) CutShort() bool {
+	return c.Stopped != "" && c.clean()
+}
+
+// clean reports that no verdict is a FAIL or NOT EXERCISED.
+func (c *Conformance) clean() bool {
+	for _, v := range c.Verdicts {
+		if v.Status == Fail || v.Status == NotExercised {
+			return false
+		}
+	}
+	return true
+}
+
+// Verdict returns the verdict on inv.
+func (c *Conformance) Verdict(inv model.Invariant) Verdict {
+	for _, v := range c.Verdicts {
+		if v.Invariant == inv {
+			return v
+		}
+	}
+	return Verdict{Invariant: inv} // not an invariant of the contract
+}
+
+// Failures returns the failures found, in invariant order.
+func (c *Conformance) Failures() []*Failure {
+	var out []*Failure
+	for _, v := range c.Verdicts {
+		if v.Failure != nil {
+			out = append(out, v.Failure)
+		}
+	}
+	return out
+}
+
+// add adds o's counts to s.
+func (s *Stats) Add(o Stats) {
+	s.Checks += o.Checks
+	s.Steps += o.Steps
+	s.ShrinkRuns += o.ShrinkRuns
+	AddCounts(s.Faults, o.Faults)
+	AddCounts(s.Outcomes, o.Outcomes)
+	AddCounts(s.Causes, o.Causes)
+	AddCounts(s.TimeMS, o.TimeMS)
+	for _, m := range []struct{ to, from map[model.Invariant]int }{{s.Invariants, o.Invariants},
+		{s.SetAside, o.SetAside}, {s.Consequences, o.Consequences}, {s.SameCause, o.SameCause}} {
+		AddCounts(m.to, m.from)
+	}
+	for _, a := range o.FirstAnswers {
+		if len(s.FirstAnswers) < MaxFirstAnswers {
+			s.FirstAnswers = append(s.FirstAnswers, a)
+		}
+	}
+}
+
+// AddCounts adds the counts of from to those of to.
+func AddCounts[K comparable, N int | int64](to, from map[K]N) {
+	for k, v := range from {
+		to[k] += v
+	}
+}
+
+// Text renders the verdicts for a person: a table, then each failure's
+// report, then what the run did.
+func (c *Conformance) Text(p targets.Profile) string {
+	var b strings.Builder
+	b.WriteString(c.Table())
+	for _, f := range c.Failures() {
+		b.WriteString("\n" + FindingText(f))
+	}
+	b.WriteString("\n" + c.Closing())
+	return b.String()
+}
+
+// Table is one line per invariant: its verdict, and what it rests on.
+func (c *Conformance) Table() string {
+	var b strings.Builder
+	for _, v := range c.Verdicts {
+		fmt.Fprintf(&b, "%-4s %-31s %-15s%s\n", v.Invariant, v.Invariant.Title(), strings.ToUpper(string(v.Status)), v.rests())
+	}
+	return b.String()
+}
+
+// rests says what a verdict rests on: how often a pass was exercised,
+// what a failure broke, or why the invariant was not judged.
+func (v Verdict) rests() string {
+	switch {
+	case v.Status == Pass:
+		return fmt.Sprintf("%d %s", v.Evaluations, Exercises[v.Invariant])
+	case v.Failure != nil:
+		return firstLine(v.Failure.Violation.Error())
+	}
+	return v.Reason
+}
+
+// Outcome is the run's verdict in a word or three: CONFORMS, DOES NOT
+// CONFORM, INCOMPLETE (a run the time bound cut short that broke
+// nothing) or INTERRUPTED.
+func (c *Conformance) Outcome() string {
+	switch {
+	case c.Stopped == "interrupted":
+		return "INTERRUPTED"
+	case c.Passed():
+		return "CONFORMS"
+	case c.CutShort():
+		return "INCOMPLETE"
+	}
+	return "DOES NOT CONFORM"
+}
+
+// FindingText renders one failure for a person: the broken invariant, the
+// shrunk steps, and how it was found and shrunk.
+func FindingText(f *Failure) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "=== %s (%s) ===\n", f.Violation.Invariant, f.Violation.Invariant.Title())
+	if f.Flaky {
+		b.WriteString("(broken once, but the same steps did not break it again: the server does not behave the same way under the same steps)\n")
+	}
+	b.WriteString(strings.TrimRight(f.Report, "\n"))
+	fmt.Fprintf(&b, "\n%s\n", f.ShrinkStats())
+	return b.String()
+}
+
+// Closing is what the run did: its counts and warnings, why it stopped
+// early, notes, the server's last output where it helps, the seed.
+func (c *Conformance) Closing() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n", c.Stats.Summary())
+	if c.Stopped != "" {
+		fmt.Fprintf(&b, "stopped early: %s\n", c.Stopped)
+	}
+	for _, n := range c.Notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	if c.ServerOutput != "" {
+		fmt.Fprintf(&b, "the server's last output:\n%s\n", c.ServerOutput)
+	}
+	fmt.Fprintf(&b, "seed %d, elapsed %s\n", c.Seed, c.Elapsed.Round(time.Millisecond))
+	return b.String()
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// The verdicts.
+const (
+	// Pass: exercised, and never broken in the checks that ran. As with
+	// any test, a pass finds no false positives but may miss a bug the
+	// checks did not reach.
+	Pass Status = "pass"
+	// Fail: broken; the verdict carries the shrunk failure.
+	Fail Status = "fail"
+	// NotApplicable: the server's declared policies or the way it is run
+	// exclude the invariant; the reason says which.
+	NotApplicable Status = "not applicable"
+	// NotExercised: never evaluated with its preconditions met (no ok
+	// turn, no failed turn, no concurrent turns...): neither passed nor
+	// failed.
+	NotExercised Status = "not exercised"
+	// Skipped: left out on request, as a known failure; its violations
+	// set their conversations aside, and the rest is checked.
+	Skipped Status = "skipped"
+	// SameCause: broken, but only in the way another invariant's finding
+	// is (the same kind of wrong state, model.Kind, under this
+	// invariant's name): one root cause, reported once, under that
+	// finding. Not a pass.
+	SameCause Status = "same cause"
+)
+
+// Exercises say, for each invariant, what one evaluation that counts is:
+// a PASS line says how many of them the run saw.
+var Exercises = map[model.Invariant]string{
+	model.T1:  "model request(s) of conversations with a failed turn, never showing it",
+	model.T2:  "model request(s) of conversations with committed turns, showing them whole",
+	model.T3:  "request(s) without a usable message answered on conversations with history, none replayed",
+	model.T4:  "time(s) turns of one conversation overlapped and ran, or a refusal was judged by the declared policy",
+	model.T5:  "model request(s) made while other conversations held turns, none leaking",
+	model.T6:  "model request(s) after a turn with an unknown outcome, showing it whole or not at all",
+	model.T7:  "resume(s) after a restart or crash, history intact",
+	model.T8:  "resume(s) after the agent's source changed or became ambiguous",
+	model.T9:  "model request(s) carrying tool calls or results, all paired",
+	model.T10: "judgement(s) of a turn whose client disconnected mid-turn",
+	model.T11: "first request(s) compared across turns that failed",
+}

@@ -1,0 +1,71 @@
+package report
+
+import (
+	"time"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
+	"github.com/turncheck/turncheck/scenarios/plan"
+)
+
+// Result is what a Check found.
+type Result struct {
+	Stats
+	// Seed is the seed the run started from.
+	Seed uint64
+	// Elapsed is the run's wall time, shrinking included.
+	Elapsed time.Duration
+	// Failure is nil when no invariant was broken.
+	Failure *Failure
+}
+
+// Failure is a broken invariant, shrunk to a short sequence of steps. It
+// is data: the plans replay it, the history shows it, and every report is
+// rendered from it.
+type Failure struct {
+	// Violation is the broken invariant, as seen in the shrunk run; nil if
+	// the failure was not a violation (a panic in the harness).
+	Violation *model.Violation `json:"violation"`
+	// Plans are the shrunk run's steps, as drawn, and History what each of
+	// their requests came to.
+	Plans   []plan.Plan  `json:"plans"`
+	History []history.Op `json:"history"`
+	// Seed replays the failing run as the first check of a Check.
+	Seed uint64 `json:"seed"`
+	// FoundAfter is how many checks ran until the first violation, that one
+	// included, and FoundIn how long that took; the rest of the run shrank it.
+	FoundAfter int           `json:"foundAfterChecks"`
+	FoundIn    time.Duration `json:"-"` // foundInMs in JSON
+	// ShrinkRuns is how many candidate runs the shrinker replayed, and
+	// ShrunkIn how long shrinking took.
+	ShrinkRuns int           `json:"shrinkRuns"`
+	ShrunkIn   time.Duration `json:"-"` // shrunkInMs in JSON
+	// Shrink says how far shrinking got: Shrunk (no smaller candidate
+	// the shrinker tries breaks the invariant), PartlyShrunk (the bound
+	// ran out on the way) or NotShrunk (it ran out before any smaller
+	// run, or the failure did not reproduce).
+	Shrink ShrinkState `json:"shrink,omitempty"`
+	// Report is the failure rendered for a person.
+	Report string `json:"-"`
+	// Flaky reports that the failure did not reproduce when its steps were
+	// replayed: the server is not deterministic under the same steps. The
+	// plans and history are then the original failing run's.
+	Flaky bool `json:"flaky,omitempty"`
+	// Skipped are the invariants whose violations the run set aside
+	// (Options.Skip): a replay sets them aside too, or it could stop at one
+	// of them before it reaches this failure.
+	Skipped []model.Invariant `json:"skipped,omitempty"`
+	// SkippedKinds are the kinds of wrong state the run had found before
+	// (model.Kind), set aside as Skipped is.
+	SkippedKinds []model.Kind `json:"skippedKinds,omitempty"`
+}
+
+// ShrinkState is how far a failure's shrinking got.
+type ShrinkState string
+
+// The shrink states.
+const (
+	Shrunk       ShrinkState = "shrunk"
+	PartlyShrunk ShrinkState = "partly shrunk"
+	NotShrunk    ShrinkState = "not shrunk"
+)
