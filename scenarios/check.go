@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
@@ -89,12 +90,12 @@ var rapidFlags sync.Mutex
 // not start), left something behind (a server that did not stop cleanly),
 // or was interrupted (ErrInterrupted; the Result holds what was found).
 func Check(target targets.Target, opts Options) (*report.Result, error) {
-	l, err := openLab(target, opts.Skip)
+	l, err := execute.Open(target, opts.Skip)
 	if err != nil {
 		return nil, err
 	}
 	res, err := check(l, opts)
-	if cerr := l.close(); cerr != nil {
+	if cerr := l.Close(); cerr != nil {
 		if res != nil && res.Failure != nil && err == nil {
 			// The violation comes first; the leftover is said after it.
 			res.Failure.Report += "\nAlso: " + cerr.Error() + "\n"
@@ -106,7 +107,7 @@ func Check(target targets.Target, opts Options) (*report.Result, error) {
 }
 
 // check is Check in the sessions of l and its workers.
-func check(l *lab, opts Options) (*report.Result, error) {
+func check(l *execute.Lab, opts Options) (*report.Result, error) {
 	if opts.Checks <= 0 {
 		opts.Checks = 100
 	}
@@ -119,8 +120,8 @@ func check(l *lab, opts Options) (*report.Result, error) {
 	if opts.Seed == 0 {
 		opts.Seed = randomSeed()
 	}
-	l.ctx = opts.Context
-	labs, err := l.workers(Parallel(l.target, max(opts.Parallel, 1)))
+	l.Context = opts.Context
+	labs, err := l.Workers(Parallel(l.Target, max(opts.Parallel, 1)))
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +154,7 @@ func check(l *lab, opts Options) (*report.Result, error) {
 		last = c
 	}
 	if last != nil && last.setupErr != nil {
-		l.last = last.lab.last // its output says why
+		l.Last = last.lab.Last // its output says why
 		// What stopped the server from serving comes first, before an
 		// interruption or the time bound it may have run into.
 		res.Stats, res.Elapsed = *r.stats, time.Since(start)
@@ -179,9 +180,9 @@ func check(l *lab, opts Options) (*report.Result, error) {
 // violation (the harness itself failed).
 func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 	l := r.labs[0]
-	f := &report.Failure{Seed: checkSeed(opts.Seed, c.n), FoundAfter: c.n, FoundIn: c.foundIn, Skipped: slices.Clone(l.skip),
-		SkippedKinds: slices.Clone(l.skipKinds)}
-	profile := l.profile
+	f := &report.Failure{Seed: checkSeed(opts.Seed, c.n), FoundAfter: c.n, FoundIn: c.foundIn, Skipped: slices.Clone(l.Skip),
+		SkippedKinds: slices.Clone(l.SkipKinds)}
+	profile := l.Profile
 	if c.failing == nil {
 		f.Report = c.broke
 		return f
@@ -201,7 +202,7 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 	defer func() { r.stats.Shrinking = "" }()
 	s, ok := shrink(ctx, r.labs, run.plans, run.violation, after)
 	f.ShrinkRuns, f.ShrunkIn = s.runs, time.Since(start)
-	r.stats.TimeMS[spentShrink] += f.ShrunkIn.Milliseconds()
+	r.stats.TimeMS[execute.SpentShrink] += f.ShrunkIn.Milliseconds()
 	switch {
 	case ok:
 		f.Violation, f.Plans, f.History = s.violation, s.plans, s.history

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 )
@@ -27,7 +28,7 @@ func TestShrinkConfirmsWhatItReports(t *testing.T) {
 	}
 	var mu sync.Mutex
 	replays := map[int]int{}
-	fake := func(_ *lab, _ context.Context, ps []plan.Plan) ([]history.Op, *model.Violation, error) {
+	fake := func(_ *execute.Lab, _ context.Context, ps []plan.Plan) ([]history.Op, *model.Violation, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		replays[len(ps)]++
@@ -41,7 +42,7 @@ func TestShrinkConfirmsWhatItReports(t *testing.T) {
 		return ops, nil, nil
 	}
 	v := &model.Violation{Invariant: model.T1, Conv: conv}
-	s := &shrinker{labs: []*lab{{}}, want: model.T1, ctx: context.Background(), from: len(plans), plans: plans, violation: v,
+	s := &shrinker{labs: []*execute.Lab{{}}, want: model.T1, ctx: context.Background(), from: len(plans), plans: plans, violation: v,
 		replayOn: fake}
 	require.True(t, s.run(plans))
 	assert.Len(t, s.plans, 3, "the smallest run that breaks the invariant again")

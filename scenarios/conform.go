@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
@@ -30,14 +31,14 @@ func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
 		opts.Seed = randomSeed()
 	}
 	start := time.Now()
-	l, err := openLab(target, slices.Clone(opts.Skip))
+	l, err := execute.Open(target, slices.Clone(opts.Skip))
 	if err != nil {
 		return nil, err
 	}
 	c := &report.Conformance{Seed: opts.Seed, Stats: *report.NewStats(), Asked: opts.Checks}
 	found := map[model.Invariant]*report.Failure{}
 	runErr := conformIn(l, opts, c, found)
-	notes, cerr := StopNotes(l.close())
+	notes, cerr := StopNotes(l.Close())
 	runErr = errors.Join(runErr, cerr)
 	if runErr != nil {
 		// A failed run's notes go with its error.
@@ -46,8 +47,8 @@ func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
 	}
 	c.Notes = append(c.Notes, notes...)
 	c.Elapsed = time.Since(start)
-	c.Verdicts = verdicts(target.Profile(), target, l.canRestart(), opts.Skip, c.Stats, found)
-	out := l.output()
+	c.Verdicts = verdicts(target.Profile(), target, l.CanRestart(), opts.Skip, c.Stats, found)
+	out := l.Output()
 	if runErr != nil && out != "" && !strings.Contains(runErr.Error(), out) {
 		runErr = fmt.Errorf("%w\nthe server's last output:\n%s", runErr, out)
 	}
@@ -67,11 +68,11 @@ func noteErr(notes []string) error {
 
 // conformIn runs rounds of checks in l until the checks are spent, the
 // context ends, or a round finds nothing more.
-func conformIn(l *lab, opts Options, c *report.Conformance, found map[model.Invariant]*report.Failure) error {
+func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[model.Invariant]*report.Failure) error {
 	remaining, seed := opts.Checks, opts.Seed
 	for remaining > 0 {
 		o := opts
-		o.Checks, o.Seed, o.Skip = remaining, seed, slices.Clone(l.skip)
+		o.Checks, o.Seed, o.Skip = remaining, seed, slices.Clone(l.Skip)
 		res, err := check(l, o)
 		if res != nil {
 			c.Stats.Add(res.Stats)
@@ -82,9 +83,9 @@ func conformIn(l *lab, opts Options, c *report.Conformance, found map[model.Inva
 			if opts.Found != nil {
 				opts.Found(f, c.Stats)
 			}
-			l.skip = append(l.skip, f.Violation.Invariant)
-			if k := f.Violation.Kind; k != "" && !slices.Contains(l.skipKinds, k) {
-				l.skipKinds = append(l.skipKinds, k)
+			l.Skip = append(l.Skip, f.Violation.Invariant)
+			if k := f.Violation.Kind; k != "" && !slices.Contains(l.SkipKinds, k) {
+				l.SkipKinds = append(l.SkipKinds, k)
 			}
 			used := max(f.FoundAfter, 1)
 			remaining -= used

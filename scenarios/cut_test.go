@@ -12,6 +12,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
@@ -31,24 +32,24 @@ func TestCutRestartLeavesTheSharedServerRunning(t *testing.T) {
 		ReadyLine: `listening on (http://\S+)`,
 		Reaches:   targets.Profile{Model: "m", Durability: targets.Durability{Restart: true}},
 	}
-	l, err := openLab(target, nil)
+	l, err := execute.Open(target, nil)
 	require.NoError(t, err)
-	defer func() { assert.NoError(t, l.close()) }()
+	defer func() { assert.NoError(t, l.Close()) }()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	s, err := l.session(ctx)
+	s, err := l.Session(ctx)
 	require.NoError(t, err)
-	ops, v := s.step(plan.Plan{Action: "restart", Restart: &plan.Restart{}})
+	ops, v := s.Step(plan.Plan{Action: "restart", Restart: &plan.Restart{}})
 	assert.Nil(t, v, "a step the bound cut short decides nothing")
 	require.NotEqual(t, model.OK, ops[0].Response.Outcome, "the restart was not cut short: the test proves nothing")
-	require.NoError(t, s.close())
+	require.NoError(t, s.Close())
 
-	next, err := l.session(context.Background())
+	next, err := l.Session(context.Background())
 	require.NoError(t, err, "the next session found no server")
 	conv := model.ConversationRef{ID: "conv-1"}
-	ops, v = next.step(plan.Single("new conversation", plan.TurnSend(conv, model.UserToken(1), false)))
+	ops, v = next.Step(plan.Single("new conversation", plan.TurnSend(conv, model.UserToken(1), false)))
 	require.Nil(t, v)
 	assert.Equal(t, model.OK, ops[0].Response.Outcome, ops[0].Response.Detail)
-	require.NoError(t, next.close())
+	require.NoError(t, next.Close())
 }

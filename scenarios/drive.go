@@ -13,6 +13,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/report"
@@ -26,7 +27,7 @@ import (
 // after the first failing one are dropped (stopped if they still run),
 // and the counts are those of the checks up to it.
 type runner struct {
-	labs []*lab
+	labs []*execute.Lab
 	// stats are the counts of the checks that count, once drive is done;
 	// shrinking adds to them.
 	stats    *report.Stats
@@ -46,7 +47,7 @@ type runner struct {
 // checkRun is what one check came to.
 type checkRun struct {
 	n     int
-	lab   *lab
+	lab   *execute.Lab
 	stats *report.Stats
 	// failing is the check's violation, with its steps.
 	failing *failingRun
@@ -152,7 +153,7 @@ func (r *runner) interrupted() bool { return r.ctx != nil && r.ctx.Err() != nil 
 // runCheck runs check n from seed in l, on a goroutine of its own: an
 // interruption ends it with runtime.Goexit, which rapid cannot stop early
 // otherwise, and which still runs every deferred cleanup on the way out.
-func (r *runner) runCheck(ctx context.Context, l *lab, n int, seed uint64) *checkRun {
+func (r *runner) runCheck(ctx context.Context, l *execute.Lab, n int, seed uint64) *checkRun {
 	c := &checkRun{n: n, lab: l, stats: report.NewStats()}
 	c.stats.Checks = 1
 	done := make(chan struct{})
@@ -197,7 +198,7 @@ func (c *checkRun) stopped(t *rapid.T, p any) {
 }
 
 // property is one check: a fresh session of l, then steps drawn by rapid.
-func (r *runner) property(t *rapid.T, ctx context.Context, l *lab, c *checkRun) {
+func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *checkRun) {
 	stopIfDone := func(*rapid.T) {
 		if ctx.Err() != nil {
 			c.interrupted = true
@@ -205,22 +206,22 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *lab, c *checkRun) 
 		}
 	}
 	stopIfDone(t)
-	sess, err := l.session(ctx)
+	sess, err := l.Session(ctx)
 	if err != nil {
 		c.setupErr = err
 		t.Fatalf("setup: %v", err)
 	}
-	t.Cleanup(func() { c.teardownErr = sess.close() })
-	m := &machine{session: sess, stats: c.stats, onViolation: func(v *model.Violation, plans []plan.Plan, history []history.Op) {
+	t.Cleanup(func() { c.teardownErr = sess.Close() })
+	m := &machine{Session: sess, stats: c.stats, onViolation: func(v *model.Violation, plans []plan.Plan, history []history.Op) {
 		c.failing, c.foundIn = &failingRun{plans: plans, history: history, violation: v}, time.Since(r.start)
 	}, onDead: func(err error) { c.setupErr = err }}
 	t.Cleanup(func() {
 		s := c.stats
-		report.AddCounts(s.Invariants, m.ref.Checked())
-		report.AddCounts(s.SetAside, sess.skipped)
-		report.AddCounts(s.Consequences, sess.consequences)
-		report.AddCounts(s.SameCause, sess.sameCause)
-		for k, d := range sess.exec.spent {
+		report.AddCounts(s.Invariants, m.Ref.Checked())
+		report.AddCounts(s.SetAside, sess.Skipped)
+		report.AddCounts(s.Consequences, sess.Consequences)
+		report.AddCounts(s.SameCause, sess.SameCause)
+		for k, d := range sess.Exec.Spent() {
 			s.TimeMS[k] += d.Milliseconds()
 		}
 	})
@@ -237,25 +238,6 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *lab, c *checkRun) 
 		stopIfDone(t)
 	}
 	t.Repeat(actions)
-}
-
-// workers returns n labs for checks and replays to run in at once: l
-// and n-1 more, each with a fake model and servers of its own, kept until
-// l closes. They set aside what l sets aside.
-func (l *lab) workers(n int) ([]*lab, error) {
-	for len(l.helpers) < n-1 {
-		h, err := openLab(l.target, nil)
-		if err != nil {
-			return nil, err
-		}
-		l.helpers = append(l.helpers, h)
-	}
-	out := []*lab{l}
-	for _, h := range l.helpers[:max(n-1, 0)] {
-		h.skip, h.skipKinds, h.ctx = l.skip, l.skipKinds, l.ctx
-		out = append(out, h)
-	}
-	return out, nil
 }
 
 // Parallel is how many checks target allows at once, given the n asked

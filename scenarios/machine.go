@@ -9,6 +9,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/protocol"
@@ -30,7 +31,7 @@ type conv struct {
 // rapid draw happens on rapid's goroutine); step executes a plan, records
 // its history and validates it.
 type machine struct {
-	*session
+	*execute.Session
 	stats *report.Stats
 	// onViolation is told of a violation before the check fails, and
 	// onDead of a server that stopped answering.
@@ -60,10 +61,10 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		"retry failed turn":    m.retryFailed,
 		"burst":                m.burst,
 	}
-	if len(m.profile.Keys) >= 2 {
+	if len(m.Profile.Keys) >= 2 {
 		a["same id, other key"] = m.otherKey
 	}
-	if _, ok := m.srv.(targets.Restarter); ok && (m.profile.Durability.Restart || m.profile.Durability.Crash) {
+	if _, ok := m.Server.(targets.Restarter); ok && (m.Profile.Durability.Restart || m.Profile.Durability.Crash) {
 		a["restart"] = m.restart
 	}
 	return a
@@ -79,9 +80,9 @@ func (m *machine) restart(t *rapid.T) {
 		// on a slow server it is the costliest step there is.
 		t.Skip("nothing committed to lose yet")
 	}
-	d := m.profile.Durability
+	d := m.Profile.Durability
 	r := plan.Restart{Crash: !d.Restart || (d.Crash && rapid.Bool().Draw(t, "crash"))}
-	if m.profile.Agent != "" {
+	if m.Profile.Agent != "" {
 		// Two sources on one stable key refuse every resume: such a spell
 		// ends at the next restart, which loads one source again.
 		low := 0
@@ -153,7 +154,7 @@ func (m *machine) otherKey(t *rapid.T) {
 		t.Skip("no conversation yet")
 	}
 	src := newest(t, m.convs, "conversation")
-	others := slices.DeleteFunc(slices.Clone(m.profile.Keys), func(k string) bool { return k == src.ref.Key })
+	others := slices.DeleteFunc(slices.Clone(m.Profile.Keys), func(k string) bool { return k == src.ref.Key })
 	key := rapid.SampledFrom(others).Draw(t, "other key")
 	c := m.conv(model.ConversationRef{Key: key, ID: src.ref.ID})
 	m.step(t, plan.Single("same id, other key", m.drawTurn(t, c, m.newToken(), true)))
@@ -200,7 +201,7 @@ func burstAction(n int) string { return fmt.Sprintf("burst of %d", n) }
 // wrong with it.
 func (m *machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool) plan.Send {
 	s := plan.TurnSend(c.ref, tok, rapid.Bool().Draw(t, "stream"))
-	if m.profile.Tools {
+	if m.Profile.Tools {
 		plan.DrawRounds(t, &s)
 	}
 	plan.DrawFaults(t, &s, sequential)
@@ -209,15 +210,15 @@ func (m *machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 
 // newConv draws a key and opens a conversation under a new id.
 func (m *machine) newConv(t *rapid.T) *conv {
-	if m.profile.Eviction == targets.Forgets && m.opened >= m.profile.Capacity {
+	if m.Profile.Eviction == targets.Forgets && m.opened >= m.Profile.Capacity {
 		// It could forget one the check still uses, as it may: the model
 		// does not follow a conversation starting over yet. Every id sent
 		// counts, set aside or refused: the server may hold it.
 		t.Skip("the server's declared capacity is reached")
 	}
 	key := ""
-	if len(m.profile.Keys) > 0 {
-		key = rapid.SampledFrom(m.profile.Keys).Draw(t, "key")
+	if len(m.Profile.Keys) > 0 {
+		key = rapid.SampledFrom(m.Profile.Keys).Draw(t, "key")
 	}
 	m.ids++
 	return m.conv(model.ConversationRef{Key: key, ID: fmt.Sprintf("conv-%d", m.ids)})
@@ -225,20 +226,20 @@ func (m *machine) newConv(t *rapid.T) *conv {
 
 // step executes p and checks it; a violation fails the run.
 func (m *machine) step(t *rapid.T, p plan.Plan) {
-	ops, v := m.session.step(p)
+	ops, v := m.Session.Step(p)
 	for _, op := range ops {
 		m.record(op)
 	}
-	m.convs = slices.DeleteFunc(m.convs, func(c *conv) bool { return m.aside[c.ref] })
-	if m.dead != nil {
+	m.convs = slices.DeleteFunc(m.convs, func(c *conv) bool { return m.Aside[c.ref] })
+	if m.Dead != nil {
 		if m.onDead != nil {
-			m.onDead(m.dead)
+			m.onDead(m.Dead)
 		}
-		t.Fatalf("%v", m.dead)
+		t.Fatalf("%v", m.Dead)
 	}
 	if v != nil {
 		if m.onViolation != nil {
-			m.onViolation(v, slices.Clone(m.plans), slices.Clone(m.history))
+			m.onViolation(v, slices.Clone(m.Plans), slices.Clone(m.History))
 		}
 		t.Fatalf("%s", v.Error())
 	}

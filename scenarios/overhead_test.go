@@ -9,6 +9,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
@@ -31,30 +32,30 @@ func BenchmarkCheckOverhead(b *testing.B) {
 	}
 	plain := plan.Single("continue", plan.TurnSend(model.ConversationRef{Key: "key-a", ID: "conv-1"}, model.UserToken(1), false))
 	check := func(b *testing.B, fresh bool) {
-		l, err := openLab(target(fresh), nil)
+		l, err := execute.Open(target(fresh), nil)
 		require.NoError(b, err)
-		defer func() { require.NoError(b, l.close()) }()
+		defer func() { require.NoError(b, l.Close()) }()
 		b.ResetTimer()
 		for range b.N {
-			s, err := l.session(nil)
+			s, err := l.Session(nil)
 			require.NoError(b, err)
-			_, v := s.step(plain)
+			_, v := s.Step(plain)
 			require.Nil(b, v)
-			require.NoError(b, s.close())
+			require.NoError(b, s.Close())
 		}
 	}
 	b.Run("reuse", func(b *testing.B) { check(b, false) })
 	b.Run("fresh", func(b *testing.B) { check(b, true) })
 	b.Run("turn", func(b *testing.B) {
-		l, err := openLab(target(false), nil)
+		l, err := execute.Open(target(false), nil)
 		require.NoError(b, err)
-		defer func() { require.NoError(b, l.close()) }()
-		s, err := l.session(nil)
+		defer func() { require.NoError(b, l.Close()) }()
+		s, err := l.Session(nil)
 		require.NoError(b, err)
-		defer func() { require.NoError(b, s.close()) }()
+		defer func() { require.NoError(b, s.Close()) }()
 		b.ResetTimer()
 		for i := range b.N {
-			_, v := s.step(plan.Single("continue", plan.TurnSend(model.ConversationRef{Key: "key-a", ID: "conv-1"}, model.UserToken(i+1), false)))
+			_, v := s.Step(plan.Single("continue", plan.TurnSend(model.ConversationRef{Key: "key-a", ID: "conv-1"}, model.UserToken(i+1), false)))
 			require.Nil(b, v)
 		}
 	})
@@ -71,21 +72,21 @@ func BenchmarkCrashRestart(b *testing.B) {
 		Agent:   Reference{}.Profile().Agent,
 		Reaches: Reference{}.Profile(),
 	}
-	l, err := openLab(target, nil)
+	l, err := execute.Open(target, nil)
 	require.NoError(b, err)
-	defer func() { require.NoError(b, l.close()) }()
-	s, err := l.session(nil)
+	defer func() { require.NoError(b, l.Close()) }()
+	s, err := l.Session(nil)
 	require.NoError(b, err)
-	defer func() { require.NoError(b, s.close()) }()
+	defer func() { require.NoError(b, s.Close()) }()
 	for i := range 10 {
 		conv := model.ConversationRef{Key: "key-a", ID: "conv-" + string(rune('a'+i))}
-		_, v := s.step(plan.Single("continue", plan.TurnSend(conv, model.UserToken(i+1), false)))
+		_, v := s.Step(plan.Single("continue", plan.TurnSend(conv, model.UserToken(i+1), false)))
 		require.Nil(b, v)
 	}
 	crash := plan.Plan{Action: "crash", Restart: &plan.Restart{Crash: true}}
 	b.ResetTimer()
 	for range b.N {
-		ops, v := s.step(crash)
+		ops, v := s.Step(crash)
 		require.Nil(b, v, "%+v", ops)
 	}
 }

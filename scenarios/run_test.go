@@ -60,7 +60,7 @@ func TestSaveForTest(t *testing.T) {
 // refused before anything is sent, with the reason.
 func TestPlanCheck(t *testing.T) {
 	conv := model.ConversationRef{ID: "c"}
-	two := burstOn(conv, 1, 2, 0, 1)
+	two := plan.Burst(conv, 1, 2, 0, 1)
 	assert.NoError(t, two.Check())
 	for name, p := range map[string]plan.Plan{
 		"no request":        {Action: "x"},
@@ -68,7 +68,7 @@ func TestPlanCheck(t *testing.T) {
 		"release twice":     {Action: "x", Sends: two.Sends, Release: []int{1, 1}},
 		"release outside":   {Action: "x", Sends: two.Sends, Release: []int{0, 5}},
 		"hold in a burst": func() plan.Plan {
-			p := burstOn(conv, 1, 2, 0, 1)
+			p := plan.Burst(conv, 1, 2, 0, 1)
 			p.Sends[1].Fault = faults.Fault{Kind: faults.Hold}
 			return p
 		}(),
@@ -80,7 +80,7 @@ func TestPlanCheck(t *testing.T) {
 		"abort past the rounds": toolPlan(conv, func(s *plan.Send) { s.Abort, s.AbortAt = true, &faults.Point{Round: 2} }),
 		"abort in an echo":      toolPlan(conv, func(s *plan.Send) { s.Abort, s.AbortAt = true, &faults.Point{Round: 1, Tool: 2} }),
 		"abort later in a burst": func() plan.Plan {
-			p := burstOn(conv, 1, 2, 0, 1)
+			p := plan.Burst(conv, 1, 2, 0, 1)
 			p.Sends[0].Abort, p.Sends[0].AbortAt = true, &faults.Point{Chunks: 1}
 			return p
 		}(),

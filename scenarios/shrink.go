@@ -11,6 +11,7 @@ import (
 
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 )
@@ -25,7 +26,7 @@ import (
 // gives. rapid stays the search; this is the shrinker, bounded by a hard
 // wall-clock budget.
 type shrinker struct {
-	labs []*lab
+	labs []*execute.Lab
 	want model.Invariant
 	ctx  context.Context
 	// runs counts the candidates replayed; after is called after each,
@@ -45,9 +46,9 @@ type shrinker struct {
 	// misses are the histories of the replays of the original steps that
 	// did not break the invariant: what differed, for a flaky failure.
 	misses [][]history.Op
-	// replayOn replays plans in a lab: (*lab).replay, but for tests of the
+	// replayOn replays plans in a lab: (*execute.Lab).replay, but for tests of the
 	// shrinker itself.
-	replayOn func(l *lab, ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error)
+	replayOn func(l *execute.Lab, ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error)
 	// found are the failing runs kept so far, the smallest last: a
 	// candidate that broke the invariant once, on a server that runs a
 	// burst another way on another replay, may not again (confirm).
@@ -64,9 +65,9 @@ type foundRun struct {
 // shrink returns the smallest run it finds, within ctx, that breaks v's
 // invariant as plans did, replaying candidates in labs. ok is false if
 // plans, replayed, did not break it at all: the failure did not reproduce.
-func shrink(ctx context.Context, labs []*lab, plans []plan.Plan, v *model.Violation, after func(steps int)) (s *shrinker, ok bool) {
+func shrink(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.Violation, after func(steps int)) (s *shrinker, ok bool) {
 	s = &shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), plans: plans, violation: v,
-		replayOn: (*lab).replay}
+		replayOn: (*execute.Lab).Replay}
 	return s, s.run(plans)
 }
 

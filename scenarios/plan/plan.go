@@ -358,3 +358,13 @@ var InvalidShapes = []struct {
 
 // UserText is the text of the user message carrying tok.
 func UserText(tok model.Token) string { return fmt.Sprintf("Please remember %s.", tok) }
+
+// Burst is a plan of n plain turns sent at once on conv, tokens from
+// first on, released in order release.
+func Burst(conv model.ConversationRef, first, n int, release ...int) Plan {
+	p := Plan{Action: "burst", Release: release}
+	for k := range n {
+		p.Sends = append(p.Sends, TurnSend(conv, model.UserToken(first+k), k%2 == 0))
+	}
+	return p
+}

@@ -1,4 +1,4 @@
-package scenarios
+package execute
 
 import (
 	"fmt"
@@ -12,6 +12,7 @@ import (
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/scenarios/validate"
 	"github.com/turncheck/turncheck/sut"
@@ -22,35 +23,25 @@ import (
 func newExecutor(t testing.TB, target targets.Target) *executor {
 	t.Helper()
 	s := newSession(t, target)
-	return s.exec
+	return s.Exec
 }
 
 // newSession starts a session of a lab of its own on target; both stop
 // when the test ends.
-func newSession(t testing.TB, target targets.Target, skip ...model.Invariant) *session {
+func newSession(t testing.TB, target targets.Target, skip ...model.Invariant) *Session {
 	t.Helper()
-	l, err := openLab(target, skip)
+	l, err := Open(target, skip)
 	require.NoError(t, err)
-	s, err := l.session(nil)
+	s, err := l.Session(nil)
 	if err != nil {
-		_ = l.close()
+		_ = l.Close()
 		require.NoError(t, err)
 	}
 	t.Cleanup(func() {
-		require.NoError(t, s.close())
-		require.NoError(t, l.close())
+		require.NoError(t, s.Close())
+		require.NoError(t, l.Close())
 	})
 	return s
-}
-
-// burstOn is a plan of n plain turns sent at once on conv, tokens from
-// first on, released in order release.
-func burstOn(conv model.ConversationRef, first, n int, release ...int) plan.Plan {
-	p := plan.Plan{Action: "burst", Release: release}
-	for k := range n {
-		p.Sends = append(p.Sends, plan.TurnSend(conv, model.UserToken(first+k), k%2 == 0))
-	}
-	return p
 }
 
 func firstCall(t *testing.T, op history.Op) []model.Token {
@@ -62,9 +53,9 @@ func firstCall(t *testing.T, op history.Op) []model.Token {
 // TestBurstOnASerializingServer: requests queue in the order they were
 // sent, each sees the turns before it, and the history says so.
 func TestBurstOnASerializingServer(t *testing.T) {
-	e := newExecutor(t, Reference{})
+	e := newExecutor(t, reference.Target{})
 	conv := model.ConversationRef{Key: "key-a", ID: "c"}
-	ops := e.execute(burstOn(conv, 1, 3, 2, 1, 0))
+	ops := e.execute(plan.Burst(conv, 1, 3, 2, 1, 0))
 	require.Len(t, ops, 3)
 	u := model.UserToken
 	for _, op := range ops {
@@ -92,9 +83,9 @@ func TestReleaseOrderDecides(t *testing.T) {
 	for _, release := range [][]int{{0, 1}, {1, 0}} {
 		t.Run(fmt.Sprint(release), func(t *testing.T) {
 			for range 5 {
-				e := newExecutor(t, Reference{Mutant: sut.NoConversationLock})
+				e := newExecutor(t, reference.Target{Mutant: sut.NoConversationLock})
 				e.execute(plan.Single("new", plan.TurnSend(conv, u(1), false)))
-				ops := e.execute(burstOn(conv, 2, 2, release...))
+				ops := e.execute(plan.Burst(conv, 2, 2, release...))
 				// Both ran on the committed base.
 				base := []model.Token{u(1), u(1).Reply()}
 				assert.Equal(t, append(base[:2:2], u(2)), firstCall(t, ops[0]))
@@ -110,8 +101,8 @@ func TestReleaseOrderDecides(t *testing.T) {
 // TestRejectRefusesTheRest: under reject, the requests sent while the
 // first is held get 409 and reach no model.
 func TestRejectRefusesTheRest(t *testing.T) {
-	e := newExecutor(t, Reference{Concurrency: sut.Reject})
-	ops := e.execute(burstOn(model.ConversationRef{Key: "key-a", ID: "c"}, 1, 4, 3, 2, 1, 0))
+	e := newExecutor(t, reference.Target{Concurrency: sut.Reject})
+	ops := e.execute(plan.Burst(model.ConversationRef{Key: "key-a", ID: "c"}, 1, 4, 3, 2, 1, 0))
 	assert.Equal(t, model.OK, ops[0].Response.Outcome)
 	for _, op := range ops[1:] {
 		assert.Equal(t, 409, op.Response.Status)
@@ -122,9 +113,9 @@ func TestRejectRefusesTheRest(t *testing.T) {
 // TestAbortInABurst: an aborted request lets the queue go on, and its
 // outcome is unknown.
 func TestAbortInABurst(t *testing.T) {
-	e := newExecutor(t, Reference{})
+	e := newExecutor(t, reference.Target{})
 	conv := model.ConversationRef{Key: "key-a", ID: "c"}
-	p := burstOn(conv, 1, 3, 0, 1, 2)
+	p := plan.Burst(conv, 1, 3, 0, 1, 2)
 	p.Sends[0].Abort = true
 	p.Sends[1].Fault = faults.Fault{Kind: faults.Status, Status: 502}
 	ops := e.execute(p)
@@ -140,7 +131,7 @@ func TestAbortInABurst(t *testing.T) {
 // checked (chain and linearizability): requests/s, to set beside
 // BenchmarkBaseline's turns/s and BenchmarkSteps' steps/s.
 func BenchmarkBursts(b *testing.B) {
-	e := newExecutor(b, Reference{})
+	e := newExecutor(b, reference.Target{})
 	ref := model.New()
 	var history []history.Op
 	tok, requests, conv := 0, 0, 0
@@ -158,7 +149,7 @@ func BenchmarkBursts(b *testing.B) {
 		for i := range release {
 			release[i] = n - 1 - i
 		}
-		ops := e.execute(burstOn(model.ConversationRef{Key: "key-a", ID: fmt.Sprintf("c%d", conv)}, tok+1, n, release...))
+		ops := e.execute(plan.Burst(model.ConversationRef{Key: "key-a", ID: fmt.Sprintf("c%d", conv)}, tok+1, n, release...))
 		tok += n
 		requests += n
 		history = append(history, ops...)

@@ -1,4 +1,4 @@
-package scenarios
+package execute
 
 import (
 	"context"
@@ -51,7 +51,7 @@ const (
 	spentSettling = "waiting for the server to come to rest"
 	spentQuiet    = "quiet periods (the server reports no activity)"
 	spentTimeouts = "held calls waiting out the server's model timeout"
-	spentShrink   = "shrinking"
+	SpentShrink   = "shrinking"
 )
 
 // since adds the time since start to what.
@@ -578,3 +578,7 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		}
 	}
 }
+
+// Spent says where the executor's wall time went so far, by what it
+// waited on.
+func (e *executor) Spent() map[string]time.Duration { return e.spent }

@@ -1,4 +1,4 @@
-package scenarios
+package execute
 
 import (
 	"context"
@@ -16,18 +16,17 @@ import (
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/protocol"
-	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/scenarios/validate"
 )
 
-// lab is what the sessions of one run share: the fake model, on one
+// Lab is what the sessions of one run share: the fake model, on one
 // address for the whole run, and, for a target that reuses its server,
 // that server. A check's run, each replay of the shrinker, and a replay of
-// saved steps are each a session of a lab.
-type lab struct {
-	target  targets.Target
-	profile targets.Profile
+// saved steps are each a session of a Lab.
+type Lab struct {
+	Target  targets.Target
+	Profile targets.Profile
 	fake    *faults.Model
 	// clock is the timeline of the current session; the fake model stamps
 	// calls on it, so each session's timeline starts at zero.
@@ -43,29 +42,29 @@ type lab struct {
 	// restartable says that a session's server could be restarted by the
 	// harness (a Restarter).
 	restartable bool
-	// skip lists invariants whose violations do not stop a run: their
+	// Skip lists invariants whose violations do not stop a run: their
 	// conversations are set aside and checking goes on.
-	skip []model.Invariant
-	// last is the server the latest session used, for its output.
-	last targets.Server
-	// skipKinds lists the kinds of wrong state already found: a violation
+	Skip []model.Invariant
+	// Last is the server the latest session used, for its output.
+	Last targets.Server
+	// SkipKinds lists the kinds of wrong state already found: a violation
 	// of one, under whatever invariant, is the same root cause again, and
 	// sets its conversations aside as a skipped invariant's does.
-	skipKinds []model.Kind
-	// helpers are the labs that run checks and replays beside this one
+	SkipKinds []model.Kind
+	// Helpers are the labs that run checks and replays beside this one
 	// (workers), closed with it.
-	helpers []*lab
-	// ctx, if not nil, is the run's: it bounds the start of a shared
+	Helpers []*Lab
+	// Context, if not nil, is the run's: it bounds the start of a shared
 	// server and its restarts, where the target allows (targets.ContextStarter).
-	ctx context.Context
+	Context context.Context
 }
 
 // start starts a server of l's target, cut short when ctx (if not nil)
 // ends.
-func (l *lab) start(ctx context.Context) (targets.Server, error) {
-	cs, ok := l.target.(targets.ContextStarter)
+func (l *Lab) start(ctx context.Context) (targets.Server, error) {
+	cs, ok := l.Target.(targets.ContextStarter)
 	if !ok {
-		return l.target.Start(l.fake.URL())
+		return l.Target.Start(l.fake.URL())
 	}
 	if ctx == nil {
 		ctx = context.Background()
@@ -73,40 +72,18 @@ func (l *lab) start(ctx context.Context) (targets.Server, error) {
 	return cs.StartContext(ctx, l.fake.URL())
 }
 
-// output is the last lines the latest session's server wrote, "" if it
+// Output is the last lines the latest session's server wrote, "" if it
 // keeps none.
-func (l *lab) output() string {
-	if o, ok := l.last.(targets.Outputter); ok {
+func (l *Lab) Output() string {
+	if o, ok := l.Last.(targets.Outputter); ok {
 		return strings.TrimRight(o.Output(), "\n ")
 	}
 	return ""
 }
 
-// StopNotes splits err, as Check, Conform or Replay return it, into what
-// is only a note (a server that exited on SIGTERM with a failure status,
-// after serving everything asked of it) and the rest, which is an error.
-func StopNotes(err error) (notes []string, rest error) {
-	if err == nil {
-		return nil, nil
-	}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		var errs []error
-		for _, e := range j.Unwrap() {
-			n, r := StopNotes(e)
-			notes = append(notes, n...)
-			errs = append(errs, r)
-		}
-		return notes, errors.Join(errs...)
-	}
-	if se := (*faults.StopError)(nil); errors.As(err, &se) {
-		return []string{"the server did not stop cleanly: " + err.Error()}, nil
-	}
-	return nil, err
-}
-
-// openLab starts the fake model a run's sessions share.
-func openLab(target targets.Target, skip []model.Invariant) (*lab, error) {
-	l := &lab{target: target, profile: target.Profile(), skip: skip}
+// Open starts the fake model a run's sessions share.
+func Open(target targets.Target, skip []model.Invariant) (*Lab, error) {
+	l := &Lab{Target: target, Profile: target.Profile(), Skip: skip}
 	l.clock.Store(&atomic.Int64{})
 	addr := ""
 	if ma, ok := target.(targets.ModelAddresser); ok {
@@ -123,14 +100,14 @@ func openLab(target targets.Target, skip []model.Invariant) (*lab, error) {
 	return l, nil
 }
 
-func (l *lab) reuses() bool {
-	r, ok := l.target.(targets.ServerReuser)
+func (l *Lab) reuses() bool {
+	r, ok := l.Target.(targets.ServerReuser)
 	return ok && r.ReuseServer()
 }
 
-// close stops the shared server, if any, and the fake model, and those
+// Close stops the shared server, if any, and the fake model, and those
 // of the helpers.
-func (l *lab) close() error {
+func (l *Lab) Close() error {
 	var err error
 	if l.shared != nil {
 		if err = l.shared.Close(); err != nil {
@@ -138,58 +115,58 @@ func (l *lab) close() error {
 		}
 	}
 	err = errors.Join(err, l.fake.Close())
-	for _, h := range l.helpers {
-		err = errors.Join(err, h.close())
+	for _, h := range l.Helpers {
+		err = errors.Join(err, h.Close())
 	}
 	return err
 }
 
-// canRestart reports whether a session of l or of a helper had a server
+// CanRestart reports whether a session of l or of a helper had a server
 // the harness could restart.
-func (l *lab) canRestart() bool {
-	return l.restartable || slices.ContainsFunc(l.helpers, (*lab).canRestart)
+func (l *Lab) CanRestart() bool {
+	return l.restartable || slices.ContainsFunc(l.Helpers, (*Lab).CanRestart)
 }
 
-// session is one check against a server under test, and what executing
+// Session is one check against a server under test, and what executing
 // plans against it has shown so far: the history and the reference state.
-// A check's run and a replay of saved plans are both a session, so a plan
+// A check's run and a replay of saved plans are both a Session, so a plan
 // executes the same way in either.
-type session struct {
-	lab     *lab
-	profile targets.Profile
-	srv     targets.Server
+type Session struct {
+	lab     *Lab
+	Profile targets.Profile
+	Server  targets.Server
 	// own is set when the session started srv, and so stops it.
 	own    bool
 	fake   *faults.Model
 	client *protocol.Client
-	exec   *executor
-	ref    *model.Model
-	// aside holds conversations set aside after a violation of a skipped
+	Exec   *executor
+	Ref    *model.Model
+	// Aside holds conversations set Aside after a violation of a skipped
 	// invariant: the reference state no longer says what they hold, so no
 	// later turn of theirs is judged.
-	aside map[model.ConversationRef]bool
-	// skipped counts the violations of skipped invariants seen,
-	// consequences the violations that involved set-aside state, and
-	// sameCause those of a kind already found.
-	skipped, consequences, sameCause map[model.Invariant]int
+	Aside map[model.ConversationRef]bool
+	// Skipped counts the violations of Skipped invariants seen,
+	// Consequences the violations that involved set-aside state, and
+	// SameCause those of a kind already found.
+	Skipped, Consequences, SameCause map[model.Invariant]int
 	// asideTokens are the user tokens of the conversations set aside:
 	// seen anywhere later, they are a consequence of what set them aside.
 	asideTokens map[model.Token]bool
 	// unanswered counts the requests in a row that got no connection or
 	// no answer at all, and dead says the server stopped answering.
 	unanswered int
-	dead       error
+	Dead       error
 	// sources are the queries of the agent references the server loads.
 	sources []string
 
-	plans   []plan.Plan
-	history []history.Op
+	Plans   []plan.Plan
+	History []history.Op
 }
 
-// session starts a session: a fresh server, or the shared one under a
+// Session starts a Session: a fresh server, or the shared one under a
 // fresh namespace, with the fake model reset. Its requests in flight are
 // aborted when ctx ends (nil: never). The caller closes it.
-func (l *lab) session(ctx context.Context) (*session, error) {
+func (l *Lab) Session(ctx context.Context) (*Session, error) {
 	spent := timeSpent{}
 	defer spent.since(spentStarting, time.Now())
 	clock := &atomic.Int64{}
@@ -198,7 +175,7 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 	srv, own, ns := l.shared, false, ""
 	if l.reuses() {
 		if l.shared == nil {
-			s, err := l.start(l.ctx)
+			s, err := l.start(l.Context)
 			if err != nil {
 				return nil, fmt.Errorf("start the server under test: %w", err)
 			}
@@ -221,34 +198,34 @@ func (l *lab) session(ctx context.Context) (*session, error) {
 	// namespace, and the fake model records only calls that carry it.
 	l.fake.Reset(protocol.EpochTag(ns))
 	_, l.restartable = srv.(targets.Restarter)
-	l.last = srv
-	cl := protocol.NewClient(srv.URL(), l.profile, ns)
-	return &session{
+	l.Last = srv
+	cl := protocol.NewClient(srv.URL(), l.Profile, ns)
+	return &Session{
 		lab:     l,
-		profile: l.profile,
-		srv:     srv,
+		Profile: l.Profile,
+		Server:  srv,
 		own:     own,
 		fake:    l.fake,
 		client:  cl,
-		exec:    &executor{srv: srv, fake: l.fake, client: cl, profile: l.profile, clock: clock, ctx: ctx, spent: spent},
-		ref:     model.NewWith(l.profile.Policies()),
-		aside:   map[model.ConversationRef]bool{},
-		skipped: map[model.Invariant]int{}, consequences: map[model.Invariant]int{}, sameCause: map[model.Invariant]int{},
+		Exec:    &executor{srv: srv, fake: l.fake, client: cl, profile: l.Profile, clock: clock, ctx: ctx, spent: spent},
+		Ref:     model.NewWith(l.Profile.Policies()),
+		Aside:   map[model.ConversationRef]bool{},
+		Skipped: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},
 		asideTokens: map[model.Token]bool{},
 		sources:     []string{targets.FirstSource},
 	}, nil
 }
 
-// step executes p, records its history, and checks it: the reference
+// Step executes p, records its history, and checks it: the reference
 // model's chain check, then linearizability of the conversations a burst
 // touched. It returns the ops p came to and the first violation, or nil.
 // A violation of a skipped invariant is no violation: the conversations
-// of the step are set aside, and the run goes on with the others.
-func (s *session) step(p plan.Plan) ([]history.Op, *model.Violation) {
-	ops := s.exec.execute(p)
-	s.plans = append(s.plans, p)
-	s.history = append(s.history, ops...)
-	if ctx := s.exec.ctx; ctx != nil && ctx.Err() != nil {
+// of the Step are set aside, and the run goes on with the others.
+func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
+	ops := s.Exec.execute(p)
+	s.Plans = append(s.Plans, p)
+	s.History = append(s.History, ops...)
+	if ctx := s.Exec.ctx; ctx != nil && ctx.Err() != nil {
 		// The run's end cut the step short (its requests aborted, a
 		// restart not waited for): what it came to decides nothing.
 		return ops, nil
@@ -259,16 +236,16 @@ func (s *session) step(p plan.Plan) ([]history.Op, *model.Violation) {
 		switch {
 		case op.Restart != nil:
 			restart = &ops[i]
-		case !s.aside[op.Turn.Conv]:
+		case !s.Aside[op.Turn.Conv]:
 			turns = append(turns, op.Turn)
 		}
 	}
 	if len(turns) == 0 && restart != nil {
 		return ops, s.restarted(p.Restart, *restart)
 	}
-	v := s.ref.ApplyStep(turns)
+	v := s.Ref.ApplyStep(turns)
 	if v == nil {
-		v = validate.CheckLinearizable(s.history, turns)
+		v = validate.CheckLinearizable(s.History, turns)
 	}
 	if restart != nil {
 		// The turns ran up to the crash; the restart comes after them,
@@ -285,11 +262,11 @@ func (s *session) step(p plan.Plan) ([]history.Op, *model.Violation) {
 	case s.involvesAside(v, ops):
 		// One root cause, one finding: what a violation already found
 		// touched shows its consequences under other names.
-		s.consequences[v.Invariant]++
-	case slices.Contains(s.lab.skip, v.Invariant):
-		s.skipped[v.Invariant]++
-	case v.Kind != "" && slices.Contains(s.lab.skipKinds, v.Kind):
-		s.sameCause[v.Invariant]++
+		s.Consequences[v.Invariant]++
+	case slices.Contains(s.lab.Skip, v.Invariant):
+		s.Skipped[v.Invariant]++
+	case v.Kind != "" && slices.Contains(s.lab.SkipKinds, v.Kind):
+		s.SameCause[v.Invariant]++
 	default:
 		return ops, v
 	}
@@ -304,9 +281,9 @@ func (s *session) step(p plan.Plan) ([]history.Op, *model.Violation) {
 
 // setAside sets conversation ref aside, with every token sent on it so
 // far; later ones are added as they are sent (watch).
-func (s *session) setAside(ref model.ConversationRef) {
-	s.aside[ref] = true
-	for _, op := range s.history {
+func (s *Session) setAside(ref model.ConversationRef) {
+	s.Aside[ref] = true
+	for _, op := range s.History {
 		if op.Restart == nil && op.Send.Conv == ref && op.Send.Token != "" {
 			s.asideTokens[op.Send.Token] = true
 		}
@@ -315,11 +292,11 @@ func (s *session) setAside(ref model.ConversationRef) {
 
 // involvesAside reports whether v, seen in ops, involves state a violation
 // already found set aside: its conversation, or a token of one.
-func (s *session) involvesAside(v *model.Violation, ops []history.Op) bool {
-	if len(s.aside) == 0 {
+func (s *Session) involvesAside(v *model.Violation, ops []history.Op) bool {
+	if len(s.Aside) == 0 {
 		return false
 	}
-	if s.aside[v.Conv] {
+	if s.Aside[v.Conv] {
 		return true
 	}
 	mentions := func(toks []model.Token) bool {
@@ -351,13 +328,13 @@ const (
 
 // watch follows the step's requests: tokens sent on set-aside
 // conversations, and a server that stopped answering.
-func (s *session) watch(ops []history.Op) {
+func (s *Session) watch(ops []history.Op) {
 	for _, op := range ops {
 		if op.Restart != nil {
 			s.unanswered = 0 // a restart that did not come back is T7's, or an error
 			continue
 		}
-		if s.aside[op.Send.Conv] && op.Send.Token != "" {
+		if s.Aside[op.Send.Conv] && op.Send.Token != "" {
 			s.asideTokens[op.Send.Token] = true
 		}
 		switch op.Response.Cause {
@@ -367,10 +344,10 @@ func (s *session) watch(ops []history.Op) {
 			s.unanswered = 0
 		}
 	}
-	if s.dead != nil || s.unanswered == 0 {
+	if s.Dead != nil || s.unanswered == 0 {
 		return
 	}
-	w, watched := s.srv.(targets.ServerWatcher)
+	w, watched := s.Server.(targets.ServerWatcher)
 	exited := error(nil)
 	if watched {
 		exited = w.Exited()
@@ -386,19 +363,19 @@ func (s *session) watch(ops []history.Op) {
 	}
 	last := ops[len(ops)-1]
 	if exited != nil {
-		s.dead = fmt.Errorf("the server under test died during the run: step %d got %s; its last answers before: %s\n%w",
+		s.Dead = fmt.Errorf("the server under test died during the run: step %d got %s; its last answers before: %s\n%w",
 			last.Step, last.Response.Cause, s.lastAnswers(3), exited)
 		return
 	}
-	s.dead = fmt.Errorf("the server under test stopped answering during the run: %d request(s) in a row, up to step %d, got %s; "+
+	s.Dead = fmt.Errorf("the server under test stopped answering during the run: %d request(s) in a row, up to step %d, got %s; "+
 		"its last answers before: %s", s.unanswered, last.Step, last.Response.Cause, s.lastAnswers(3))
 }
 
 // lastAnswers describes the last n answers the server gave, newest last.
-func (s *session) lastAnswers(n int) string {
+func (s *Session) lastAnswers(n int) string {
 	var out []string
-	for i := len(s.history) - 1; i >= 0 && len(out) < n; i-- {
-		op := s.history[i]
+	for i := len(s.History) - 1; i >= 0 && len(out) < n; i-- {
+		op := s.History[i]
 		if op.Restart != nil || op.Response.Status == 0 {
 			continue
 		}
@@ -418,7 +395,7 @@ func (s *session) lastAnswers(n int) string {
 // restarted tells the reference model of a restart the server went
 // through. A server that declares it survives restarts, and did not come
 // back on its own data, has lost every committed turn (T7).
-func (s *session) restarted(r *plan.Restart, op history.Op) *model.Violation {
+func (s *Session) restarted(r *plan.Restart, op history.Op) *model.Violation {
 	if op.Response.Outcome != model.OK {
 		return &model.Violation{Invariant: model.T7, Reason: r.String() + ": " + op.Response.Detail}
 	}
@@ -426,26 +403,26 @@ func (s *session) restarted(r *plan.Restart, op history.Op) *model.Violation {
 	if r.Sources != nil {
 		s.sources = r.Sources
 	}
-	s.ref.Restart(changed, len(s.sources) > 1)
+	s.Ref.Restart(changed, len(s.sources) > 1)
 	return nil
 }
 
-// close stops the session's server, if it started it, and checks that a
+// Close stops the session's server, if it started it, and checks that a
 // shared server is still alive. A server that does not stop cleanly, or
 // died on its own, is a defect.
-func (s *session) close() error {
+func (s *Session) Close() error {
 	s.client.Close()
 	if !s.own {
-		if s.lab.ctx != nil && s.lab.ctx.Err() != nil {
+		if s.lab.Context != nil && s.lab.Context.Err() != nil {
 			return nil // the run is over: the shared server is stopped next
 		}
 		// The next check starts as this one did: the agent under its
 		// first reference, on a server that runs (a restart its check's
 		// bound cut short left none).
-		if s.exec.cutRestart || !slices.Equal(s.sources, []string{targets.FirstSource}) {
-			r, ok := s.srv.(targets.Restarter)
+		if s.Exec.cutRestart || !slices.Equal(s.sources, []string{targets.FirstSource}) {
+			r, ok := s.Server.(targets.Restarter)
 			if ok {
-				refs := targets.SourceRefs(s.fake.URL(), s.profile.Agent, []string{targets.FirstSource})
+				refs := targets.SourceRefs(s.fake.URL(), s.Profile.Agent, []string{targets.FirstSource})
 				if err := r.Restart(false, refs); err != nil {
 					return fmt.Errorf("restart the server under test with its first agent source: %w", err)
 				}
@@ -453,46 +430,16 @@ func (s *session) close() error {
 		}
 		return nil // a shared server's death is found when the next session starts
 	}
-	if err := s.srv.Close(); err != nil {
+	if err := s.Server.Close(); err != nil {
 		return fmt.Errorf("stop the server under test: %w", err)
 	}
 	return nil
 }
 
-// Replay executes plans, in order, against a fresh server of target, and
-// validates every step as a check does, without rapid's search: the same
-// plans give the same steps, and, against a server that behaves the same
-// way under them, the same verdict. Violations of the skipped invariants
-// set their conversations aside, as in the run that found the failure. It
-// stops at the first other violation and returns the history up to it and
-// the violation (nil if none). The error says the replay could not be
-// carried out.
-func Replay(target targets.Target, plans []plan.Plan, skip ...model.Invariant) ([]history.Op, *model.Violation, error) {
-	return ReplayFailure(target, &report.Failure{Plans: plans, Skipped: skip})
-}
-
-// ReplayFailure is Replay of a saved failure's plans, with what its run
-// had set aside: the invariants it skipped, and the kinds of wrong state
-// already found, whose violations set their conversations aside again.
-func ReplayFailure(target targets.Target, f *report.Failure) ([]history.Op, *model.Violation, error) {
-	for i, p := range f.Plans {
-		if err := p.Check(); err != nil {
-			return nil, nil, fmt.Errorf("step %d: %w", i+1, err)
-		}
-	}
-	l, err := openLab(target, f.Skipped)
-	if err != nil {
-		return nil, nil, err
-	}
-	l.skipKinds = f.SkippedKinds
-	history, v, err := l.replay(context.Background(), f.Plans)
-	return history, v, errors.Join(err, l.close())
-}
-
-// replay executes plans in a new session of l, stopped when ctx ends: the
+// Replay executes plans in a new session of l, stopped when ctx ends: the
 // requests in flight are aborted, and the run decides nothing.
-func (l *lab) replay(ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error) {
-	s, err := l.session(ctx)
+func (l *Lab) Replay(ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error) {
+	s, err := l.Session(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -501,12 +448,31 @@ func (l *lab) replay(ctx context.Context, plans []plan.Plan) ([]history.Op, *mod
 		if ctx.Err() != nil {
 			break
 		}
-		if _, v = s.step(p); v != nil {
+		if _, v = s.Step(p); v != nil {
 			break
 		}
-		if s.dead != nil {
-			return s.history, nil, errors.Join(s.dead, s.close())
+		if s.Dead != nil {
+			return s.History, nil, errors.Join(s.Dead, s.Close())
 		}
 	}
-	return s.history, v, s.close()
+	return s.History, v, s.Close()
+}
+
+// Workers returns n labs for checks and replays to run in at once: l
+// and n-1 more, each with a fake model and servers of its own, kept until
+// l closes. They set aside what l sets aside.
+func (l *Lab) Workers(n int) ([]*Lab, error) {
+	for len(l.Helpers) < n-1 {
+		h, err := Open(l.Target, nil)
+		if err != nil {
+			return nil, err
+		}
+		l.Helpers = append(l.Helpers, h)
+	}
+	out := []*Lab{l}
+	for _, h := range l.Helpers[:max(n-1, 0)] {
+		h.Skip, h.SkipKinds, h.Context = l.Skip, l.SkipKinds, l.Context
+		out = append(out, h)
+	}
+	return out, nil
 }
