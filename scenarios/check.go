@@ -39,6 +39,7 @@ import (
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/report"
+	"github.com/turncheck/turncheck/scenarios/shrink"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -188,7 +189,7 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		return f
 	}
 	run := c.failing
-	ctx, cancel := shrinkBudget(opts.Context, opts.ShrinkTime)
+	ctx, cancel := shrink.Budget(opts.Context, opts.ShrinkTime)
 	defer cancel()
 	start := time.Now()
 	inv := run.violation.Invariant
@@ -200,18 +201,18 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		}
 	}
 	defer func() { r.stats.Shrinking = "" }()
-	s, ok := shrink(ctx, r.labs, run.plans, run.violation, after)
-	f.ShrinkRuns, f.ShrunkIn = s.runs, time.Since(start)
+	s, ok := shrink.Run(ctx, r.labs, run.plans, run.violation, after)
+	f.ShrinkRuns, f.ShrunkIn = s.Runs, time.Since(start)
 	r.stats.TimeMS[execute.SpentShrink] += f.ShrunkIn.Milliseconds()
 	switch {
 	case ok:
-		f.Violation, f.Plans, f.History = s.violation, s.plans, s.history
+		f.Violation, f.Plans, f.History = s.Violation, s.Plans, s.History
 		f.Report = report.FormatFailure(f.Violation, f.History, profile)
 		f.Shrink = report.Shrunk
 		switch {
-		case s.cut && s.kept > 0:
+		case s.Cut && s.Kept > 0:
 			f.Shrink = report.PartlyShrunk
-		case s.cut:
+		case s.Cut:
 			f.Shrink = report.NotShrunk
 		}
 	case ctx.Err() != nil:
@@ -224,7 +225,7 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		f.Flaky, f.Shrink = true, report.NotShrunk
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 		f.Report = fmt.Sprintf("The failure did not reproduce in %d replay(s) of its steps: the server does not\n"+
-			"behave the same way under the same steps.%s This is the run that failed:\n\n", f.ShrinkRuns, s.differed(run.history)) +
+			"behave the same way under the same steps.%s This is the run that failed:\n\n", f.ShrinkRuns, s.Differed(run.history)) +
 			report.FormatFailure(f.Violation, f.History, profile)
 	}
 	return f

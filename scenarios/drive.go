@@ -18,6 +18,7 @@ import (
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
+	"github.com/turncheck/turncheck/scenarios/traffic"
 )
 
 // runner drives the checks of one Check: each is one state-machine run,
@@ -212,9 +213,9 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 		t.Fatalf("setup: %v", err)
 	}
 	t.Cleanup(func() { c.teardownErr = sess.Close() })
-	m := &machine{Session: sess, stats: c.stats, onViolation: func(v *model.Violation, plans []plan.Plan, history []history.Op) {
-		c.failing, c.foundIn = &failingRun{plans: plans, history: history, violation: v}, time.Since(r.start)
-	}, onDead: func(err error) { c.setupErr = err }}
+	m := traffic.New(sess, c.stats, func(v *model.Violation, plans []plan.Plan, ops []history.Op) {
+		c.failing, c.foundIn = &failingRun{plans: plans, history: ops, violation: v}, time.Since(r.start)
+	}, func(err error) { c.setupErr = err })
 	t.Cleanup(func() {
 		s := c.stats
 		report.AddCounts(s.Invariants, m.Ref.Checked())
@@ -225,7 +226,7 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 			s.TimeMS[k] += d.Milliseconds()
 		}
 	})
-	actions := m.actions()
+	actions := m.Actions()
 	// rapid reads its steps flag once, as Repeat starts, and calls the
 	// check action right after: the flag is this check's from just before
 	// Repeat to that first call, so that runs with other steps may run

@@ -1,7 +1,6 @@
 package scenarios
 
 import (
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -112,22 +111,6 @@ func TestPlanCheckTools(t *testing.T) {
 	} {
 		assert.NoError(t, toolPlan(conv, edit).Check(), name)
 	}
-}
-
-// TestSimplerTools: the shrinker's plainer tool rounds each still fit the
-// turn's fault and abort point, and are plainer: fewer rounds or calls, or
-// an echo for a lookup; the lookup the client drops the turn in stays.
-func TestSimplerTools(t *testing.T) {
-	s := plan.TurnSend(model.ConversationRef{ID: "c"}, "tc-u1", false)
-	s.Rounds = []faults.Round{{faults.ToolLookup, faults.ToolLookup}, {faults.ToolEcho}}
-	s.Abort, s.AbortAt = true, &faults.Point{Round: 1, Tool: 2}
-	var got []string
-	for _, c := range simplerTools(s) {
-		require.NoError(t, c.CheckTools())
-		got = append(got, fmt.Sprint(c.Rounds))
-	}
-	assert.Equal(t, []string{"[[lookup lookup]]", "[[echo lookup] [echo]]"}, got)
-	assert.Equal(t, faults.Round{faults.ToolLookup, faults.ToolLookup}, s.Rounds[0], "the send itself is unchanged")
 }
 
 // TestJUnitHarnessFailure: a run the harness itself failed shows no

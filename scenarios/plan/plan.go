@@ -368,3 +368,6 @@ func Burst(conv model.ConversationRef, first, n int, release ...int) Plan {
 	}
 	return p
 }
+
+// BurstAction names a burst of n requests.
+func BurstAction(n int) string { return fmt.Sprintf("burst of %d", n) }

@@ -1,4 +1,4 @@
-package scenarios
+package shrink
 
 import (
 	"context"
@@ -42,10 +42,10 @@ func TestShrinkConfirmsWhatItReports(t *testing.T) {
 		return ops, nil, nil
 	}
 	v := &model.Violation{Invariant: model.T1, Conv: conv}
-	s := &shrinker{labs: []*execute.Lab{{}}, want: model.T1, ctx: context.Background(), from: len(plans), plans: plans, violation: v,
+	s := &Shrinker{labs: []*execute.Lab{{}}, want: model.T1, ctx: context.Background(), from: len(plans), Plans: plans, Violation: v,
 		replayOn: fake}
 	require.True(t, s.run(plans))
-	assert.Len(t, s.plans, 3, "the smallest run that breaks the invariant again")
-	assert.Equal(t, s.plans, s.found[len(s.found)-1].plans)
+	assert.Len(t, s.Plans, 3, "the smallest run that breaks the invariant again")
+	assert.Equal(t, s.Plans, s.found[len(s.found)-1].plans)
 	assert.Positive(t, replays[1], "shorter runs were tried")
 }

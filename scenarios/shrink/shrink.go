@@ -1,4 +1,4 @@
-package scenarios
+package shrink
 
 import (
 	"cmp"
@@ -16,33 +16,33 @@ import (
 	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
-// shrinker minimises a failing run's plans directly, as delta debugging
+// Shrinker minimises a failing run's plans directly, as delta debugging
 // does: first whole steps go (ddmin over the plans), then each step is made
 // simpler (fewer requests in a burst, no fault, no stream, fewer
 // conversations). Every candidate is replayed in a session of its own, and
 // kept if it breaks the same invariant; with several labs, as many
 // candidates as there are labs are replayed at once, and the first of
 // them in the order tried alone is kept, so the result is the one one lab
-// gives. rapid stays the search; this is the shrinker, bounded by a hard
+// gives. rapid stays the search; this is the Shrinker, bounded by a hard
 // wall-clock budget.
-type shrinker struct {
+type Shrinker struct {
 	labs []*execute.Lab
 	want model.Invariant
 	ctx  context.Context
-	// runs counts the candidates replayed; after is called after each,
+	// Runs counts the candidates replayed; after is called after each,
 	// with the steps of the smallest failing run so far.
-	runs  int
+	Runs  int
 	after func(steps int)
 	// from is how many steps the failing run had.
 	from int
-	// cut says the bound ran out before the shrinker was done, and kept
+	// Cut says the bound ran out before the shrinker was done, and kept
 	// counts the smaller candidates it kept before then.
-	cut  bool
-	kept int
-	// plans, history and violation are the smallest failing run so far.
-	plans     []plan.Plan
-	history   []history.Op
-	violation *model.Violation
+	Cut  bool
+	Kept int
+	// Plans, history and violation are the smallest failing run so far.
+	Plans     []plan.Plan
+	History   []history.Op
+	Violation *model.Violation
 	// misses are the histories of the replays of the original steps that
 	// did not break the invariant: what differed, for a flaky failure.
 	misses [][]history.Op
@@ -62,17 +62,17 @@ type foundRun struct {
 	violation *model.Violation
 }
 
-// shrink returns the smallest run it finds, within ctx, that breaks v's
+// Run returns the smallest run it finds, within ctx, that breaks v's
 // invariant as plans did, replaying candidates in labs. ok is false if
 // plans, replayed, did not break it at all: the failure did not reproduce.
-func shrink(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.Violation, after func(steps int)) (s *shrinker, ok bool) {
-	s = &shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), plans: plans, violation: v,
+func Run(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.Violation, after func(steps int)) (s *Shrinker, ok bool) {
+	s = &Shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), Plans: plans, Violation: v,
 		replayOn: (*execute.Lab).Replay}
 	return s, s.run(plans)
 }
 
 // run shrinks plans, and reports whether they broke the invariant again.
-func (s *shrinker) run(plans []plan.Plan) bool {
+func (s *Shrinker) run(plans []plan.Plan) bool {
 	// The steps that touch the failing conversation, alone, are tried
 	// first: when they break the invariant, the failure reproduces, and
 	// the replay of the whole run, often the costliest of all (its
@@ -90,17 +90,17 @@ func (s *shrinker) run(plans []plan.Plan) bool {
 	s.confirm()
 	// A candidate the bound cut short decided nothing: the shrinker may
 	// have stopped short of where it would have ended.
-	s.cut = s.done()
+	s.Cut = s.done()
 	return true
 }
 
-func (s *shrinker) done() bool { return s.ctx.Err() != nil }
+func (s *Shrinker) done() bool { return s.ctx.Err() != nil }
 
 // reproduce replays plans until they break the invariant again, and
 // reports whether they did. A server that does not report its activity
 // may run a burst in another interleaving on a replay: a failure is
 // taken not to reproduce only after several tries.
-func (s *shrinker) reproduce(plans []plan.Plan) bool {
+func (s *Shrinker) reproduce(plans []plan.Plan) bool {
 	r, ok := s.breaksAgain(plans, func(miss replayed) { s.misses = append(s.misses, miss.history) })
 	if ok {
 		// The run itself, not a smaller one: nothing kept yet.
@@ -113,7 +113,7 @@ func (s *shrinker) reproduce(plans []plan.Plan) bool {
 // (it mostly breaks the invariant), then as many at once as there are
 // labs, and returns the first replay that breaks the invariant; missed
 // hears of each one that came to an end without breaking it.
-func (s *shrinker) breaksAgain(plans []plan.Plan, missed func(replayed)) (replayed, bool) {
+func (s *Shrinker) breaksAgain(plans []plan.Plan, missed func(replayed)) (replayed, bool) {
 	for tries := 0; tries < reproduceTries && !s.done(); {
 		n := 1
 		if tries > 0 {
@@ -144,7 +144,7 @@ type replayed struct {
 }
 
 // replay replays the candidates, at most one per lab, at once.
-func (s *shrinker) replay(cands [][]plan.Plan) []replayed {
+func (s *Shrinker) replay(cands [][]plan.Plan) []replayed {
 	out := make([]replayed, len(cands))
 	var wg sync.WaitGroup
 	for i, plans := range cands {
@@ -155,9 +155,9 @@ func (s *shrinker) replay(cands [][]plan.Plan) []replayed {
 	}
 	wg.Wait()
 	for range cands {
-		s.runs++
+		s.Runs++
 		if s.after != nil {
-			s.after(cmp.Or(len(s.plans), s.from))
+			s.after(cmp.Or(len(s.Plans), s.from))
 		}
 	}
 	return out
@@ -165,21 +165,21 @@ func (s *shrinker) replay(cands [][]plan.Plan) []replayed {
 
 // keep keeps plans, cut after the step that broke the invariant, if r
 // says they broke it.
-func (s *shrinker) keep(plans []plan.Plan, r replayed) bool {
+func (s *Shrinker) keep(plans []plan.Plan, r replayed) bool {
 	if r.err != nil || r.v == nil || r.v.Invariant != s.want || s.done() {
 		return false
 	}
-	s.kept++
+	s.Kept++
 	s.record(plans, r)
 	return true
 }
 
 // record makes plans, cut after the step that broke the invariant in r,
 // the smallest failing run so far.
-func (s *shrinker) record(plans []plan.Plan, r replayed) {
-	s.plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
-	s.history, s.violation = r.history, r.v
-	s.found = append(s.found, foundRun{s.plans, s.history, s.violation})
+func (s *Shrinker) record(plans []plan.Plan, r replayed) {
+	s.Plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
+	s.History, s.Violation = r.history, r.v
+	s.found = append(s.found, foundRun{s.Plans, s.History, s.Violation})
 }
 
 // confirm makes sure the smallest failing run kept breaks the invariant
@@ -189,7 +189,7 @@ func (s *shrinker) record(plans []plan.Plan, r replayed) {
 // next smallest, down to the first run kept, which reproduced already.
 // On a server that behaves the same way under the same steps, it costs
 // one replay.
-func (s *shrinker) confirm() {
+func (s *Shrinker) confirm() {
 	for len(s.found) > 1 && !s.done() {
 		if _, ok := s.breaksAgain(s.found[len(s.found)-1].plans, nil); ok {
 			return
@@ -199,16 +199,16 @@ func (s *shrinker) confirm() {
 		}
 		s.found = s.found[:len(s.found)-1]
 		next := s.found[len(s.found)-1]
-		s.plans, s.history, s.violation = next.plans, next.history, next.violation
+		s.Plans, s.History, s.Violation = next.plans, next.history, next.violation
 	}
 }
 
 // try replays plans and keeps them if they break the invariant.
-func (s *shrinker) try(plans []plan.Plan) bool { return s.tryFirst([][]plan.Plan{plans}) }
+func (s *Shrinker) try(plans []plan.Plan) bool { return s.tryFirst([][]plan.Plan{plans}) }
 
 // tryFirst replays the candidates, as many at once as there are labs, and
 // keeps the first, in order, that breaks the invariant.
-func (s *shrinker) tryFirst(cands [][]plan.Plan) bool {
+func (s *Shrinker) tryFirst(cands [][]plan.Plan) bool {
 	cands = slices.DeleteFunc(slices.Clone(cands), func(c []plan.Plan) bool { return len(c) == 0 })
 	for len(cands) > 0 && !s.done() {
 		batch := cands[:min(len(s.labs), len(cands))]
@@ -227,13 +227,13 @@ func (s *shrinker) tryFirst(cands [][]plan.Plan) bool {
 // and reports whether one broke the invariant: most failures need
 // nothing else, and on a server that is slow to start the one or two
 // replays save many of ddmin's, each restart most of all.
-func (s *shrinker) slice() bool {
-	conv := s.violation.Conv
+func (s *Shrinker) slice() bool {
+	conv := s.Violation.Conv
 	if conv == (model.ConversationRef{}) {
 		return false
 	}
 	var alone, restarted []plan.Plan
-	for _, p := range s.plans {
+	for _, p := range s.Plans {
 		touches := slices.ContainsFunc(p.Sends, func(x plan.Send) bool { return x.Conv == conv })
 		if touches && p.Restart == nil {
 			alone = append(alone, p)
@@ -246,7 +246,7 @@ func (s *shrinker) slice() bool {
 	if len(alone) < len(restarted) {
 		cands = append(cands, alone)
 	}
-	if len(restarted) < len(s.plans) {
+	if len(restarted) < len(s.Plans) {
 		cands = append(cands, restarted)
 	}
 	return s.tryFirst(cands)
@@ -254,37 +254,37 @@ func (s *shrinker) slice() bool {
 
 // ddmin removes as many whole steps as it can: chunks of the plans, halved
 // until Single steps, as Zeller's delta debugging does with complements.
-func (s *shrinker) ddmin() {
+func (s *Shrinker) ddmin() {
 	n := 2
-	for len(s.plans) >= 2 && !s.done() {
-		n = min(n, len(s.plans))
+	for len(s.Plans) >= 2 && !s.done() {
+		n = min(n, len(s.Plans))
 		cands := make([][]plan.Plan, n)
 		for i := range n {
-			lo, hi := i*len(s.plans)/n, (i+1)*len(s.plans)/n
-			cands[i] = slices.Concat(s.plans[:lo], s.plans[hi:])
+			lo, hi := i*len(s.Plans)/n, (i+1)*len(s.Plans)/n
+			cands[i] = slices.Concat(s.Plans[:lo], s.Plans[hi:])
 		}
 		switch {
 		case s.tryFirst(cands):
 			n = max(n-1, 2)
-		case n == len(s.plans):
+		case n == len(s.Plans):
 			return
 		default:
-			n = min(2*n, len(s.plans))
+			n = min(2*n, len(s.Plans))
 		}
 	}
 }
 
 // simplify tries to make each step simpler, latest first, and reports
 // whether any candidate was kept.
-func (s *shrinker) simplify() bool {
+func (s *Shrinker) simplify() bool {
 	changed := false
-	for i := len(s.plans) - 1; i >= 0 && !s.done(); i-- {
-		if i >= len(s.plans) {
+	for i := len(s.Plans) - 1; i >= 0 && !s.done(); i-- {
+		if i >= len(s.Plans) {
 			continue // a kept candidate ended earlier
 		}
 		var cands [][]plan.Plan
-		for _, p := range simpler(s.plans[i], s.plans) {
-			cands = append(cands, slices.Concat(s.plans[:i], []plan.Plan{p}, s.plans[i+1:]))
+		for _, p := range simpler(s.Plans[i], s.Plans) {
+			cands = append(cands, slices.Concat(s.Plans[:i], []plan.Plan{p}, s.Plans[i+1:]))
 		}
 		if s.tryFirst(cands) {
 			changed = true
@@ -349,8 +349,8 @@ func simpler(p plan.Plan, all []plan.Plan) []plan.Plan {
 // others' order.
 func withoutSend(p plan.Plan, k int) plan.Plan {
 	q := plan.Plan{Action: p.Action, Sends: slices.Delete(slices.Clone(p.Sends), k, k+1), Restart: p.Restart}
-	if p.Action == burstAction(len(p.Sends)) {
-		q.Action = burstAction(len(q.Sends))
+	if p.Action == plan.BurstAction(len(p.Sends)) {
+		q.Action = plan.BurstAction(len(q.Sends))
 	}
 	for _, i := range p.Release {
 		switch {
@@ -420,19 +420,19 @@ func firstConv(plans []plan.Plan) model.ConversationRef {
 	return model.ConversationRef{}
 }
 
-// shrinkBudget is the context a shrink runs in: ShrinkTime from now, or
+// Budget is the context a shrink runs in: ShrinkTime from now, or
 // until the run's own context ends.
-func shrinkBudget(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+func Budget(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	if parent == nil {
 		parent = context.Background()
 	}
 	return context.WithTimeout(parent, d)
 }
 
-// differed says, for a failure that did not reproduce, where each replay
+// Differed says, for a failure that did not reproduce, where each replay
 // of its steps first went another way than the failing run: a person
 // reads there what the server does not do the same way twice.
-func (s *shrinker) differed(failing []history.Op) string {
+func (s *Shrinker) Differed(failing []history.Op) string {
 	var b strings.Builder
 	for i, h := range s.misses {
 		fmt.Fprintf(&b, "\nReplay %d %s.", i+1, firstDifference(failing, h))

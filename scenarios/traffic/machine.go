@@ -1,4 +1,4 @@
-package scenarios
+package traffic
 
 import (
 	"fmt"
@@ -27,10 +27,10 @@ type conv struct {
 	failed []model.Token
 }
 
-// machine is one check's state machine. Its actions only draw plans (every
+// Machine is one check's state machine. Its actions only draw plans (every
 // rapid draw happens on rapid's goroutine); step executes a plan, records
 // its history and validates it.
-type machine struct {
+type Machine struct {
 	*execute.Session
 	stats *report.Stats
 	// onViolation is told of a violation before the check fails, and
@@ -53,7 +53,15 @@ type machine struct {
 	tags    int
 }
 
-func (m *machine) actions() map[string]func(*rapid.T) {
+// New returns the machine of one check, run in sess: stats counts what it
+// drew, onViolation is told of a violation (with the plans and history
+// that led to it) before the check fails, and onDead of a server that
+// stopped answering.
+func New(sess *execute.Session, stats *report.Stats, onViolation func(*model.Violation, []plan.Plan, []history.Op), onDead func(error)) *Machine {
+	return &Machine{Session: sess, stats: stats, onViolation: onViolation, onDead: onDead}
+}
+
+func (m *Machine) Actions() map[string]func(*rapid.T) {
 	a := map[string]func(*rapid.T){
 		"new conversation":     m.newConversation,
 		"continue":             m.continueConversation,
@@ -74,7 +82,7 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 // declares it survives), and starts it again on the same data, now and
 // then loading its agent under another query, or twice under one stable
 // key (T7, T8).
-func (m *machine) restart(t *rapid.T) {
+func (m *Machine) restart(t *rapid.T) {
 	if !m.committed {
 		// A restart of a server with nothing to lose shows nothing, and
 		// on a slow server it is the costliest step there is.
@@ -114,17 +122,17 @@ func (m *machine) restart(t *rapid.T) {
 	m.step(t, p)
 }
 
-func (m *machine) newTag() string {
+func (m *Machine) newTag() string {
 	m.tags++
 	return fmt.Sprintf("tag=v%d", m.tags+1) // v1 is the reference the server starts with
 }
 
-func (m *machine) newConversation(t *rapid.T) {
+func (m *Machine) newConversation(t *rapid.T) {
 	c := m.newConv(t)
 	m.step(t, plan.Single("new conversation", m.drawTurn(t, c, m.newToken(), true)))
 }
 
-func (m *machine) continueConversation(t *rapid.T) {
+func (m *Machine) continueConversation(t *rapid.T) {
 	if len(m.convs) == 0 {
 		t.Skip("no conversation yet")
 	}
@@ -132,7 +140,7 @@ func (m *machine) continueConversation(t *rapid.T) {
 	m.step(t, plan.Single("continue", m.drawTurn(t, c, m.newToken(), true)))
 }
 
-func (m *machine) retryFailed(t *rapid.T) {
+func (m *Machine) retryFailed(t *rapid.T) {
 	var candidates []*conv
 	for _, c := range m.convs {
 		if len(c.failed) > 0 {
@@ -149,7 +157,7 @@ func (m *machine) retryFailed(t *rapid.T) {
 
 // otherKey continues a conversation id under another API key: a different
 // conversation, which must see nothing of the first (T5).
-func (m *machine) otherKey(t *rapid.T) {
+func (m *Machine) otherKey(t *rapid.T) {
 	if len(m.convs) == 0 {
 		t.Skip("no conversation yet")
 	}
@@ -160,7 +168,7 @@ func (m *machine) otherKey(t *rapid.T) {
 	m.step(t, plan.Single("same id, other key", m.drawTurn(t, c, m.newToken(), true)))
 }
 
-func (m *machine) invalidContinuation(t *rapid.T) {
+func (m *Machine) invalidContinuation(t *rapid.T) {
 	if len(m.convs) == 0 {
 		t.Skip("no conversation yet")
 	}
@@ -173,7 +181,7 @@ func (m *machine) invalidContinuation(t *rapid.T) {
 // burst sends 2 to 6 turns at once on one id, new or existing (T4), with
 // now and then a turn on another conversation among them. The model holds
 // every call and lets them go in a drawn order.
-func (m *machine) burst(t *rapid.T) {
+func (m *Machine) burst(t *rapid.T) {
 	var c *conv
 	if len(m.convs) == 0 || rapid.Bool().Draw(t, "new id") {
 		c = m.newConv(t)
@@ -181,7 +189,7 @@ func (m *machine) burst(t *rapid.T) {
 		c = newest(t, m.convs, "conversation")
 	}
 	n := rapid.IntRange(2, 6).Draw(t, "requests")
-	p := plan.Plan{Action: burstAction(n)}
+	p := plan.Plan{Action: plan.BurstAction(n)}
 	for range n {
 		on := c
 		if len(m.convs) > 1 && rapid.IntRange(0, 4).Draw(t, "on another conversation") == 4 {
@@ -194,12 +202,9 @@ func (m *machine) burst(t *rapid.T) {
 	m.step(t, p)
 }
 
-// burstAction names a burst of n requests.
-func burstAction(n int) string { return fmt.Sprintf("burst of %d", n) }
-
 // drawTurn draws how a turn with user token tok is sent on c and what goes
 // wrong with it.
-func (m *machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool) plan.Send {
+func (m *Machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool) plan.Send {
 	s := plan.TurnSend(c.ref, tok, rapid.Bool().Draw(t, "stream"))
 	if m.Profile.Tools {
 		plan.DrawRounds(t, &s)
@@ -209,7 +214,7 @@ func (m *machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 }
 
 // newConv draws a key and opens a conversation under a new id.
-func (m *machine) newConv(t *rapid.T) *conv {
+func (m *Machine) newConv(t *rapid.T) *conv {
 	if m.Profile.Eviction == targets.Forgets && m.opened >= m.Profile.Capacity {
 		// It could forget one the check still uses, as it may: the model
 		// does not follow a conversation starting over yet. Every id sent
@@ -225,7 +230,7 @@ func (m *machine) newConv(t *rapid.T) *conv {
 }
 
 // step executes p and checks it; a violation fails the run.
-func (m *machine) step(t *rapid.T, p plan.Plan) {
+func (m *Machine) step(t *rapid.T, p plan.Plan) {
 	ops, v := m.Session.Step(p)
 	for _, op := range ops {
 		m.record(op)
@@ -247,7 +252,7 @@ func (m *machine) step(t *rapid.T, p plan.Plan) {
 
 // record counts op and keeps what later draws need: the conversation's
 // latest user message and its failed turns.
-func (m *machine) record(op history.Op) {
+func (m *Machine) record(op history.Op) {
 	if op.Restart != nil {
 		m.stats.Faults[op.Action]++
 		return
@@ -284,7 +289,7 @@ func (m *machine) record(op history.Op) {
 	}
 }
 
-func (m *machine) conv(ref model.ConversationRef) *conv {
+func (m *Machine) conv(ref model.ConversationRef) *conv {
 	for _, c := range m.convs {
 		if c.ref == ref {
 			return c
@@ -296,7 +301,7 @@ func (m *machine) conv(ref model.ConversationRef) *conv {
 	return c
 }
 
-func (m *machine) newToken() model.Token {
+func (m *Machine) newToken() model.Token {
 	m.tokens++
 	return model.UserToken(m.tokens)
 }
