@@ -1,11 +1,19 @@
 // Package scenarios runs turncheck's rapid state machine against a server
-// under test. A check flows in three stages, as etcd's robustness tests do:
-// the machine's actions draw plans (turns, continuations, retries, bursts
-// of turns sent at once, and what goes wrong with each); an executor sends
-// them and records a history (each request's invocation and completion on
-// one timeline, its outcome, and the model calls that carry its token);
-// and the history is validated by the reference model in package model
-// and, for bursts, by porcupine's linearizability checker.
+// under test. A check flows through one package per stage, as etcd's
+// robustness tests do, each importing only the ones before it:
+//
+//   - targets start the servers and say what they declare (profiles);
+//   - traffic is the state machine whose actions draw plans (package
+//     plan: turns, continuations, retries, bursts of turns sent at once,
+//     restarts, and what goes wrong with each);
+//   - execute sends them through a protocol (package protocol, the only
+//     code that knows the wire) and records a history (package history:
+//     each request's invocation and completion on one timeline, its
+//     outcome, and the model calls that carry its token);
+//   - the history is validated by the reference model in package model
+//     and, for bursts, by porcupine's linearizability checker (package
+//     validate);
+//   - a failure is shrunk (package shrink) and reported (package report).
 //
 // Conform runs it against the whole contract and gives a verdict per
 // invariant, exploring on after a failure; Check stops at the first broken

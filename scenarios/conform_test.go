@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
@@ -32,7 +33,7 @@ func TestConformCleanServer(t *testing.T) {
 	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent, sut.Complete} {
 		t.Run(string(policy), func(t *testing.T) {
 			t.Parallel()
-			c, err := Conform(Reference{Interruption: policy}, Options{Checks: 30, Seed: 7})
+			c, err := Conform(reference.Target{Interruption: policy}, Options{Checks: 30, Seed: 7})
 			require.NoError(t, err)
 			st := statuses(c)
 			for _, inv := range model.Invariants() {
@@ -50,7 +51,7 @@ func TestConformCleanServer(t *testing.T) {
 // recorded, and the run goes on to exercise and pass the others.
 func TestConformGoesOnAfterAFailure(t *testing.T) {
 	t.Parallel()
-	c, err := Conform(Reference{Mutant: sut.MutateBeforeRun}, Options{Checks: 40, Seed: 11})
+	c, err := Conform(reference.Target{Mutant: sut.MutateBeforeRun}, Options{Checks: 40, Seed: 11})
 	require.NoError(t, err)
 	v := c.Verdict(model.T1)
 	require.Equal(t, report.Fail, v.Status, "%+v", c.Verdicts)
@@ -71,7 +72,7 @@ func TestConformGoesOnAfterAFailure(t *testing.T) {
 // TestConformSkip: a known failure left out is reported as skipped, and
 // the server conforms on the rest.
 func TestConformSkip(t *testing.T) {
-	c, err := Conform(Reference{Mutant: sut.ReplayWithoutUser}, Options{Checks: 20, Seed: 3, Skip: []model.Invariant{model.T3}})
+	c, err := Conform(reference.Target{Mutant: sut.ReplayWithoutUser}, Options{Checks: 20, Seed: 3, Skip: []model.Invariant{model.T3}})
 	require.NoError(t, err)
 	assert.Equal(t, report.Skipped, c.Verdict(model.T3).Status)
 	assert.Positive(t, c.Stats.SetAside[model.T3])
@@ -132,12 +133,12 @@ func referenceHandler() targets.Target {
 // misdeclared is the reference server with a profile that declares what
 // declare makes of its own.
 type misdeclared struct {
-	Reference
+	reference.Target
 	declare func(*targets.Profile)
 }
 
 func (m misdeclared) Profile() targets.Profile {
-	p := m.Reference.Profile()
+	p := m.Target.Profile()
 	m.declare(&p)
 	return p
 }
@@ -161,7 +162,7 @@ func TestInterruptionPolicyIsJudged(t *testing.T) {
 		{"keeps, declared complete", sut.KeepConsistent, targets.Complete},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			target := misdeclared{Reference{Interruption: tc.runs}, func(p *targets.Profile) { p.Interruption = tc.declares }}
+			target := misdeclared{reference.Target{Interruption: tc.runs}, func(p *targets.Profile) { p.Interruption = tc.declares }}
 			res, err := Check(target, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
 			require.NoError(t, err)
 			require.NotNil(t, res.Failure, "a %s server went unnoticed under the %s policy", tc.runs, tc.declares)
@@ -176,7 +177,7 @@ func TestInterruptionPolicyIsJudged(t *testing.T) {
 // as not applicable, never passed, and no tool turns; a client that drops
 // a turn mid-call is judged all the same (T10).
 func TestConformWithoutTools(t *testing.T) {
-	toolsUndeclared := misdeclared{Reference{}, func(p *targets.Profile) { p.Tools = false }}
+	toolsUndeclared := misdeclared{reference.Target{}, func(p *targets.Profile) { p.Tools = false }}
 	c, err := Conform(toolsUndeclared, Options{Checks: 10, Seed: 5})
 	require.NoError(t, err)
 	for _, inv := range []model.Invariant{model.T9, model.T11} {

@@ -11,6 +11,7 @@ import (
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -27,7 +28,7 @@ func BenchmarkCheckOverhead(b *testing.B) {
 			Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}",
 				"--key", "key-a", "--key", "key-b"},
 			FreshPerCheck: fresh,
-			Reaches:       Reference{}.Profile(),
+			Reaches:       reference.Target{}.Profile(),
 		}
 	}
 	plain := plan.Single("continue", plan.TurnSend(model.ConversationRef{Key: "key-a", ID: "conv-1"}, model.UserToken(1), false))
@@ -69,8 +70,8 @@ func BenchmarkCrashRestart(b *testing.B) {
 	target := targets.Subprocess{
 		Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}",
 			"--key", "key-a", "--key", "key-b", "--agent={agents}"},
-		Agent:   Reference{}.Profile().Agent,
-		Reaches: Reference{}.Profile(),
+		Agent:   reference.Target{}.Profile().Agent,
+		Reaches: reference.Target{}.Profile(),
 	}
 	l, err := execute.Open(target, nil)
 	require.NoError(b, err)

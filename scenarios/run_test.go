@@ -16,6 +16,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
@@ -32,7 +33,7 @@ func TestSaveForTest(t *testing.T) {
 	pkg := filepath.Join(root, "sub", "pkg")
 	require.NoError(t, os.MkdirAll(pkg, 0o755))
 	t.Chdir(pkg)
-	target := Reference{Mutant: sut.ForkNewSession}
+	target := reference.Target{Mutant: sut.ForkNewSession}
 	res, err := Check(target, Options{Checks: 50, Seed: 1})
 	require.NoError(t, err)
 	require.NotNil(t, res.Failure)
@@ -85,7 +86,7 @@ func TestPlanCheck(t *testing.T) {
 		}(),
 	} {
 		assert.Error(t, p.Check(), name)
-		_, _, err := Replay(Reference{}, []plan.Plan{two, p})
+		_, _, err := Replay(reference.Target{}, []plan.Plan{two, p})
 		assert.ErrorContains(t, err, "step 2", name)
 	}
 }

@@ -1,3 +1,7 @@
+// Package execute carries out plans against a server: a Lab holds the fake
+// model and the server of a run, a Session is one check against it, and
+// its executor sends each step's requests, injects its faults, records its
+// history and validates it against the reference model.
 package execute
 
 import (

@@ -1,3 +1,6 @@
+// Package history records what a run did: an Op is one request as it was
+// planned, sent and answered, with the model calls that carry its token; a
+// run's history is its ops, in order.
 package history
 
 import (

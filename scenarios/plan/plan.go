@@ -1,3 +1,8 @@
+// Package plan holds the steps of a check as data: a Plan is one step (a
+// turn, a burst of turns sent at once, a restart), and a Send one request
+// of it with what goes wrong with it. Plans are drawn by package traffic,
+// executed by package execute, shrunk by package shrink and saved in
+// failure files, so they replay exactly.
 package plan
 
 import (
@@ -219,6 +224,7 @@ func (p Plan) String() string {
 	return fmt.Sprintf("%s: %s; release %v", p.Action, strings.Join(parts, ", "), p.Release)
 }
 
+// OrNone is s, or says that there is no new message when s is empty.
 func OrNone(s string) string {
 	if s == "" {
 		return "(no new message)"

@@ -1,3 +1,6 @@
+// Package protocol is the only code that knows how a turn is sent to a
+// server and how its outcome is read off the wire: the chat endpoint with
+// a conversation header, its JSON answers and its event streams.
 package protocol
 
 import (
@@ -91,6 +94,8 @@ type Client struct {
 	http *http.Client
 }
 
+// NewClient returns a client of the server at base, as p reaches it, that
+// names every conversation under the namespace ns ("" for none).
 func NewClient(base string, p targets.Profile, ns string) *Client {
 	return &Client{
 		base:    strings.TrimRight(base, "/"),
@@ -103,6 +108,7 @@ func NewClient(base string, p targets.Profile, ns string) *Client {
 	}
 }
 
+// Close drops the client's idle connections.
 func (c *Client) Close() { c.http.CloseIdleConnections() }
 
 // Rebase points the client at a server restarted at base, dropping the

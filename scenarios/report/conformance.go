@@ -1,3 +1,6 @@
+// Package report holds what a run found (Result, Failure, Stats,
+// Conformance and its verdicts) and renders it for a person and for
+// machines: text, JSON, JUnit and HTML.
 package report
 
 import (

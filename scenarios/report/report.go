@@ -179,6 +179,7 @@ type Stats struct {
 // MaxFirstAnswers bounds Stats.FirstAnswers.
 const MaxFirstAnswers = 3
 
+// NewStats returns empty Stats, every count ready to add to.
 func NewStats() *Stats {
 	return &Stats{Faults: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{},
 		SetAside: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},

@@ -1,3 +1,6 @@
+// Package shrink minimises a failing run to a short sequence of steps that
+// still breaks the same invariant, replaying candidates in labs within a
+// hard wall-clock bound.
 package shrink
 
 import (
@@ -253,7 +256,7 @@ func (s *Shrinker) slice() bool {
 }
 
 // ddmin removes as many whole steps as it can: chunks of the plans, halved
-// until Single steps, as Zeller's delta debugging does with complements.
+// until single steps, as Zeller's delta debugging does with complements.
 func (s *Shrinker) ddmin() {
 	n := 2
 	for len(s.Plans) >= 2 && !s.done() {

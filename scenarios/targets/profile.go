@@ -1,3 +1,8 @@
+// Package targets starts the servers a run checks, and says how they are
+// reached and what they declare: a Remote server already running, a
+// Handler, a Subprocess from a command line, or any of them from a YAML
+// profile (LoadProfile). Only this package, and scenarios/reference for
+// the in-repo server, know how a server is started.
 package targets
 
 import (

@@ -1,3 +1,7 @@
+// Package traffic is the rapid state machine that draws a check's plans:
+// new conversations, continuations, retries, turns on another key,
+// continuations without a usable message, bursts, restarts and source
+// changes, with what goes wrong with each.
 package traffic
 
 import (
@@ -61,6 +65,7 @@ func New(sess *execute.Session, stats *report.Stats, onViolation func(*model.Vio
 	return &Machine{Session: sess, stats: stats, onViolation: onViolation, onDead: onDead}
 }
 
+// Actions are the machine's actions, by name, for rapid.T.Repeat.
 func (m *Machine) Actions() map[string]func(*rapid.T) {
 	a := map[string]func(*rapid.T){
 		"new conversation":     m.newConversation,

@@ -1,3 +1,6 @@
+// Package validate judges the histories of turns sent at once on one
+// conversation with porcupine's linearizability checker: some order of the
+// turns must explain what each saw.
 package validate
 
 import (
