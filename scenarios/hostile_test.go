@@ -484,7 +484,7 @@ const hostileRequests = 4
 // serves a few requests and then exits is an error that says the server
 // died, with its last words, within the bound.
 func TestHostileDeathMidRun(t *testing.T) {
-	t.Parallel() // it mostly waits on servers and bounds
+	t.Parallel()                   // it mostly waits on servers and bounds
 	const bound = 20 * time.Second // under the client's 30s: not a wait for a timeout
 	r := conformWithin(t, hostileCommand(t, "die-mid-run"), bound, scenarios.Options{Checks: 3, Steps: 8})
 	require.Error(t, r.err)
