@@ -484,8 +484,9 @@ const hostileRequests = 4
 // serves a few requests and then exits is an error that says the server
 // died, with its last words, within the bound.
 func TestHostileDeathMidRun(t *testing.T) {
-	t.Parallel()                   // it mostly waits on servers and bounds
-	const bound = 20 * time.Second // under the client's 30s: not a wait for a timeout
+	t.Parallel() // it mostly waits on servers and bounds
+	// Under the client's 30s: the run ends on the death, not on a timeout.
+	const bound = 20 * time.Second
 	r := conformWithin(t, hostileCommand(t, "die-mid-run"), bound, scenarios.Options{Checks: 3, Steps: 8})
 	require.Error(t, r.err)
 	assert.Contains(t, r.err.Error(), "the server under test died during the run")
