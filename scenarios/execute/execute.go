@@ -162,15 +162,15 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 	}
 	for i, s := range p.Sends {
 		f := flights[i]
-		req := e.client.NewRequest(s.Conv, s.Messages, s.Stream)
-		ops[i] = history.Op{Step: e.steps, Index: i, Action: p.Action, Send: s, Request: req}
-		ops[i].Turn.Invoke = e.tick()
 		base := e.ctx
 		if base == nil {
 			base = context.Background()
 		}
 		ctx, cancel := context.WithCancel(base)
 		f.cancel = cancel
+		req := e.client.NewRequest(ctx, s.Conv, s.Messages, s.Stream)
+		ops[i] = history.Op{Step: e.steps, Index: i, Action: p.Action, Send: s, Request: req}
+		ops[i].Turn.Invoke = e.tick()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

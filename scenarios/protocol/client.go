@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
-	"github.com/turncheck/turncheck/internal/sse"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
@@ -33,8 +32,17 @@ const maxKeptReply = 64 << 10
 // Request is one request the harness sends: enough to send it again by hand.
 type Request struct {
 	Conv model.ConversationRef `json:"conversation"`
+	// Method and Path are where it was sent; "" for POST
+	// /v1/chat/completions.
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path,omitempty"`
 	// Body is the JSON body exactly as sent.
 	Body json.RawMessage `json:"body"`
+	// Unsent says why the request was not sent at all (a session that
+	// could not be created): the turn then failed before it began.
+	Unsent string `json:"unsent,omitempty"`
+	// chainedFrom is the response id a Responses API turn chains from.
+	chainedFrom string
 	// Stream reports whether the body asks for a stream.
 	Stream bool `json:"stream,omitempty"`
 }
@@ -42,6 +50,9 @@ type Request struct {
 // Response is what the client learned of a request.
 type Response struct {
 	Outcome model.Outcome `json:"outcome"`
+	// ID is the id the server gave the turn's response, where the protocol
+	// names one (a Responses API response id).
+	ID string `json:"id,omitempty"`
 	// Status is the HTTP status, 0 if none was received.
 	Status int `json:"status,omitempty"`
 	// Reply is the assistant text received (a partial one on a broken
@@ -75,6 +86,11 @@ const (
 	CauseNoBody    = "200 without a chat.completion body"
 	CauseChunk     = "error chunk"
 	CauseRunEnded  = "still open when the run ended"
+	CauseUnsent    = "not sent (the protocol's call before it failed)"
+	// The Responses API's and session APIs' own.
+	CauseNoResponse   = "200 without a response object"
+	CauseNotCompleted = "stream ended before the turn completed"
+	CauseFailedEvent  = "failure event"
 )
 
 // ErrorDrain bounds how long the client keeps reading a stream after an
@@ -84,7 +100,8 @@ const (
 // response by then is only excused a 409 to the next request.
 const ErrorDrain = 2 * time.Second
 
-// Client speaks the chat endpoint of one server.
+// Client speaks one server's client protocol (the profile's): it builds
+// each turn's request, sends it, and reads what the turn came to.
 type Client struct {
 	base    string
 	profile targets.Profile
@@ -92,12 +109,31 @@ type Client struct {
 	// a server shared by several.
 	ns   string
 	http *http.Client
+	wire wire
+}
+
+// A wire is one client protocol: the only code that knows how a turn is
+// named on the wire and how its outcome is read. A wire may keep state
+// between turns (the response a conversation's chain ends with, the
+// session it runs in), safe for concurrent use.
+type wire interface {
+	// request builds the request of a turn that carries msgs on conv;
+	// the messages already carry the session's namespace.
+	request(ctx context.Context, c *Client, conv model.ConversationRef, msgs []openai.Message, stream bool) Request
+	// headers are the headers, beside Content-Type and Authorization,
+	// that req is sent with.
+	headers(c *Client, req Request) map[string]string
+	// read reads what the turn came to from resp, a response with a
+	// status; out has the status already.
+	read(ctx context.Context, req Request, resp *http.Response, out Response) Response
+	// learn keeps what the turn's outcome says of its conversation.
+	learn(req Request, out Response)
 }
 
 // NewClient returns a client of the server at base, as p reaches it, that
 // names every conversation under the namespace ns ("" for none).
 func NewClient(base string, p targets.Profile, ns string) *Client {
-	return &Client{
+	c := &Client{
 		base:    strings.TrimRight(base, "/"),
 		profile: p,
 		ns:      ns,
@@ -106,6 +142,15 @@ func NewClient(base string, p targets.Profile, ns string) *Client {
 			Transport: http.DefaultTransport.(*http.Transport).Clone(),
 		},
 	}
+	switch p.Protocol {
+	case targets.Responses:
+		c.wire = newResponses()
+	case targets.Sessions:
+		c.wire = newSessions(p.SessionsAPI)
+	default:
+		c.wire = chat{}
+	}
+	return c
 }
 
 // Close drops the client's idle connections.
@@ -118,11 +163,12 @@ func (c *Client) Rebase(base string) {
 	c.base = strings.TrimRight(base, "/")
 }
 
-// NewRequest builds a request carrying msgs on conversation conv. On a
-// server shared by several sessions, every user message with a token also
+// NewRequest builds a request carrying msgs on conversation conv; ctx
+// bounds what the protocol must do before (create a session). On a server
+// shared by several sessions, every user message with a token also
 // carries the session's namespace, which the fake model tells this
 // session's calls by.
-func (c *Client) NewRequest(conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
+func (c *Client) NewRequest(ctx context.Context, conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
 	if c.ns != "" {
 		tagged := make([]openai.Message, len(msgs))
 		for i, m := range msgs {
@@ -133,21 +179,58 @@ func (c *Client) NewRequest(conv model.ConversationRef, msgs []openai.Message, s
 		}
 		msgs = tagged
 	}
-	body, err := json.Marshal(openai.ChatRequest{Model: c.profile.Model, Messages: msgs, Stream: stream})
-	if err != nil {
-		panic(err) // plain strings always encode
-	}
-	return Request{Conv: conv, Body: body, Stream: stream}
+	return c.wire.request(ctx, c, conv, msgs, stream)
 }
 
 // Send sends req and reads the outcome. Cancelling ctx aborts the request:
 // the client drops the connection, and the outcome is unknown.
 func (c *Client) Send(ctx context.Context, req Request) Response {
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/chat/completions", bytes.NewReader(req.Body))
-	if err != nil {
-		return Response{Outcome: model.Unknown, Detail: err.Error()}
+	if req.Unsent != "" {
+		// Nothing of the turn reached the server: it failed before it
+		// began, and changed nothing.
+		return Response{Outcome: model.Fail, Detail: req.Unsent, Cause: CauseUnsent}
 	}
-	for k, v := range c.headers(req.Conv) {
+	resp, out := c.do(ctx, req.Method, req.Path, req.Body, c.wire.headers(c, req), req.Conv.Key)
+	if resp == nil {
+		c.wire.learn(req, out)
+		return out
+	}
+	defer resp.Body.Close()
+	out = c.wire.read(ctx, req, resp, out)
+	if out.Outcome != model.OK && out.Cause == "" {
+		out.Cause = fmt.Sprintf("status %d", resp.StatusCode)
+		if ctx.Err() != nil {
+			out.Cause = CauseAborted
+		}
+	}
+	c.wire.learn(req, out)
+	return out
+}
+
+// do sends one HTTP request (POST to /v1/chat/completions where method and
+// path are ""), with key's Authorization, and returns the response, whose
+// body the caller closes, and out with its status; or no response, and
+// out saying why.
+func (c *Client) do(ctx context.Context, method, path string, body []byte, headers map[string]string, key string) (*http.Response, Response) {
+	if method == "" {
+		method = http.MethodPost
+	}
+	if path == "" {
+		path = "/v1/chat/completions"
+	}
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	hr, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return nil, Response{Outcome: model.Unknown, Detail: err.Error()}
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		hr.Header.Set("Authorization", "Bearer "+key)
+	}
+	for k, v := range headers {
 		hr.Header.Set(k, v)
 	}
 	resp, err := c.http.Do(hr)
@@ -156,37 +239,9 @@ func (c *Client) Send(ctx context.Context, req Request) Response {
 		out := Response{Outcome: model.Unknown, Detail: "no response: " + transportError(ctx, err),
 			TimedOut: ctx.Err() == nil && errors.As(err, &timeout) && timeout.Timeout()}
 		out.Cause = transportCause(ctx, err, out.TimedOut)
-		return out
+		return nil, out
 	}
-	defer resp.Body.Close()
-	out := Response{Status: resp.StatusCode}
-	out = readResponse(ctx, resp, out)
-	if out.Outcome != model.OK && out.Cause == "" {
-		out.Cause = fmt.Sprintf("status %d", resp.StatusCode)
-		if ctx.Err() != nil {
-			out.Cause = CauseAborted
-		}
-	}
-	return out
-}
-
-// readResponse reads resp's body into out.
-func readResponse(ctx context.Context, resp *http.Response, out Response) Response {
-	body := io.LimitReader(resp.Body, maxResponseBytes)
-	switch {
-	case resp.StatusCode >= 400:
-		out.Outcome = model.Fail
-		out.Detail = errorMessage(body)
-		return out
-	case resp.StatusCode != http.StatusOK:
-		out.Outcome = model.Unknown
-		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)
-		return out
-	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
-		return readStream(ctx, body, resp.Body, out)
-	default:
-		return readWhole(ctx, body, out)
-	}
+	return resp, Response{Status: resp.StatusCode}
 }
 
 // transportCause names why a request got no response at all.
@@ -200,124 +255,6 @@ func transportCause(ctx context.Context, err error, timedOut bool) string {
 		return CauseRefused
 	}
 	return CauseNoAnswer
-}
-
-// headers are the request headers for conversation conv under the profile.
-func (c *Client) headers(conv model.ConversationRef) map[string]string {
-	h := map[string]string{"Content-Type": "application/json"}
-	if conv.ID != "" {
-		h[c.profile.HeaderName()] = c.ns + conv.ID
-	}
-	if conv.Key != "" {
-		h["Authorization"] = "Bearer " + conv.Key
-	}
-	return h
-}
-
-func readWhole(ctx context.Context, body io.Reader, out Response) Response {
-	raw, err := io.ReadAll(body)
-	if err != nil {
-		out.Outcome = model.Unknown
-		out.Detail = "response broke: " + transportError(ctx, err)
-		return out
-	}
-	var c openai.Completion
-	if err := json.Unmarshal(raw, &c); err != nil || len(c.Choices) == 0 || c.Choices[0].Message == nil {
-		out.Outcome = model.Unknown
-		out.Detail, out.Cause = CauseNoBody, CauseNoBody
-		return out
-	}
-	out.Outcome = model.OK
-	out.Reply = clipReply(c.Text())
-	return out
-}
-
-// readStream reads an SSE reply. It succeeded only if no chunk carried an
-// error, a chunk finished with "stop", and [DONE] closed the stream; an
-// error chunk fails the turn whatever follows it (PROTOCOL.md).
-//
-// After an error chunk it reads on, within ErrorDrain, until the server
-// ends the response ([DONE] or the end of the body): a server that sends
-// [DONE] after an error chunk may release the conversation only then, and
-// the next request must not race it. closer ends a read that takes longer.
-func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Response) Response {
-	var reply strings.Builder
-	stopped := false
-	events := sse.NewReader(body)
-	for {
-		data, err := events.Next()
-		if err != nil {
-			out.Reply = reply.String()
-			out.Outcome = model.Unknown
-			if errors.Is(err, io.EOF) {
-				out.Detail, out.Cause = "stream ended without [DONE]", CauseNoDone
-			} else {
-				out.Detail, out.Cause = "stream broke: "+transportError(ctx, err), CauseNoDone
-				var timeout net.Error
-				switch {
-				case ctx.Err() != nil:
-					out.Cause = CauseAborted
-				case errors.As(err, &timeout) && timeout.Timeout():
-					out.Cause = "stream never ended within the client's time"
-				}
-			}
-			return out
-		}
-		if data == openai.DoneSentinel {
-			out.Reply = reply.String()
-			if stopped {
-				out.Outcome = model.OK
-			} else {
-				out.Outcome = model.Unknown
-				out.Detail, out.Cause = "[DONE] without a chunk finishing with stop", CauseNoStop
-			}
-			return out
-		}
-		var c openai.Completion
-		if err := json.Unmarshal([]byte(data), &c); err != nil {
-			out.Reply = reply.String()
-			out.Outcome = model.Unknown
-			out.Detail, out.Cause = "malformed chunk from the server", CauseMalformed
-			return out
-		}
-		if c.Error != nil {
-			out.Reply = reply.String()
-			out.Outcome = model.Fail
-			out.Detail, out.Cause = "error chunk: "+c.Error.Message, CauseChunk
-			out.Open = !drain(events, closer)
-			return out
-		}
-		if reply.Len() < maxKeptReply {
-			reply.WriteString(clipReply(c.Text()))
-		}
-		if c.Finish() == openai.FinishStop {
-			stopped = true
-		}
-	}
-}
-
-// drain reads events until the server ends the response, for at most
-// ErrorDrain; it reports whether the server ended it in time.
-func drain(events *sse.Reader, closer io.Closer) bool {
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		for {
-			if data, err := events.Next(); err != nil || data == openai.DoneSentinel {
-				return
-			}
-		}
-	}()
-	timer := time.NewTimer(ErrorDrain)
-	defer timer.Stop()
-	select {
-	case <-ended:
-		return true
-	case <-timer.C:
-		_ = closer.Close() // ends the read above
-		<-ended
-		return false
-	}
 }
 
 // ClipText keeps at most n bytes of s, saying when it cut.

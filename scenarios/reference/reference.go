@@ -9,6 +9,8 @@
 package reference
 
 import (
+	"cmp"
+
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
@@ -28,6 +30,23 @@ type Target struct {
 	// Interruption is the server's policy for a turn whose client
 	// disconnects; "" means rollback.
 	Interruption sut.Interruption
+	// Protocol is the client protocol the harness reaches it through; ""
+	// means chat. The server serves all of them.
+	Protocol targets.Protocol
+}
+
+// SessionsAPI is the reference server's session API, shaped as
+// docker-agent's serve api: POST /api/sessions creates a session, and POST
+// /api/sessions/{session}/agent/{agent} runs a turn in it, with the
+// messages as a JSON array, answering with an event stream.
+func SessionsAPI() *targets.SessionsAPI {
+	return &targets.SessionsAPI{
+		Create: targets.Call{Method: "POST", Path: "/api/sessions", Body: "{}"},
+		ID:     "id",
+		Turn:   targets.Call{Method: "POST", Path: "/api/sessions/{session}/agent/{agent}", Body: "{messages}"},
+		Events: targets.EventRules{TypeField: "type", Text: "agent_choice", TextField: "content",
+			Done: []string{"stream_stopped"}, Failure: []string{"error"}, ErrorField: "error"},
+	}
 }
 
 // CompactAfter is the reference server's compaction threshold
@@ -67,6 +86,10 @@ func (r Target) Profile() targets.Profile {
 	if r.Interruption != "" {
 		p.Interruption = targets.Interruption(r.Interruption)
 	}
+	p.Protocol = cmp.Or(r.Protocol, targets.Chat)
+	if p.Protocol == targets.Sessions {
+		p.SessionsAPI = SessionsAPI()
+	}
 	return p
 }
 
@@ -95,5 +118,5 @@ func (r Target) Spec() targets.ServerSpec {
 		c = sut.Serialize
 	}
 	return targets.ServerSpec{Kind: "reference", Mutant: string(r.Mutant), Concurrency: string(c),
-		Interruption: string(r.Interruption)}
+		Interruption: string(r.Interruption), Protocol: string(r.Protocol)}
 }

@@ -119,8 +119,15 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile) {
 
 // curlCommand is a shell command that sends r.
 func curlCommand(r protocol.Request, p targets.Profile) string {
-	parts := []string{`curl -sS -N "$TURNCHECK_URL/v1/chat/completions"`, "-H 'Content-Type: application/json'"}
-	if r.Conv.ID != "" {
+	if r.Unsent != "" {
+		return "(not sent: " + r.Unsent + ")"
+	}
+	path, method := cmp.Or(r.Path, "/v1/chat/completions"), cmp.Or(r.Method, "POST")
+	parts := []string{`curl -sS -N "$TURNCHECK_URL` + path + `"`, "-H 'Content-Type: application/json'"}
+	if method != "POST" {
+		parts = append(parts, "-X "+method)
+	}
+	if r.Conv.ID != "" && r.Path == "" {
 		parts = append(parts, "-H "+shellQuote(p.HeaderName()+": "+r.Conv.ID))
 	}
 	if r.Conv.Key != "" {

@@ -69,6 +69,8 @@ type profileFile struct {
 	URL       string         `yaml:"url"`
 	ModelAddr string         `yaml:"model_addr"`
 
+	Protocol           string        `yaml:"protocol"`
+	Sessions           *SessionsAPI  `yaml:"sessions"`
 	ConversationHeader string        `yaml:"conversation_header"`
 	Keys               []string      `yaml:"keys"`
 	Model              string        `yaml:"model"`
@@ -103,14 +105,43 @@ type policySection struct {
 	Durability   Durability `yaml:"durability"`
 }
 
+// protocol sets p's protocol from the profile's.
+func (f *profileFile) protocol(p *Profile) error {
+	switch Protocol(f.Protocol) {
+	case "", Chat:
+		p.Protocol = Chat
+	case Responses:
+		p.Protocol = Responses
+	case Sessions:
+		p.Protocol = Sessions
+		if f.Sessions == nil {
+			return errors.New("sessions: the sessions protocol needs the session API described (create, id, turn, events)")
+		}
+		if err := f.Sessions.check(); err != nil {
+			return fmt.Errorf("sessions.%w", err)
+		}
+		p.SessionsAPI = f.Sessions
+		return nil
+	default:
+		return fmt.Errorf("protocol: %q; want chat, responses or sessions", f.Protocol)
+	}
+	if f.Sessions != nil {
+		return fmt.Errorf("sessions: describes a session API, but the protocol is %s", p.Protocol)
+	}
+	return nil
+}
+
 // sections names the YAML sections by their Go types, for errors about
 // unknown fields.
 var sections = map[string]reflect.Type{
-	"the profile":         reflect.TypeFor[profileFile](),
-	"server":              reflect.TypeFor[serverSection](),
-	"server.ready":        reflect.TypeFor[readySection](),
-	"policies":            reflect.TypeFor[policySection](),
-	"policies.durability": reflect.TypeFor[Durability](),
+	"the profile":                      reflect.TypeFor[profileFile](),
+	"server":                           reflect.TypeFor[serverSection](),
+	"server.ready":                     reflect.TypeFor[readySection](),
+	"policies":                         reflect.TypeFor[policySection](),
+	"policies.durability":              reflect.TypeFor[Durability](),
+	"sessions":                         reflect.TypeFor[SessionsAPI](),
+	"sessions.create or sessions.turn": reflect.TypeFor[Call](),
+	"sessions.events":                  reflect.TypeFor[EventRules](),
 }
 
 // LoadProfile reads a YAML profile (see profiles/README.md): how to start
@@ -232,6 +263,9 @@ func (f *profileFile) target() (Target, error) {
 	}
 	if err := f.Policies.apply(&p); err != nil {
 		return nil, fmt.Errorf("policies.%w", err)
+	}
+	if err := f.protocol(&p); err != nil {
+		return nil, err
 	}
 	switch {
 	case f.Server != nil && f.URL != "":

@@ -39,6 +39,10 @@ type Server interface {
 
 // Profile says how a server is reached: what the client sends it.
 type Profile struct {
+	// Protocol is how conversations and turns reach the server; "" means
+	// Chat. Sessions needs SessionsAPI.
+	Protocol    Protocol
+	SessionsAPI *SessionsAPI
 	// Header names the conversation header; "" means X-Conversation-Id.
 	Header string
 	// Keys are API keys the server accepts. With two or more, the harness
@@ -348,6 +352,9 @@ type ServerSpec struct {
 	// server's base URL, for kind "url" (a server started by someone else).
 	Profile string `json:"profile,omitempty"`
 	URL     string `json:"url,omitempty"`
+	// Protocol is the client protocol the reference server was reached
+	// through; "" for chat.
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // String names the server for a person.

@@ -195,11 +195,20 @@ func (m *Machine) burst(t *rapid.T) {
 	}
 	n := rapid.IntRange(2, 6).Draw(t, "requests")
 	p := plan.Plan{Action: plan.BurstAction(n)}
+	// Turns chained from one response branch by design: under the
+	// Responses API, a burst sends each of its turns on a conversation
+	// of its own, all at once.
+	branches := m.Profile.Protocol == targets.Responses
+	sent := map[*conv]bool{}
 	for range n {
 		on := c
 		if len(m.convs) > 1 && rapid.IntRange(0, 4).Draw(t, "on another conversation") == 4 {
 			on = newest(t, m.convs, "other conversation")
 		}
+		if branches && sent[on] {
+			on = m.newConv(t)
+		}
+		sent[on] = true
 		p.Sends = append(p.Sends, m.drawTurn(t, on, m.newToken(), false))
 	}
 	p.Release = rapid.Permutation(indexes(n)).Draw(t, "release order")

@@ -1,0 +1,203 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
+)
+
+func userMessage(text string) []openai.Message {
+	return []openai.Message{{Role: openai.RoleUser, Content: openai.Content(text)}}
+}
+
+// chainedFrom is the previous_response_id of a Responses API request.
+func chainedFrom(t *testing.T, req Request) string {
+	t.Helper()
+	var body responsesRequest
+	require.NoError(t, json.Unmarshal(req.Body, &body))
+	return body.PreviousResponseID
+}
+
+// TestResponsesChain: a conversation's turns chain from the last response
+// that ended ok, or whose outcome the client never learned; a response
+// the server said failed is chained from once (it must not be a base,
+// T1); an unknown response the server does not have (404) gives the chain
+// back its base; another key's conversation of the same id chains from
+// the first key's head (it must not be found, T5).
+func TestResponsesChain(t *testing.T) {
+	c := NewClient("http://127.0.0.1:1", targets.Profile{Protocol: targets.Responses, Model: "m"}, "")
+	w := c.wire.(*responses)
+	a := model.ConversationRef{Key: "key-a", ID: "conv-1"}
+	b := model.ConversationRef{Key: "key-b", ID: "conv-1"}
+	next := func(conv model.ConversationRef) Request {
+		return c.NewRequest(context.Background(), conv, userMessage("hi"), true)
+	}
+
+	first := next(a)
+	assert.Empty(t, chainedFrom(t, first), "a new conversation starts a chain")
+	assert.Equal(t, "/v1/responses", first.Path)
+	assert.Empty(t, chainedFrom(t, next(b)), "no chain of either key yet")
+	w.learn(first, Response{Outcome: model.OK, ID: "resp_1"})
+	assert.Equal(t, "resp_1", chainedFrom(t, next(a)))
+	assert.Equal(t, "resp_1", chainedFrom(t, next(b)), "the other key probes the first key's response")
+
+	failed := next(a)
+	w.learn(failed, Response{Outcome: model.Fail, Status: 502})
+	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "a failure without an id changes nothing")
+	w.learn(failed, Response{Outcome: model.Fail, ID: "resp_2"})
+	probe := next(a)
+	assert.Equal(t, "resp_2", chainedFrom(t, probe), "the failed response is chained from once")
+	w.learn(probe, Response{Outcome: model.Fail, Status: 404})
+	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "then the chain goes on from its head")
+
+	lost := next(a)
+	w.learn(lost, Response{Outcome: model.Unknown, ID: "resp_3"})
+	resume := next(a)
+	assert.Equal(t, "resp_3", chainedFrom(t, resume), "an unknown response is chained from: whole or absent (T6)")
+	w.learn(resume, Response{Outcome: model.Fail, Status: 502})
+	assert.Equal(t, "resp_3", chainedFrom(t, next(a)), "a failure that is not a 404 says nothing of it")
+	w.learn(resume, Response{Outcome: model.Fail, Status: 404})
+	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "the server does not have it: back to its base")
+}
+
+// TestResponsesOutcomes: a stream succeeds only on response.completed,
+// fails on response.failed, response.incomplete and error, and is unknown
+// if it ends before; the response id comes with response.created.
+func TestResponsesOutcomes(t *testing.T) {
+	created := `data: {"type":"response.created","response":{"id":"resp_9","status":"in_progress"}}` + "\n\n"
+	delta := `data: {"type":"response.output_text.delta","delta":"tc-a1"}` + "\n\n"
+	for name, tc := range map[string]struct {
+		body    string
+		outcome model.Outcome
+	}{
+		"completed":  {created + delta + `data: {"type":"response.completed","response":{"id":"resp_9","status":"completed"}}` + "\n\n", model.OK},
+		"failed":     {created + `data: {"type":"response.failed","response":{"id":"resp_9","status":"failed","error":{"message":"boom"}}}` + "\n\n", model.Fail},
+		"incomplete": {created + `data: {"type":"response.incomplete","response":{"id":"resp_9","status":"incomplete"}}` + "\n\n", model.Fail},
+		"error":      {created + `data: {"type":"error","message":"boom"}` + "\n\n", model.Fail},
+		"cut":        {created + delta, model.Unknown},
+		"malformed":  {created + "data: {\n\n", model.Unknown},
+	} {
+		out := readResponseEvents(context.Background(), strings.NewReader(tc.body), Response{Status: 200})
+		assert.Equal(t, tc.outcome, out.Outcome, name)
+		assert.Equal(t, "resp_9", out.ID, name)
+	}
+	out := readResponseEvents(context.Background(), strings.NewReader(created+delta+`data: {"type":"response.completed","response":{"id":"resp_9","status":"completed"}}`+"\n\n"), Response{})
+	assert.Equal(t, "tc-a1", out.Reply)
+
+	whole := func(status string) Response {
+		r := responseObject{ID: "resp_7", Status: status}
+		return r.outcome(Response{Status: 200})
+	}
+	assert.Equal(t, model.OK, whole("completed").Outcome)
+	assert.Equal(t, model.Fail, whole("failed").Outcome)
+	assert.Equal(t, model.Unknown, whole("in_progress").Outcome)
+	assert.Equal(t, "resp_7", whole("failed").ID)
+}
+
+// sessionServer is a session API that counts the sessions it creates and
+// answers each turn with the events in answer.
+type sessionServer struct {
+	mu       sync.Mutex
+	created  int
+	turns    []string // path and body of each turn
+	auth     []string
+	answer   string
+	refusing bool
+}
+
+func (s *sessionServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	body, _ := io.ReadAll(r.Body)
+	s.auth = append(s.auth, r.Header.Get("Authorization"))
+	if r.URL.Path == "/api/sessions" {
+		if s.refusing {
+			http.Error(w, `{"error":{"message":"no"}}`, http.StatusForbidden)
+			return
+		}
+		s.created++
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"s%d"}`, s.created)
+		return
+	}
+	s.turns = append(s.turns, r.Method+" "+r.URL.EscapedPath()+" "+string(body))
+	w.Header().Set("Content-Type", "text/event-stream")
+	_, _ = io.WriteString(w, s.answer)
+}
+
+// sessionsProfile is a profile of a session API shaped as the reference
+// server's.
+func sessionsProfile() targets.Profile {
+	return targets.Profile{Protocol: targets.Sessions, Model: "help er", SessionsAPI: &targets.SessionsAPI{
+		Create: targets.Call{Method: "POST", Path: "/api/sessions", Body: "{}"},
+		ID:     "id",
+		Turn:   targets.Call{Method: "POST", Path: "/api/sessions/{session}/agent/{agent}", Body: `{"text":{message},"all":{messages}}`},
+		Events: targets.EventRules{TypeField: "type", Text: "agent_choice", TextField: "content",
+			Done: []string{"stream_stopped"}, Failure: []string{"error"}, ErrorField: "error"},
+	}}
+}
+
+// TestSessionsAPI: a conversation's session is created once, before its
+// first turn, even when its first turns are sent at once; a turn names it
+// in its path and carries its messages in the body template; the events
+// say how the turn ended; a session that cannot be created fails the turn
+// before it is sent.
+func TestSessionsAPI(t *testing.T) {
+	srv := &sessionServer{answer: "data: {\"type\":\"agent_choice\",\"content\":\"tc-a1\"}\n\ndata: {\"type\":\"stream_stopped\"}\n\n"}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	c := NewClient(hs.URL, sessionsProfile(), "")
+	defer c.Close()
+	a := model.ConversationRef{Key: "key-a", ID: "conv-1"}
+	var wg sync.WaitGroup
+	outs := make([]Response, 3)
+	for i := range outs {
+		req := c.NewRequest(context.Background(), a, userMessage(fmt.Sprintf("msg %d", i)), false)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[i] = c.Send(context.Background(), req)
+		}()
+	}
+	wg.Wait()
+	for _, out := range outs {
+		assert.Equal(t, model.OK, out.Outcome, out.Detail)
+		assert.Equal(t, "tc-a1", out.Reply)
+	}
+	assert.Equal(t, 1, srv.created, "one session for the conversation")
+	require.Len(t, srv.turns, 3)
+	assert.Contains(t, srv.turns, `POST /api/sessions/s1/agent/help%20er {"text":"msg 0","all":[{"role":"user","content":"msg 0"}]}`)
+	assert.Equal(t, "Bearer key-a", srv.auth[0], "the session is created under the conversation's key")
+
+	other := c.NewRequest(context.Background(), model.ConversationRef{Key: "key-b", ID: "conv-1"}, userMessage("x"), false)
+	assert.Equal(t, "/api/sessions/s1/agent/help%20er", other.Path, "another key probes the first key's session (T5)")
+	assert.Equal(t, 1, srv.created)
+
+	srv.answer = "data: {\"type\":\"error\",\"error\":\"model failed\"}\n\n"
+	out := c.Send(context.Background(), c.NewRequest(context.Background(), a, userMessage("y"), false))
+	assert.Equal(t, model.Fail, out.Outcome)
+	assert.Contains(t, out.Detail, "model failed")
+	srv.answer = "data: {\"type\":\"agent_choice\",\"content\":\"tc\"}\n\n"
+	assert.Equal(t, model.Unknown, c.Send(context.Background(), c.NewRequest(context.Background(), a, userMessage("z"), false)).Outcome,
+		"a stream that ends before a done event")
+
+	srv.refusing = true
+	req := c.NewRequest(context.Background(), model.ConversationRef{ID: "conv-2"}, userMessage("w"), false)
+	assert.Contains(t, req.Unsent, "status 403")
+	out = c.Send(context.Background(), req)
+	assert.Equal(t, model.Fail, out.Outcome, "a turn whose session was never made failed, and changed nothing")
+	assert.Equal(t, CauseUnsent, out.Cause)
+}

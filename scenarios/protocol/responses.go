@@ -1,0 +1,275 @@
+package protocol
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/internal/sse"
+	"github.com/turncheck/turncheck/model"
+)
+
+// responsesPath is where the Responses API takes a turn.
+const responsesPath = "/v1/responses"
+
+// responses is the OpenAI Responses API: POST /v1/responses, a turn
+// chained to the response its conversation ends with by
+// previous_response_id, the server keeping every stored response's
+// history. A conversation of the harness is one chain: the wire keeps the
+// response each conversation's next turn chains from.
+type responses struct {
+	mu    sync.Mutex
+	heads map[model.ConversationRef]chainHead
+}
+
+// chainHead is where a conversation's chain stands.
+type chainHead struct {
+	// id is the response the next turn chains from; "" for none yet.
+	id string
+	// base is the response id chained from before it, when id is a
+	// response whose outcome the client never learned: a server that did
+	// not keep it answers 404, and the chain goes on from base.
+	base    string
+	unknown bool
+	// failed is a response the server said failed: the next turn chains
+	// from it once, to check that a failed response never becomes a base
+	// (refused, or seeing nothing of it: T1).
+	failed string
+}
+
+func newResponses() *responses {
+	return &responses{heads: map[model.ConversationRef]chainHead{}}
+}
+
+// responsesRequest is the body of a turn.
+type responsesRequest struct {
+	Model              string          `json:"model"`
+	Input              []responsesItem `json:"input"`
+	PreviousResponseID string          `json:"previous_response_id,omitempty"`
+	Store              bool            `json:"store"`
+	Stream             bool            `json:"stream"`
+}
+
+// responsesItem is one input message.
+type responsesItem struct {
+	Type    string `json:"type"`
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+func (w *responses) request(_ context.Context, c *Client, conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
+	body := responsesRequest{Model: c.profile.Model, Store: true, Stream: stream, PreviousResponseID: w.chainFrom(conv)}
+	for _, m := range msgs {
+		body.Input = append(body.Input, responsesItem{Type: "message", Role: string(m.Role), Content: string(m.Content)})
+	}
+	raw, err := json.Marshal(body)
+	if err != nil {
+		panic(err) // plain strings always encode
+	}
+	return Request{Conv: conv, Path: responsesPath, Body: raw, Stream: stream, chainedFrom: body.PreviousResponseID}
+}
+
+// chainFrom is the response a turn on conv chains from: a failed response
+// to probe, or the head. A conversation with no chain of its own whose id
+// another key's conversation has chains from that one's head: its id
+// must not be found under this key (T5).
+func (w *responses) chainFrom(conv model.ConversationRef) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if h, ok := w.heads[conv]; ok {
+		return cmp.Or(h.failed, h.id)
+	}
+	var others []model.ConversationRef
+	for ref := range w.heads {
+		if ref.ID == conv.ID && ref.Key != conv.Key && w.heads[ref].id != "" {
+			others = append(others, ref)
+		}
+	}
+	if len(others) == 0 {
+		return ""
+	}
+	slices.SortFunc(others, func(a, b model.ConversationRef) int { return strings.Compare(a.Key, b.Key) })
+	return w.heads[others[0]].id
+}
+
+func (*responses) headers(*Client, Request) map[string]string { return nil }
+
+// learn moves conv's chain on: to a response that ended ok, or whose
+// outcome the client never learned (the next turn shows whether the
+// server kept it whole or not at all, T6); back to the base of such a
+// response that the server says it does not have.
+func (w *responses) learn(req Request, out Response) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h, mine := w.heads[req.Conv]
+	if mine && h.failed != "" && req.chainedFrom == h.failed {
+		h.failed = "" // probed once
+	}
+	switch {
+	case out.Outcome == model.OK && out.ID != "":
+		h = chainHead{id: out.ID}
+	case out.Outcome == model.Unknown && out.ID != "":
+		h = chainHead{id: out.ID, base: req.chainedFrom, unknown: true}
+	case out.Outcome == model.Fail && out.ID != "":
+		h.failed = out.ID
+	case out.Outcome == model.Fail && out.Status == http.StatusNotFound && h.unknown && req.chainedFrom == h.id:
+		h = chainHead{id: h.base}
+	case !mine:
+		return // a refused turn on a conversation with no chain starts none
+	}
+	w.heads[req.Conv] = h
+}
+
+func (*responses) read(ctx context.Context, _ Request, resp *http.Response, out Response) Response {
+	body := io.LimitReader(resp.Body, maxResponseBytes)
+	switch {
+	case resp.StatusCode >= 400:
+		out.Outcome = model.Fail
+		out.Detail = errorMessage(body)
+		return out
+	case resp.StatusCode != http.StatusOK:
+		out.Outcome = model.Unknown
+		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)
+		return out
+	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
+		return readResponseEvents(ctx, body, out)
+	}
+	raw, err := io.ReadAll(body)
+	if err != nil {
+		out.Outcome = model.Unknown
+		out.Detail = "response broke: " + transportError(ctx, err)
+		return out
+	}
+	var r responseObject
+	if err := json.Unmarshal(raw, &r); err != nil || r.ID == "" {
+		out.Outcome = model.Unknown
+		out.Detail, out.Cause = CauseNoResponse, CauseNoResponse
+		return out
+	}
+	return r.outcome(out)
+}
+
+// responseObject is the part of a Responses API response the client reads.
+type responseObject struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Output []struct {
+		Type    string `json:"type"`
+		Content []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		} `json:"content"`
+	} `json:"output"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// text is the response's output text.
+func (r responseObject) text() string {
+	var b strings.Builder
+	for _, o := range r.Output {
+		for _, c := range o.Content {
+			if c.Type == "output_text" {
+				b.WriteString(c.Text)
+			}
+		}
+	}
+	return b.String()
+}
+
+// outcome is what a whole response says of its turn.
+func (r responseObject) outcome(out Response) Response {
+	out.ID = r.ID
+	switch r.Status {
+	case "completed":
+		out.Outcome = model.OK
+		out.Reply = clipReply(r.text())
+	case "failed", "incomplete", "cancelled":
+		out.Outcome = model.Fail
+		out.Detail, out.Cause = "response "+r.Status, "response "+r.Status
+		if r.Error != nil {
+			out.Detail += ": " + r.Error.Message
+		}
+	default:
+		out.Outcome = model.Unknown
+		out.Detail, out.Cause = fmt.Sprintf("response status %q", r.Status), CauseNotCompleted
+	}
+	return out
+}
+
+// responseEvent is one event of a Responses API stream.
+type responseEvent struct {
+	Type     string          `json:"type"`
+	Delta    string          `json:"delta"`
+	Message  string          `json:"message"`
+	Response *responseObject `json:"response"`
+}
+
+// readResponseEvents reads a Responses API stream: the turn succeeded
+// only on response.completed; response.failed, response.incomplete and
+// error fail it; a stream that ends before either leaves it unknown. The
+// response's id comes with response.created, before the model is called,
+// so a client that drops the turn still knows which response it was.
+func readResponseEvents(ctx context.Context, body io.Reader, out Response) Response {
+	var reply strings.Builder
+	events := sse.NewReader(body)
+	for {
+		data, err := events.Next()
+		if err != nil {
+			out.Reply = reply.String()
+			out.Outcome = model.Unknown
+			out.Detail, out.Cause = "stream ended without response.completed", CauseNotCompleted
+			if !errors.Is(err, io.EOF) {
+				out.Detail = "stream broke: " + transportError(ctx, err)
+				var timeout net.Error
+				switch {
+				case ctx.Err() != nil:
+					out.Cause = CauseAborted
+				case errors.As(err, &timeout) && timeout.Timeout():
+					out.Cause = "stream never ended within the client's time"
+				}
+			}
+			return out
+		}
+		var ev responseEvent
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			out.Reply = reply.String()
+			out.Outcome = model.Unknown
+			out.Detail, out.Cause = "malformed event from the server", CauseMalformed
+			return out
+		}
+		if ev.Response != nil && ev.Response.ID != "" {
+			out.ID = ev.Response.ID
+		}
+		switch ev.Type {
+		case "response.output_text.delta":
+			if reply.Len() < maxKeptReply {
+				reply.WriteString(clipReply(ev.Delta))
+			}
+		case "response.completed":
+			out.Outcome, out.Reply = model.OK, reply.String()
+			return out
+		case "response.failed", "response.incomplete":
+			out.Outcome, out.Reply = model.Fail, reply.String()
+			out.Detail, out.Cause = ev.Type, CauseFailedEvent
+			if ev.Response != nil && ev.Response.Error != nil {
+				out.Detail += ": " + ev.Response.Error.Message
+			}
+			return out
+		case "error":
+			out.Outcome, out.Reply = model.Fail, reply.String()
+			out.Detail, out.Cause = "error event: "+ev.Message, CauseFailedEvent
+			return out
+		}
+	}
+}

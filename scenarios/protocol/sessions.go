@@ -1,0 +1,218 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/internal/sse"
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
+)
+
+// sessions is a session API the profile describes: a conversation of the
+// harness is a session, created by one call before its first turn, and
+// every turn is a call that names it and answers with an event stream.
+type sessions struct {
+	api *targets.SessionsAPI
+	mu  sync.Mutex
+	ids map[model.ConversationRef]string
+}
+
+func newSessions(api *targets.SessionsAPI) *sessions {
+	return &sessions{api: api, ids: map[model.ConversationRef]string{}}
+}
+
+func (w *sessions) request(ctx context.Context, c *Client, conv model.ConversationRef, msgs []openai.Message, _ bool) Request {
+	req := Request{Conv: conv, Method: w.api.Turn.Method, Stream: true}
+	id, err := w.session(ctx, c, conv)
+	if err != nil {
+		req.Unsent = "its session could not be created: " + err.Error()
+		return req
+	}
+	req.Path = expand(w.api.Turn.Path, pathValues(id, c.profile.Model))
+	req.Body = []byte(expand(w.api.Turn.Body, bodyValues(id, c.profile.Model, msgs)))
+	return req
+}
+
+// session is the id of conv's session, created now if conv has none. A
+// conversation with no session of its own whose id another key's
+// conversation has runs in that one's session: it must not be found
+// under this key (T5).
+func (w *sessions) session(ctx context.Context, c *Client, conv model.ConversationRef) (string, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if id, ok := w.ids[conv]; ok {
+		return id, nil
+	}
+	var others []model.ConversationRef
+	for ref := range w.ids {
+		if ref.ID == conv.ID && ref.Key != conv.Key {
+			others = append(others, ref)
+		}
+	}
+	if len(others) > 0 {
+		slices.SortFunc(others, func(a, b model.ConversationRef) int { return strings.Compare(a.Key, b.Key) })
+		return w.ids[others[0]], nil
+	}
+	id, err := w.create(ctx, c, conv.Key)
+	if err != nil {
+		return "", err
+	}
+	w.ids[conv] = id
+	return id, nil
+}
+
+// create creates a session under key, and returns its id.
+func (w *sessions) create(ctx context.Context, c *Client, key string) (string, error) {
+	call := w.api.Create
+	var body []byte
+	if call.Body != "" {
+		body = []byte(expand(call.Body, bodyValues("", c.profile.Model, nil)))
+	}
+	resp, out := c.do(ctx, call.Method, expand(call.Path, pathValues("", c.profile.Model)), body, nil, key)
+	if resp == nil {
+		return "", errors.New(out.Detail)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("%s %s: the answer broke: %w", call.Method, call.Path, err)
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		return "", fmt.Errorf("%s %s: status %d: %s", call.Method, call.Path, resp.StatusCode, ClipText(string(raw), 200))
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return "", fmt.Errorf("%s %s: the answer is not a JSON object: %s", call.Method, call.Path, ClipText(string(raw), 200))
+	}
+	switch id := fields[w.api.ID].(type) {
+	case string:
+		if id != "" {
+			return id, nil
+		}
+	case float64:
+		return fmt.Sprint(id), nil
+	}
+	return "", fmt.Errorf("%s %s: the answer has no %q: %s", call.Method, call.Path, w.api.ID, ClipText(string(raw), 200))
+}
+
+func (*sessions) headers(*Client, Request) map[string]string { return nil }
+
+func (*sessions) learn(Request, Response) {}
+
+func (w *sessions) read(ctx context.Context, _ Request, resp *http.Response, out Response) Response {
+	body := io.LimitReader(resp.Body, maxResponseBytes)
+	switch {
+	case resp.StatusCode >= 400:
+		out.Outcome = model.Fail
+		out.Detail = errorMessage(body)
+		return out
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		out.Outcome = model.Unknown
+		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)
+		return out
+	}
+	return w.readEvents(ctx, body, out)
+}
+
+// readEvents reads a turn's event stream: the turn succeeded only on an
+// event of a Done type, failed on one of a Failure type, and is unknown
+// if the stream ends before either.
+func (w *sessions) readEvents(ctx context.Context, body io.Reader, out Response) Response {
+	rules := w.api.Events
+	var reply strings.Builder
+	events := sse.NewReader(body)
+	for {
+		data, err := events.Next()
+		if err != nil {
+			out.Reply = reply.String()
+			out.Outcome = model.Unknown
+			out.Detail, out.Cause = "stream ended before an event that ends the turn", CauseNotCompleted
+			if !errors.Is(err, io.EOF) {
+				out.Detail = "stream broke: " + transportError(ctx, err)
+				var timeout net.Error
+				switch {
+				case ctx.Err() != nil:
+					out.Cause = CauseAborted
+				case errors.As(err, &timeout) && timeout.Timeout():
+					out.Cause = "stream never ended within the client's time"
+				}
+			}
+			return out
+		}
+		var ev map[string]any
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			out.Reply = reply.String()
+			out.Outcome = model.Unknown
+			out.Detail, out.Cause = "malformed event from the server", CauseMalformed
+			return out
+		}
+		typ, _ := ev[rules.TypeField].(string)
+		switch {
+		case typ == rules.Text:
+			if text, ok := ev[rules.TextField].(string); ok && reply.Len() < maxKeptReply {
+				reply.WriteString(clipReply(text))
+			}
+		case slices.Contains(rules.Done, typ):
+			out.Outcome, out.Reply = model.OK, reply.String()
+			return out
+		case slices.Contains(rules.Failure, typ):
+			out.Outcome, out.Reply = model.Fail, reply.String()
+			out.Detail, out.Cause = typ+" event", CauseFailedEvent
+			if msg, ok := ev[rules.ErrorField].(string); ok && rules.ErrorField != "" {
+				out.Detail += ": " + msg
+			}
+			return out
+		}
+	}
+}
+
+// pathValues are the placeholders of a path: each value escaped as one
+// path segment.
+func pathValues(session, agent string) map[string]string {
+	return map[string]string{"{session}": url.PathEscape(session), "{agent}": url.PathEscape(agent)}
+}
+
+// bodyValues are the placeholders of a body: each value a JSON value.
+func bodyValues(session, agent string, msgs []openai.Message) map[string]string {
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	all := make([]message, len(msgs))
+	last := ""
+	for i, m := range msgs {
+		all[i] = message{Role: string(m.Role), Content: string(m.Content)}
+		last = string(m.Content)
+	}
+	return map[string]string{"{session}": jsonText(session), "{agent}": jsonText(agent),
+		"{message}": jsonText(last), "{messages}": jsonText(all)}
+}
+
+// jsonText is v as JSON.
+func jsonText(v any) string {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // strings and plain structs always encode
+	}
+	return string(raw)
+}
+
+// expand replaces the placeholders of template with their values.
+func expand(template string, values map[string]string) string {
+	pairs := make([]string, 0, 2*len(values))
+	for k, v := range values {
+		pairs = append(pairs, k, v)
+	}
+	return strings.NewReplacer(pairs...).Replace(template)
+}
