@@ -28,7 +28,7 @@ func (s *Server) compact(t *turn) {
 	if visible <= s.cfg.CompactAfter {
 		return
 	}
-	for i, m := range t.work.messages[:t.committed] {
+	for i, m := range t.work.messages[:t.own] {
 		if !m.hidden && m.toolPair() {
 			m.hidden = true
 			t.hid = append(t.hid, i)

@@ -204,11 +204,19 @@ func (e *raceEnv) send(t testing.TB, conv, tok string, stream bool) *inFlight {
 // background.
 func sendChat(t testing.TB, client *http.Client, base, conv, body string) *inFlight {
 	t.Helper()
+	return sendTo(t, client, base+"/v1/chat/completions", body, headers("", conv))
+}
+
+// sendTo sends body to url with the given headers, in the background.
+func sendTo(t testing.TB, client *http.Client, url, body string, hdr map[string]string) *inFlight {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), requestDeadline)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(sut.DefaultConversationHeader, conv)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
 	f := &inFlight{done: make(chan reply, 1), cancel: cancel}
 	go func() {
 		defer cancel()

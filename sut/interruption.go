@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-
-	"github.com/turncheck/turncheck/internal/sse"
 )
 
 // Interruption is what a turn leaves in its conversation when its client
@@ -73,20 +71,20 @@ func (s *Server) turnContext(r *http.Request, t *turn) (ctx context.Context, can
 // and the turn did not end. It releases the lock and reports true for
 // such a turn; for any other it does nothing and reports false. A turn
 // that ended ok just as a stop came is not dropped: it commits.
-func (s *Server) dropped(w http.ResponseWriter, r *http.Request, ctx context.Context, t *turn, out *sse.Writer, err error) bool {
+func (s *Server) dropped(w http.ResponseWriter, r *http.Request, ctx context.Context, t *turn, o *output, err error) bool {
 	switch {
 	case s.crashing.Load() || s.life.Err() != nil:
 		t.release()
 		s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.id)
-		if out == nil {
+		if !o.streaming() {
 			clientGone(w, false)
 		}
 		return true
 	case err != nil && ctx.Err() != nil:
 		t.release()
 		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.id)
-		if !s.stopDropped(w, r, out) && r.Context().Err() == nil {
-			s.answerError(w, out, http.StatusServiceUnavailable, "unavailable", "the server is stopping; the turn was rolled back")
+		if !s.stopDropped(w, r, o) && r.Context().Err() == nil {
+			s.answerError(w, o, http.StatusServiceUnavailable, "unavailable", "the server is stopping; the turn was rolled back")
 		}
 		return true
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 )
 
-// requestSlots bounds the chat requests a server works on at once, counted
+// requestSlots bounds the turn requests a server works on at once, counted
 // from the moment their body is in: each may hold a model connection, a
 // reply of up to maxReplyBytes, and a conversation's history. Requests
 // still sending their body are bounded by the connection cap and the body

@@ -69,6 +69,16 @@ const (
 	// Continuations of a conversation with a committed turn wait as the
 	// clean server's do.
 	RefuseConcurrentNew Mutant = "refuse-concurrent-new"
+	// FailedResponseChainable stores a Responses API response whose turn
+	// failed (a model error, a broken stream, a timeout), with its user
+	// input and any partial reply: chaining from it (its id is known to a
+	// streaming client from response.created) succeeds and shows its
+	// input.
+	FailedResponseChainable Mutant = "failed-response-chainable"
+	// ResponseCrossKey looks a previous_response_id up without the API
+	// key's scope: another key chains from the response and sees its
+	// history.
+	ResponseCrossKey Mutant = "response-cross-key"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -86,38 +96,47 @@ type MutantInfo struct {
 	// where the orphaned tool call comes from, keeps what an interrupted
 	// turn completed.
 	Interruption Interruption
+	// Protocol is the client protocol through which the harness catches
+	// the bug: "" for chat completions (POST /v1/chat/completions),
+	// "responses" for the Responses API (POST /v1/responses). A bug of one
+	// protocol may not show through another.
+	Protocol string
 }
 
 // Mutants lists every mutant, in a stable order.
 func Mutants() []MutantInfo {
 	return []MutantInfo{
 		{MutateBeforeRun, "docker-agent #2890", "T1",
-			"a continuation appends its user message to the cached conversation before the run; a failed turn stays and a retry sees it twice", ""},
+			"a continuation appends its user message to the cached conversation before the run; a failed turn stays and a retry sees it twice", "", ""},
 		{ReplayWithoutUser, "docker-agent #2947", "T3",
-			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400", ""},
+			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400", "", ""},
 		{CommitOnStreamError, "docker-agent #2890 (stream errors)", "T1",
-			"a turn whose model stream failed midway is committed with its partial reply although the client got an error", ""},
+			"a turn whose model stream failed midway is committed with its partial reply although the client got an error", "", ""},
 		{CrossKeyLeak, "PROTOCOL.md T5 (conversations scoped per key)", "T5",
-			"conversation ids are not scoped per API key: another key naming the same id continues the conversation", ""},
+			"conversation ids are not scoped per API key: another key naming the same id continues the conversation", "", ""},
 		{ForkNewSession, "openclaw #84575", "T4",
-			"the session is resolved before the per-conversation lane: concurrent first requests for a new id each start a fresh history, and the later commit overwrites the earlier", ""},
+			"the session is resolved before the per-conversation lane: concurrent first requests for a new id each start a fresh history, and the later commit overwrites the earlier", "", ""},
 		{NoConversationLock, "PROTOCOL.md T4 (one conversation, one line)", "T4",
-			"turns on one conversation are not serialized: concurrent continuations run on the same committed base, and the later commit overwrites the earlier", ""},
+			"turns on one conversation are not serialized: concurrent continuations run on the same committed base, and the later commit overwrites the earlier", "", ""},
 		{ExactSourceKeyOnly, "docker-agent #3410", "T8",
-			"a resume looks up the exact source key the conversation recorded (the full URL, query included); relaunched under another query, it fails with 500 \"agent not found\"", ""},
+			"a resume looks up the exact source key the conversation recorded (the full URL, query included); relaunched under another query, it fails with 500 \"agent not found\"", "", ""},
 		{AckBeforeDurable, "PROTOCOL.md T7 (durability)", "T7",
-			"a commit is acknowledged once it is in the cache; the store write is queued and flushed every 500 ms and on a graceful stop, so a kill -9 loses acknowledged turns", ""},
+			"a commit is acknowledged once it is in the cache; the store write is queued and flushed every 500 ms and on a graceful stop, so a kill -9 loses acknowledged turns", "", ""},
 		{LostOnEvict, "PROTOCOL.md T2 (committed turns stay)", "T2",
-			"a conversation evicted from the cache is deleted from the store, though the server claims durable storage: it comes back empty", ""},
+			"a conversation evicted from the cache is deleted from the store, though the server claims durable storage: it comes back empty", "", ""},
 		{OrphanToolCallOnInterrupt, "goose #7785", "T9",
 			"on an interruption the working copy is persisted as it stands (replace_conversation), whatever the policy: a tool round cut short leaves an assistant tool call without its result",
-			KeepConsistent},
+			KeepConsistent, ""},
 		{ShallowClone, "docker-agent #2947 (deep-copy hardening)", "T11",
-			"the working copy shares its message structs with the committed conversation (only the slice is copied): a failed turn's compaction marks hide tool rounds from every later turn", ""},
+			"the working copy shares its message structs with the committed conversation (only the slice is copied): a failed turn's compaction marks hide tool rounds from every later turn", "", ""},
 		{ToolRunsAfterCancel, "goose #7785/#7827", "T10",
-			"tools run on a context detached from the request, and cancellation is checked only before a model call: after the client disconnects, the tools left in the round still start", ""},
+			"tools run on a context detached from the request, and cancellation is checked only before a model call: after the client disconnects, the tools left in the round still start", "", ""},
 		{RefuseConcurrentNew, "openclaw #84575 (serialize: a refusal instead of a wait)", "T4",
-			"a first request for a new id that finds another first request's turn running is refused at once with 500 \"session is busy\" instead of waiting its turn; continuations of a committed conversation still wait", ""},
+			"a first request for a new id that finds another first request's turn running is refused at once with 500 \"session is busy\" instead of waiting its turn; continuations of a committed conversation still wait", "", ""},
+		{FailedResponseChainable, "PROTOCOL.md T1 (responses: a failed response is never a base)", "T1",
+			"a response whose turn failed is stored anyway, with its user input and any partial reply: a request chaining from it (previous_response_id, known from response.created) succeeds and sends the model the failed input", "", string(protoResponses)},
+		{ResponseCrossKey, "PROTOCOL.md T5 (responses scoped per key)", "T5",
+			"previous_response_id is looked up without the API key's scope: another key chains from the response and the model sees its history", "", string(protoResponses)},
 	}
 }
 

@@ -67,17 +67,27 @@ func (s *Server) conversationID(r *http.Request) (string, error) {
 		return "", fmt.Errorf("more than one %s header: a request is a turn of one conversation", s.cfg.ConversationHeader)
 	}
 	id := vals[0]
+	if strings.TrimSpace(id) == "" {
+		return "", fmt.Errorf("%s is empty: name the conversation, or leave the header out for a stateless turn", s.cfg.ConversationHeader)
+	}
+	return id, checkID("conversation id", id)
+}
+
+// checkID refuses an id a client gives (what it names) that is not one:
+// blank, too long, not UTF-8, or with control characters, which the
+// server keeps for the namespaces of its protocols (nsResponse).
+func checkID(what, id string) error {
 	switch {
 	case strings.TrimSpace(id) == "":
-		return "", fmt.Errorf("%s is empty: name the conversation, or leave the header out for a stateless turn", s.cfg.ConversationHeader)
+		return fmt.Errorf("%s is blank", what)
 	case len(id) > MaxConversationIDBytes:
-		return "", fmt.Errorf("conversation id over %d bytes", MaxConversationIDBytes)
+		return fmt.Errorf("%s over %d bytes", what, MaxConversationIDBytes)
 	case !utf8.ValidString(id):
-		return "", errors.New("conversation id is not valid UTF-8")
+		return fmt.Errorf("%s is not valid UTF-8", what)
 	case strings.IndexFunc(id, unicode.IsControl) >= 0:
-		return "", errors.New("conversation id has control characters")
+		return fmt.Errorf("%s has control characters", what)
 	}
-	return id, nil
+	return nil
 }
 
 // readBody reads the request's body, within MaxBodyBytes and the body

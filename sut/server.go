@@ -1,6 +1,8 @@
 // Package sut is turncheck's reference session server: an OpenAI-compatible
 // chat endpoint that keeps conversations server-side, as PROTOCOL.md
-// specifies. It runs every turn on a working copy of the conversation and
+// specifies, and the other client protocols of such servers over the same
+// store and the same turns (output.go): the Responses API, stateful
+// (responses.go). It runs every turn on a working copy of the conversation and
 // commits only a turn that ended ok, durably, in SQLite under a bounded
 // cache. It also carries the catalogue of mutants: switches that bring back
 // the real bugs the harness exists to catch.
@@ -33,14 +35,12 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
-	"github.com/turncheck/turncheck/internal/sse"
 )
 
 // Defaults for the zero values of Config.
@@ -126,7 +126,7 @@ type Config struct {
 	// 503 with Retry-After if a turn runs on every one (conns.go). Start
 	// and Serve only.
 	MaxConns int
-	// MaxRequests bounds the chat requests worked on at once, counted
+	// MaxRequests bounds the turn requests worked on at once, counted
 	// from the end of their body (running, or waiting for their
 	// conversation); past it 503 with Retry-After. It also sizes the pool
 	// of idle connections to the model.
@@ -187,8 +187,8 @@ type Config struct {
 	// Logger receives a line per turn that failed or was rolled back, and
 	// per store error; nil discards.
 	Logger *slog.Logger
-	// TurnDelay, if not 0, is waited before each authorized chat request
-	// is worked on: a deliberately slow server, to measure what checking
+	// TurnDelay, if not 0, is waited before each authorized turn request
+	// (of any client protocol) is worked on: a deliberately slow server, to measure what checking
 	// one costs. It changes no behaviour but time.
 	TurnDelay time.Duration
 }
@@ -448,7 +448,8 @@ func (s *Server) enter() bool {
 	return true
 }
 
-// ServeHTTP serves POST /v1/chat/completions and GET /healthz.
+// ServeHTTP serves the client protocols (POST /v1/chat/completions,
+// POST /v1/responses) and GET /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.cfg.Gauge.add(1, 0)
 	defer s.cfg.Gauge.add(-1, 0)
@@ -492,20 +493,35 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer context.AfterFunc(s.life, cancel)()
 	defer context.AfterFunc(s.turns, cancel)()
 	r = r.WithContext(ctx)
-	switch {
-	case r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/chat/completions":
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			openai.WriteError(w, http.StatusMethodNotAllowed, "invalid_request_error", "use POST")
-			return
-		}
-		s.chat(w, r)
-	case r.URL.Path == "/healthz":
+	s.route(w, r)
+}
+
+// route serves r by its path: each client protocol's endpoints take POST
+// alone.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Path
+	if p == "/healthz" {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = io.WriteString(w, "ok\n")
-	default:
-		openai.WriteError(w, http.StatusNotFound, "not_found", "no such endpoint; use POST /v1/chat/completions")
+		return
 	}
+	var serve http.HandlerFunc
+	switch {
+	case p == "/v1/chat/completions" || p == "/chat/completions":
+		serve = s.chat
+	case p == "/v1/responses" || p == "/responses":
+		serve = s.responses
+	default:
+		openai.WriteError(w, http.StatusNotFound, "not_found",
+			"no such endpoint; use POST /v1/chat/completions or POST /v1/responses")
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		openai.WriteError(w, http.StatusMethodNotAllowed, "invalid_request_error", "use POST")
+		return
+	}
+	serve(w, r)
 }
 
 // turn is one request's work: the history the model is sent, and how the
@@ -513,10 +529,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type turn struct {
 	key      convKey
 	stateful bool
+	// proto is the client protocol the turn came through.
+	proto protocol
+	// chained marks a turn of the Responses API that makes a response of
+	// its own: key names that response, and the turn commits its whole
+	// history there (committed is 0), never on the response it chains
+	// from.
+	chained bool
 	// agent is the agent source the turn runs with; nil for none.
 	agent     *agentSource
 	work      *conversation // the working copy the turn runs on
-	committed int           // messages of work already committed
+	committed int           // messages of work already committed under key
+	// own is the index in work of the turn's first message: those before
+	// it are the history the turn continues (for chat, committed).
+	own int
 	// settled is the length of work at the end of its last completed tool
 	// round (all its results in); 0 before one completes.
 	settled int
@@ -541,7 +567,14 @@ func refuseEarly(w http.ResponseWriter, status int, typ, msg string) {
 	openai.WriteError(w, status, typ, msg)
 }
 
-func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+// admit takes a turn request through what every turn endpoint checks
+// before it judges the body: the key, the Content-Type and
+// Content-Encoding, the server's deliberate delay, the body's size and
+// deadline, and a request slot. check, if not nil, judges the request's
+// headers before its body is read (chat's conversation header). serve
+// runs with the key's scope and the body, holding the slot, which is given
+// back when it returns; a request refused on the way is answered here.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, check func() error, serve func(scope string, body []byte)) {
 	scope, ok := s.authorize(r)
 	if !ok {
 		refuseEarly(w, http.StatusUnauthorized, "unauthorized", "missing or unknown API key: send Authorization: Bearer <key>")
@@ -570,10 +603,11 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
 		return
 	}
-	id, err := s.conversationID(r)
-	if err != nil {
-		refuseEarly(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return
+	if check != nil {
+		if err := check(); err != nil {
+			refuseEarly(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+			return
+		}
 	}
 	body, err := s.readBody(w, r)
 	if err != nil {
@@ -603,6 +637,22 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.slots.give()
+	serve(scope, body)
+}
+
+// chat serves POST /v1/chat/completions.
+func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+	var id string
+	check := func() (err error) {
+		id, err = s.conversationID(r)
+		return err
+	}
+	s.admit(w, r, check, func(scope string, body []byte) { s.chatTurn(w, r, scope, id, body) })
+}
+
+// chatTurn runs the turn of an admitted chat request: on conversation id
+// of scope, or stateless when id is "".
+func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id string, body []byte) {
 	req, err := decodeRequest(body)
 	if err != nil {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
@@ -613,61 +663,84 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-
-	t := &turn{release: func() {}}
-	if id == "" {
-		// Stateless: the array is the whole history.
-		if err := s.checkHistory(wrap(req.Messages[:len(req.Messages)-1]), user); err != nil {
-			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-			return
-		}
-		t.work = &conversation{messages: wrap(req.Messages)}
-	} else {
-		t.stateful = true
-		t.key = convKey{scope: scope, id: id}
+	resp := s.newChatResponder(req)
+	if id != "" {
+		key := convKey{scope: scope, id: id}
 		if s.cfg.Mutant == CrossKeyLeak {
-			t.key.scope = ""
+			key.scope = ""
 		}
-		base, err := s.acquire(r.Context(), t)
-		if err == nil && s.dropping.Load() {
-			// A stop dropped the turns still running just as this one got
-			// its conversation (a turn ahead of it let go): it must not
-			// start, though its own context may not have ended yet.
-			err = errStopping
-		}
-		// Every way out releases the lock; the turn's own release comes
-		// earlier, as soon as the turn is decided.
-		defer func() { t.release() }()
-		if err != nil {
-			t.release()
-			s.refuse(w, r, t, err)
-			return
-		}
-		if err := s.checkHistory(base.messages, user); err != nil {
-			// Refused before any model call: nothing changes.
-			t.release()
-			s.log.Info("conversation full; turn refused", "conversation", t.key.id, "err", err)
-			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-			return
-		}
-		t.agent, err = s.agentFor(base, req.Model)
-		if err != nil {
-			// Refused before any model call: nothing changes.
-			t.release()
-			s.refuseAgent(w, t, err)
-			return
-		}
-		t.committed = len(base.messages)
-		t.work = s.workingCopy(t, base)
-		if t.committed == 0 && t.agent != nil {
-			// Recorded with the first commit, never changed after.
-			t.work.source = t.agent.key
-		}
-		// The user message is kept as text alone: whatever else the
-		// client put on it is not the conversation's.
-		t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleUser, Content: user.Content}})
+		s.converse(w, r, &turn{key: key, proto: protoChat}, user, req.Model, resp)
+		return
 	}
-	s.run(w, r, req, t)
+	// Stateless: the array is the whole history.
+	if err := s.checkHistory(wrap(req.Messages[:len(req.Messages)-1]), user); err != nil {
+		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	s.run(w, r, &turn{proto: protoChat, release: func() {}, work: &conversation{messages: wrap(req.Messages)}}, resp)
+}
+
+// converse runs turn t, whose key and protocol are set, on its
+// conversation, under the conversation's lock and by the server's
+// concurrency policy: the turn of a chat request with a conversation id,
+// of a Responses request in conversation mode, of a session.
+func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, user openai.Message, model string, resp responder) {
+	t.stateful = true
+	t.release = func() {}
+	base, err := s.acquire(r.Context(), t)
+	if err == nil && s.dropping.Load() {
+		// A stop dropped the turns still running just as this one got
+		// its conversation (a turn ahead of it let go): it must not
+		// start, though its own context may not have ended yet.
+		err = errStopping
+	}
+	// Every way out releases the lock; the turn's own release comes
+	// earlier, as soon as the turn is decided.
+	defer func() { t.release() }()
+	if err != nil {
+		t.release()
+		s.refuse(w, r, t, err)
+		return
+	}
+	t.committed = len(base.messages)
+	if !s.prepare(w, t, base, user, model) {
+		return
+	}
+	s.run(w, r, t, resp)
+}
+
+// prepare readies stateful turn t on the committed history base, for its
+// new user message: it refuses (answering, and releasing t's lock) a turn
+// that would overfill the history or has no agent to run with, before any
+// model call; otherwise it sets the turn's agent and its working copy, the
+// user message last, and reports true. A history that starts with this
+// turn records the agent's source key, with its first commit, never
+// changed after.
+func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, user openai.Message, model string) bool {
+	if err := s.checkHistory(base.messages, user); err != nil {
+		// Refused before any model call: nothing changes.
+		t.release()
+		s.log.Info("conversation full; turn refused", "conversation", t.key.id, "err", err)
+		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return false
+	}
+	agent, err := s.agentFor(base, model, s.exactSourceKeyOnly(t))
+	if err != nil {
+		// Refused before any model call: nothing changes.
+		t.release()
+		s.refuseAgent(w, t, err)
+		return false
+	}
+	t.agent = agent
+	t.own = len(base.messages)
+	t.work = s.workingCopy(t, base)
+	if len(base.messages) == 0 && t.agent != nil {
+		t.work.source = t.agent.key
+	}
+	// The user message is kept as text alone: whatever else the client
+	// put on it is not the conversation's.
+	t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleUser, Content: user.Content}})
+	return true
 }
 
 // workingCopy returns the copy of the committed conversation base that the
@@ -763,10 +836,11 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 	}
 }
 
-// run runs the turn's tool loop on its working copy, answers the client,
-// and commits the turn if and only if it ended ok; an interrupted turn
-// leaves what the interruption policy says (interruption.go).
-func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatRequest, t *turn) {
+// run runs the turn's tool loop on its working copy, answers the client in
+// its protocol (resp), and commits the turn if and only if it ended ok; an
+// interrupted turn leaves what the interruption policy says
+// (interruption.go).
+func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp responder) {
 	// ctx is the turn's: it ends when the client goes away, when the
 	// server crashes, and when a write to the client fails. Each model
 	// call and lookup has its own deadline under it. A turn that
@@ -774,71 +848,43 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 	// server ends it early.
 	ctx, cancel, completes := s.turnContext(r, t)
 	defer cancel()
-	id := "chatcmpl-" + strconv.FormatInt(s.ids.Add(1), 10)
-	created := time.Now().Unix()
-	model := req.Model
-	if model == "" {
-		model = s.cfg.ModelName
-	}
-
 	// A client that stops reading must not hold the conversation: a write
 	// that fails, or blocks past StreamWriteTimeout, ends the turn; one
 	// that completes, it only stops writing to.
-	var out *sse.Writer
-	rc := http.NewResponseController(w)
-	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }() // the connection lives on
-	var writeErr error
-	write := func(payload string) {
-		if writeErr != nil {
-			return
-		}
-		_ = rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
-		if writeErr = out.Data(payload); writeErr != nil && !completes {
-			cancel()
-		}
-	}
-	onStart, onDelta := func() {}, func(string) {}
-	if req.Stream {
-		onStart = func() {
-			out = sse.NewWriter(w)
-			w.WriteHeader(http.StatusOK)
-			write(openai.Encode(chunk(id, created, model, openai.Delta{Role: openai.RoleAssistant}, nil)))
-		}
-		onDelta = func(text string) {
-			write(openai.Encode(chunk(id, created, model, openai.Delta{Content: text}, nil)))
-		}
-	}
-	reply, err := s.loop(ctx, t, onStart, onDelta)
+	o := &output{w: w, rc: http.NewResponseController(w), resp: resp, completes: completes, cancel: cancel}
+	defer func() { _ = o.rc.SetWriteDeadline(time.Time{}) }() // the connection lives on
+	resp.begin(o)
+	reply, err := s.loop(ctx, t, func() { resp.started(o) }, func(text string) { resp.delta(o, text) })
 	switch {
 	case completes:
 		// Whether or not the client is still there: the turn ran to its
 		// end, and settles as if it had stayed, unless the server ended
 		// it first.
-		if s.dropped(w, r, ctx, t, out, err) {
+		if s.dropped(w, r, ctx, t, o, err) {
 			return
 		}
 		if err != nil {
-			s.fail(w, t, out, reply, err)
+			s.fail(w, t, o, reply, err)
 			return
 		}
-	case writeErr != nil:
+	case o.err != nil:
 		// Whether or not the model finished (its last chunks may have been
 		// buffered already), the turn never reached the client.
 		t.release()
-		s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.id, "err", writeErr)
+		s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.id, "err", o.err)
 		return
 	case s.dropping.Load() && !s.crashing.Load() && r.Context().Err() != nil:
 		// The server's stop dropped the turn before its end: it commits
 		// nothing, and the client hears so.
 		t.release()
 		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.id)
-		s.stopDropped(w, r, out)
+		s.stopDropped(w, r, o)
 		return
 	case s.interrupted(r):
 		// Whatever the loop returned: the client is gone, and whether the
 		// model finished or failed meanwhile, it never heard of it.
 		kept := s.interrupt(t)
-		if out == nil {
+		if !o.streaming() {
 			clientGone(w, kept)
 		}
 		return
@@ -846,12 +892,12 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		// The server crashed under the turn: it commits nothing.
 		t.release()
 		s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.id)
-		if out == nil {
+		if !o.streaming() {
 			clientGone(w, false)
 		}
 		return
 	case err != nil:
-		s.fail(w, t, out, reply, err)
+		s.fail(w, t, o, reply, err)
 		return
 	}
 	if t.stateful {
@@ -862,93 +908,96 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *openai.ChatReq
 		t.release()
 		if err != nil {
 			s.log.Error("commit", "conversation", t.key.id, "err", err)
-			s.answerError(w, out, http.StatusInternalServerError, "server_error", "the turn could not be committed")
+			s.answerError(w, o, http.StatusInternalServerError, "server_error", "the turn could not be committed")
 			return
 		}
-		if completes && (writeErr != nil || r.Context().Err() != nil) {
+		if completes && (o.err != nil || r.Context().Err() != nil) {
 			s.log.Info("client went away; turn completed and committed", "conversation", t.key.id)
 		}
 	}
-	if out != nil {
-		write(openai.Encode(chunk(id, created, model, openai.Delta{}, openai.Ptr(openai.FinishStop))))
-		write(openai.DoneSentinel)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	// A client that does not read its reply must not hold the handler.
-	_ = rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
-	_, _ = io.WriteString(w, openai.Encode(openai.Completion{
-		ID: id, Object: openai.ObjectCompletion, Created: created, Model: model,
-		Choices: []openai.Choice{{
-			Message:      &openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)},
-			FinishReason: openai.Ptr(openai.FinishStop),
-		}},
-	}))
+	resp.succeeded(o, reply)
 }
 
 // fail answers a turn whose model call failed, in any round, or that
-// asked for too many rounds. Nothing is committed, except under the mutant
-// that brings back committing a broken stream. It releases the
+// asked for too many rounds. Nothing is committed, except under the
+// mutants that keep a failed turn (keepsFailed). It releases the
 // conversation before it answers.
-func (s *Server) fail(w http.ResponseWriter, t *turn, out *sse.Writer, partial string, err error) {
-	var upErr *upstreamError
-	isUpstream := errors.As(err, &upErr)
-	if s.cfg.Mutant == CommitOnStreamError && t.stateful && isUpstream && upErr.started {
-		t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)}})
+func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string, err error) {
+	if s.keepsFailed(t, err) {
+		if partial != "" {
+			t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)}})
+		}
 		_ = s.convs.commit(t.key, t.committed, t.hid, t.work, t.overwrite)
 	}
-	// The turn is decided (rolled back, or committed by the mutant):
+	// The turn is decided (rolled back, or committed by a mutant):
 	// release before the client hears of it.
 	t.release()
 	if errors.Is(err, context.DeadlineExceeded) {
 		s.log.Info("model timed out; turn rolled back", "conversation", t.key.id, "timeout", s.cfg.RequestTimeout)
-		s.answerError(w, out, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)
+		s.answerError(w, o, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)
 		return
 	}
 	// The details are the operator's: the client gets the class alone.
 	attrs := []any{"conversation", t.key.id, "err", s.redact(err.Error())}
-	if isUpstream && upErr.cause != nil {
+	var upErr *upstreamError
+	if errors.As(err, &upErr) && upErr.cause != nil {
 		attrs = append(attrs, "cause", s.redact(upErr.cause.Error()))
 	}
 	s.log.Warn("model failed; turn rolled back", attrs...)
-	s.answerError(w, out, http.StatusBadGateway, "upstream_error", msgModelFailed)
+	s.answerError(w, o, http.StatusBadGateway, "upstream_error", msgModelFailed)
 }
 
-// answerError reports a failure: as a status before the stream began, as an
-// error chunk and [DONE] after.
-func (s *Server) answerError(w http.ResponseWriter, out *sse.Writer, status int, typ, msg string) {
-	if out == nil {
+// keepsFailed reports whether the failed turn t is committed all the same:
+// only under two mutants. commit-on-stream-error keeps a stateful turn
+// whose model stream had begun, with its partial reply;
+// failed-response-chainable keeps a chained response however it failed.
+func (s *Server) keepsFailed(t *turn, err error) bool {
+	if !t.stateful {
+		return false
+	}
+	switch s.cfg.Mutant {
+	case CommitOnStreamError:
+		var upErr *upstreamError
+		return errors.As(err, &upErr) && upErr.started
+	case FailedResponseChainable:
+		// The bug: the response was minted, and its id told the client,
+		// before the turn ran; it is stored whatever became of the turn.
+		return t.chained
+	}
+	return false
+}
+
+// answerError reports a failure: as a status before the answer's stream
+// began, on the stream (in the turn's protocol) after.
+func (s *Server) answerError(w http.ResponseWriter, o *output, status int, typ, msg string) {
+	if !o.streaming() {
 		openai.WriteError(w, status, typ, msg)
 		return
 	}
-	// The last chunk may be long ago: give this write a deadline of its own.
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
-	_ = out.Data(openai.Encode(openai.Completion{Object: openai.ObjectChunk, Choices: []openai.Choice{},
-		Error: &openai.ErrorDetail{Message: msg, Type: typ}}))
-	_ = out.Data(openai.DoneSentinel)
+	o.resp.failed(o, typ, msg)
 }
 
 // stopDropped answers a request that a stop dropped (its grace ran out)
-// with 503, or on a stream with an error chunk and [DONE], and reports
-// whether it was one: nothing of its turn was kept.
-func (s *Server) stopDropped(w http.ResponseWriter, r *http.Request, out *sse.Writer) bool {
+// with 503, or on a stream with a failure, and reports whether it was one:
+// nothing of its turn was kept.
+func (s *Server) stopDropped(w http.ResponseWriter, r *http.Request, o *output) bool {
 	if !s.dropping.Load() || s.crashing.Load() || r.Context().Err() == nil {
 		return false
 	}
-	s.answerDropped(w, out)
+	s.answerDropped(w, o)
 	return true
 }
 
 // errStopping is a turn refused because a stop is dropping the turns.
 var errStopping = errors.New("the server is stopping")
 
-// answerDropped answers a turn a stop dropped: 503, or on a stream an
-// error chunk and [DONE].
-func (s *Server) answerDropped(w http.ResponseWriter, out *sse.Writer) {
-	if out == nil {
+// answerDropped answers a turn a stop dropped: 503, or on a stream a
+// failure.
+func (s *Server) answerDropped(w http.ResponseWriter, o *output) {
+	if !o.streaming() {
 		w.Header().Set("Retry-After", "1")
 	}
-	s.answerError(w, out, http.StatusServiceUnavailable, "unavailable",
+	s.answerError(w, o, http.StatusServiceUnavailable, "unavailable",
 		"the server is stopping and dropped this turn before its end; nothing was changed: retry")
 }
 
@@ -998,9 +1047,4 @@ func (s *Server) authorize(r *http.Request) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-func chunk(id string, created int64, model string, d openai.Delta, finish *string) openai.Completion {
-	return openai.Completion{ID: id, Object: openai.ObjectChunk, Created: created, Model: model,
-		Choices: []openai.Choice{{Delta: &d, FinishReason: finish}}}
 }

@@ -108,9 +108,16 @@ func (e *env) post(t testing.TB, body string, hdr map[string]string) reply {
 
 func post(t testing.TB, c *http.Client, base, body string, hdr map[string]string) reply {
 	t.Helper()
+	return postURL(t, c, base+"/v1/chat/completions", body, hdr)
+}
+
+// postURL sends body to url with the given headers and reads the whole
+// answer.
+func postURL(t testing.TB, c *http.Client, url, body string, hdr map[string]string) reply {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), requestDeadline)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
@@ -837,6 +844,15 @@ var mutantCases = []mutantCase{
 			assert.Equal(t, toks("u1", "a1", "u2"), got)
 			return true
 		},
+	},
+	{
+		mutant: sut.FailedResponseChainable,
+		run:    func(t *testing.T, e *env) bool { return failedResponseChains(t, e, true) },
+	},
+	{
+		mutant: sut.ResponseCrossKey,
+		keys:   []string{"key-a", "key-b"},
+		run:    responseCrossKeyChains,
 	},
 }
 

@@ -305,15 +305,23 @@ func keys(srcs []*agentSource) string {
 // base runs with. A new conversation (nothing committed) binds by the
 // request's model; one with committed messages resumes with the source it
 // recorded, whatever the model says; one that recorded none (started with
-// no agents loaded) stays unbound (nil).
-func (s *Server) agentFor(base *conversation, model string) (*agentSource, error) {
+// no agents loaded) stays unbound (nil). With exactOnly, a resume takes
+// the exact recorded key or nothing (the mutants that bring docker-agent
+// #3410 back).
+func (s *Server) agentFor(base *conversation, model string, exactOnly bool) (*agentSource, error) {
 	if len(base.messages) == 0 {
 		return s.sources.bind(model)
 	}
 	if base.source == "" {
 		return nil, nil
 	}
-	return s.sources.resume(base.source, s.cfg.Mutant == ExactSourceKeyOnly)
+	return s.sources.resume(base.source, exactOnly)
+}
+
+// exactSourceKeyOnly reports whether turn t resumes only under the exact
+// source key its conversation recorded: under exact-source-key-only.
+func (s *Server) exactSourceKeyOnly(*turn) bool {
+	return s.cfg.Mutant == ExactSourceKeyOnly
 }
 
 // refuseAgent answers a turn that has no agent to run with.

@@ -339,4 +339,19 @@ func (s *store) forget(k convKey) error {
 	return nil
 }
 
+// scopeOf returns the scope of some conversation with id, whichever key
+// it is stored under: only the response-cross-key mutant looks one up
+// so.
+func (s *store) scopeOf(ctx context.Context, id string) (string, bool, error) {
+	var scope string
+	err := s.db.QueryRowContext(ctx, `SELECT scope FROM messages WHERE conversation = ? LIMIT 1`, id).Scan(&scope)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("find conversation: %w", err)
+	}
+	return scope, true, nil
+}
+
 func (s *store) close() error { return s.db.Close() }

@@ -94,7 +94,17 @@ func NewWriter(w http.ResponseWriter) *Writer {
 // Data writes one event with the given payload, which must not contain a
 // newline (JSON from encoding/json never does).
 func (w *Writer) Data(payload string) error {
-	if _, err := fmt.Fprintf(w.w, "data: %s\n\n", payload); err != nil {
+	return w.write("data: %s\n\n", payload)
+}
+
+// Event writes one event named name (its "event:" line) with the given
+// payload, which must not contain a newline, as Data does.
+func (w *Writer) Event(name, payload string) error {
+	return w.write("event: %s\ndata: %s\n\n", name, payload)
+}
+
+func (w *Writer) write(format string, args ...any) error {
+	if _, err := fmt.Fprintf(w.w, format, args...); err != nil {
 		return err
 	}
 	if w.f != nil {

@@ -300,3 +300,15 @@ func readBounded(r *sse.Reader, limit int) (events []string, total int, err erro
 	}
 	return events, total, nil
 }
+
+func TestWriterEvent(t *testing.T) {
+	rec := httptest.NewRecorder()
+	w := sse.NewWriter(rec)
+	require.NoError(t, w.Event("response.created", `{"a":1}`))
+	assert.Equal(t, "event: response.created\ndata: {\"a\":1}\n\n", rec.Body.String())
+	assert.True(t, rec.Flushed, "each event is flushed")
+
+	got, err := readAll(t, bytes.NewReader(rec.Body.Bytes()))
+	assert.ErrorIs(t, err, io.EOF)
+	assert.Equal(t, []string{`{"a":1}`}, got, "the Reader reads the data of a named event")
+}

@@ -1,0 +1,183 @@
+package sut
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"unicode/utf8"
+
+	"github.com/turncheck/turncheck/internal/openai"
+)
+
+// The protocols besides chat keep their histories in the store and the
+// cache beside chat's conversations, as conversations of ids in namespaces
+// of their own. A chat conversation id has no control character
+// (conversationID), so no chat id can start with one of these prefixes,
+// and none of them is a prefix of another: a Responses conversation named
+// "x", a response "resp_x" and a chat conversation "x" are three
+// histories.
+const (
+	// nsResponse holds each stored response: its whole history, up to
+	// and including its own output.
+	nsResponse = "\x1eresponse:"
+	// nsResponseConversation holds the conversations of Responses
+	// requests in conversation mode.
+	nsResponseConversation = "\x1econversation:"
+)
+
+// newID returns prefix and 16 random bytes in hex: an id that no client can
+// guess.
+func newID(prefix string) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// decodeObject decodes body as one JSON object, in valid UTF-8 with
+// nothing after it, into its members. Unknown members are the caller's to
+// ignore; a name matched exactly, never by case, is the member.
+func decodeObject(body []byte, want string) (map[string]json.RawMessage, error) {
+	if !utf8.Valid(body) {
+		return nil, errors.New("the body is not valid UTF-8")
+	}
+	var top map[string]json.RawMessage
+	if err := openai.DecodeObject(body, &top); err != nil || top == nil {
+		return nil, fmt.Errorf("the body must be a JSON object: %s", want)
+	}
+	return top, nil
+}
+
+// member decodes top[name] into v unless it is missing or null, and
+// reports whether it was there; a value of another JSON type is an error
+// that says what was wanted, in terms of the JSON.
+func member(top map[string]json.RawMessage, name string, v any, want string) (bool, error) {
+	raw, ok := top[name]
+	if !ok || isNullJSON(raw) {
+		return false, nil
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return false, fmt.Errorf("%q: want %s", name, want)
+	}
+	return true, nil
+}
+
+func isNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+
+// decodeItems decodes an array of input items, as the Responses API's
+// "input" array is: each an object with a
+// "role" and a "content" that is a string or an array of text parts
+// ({"type":"input_text"|"output_text"|"text","text":...}). An item whose
+// "type" is present and not "message" (a tool call's output, say) is kept
+// as a message without role: it can never be the new user message. where
+// names the array in errors. The items are bounded as chat's messages
+// are.
+func decodeItems(raw json.RawMessage, where string) ([]openai.Message, error) {
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil || items == nil {
+		return nil, fmt.Errorf(`%s: want an array of {"role","content"} items`, where)
+	}
+	if len(items) > MaxMessages {
+		return nil, fmt.Errorf("%s has over %d items", where, MaxMessages)
+	}
+	out := make([]openai.Message, len(items))
+	for i, item := range items {
+		m, err := decodeItem(item)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]%s", where, i, err)
+		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+// decodeItem decodes one input item; its errors start with the path
+// inside it, for the caller to prefix.
+func decodeItem(raw json.RawMessage) (openai.Message, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+		return openai.Message{}, errors.New(`: want an object {"role","content"}`)
+	}
+	var typ string
+	if _, err := member(obj, "type", &typ, "a string"); err != nil {
+		return openai.Message{}, fmt.Errorf(".%v", err)
+	}
+	if typ != "" && typ != "message" {
+		return openai.Message{}, nil
+	}
+	var m openai.Message
+	if _, err := member(obj, "role", &m.Role, "a string"); err != nil {
+		return openai.Message{}, fmt.Errorf(".%v", err)
+	}
+	content, err := decodeItemContent(obj["content"])
+	if err != nil {
+		return openai.Message{}, fmt.Errorf(".content%v", err)
+	}
+	if len(content) > MaxContentBytes {
+		return openai.Message{}, fmt.Errorf(".content is over %d bytes", MaxContentBytes)
+	}
+	m.Content = openai.Content(content)
+	return m, nil
+}
+
+// decodeItemContent decodes an item's content: a string, null or missing
+// (blank), or an array of text parts, joined.
+func decodeItemContent(raw json.RawMessage) (string, error) {
+	if raw == nil || isNullJSON(raw) {
+		return "", nil
+	}
+	var text string
+	if json.Unmarshal(raw, &text) == nil {
+		return text, nil
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New(": want a string or an array of text parts")
+	}
+	var b bytes.Buffer
+	for i, p := range parts {
+		switch {
+		case p.Type != "input_text" && p.Type != "output_text" && p.Type != "text":
+			return "", fmt.Errorf("[%d]: only text parts (input_text) are supported", i)
+		case p.Text == nil:
+			return "", fmt.Errorf("[%d].text: want a string", i)
+		}
+		b.WriteString(*p.Text)
+	}
+	return b.String(), nil
+}
+
+// codedError is an error body that carries a code beside its type, as the
+// Responses API's errors do.
+type codedError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
+// writeCodedError writes an error response with a code.
+func writeCodedError(w http.ResponseWriter, status int, typ, code, msg string) {
+	var e codedError
+	e.Error.Message, e.Error.Type, e.Error.Code = msg, typ, code
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(mustJSON(e))
+}
+
+// mustJSON encodes v, a value of this package's wire types, which always
+// encode.
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("sut: encode: " + err.Error())
+	}
+	return b
+}

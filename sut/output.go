@@ -1,0 +1,166 @@
+package sut
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/internal/sse"
+)
+
+// protocol is a client protocol through which a turn reaches the server.
+// Every protocol runs its turns through the same machinery (run): the
+// same locks, store, tool loop and interruption policy. Only how a request
+// names its history, and how the answer is written, differ.
+type protocol string
+
+// The client protocols; their names are those of MutantInfo.Protocol.
+const (
+	// protoChat is POST /v1/chat/completions (server.go).
+	protoChat protocol = ""
+	// protoResponses is POST /v1/responses (responses.go).
+	protoResponses protocol = "responses"
+)
+
+// A responder writes one turn's answer in its client's protocol. run
+// decides the turn; the responder only says it. Each method gets the
+// turn's output, whose stream, if the protocol opens one, it opens.
+type responder interface {
+	// begin is called before the turn's first model call: a protocol
+	// whose stream starts with the turn opens it here, so that a client
+	// that drops mid-turn has heard what it needs (a response's id).
+	begin(o *output)
+	// started is called once the model first answered 200: a chat stream
+	// opens here.
+	started(o *output)
+	// delta relays a piece of the reply's text.
+	delta(o *output, text string)
+	// succeeded answers a turn that ended ok, after its commit is durable.
+	succeeded(o *output, reply string)
+	// failed reports a failure on the open stream; before a stream opens,
+	// answerError answers with a status instead.
+	failed(o *output, typ, msg string)
+}
+
+// output is where one turn's answer goes: the client's connection, and
+// the event stream once one is open.
+type output struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	// resp writes the answer in the turn's protocol.
+	resp responder
+	// out is the event stream, nil until the answer opens one.
+	out *sse.Writer
+	// err is the first write to the client that failed: nothing is written
+	// after it.
+	err error
+	// completes is set for a turn that runs to its end whatever its client
+	// does (Complete): a failed write does not end it.
+	completes bool
+	// cancel ends the turn: a write that fails ends a turn that does not
+	// complete, so that a client that stops reading does not hold its
+	// conversation.
+	cancel context.CancelFunc
+}
+
+// streaming reports whether the answer's stream is open; o may be nil, for
+// a turn refused before it ran.
+func (o *output) streaming() bool { return o != nil && o.out != nil }
+
+// open opens the answer's event stream, with status 200.
+func (o *output) open() {
+	o.out = sse.NewWriter(o.w)
+	o.w.WriteHeader(http.StatusOK)
+}
+
+// write writes one event on the open stream, named event ("" for a bare
+// data event), with a deadline of its own: the last write may be long ago.
+func (o *output) write(event, payload string) {
+	if o.err != nil {
+		return
+	}
+	_ = o.rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
+	if event == "" {
+		o.err = o.out.Data(payload)
+	} else {
+		o.err = o.out.Event(event, payload)
+	}
+	if o.err != nil && !o.completes {
+		o.cancel()
+	}
+}
+
+// json writes a whole JSON answer with status.
+func (o *output) json(status int, payload string) {
+	o.w.Header().Set("Content-Type", "application/json")
+	// A client that does not read its answer must not hold the handler.
+	_ = o.rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
+	o.w.WriteHeader(status)
+	_, _ = io.WriteString(o.w, payload)
+}
+
+// chatResponder answers a chat turn: a chat.completion object, or a stream
+// of chat.completion.chunk objects closed by [DONE].
+type chatResponder struct {
+	id      string
+	created int64
+	model   string
+	stream  bool
+}
+
+// newChatResponder returns the responder of chat request req.
+func (s *Server) newChatResponder(req *openai.ChatRequest) *chatResponder {
+	model := req.Model
+	if model == "" {
+		model = s.cfg.ModelName
+	}
+	return &chatResponder{id: "chatcmpl-" + strconv.FormatInt(s.ids.Add(1), 10), created: time.Now().Unix(),
+		model: model, stream: req.Stream}
+}
+
+// begin does nothing: a chat stream opens when the model has answered, so
+// that a model that fails at once is a status.
+func (c *chatResponder) begin(*output) {}
+
+func (c *chatResponder) started(o *output) {
+	if c.stream {
+		o.open()
+		o.write("", openai.Encode(c.chunk(openai.Delta{Role: openai.RoleAssistant}, nil)))
+	}
+}
+
+func (c *chatResponder) delta(o *output, text string) {
+	if c.stream {
+		o.write("", openai.Encode(c.chunk(openai.Delta{Content: text}, nil)))
+	}
+}
+
+func (c *chatResponder) succeeded(o *output, reply string) {
+	if o.streaming() {
+		o.write("", openai.Encode(c.chunk(openai.Delta{}, openai.Ptr(openai.FinishStop))))
+		o.write("", openai.DoneSentinel)
+		return
+	}
+	o.json(http.StatusOK, openai.Encode(openai.Completion{
+		ID: c.id, Object: openai.ObjectCompletion, Created: c.created, Model: c.model,
+		Choices: []openai.Choice{{
+			Message:      &openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)},
+			FinishReason: openai.Ptr(openai.FinishStop),
+		}},
+	}))
+}
+
+// failed writes an error chunk, then [DONE].
+func (c *chatResponder) failed(o *output, typ, msg string) {
+	o.write("", openai.Encode(openai.Completion{Object: openai.ObjectChunk, Choices: []openai.Choice{},
+		Error: &openai.ErrorDetail{Message: msg, Type: typ}}))
+	o.write("", openai.DoneSentinel)
+}
+
+func (c *chatResponder) chunk(d openai.Delta, finish *string) openai.Completion {
+	return openai.Completion{ID: c.id, Object: openai.ObjectChunk, Created: c.created, Model: c.model,
+		Choices: []openai.Choice{{Delta: &d, FinishReason: finish}}}
+}

@@ -1,0 +1,319 @@
+package sut
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/turncheck/turncheck/internal/openai"
+)
+
+// The Responses API, stateful (POST /v1/responses). A response is stored
+// as a conversation of its own (nsResponse), holding the whole history up
+// to and including its output, with its agent's source key: a request
+// that names previous_response_id P runs on P's history and stores a new
+// response; P never changes. Responses form a tree, so requests chaining
+// from one P run at once without a lock: each sees P's history and its own
+// input, never a sibling's. A request that names a conversation instead
+// runs as a chat turn of that conversation, under its lock
+// (nsResponseConversation).
+
+// responsesRequest is a Responses API request, as the server reads it.
+type responsesRequest struct {
+	model string
+	// input is the request's items; a string input is one user message.
+	input    []openai.Message
+	previous string
+	// store is false for a response that is not stored (not chainable).
+	store        bool
+	stream       bool
+	conversation string
+}
+
+// responsesShape is what a Responses request looks like, for errors.
+const responsesShape = `{"model","input","previous_response_id","store","stream","conversation"}`
+
+// decodeResponsesRequest reads a Responses API request. Unknown members
+// are ignored; a member of the wrong JSON type, a bound exceeded, or both
+// previous_response_id and conversation are errors.
+func decodeResponsesRequest(body []byte) (*responsesRequest, error) {
+	top, err := decodeObject(body, responsesShape)
+	if err != nil {
+		return nil, err
+	}
+	req := &responsesRequest{store: true}
+	for _, m := range []struct {
+		name string
+		v    any
+		want string
+	}{
+		{"model", &req.model, "a string"},
+		{"previous_response_id", &req.previous, "a string"},
+		{"store", &req.store, "true or false"},
+		{"stream", &req.stream, "true or false"},
+		{"conversation", &req.conversation, "a string: the conversation's id"},
+	} {
+		if _, err := member(top, m.name, m.v, m.want); err != nil {
+			return nil, err
+		}
+	}
+	if req.input, err = decodeInput(top["input"]); err != nil {
+		return nil, err
+	}
+	if err := req.check(top); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// decodeInput reads "input": a string, one user message, or an array of
+// items (decodeItems).
+func decodeInput(raw json.RawMessage) ([]openai.Message, error) {
+	if raw == nil || isNullJSON(raw) {
+		return nil, errors.New(`"input" is required: a string, or an array of {"role","content"} items`)
+	}
+	var text string
+	if json.Unmarshal(raw, &text) == nil {
+		if len(text) > MaxContentBytes {
+			return nil, fmt.Errorf(`"input" is over %d bytes`, MaxContentBytes)
+		}
+		return []openai.Message{{Role: openai.RoleUser, Content: openai.Content(text)}}, nil
+	}
+	return decodeItems(raw, `"input"`)
+}
+
+// check checks the request's ids and bounds; top is its members, to tell
+// a member given blank from one left out.
+func (req *responsesRequest) check(top map[string]json.RawMessage) error {
+	if len(req.model) > MaxModelBytes {
+		return fmt.Errorf(`"model" is over %d bytes`, MaxModelBytes)
+	}
+	_, hasPrevious := top["previous_response_id"]
+	_, hasConversation := top["conversation"]
+	if hasPrevious && !isNullJSON(top["previous_response_id"]) {
+		if err := checkID(`"previous_response_id"`, req.previous); err != nil {
+			return err
+		}
+	}
+	if hasConversation && !isNullJSON(top["conversation"]) {
+		if err := checkID(`"conversation"`, req.conversation); err != nil {
+			return err
+		}
+	}
+	if req.previous != "" && req.conversation != "" {
+		return errors.New(`name either "previous_response_id" or "conversation", not both`)
+	}
+	return nil
+}
+
+// responses serves POST /v1/responses.
+func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
+	s.admit(w, r, nil, func(scope string, body []byte) { s.responseTurn(w, r, scope, body) })
+}
+
+// errNoResponse is a previous_response_id that names no stored response
+// of the request's key.
+var errNoResponse = errors.New("previous response not found")
+
+// responseTurn runs the turn of an admitted Responses request of scope.
+func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope string, body []byte) {
+	req, err := decodeResponsesRequest(body)
+	if err != nil {
+		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	user, err := s.newUserMessage(req.input)
+	if err != nil {
+		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	resp := s.newResponseResponder(req)
+	if req.conversation != "" {
+		t := &turn{key: convKey{scope: scope, id: nsResponseConversation + req.conversation}, proto: protoResponses}
+		s.converse(w, r, t, user, req.model, resp)
+		return
+	}
+	// A response of its own: no lock, as nothing but this turn can ever
+	// write its id, and the response it chains from never changes.
+	t := &turn{key: convKey{scope: scope, id: nsResponse + resp.obj.ID}, proto: protoResponses, chained: true,
+		stateful: req.store, release: func() {}}
+	base := &conversation{}
+	if req.previous != "" {
+		if base, err = s.loadResponse(r.Context(), scope, req.previous); err != nil {
+			s.refuseResponse(w, r, t, req.previous, err)
+			return
+		}
+	}
+	if !s.prepare(w, t, base, user, req.model) {
+		return
+	}
+	s.run(w, r, t, resp)
+}
+
+// loadResponse returns the stored response id of scope: its whole
+// history. One never stored, not stored (store:false), failed, or stored
+// under another key is errNoResponse. The response-cross-key mutant looks
+// the id up under whichever key stored it.
+func (s *Server) loadResponse(ctx context.Context, scope, id string) (*conversation, error) {
+	k := convKey{scope: scope, id: nsResponse + id}
+	if s.cfg.Mutant == ResponseCrossKey {
+		// The bug: the id alone names the response, whoever asks.
+		found, ok, err := s.store.scopeOf(ctx, k.id)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			k.scope = found
+		}
+	}
+	// A stored response never changes, so what is loaded may be cached
+	// without its lock.
+	c, err := s.convs.get(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	if len(c.messages) == 0 {
+		return nil, errNoResponse
+	}
+	return c, nil
+}
+
+// refuseResponse answers a request whose previous response did not load:
+// 404 previous_response_not_found, or as a conversation that did not load.
+func (s *Server) refuseResponse(w http.ResponseWriter, r *http.Request, t *turn, previous string, err error) {
+	if !errors.Is(err, errNoResponse) {
+		s.refuse(w, r, t, err)
+		return
+	}
+	writeCodedError(w, http.StatusNotFound, "invalid_request_error", "previous_response_not_found",
+		fmt.Sprintf("previous response %.300q not found: it was never stored, failed, or is another key's", previous))
+}
+
+// Responses API wire objects.
+type (
+	// responseObject is a response, as answered and as streaming events
+	// carry it.
+	responseObject struct {
+		ID                 string         `json:"id"`
+		Object             string         `json:"object"`
+		CreatedAt          int64          `json:"created_at"`
+		Status             string         `json:"status"`
+		Model              string         `json:"model"`
+		PreviousResponseID *string        `json:"previous_response_id"`
+		Output             []responseItem `json:"output"`
+		Store              bool           `json:"store"`
+		Error              *responseError `json:"error"`
+	}
+	// responseItem is an output item: the assistant's message.
+	responseItem struct {
+		Type    string         `json:"type"`
+		ID      string         `json:"id"`
+		Role    string         `json:"role"`
+		Status  string         `json:"status"`
+		Content []responseText `json:"content"`
+	}
+	// responseText is the text of an output message.
+	responseText struct {
+		Type        string `json:"type"`
+		Text        string `json:"text"`
+		Annotations []any  `json:"annotations"`
+	}
+	// responseError says why a response failed; its code is the error
+	// type a chat answer would carry.
+	responseError struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}
+)
+
+// The statuses of a response.
+const (
+	responseInProgress = "in_progress"
+	responseCompleted  = "completed"
+	responseFailed     = "failed"
+)
+
+// responseResponder answers a Responses turn: a response object, or a
+// stream of named events that opens, before the first model call, with
+// response.created, so that a client that drops mid-turn knows the id.
+type responseResponder struct {
+	obj    responseObject
+	itemID string
+	stream bool
+	// seq numbers the stream's events.
+	seq int
+}
+
+// newResponseResponder returns the responder of req, with the response's
+// id minted.
+func (s *Server) newResponseResponder(req *responsesRequest) *responseResponder {
+	model := req.model
+	if model == "" {
+		model = s.cfg.ModelName
+	}
+	var previous *string
+	if req.previous != "" {
+		previous = &req.previous
+	}
+	return &responseResponder{
+		obj: responseObject{ID: newID("resp_"), Object: "response", CreatedAt: time.Now().Unix(),
+			Model: model, PreviousResponseID: previous, Output: []responseItem{}, Store: req.store},
+		itemID: newID("msg_"),
+		stream: req.stream,
+	}
+}
+
+func (p *responseResponder) begin(o *output) {
+	if p.stream {
+		o.open()
+		p.emit(o, "response.created", map[string]any{"response": p.response(responseInProgress)})
+	}
+}
+
+// started does nothing: the stream, if any, opened with the turn.
+func (p *responseResponder) started(*output) {}
+
+func (p *responseResponder) delta(o *output, text string) {
+	if p.stream {
+		p.emit(o, "response.output_text.delta", map[string]any{
+			"item_id": p.itemID, "output_index": 0, "content_index": 0, "delta": text})
+	}
+}
+
+func (p *responseResponder) succeeded(o *output, reply string) {
+	done := p.response(responseCompleted)
+	done.Output = []responseItem{{Type: "message", ID: p.itemID, Role: openai.RoleAssistant, Status: responseCompleted,
+		Content: []responseText{{Type: "output_text", Text: reply, Annotations: []any{}}}}}
+	if !p.stream {
+		o.json(http.StatusOK, string(mustJSON(done)))
+		return
+	}
+	p.emit(o, "response.completed", map[string]any{"response": done})
+}
+
+// failed ends the stream with response.failed; response.created always
+// came first, so a failure always has its response.
+func (p *responseResponder) failed(o *output, typ, msg string) {
+	failed := p.response(responseFailed)
+	failed.Error = &responseError{Code: typ, Message: msg}
+	p.emit(o, "response.failed", map[string]any{"response": failed})
+}
+
+// response is the response object with status.
+func (p *responseResponder) response(status string) *responseObject {
+	r := p.obj
+	r.Status = status
+	return &r
+}
+
+// emit writes one event of type typ: fields, with its type and its
+// sequence number.
+func (p *responseResponder) emit(o *output, typ string, fields map[string]any) {
+	fields["type"] = typ
+	fields["sequence_number"] = p.seq
+	p.seq++
+	o.write(typ, string(mustJSON(fields)))
+}
