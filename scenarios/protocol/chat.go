@@ -165,3 +165,5 @@ func (chat) read(ctx context.Context, _ Request, resp *http.Response, out Respon
 }
 
 func (chat) learn(Request, Response) {}
+
+func (chat) restarted() {}

@@ -128,6 +128,8 @@ type wire interface {
 	read(ctx context.Context, req Request, resp *http.Response, out Response) Response
 	// learn keeps what the turn's outcome says of its conversation.
 	learn(req Request, out Response)
+	// restarted is told that the server restarted.
+	restarted()
 }
 
 // NewClient returns a client of the server at base, as p reaches it, that
@@ -161,6 +163,7 @@ func (c *Client) Close() { c.http.CloseIdleConnections() }
 func (c *Client) Rebase(base string) {
 	c.http.CloseIdleConnections()
 	c.base = strings.TrimRight(base, "/")
+	c.wire.restarted()
 }
 
 // NewRequest builds a request carrying msgs on conversation conv; ctx

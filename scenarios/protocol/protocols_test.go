@@ -36,7 +36,8 @@ func chainedFrom(t *testing.T, req Request) string {
 // the server said failed is chained from once (it must not be a base,
 // T1); an unknown response the server does not have (404) gives the chain
 // back its base; another key's conversation of the same id chains from
-// the first key's head (it must not be found, T5).
+// the first key's head (it must not be found, T5); after a restart, every
+// chain goes on from its last completed response.
 func TestResponsesChain(t *testing.T) {
 	c := NewClient("http://127.0.0.1:1", targets.Profile{Protocol: targets.Responses, Model: "m"}, "")
 	w := c.wire.(*responses)
@@ -70,7 +71,12 @@ func TestResponsesChain(t *testing.T) {
 	w.learn(resume, Response{Outcome: model.Fail, Status: 502})
 	assert.Equal(t, "resp_3", chainedFrom(t, next(a)), "a failure that is not a 404 says nothing of it")
 	w.learn(resume, Response{Outcome: model.Fail, Status: 404})
-	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "the server does not have it: back to its base")
+	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "the server does not have it: back to the last completed response")
+
+	w.learn(next(a), Response{Outcome: model.Unknown, ID: "resp_4"})
+	w.learn(next(a), Response{Outcome: model.Fail, ID: "resp_5"})
+	c.Rebase("http://127.0.0.1:2")
+	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "after a restart, a chain goes on from its last completed response (T7)")
 }
 
 // TestResponsesOutcomes: a stream succeeds only on response.completed,

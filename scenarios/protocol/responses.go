@@ -35,10 +35,11 @@ type responses struct {
 type chainHead struct {
 	// id is the response the next turn chains from; "" for none yet.
 	id string
-	// base is the response id chained from before it, when id is a
-	// response whose outcome the client never learned: a server that did
-	// not keep it answers 404, and the chain goes on from base.
-	base    string
+	// done is the last response of the chain that completed.
+	done string
+	// unknown says that id is a response whose outcome the client never
+	// learned: a server that did not keep it answers 404, and the chain
+	// goes on from done.
 	unknown bool
 	// failed is a response the server said failed: the next turn chains
 	// from it once, to check that a failed response never becomes a base
@@ -105,8 +106,8 @@ func (*responses) headers(*Client, Request) map[string]string { return nil }
 
 // learn moves conv's chain on: to a response that ended ok, or whose
 // outcome the client never learned (the next turn shows whether the
-// server kept it whole or not at all, T6); back to the base of such a
-// response that the server says it does not have.
+// server kept it whole or not at all, T6); back to the last response that
+// completed when the server says it does not have such a one.
 func (w *responses) learn(req Request, out Response) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -116,17 +117,29 @@ func (w *responses) learn(req Request, out Response) {
 	}
 	switch {
 	case out.Outcome == model.OK && out.ID != "":
-		h = chainHead{id: out.ID}
+		h = chainHead{id: out.ID, done: out.ID}
 	case out.Outcome == model.Unknown && out.ID != "":
-		h = chainHead{id: out.ID, base: req.chainedFrom, unknown: true}
+		h = chainHead{id: out.ID, done: h.done, unknown: true}
 	case out.Outcome == model.Fail && out.ID != "":
 		h.failed = out.ID
 	case out.Outcome == model.Fail && out.Status == http.StatusNotFound && h.unknown && req.chainedFrom == h.id:
-		h = chainHead{id: h.base}
+		h = chainHead{id: h.done, done: h.done}
 	case !mine:
 		return // a refused turn on a conversation with no chain starts none
 	}
 	w.heads[req.Conv] = h
+}
+
+// restarted sends every chain's next turn to the last response of it that
+// completed: that one a server that survives restarts must still have
+// (T7, T8), where a response whose outcome the client never learned may
+// rightly be gone, and a failed one was never kept.
+func (w *responses) restarted() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ref, h := range w.heads {
+		w.heads[ref] = chainHead{id: h.done, done: h.done}
+	}
 }
 
 func (*responses) read(ctx context.Context, _ Request, resp *http.Response, out Response) Response {

@@ -110,6 +110,8 @@ func (*sessions) headers(*Client, Request) map[string]string { return nil }
 
 func (*sessions) learn(Request, Response) {}
 
+func (*sessions) restarted() {}
+
 func (w *sessions) read(ctx context.Context, _ Request, resp *http.Response, out Response) Response {
 	body := io.LimitReader(resp.Body, maxResponseBytes)
 	switch {

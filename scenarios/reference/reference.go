@@ -57,13 +57,18 @@ const CompactAfter = 8
 
 // WithMutant is the reference server with mutant m switched on (none for
 // sut.Clean), declaring the interruption policy of the server its bug
-// comes from (sut.MutantInfo), rollback if it names none.
+// comes from (sut.MutantInfo), rollback if it names none, and reached
+// through the protocol the bug lives in.
 func WithMutant(m sut.Mutant) Target {
 	r := Target{Mutant: m, Interruption: sut.Rollback}
 	for _, info := range sut.Mutants() {
-		if info.Mutant == m && info.Interruption != "" {
+		if info.Mutant != m {
+			continue
+		}
+		if info.Interruption != "" {
 			r.Interruption = info.Interruption
 		}
+		r.Protocol = targets.Protocol(info.Protocol)
 	}
 	return r
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -40,4 +41,21 @@ func TestTarget(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, res.Failure)
 	assert.Positive(t, res.Outcomes["ok"])
+}
+
+// TestProfilesPerProtocol: profiles/ has a profile per protocol for the
+// reference server, and each reaches it as the in-process target does.
+func TestProfilesPerProtocol(t *testing.T) {
+	for file, protocol := range map[string]targets.Protocol{
+		"reference.yaml":           targets.Chat,
+		"reference-responses.yaml": targets.Responses,
+		"reference-sessions.yaml":  targets.Sessions,
+	} {
+		target, err := scenarios.LoadProfile("../../profiles/" + file)
+		require.NoError(t, err, file)
+		got, want := target.Profile(), reference.Target{Protocol: protocol}.Profile()
+		assert.Equal(t, want.Protocol, got.Protocol, file)
+		assert.Equal(t, want.SessionsAPI, got.SessionsAPI, file)
+		assert.Equal(t, want.Keys, got.Keys, file)
+	}
 }
