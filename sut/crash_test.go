@@ -185,6 +185,11 @@ var restartCases = []struct {
 		},
 	},
 	{
+		// docker-agent #3410 through the sessions API alone.
+		mutant: sut.SessionExactSourceKey,
+		run:    sessionResumesAfterQueryChange,
+	},
+	{
 		// T7: acknowledged turns still queued die with the process.
 		mutant: sut.AckBeforeDurable,
 		run: func(t *testing.T, m sut.Mutant) bool {

@@ -18,8 +18,8 @@ import (
 // of their own. A chat conversation id has no control character
 // (conversationID), so no chat id can start with one of these prefixes,
 // and none of them is a prefix of another: a Responses conversation named
-// "x", a response "resp_x" and a chat conversation "x" are three
-// histories.
+// "x", a response "resp_x", a session "x" and a chat conversation "x" are
+// four histories.
 const (
 	// nsResponse holds each stored response: its whole history, up to
 	// and including its own output.
@@ -27,6 +27,8 @@ const (
 	// nsResponseConversation holds the conversations of Responses
 	// requests in conversation mode.
 	nsResponseConversation = "\x1econversation:"
+	// nsSession holds the sessions of the sessions API.
+	nsSession = "\x1esession:"
 )
 
 // newID returns prefix and 16 random bytes in hex: an id that no client can
@@ -68,7 +70,7 @@ func member(top map[string]json.RawMessage, name string, v any, want string) (bo
 func isNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
 // decodeItems decodes an array of input items, as the Responses API's
-// "input" array is: each an object with a
+// "input" array and the sessions API's body are: each an object with a
 // "role" and a "content" that is a string or an array of text parts
 // ({"type":"input_text"|"output_text"|"text","text":...}). An item whose
 // "type" is present and not "message" (a tool call's output, say) is kept

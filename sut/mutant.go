@@ -79,6 +79,11 @@ const (
 	// key's scope: another key chains from the response and sees its
 	// history.
 	ResponseCrossKey Mutant = "response-cross-key"
+	// SessionExactSourceKey is ExactSourceKeyOnly for the turns of the
+	// sessions API alone (chat turns resume as they should): after a
+	// relaunch that loads the agent under another query, a session's
+	// resume fails with 500 "agent not found".
+	SessionExactSourceKey Mutant = "session-exact-source-key"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -98,8 +103,9 @@ type MutantInfo struct {
 	Interruption Interruption
 	// Protocol is the client protocol through which the harness catches
 	// the bug: "" for chat completions (POST /v1/chat/completions),
-	// "responses" for the Responses API (POST /v1/responses). A bug of one
-	// protocol may not show through another.
+	// "responses" for the Responses API (POST /v1/responses), "sessions"
+	// for the sessions API (POST /api/sessions). A bug of one protocol may
+	// not show through another.
 	Protocol string
 }
 
@@ -137,6 +143,8 @@ func Mutants() []MutantInfo {
 			"a response whose turn failed is stored anyway, with its user input and any partial reply: a request chaining from it (previous_response_id, known from response.created) succeeds and sends the model the failed input", "", string(protoResponses)},
 		{ResponseCrossKey, "PROTOCOL.md T5 (responses scoped per key)", "T5",
 			"previous_response_id is looked up without the API key's scope: another key chains from the response and the model sees its history", "", string(protoResponses)},
+		{SessionExactSourceKey, "docker-agent #3410", "T8",
+			"a session's resume looks up the exact source key the session recorded (chat turns resume correctly); relaunched under another query, a session turn fails with 500 \"agent not found\"", "", string(protoSessions)},
 	}
 }
 

@@ -23,6 +23,8 @@ const (
 	protoChat protocol = ""
 	// protoResponses is POST /v1/responses (responses.go).
 	protoResponses protocol = "responses"
+	// protoSessions is the sessions API, POST /api/sessions (sessions.go).
+	protoSessions protocol = "sessions"
 )
 
 // A responder writes one turn's answer in its client's protocol. run

@@ -1,11 +1,12 @@
 // Package sut is turncheck's reference session server: an OpenAI-compatible
 // chat endpoint that keeps conversations server-side, as PROTOCOL.md
-// specifies, and the other client protocols of such servers over the same
-// store and the same turns (output.go): the Responses API, stateful
-// (responses.go). It runs every turn on a working copy of the conversation and
-// commits only a turn that ended ok, durably, in SQLite under a bounded
-// cache. It also carries the catalogue of mutants: switches that bring back
-// the real bugs the harness exists to catch.
+// specifies, and, over the same store and the same turns (output.go), the
+// other client protocols of such servers: the Responses API, stateful
+// (responses.go), and a sessions API (sessions.go). It runs every turn on
+// a working copy of the conversation and commits only a turn that ended
+// ok, durably, in SQLite under a bounded cache. It also carries the
+// catalogue of mutants: switches that bring back the real bugs the harness
+// exists to catch.
 //
 // A turn is a tool loop (toolloop.go): the server offers the model two
 // built-in tools, echo and lookup (tools.go), runs the calls the model asks
@@ -449,7 +450,8 @@ func (s *Server) enter() bool {
 }
 
 // ServeHTTP serves the client protocols (POST /v1/chat/completions,
-// POST /v1/responses) and GET /healthz.
+// POST /v1/responses, the sessions API under /api/sessions) and GET
+// /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.cfg.Gauge.add(1, 0)
 	defer s.cfg.Gauge.add(-1, 0)
@@ -511,10 +513,16 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		serve = s.chat
 	case p == "/v1/responses" || p == "/responses":
 		serve = s.responses
+	case p == sessionsPath:
+		serve = s.createSession
 	default:
-		openai.WriteError(w, http.StatusNotFound, "not_found",
-			"no such endpoint; use POST /v1/chat/completions or POST /v1/responses")
-		return
+		session, agent, ok := sessionTurnPath(r.URL)
+		if !ok {
+			openai.WriteError(w, http.StatusNotFound, "not_found",
+				"no such endpoint; use POST /v1/chat/completions, POST /v1/responses, POST "+sessionsPath+" or POST "+sessionsPath+"/{session}/agent/{agent}")
+			return
+		}
+		serve = func(w http.ResponseWriter, r *http.Request) { s.sessionTurn(w, r, session, agent) }
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)

@@ -319,9 +319,16 @@ func (s *Server) agentFor(base *conversation, model string, exactOnly bool) (*ag
 }
 
 // exactSourceKeyOnly reports whether turn t resumes only under the exact
-// source key its conversation recorded: under exact-source-key-only.
-func (s *Server) exactSourceKeyOnly(*turn) bool {
-	return s.cfg.Mutant == ExactSourceKeyOnly
+// source key its conversation recorded: under exact-source-key-only for
+// every turn, under session-exact-source-key for the sessions API's alone.
+func (s *Server) exactSourceKeyOnly(t *turn) bool {
+	switch s.cfg.Mutant {
+	case ExactSourceKeyOnly:
+		return true
+	case SessionExactSourceKey:
+		return t.proto == protoSessions
+	}
+	return false
 }
 
 // refuseAgent answers a turn that has no agent to run with.

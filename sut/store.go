@@ -42,6 +42,11 @@ CREATE TABLE IF NOT EXISTS sources (
 	source       TEXT NOT NULL,
 	PRIMARY KEY (scope, conversation)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sessions (
+	scope        TEXT NOT NULL,
+	conversation TEXT NOT NULL,
+	PRIMARY KEY (scope, conversation)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (
 	name  TEXT NOT NULL PRIMARY KEY,
 	value BLOB NOT NULL
@@ -58,7 +63,9 @@ CREATE TABLE IF NOT EXISTS meta (
 // under, written with its first messages. A data dir from before it gets the
 // table empty: its conversations are unbound, as they were. The meta table
 // holds the store's scope secret (scope.go), made when the store is first
-// opened, by this version or a later one.
+// opened, by this version or a later one. The sessions table lists the
+// sessions of the sessions API, each from its creation on, before it has
+// any message; a data dir from before it gets it empty.
 
 // The store holds every conversation in the clear: its directory is made
 // 0700 and its files 0600. SQLite gives its -wal and -shm files the mode of
@@ -207,7 +214,7 @@ func (s *store) rescope(moves map[string]string) error {
 		return fmt.Errorf("rescope: %w", err)
 	}
 	for old, next := range moves {
-		for _, table := range []string{"messages", "sources"} {
+		for _, table := range []string{"messages", "sources", "sessions"} {
 			if _, err := tx.Exec(`UPDATE `+table+` SET scope = ? WHERE scope = ?`, next, old); err != nil {
 				return errors.Join(fmt.Errorf("rescope: %w", err), tx.Rollback())
 			}
@@ -337,6 +344,28 @@ func (s *store) forget(k convKey) error {
 		return fmt.Errorf("forget: %w", err)
 	}
 	return nil
+}
+
+// createSession records session k, durably: it exists from now on,
+// with no message yet.
+func (s *store) createSession(k convKey) error {
+	if _, err := s.db.Exec(`INSERT INTO sessions (scope, conversation) VALUES (?, ?)`, k.scope, k.id); err != nil {
+		return fmt.Errorf("create session: %w", err)
+	}
+	return nil
+}
+
+// sessionExists reports whether session k was created.
+func (s *store) sessionExists(ctx context.Context, k convKey) (bool, error) {
+	var one int
+	err := s.db.QueryRowContext(ctx, `SELECT 1 FROM sessions WHERE scope = ? AND conversation = ?`, k.scope, k.id).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("find session: %w", err)
+	}
+	return true, nil
 }
 
 // scopeOf returns the scope of some conversation with id, whichever key

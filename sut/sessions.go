@@ -1,0 +1,138 @@
+package sut
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/turncheck/turncheck/internal/openai"
+)
+
+// The sessions API, shaped like docker-agent's `serve api`: a client
+// creates a session (POST /api/sessions), then sends each turn to
+// POST /api/sessions/{session}/agent/{agent} as an array of messages, the
+// new user message last. A session is a conversation scoped by the API
+// key, under a namespace of its own (nsSession), with chat's turn
+// machinery: its lock and concurrency policy, its agent binding (the
+// session's first turn records the agent's source key; later turns resume
+// with it, T8), durability and interruption policy. The answer is always
+// an event stream of data lines.
+
+// sessionsPath is the sessions API's root.
+const sessionsPath = "/api/sessions"
+
+// sessionEvent is one event of a session turn's stream.
+type sessionEvent struct {
+	Type    string `json:"type"`
+	Content string `json:"content,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// createSession serves POST /api/sessions: a new empty session of the
+// key, stored durably before its id is answered (201 {"id"}). The body is
+// empty or a JSON object, whose members are ignored.
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
+	s.admit(w, r, nil, func(scope string, body []byte) {
+		if len(bytes.TrimSpace(body)) > 0 {
+			if _, err := decodeObject(body, "{} or no body"); err != nil {
+				openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+				return
+			}
+		}
+		id := newID("")
+		if err := s.store.createSession(convKey{scope: scope, id: nsSession + id}); err != nil {
+			s.log.Error("create session", "err", err)
+			openai.WriteError(w, http.StatusInternalServerError, "server_error", "the session could not be created")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(mustJSON(map[string]string{"id": id}))
+	})
+}
+
+// sessionTurnPath returns the session and the agent that the path of a
+// session turn names (/api/sessions/{session}/agent/{agent}, each segment
+// path-escaped), or false if u is no such path.
+func sessionTurnPath(u *url.URL) (session, agent string, ok bool) {
+	rest, ok := strings.CutPrefix(u.EscapedPath(), sessionsPath+"/")
+	if !ok {
+		return "", "", false
+	}
+	parts := strings.Split(rest, "/")
+	if len(parts) != 3 || parts[1] != "agent" {
+		return "", "", false
+	}
+	session, err := url.PathUnescape(parts[0])
+	if err != nil {
+		return "", "", false
+	}
+	agent, err = url.PathUnescape(parts[2])
+	if err != nil || checkID("session id", session) != nil || agent == "" {
+		return "", "", false
+	}
+	return session, agent, true
+}
+
+// sessionTurn serves POST /api/sessions/{session}/agent/{agent}: one turn
+// of session with the agent named as chat's "model" names it.
+func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, agent string) {
+	s.admit(w, r, nil, func(scope string, body []byte) {
+		msgs, err := decodeSessionMessages(body)
+		if err != nil {
+			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+			return
+		}
+		user, err := s.newUserMessage(msgs)
+		if err != nil {
+			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+			return
+		}
+		t := &turn{key: convKey{scope: scope, id: nsSession + session}, proto: protoSessions}
+		switch found, err := s.store.sessionExists(r.Context(), t.key); {
+		case err != nil:
+			t.release = func() {}
+			s.refuse(w, r, t, err)
+			return
+		case !found:
+			openai.WriteError(w, http.StatusNotFound, "not_found", "no such session: create one with POST "+sessionsPath)
+			return
+		}
+		s.converse(w, r, t, user, agent, sessionResponder{})
+	})
+}
+
+// decodeSessionMessages reads a session turn's body: a JSON array of
+// messages (decodeItems), in valid UTF-8, with nothing after it.
+func decodeSessionMessages(body []byte) ([]openai.Message, error) {
+	var raw json.RawMessage
+	if !utf8.Valid(body) || openai.DecodeObject(body, &raw) != nil {
+		return nil, errors.New(`the body must be a JSON array of {"role","content"} messages, the new user message last`)
+	}
+	return decodeItems(raw, "messages")
+}
+
+// sessionResponder answers a session turn: always an event stream, open
+// from the turn's start, of agent_choice events, then stream_stopped once
+// the commit is durable, or error.
+type sessionResponder struct{}
+
+func (sessionResponder) begin(o *output) { o.open() }
+
+func (sessionResponder) started(*output) {}
+
+func (sessionResponder) delta(o *output, text string) {
+	o.write("", string(mustJSON(sessionEvent{Type: "agent_choice", Content: text})))
+}
+
+func (sessionResponder) succeeded(o *output, _ string) {
+	o.write("", string(mustJSON(sessionEvent{Type: "stream_stopped"})))
+}
+
+func (sessionResponder) failed(o *output, _, msg string) {
+	o.write("", string(mustJSON(sessionEvent{Type: "error", Error: msg})))
+}
