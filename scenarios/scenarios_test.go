@@ -60,6 +60,10 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.ShallowClone:              {model.T11},
 	sut.ToolRunsAfterCancel:       {model.T10},
 	sut.RefuseConcurrentNew:       {model.T4},
+	// Through the Responses API and the session API.
+	sut.FailedResponseChainable: {model.T1},
+	sut.ResponseCrossKey:        {model.T5},
+	sut.SessionExactSourceKey:   {model.T8},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: the

@@ -41,8 +41,11 @@ type Request struct {
 	// Unsent says why the request was not sent at all (a session that
 	// could not be created): the turn then failed before it began.
 	Unsent string `json:"unsent,omitempty"`
-	// chainedFrom is the response id a Responses API turn chains from.
-	chainedFrom string
+	// ChainedFrom is the response a Responses API turn chains from, and
+	// Session the session a session API's turn runs in: ids the server
+	// made, which a report names by the turn they came from.
+	ChainedFrom string `json:"chainedFrom,omitempty"`
+	Session     string `json:"session,omitempty"`
 	// Stream reports whether the body asks for a stream.
 	Stream bool `json:"stream,omitempty"`
 }

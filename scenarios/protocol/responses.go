@@ -76,7 +76,7 @@ func (w *responses) request(_ context.Context, c *Client, conv model.Conversatio
 	if err != nil {
 		panic(err) // plain strings always encode
 	}
-	return Request{Conv: conv, Path: responsesPath, Body: raw, Stream: stream, chainedFrom: body.PreviousResponseID}
+	return Request{Conv: conv, Path: responsesPath, Body: raw, Stream: stream, ChainedFrom: body.PreviousResponseID}
 }
 
 // chainFrom is the response a turn on conv chains from: a failed response
@@ -112,7 +112,7 @@ func (w *responses) learn(req Request, out Response) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h, mine := w.heads[req.Conv]
-	if mine && h.failed != "" && req.chainedFrom == h.failed {
+	if mine && h.failed != "" && req.ChainedFrom == h.failed {
 		h.failed = "" // probed once
 	}
 	switch {
@@ -122,7 +122,7 @@ func (w *responses) learn(req Request, out Response) {
 		h = chainHead{id: out.ID, done: h.done, unknown: true}
 	case out.Outcome == model.Fail && out.ID != "":
 		h.failed = out.ID
-	case out.Outcome == model.Fail && out.Status == http.StatusNotFound && h.unknown && req.chainedFrom == h.id:
+	case out.Outcome == model.Fail && out.Status == http.StatusNotFound && h.unknown && req.ChainedFrom == h.id:
 		h = chainHead{id: h.done, done: h.done}
 	case !mine:
 		return // a refused turn on a conversation with no chain starts none

@@ -39,6 +39,7 @@ func (w *sessions) request(ctx context.Context, c *Client, conv model.Conversati
 		req.Unsent = "its session could not be created: " + err.Error()
 		return req
 	}
+	req.Session = id
 	req.Path = expand(w.api.Turn.Path, pathValues(id, c.profile.Model))
 	req.Body = []byte(expand(w.api.Turn.Body, bodyValues(id, c.profile.Model, msgs)))
 	return req

@@ -36,7 +36,29 @@ func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) 
 	}
 	b.WriteString("\nThe curl commands send each request again to the server at $TURNCHECK_URL; they do not\n" +
 		"inject the model's faults: replay the saved failure for those.\n")
-	return b.String()
+	return serverIDs(history).Replace(b.String())
+}
+
+// serverIDs names the ids the server made in a history (response ids,
+// session ids) by where they came from: they differ on every run, and a
+// failure must read the same every time it replays. A request that
+// chains from a response, or runs in a session, then shows which.
+func serverIDs(history []history.Op) *strings.Replacer {
+	var pairs []string
+	named := map[string]bool{}
+	name := func(id, as string) {
+		if id != "" && !named[id] {
+			named[id] = true
+			pairs = append(pairs, id, as)
+		}
+	}
+	for _, op := range history {
+		label := fmt.Sprintf("%d%s", op.Step, letters(op.Index + 1)[op.Index])
+		name(op.Response.ID, "<response of "+label+">")
+		name(op.Request.Session, "<session of "+op.Request.Conv.String()+">")
+		name(op.Request.ChainedFrom, fmt.Sprintf("<response #%d>", len(pairs)/2+1))
+	}
+	return strings.NewReplacer(pairs...)
 }
 
 // writeStepHeader names the step that starts at ops[i]; a burst also
