@@ -15,10 +15,11 @@ import (
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/scenarios/report"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
-const checkHelp = `Usage: turncheck check [--mutant NAME] [--concurrency POLICY] [--interruption POLICY] [--checks N] [--steps N] [--seed S] [--shrink-time D]
+const checkHelp = `Usage: turncheck check [--mutant NAME] [--concurrency POLICY] [--interruption POLICY] [--protocol P] [--checks N] [--steps N] [--seed S] [--shrink-time D]
 
 Runs the state machine against the embedded reference server: new
 conversations, continuations (streamed or not), invalid continuations,
@@ -47,8 +48,15 @@ disconnects leaves nothing), keep-consistent (it may keep its user
 message and completed tool rounds) or complete (it runs on to its end and
 is committed whole or not at all).
 
+--protocol says how the harness reaches the server: chat (POST
+/v1/chat/completions with a conversation header; the default), responses
+(the Responses API, each conversation a chain of previous_response_id) or
+sessions (its session API: a session is created, then turns run in it).
+A mutant whose bug lives in one protocol is reached through it.
+
 Examples:
   turncheck check --mutant commit-on-stream-error --checks 200
+  turncheck check --protocol responses
   turncheck check --concurrency reject
   turncheck check --interruption keep-consistent
   turncheck check --mutant fork-new-session
@@ -74,7 +82,7 @@ Examples:
 // runFlags are the flags check and replay share: which server, and where
 // the reports go.
 type runFlags struct {
-	mutant, concurrency, interruption, out, save, json, junit, html *string
+	mutant, concurrency, interruption, protocol, out, save, json, junit, html *string
 }
 
 func addRunFlags(fs *flagSet, mutantHelp string) runFlags {
@@ -83,6 +91,8 @@ func addRunFlags(fs *flagSet, mutantHelp string) runFlags {
 		concurrency: fs.String("concurrency", string(sut.Serialize), "the reference server's policy for a turn on a busy conversation: serialize or reject"),
 		interruption: fs.String("interruption", "", "the reference server's policy for a turn whose client disconnects: rollback, keep-consistent "+
 			"(it keeps the user message and completed tool pairs) or complete (it runs on to its end); default rollback, keep-consistent for the orphan-tool-call-on-interrupt mutant"),
+		protocol: fs.String("protocol", "", "the client protocol the reference server is reached through: chat, responses (the Responses API) or sessions "+
+			"(its session API); default chat, or the protocol of the mutant's bug"),
 		out: fs.String("out", "", "directory for the run's results (the report as text, JSON, JUnit and index.html, and the failure); "+
 			"default "+resultsRoot+"/TIME, with "+resultsRoot+"/latest naming the newest"),
 		save:  fs.String("save", "", "directory where a failure is saved (as JSON, for 'turncheck replay FILE', and as HTML); default: failures/ in the results"),
@@ -109,13 +119,21 @@ func (rf runFlags) server() (reference.Target, error) {
 			return reference.Target{}, fmt.Errorf("--interruption: %w", err)
 		}
 	}
+	if rf.protocol != nil && *rf.protocol != "" {
+		switch p := targets.Protocol(*rf.protocol); p {
+		case targets.Chat, targets.Responses, targets.Sessions:
+			r.Protocol = p
+		default:
+			return reference.Target{}, fmt.Errorf("--protocol: %q; want chat, responses or sessions", *rf.protocol)
+		}
+	}
 	return r, nil
 }
 
 // describeReference says which reference server runs, for people.
 func describeReference(r reference.Target) string {
-	return fmt.Sprintf("reference server, mutant %s, concurrency %s, interruption %s",
-		mutantLabel(r.Mutant), cmp.Or(r.Concurrency, sut.Serialize), r.Interruption)
+	return fmt.Sprintf("reference server, mutant %s, concurrency %s, interruption %s, protocol %s",
+		mutantLabel(r.Mutant), cmp.Or(r.Concurrency, sut.Serialize), r.Interruption, cmp.Or(r.Protocol, targets.Chat))
 }
 
 // referenceFlags are the flags of check and replay that choose r, after
@@ -127,6 +145,9 @@ func referenceFlags(r reference.Target) string {
 	}
 	if r.Interruption != reference.WithMutant(r.Mutant).Interruption {
 		fmt.Fprintf(&b, " --interruption %s", r.Interruption)
+	}
+	if r.Protocol != reference.WithMutant(r.Mutant).Protocol {
+		fmt.Fprintf(&b, " --protocol %s", cmp.Or(r.Protocol, targets.Chat))
 	}
 	return b.String()
 }
@@ -232,7 +253,7 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 func replayTarget(spec scenarios.ServerSpec) (scenarios.Target, string, error) {
 	switch spec.Kind {
 	case "reference":
-		r, err := runFlags{mutant: &spec.Mutant, concurrency: &spec.Concurrency, interruption: &spec.Interruption}.server()
+		r, err := runFlags{mutant: &spec.Mutant, concurrency: &spec.Concurrency, interruption: &spec.Interruption, protocol: &spec.Protocol}.server()
 		if err != nil {
 			return nil, "", err
 		}
