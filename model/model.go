@@ -3,6 +3,7 @@ package model
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -337,6 +338,12 @@ type conv struct {
 	// call shows of it (T11).
 	shown     []string
 	unchanged bool
+	// family is the conversation at the root of the branches this one is
+	// one of (Fork), nil for a conversation that never branched; inherited
+	// are the tokens its history held when it branched off, which it
+	// carries as its own.
+	family    *conv
+	inherited map[Token]bool
 }
 
 // New returns a model with no conversations, for a server that serializes.
@@ -442,15 +449,25 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 		}
 		order[i] = ran{t.RanAt(), i, cv}
 	}
+	branches := map[*conv]int{}
 	for _, cv := range touched {
 		// Concurrent turns exercise T4 only where two of them reached the
 		// model (a refusal is counted where it is judged, checkConflict):
 		// a server that answers by itself, or refuses everything, proves
-		// nothing of one line.
+		// nothing of one line. Two branches of one conversation that
+		// reached it at once exercise it too: each must see only its own.
 		if cv.ranInStep > 1 {
 			m.checked.add(T4)
 		}
+		if cv.family != nil && cv.ranInStep > 0 {
+			branches[cv.family]++
+		}
 		cv.ranInStep = 0
+	}
+	for _, n := range branches {
+		if n > 1 {
+			m.checked.add(T4)
+		}
 	}
 	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Compare(a.at, b.at) })
 	for _, r := range order {
@@ -464,6 +481,42 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 	}
 	return nil
 }
+
+// Fork records that conversation to starts as a branch of conversation
+// from, for a server whose conversations branch by design (the Responses
+// API, where two requests chained from one response each start a branch
+// of their own): to holds from's history as it stands, and goes on on its
+// own. A turn of to must see that history and its own turns, never a turn
+// of from made after the fork, nor one of a sibling branch: that would be
+// two branches run as one line, a fork (T4). Fork does nothing if to has
+// been seen already.
+func (m *Model) Fork(from, to ConversationRef) {
+	if _, ok := m.convs[to]; ok {
+		return
+	}
+	src := m.convs[from]
+	if src == nil {
+		src = &conv{ref: from}
+		m.convs[from] = src
+	}
+	if src.family == nil {
+		src.family = src
+	}
+	cv := *src
+	cv.ref, cv.live, cv.ranInStep = to, false, 0
+	cv.shown = slices.Clone(src.shown)
+	cv.inherited = maps.Clone(src.inherited)
+	if cv.inherited == nil {
+		cv.inherited = map[Token]bool{}
+	}
+	for _, tok := range src.line.Tokens() {
+		cv.inherited[tok] = true
+	}
+	m.convs[to] = &cv
+}
+
+// sameFamily reports whether a and b are branches of one conversation.
+func sameFamily(a, b *conv) bool { return a == b || a.family != nil && a.family == b.family }
 
 // reached reports whether a call of t's own reached the model.
 func (t *Turn) reached() bool {
@@ -796,7 +849,7 @@ func (m *Model) checkMixed(t Turn, call Call) *Violation {
 		case !ok:
 		case first == nil:
 			first = owner
-		case owner != first:
+		case !sameFamily(owner, first):
 			return &Violation{Invariant: T5, Conv: t.Conv, Turn: t.User,
 				Reason: fmt.Sprintf("a model request made during this step carries tokens of conversation %s and of conversation %s (%s)",
 					first.ref, owner.ref, tok),
@@ -807,10 +860,18 @@ func (m *Model) checkMixed(t Turn, call Call) *Violation {
 }
 
 // checkForeign finds a token of a conversation other than cv, t's, in call
-// (T5).
+// (T5); one of another branch of cv's own base is a fork (T4). A branch's
+// inherited tokens are its own.
 func (m *Model) checkForeign(t Turn, cv *conv, call Call) *Violation {
 	for _, tok := range call.History {
-		if owner, ok := m.ownerOf(tok); ok && owner != cv {
+		if owner, ok := m.ownerOf(tok); ok && owner != cv && !cv.inherited[tok] {
+			if sameFamily(owner, cv) {
+				return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User,
+					Reason: fmt.Sprintf("the model request carries %s, a turn of %s, another branch of the same base: "+
+						"branches each see their base and their own turns, never another's; two branches ran as one line, a fork", tok, owner.ref),
+					Expected: expected(cv.line.segs(), t.User),
+					Observed: call.History}
+			}
 			return &Violation{Invariant: T5, Conv: t.Conv, Turn: t.User,
 				Reason:   fmt.Sprintf("the model request carries %s, which belongs to conversation %s", tok, owner.ref),
 				Expected: expected(cv.line.segs(), t.User),

@@ -163,3 +163,56 @@ func TestContainsTokenAgreesWithTokens(t *testing.T) {
 		assert.Equal(t, want, got, "reply %q", text)
 	}
 }
+
+// TestBranches: two turns chained from one base at once (the Responses
+// API) each see the base and their own turn, and go on as branches of
+// their own; a branch that shows another's turn ran on one line with it,
+// a fork (T4), and a branch that shows another conversation's turn leaks
+// (T5).
+func TestBranches(t *testing.T) {
+	base := model.ConversationRef{Key: "k", ID: "base"}
+	left := model.ConversationRef{Key: "k", ID: "left"}
+	right := model.ConversationRef{Key: "k", ID: "right"}
+	setup := func() *model.Model {
+		m := model.New()
+		require.Nil(t, m.Apply(at(ok(base, u(1), call(u(1), u(1))), 1, 2, 3)))
+		require.Nil(t, m.Apply(at(ok(convB, u(9), call(u(9), u(9))), 4, 5, 6)))
+		m.Fork(base, left)
+		m.Fork(base, right)
+		return m
+	}
+	m := setup()
+	require.Nil(t, m.ApplyStep([]model.Turn{
+		at(ok(base, u(2), call(u(2), u(1), a(1), u(2))), 7, 8, 11),
+		at(ok(left, u(3), call(u(3), u(1), a(1), u(3))), 7, 9, 12),
+		at(ok(right, u(4), call(u(4), u(1), a(1), u(4))), 7, 10, 13),
+	}))
+	assert.Equal(t, 1, m.Checked()[model.T4], "branches that ran at once exercise T4")
+	assert.Equal(t, h(u(1), a(1), u(3), a(3)), m.Committed(left))
+	require.Nil(t, m.Apply(at(ok(left, u(5), call(u(5), u(1), a(1), u(3), a(3), u(5))), 14, 15, 16)),
+		"a branch goes on on its own")
+
+	for name, tc := range map[string]struct {
+		history []model.Token
+		breaks  model.Invariant
+	}{
+		"a sibling's turn":          {h(u(1), a(1), u(3), a(3), u(4)), model.T4},
+		"the base's later turn":     {h(u(1), a(1), u(2), a(2), u(4)), model.T4},
+		"another conversation's":    {h(u(1), a(1), u(9), a(9), u(4)), model.T5},
+		"the base's turn, lost":     {h(u(4)), model.T2},
+		"the inherited turn, whole": {h(u(1), a(1), u(4)), ""},
+	} {
+		m := setup()
+		require.Nil(t, m.ApplyStep([]model.Turn{
+			at(ok(base, u(2), call(u(2), u(1), a(1), u(2))), 7, 8, 11),
+			at(ok(left, u(3), call(u(3), u(1), a(1), u(3))), 7, 9, 12),
+		}))
+		turn := at(ok(right, u(4), call(u(4), tc.history...)), 14, 15, 16)
+		v := m.Apply(turn)
+		if tc.breaks == "" {
+			assert.Nil(t, v, name)
+			continue
+		}
+		requireViolation(t, v, tc.breaks, turn)
+	}
+}

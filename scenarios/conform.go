@@ -179,10 +179,6 @@ func notApplicable(p targets.Profile, target targets.Target, restartable bool, i
 		// T10 stays: a disconnect mid-turn is judged on any server.
 		return "the server offers the model no tools (profile: tools)"
 	}
-	if inv == model.T4 && p.Protocol == targets.Responses {
-		return "under the Responses API, turns chained from one response branch by design (a chain is a tree): " +
-			"one conversation, one line does not apply"
-	}
 	if inv != model.T7 && inv != model.T8 {
 		return ""
 	}

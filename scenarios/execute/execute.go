@@ -168,7 +168,7 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 		}
 		ctx, cancel := context.WithCancel(base)
 		f.cancel = cancel
-		req := e.client.NewRequest(ctx, s.Conv, s.Messages, s.Stream)
+		req := e.client.NewRequest(ctx, s)
 		ops[i] = history.Op{Step: e.steps, Index: i, Action: p.Action, Send: s, Request: req}
 		ops[i].Turn.Invoke = e.tick()
 		wg.Add(1)

@@ -54,6 +54,10 @@ type Lab struct {
 	// Helpers are the labs that run checks and replays beside this one
 	// (workers), closed with it.
 	Helpers []*Lab
+	// earlier are the last answers of the server the previous session of
+	// a shared server got: what a check that meets the server dead at
+	// once can quote.
+	earlier []string
 	// Context, if not nil, is the run's: it bounds the start of a shared
 	// server and its restarts, where the target allows (targets.ContextStarter).
 	Context context.Context
@@ -243,6 +247,12 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 	if len(turns) == 0 && restart != nil {
 		return ops, s.restarted(p.Restart, *restart)
 	}
+	for _, send := range p.Sends {
+		if send.From != nil {
+			// A branch starts from its base as the step found it.
+			s.Ref.Fork(*send.From, send.Conv)
+		}
+	}
 	v := s.Ref.ApplyStep(turns)
 	if v == nil {
 		v = validate.CheckLinearizable(s.History, turns)
@@ -371,8 +381,23 @@ func (s *Session) watch(ops []history.Op) {
 		"its last answers before: %s", s.unanswered, last.Step, last.Response.Cause, s.lastAnswers(3))
 }
 
-// lastAnswers describes the last n answers the server gave, newest last.
+// lastAnswers describes the last n answers the server gave, newest last:
+// in this session, or, on a shared server that gave it none, in the one
+// before.
 func (s *Session) lastAnswers(n int) string {
+	out := s.answers(n)
+	switch {
+	case len(out) > 0:
+		return strings.Join(out, "; ")
+	case len(s.lab.earlier) > 0:
+		return "none in this check; in the check before, " + strings.Join(s.lab.earlier, "; ")
+	}
+	return "none"
+}
+
+// answers are the last n answers the server gave in this session, newest
+// last.
+func (s *Session) answers(n int) []string {
 	var out []string
 	for i := len(s.History) - 1; i >= 0 && len(out) < n; i-- {
 		op := s.History[i]
@@ -385,11 +410,8 @@ func (s *Session) lastAnswers(n int) string {
 		}
 		out = append(out, a)
 	}
-	if len(out) == 0 {
-		return "none"
-	}
 	slices.Reverse(out)
-	return strings.Join(out, "; ")
+	return out
 }
 
 // restarted tells the reference model of a restart the server went
@@ -413,6 +435,9 @@ func (s *Session) restarted(r *plan.Restart, op history.Op) *model.Violation {
 func (s *Session) Close() error {
 	s.client.Close()
 	if !s.own {
+		if a := s.answers(3); len(a) > 0 {
+			s.lab.earlier = a
+		}
 		if s.lab.Context != nil && s.lab.Context.Err() != nil {
 			return nil // the run is over: the shared server is stopped next
 		}

@@ -70,6 +70,11 @@ func (r Restart) String() string {
 // Send is one request of a plan and what goes wrong with it.
 type Send struct {
 	Conv model.ConversationRef `json:"conversation"`
+	// From is the conversation Conv branches from, set on Conv's first
+	// turn under a protocol whose conversations branch by design (the
+	// Responses API: the turn chains from From's last response, as a turn
+	// on From sent at the same time may); nil otherwise.
+	From *model.ConversationRef `json:"from,omitempty"`
 	// Token is the user token of the request's new message; "" for a
 	// request without a usable one, which the server must refuse (T3).
 	Token model.Token `json:"token,omitempty"`

@@ -14,6 +14,7 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
 // readResponse reads resp's body into out.
@@ -145,12 +146,12 @@ func drain(events *sse.Reader, closer io.Closer) bool {
 // conversation named by a header, the server keeping its history.
 type chat struct{}
 
-func (chat) request(_ context.Context, c *Client, conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
-	body, err := json.Marshal(openai.ChatRequest{Model: c.profile.Model, Messages: msgs, Stream: stream})
+func (chat) request(_ context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
+	body, err := json.Marshal(openai.ChatRequest{Model: c.profile.Model, Messages: msgs, Stream: s.Stream})
 	if err != nil {
 		panic(err) // plain strings always encode
 	}
-	return Request{Conv: conv, Body: body, Stream: stream}
+	return Request{Conv: s.Conv, Body: body, Stream: s.Stream}
 }
 
 func (chat) headers(c *Client, req Request) map[string]string {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -122,7 +123,7 @@ type Client struct {
 type wire interface {
 	// request builds the request of a turn that carries msgs on conv;
 	// the messages already carry the session's namespace.
-	request(ctx context.Context, c *Client, conv model.ConversationRef, msgs []openai.Message, stream bool) Request
+	request(ctx context.Context, c *Client, s plan.Send, msgs []openai.Message) Request
 	// headers are the headers, beside Content-Type and Authorization,
 	// that req is sent with.
 	headers(c *Client, req Request) map[string]string
@@ -169,12 +170,12 @@ func (c *Client) Rebase(base string) {
 	c.wire.restarted()
 }
 
-// NewRequest builds a request carrying msgs on conversation conv; ctx
-// bounds what the protocol must do before (create a session). On a server
-// shared by several sessions, every user message with a token also
-// carries the session's namespace, which the fake model tells this
-// session's calls by.
-func (c *Client) NewRequest(ctx context.Context, conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
+// NewRequest builds the request of s; ctx bounds what the protocol must do
+// before (create a session). On a server shared by several sessions,
+// every user message with a token also carries the session's namespace,
+// which the fake model tells this session's calls by.
+func (c *Client) NewRequest(ctx context.Context, s plan.Send) Request {
+	msgs := s.Messages
 	if c.ns != "" {
 		tagged := make([]openai.Message, len(msgs))
 		for i, m := range msgs {
@@ -185,7 +186,7 @@ func (c *Client) NewRequest(ctx context.Context, conv model.ConversationRef, msg
 		}
 		msgs = tagged
 	}
-	return c.wire.request(ctx, c, conv, msgs, stream)
+	return c.wire.request(ctx, c, s, msgs)
 }
 
 // Send sends req and reads the outcome. Cancelling ctx aborts the request:

@@ -16,6 +16,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -37,14 +38,15 @@ func chainedFrom(t *testing.T, req Request) string {
 // T1); an unknown response the server does not have (404) gives the chain
 // back its base; another key's conversation of the same id chains from
 // the first key's head (it must not be found, T5); after a restart, every
-// chain goes on from its last completed response.
+// chain goes on from its last completed response; a branch starts where
+// its base stands.
 func TestResponsesChain(t *testing.T) {
 	c := NewClient("http://127.0.0.1:1", targets.Profile{Protocol: targets.Responses, Model: "m"}, "")
 	w := c.wire.(*responses)
 	a := model.ConversationRef{Key: "key-a", ID: "conv-1"}
 	b := model.ConversationRef{Key: "key-b", ID: "conv-1"}
 	next := func(conv model.ConversationRef) Request {
-		return c.NewRequest(context.Background(), conv, userMessage("hi"), true)
+		return c.NewRequest(context.Background(), plan.Send{Conv: conv, Messages: userMessage("hi"), Stream: true})
 	}
 
 	first := next(a)
@@ -77,6 +79,12 @@ func TestResponsesChain(t *testing.T) {
 	w.learn(next(a), Response{Outcome: model.Fail, ID: "resp_5"})
 	c.Rebase("http://127.0.0.1:2")
 	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "after a restart, a chain goes on from its last completed response (T7)")
+
+	branch := model.ConversationRef{Key: "key-a", ID: "conv-2"}
+	branchFirst := c.NewRequest(context.Background(), plan.Send{Conv: branch, From: &a, Messages: userMessage("x")})
+	assert.Equal(t, "resp_1", chainedFrom(t, branchFirst), "a branch starts where its base stands")
+	w.learn(branchFirst, Response{Outcome: model.Fail, Status: 502})
+	assert.Equal(t, "resp_1", chainedFrom(t, next(branch)), "and stays there until a turn of its own completes")
 }
 
 // TestResponsesOutcomes: a stream succeeds only on response.completed,
@@ -171,7 +179,7 @@ func TestSessionsAPI(t *testing.T) {
 	var wg sync.WaitGroup
 	outs := make([]Response, 3)
 	for i := range outs {
-		req := c.NewRequest(context.Background(), a, userMessage(fmt.Sprintf("msg %d", i)), false)
+		req := c.NewRequest(context.Background(), plan.Send{Conv: a, Messages: userMessage(fmt.Sprintf("msg %d", i))})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -188,20 +196,20 @@ func TestSessionsAPI(t *testing.T) {
 	assert.Contains(t, srv.turns, `POST /api/sessions/s1/agent/help%20er {"text":"msg 0","all":[{"role":"user","content":"msg 0"}]}`)
 	assert.Equal(t, "Bearer key-a", srv.auth[0], "the session is created under the conversation's key")
 
-	other := c.NewRequest(context.Background(), model.ConversationRef{Key: "key-b", ID: "conv-1"}, userMessage("x"), false)
+	other := c.NewRequest(context.Background(), plan.Send{Conv: model.ConversationRef{Key: "key-b", ID: "conv-1"}, Messages: userMessage("x")})
 	assert.Equal(t, "/api/sessions/s1/agent/help%20er", other.Path, "another key probes the first key's session (T5)")
 	assert.Equal(t, 1, srv.created)
 
 	srv.answer = "data: {\"type\":\"error\",\"error\":\"model failed\"}\n\n"
-	out := c.Send(context.Background(), c.NewRequest(context.Background(), a, userMessage("y"), false))
+	out := c.Send(context.Background(), c.NewRequest(context.Background(), plan.Send{Conv: a, Messages: userMessage("y")}))
 	assert.Equal(t, model.Fail, out.Outcome)
 	assert.Contains(t, out.Detail, "model failed")
 	srv.answer = "data: {\"type\":\"agent_choice\",\"content\":\"tc\"}\n\n"
-	assert.Equal(t, model.Unknown, c.Send(context.Background(), c.NewRequest(context.Background(), a, userMessage("z"), false)).Outcome,
+	assert.Equal(t, model.Unknown, c.Send(context.Background(), c.NewRequest(context.Background(), plan.Send{Conv: a, Messages: userMessage("z")})).Outcome,
 		"a stream that ends before a done event")
 
 	srv.refusing = true
-	req := c.NewRequest(context.Background(), model.ConversationRef{ID: "conv-2"}, userMessage("w"), false)
+	req := c.NewRequest(context.Background(), plan.Send{Conv: model.ConversationRef{ID: "conv-2"}, Messages: userMessage("w")})
 	assert.Contains(t, req.Unsent, "status 403")
 	out = c.Send(context.Background(), req)
 	assert.Equal(t, model.Fail, out.Outcome, "a turn whose session was never made failed, and changed nothing")

@@ -16,6 +16,7 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 )
 
 // responsesPath is where the Responses API takes a turn.
@@ -67,8 +68,8 @@ type responsesItem struct {
 	Content string `json:"content"`
 }
 
-func (w *responses) request(_ context.Context, c *Client, conv model.ConversationRef, msgs []openai.Message, stream bool) Request {
-	body := responsesRequest{Model: c.profile.Model, Store: true, Stream: stream, PreviousResponseID: w.chainFrom(conv)}
+func (w *responses) request(_ context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
+	body := responsesRequest{Model: c.profile.Model, Store: true, Stream: s.Stream, PreviousResponseID: w.chainFrom(s.Conv, s.From)}
 	for _, m := range msgs {
 		body.Input = append(body.Input, responsesItem{Type: "message", Role: string(m.Role), Content: string(m.Content)})
 	}
@@ -76,18 +77,27 @@ func (w *responses) request(_ context.Context, c *Client, conv model.Conversatio
 	if err != nil {
 		panic(err) // plain strings always encode
 	}
-	return Request{Conv: conv, Path: responsesPath, Body: raw, Stream: stream, ChainedFrom: body.PreviousResponseID}
+	return Request{Conv: s.Conv, Path: responsesPath, Body: raw, Stream: s.Stream, ChainedFrom: body.PreviousResponseID}
 }
 
 // chainFrom is the response a turn on conv chains from: a failed response
-// to probe, or the head. A conversation with no chain of its own whose id
-// another key's conversation has chains from that one's head: its id
+// to probe, or the head. A conversation with no chain of its own chains
+// from the head of the conversation it branches from, if any; failing
+// that, from the head of another key's conversation with its id: that
 // must not be found under this key (T5).
-func (w *responses) chainFrom(conv model.ConversationRef) string {
+func (w *responses) chainFrom(conv model.ConversationRef, from *model.ConversationRef) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if h, ok := w.heads[conv]; ok {
 		return cmp.Or(h.failed, h.id)
+	}
+	if from != nil {
+		// The branch starts where from stands now, and stays there until
+		// a turn of its own completes.
+		h := w.heads[*from]
+		h.failed = ""
+		w.heads[conv] = h
+		return h.id
 	}
 	var others []model.ConversationRef
 	for ref := range w.heads {

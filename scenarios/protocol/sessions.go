@@ -16,6 +16,7 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -32,9 +33,9 @@ func newSessions(api *targets.SessionsAPI) *sessions {
 	return &sessions{api: api, ids: map[model.ConversationRef]string{}}
 }
 
-func (w *sessions) request(ctx context.Context, c *Client, conv model.ConversationRef, msgs []openai.Message, _ bool) Request {
-	req := Request{Conv: conv, Method: w.api.Turn.Method, Stream: true}
-	id, err := w.session(ctx, c, conv)
+func (w *sessions) request(ctx context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
+	req := Request{Conv: s.Conv, Method: w.api.Turn.Method, Stream: true}
+	id, err := w.session(ctx, c, s.Conv)
 	if err != nil {
 		req.Unsent = "its session could not be created: " + err.Error()
 		return req

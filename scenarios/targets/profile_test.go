@@ -68,7 +68,7 @@ policies:
 	assert.False(t, s.ReuseServer())
 	assert.Equal(t, "127.0.0.1:9999", s.ModelAddr())
 	p := s.Profile()
-	assert.Equal(t, Profile{Header: "x-session", Keys: []string{"k1"}, Model: "agent", Concurrency: model.Reject,
+	assert.Equal(t, Profile{Protocol: Chat, Header: "x-session", Keys: []string{"k1"}, Model: "agent", Concurrency: model.Reject,
 		ModelTimeout: 3 * time.Second, ClientTimeout: 3 * time.Minute, Eviction: Forgets, Capacity: 10, Interruption: KeepConsistent,
 		Agent: "helper", Tools: true}, p)
 	assert.Equal(t, 3*time.Minute, p.RequestTimeout(), "the client waits as long as declared, apart from the model timeout")
@@ -118,6 +118,18 @@ func TestProfileErrors(t *testing.T) {
 		"server: {command: [x, '{addr}', '{model_url}'], files: {/etc/c: x}}":       `server.files: "/etc/c": want a path relative`,
 		"server: {command: [x, '{addr}', '{model_url}'], files: {c: '{agents}'}}":   `server.files: "c": {agents} is for the command line`,
 		"server: {command: [x, '{addr}'], files: {c.json: '{addr}'}}":               "no {model_url} in the command, env or files",
+		cmd + "protocol: grpc":                                     `protocol: "grpc"; want chat, responses or sessions`,
+		cmd + "protocol: sessions":                                 "sessions: the sessions protocol needs the session API described",
+		cmd + "protocol: chat\nsessions: {id: id}":                 "sessions: describes a session API, but the protocol is chat",
+		cmd + "protocol: sessions\nsessions: {bogus: 1}":           `unknown field "bogus" in sessions`,
+		cmd + "protocol: sessions\nsessions: {turn: {verb: x}}":    `unknown field "verb" in sessions.create or sessions.turn`,
+		cmd + sessions(`create: {method: GET, path: /s}`):          "sessions.create.method",
+		cmd + sessions(`turn: {path: /t, body: '{messages}'}`):     "sessions.turn.path: must contain {session}",
+		cmd + sessions(`turn: {path: '/t/{session}', body: '{}'}`): "sessions.turn.body: must contain {message} or {messages}",
+		cmd + sessions(`events: {text: t, text_field: c}`):         "sessions.events.done",
+		cmd + sessions(`create: {path: s}`):                        "sessions.create.path",
+		cmd + sessions(`id: ""`):                                   "sessions.id",
+		cmd + sessions(`events: {done: [ok], text_field: c}`):      "sessions.events.text",
 	} {
 		_, err := ParseProfile([]byte(yaml))
 		require.Error(t, err, "%q", yaml)
@@ -127,4 +139,22 @@ func TestProfileErrors(t *testing.T) {
 	}
 	_, err := LoadProfile("no-such-profile.yaml")
 	assert.ErrorContains(t, err, "no-such-profile.yaml")
+}
+
+// sessions is a sessions protocol section, valid but for the field
+// override replaces.
+func sessions(override string) string {
+	fields := map[string]string{
+		"create": "{path: /s}",
+		"id":     "id",
+		"turn":   "{path: '/s/{session}', body: '{messages}'}",
+		"events": "{text: t, text_field: c, done: [ok]}",
+	}
+	name, value, _ := strings.Cut(override, ": ")
+	fields[name] = value
+	out := "protocol: sessions\nsessions:\n"
+	for _, k := range []string{"create", "id", "turn", "events"} {
+		out += "  " + k + ": " + fields[k] + "\n"
+	}
+	return out
 }

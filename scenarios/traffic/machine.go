@@ -196,8 +196,8 @@ func (m *Machine) burst(t *rapid.T) {
 	n := rapid.IntRange(2, 6).Draw(t, "requests")
 	p := plan.Plan{Action: plan.BurstAction(n)}
 	// Turns chained from one response branch by design: under the
-	// Responses API, a burst sends each of its turns on a conversation
-	// of its own, all at once.
+	// Responses API, the second turn of a burst on one conversation, and
+	// every one after, starts a branch of it, a conversation of its own.
 	branches := m.Profile.Protocol == targets.Responses
 	sent := map[*conv]bool{}
 	for range n {
@@ -205,11 +205,15 @@ func (m *Machine) burst(t *rapid.T) {
 		if len(m.convs) > 1 && rapid.IntRange(0, 4).Draw(t, "on another conversation") == 4 {
 			on = newest(t, m.convs, "other conversation")
 		}
+		var from *model.ConversationRef
 		if branches && sent[on] {
-			on = m.newConv(t)
+			base := on.ref
+			from, on = &base, m.branch(t, on)
 		}
 		sent[on] = true
-		p.Sends = append(p.Sends, m.drawTurn(t, on, m.newToken(), false))
+		s := m.drawTurn(t, on, m.newToken(), false)
+		s.From = from
+		p.Sends = append(p.Sends, s)
 	}
 	p.Release = rapid.Permutation(indexes(n)).Draw(t, "release order")
 	m.stats.Faults["concurrency"]++
@@ -228,13 +232,25 @@ func (m *Machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 }
 
 // newConv draws a key and opens a conversation under a new id.
-func (m *Machine) newConv(t *rapid.T) *conv {
+// branch is a new conversation that branches from c, under c's key.
+func (m *Machine) branch(t *rapid.T, c *conv) *conv {
+	m.roomFor(t)
+	m.ids++
+	return m.conv(model.ConversationRef{Key: c.ref.Key, ID: fmt.Sprintf("conv-%d", m.ids)})
+}
+
+// roomFor skips the action when a server that forgets could hold no
+// conversation more: it could forget one the check still uses, as it may,
+// and the model does not follow a conversation starting over yet. Every
+// id sent counts, set aside or refused: the server may hold it.
+func (m *Machine) roomFor(t *rapid.T) {
 	if m.Profile.Eviction == targets.Forgets && m.opened >= m.Profile.Capacity {
-		// It could forget one the check still uses, as it may: the model
-		// does not follow a conversation starting over yet. Every id sent
-		// counts, set aside or refused: the server may hold it.
 		t.Skip("the server's declared capacity is reached")
 	}
+}
+
+func (m *Machine) newConv(t *rapid.T) *conv {
+	m.roomFor(t)
 	key := ""
 	if len(m.Profile.Keys) > 0 {
 		key = rapid.SampledFrom(m.Profile.Keys).Draw(t, "key")
