@@ -3,10 +3,8 @@ package protocol
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -69,21 +67,7 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 	for {
 		data, err := events.Next()
 		if err != nil {
-			out.Reply = reply.String()
-			out.Outcome = model.Unknown
-			if errors.Is(err, io.EOF) {
-				out.Detail, out.Cause = "stream ended without [DONE]", CauseNoDone
-			} else {
-				out.Detail, out.Cause = "stream broke: "+transportError(ctx, err), CauseNoDone
-				var timeout net.Error
-				switch {
-				case ctx.Err() != nil:
-					out.Cause = CauseAborted
-				case errors.As(err, &timeout) && timeout.Timeout():
-					out.Cause = "stream never ended within the client's time"
-				}
-			}
-			return out
+			return streamEnded(ctx, err, reply.String(), "stream ended without [DONE]", CauseNoDone, out)
 		}
 		if data == openai.DoneSentinel {
 			out.Reply = reply.String()

@@ -304,3 +304,37 @@ func EpochTag(ns string) string {
 	}
 	return "(" + strings.TrimSuffix(ns, "-") + ")"
 }
+
+// streamEnded is out for a stream that ended, with err, before an event
+// said how the turn ended: its outcome is unknown. ended says why, for a
+// stream that ended cleanly; cause is what a summary counts it by.
+func streamEnded(ctx context.Context, err error, reply, ended, cause string, out Response) Response {
+	out.Reply, out.Outcome = reply, model.Unknown
+	out.Detail, out.Cause = ended, cause
+	if !errors.Is(err, io.EOF) {
+		out.Detail = "stream broke: " + transportError(ctx, err)
+		var timeout net.Error
+		switch {
+		case ctx.Err() != nil:
+			out.Cause = CauseAborted
+		case errors.As(err, &timeout) && timeout.Timeout():
+			out.Cause = "stream never ended within the client's time"
+		}
+	}
+	return out
+}
+
+// otherKeys is what m holds for conversation conv's id under another key
+// (the first such key in order, of those keep accepts): a conversation of
+// one key that a turn of another sends its turn to, which that key must
+// not find (T5).
+func otherKeys[T any](m map[model.ConversationRef]T, conv model.ConversationRef, keep func(T) bool) (T, bool) {
+	var found model.ConversationRef
+	for ref, v := range m {
+		if ref.ID == conv.ID && ref.Key != conv.Key && keep(v) && (found.ID == "" || ref.Key < found.Key) {
+			found = ref
+		}
+	}
+	v, ok := m[found]
+	return v, ok && found.ID != ""
+}

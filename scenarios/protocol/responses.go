@@ -4,12 +4,9 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 
@@ -99,17 +96,8 @@ func (w *responses) chainFrom(conv model.ConversationRef, from *model.Conversati
 		w.heads[conv] = h
 		return h.id
 	}
-	var others []model.ConversationRef
-	for ref := range w.heads {
-		if ref.ID == conv.ID && ref.Key != conv.Key && w.heads[ref].id != "" {
-			others = append(others, ref)
-		}
-	}
-	if len(others) == 0 {
-		return ""
-	}
-	slices.SortFunc(others, func(a, b model.ConversationRef) int { return strings.Compare(a.Key, b.Key) })
-	return w.heads[others[0]].id
+	h, _ := otherKeys(w.heads, conv, func(h chainHead) bool { return h.id != "" })
+	return h.id
 }
 
 func (*responses) headers(*Client, Request) map[string]string { return nil }
@@ -249,20 +237,7 @@ func readResponseEvents(ctx context.Context, body io.Reader, out Response) Respo
 	for {
 		data, err := events.Next()
 		if err != nil {
-			out.Reply = reply.String()
-			out.Outcome = model.Unknown
-			out.Detail, out.Cause = "stream ended without response.completed", CauseNotCompleted
-			if !errors.Is(err, io.EOF) {
-				out.Detail = "stream broke: " + transportError(ctx, err)
-				var timeout net.Error
-				switch {
-				case ctx.Err() != nil:
-					out.Cause = CauseAborted
-				case errors.As(err, &timeout) && timeout.Timeout():
-					out.Cause = "stream never ended within the client's time"
-				}
-			}
-			return out
+			return streamEnded(ctx, err, reply.String(), "stream ended without response.completed", CauseNotCompleted, out)
 		}
 		var ev responseEvent
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {

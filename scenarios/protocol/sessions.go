@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -56,15 +55,8 @@ func (w *sessions) session(ctx context.Context, c *Client, conv model.Conversati
 	if id, ok := w.ids[conv]; ok {
 		return id, nil
 	}
-	var others []model.ConversationRef
-	for ref := range w.ids {
-		if ref.ID == conv.ID && ref.Key != conv.Key {
-			others = append(others, ref)
-		}
-	}
-	if len(others) > 0 {
-		slices.SortFunc(others, func(a, b model.ConversationRef) int { return strings.Compare(a.Key, b.Key) })
-		return w.ids[others[0]], nil
+	if id, ok := otherKeys(w.ids, conv, func(string) bool { return true }); ok {
+		return id, nil
 	}
 	id, err := w.create(ctx, c, conv.Key)
 	if err != nil {
@@ -139,20 +131,7 @@ func (w *sessions) readEvents(ctx context.Context, body io.Reader, out Response)
 	for {
 		data, err := events.Next()
 		if err != nil {
-			out.Reply = reply.String()
-			out.Outcome = model.Unknown
-			out.Detail, out.Cause = "stream ended before an event that ends the turn", CauseNotCompleted
-			if !errors.Is(err, io.EOF) {
-				out.Detail = "stream broke: " + transportError(ctx, err)
-				var timeout net.Error
-				switch {
-				case ctx.Err() != nil:
-					out.Cause = CauseAborted
-				case errors.As(err, &timeout) && timeout.Timeout():
-					out.Cause = "stream never ended within the client's time"
-				}
-			}
-			return out
+			return streamEnded(ctx, err, reply.String(), "stream ended before an event that ends the turn", CauseNotCompleted, out)
 		}
 		var ev map[string]any
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
