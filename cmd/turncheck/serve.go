@@ -22,7 +22,10 @@ const serveHelp = `Usage: turncheck serve --model-url URL --data-dir DIR [flags]
 
 Runs the reference session server: POST /v1/chat/completions, with the
 conversation named by the X-Conversation-Id header kept server-side in a
-SQLite store under --data-dir (made 0700, its files 0600). It prints the
+SQLite store under --data-dir (made 0700, its files 0600); over the same
+store, the Responses API (POST /v1/responses, chained by
+previous_response_id) and a session API (POST /api/sessions, then POST
+/api/sessions/{session}/agent/{agent} with the messages). It prints the
 address it listens on. On Ctrl-C or SIGTERM it stops listening, closes the
 connections on which no turn runs (idle, or still sending a request), lets
 the turns in flight end for at most --grace, and exits 0. Past it, the
@@ -136,6 +139,12 @@ Examples:
   curl -sS http://127.0.0.1:8080/v1/chat/completions -H 'X-Conversation-Id: c2' \
     -H 'Content-Type: application/json' \
     -d '{"model":"helper","messages":[{"role":"user","content":"hi tc-u2"}]}'
+
+  # the Responses API: the second turn chains from the first's id
+  curl -sS http://127.0.0.1:8080/v1/responses -H 'Content-Type: application/json' \
+    -d '{"model":"helper","input":"hi tc-u3"}'
+  curl -sS http://127.0.0.1:8080/v1/responses -H 'Content-Type: application/json' \
+    -d '{"model":"helper","input":"and tc-u4","previous_response_id":"resp_..."}'
 `
 
 const modelHelp = `Usage: turncheck model [--listen ADDR]

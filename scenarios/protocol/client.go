@@ -128,7 +128,7 @@ type wire interface {
 	// that req is sent with.
 	headers(c *Client, req Request) map[string]string
 	// read reads what the turn came to from resp, a response with a
-	// status; out has the status already.
+	// status from 200 to 299; out has the status already.
 	read(ctx context.Context, req Request, resp *http.Response, out Response) Response
 	// learn keeps what the turn's outcome says of its conversation.
 	learn(req Request, out Response)
@@ -203,7 +203,16 @@ func (c *Client) Send(ctx context.Context, req Request) Response {
 		return out
 	}
 	defer resp.Body.Close()
-	out = c.wire.read(ctx, req, resp, out)
+	switch {
+	case resp.StatusCode >= 400:
+		out.Outcome = model.Fail
+		out.Detail = errorMessage(io.LimitReader(resp.Body, maxResponseBytes))
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		out.Outcome = model.Unknown
+		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)
+	default:
+		out = c.wire.read(ctx, req, resp, out)
+	}
 	if out.Outcome != model.OK && out.Cause == "" {
 		out.Cause = fmt.Sprintf("status %d", resp.StatusCode)
 		if ctx.Err() != nil {

@@ -143,10 +143,6 @@ func (w *responses) restarted() {
 func (*responses) read(ctx context.Context, _ Request, resp *http.Response, out Response) Response {
 	body := io.LimitReader(resp.Body, maxResponseBytes)
 	switch {
-	case resp.StatusCode >= 400:
-		out.Outcome = model.Fail
-		out.Detail = errorMessage(body)
-		return out
 	case resp.StatusCode != http.StatusOK:
 		out.Outcome = model.Unknown
 		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)

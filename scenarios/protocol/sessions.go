@@ -108,16 +108,6 @@ func (*sessions) restarted() {}
 
 func (w *sessions) read(ctx context.Context, _ Request, resp *http.Response, out Response) Response {
 	body := io.LimitReader(resp.Body, maxResponseBytes)
-	switch {
-	case resp.StatusCode >= 400:
-		out.Outcome = model.Fail
-		out.Detail = errorMessage(body)
-		return out
-	case resp.StatusCode < 200 || resp.StatusCode > 299:
-		out.Outcome = model.Unknown
-		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)
-		return out
-	}
 	return w.readEvents(ctx, body, out)
 }
 
