@@ -215,3 +215,15 @@ func TestSessionsAPI(t *testing.T) {
 	assert.Equal(t, model.Fail, out.Outcome, "a turn whose session was never made failed, and changed nothing")
 	assert.Equal(t, CauseUnsent, out.Cause)
 }
+
+// TestEventFields: an event's type, text and error may be nested in it, as
+// goose's server nests a message's text.
+func TestEventFields(t *testing.T) {
+	var ev any
+	require.NoError(t, json.Unmarshal([]byte(`{"type":"Message","message":{"content":[{"type":"text","text":"tc-a1"}]}}`), &ev))
+	assert.Equal(t, "Message", field(ev, "type"))
+	assert.Equal(t, "tc-a1", field(ev, "message.content.0.text"))
+	for _, missing := range []string{"message.content.1.text", "message.content.x", "type.more", "nothing", "message.content.-1"} {
+		assert.Nil(t, field(ev, missing), missing)
+	}
+}

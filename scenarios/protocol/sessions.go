@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -123,17 +124,17 @@ func (w *sessions) readEvents(ctx context.Context, body io.Reader, out Response)
 		if err != nil {
 			return streamEnded(ctx, err, reply.String(), "stream ended before an event that ends the turn", CauseNotCompleted, out)
 		}
-		var ev map[string]any
+		var ev any
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
 			out.Reply = reply.String()
 			out.Outcome = model.Unknown
 			out.Detail, out.Cause = "malformed event from the server", CauseMalformed
 			return out
 		}
-		typ, _ := ev[rules.TypeField].(string)
+		typ, _ := field(ev, rules.TypeField).(string)
 		switch {
 		case typ == rules.Text:
-			if text, ok := ev[rules.TextField].(string); ok && reply.Len() < maxKeptReply {
+			if text, ok := field(ev, rules.TextField).(string); ok && reply.Len() < maxKeptReply {
 				reply.WriteString(clipReply(text))
 			}
 		case slices.Contains(rules.Done, typ):
@@ -142,12 +143,33 @@ func (w *sessions) readEvents(ctx context.Context, body io.Reader, out Response)
 		case slices.Contains(rules.Failure, typ):
 			out.Outcome, out.Reply = model.Fail, reply.String()
 			out.Detail, out.Cause = typ+" event", CauseFailedEvent
-			if msg, ok := ev[rules.ErrorField].(string); ok && rules.ErrorField != "" {
+			if msg, ok := field(ev, rules.ErrorField).(string); ok && rules.ErrorField != "" {
 				out.Detail += ": " + msg
 			}
 			return out
 		}
 	}
+}
+
+// field is the value at path in a decoded JSON value: names of object
+// fields and indexes of arrays, joined by dots ("message.content.0.text");
+// nil where there is none.
+func field(v any, path string) any {
+	for name := range strings.SplitSeq(path, ".") {
+		switch x := v.(type) {
+		case map[string]any:
+			v = x[name]
+		case []any:
+			i, err := strconv.Atoi(name)
+			if err != nil || i < 0 || i >= len(x) {
+				return nil
+			}
+			v = x[i]
+		default:
+			return nil
+		}
+	}
+	return v
 }
 
 // pathValues are the placeholders of a path: each value escaped as one

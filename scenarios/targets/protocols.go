@@ -52,7 +52,9 @@ type Call struct {
 }
 
 // EventRules say how a turn's event stream is read: every event is a JSON
-// object whose TypeField names its type.
+// object whose TypeField names its type. A field may be nested: its path
+// joins names of object fields and indexes of arrays by dots
+// ("message.content.0.text").
 type EventRules struct {
 	// TypeField is the field that names an event's type; "" means "type".
 	TypeField string `yaml:"type_field"`
