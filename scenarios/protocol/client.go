@@ -121,8 +121,8 @@ type Client struct {
 // between turns (the response a conversation's chain ends with, the
 // session it runs in), safe for concurrent use.
 type wire interface {
-	// request builds the request of a turn that carries msgs on conv;
-	// the messages already carry the session's namespace.
+	// request builds the request of send s, which carries msgs: s's
+	// messages, with the session's namespace on them.
 	request(ctx context.Context, c *Client, s plan.Send, msgs []openai.Message) Request
 	// headers are the headers, beside Content-Type and Authorization,
 	// that req is sent with.
