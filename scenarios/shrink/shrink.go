@@ -17,6 +17,7 @@ import (
 	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // Shrinker minimises a failing run's plans directly, as delta debugging
@@ -49,8 +50,8 @@ type Shrinker struct {
 	// misses are the histories of the replays of the original steps that
 	// did not break the invariant: what differed, for a flaky failure.
 	misses [][]history.Op
-	// replayOn replays plans in a lab: (*execute.Lab).replay, but for tests of the
-	// shrinker itself.
+	// replayOn replays plans in a lab: (*execute.Lab).Replay, but for
+	// tests of the shrinker itself.
 	replayOn func(l *execute.Lab, ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error)
 	// found are the failing runs kept so far, the smallest last: a
 	// candidate that broke the invariant once, on a server that runs a
@@ -286,7 +287,8 @@ func (s *Shrinker) simplify() bool {
 			continue // a kept candidate ended earlier
 		}
 		var cands [][]plan.Plan
-		for _, p := range simpler(s.Plans[i], s.Plans) {
+		branches := s.labs[0].Profile.Protocol == targets.Responses
+		for _, p := range simpler(s.Plans[i], s.Plans, branches) {
 			cands = append(cands, slices.Concat(s.Plans[:i], []plan.Plan{p}, s.Plans[i+1:]))
 		}
 		if s.tryFirst(cands) {
@@ -299,8 +301,9 @@ func (s *Shrinker) simplify() bool {
 // simpler lists simpler versions of p, most drastic first: the burst
 // without one of its requests, then one request without its fault, with
 // its abort at its first call, with fewer or plainer tool calls, or
-// without its stream, then the burst's requests on fewer conversations.
-func simpler(p plan.Plan, all []plan.Plan) []plan.Plan {
+// without its stream, then the burst's requests on fewer conversations,
+// where that keeps a branch (branches: under the Responses API) a branch.
+func simpler(p plan.Plan, all []plan.Plan, branches bool) []plan.Plan {
 	var out []plan.Plan
 	if p.Restart != nil && len(p.Sends) > 0 {
 		// A crash with a turn in flight: the crash alone, or the turn alone.
@@ -337,7 +340,14 @@ func simpler(p plan.Plan, all []plan.Plan) []plan.Plan {
 		}
 	}
 	if first := firstConv(all); len(p.Sends) > 1 {
+		// Where turns sent at once on one conversation branch (the
+		// Responses API), a send joins the first conversation only if no
+		// other of the step is on it, and a branch stays one.
+		onFirst := slices.ContainsFunc(p.Sends, func(s plan.Send) bool { return s.Conv == first })
 		for k, send := range p.Sends {
+			if branches && (onFirst || send.From != nil) {
+				continue
+			}
 			if send.Conv != first && send.Token != "" {
 				q := clonePlan(p)
 				q.Sends[k].Conv = first

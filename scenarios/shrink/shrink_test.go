@@ -26,3 +26,32 @@ func TestSimplerTools(t *testing.T) {
 	assert.Equal(t, []string{"[[lookup lookup]]", "[[echo lookup] [echo]]"}, got)
 	assert.Equal(t, faults.Round{faults.ToolLookup, faults.ToolLookup}, s.Rounds[0], "the send itself is unchanged")
 }
+
+// TestSimplerKeepsBranches: where turns sent at once on one conversation
+// branch (the Responses API), no simpler step puts two of a step's turns
+// on one conversation, nor moves a branch off its own: that would be a
+// run the server may rightly answer otherwise.
+func TestSimplerKeepsBranches(t *testing.T) {
+	first, other := model.ConversationRef{ID: "conv-1"}, model.ConversationRef{ID: "conv-2"}
+	branch := model.ConversationRef{ID: "conv-3"}
+	steps := []plan.Plan{plan.Single("new", plan.TurnSend(first, "tc-u1", false))}
+	burst := plan.Plan{Action: plan.BurstAction(2), Release: []int{0, 1}, Sends: []plan.Send{
+		plan.TurnSend(first, "tc-u2", false), plan.TurnSend(other, "tc-u3", false)}}
+	branched := plan.Plan{Action: plan.BurstAction(2), Release: []int{0, 1}, Sends: []plan.Send{
+		plan.TurnSend(other, "tc-u4", false), plan.TurnSend(branch, "tc-u5", false)}}
+	branched.Sends[1].From = &other
+	moved := func(p plan.Plan, branches bool) int {
+		n := 0
+		for _, q := range simpler(p, steps, branches) {
+			for k := range q.Sends {
+				if len(q.Sends) == len(p.Sends) && q.Sends[k].Conv != p.Sends[k].Conv {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	assert.Equal(t, 1, moved(burst, false), "under chat, a turn joins the first conversation")
+	assert.Zero(t, moved(burst, true), "under the Responses API, not where one of the step's is")
+	assert.Equal(t, 1, moved(branched, true), "a turn that is not a branch may")
+}
