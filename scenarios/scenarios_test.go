@@ -64,6 +64,7 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.FailedResponseChainable: {model.T1},
 	sut.ResponseCrossKey:        {model.T5},
 	sut.SessionExactSourceKey:   {model.T8},
+	sut.BranchMutatesBase:       {model.T4},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: the

@@ -112,11 +112,17 @@ type conversations struct {
 	// overwriting orders overwrite commits, so that the commit that wrote
 	// the store last is also the one left in the cache.
 	overwriting sync.Mutex
+	// cacheCopies, set only under the branch-mutates-base mutant, caches
+	// a copy of what is committed: a turn chained from a response runs
+	// on that response's cached history itself, which must not become
+	// the new response's too (one history under two ids, written under
+	// two locks at once).
+	cacheCopies bool
 }
 
-// newConversations returns the cache over st. Two mutants change it:
+// newConversations returns the cache over st. Three mutants change it:
 // lost-on-evict deletes what it evicts from the store, ack-before-durable
-// writes behind.
+// writes behind, branch-mutates-base caches copies.
 func newConversations(st *store, size int, m Mutant, log *slog.Logger) (*conversations, error) {
 	var onEvict func(convKey, *conversation)
 	if m == LostOnEvict {
@@ -132,7 +138,7 @@ func newConversations(st *store, size int, m Mutant, log *slog.Logger) (*convers
 	if err != nil {
 		return nil, err
 	}
-	cs := &conversations{store: st, cache: c}
+	cs := &conversations{store: st, cache: c, cacheCopies: m == BranchMutatesBase}
 	if m == AckBeforeDurable {
 		cs.behind = newWriteBehind(st, log)
 	}
@@ -180,12 +186,16 @@ func (cs *conversations) peek(ctx context.Context, k convKey) (*conversation, er
 
 // commit makes next the committed state of k: the messages after the
 // first committedLen go to the store durably, with the hidden marks the
-// turn set on earlier messages (hid, their indexes), then next replaces the
-// cached conversation. Under the lock nothing else can have been committed
+// turn set on earlier messages (hid, their indexes), then next (a copy of
+// it under branch-mutates-base: cacheCopies) replaces the cached
+// conversation. Under the lock nothing else can have been committed
 // since committedLen, and a clash fails the commit; with overwrite (the
 // mutants that run turns without the lock) the messages replace whatever
 // another turn committed at the same places, and the later commit wins.
 func (cs *conversations) commit(k convKey, committedLen int, hid []int, next *conversation, overwrite bool) error {
+	if cs.cacheCopies {
+		next = next.clone()
+	}
 	ch := change{seq: committedLen, msgs: snapshot(next.messages[committedLen:]), hide: slices.Clone(hid), source: next.source}
 	if !overwrite {
 		if cs.behind != nil {

@@ -84,6 +84,13 @@ const (
 	// relaunch that loads the agent under another query, a session's
 	// resume fails with 500 "agent not found".
 	SessionExactSourceKey Mutant = "session-exact-source-key"
+	// BranchMutatesBase appends each Responses API turn to the cached
+	// history of the response it chains from, in place, instead of to a
+	// copy: a request chained from P runs on P's cached history itself,
+	// so every later request chained from P sees the earlier ones' turns
+	// that completed (their input and their reply). Requests chained from
+	// one P take a lock keyed by P, and so run one after the other.
+	BranchMutatesBase Mutant = "branch-mutates-base"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -145,6 +152,8 @@ func Mutants() []MutantInfo {
 			"previous_response_id is looked up without the API key's scope: another key chains from the response and the model sees its history", "", string(protoResponses)},
 		{SessionExactSourceKey, "docker-agent #3410", "T8",
 			"a session's resume looks up the exact source key the session recorded (chat turns resume correctly); relaunched under another query, a session turn fails with 500 \"agent not found\"", "", string(protoSessions)},
+		{BranchMutatesBase, "PROTOCOL.md T4 (responses: branches stay apart)", "T4",
+			"a request chained from a response runs on that response's cached history in place, not on a copy: a second request chained from it sees the first one's input and reply", "", string(protoResponses)},
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
@@ -140,9 +141,17 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 	// write its id, and the response it chains from never changes.
 	t := &turn{key: convKey{scope: scope, id: nsResponse + resp.obj.ID}, proto: protoResponses, chained: true,
 		stateful: req.store, release: func() {}}
+	// Every way out releases the lock the branch-mutates-base mutant
+	// takes (lockBase); t.release is read when the function returns, as
+	// lockBase replaces it.
+	defer func() { t.release() }()
 	base := &conversation{}
 	if req.previous != "" {
-		if base, err = s.loadResponse(r.Context(), scope, req.previous); err != nil {
+		err = s.lockBase(r.Context(), t, req.previous)
+		if err == nil {
+			base, err = s.loadResponse(r.Context(), scope, req.previous)
+		}
+		if err != nil {
 			s.refuseResponse(w, r, t, req.previous, err)
 			return
 		}
@@ -151,6 +160,46 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 		return
 	}
 	s.run(w, r, t, resp)
+}
+
+// lockBase takes, under the branch-mutates-base mutant alone, the lock of
+// the response previous that turn t chains from, and makes t.release give
+// it up. That mutant runs the turn on previous's cached history itself
+// (workingCopy), so the requests chained from one response must run one
+// after the other, or they would write that history at once. They wait
+// their turn whatever the server's concurrency policy, which is about
+// conversations: the bug is a sibling's turn in the history, not a
+// refusal. The lock is held with no other (no other request locks a
+// response's id), so it cannot deadlock, and it is taken before the load,
+// so that what is loaded, and cached, is the history as it stands.
+//
+// The release first takes back, under the lock, what a turn that did not
+// commit (it failed, its client left, it was not stored) put in the
+// history: the buggy server keeps a turn that completed, and only that, so
+// its bug is a sibling's turn showing (T4), not a failed one's (T1). It
+// runs once, as a second release could find the history another turn's.
+func (s *Server) lockBase(ctx context.Context, t *turn, previous string) error {
+	if s.cfg.Mutant != BranchMutatesBase {
+		return nil
+	}
+	unlock, err := s.locks.lock(ctx, convKey{scope: t.key.scope, id: nsResponse + previous}, Serialize, s.cfg.RequestTimeout)
+	if err != nil {
+		return err
+	}
+	var once sync.Once
+	t.release = func() {
+		once.Do(func() {
+			// t.work is nil for a turn refused before it was prepared.
+			if t.work != nil && t.committed == 0 {
+				t.work.messages = t.work.messages[:t.own]
+				for _, i := range t.hid {
+					t.work.messages[i].hidden = false
+				}
+			}
+			unlock()
+		})
+	}
+	return nil
 }
 
 // loadResponse returns the stored response id of scope: its whole

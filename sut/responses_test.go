@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -647,4 +648,119 @@ func TestResponsesUnderCompleteCommitWithoutTheirClient(t *testing.T) {
 	awaitIdle(t, gauge)
 	_, h := e.okResponse(t, respReq{tok: "tc-u2", previous: id})
 	assert.Equal(t, toks("u1", "a1", "u2"), h)
+}
+
+// ---------------------------------------------------------------------------
+// Branches stay apart.
+
+// branchesMeet chains two requests, a then b, from one response, and then
+// a third, c; with atOnce, b is sent while a is held at the model, else
+// once a has ended. It reports whether b saw a's turn, as it does only
+// under branch-mutates-base, whose lock keyed by the base makes b wait
+// for a and whose in-place append leaves a's turn in the base; c then sees
+// both. Either way the responses a and b stay what they were committed
+// as: a chain from either sees its history and nothing else. The tokens
+// are first to first+5.
+func branchesMeet(t *testing.T, e *env, first int, atOnce bool) bool {
+	u := func(i int) model.Token { return model.UserToken(first + i) }
+	// turns is the history of the turns of toks, each with its reply,
+	// then the new input last.
+	turns := func(last model.Token, toks ...model.Token) []model.Token {
+		var h []model.Token
+		for _, tok := range toks {
+			h = append(h, tok, tok.Reply())
+		}
+		return append(h, last)
+	}
+	base, _ := e.okResponse(t, respReq{tok: u(0)})
+	qa := respReq{tok: u(1), previous: base.ID}
+	qb := respReq{tok: u(2), previous: base.ID, stream: true}
+	var a, b responseObj
+	if atOnce {
+		g := e.model.Gate(u(1))
+		fa := sendTo(t, e.client, e.srv.URL()+"/v1/responses", qa.body(t), qa.headers())
+		await(t, g.Arrived(), "the model call of "+string(u(1)))
+		fb := sendTo(t, e.client, e.srv.URL()+"/v1/responses", qb.body(t), qb.headers())
+		g.Release()
+		a = requireResponse(t, decodeResponse(t, fa.wait(t)), u(1), base.ID)
+		s := readStreamed(t, fb.wait(t))
+		require.Equal(t, "response.completed", s.last().Type, "%v", s.last())
+		b = requireResponse(t, *s.last().Response, u(2), base.ID)
+	} else {
+		a, _ = e.okResponse(t, qa)
+		b, _ = e.okResponse(t, qb)
+	}
+	history := map[model.Token][]model.Token{}
+	for _, c := range callsSince(e.model, 0) {
+		history[c.Turn] = c.History
+	}
+	assert.Equal(t, turns(u(1), u(0)), history[u(1)], "the first branch sees its base and its input")
+	_, hc := e.okResponse(t, respReq{tok: u(3), previous: base.ID})
+	// Each response is what it was committed as, whatever its siblings
+	// did to the base since.
+	_, ha := e.okResponse(t, respReq{tok: u(4), previous: a.ID})
+	assert.Equal(t, turns(u(4), u(0), u(1)), ha, "a chain from the first branch")
+	_, hb := e.okResponse(t, respReq{tok: u(5), previous: b.ID})
+	if assert.ObjectsAreEqual(turns(u(2), u(0)), history[u(2)]) {
+		assert.Equal(t, turns(u(3), u(0)), hc, "a third branch sees its base and its input alone")
+		assert.Equal(t, turns(u(5), u(0), u(2)), hb, "a chain from the second branch")
+		return false
+	}
+	// The second branch ran on the base with the first one's turn in it,
+	// and the third on the base with both.
+	assert.Equal(t, turns(u(2), u(0), u(1)), history[u(2)], "the second branch")
+	assert.Equal(t, turns(u(3), u(0), u(1), u(2)), hc, "the third branch")
+	assert.Equal(t, turns(u(5), u(0), u(1), u(2)), hb, "a chain from the second branch")
+	return true
+}
+
+// branchesMeetEitherWay is branchesMeet one after the other, then at once,
+// which must agree.
+func branchesMeetEitherWay(t *testing.T, e *env) bool {
+	apart := branchesMeet(t, e, 1, false)
+	atOnce := branchesMeet(t, e, 11, true)
+	assert.Equal(t, apart, atOnce, "branches sent one after the other and at once")
+	return apart && atOnce
+}
+
+func TestResponsesBranchesStayApart(t *testing.T) {
+	for _, atOnce := range []bool{false, true} {
+		t.Run(fmt.Sprintf("atOnce=%t", atOnce), func(t *testing.T) {
+			assert.False(t, branchesMeet(t, newEnv(t, sut.Config{}), 1, atOnce))
+		})
+	}
+}
+
+// TestBranchMutatesBaseLetsGoOfItsLock: the lock that branch-mutates-base
+// takes, keyed by the response a request chains from, is given up on every
+// way out of the turn: a model failure, a client that drops mid-turn, an
+// unstored response, an unknown base, a full history. Each step chains
+// from the same response, so a lock kept by one would hold the next past
+// RequestTimeout (503). A turn that did not commit is taken back off the
+// base as the lock goes: only a completed turn stays in it (the bug).
+func TestBranchMutatesBaseLetsGoOfItsLock(t *testing.T) {
+	gauge := &sut.Gauge{}
+	e := newEnv(t, sut.Config{Mutant: sut.BranchMutatesBase, Gauge: gauge, MaxHistoryMessages: 5, RequestTimeout: 5 * time.Second})
+	base, _ := e.okResponse(t, respReq{tok: "tc-u1"})
+
+	e.model.Script("tc-u2", faults.Fault{Kind: faults.Status, Status: 500})
+	requireErrorBody(t, e.respond(t, respReq{tok: "tc-u2", previous: base.ID}), http.StatusBadGateway, "upstream_error")
+
+	arrived := e.model.Script("tc-u3", faults.Fault{Kind: faults.Hold})
+	streamUntilCreated(t, e, respReq{tok: "tc-u3", previous: base.ID, stream: true}, arrived)
+	awaitIdle(t, gauge)
+
+	r, h := e.okResponse(t, respReq{tok: "tc-u4", previous: base.ID, noStore: true})
+	assert.False(t, r.Store)
+	assert.Equal(t, toks("u1", "a1", "u4"), h, "the failed and dropped turns were taken back")
+
+	e.requireNotChainable(t, "", "resp_never_minted", "tc-u5")
+	_, h = e.okResponse(t, respReq{tok: "tc-u6", previous: base.ID})
+	assert.Equal(t, toks("u1", "a1", "u6"), h, "the unstored turn was taken back")
+	// The base now holds tc-u6's turn too: four messages, and a fifth and
+	// its reply are over the limit, twice (the second finds the lock free).
+	for range 2 {
+		e.refusedResponse(t, respReq{tok: "tc-u7", previous: base.ID}, http.StatusBadRequest, "invalid_request_error")
+	}
+	awaitIdle(t, gauge)
 }

@@ -753,8 +753,10 @@ func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, use
 
 // workingCopy returns the copy of the committed conversation base that the
 // turn runs on: a deep copy, so that nothing the turn does shows in base
-// before it commits. Two mutants change it: mutate-before-run runs on base
-// itself, shallow-clone on a copy that shares base's messages.
+// before it commits. Three mutants change it: mutate-before-run runs on
+// base itself, branch-mutates-base on the cached history of the response
+// a Responses turn chains from, shallow-clone on a copy that shares base's
+// messages.
 func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
 	switch s.cfg.Mutant {
 	case MutateBeforeRun:
@@ -762,6 +764,17 @@ func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
 		// the turn appends stays even when the turn fails.
 		s.convs.cache.Add(t.key, base)
 		return base
+	case BranchMutatesBase:
+		if t.chained {
+			// The bug: base is the cached history of the response the
+			// turn chains from (loaded under its lock, lockBase), and
+			// the turn appends to it in place, so every later request
+			// chained from that response sees this turn once it has
+			// committed (lockBase's release takes back one that did
+			// not). The first response of a chain has a fresh base that
+			// nothing else holds.
+			return base
+		}
 	case ShallowClone:
 		// The bug: the slice is copied, the messages are shared, so the
 		// turn's compaction marks land on the committed conversation.
@@ -913,6 +926,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 		// Acknowledge only what is durable: commit before the client hears
 		// the turn ended ok.
 		err := s.convs.commit(t.key, t.committed, t.hid, t.work, t.overwrite)
+		if err == nil {
+			// All of work is committed now: a release that takes back a
+			// turn that did not commit (branch-mutates-base's) keeps it.
+			t.committed = len(t.work.messages)
+		}
 		t.release()
 		if err != nil {
 			s.log.Error("commit", "conversation", t.key.id, "err", err)

@@ -854,6 +854,10 @@ var mutantCases = []mutantCase{
 		keys:   []string{"key-a", "key-b"},
 		run:    responseCrossKeyChains,
 	},
+	{
+		mutant: sut.BranchMutatesBase,
+		run:    branchesMeetEitherWay,
+	},
 }
 
 func TestMutantsBite(t *testing.T) {
