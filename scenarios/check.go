@@ -77,12 +77,53 @@ type Options struct {
 	Found func(*report.Failure, report.Stats)
 	// FailFast ends a Conform at its first failure.
 	FailFast bool
+	// Shard, if its N is not 0, runs only shard K (from 1) of N of the
+	// checks: check n of the run, from its own seed as in the whole run,
+	// is shard ((n-1) mod N)+1's. The shards of one run, run anywhere,
+	// together run its checks, and report.Merge joins their verdicts.
+	Shard Shard
+	// checks are the numbers of the checks left to run, once a Conform
+	// goes on after a failure; nil: all of the run's (numbers).
+	checks []int
 	// Parallel is how many checks run at once, each on a server and fake
 	// model of its own (the shrinker replays as many candidates at once);
 	// 0 means 1. A target whose fake model must listen at a fixed address
 	// runs one at a time whatever it says (see Parallel). The verdicts do
 	// not depend on it: they are those of the checks run in order.
 	Parallel int
+}
+
+// Shard names one share of a run's checks: the K-th (from 1) of N.
+type Shard struct{ K, N int }
+
+// String is the shard as K/N, "" for a whole run.
+func (s Shard) String() string {
+	if s.N == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d/%d", s.K, s.N)
+}
+
+// check says what is wrong with the shard, nil if nothing.
+func (s Shard) check() error {
+	if s != (Shard{}) && (s.N < 1 || s.K < 1 || s.K > s.N) {
+		return fmt.Errorf("shard %d/%d: want K/N with 1 <= K <= N", s.K, s.N)
+	}
+	return nil
+}
+
+// numbers are the numbers of the checks o runs, in order.
+func (o Options) numbers() []int {
+	if o.checks != nil {
+		return o.checks
+	}
+	var out []int
+	for n := 1; n <= o.Checks; n++ {
+		if o.Shard.N == 0 || (n-1)%o.Shard.N == o.Shard.K-1 {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // ErrInterrupted is returned by Check when Options.Context ended first.
@@ -99,6 +140,9 @@ var rapidFlags sync.Mutex
 // not start), left something behind (a server that did not stop cleanly),
 // or was interrupted (ErrInterrupted; the Result holds what was found).
 func Check(target targets.Target, opts Options) (*report.Result, error) {
+	if err := opts.Shard.check(); err != nil {
+		return nil, err
+	}
 	l, err := execute.Open(target, opts.Skip)
 	if err != nil {
 		return nil, err
@@ -151,7 +195,7 @@ func check(l *execute.Lab, opts Options) (*report.Result, error) {
 	start := time.Now()
 	r := &runner{labs: labs, stats: report.NewStats(), live: report.NewStats(), progress: opts.Progress, start: start, ctx: opts.Context,
 		steps: steps}
-	runs := r.drive(opts.Checks, opts.Seed)
+	runs := r.drive(opts.numbers(), opts.Seed)
 	res := &report.Result{Seed: opts.Seed}
 	var last *checkRun
 	var teardownErr error
@@ -189,7 +233,7 @@ func check(l *execute.Lab, opts Options) (*report.Result, error) {
 // violation (the harness itself failed).
 func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 	l := r.labs[0]
-	f := &report.Failure{Seed: checkSeed(opts.Seed, c.n), FoundAfter: c.n, FoundIn: c.foundIn, Skipped: slices.Clone(l.Skip),
+	f := &report.Failure{Seed: checkSeed(opts.Seed, c.n), Check: c.n, FoundAfter: c.i + 1, FoundIn: c.foundIn, Skipped: slices.Clone(l.Skip),
 		SkippedKinds: slices.Clone(l.SkipKinds)}
 	profile := l.Profile
 	if c.failing == nil {

@@ -24,6 +24,9 @@ import (
 // The error says the run could not be carried out: the server did not
 // start, died during the run, or the harness failed.
 func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
+	if err := opts.Shard.check(); err != nil {
+		return nil, err
+	}
 	if opts.Checks <= 0 {
 		opts.Checks = 100
 	}
@@ -35,7 +38,7 @@ func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &report.Conformance{Seed: opts.Seed, Stats: *report.NewStats(), Asked: opts.Checks}
+	c := &report.Conformance{Seed: opts.Seed, Stats: *report.NewStats(), Asked: len(opts.numbers()), Shard: opts.Shard.String()}
 	found := map[model.Invariant]*report.Failure{}
 	runErr := conformIn(l, opts, c, found)
 	notes, cerr := StopNotes(l.Close())
@@ -69,10 +72,10 @@ func noteErr(notes []string) error {
 // conformIn runs rounds of checks in l until the checks are spent, the
 // context ends, or a round finds nothing more.
 func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[model.Invariant]*report.Failure) error {
-	remaining, seed := opts.Checks, opts.Seed
-	for remaining > 0 {
+	nums := opts.numbers()
+	for len(nums) > 0 {
 		o := opts
-		o.Checks, o.Seed, o.Skip = remaining, seed, slices.Clone(l.Skip)
+		o.checks, o.Skip = nums, slices.Clone(l.Skip)
 		res, err := check(l, o)
 		if res != nil {
 			c.Stats.Add(res.Stats)
@@ -87,9 +90,8 @@ func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[mo
 			if k := f.Violation.Kind; k != "" && !slices.Contains(l.SkipKinds, k) {
 				l.SkipKinds = append(l.SkipKinds, k)
 			}
-			used := max(f.FoundAfter, 1)
-			remaining -= used
-			seed = checkSeed(seed, used+1)
+			// The checks after it go on, each from its own seed.
+			nums = nums[min(max(f.FoundAfter, 1), len(nums)):]
 		}
 		if err != nil && !errors.Is(err, ErrInterrupted) {
 			// A server that stopped untidily after serving the checks is a

@@ -47,7 +47,9 @@ type runner struct {
 
 // checkRun is what one check came to.
 type checkRun struct {
-	n     int
+	// n is the check's number in the run, from 1; i its place among the
+	// checks this drive ran.
+	n, i  int
 	lab   *execute.Lab
 	stats *report.Stats
 	// failing is the check's violation, with its steps.
@@ -78,38 +80,39 @@ func (c *checkRun) ended() bool {
 	return c.failing != nil || c.broke != "" || c.setupErr != nil
 }
 
-// drive runs checks 1..checks, the n-th from checkSeed(seed, n), and
-// returns those that count, in order: all of them, or those up to the
-// first that ended the run.
-func (r *runner) drive(checks int, seed uint64) []*checkRun {
+// drive runs the checks numbered nums (from 1, in order), the n-th from
+// checkSeed(seed, n), and returns those that count, in order: all of them,
+// or those up to the first that ended the run.
+func (r *runner) drive(nums []int, seed uint64) []*checkRun {
 	var (
 		next  atomic.Int64
-		stop  atomic.Int64 // the lowest check that ended the run, or checks+1
+		stop  atomic.Int64 // the index of the lowest check that ended the run, or len(nums)
 		mu    sync.Mutex
-		runs  = make([]*checkRun, checks+1)
+		runs  = make([]*checkRun, len(nums))
 		halts = map[int]context.CancelFunc{}
 		wg    sync.WaitGroup
 	)
-	stop.Store(int64(checks + 1))
+	stop.Store(int64(len(nums)))
 	for _, l := range r.labs {
 		wg.Go(func() {
 			for {
-				n := int(next.Add(1))
-				if n >= int(stop.Load()) || r.interrupted() {
+				i := int(next.Add(1)) - 1
+				if i >= int(stop.Load()) || r.interrupted() {
 					return
 				}
 				ctx, halt := context.WithCancel(r.context())
 				mu.Lock()
-				halts[n] = halt
+				halts[i] = halt
 				mu.Unlock()
-				c := r.runCheck(ctx, l, n, checkSeed(seed, n))
+				c := r.runCheck(ctx, l, nums[i], checkSeed(seed, nums[i]))
+				c.i = i
 				mu.Lock()
-				delete(halts, n)
-				runs[n] = c
-				if c.ended() && int64(n) < stop.Load() {
-					stop.Store(int64(n))
+				delete(halts, i)
+				runs[i] = c
+				if c.ended() && int64(i) < stop.Load() {
+					stop.Store(int64(i))
 					for k, h := range halts {
-						if k > n {
+						if k > i {
 							h() // a later check no longer counts
 						}
 					}
@@ -122,11 +125,11 @@ func (r *runner) drive(checks int, seed uint64) []*checkRun {
 	}
 	wg.Wait()
 	var out []*checkRun
-	for n := 1; n <= checks && n <= int(stop.Load()); n++ {
-		if runs[n] == nil {
+	for i := 0; i < len(nums) && i <= int(stop.Load()); i++ {
+		if runs[i] == nil {
 			break // interrupted before it started
 		}
-		out = append(out, runs[n])
+		out = append(out, runs[i])
 	}
 	return out
 }

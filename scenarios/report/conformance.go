@@ -4,6 +4,8 @@
 package report
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -38,6 +40,9 @@ type Conformance struct {
 	// Asked is how many checks were asked for; Stats.Checks says how
 	// many ran.
 	Asked int `json:"checksAsked"`
+	// Shard is the share of a run's checks these verdicts are about, as
+	// K/N; "" for a whole run. Merge joins a run's shards.
+	Shard string `json:"shard,omitempty"`
 	// Stopped says why the run ended before all its checks ran (the time
 	// bound, or an interruption); "" when they all ran.
 	Stopped string `json:"stopped,omitempty"`
@@ -244,4 +249,132 @@ var Exercises = map[model.Invariant]string{
 	model.T9:  "model request(s) carrying tool calls or results, all paired",
 	model.T10: "judgement(s) of a turn whose client disconnected mid-turn",
 	model.T11: "first request(s) compared across turns that failed",
+}
+
+// Merge joins the verdicts of the shards of one run (Conformance.Shard,
+// all N of them, from one seed) into the run's: an invariant fails if it
+// failed in a shard, with the failure of the earliest check; it passes if
+// it passed in one and failed in none; evaluations and counts add up. A
+// shard does not know what the others found, so an invariant broken in
+// two shards is reported once, from the earliest check, a failure of a
+// kind found at an earlier check is a same cause, and a run whose shards
+// did not all run is refused: its merge would pass what never ran. Past
+// a finding, a whole run goes on past the violations it sets aside, where
+// a shard that had not found it stops a check: what else the merge says
+// was exercised may then differ from the whole run's, never what it found.
+func Merge(shards []*Conformance) (*Conformance, error) {
+	if len(shards) == 0 {
+		return nil, errors.New("no shards to merge")
+	}
+	if err := checkShards(shards); err != nil {
+		return nil, err
+	}
+	out := &Conformance{Seed: shards[0].Seed, Stats: *NewStats()}
+	for _, s := range shards {
+		out.Stats.Add(s.Stats)
+		out.Asked += s.Asked
+		out.Elapsed = max(out.Elapsed, s.Elapsed) // shards run side by side
+		if s.Stopped != "" {
+			out.Stopped = strings.TrimPrefix(out.Stopped+"; ", "; ") + "shard " + s.Shard + ": " + s.Stopped
+		}
+		for _, note := range s.Notes {
+			out.Notes = append(out.Notes, "shard "+s.Shard+": "+note)
+		}
+		out.ServerOutput = cmp.Or(out.ServerOutput, s.ServerOutput)
+	}
+	for i := range shards[0].Verdicts {
+		v, err := mergeVerdicts(shards, i)
+		if err != nil {
+			return nil, err
+		}
+		out.Verdicts = append(out.Verdicts, v)
+	}
+	sameCause(out.Verdicts)
+	return out, nil
+}
+
+// sameCause makes a failure that is the same kind of wrong state as one
+// found at an earlier check a same cause: one root cause, one finding, as
+// a whole run, which sets a kind aside once found, reports it. A shard
+// that did not find the earlier one could not know.
+func sameCause(vs []Verdict) {
+	first := map[model.Kind]*Verdict{}
+	for i := range vs {
+		v := &vs[i]
+		if v.Status != Fail || v.Failure == nil || v.Failure.Violation == nil || v.Failure.Violation.Kind == "" {
+			continue
+		}
+		if f := first[v.Failure.Violation.Kind]; f == nil || v.Failure.Check < f.Failure.Check {
+			first[v.Failure.Violation.Kind] = v
+		}
+	}
+	for i := range vs {
+		v := &vs[i]
+		if v.Status != Fail || v.Failure == nil || v.Failure.Violation == nil {
+			continue
+		}
+		if f := first[v.Failure.Violation.Kind]; f != nil && f != v {
+			v.Status = SameCause
+			v.Reason = fmt.Sprintf("broken only as %s is, the same kind of wrong state (%s), found at an earlier check", f.Invariant, v.Failure.Violation.Kind)
+			v.Failure = nil
+		}
+	}
+}
+
+// checkShards checks that shards are the N shards of one run, once each.
+func checkShards(shards []*Conformance) error {
+	seen := map[int]bool{}
+	n := 0
+	for _, s := range shards {
+		var k, of int
+		if _, err := fmt.Sscanf(s.Shard, "%d/%d", &k, &of); err != nil || k < 1 || k > of {
+			return fmt.Errorf("a run that is no shard (shard %q): merge the verdicts of 'conform --shard K/N'", s.Shard)
+		}
+		switch {
+		case n != 0 && of != n:
+			return fmt.Errorf("shards of %d and of %d: merge the shards of one run", n, of)
+		case s.Seed != shards[0].Seed:
+			return fmt.Errorf("shard %s ran from seed %d, shard %s from seed %d: merge the shards of one run", s.Shard, s.Seed, shards[0].Shard, shards[0].Seed)
+		case seen[k]:
+			return fmt.Errorf("shard %s twice", s.Shard)
+		case len(s.Verdicts) != len(shards[0].Verdicts):
+			return fmt.Errorf("shard %s has %d verdicts, shard %s %d", s.Shard, len(s.Verdicts), shards[0].Shard, len(shards[0].Verdicts))
+		}
+		n, seen[k] = of, true
+	}
+	var missing []string
+	for k := 1; k <= n; k++ {
+		if !seen[k] {
+			missing = append(missing, fmt.Sprintf("%d/%d", k, n))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("shard(s) %s missing: a merge without them would pass what never ran", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// mergeVerdicts is the run's verdict on the i-th invariant of the shards:
+// the strongest of theirs (a failure, then a same cause, a pass, not
+// exercised; not applicable and skipped are the profile's, the same in
+// every shard), its evaluations summed.
+func mergeVerdicts(shards []*Conformance, i int) (Verdict, error) {
+	rank := map[Status]int{Fail: 0, SameCause: 1, Pass: 2, NotExercised: 3, NotApplicable: 4, Skipped: 5}
+	out := shards[0].Verdicts[i]
+	out.Evaluations = 0
+	for _, s := range shards {
+		v := s.Verdicts[i]
+		if v.Invariant != out.Invariant {
+			return Verdict{}, fmt.Errorf("shard %s judges %s where shard %s judges %s", s.Shard, v.Invariant, shards[0].Shard, out.Invariant)
+		}
+		out.Evaluations += v.Evaluations
+		better := rank[v.Status] < rank[out.Status]
+		earlier := v.Status == Fail && out.Status == Fail && v.Failure != nil && out.Failure != nil && v.Failure.Check < out.Failure.Check
+		if better || earlier {
+			evals := out.Evaluations
+			out = v
+			out.Evaluations = evals
+		}
+	}
+	return out, nil
 }

@@ -199,6 +199,29 @@ func (c *Conformance) WriteJSON(w io.Writer) error {
 	}{ConformanceSchema, c, c.Elapsed.Milliseconds(), c.Passed()})
 }
 
+// ReadConformance reads verdicts WriteJSON wrote, as 'conform --json'
+// saves them.
+func ReadConformance(path string) (*Conformance, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var in struct {
+		Schema string `json:"schema"`
+		*Conformance
+		ElapsedMS int64 `json:"elapsedMs"`
+	}
+	in.Conformance = &Conformance{}
+	if err := json.Unmarshal(b, &in); err != nil {
+		return nil, fmt.Errorf("%s: not turncheck verdicts: %v", path, err)
+	}
+	if in.Schema != ConformanceSchema {
+		return nil, fmt.Errorf("%s: schema %q, want %q (the verdicts of 'turncheck conform --json')", path, in.Schema, ConformanceSchema)
+	}
+	in.Elapsed = time.Duration(in.ElapsedMS) * time.Millisecond
+	return in.Conformance, nil
+}
+
 // ConformanceSchema names the version of the JSON verdicts format. v2
 // gives the run's wall time as elapsedMs (v1: elapsedNs), in
 // milliseconds as every duration of turncheck's JSON.

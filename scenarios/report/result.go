@@ -32,6 +32,9 @@ type Failure struct {
 	History []history.Op `json:"history"`
 	// Seed replays the failing run as the first check of a Check.
 	Seed uint64 `json:"seed"`
+	// Check is the number of the check that failed, from 1, in the whole
+	// run (its shards share the numbers).
+	Check int `json:"check,omitempty"`
 	// FoundAfter is how many checks ran until the first violation, that one
 	// included, and FoundIn how long that took; the rest of the run shrank it.
 	FoundAfter int           `json:"foundAfterChecks"`
@@ -45,8 +48,9 @@ type Failure struct {
 	// ran out on the way) or NotShrunk (it ran out before any smaller
 	// run, or the failure did not reproduce).
 	Shrink ShrinkState `json:"shrink,omitempty"`
-	// Report is the failure rendered for a person.
-	Report string `json:"-"`
+	// Report is the failure rendered for a person, as it was found: kept
+	// in the JSON, so that verdicts read back (merged shards) say it too.
+	Report string `json:"report,omitempty"`
 	// Flaky reports that the failure did not reproduce when its steps were
 	// replayed: the server is not deterministic under the same steps. The
 	// plans and history are then the original failing run's.
