@@ -16,7 +16,7 @@ import (
 	"github.com/turncheck/turncheck/scenarios/report"
 )
 
-const conformHelp = `Usage: turncheck conform --profile FILE [--checks N] [--seed S] [--timeout D] [--skip T3]...
+const conformHelp = `Usage: turncheck conform --profile FILE [--checks N] [--seed S] [--timeout D] [--skip T3]... [--shard K/N]
        turncheck conform --url URL [--model-addr HOST:PORT] [flags]
 
 Checks a session server, in any language, against the whole contract of
@@ -68,6 +68,11 @@ once. The verdicts are those of the same checks run one after another:
 --seed S gives the same findings whatever N is, on a server that behaves
 the same way under the same steps.
 
+--shard K/N runs only the K-th of N shares of the run's checks, each
+check from its own seed as in the whole run: run the N shards anywhere (a
+CI matrix) with the same --seed and --checks, and 'turncheck merge' joins
+their verdicts.json into the run's verdicts.
+
 --timeout bounds the whole run, shrinking included. A server that hangs,
 streams forever or dies gets a verdict or a clear error within it; one
 that stops answering (it exits, or 8 requests in a row get no connection
@@ -104,11 +109,16 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	junitPath := fs.String("junit", "", "also write the verdicts as JUnit XML, one test case per invariant, to this file")
 	failFast := fs.Bool("fail-fast", false, "stop at the first failure (its verdict, shrunk and saved, and the others as far as they got)")
 	parallel := fs.Int("parallel", 0, "checks run at once, each on a server of its own; 0: one per core, as the profile allows (server.parallel); a --url server runs one")
+	var shard shardFlag
+	fs.Var(&shard, "shard", "run only the K-th of N shares of the run's checks, as K/N (the same --seed and --checks on every shard); 'turncheck merge' joins their verdicts")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
 	if *checks <= 0 || *steps <= 0 || *timeout <= 0 || *shrink <= 0 || *parallel < 0 {
 		return fail(stderr, "conform", errors.New("--checks, --steps, --timeout and --shrink-time must be positive, --parallel not negative"))
+	}
+	if shard.N > 0 && *seed == 0 {
+		return fail(stderr, "conform", errors.New("--shard needs --seed: the shards of one run must start from one seed"))
 	}
 	var target scenarios.Target
 	var spec scenarios.ServerSpec
@@ -151,7 +161,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	runCtx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	opts := scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: runCtx, Skip: skip,
-		FailFast: *failFast, Parallel: scenarios.Parallel(target, *parallel)}
+		FailFast: *failFast, Parallel: scenarios.Parallel(target, *parallel), Shard: scenarios.Shard(shard)}
 	live := isTerminal(stderr)
 	opts.Progress = progress(stderr, live)
 	// Each finding is printed, and saved, as soon as it is shrunk: on a
@@ -187,25 +197,9 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if printed > 0 {
 		fmt.Fprintf(stdout, "\n(the %d failure(s) are printed above, as they were found)\n", printed)
 	}
-	fmt.Fprint(stdout, "\n"+c.Closing())
-	writeReport("conform", *jsonPath, "json", c.WriteJSON, stdout, stderr)
-	writeReport("conform", *junitPath, "junit", c.WriteJUnit, stdout, stderr)
-	code := exitViolation
-	switch {
-	case err != nil:
-		fail(io.MultiWriter(stderr, &text), "conform", err)
-		code = exitUsage
-	case c.Stopped == "interrupted":
-		fmt.Fprintln(stdout, "INTERRUPTED: the verdicts above cover the checks run so far")
-		code = exitUsage
-	case c.Passed():
-		fmt.Fprintln(stdout, "CONFORMS: every applicable invariant turncheck checks was exercised and passed")
-		code = exitOK
-	case c.CutShort():
-		fmt.Fprintf(stdout, "INCOMPLETE: nothing broken in the %d of %d checks asked that ran, but %s first: "+
-			"run longer (--timeout) or ask fewer checks (--checks) for a verdict\n", c.Stats.Checks, c.Asked, c.Stopped)
-	default:
-		fmt.Fprintln(stdout, "DOES NOT CONFORM: see the verdicts above")
+	code := conclude("conform", c, err, *jsonPath, *junitPath, stdout, io.MultiWriter(stderr, &text))
+	if c.Shard != "" {
+		fmt.Fprintf(stdout, "This is shard %s of the run: 'turncheck merge' joins the verdicts.json of its shards.\n", c.Shard)
 	}
 	res.writeText("conform", "verdicts.txt", &text, stderr)
 	res.write("conform", "verdicts.json", c.WriteJSON, stderr)
@@ -213,6 +207,32 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	res.write("conform", "index.html", func(w io.Writer) error { return c.WriteHTML(w, spec) }, stderr)
 	res.closing(stdout)
 	return code
+}
+
+// conclude prints the closing lines of verdicts c, writes them where
+// --json and --junit say, and returns the exit status they call for: err
+// is what ended the run, if anything.
+func conclude(cmd string, c *report.Conformance, err error, jsonPath, junitPath string, stdout, stderr io.Writer) int {
+	fmt.Fprint(stdout, "\n"+c.Closing())
+	writeReport(cmd, jsonPath, "json", c.WriteJSON, stdout, stderr)
+	writeReport(cmd, junitPath, "junit", c.WriteJUnit, stdout, stderr)
+	switch {
+	case err != nil:
+		fail(stderr, cmd, err)
+		return exitUsage
+	case c.Stopped == "interrupted":
+		fmt.Fprintln(stdout, "INTERRUPTED: the verdicts above cover the checks run so far")
+		return exitUsage
+	case c.Passed():
+		fmt.Fprintln(stdout, "CONFORMS: every applicable invariant turncheck checks was exercised and passed")
+		return exitOK
+	case c.CutShort():
+		fmt.Fprintf(stdout, "INCOMPLETE: nothing broken in the %d of %d checks asked that ran, but %s first: "+
+			"run longer (--timeout) or ask fewer checks (--checks) for a verdict\n", c.Stats.Checks, c.Asked, c.Stopped)
+	default:
+		fmt.Fprintln(stdout, "DOES NOT CONFORM: see the verdicts above")
+	}
+	return exitViolation
 }
 
 // defaultProfile is the profile conform reads when given neither
@@ -229,6 +249,20 @@ func describe(t scenarios.Target) string {
 		return "the server started as: " + t.String()
 	}
 	return fmt.Sprintf("%T", t)
+}
+
+// shardFlag is --shard K/N.
+type shardFlag scenarios.Shard
+
+func (s *shardFlag) String() string { return scenarios.Shard(*s).String() }
+
+func (s *shardFlag) Set(v string) error {
+	var k, n int
+	if _, err := fmt.Sscanf(v, "%d/%d", &k, &n); err != nil || n < 1 || k < 1 || k > n || fmt.Sprintf("%d/%d", k, n) != v {
+		return fmt.Errorf("%q: want K/N, with 1 <= K <= N (e.g. 2/3)", v)
+	}
+	*s = shardFlag{K: k, N: n}
+	return nil
 }
 
 // skipFlag collects --skip values, each an invariant of PROTOCOL.md.

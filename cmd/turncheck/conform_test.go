@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/internal/testbin"
+	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/sut"
@@ -361,4 +363,58 @@ func TestProgressLine(t *testing.T) {
 	progress(&b, true)(scenarios.Stats{Checks: 7, ShrinkRuns: 5, Shrinking: "the T4 failure, at 3 step(s)"})
 	assert.Contains(t, b.String(), "7 checks")
 	assert.Contains(t, b.String(), "; shrinking the T4 failure, at 3 step(s): 5 replays so far")
+}
+
+// TestShardsThroughTheCLI: the shards of one run, each a conform --shard
+// K/N with the run's seed, merge into the run's verdicts (the same checks,
+// every one run once); merge refuses shards that do not make a whole run,
+// and conform a shard without a seed.
+func TestShardsThroughTheCLI(t *testing.T) {
+	onPath(t)
+	t.Run("three shards", func(t *testing.T) {
+		t.Parallel() // it mostly waits on its servers
+		shardsThroughTheCLI(t)
+	})
+}
+
+func shardsThroughTheCLI(t *testing.T) {
+	dir := t.TempDir()
+	var files []string
+	for k := 1; k <= 3; k++ {
+		file := filepath.Join(dir, fmt.Sprintf("shard%d.json", k))
+		code, stdout, stderr := runCLI(t, "conform", "--profile", referenceProfile, "--checks", "6", "--steps", "10", "--seed", "9",
+			"--shard", fmt.Sprintf("%d/3", k), "--json", file, "--out", filepath.Join(dir, fmt.Sprint(k)))
+		require.NotEqual(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+		assert.Contains(t, stdout, fmt.Sprintf("This is shard %d/3 of the run", k))
+		files = append(files, file)
+	}
+	merged := filepath.Join(dir, "merged.json")
+	code, stdout, stderr := runCLI(t, append([]string{"merge", "--json", merged, "--junit", filepath.Join(dir, "junit.xml")}, files...)...)
+	require.NotEqual(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	c, err := report.ReadConformance(merged)
+	require.NoError(t, err)
+	for _, v := range c.Verdicts {
+		// Six short checks may leave a rare one (T11) not exercised.
+		assert.Contains(t, []scenarios.Status{scenarios.Pass, scenarios.NotExercised}, v.Status, "%s", v.Invariant)
+	}
+	assert.Equal(t, scenarios.Pass, c.Verdict(model.T2).Status)
+	assert.Contains(t, stdout, "T2   committed turns stay            PASS")
+	assert.Equal(t, 6, c.Stats.Checks, "every check of the run ran once")
+	assert.Equal(t, 6, c.Asked)
+	assert.Empty(t, c.Shard, "the merge is the whole run")
+	assert.FileExists(t, filepath.Join(dir, "junit.xml"))
+
+	for args, says := range map[string]string{
+		"merge " + files[0] + " " + files[1]:                  "shard(s) 3/3 missing",
+		"merge " + strings.Join(append(files, files[0]), " "): "shard 1/3 twice",
+		"merge " + merged: "no shard",
+		"merge":           "give the verdicts.json of every shard",
+		"conform --profile " + referenceProfile + " --shard 1/3":           "--shard needs --seed",
+		"conform --profile " + referenceProfile + " --shard 4/3 --seed 1":  `"4/3": want K/N`,
+		"conform --profile " + referenceProfile + " --shard 1/3x --seed 1": `"1/3x": want K/N`,
+	} {
+		code, _, stderr := runCLI(t, strings.Fields(args)...)
+		assert.Equal(t, exitUsage, code, args)
+		assert.Contains(t, stderr, says, args)
+	}
 }

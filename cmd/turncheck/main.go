@@ -5,6 +5,7 @@
 //	turncheck check                  check the embedded reference server
 //	turncheck check --mutant NAME    check it with a real bug switched back on
 //	turncheck conform --profile F    check any server, in any language: a verdict per invariant
+//	turncheck merge SHARD.json...    join the verdicts of a run's shards (conform --shard K/N)
 //	turncheck replay FILE            re-execute a saved failure and explain it
 //	turncheck serve ...              run the reference server
 //	turncheck model ...              run the fake model provider
@@ -68,6 +69,7 @@ Commands:
   check     check turncheck's own reference server, optionally with a mutant (a real
             bug brought back); also called self-check
   replay    re-execute a saved failure (or a seed) and explain what it finds
+  merge     join the verdicts of the shards of one run (conform --shard K/N)
   serve     run the reference session server
   model     run the fake model provider standalone
   mutants   the track record: check every mutant (a real bug brought back) and the clean server
@@ -119,6 +121,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdModel(ctx, rest, stdout, stderr)
 	case "mutants":
 		return cmdMutants(ctx, rest, stdout, stderr)
+	case "merge":
+		return cmdMerge(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, version())
 		return exitOK
