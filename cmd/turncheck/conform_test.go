@@ -418,3 +418,37 @@ func shardsThroughTheCLI(t *testing.T) {
 		assert.Contains(t, stderr, says, args)
 	}
 }
+
+// TestReplicasShareNothingButTheStore: the reference server, correct as
+// one process, run as two replicas over one SQLite store (its per-process
+// conversation lock and cache serve nothing across them), is caught: turns
+// of one conversation sent to both fork it (T4), or one replica serves a
+// stale cached copy and loses the other's turn (T2). The saved failure
+// replays on the replicas the plan names.
+func TestReplicasShareNothingButTheStore(t *testing.T) {
+	onPath(t)
+	t.Run("two replicas", func(t *testing.T) {
+		t.Parallel() // it mostly waits on its servers
+		dir := t.TempDir()
+		base, err := os.ReadFile(referenceProfile)
+		require.NoError(t, err)
+		text := strings.Replace(string(base), "  agent: helper\n", "  agent: helper\n  replicas: 2\n", 1)
+		require.NotEqual(t, string(base), text, "the profile names its agent as the test expects")
+		profile := filepath.Join(dir, "replicas.yaml")
+		require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
+		code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "10", "--steps", "20", "--seed", "1",
+			"--fail-fast", "--save", dir, "--out", filepath.Join(dir, "out"))
+		require.Equal(t, exitViolation, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+		fails := regexp.MustCompile(`(?m)^(T\d+) +.*\bFAIL\b`).FindAllStringSubmatch(stdout, -1)
+		require.Len(t, fails, 1, stdout)
+		assert.Contains(t, []string{"T2", "T4"}, fails[0][1], stdout)
+		assert.Contains(t, stdout, "to replica 1", "the report says which replica each request went to")
+
+		saved, err := filepath.Glob(filepath.Join(dir, fails[0][1]+"-*.json"))
+		require.NoError(t, err)
+		require.Len(t, saved, 1)
+		code, replayed, stderr := runCLI(t, "replay", saved[0])
+		require.Equal(t, exitViolation, code, "replay:\n%s\n%s", replayed, stderr)
+		assert.Contains(t, replayed, fails[0][1]+" (")
+	})
+}

@@ -320,7 +320,7 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 		op.Response.Outcome, op.Response.Detail = model.Fail, "the server did not come back: "+err.Error()
 		return op
 	}
-	e.client.Rebase(e.srv.URL())
+	e.client.Rebase(targets.URLs(e.srv))
 	return op
 }
 

@@ -203,7 +203,7 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 	l.fake.Reset(protocol.EpochTag(ns))
 	_, l.restartable = srv.(targets.Restarter)
 	l.Last = srv
-	cl := protocol.NewClient(srv.URL(), l.Profile, ns)
+	cl := protocol.NewClient(targets.URLs(srv), l.Profile, ns)
 	return &Session{
 		lab:     l,
 		Profile: l.Profile,

@@ -75,6 +75,9 @@ type Send struct {
 	// Responses API: the turn chains from From's last response, as a turn
 	// on From sent at the same time may); nil otherwise.
 	From *model.ConversationRef `json:"from,omitempty"`
+	// Replica is the replica of the server the request goes to, for a
+	// server that runs as several (targets.Replicated); 0 is the first.
+	Replica int `json:"replica,omitempty"`
 	// Token is the user token of the request's new message; "" for a
 	// request without a usable one, which the server must refuse (T3).
 	Token model.Token `json:"token,omitempty"`

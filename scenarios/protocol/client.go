@@ -39,6 +39,8 @@ type Request struct {
 	Path   string `json:"path,omitempty"`
 	// Body is the JSON body exactly as sent.
 	Body json.RawMessage `json:"body"`
+	// Replica is the replica of the server it went to (plan.Send.Replica).
+	Replica int `json:"replica,omitempty"`
 	// Unsent says why the request was not sent at all (a session that
 	// could not be created): the turn then failed before it began.
 	Unsent string `json:"unsent,omitempty"`
@@ -107,7 +109,8 @@ const ErrorDrain = 2 * time.Second
 // Client speaks one server's client protocol (the profile's): it builds
 // each turn's request, sends it, and reads what the turn came to.
 type Client struct {
-	base    string
+	// bases are the server's base URLs: its replicas', or its own.
+	bases   []string
 	profile targets.Profile
 	// ns prefixes every conversation id sent: the session's namespace on
 	// a server shared by several.
@@ -136,11 +139,12 @@ type wire interface {
 	restarted()
 }
 
-// NewClient returns a client of the server at base, as p reaches it, that
-// names every conversation under the namespace ns ("" for none).
-func NewClient(base string, p targets.Profile, ns string) *Client {
+// NewClient returns a client of the server at bases (its replicas, or
+// itself), as p reaches it, that names every conversation under the
+// namespace ns ("" for none).
+func NewClient(bases []string, p targets.Profile, ns string) *Client {
 	c := &Client{
-		base:    strings.TrimRight(base, "/"),
+		bases:   trimmed(bases),
 		profile: p,
 		ns:      ns,
 		http: &http.Client{
@@ -162,12 +166,21 @@ func NewClient(base string, p targets.Profile, ns string) *Client {
 // Close drops the client's idle connections.
 func (c *Client) Close() { c.http.CloseIdleConnections() }
 
-// Rebase points the client at a server restarted at base, dropping the
+// Rebase points the client at a server restarted at bases, dropping the
 // connections to the old one.
-func (c *Client) Rebase(base string) {
+func (c *Client) Rebase(bases []string) {
 	c.http.CloseIdleConnections()
-	c.base = strings.TrimRight(base, "/")
+	c.bases = trimmed(bases)
 	c.wire.restarted()
+}
+
+// trimmed is bases without their trailing slashes.
+func trimmed(bases []string) []string {
+	out := make([]string, len(bases))
+	for i, b := range bases {
+		out[i] = strings.TrimRight(b, "/")
+	}
+	return out
 }
 
 // NewRequest builds the request of s; ctx bounds what the protocol must do
@@ -186,7 +199,9 @@ func (c *Client) NewRequest(ctx context.Context, s plan.Send) Request {
 		}
 		msgs = tagged
 	}
-	return c.wire.request(ctx, c, s, msgs)
+	req := c.wire.request(ctx, c, s, msgs)
+	req.Replica = s.Replica
+	return req
 }
 
 // Send sends req and reads the outcome. Cancelling ctx aborts the request:
@@ -197,7 +212,7 @@ func (c *Client) Send(ctx context.Context, req Request) Response {
 		// began, and changed nothing.
 		return Response{Outcome: model.Fail, Detail: req.Unsent, Cause: CauseUnsent}
 	}
-	resp, out := c.do(ctx, req.Method, req.Path, req.Body, c.wire.headers(c, req), req.Conv.Key)
+	resp, out := c.do(ctx, req.Replica, req.Method, req.Path, req.Body, c.wire.headers(c, req), req.Conv.Key)
 	if resp == nil {
 		c.wire.learn(req, out)
 		return out
@@ -223,11 +238,14 @@ func (c *Client) Send(ctx context.Context, req Request) Response {
 	return out
 }
 
-// do sends one HTTP request (POST to /v1/chat/completions where method and
-// path are ""), with key's Authorization, and returns the response, whose
-// body the caller closes, and out with its status; or no response, and
-// out saying why.
-func (c *Client) do(ctx context.Context, method, path string, body []byte, headers map[string]string, key string) (*http.Response, Response) {
+// do sends one HTTP request to a replica of the server (POST to
+// /v1/chat/completions where method and path are ""), with key's
+// Authorization, and returns the response, whose body the caller closes,
+// and out with its status; or no response, and out saying why.
+func (c *Client) do(ctx context.Context, replica int, method, path string, body []byte, headers map[string]string, key string) (*http.Response, Response) {
+	if replica < 0 || replica >= len(c.bases) {
+		return nil, Response{Outcome: model.Fail, Detail: fmt.Sprintf("no replica %d: the server runs %d", replica, len(c.bases)), Cause: CauseUnsent}
+	}
 	if method == "" {
 		method = http.MethodPost
 	}
@@ -238,7 +256,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, heade
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	hr, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	hr, err := http.NewRequestWithContext(ctx, method, c.bases[replica]+path, rd)
 	if err != nil {
 		return nil, Response{Outcome: model.Unknown, Detail: err.Error()}
 	}

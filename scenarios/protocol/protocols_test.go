@@ -41,7 +41,7 @@ func chainedFrom(t *testing.T, req Request) string {
 // chain goes on from its last completed response; a branch starts where
 // its base stands.
 func TestResponsesChain(t *testing.T) {
-	c := NewClient("http://127.0.0.1:1", targets.Profile{Protocol: targets.Responses, Model: "m"}, "")
+	c := NewClient([]string{"http://127.0.0.1:1"}, targets.Profile{Protocol: targets.Responses, Model: "m"}, "")
 	w := c.wire.(*responses)
 	a := model.ConversationRef{Key: "key-a", ID: "conv-1"}
 	b := model.ConversationRef{Key: "key-b", ID: "conv-1"}
@@ -77,7 +77,7 @@ func TestResponsesChain(t *testing.T) {
 
 	w.learn(next(a), Response{Outcome: model.Unknown, ID: "resp_4"})
 	w.learn(next(a), Response{Outcome: model.Fail, ID: "resp_5"})
-	c.Rebase("http://127.0.0.1:2")
+	c.Rebase([]string{"http://127.0.0.1:2"})
 	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "after a restart, a chain goes on from its last completed response (T7)")
 
 	branch := model.ConversationRef{Key: "key-a", ID: "conv-2"}
@@ -173,7 +173,7 @@ func TestSessionsAPI(t *testing.T) {
 	srv := &sessionServer{answer: "data: {\"type\":\"agent_choice\",\"content\":\"tc-a1\"}\n\ndata: {\"type\":\"stream_stopped\"}\n\n"}
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
-	c := NewClient(hs.URL, sessionsProfile(), "")
+	c := NewClient([]string{hs.URL}, sessionsProfile(), "")
 	defer c.Close()
 	a := model.ConversationRef{Key: "key-a", ID: "conv-1"}
 	var wg sync.WaitGroup

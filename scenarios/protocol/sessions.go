@@ -35,7 +35,7 @@ func newSessions(api *targets.SessionsAPI) *sessions {
 
 func (w *sessions) request(ctx context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
 	req := Request{Conv: s.Conv, Method: w.api.Turn.Method, Stream: true}
-	id, err := w.session(ctx, c, s.Conv)
+	id, err := w.session(ctx, c, s.Conv, s.Replica)
 	if err != nil {
 		req.Unsent = "its session could not be created: " + err.Error()
 		return req
@@ -50,7 +50,7 @@ func (w *sessions) request(ctx context.Context, c *Client, s plan.Send, msgs []o
 // conversation with no session of its own whose id another key's
 // conversation has runs in that one's session: it must not be found
 // under this key (T5).
-func (w *sessions) session(ctx context.Context, c *Client, conv model.ConversationRef) (string, error) {
+func (w *sessions) session(ctx context.Context, c *Client, conv model.ConversationRef, replica int) (string, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if id, ok := w.ids[conv]; ok {
@@ -59,7 +59,7 @@ func (w *sessions) session(ctx context.Context, c *Client, conv model.Conversati
 	if id, ok := otherKeys(w.ids, conv, func(string) bool { return true }); ok {
 		return id, nil
 	}
-	id, err := w.create(ctx, c, conv.Key)
+	id, err := w.create(ctx, c, conv.Key, replica)
 	if err != nil {
 		return "", err
 	}
@@ -67,14 +67,14 @@ func (w *sessions) session(ctx context.Context, c *Client, conv model.Conversati
 	return id, nil
 }
 
-// create creates a session under key, and returns its id.
-func (w *sessions) create(ctx context.Context, c *Client, key string) (string, error) {
+// create creates a session under key, through replica, and returns its id.
+func (w *sessions) create(ctx context.Context, c *Client, key string, replica int) (string, error) {
 	call := w.api.Create
 	var body []byte
 	if call.Body != "" {
 		body = []byte(expand(call.Body, bodyValues("", c.profile.Model, nil)))
 	}
-	resp, out := c.do(ctx, call.Method, expand(call.Path, pathValues("", c.profile.Model)), body, nil, key)
+	resp, out := c.do(ctx, replica, call.Method, expand(call.Path, pathValues("", c.profile.Model)), body, nil, key)
 	if resp == nil {
 		return "", errors.New(out.Detail)
 	}

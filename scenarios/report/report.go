@@ -28,11 +28,16 @@ func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) 
 		steps = history[len(history)-1].Step - history[0].Step + 1
 	}
 	fmt.Fprintf(&b, "%d step(s), %d request(s):\n", steps, len(history))
+	// Where requests went to several replicas, each says which.
+	replicated := false
+	for _, op := range history {
+		replicated = replicated || op.Send.Replica != 0
+	}
 	for i, op := range history {
 		if i == 0 || op.Step != history[i-1].Step {
 			writeStepHeader(&b, history, i)
 		}
-		writeOp(&b, op, p)
+		writeOp(&b, op, p, replicated)
 	}
 	b.WriteString("\nThe curl commands send each request again to the server at $TURNCHECK_URL; they do not\n" +
 		"inject the model's faults: replay the saved failure for those.\n")
@@ -94,7 +99,7 @@ func letters(n int) []string {
 	return out
 }
 
-func writeOp(b *strings.Builder, op history.Op, p targets.Profile) {
+func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bool) {
 	if op.Restart != nil {
 		fmt.Fprintf(b, "     %s", op.Restart)
 		if op.Response.Detail != "" {
@@ -109,6 +114,9 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile) {
 	}
 	if op.Request.Stream {
 		b.WriteString(", streamed")
+	}
+	if replicated {
+		fmt.Fprintf(b, ", to replica %d", op.Send.Replica)
 	}
 	fmt.Fprintf(b, "\n        model does: %s\n", op.Send)
 	fmt.Fprintf(b, "        outcome: %s", op.Response.Outcome)

@@ -300,8 +300,9 @@ func (s *Shrinker) simplify() bool {
 
 // simpler lists simpler versions of p, most drastic first: the burst
 // without one of its requests, then one request without its fault, with
-// its abort at its first call, with fewer or plainer tool calls, or
-// without its stream, then the burst's requests on fewer conversations,
+// its abort at its first call, with fewer or plainer tool calls, without
+// its stream, or sent to the first replica, then the burst's requests on
+// fewer conversations,
 // where that keeps a branch (branches: under the Responses API) a branch.
 func simpler(p plan.Plan, all []plan.Plan, branches bool) []plan.Plan {
 	var out []plan.Plan
@@ -336,6 +337,11 @@ func simpler(p plan.Plan, all []plan.Plan, branches bool) []plan.Plan {
 		if send.Stream {
 			q := clonePlan(p)
 			q.Sends[k].Stream = false
+			out = append(out, q)
+		}
+		if send.Replica != 0 {
+			q := clonePlan(p)
+			q.Sends[k].Replica = 0
 			out = append(out, q)
 		}
 	}

@@ -89,6 +89,7 @@ type serverSection struct {
 	StopGrace     time.Duration     `yaml:"stop_grace"`
 	FreshPerCheck bool              `yaml:"fresh_per_check"`
 	Parallel      int               `yaml:"parallel"`
+	Replicas      int               `yaml:"replicas"`
 }
 
 type readySection struct {
@@ -316,8 +317,8 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 			return nil, fmt.Errorf("server.ready.line: %v", err)
 		}
 	}
-	if s.Ready.Timeout < 0 || s.StopGrace < 0 || s.Parallel < 0 {
-		return nil, errors.New("server.ready.timeout, server.stop_grace and server.parallel must not be negative")
+	if s.Ready.Timeout < 0 || s.StopGrace < 0 || s.Parallel < 0 || s.Replicas < 0 {
+		return nil, errors.New("server.ready.timeout, server.stop_grace, server.parallel and server.replicas must not be negative")
 	}
 	if s.Agent != "" && !agentName.MatchString(s.Agent) {
 		return nil, fmt.Errorf("server.agent: %q is not an agent name (letters, digits, - and _)", s.Agent)
@@ -348,6 +349,7 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 		StopGrace:     s.StopGrace,
 		FreshPerCheck: s.FreshPerCheck,
 		MaxParallel:   s.Parallel,
+		Replicas:      s.Replicas,
 		ModelAt:       modelAddr,
 		Reaches:       p,
 	}, nil

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,6 +54,11 @@ type Subprocess struct {
 	// (Options.Parallel asks for more in vain): one for a server that
 	// takes a fixed port or a resource only one instance can hold.
 	MaxParallel int
+	// Replicas, if above 1, is how many processes serve the server, all
+	// from Command over one data dir (the store they share), each with a
+	// port of its own and "{replica}" (0, 1, ...) replaced in Command, Env
+	// and Files: a request goes to the replica its plan names.
+	Replicas int
 	// ModelAt, if set, is the loopback host:port the fake model listens
 	// on; "" picks a free port.
 	ModelAt string
@@ -88,13 +94,45 @@ func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, 
 	if s.Agent != "" {
 		refs = SourceRefs(modelURL, s.Agent, []string{FirstSource})
 	}
-	p, err := faults.StartProcess(faults.ProcessConfig{Command: s.Command, ModelURL: modelURL, DataDir: dir,
-		Env: s.Env, Files: s.Files, Agents: refs, Ready: s.Ready, ReadyLine: s.ReadyLine,
-		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace, Context: ctx})
-	if err != nil {
-		return nil, errors.Join(err, os.RemoveAll(dir))
+	if s.Replicas <= 1 {
+		p, err := s.startReplica(ctx, modelURL, dir, refs, "")
+		if err != nil {
+			return nil, errors.Join(err, os.RemoveAll(dir))
+		}
+		return &subprocessServer{p: p, dir: dir}, nil
 	}
-	return &subprocessServer{p: p, dir: dir}, nil
+	r := &replicas{dir: dir}
+	for i := range s.Replicas {
+		p, err := s.startReplica(ctx, modelURL, dir, refs, strconv.Itoa(i))
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
+		}
+		r.procs = append(r.procs, p)
+	}
+	return r, nil
+}
+
+// startReplica starts one process of s on dir, "{replica}" standing for
+// replica ("" for a server of one process).
+func (s Subprocess) startReplica(ctx context.Context, modelURL, dir string, refs []string, replica string) (*faults.Process, error) {
+	repl := strings.NewReplacer("{replica}", replica)
+	expand := func(in []string) []string {
+		out := make([]string, len(in))
+		for i, a := range in {
+			out[i] = repl.Replace(a)
+		}
+		return out
+	}
+	var files map[string]string
+	if s.Files != nil {
+		files = map[string]string{}
+		for name, text := range s.Files {
+			files[repl.Replace(name)] = repl.Replace(text)
+		}
+	}
+	return faults.StartProcess(faults.ProcessConfig{Command: expand(s.Command), ModelURL: modelURL, DataDir: dir,
+		Env: expand(s.Env), Files: files, Agents: refs, Ready: s.Ready, ReadyLine: s.ReadyLine,
+		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace, Context: ctx})
 }
 
 type subprocessServer struct {
@@ -155,4 +193,80 @@ func lastLines(out string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return "  " + strings.Join(lines, "\n  ")
+}
+
+// replicas is a server of several processes over one data dir.
+type replicas struct {
+	procs []*faults.Process
+	dir   string
+}
+
+// URL is the first replica's.
+func (r *replicas) URL() string { return r.procs[0].URL() }
+
+// URLs are the replicas', in order.
+func (r *replicas) URLs() []string {
+	out := make([]string, len(r.procs))
+	for i, p := range r.procs {
+		out[i] = p.URL()
+	}
+	return out
+}
+
+// Exited reports the first replica that exited on its own.
+func (r *replicas) Exited() error {
+	for i, p := range r.procs {
+		select {
+		case <-p.Exited():
+			return fmt.Errorf("replica %d, %s, exited; its last output:\n%s", i, p, lastLines(p.Stderr(), 20))
+		default:
+		}
+	}
+	return nil
+}
+
+// Output is the last lines each replica wrote.
+func (r *replicas) Output() string {
+	var b strings.Builder
+	for i, p := range r.procs {
+		fmt.Fprintf(&b, "replica %d:\n%s\n", i, lastLines(p.Stderr(), 10))
+	}
+	return b.String()
+}
+
+// Restart restarts every replica, as a restart of a server of one
+// process does: all stopped (or killed), then all started.
+func (r *replicas) Restart(crash bool, agents []string) error {
+	return r.RestartContext(context.Background(), crash, agents)
+}
+
+// RestartContext is Restart, with ctx bounding the waits for the new runs.
+func (r *replicas) RestartContext(ctx context.Context, crash bool, agents []string) error {
+	for _, p := range r.procs {
+		if agents != nil {
+			p.SetAgents(agents)
+		}
+		if crash {
+			if err := p.Kill(); err != nil {
+				return err
+			}
+		} else {
+			_ = p.Stop() // as for one process: how it ended is no invariant's business
+		}
+	}
+	for _, p := range r.procs {
+		if err := p.RestartContext(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close stops every replica and removes their data.
+func (r *replicas) Close() error {
+	var errs []error
+	for _, p := range r.procs {
+		errs = append(errs, p.Stop())
+	}
+	return errors.Join(append(errs, os.RemoveAll(r.dir))...)
 }

@@ -407,6 +407,22 @@ type ServerWatcher interface {
 	Exited() error
 }
 
+// Replicated is a Server that runs as several replicas over one store: a
+// request goes to the replica its plan names (plan.Send.Replica).
+type Replicated interface {
+	Server
+	// URLs are the replicas' base URLs, in order.
+	URLs() []string
+}
+
+// URLs are srv's base URLs: its replicas', or its own.
+func URLs(srv Server) []string {
+	if r, ok := srv.(Replicated); ok {
+		return r.URLs()
+	}
+	return []string{srv.URL()}
+}
+
 // ContextStarter is a Target whose servers' starts and restarts a context
 // can cut short: a server that takes a minute to start does not hold a
 // run past its time bound.

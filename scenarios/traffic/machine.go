@@ -259,8 +259,16 @@ func (m *Machine) newConv(t *rapid.T) *conv {
 	return m.conv(model.ConversationRef{Key: key, ID: fmt.Sprintf("conv-%d", m.ids)})
 }
 
-// step executes p and checks it; a violation fails the run.
+// step executes p and checks it; a violation fails the run. On a server
+// that runs as several replicas, each request goes to a replica drawn for
+// it: turns of one conversation then meet on different replicas, where a
+// lock or a cache held in one process serves nothing.
 func (m *Machine) step(t *rapid.T, p plan.Plan) {
+	if n := len(targets.URLs(m.Server)); n > 1 {
+		for i := range p.Sends {
+			p.Sends[i].Replica = rapid.IntRange(0, n-1).Draw(t, "replica")
+		}
+	}
 	ops, v := m.Session.Step(p)
 	for _, op := range ops {
 		m.record(op)
