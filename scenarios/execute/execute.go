@@ -5,6 +5,7 @@
 package execute
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -314,6 +315,16 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 		// The run's or the shrink's time bound holds through a restart
 		// of a server slow to start.
 		restart = func(crash bool, refs []string) error { return rc.RestartContext(e.ctx, crash, refs) }
+	}
+	if i := p.Restart.Replica; i != nil {
+		rr, ok := e.srv.(targets.Replicated)
+		if !ok {
+			op.Response.Outcome, op.Response.Detail = model.Fail, "the server does not run as replicas"
+			return op
+		}
+		restart = func(crash bool, _ []string) error {
+			return rr.RestartReplica(cmp.Or(e.ctx, context.Background()), *i, crash)
+		}
 	}
 	if err := restart(p.Restart.Crash, refs); err != nil {
 		e.cutRestart = e.ctx != nil && e.ctx.Err() != nil

@@ -50,6 +50,11 @@ type Restart struct {
 	// them as they were. References that differ only in their query share
 	// a stable key: with two of them, every resume must be refused (T8).
 	Sources []string `json:"sources,omitempty"`
+	// Replica, if set, restarts only that replica of a server that runs
+	// as several (targets.Replicated), while the others go on serving; a
+	// turn the step sends goes to it. Sources are then nil: every replica
+	// loads the agent as the others do.
+	Replica *int `json:"replica,omitempty"`
 }
 
 // String says what the restart does, for a person.
@@ -57,6 +62,9 @@ func (r Restart) String() string {
 	how := "graceful restart"
 	if r.Crash {
 		how = "crash (kill -9) and restart"
+	}
+	if r.Replica != nil {
+		how += fmt.Sprintf(" of replica %d alone", *r.Replica)
 	}
 	switch len(r.Sources) {
 	case 0:
@@ -151,7 +159,11 @@ func (s Send) FaultKind() string {
 // read from a file is checked before it runs.
 func (p Plan) Check() error {
 	if p.Restart != nil {
-		switch {
+		switch r := p.Restart; {
+		case r.Replica != nil && (*r.Replica < 0 || r.Sources != nil):
+			return fmt.Errorf("%q: a restart of replica %d alone, with agent sources %v: a replica is a replica, from 0, that loads the agent as the others do", p.Action, *r.Replica, r.Sources)
+		case r.Replica != nil && len(p.Sends) == 1 && p.Sends[0].Replica != *r.Replica:
+			return fmt.Errorf("%q: a crash of replica %d with a turn in flight on replica %d", p.Action, *r.Replica, p.Sends[0].Replica)
 		case len(p.Sends) == 0:
 			return nil
 		case len(p.Sends) > 1 || !p.Restart.Crash:

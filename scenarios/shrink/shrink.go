@@ -339,7 +339,7 @@ func simpler(p plan.Plan, all []plan.Plan, branches bool) []plan.Plan {
 			q.Sends[k].Stream = false
 			out = append(out, q)
 		}
-		if send.Replica != 0 {
+		if send.Replica != 0 && (p.Restart == nil || p.Restart.Replica == nil) {
 			q := clonePlan(p)
 			q.Sends[k].Replica = 0
 			out = append(out, q)

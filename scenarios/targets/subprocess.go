@@ -262,6 +262,22 @@ func (r *replicas) RestartContext(ctx context.Context, crash bool, agents []stri
 	return nil
 }
 
+// RestartReplica restarts replica i alone.
+func (r *replicas) RestartReplica(ctx context.Context, i int, crash bool) error {
+	if i < 0 || i >= len(r.procs) {
+		return fmt.Errorf("no replica %d: the server runs %d", i, len(r.procs))
+	}
+	p := r.procs[i]
+	if crash {
+		if err := p.Kill(); err != nil {
+			return err
+		}
+	} else {
+		_ = p.Stop()
+	}
+	return p.RestartContext(ctx)
+}
+
 // Close stops every replica and removes their data.
 func (r *replicas) Close() error {
 	var errs []error

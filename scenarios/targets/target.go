@@ -413,6 +413,10 @@ type Replicated interface {
 	Server
 	// URLs are the replicas' base URLs, in order.
 	URLs() []string
+	// RestartReplica stops replica i gracefully, or kills it (crash), and
+	// starts it again, while the others go on serving; ctx bounds the
+	// wait for it to be ready.
+	RestartReplica(ctx context.Context, i int, crash bool) error
 }
 
 // URLs are srv's base URLs: its replicas', or its own.

@@ -112,6 +112,11 @@ func (m *Machine) restart(t *rapid.T) {
 			m.sources = r.Sources
 		}
 	}
+	if n := len(targets.URLs(m.Server)); n > 1 && r.Sources == nil && rapid.Bool().Draw(t, "one replica") {
+		// One replica stops or dies; the others go on serving the store.
+		i := rapid.IntRange(0, n-1).Draw(t, "which replica")
+		r.Replica = &i
+	}
 	action := "restart"
 	if r.Crash {
 		action = "crash"
@@ -266,6 +271,11 @@ func (m *Machine) newConv(t *rapid.T) *conv {
 func (m *Machine) step(t *rapid.T, p plan.Plan) {
 	if n := len(targets.URLs(m.Server)); n > 1 {
 		for i := range p.Sends {
+			if p.Restart != nil && p.Restart.Replica != nil {
+				// The turn in flight when the replica crashes is its.
+				p.Sends[i].Replica = *p.Restart.Replica
+				continue
+			}
 			p.Sends[i].Replica = rapid.IntRange(0, n-1).Draw(t, "replica")
 		}
 	}
