@@ -623,8 +623,8 @@ func (m *Model) checkResume(t Turn, cv *conv) (*Violation, bool) {
 func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	for _, call := range t.Calls {
 		// Whatever a request is for, its tool calls and results must pair.
-		if v := m.checkToolPairs(t, call); v != nil {
-			return v
+		if v, id := m.checkToolPairs(t, call); v != nil {
+			return m.leftoverCall(t, cv, v, id)
 		}
 	}
 	if v := m.checkStopped(t); v != nil {
@@ -892,9 +892,9 @@ func clip(s string) string {
 // call is answered by exactly one tool result with its id before the next
 // user message (or the end of the request), and no result stands without
 // its call.
-func (m *Model) checkToolPairs(t Turn, call Call) *Violation {
+func (m *Model) checkToolPairs(t Turn, call Call) (v *Violation, id string) {
 	if len(call.Tools) == 0 {
-		return nil
+		return nil, ""
 	}
 	m.checked.add(T9)
 	open := map[string]bool{} // called, not answered yet
@@ -908,14 +908,14 @@ func (m *Model) checkToolPairs(t Turn, call Call) *Violation {
 		}
 		return ""
 	}
-	fail := func(reason string) *Violation {
-		return &Violation{Invariant: T9, Conv: t.Conv, Turn: t.User, Reason: reason, Observed: call.History}
+	fail := func(reason string, id string) (*Violation, string) {
+		return &Violation{Invariant: T9, Conv: t.Conv, Turn: t.User, Reason: reason, Observed: call.History}, id
 	}
 	for _, e := range call.Tools {
 		switch e.Kind {
 		case ToolCalled:
 			if seen[e.ID] {
-				return fail(fmt.Sprintf("the model request asks for the tool call %s twice", e.ID))
+				return fail(fmt.Sprintf("the model request asks for the tool call %s twice", e.ID), e.ID)
 			}
 			seen[e.ID], open[e.ID] = true, true
 			order = append(order, e.ID)
@@ -924,20 +924,38 @@ func (m *Model) checkToolPairs(t Turn, call Call) *Violation {
 			case open[e.ID]:
 				open[e.ID] = false
 			case seen[e.ID]:
-				return fail(fmt.Sprintf("the model request carries two results for the tool call %s", e.ID))
+				return fail(fmt.Sprintf("the model request carries two results for the tool call %s", e.ID), e.ID)
 			default:
-				return fail(fmt.Sprintf("the model request carries a result for the tool call %s, and no assistant message asks for that call before it", e.ID))
+				return fail(fmt.Sprintf("the model request carries a result for the tool call %s, and no assistant message asks for that call before it", e.ID), e.ID)
 			}
 		case UserMessage:
 			if id := unanswered(); id != "" {
-				return fail(fmt.Sprintf("the tool call %s has no result before the next user message: an orphaned tool call", id))
+				return fail(fmt.Sprintf("the tool call %s has no result before the next user message: an orphaned tool call", id), id)
 			}
 		}
 	}
 	if id := unanswered(); id != "" {
-		return fail(fmt.Sprintf("the tool call %s has no result in the model request: an orphaned tool call", id))
+		return fail(fmt.Sprintf("the tool call %s has no result in the model request: an orphaned tool call", id), id)
 	}
-	return nil
+	return nil, ""
+}
+
+// leftoverCall marks v, broken tool pairs in a request of t whose tool
+// call id is that of a turn that ended without committing and had to leave
+// nothing, as a leftover of that turn: one root cause, one finding, with
+// the leftovers the same turn shows under T1 or T10. The orphan keeps its
+// name, T9, the most specific (TestOrphanOfInterruptedTurnIsT9). Under
+// keep-consistent an interrupted turn may leave its completed rounds, and
+// a round cut short is T9's alone (goose #7785).
+func (m *Model) leftoverCall(t Turn, cv *conv, v *Violation, id string) *Violation {
+	user, _, ok := ToolTurn(id)
+	if !ok || user == t.User || cv == nil {
+		return v
+	}
+	if cv.line.wasInterrupted(user) && !m.policies.KeepConsistent || cv.line.failedWith(user) != 0 {
+		v.Kind = Leftover
+	}
+	return v
 }
 
 // checkStopped checks that a turn whose client disconnected started no

@@ -1002,3 +1002,23 @@ func TestLeakFromWorkingCopyAcrossRestart(t *testing.T) {
 	requireViolation(t, v, model.T11, turn)
 	assert.Contains(t, v.Reason, "shown now, hidden before: "+tk(1, 1, 1))
 }
+
+// TestOrphanOfATurnThatLeavesNothingIsItsLeftover: the orphan an
+// interrupted turn leaves under rollback is that turn's leftover, the same
+// root cause as its message kept (T10): one finding, not two. Under
+// keep-consistent the orphan is T9's alone.
+func TestOrphanOfATurnThatLeavesNothingIsItsLeftover(t *testing.T) {
+	k2 := tk(2, 1, 1)
+	orphan := ok(convA, u(3), tools(call(u(3), u(1), a(1), u(2), u(3)),
+		userMsg(), userMsg(), asks(k2), userMsg()))
+	for policies, kind := range map[model.Policies]model.Kind{rollback: model.Leftover, keep: ""} {
+		m := model.NewWith(policies)
+		for _, s := range interrupted2() {
+			require.Nil(t, m.Apply(s.turn))
+		}
+		v := m.Apply(orphan)
+		require.NotNil(t, v)
+		assert.Equal(t, model.T9, v.Invariant)
+		assert.Equal(t, kind, v.Kind, "%+v", policies)
+	}
+}

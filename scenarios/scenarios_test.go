@@ -45,7 +45,7 @@ func TestReferenceServerPasses(t *testing.T) {
 // client-aborted turn's message behind too, which is T10's business (T6's
 // when the server died with the turn in flight).
 var caughtAs = map[sut.Mutant][]model.Invariant{
-	sut.MutateBeforeRun:     {model.T1, model.T6, model.T10},
+	sut.MutateBeforeRun:     {model.T1, model.T6, model.T10, model.T9},
 	sut.ReplayWithoutUser:   {model.T3},
 	sut.CommitOnStreamError: {model.T1},
 	sut.CrossKeyLeak:        {model.T5},

@@ -219,7 +219,9 @@ func namedAs(m sut.MutantInfo) []string {
 	case sut.LostOnEvict:
 		return []string{"T2", "T7"}
 	case sut.MutateBeforeRun:
-		return []string{"T1", "T10", "T6"}
+		// An interrupted tool turn kept shows as its message (T10) or
+		// as the tool call it left without a result (T9): one leftover.
+		return []string{"T1", "T10", "T6", "T9"}
 	}
 	return []string{m.Breaks}
 }
