@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -145,4 +146,44 @@ func TestReplicaCrashLosesNoAcknowledgedTurn(t *testing.T) {
 	requireOK(t, r4.wait(t), false)
 	assert.Equal(t, hist("u1", "a1", "u2", "a2", "u4"), b.model.callsOf("tc-u4")[0].history)
 	assert.Equal(t, hist("u1", "a1", "u2", "a2", "u4", "a4", "u5"), b.ok(t, "c1", "tc-u5", false))
+}
+
+// replicaMutantCases are the mutants of the store and the cache, on
+// PostgreSQL: each reports whether its bug showed.
+var replicaMutantCases = []struct {
+	mutant sut.Mutant
+	run    func(t *testing.T, m sut.Mutant) bool
+}{
+	{
+		// T7: a turn acknowledged but still queued dies with its replica.
+		mutant: sut.AckBeforeDurable,
+		run: func(t *testing.T, m sut.Mutant) bool {
+			defer sut.SetFlushInterval(time.Hour)()
+			rs := replicaEnvs(t, 2, sut.Config{Mutant: m})
+			require.Equal(t, toks("u1"), rs[0].ok(t, "", "c1", "tc-u1"))
+			require.NoError(t, rs[0].srv.Crash())
+			return assert.ObjectsAreEqual(toks("u2"), rs[1].ok(t, "", "c1", "tc-u2"))
+		},
+	},
+	{
+		// T2: an evicted conversation is deleted from the store.
+		mutant: sut.LostOnEvict,
+		run: func(t *testing.T, m sut.Mutant) bool {
+			e := replicaEnvs(t, 1, sut.Config{Mutant: m, ConversationsMax: 1})[0]
+			require.Equal(t, toks("u1"), e.ok(t, "", "c1", "tc-u1"))
+			require.Equal(t, toks("u2"), e.ok(t, "", "c2", "tc-u2"))
+			return assert.ObjectsAreEqual(toks("u3"), e.ok(t, "", "c1", "tc-u3"))
+		},
+	},
+}
+
+// TestReplicaMutantsBite: the mutants of the store and the cache keep
+// their bugs on PostgreSQL, and the clean server has none of them.
+func TestReplicaMutantsBite(t *testing.T) {
+	for _, rc := range replicaMutantCases {
+		t.Run(string(rc.mutant), func(t *testing.T) {
+			assert.True(t, rc.run(t, rc.mutant), "the mutant's bug must show")
+			assert.False(t, rc.run(t, sut.Clean), "the clean server must not have the bug")
+		})
+	}
 }
