@@ -18,6 +18,10 @@ type dialect struct {
 	tableSuffix string
 	// blob is the type of raw bytes.
 	blob string
+	// text is the type of a message's text (its content, tool calls
+	// and tool call id): PostgreSQL's TEXT refuses the NUL character,
+	// which a message may hold, so there it is raw bytes.
+	text string
 	// columns lists the columns of the messages table, one a row.
 	columns string
 	// lockSchema, if not "", is run in the transaction that creates and
@@ -31,12 +35,14 @@ var (
 		name:        "sqlite",
 		tableSuffix: " WITHOUT ROWID",
 		blob:        "BLOB",
+		text:        "TEXT",
 		columns:     `SELECT name FROM pragma_table_info('messages')`,
 	}
 	postgresDialect = dialect{
 		name:     "postgres",
 		numbered: true,
 		blob:     "BYTEA",
+		text:     "BYTEA",
 		columns:  `SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'messages'`,
 		// Any constant key: it only orders the replicas' schema work.
 		lockSchema: `SELECT pg_advisory_xact_lock(7411602210461870195)`,
@@ -71,9 +77,9 @@ func (d dialect) schema() []string {
 	conversation TEXT    NOT NULL,
 	seq          INTEGER NOT NULL,
 	role         TEXT    NOT NULL,
-	content      TEXT    NOT NULL,
-	tool_calls   TEXT    NOT NULL DEFAULT '',
-	tool_call_id TEXT    NOT NULL DEFAULT '',
+	content      ` + d.text + ` NOT NULL,
+	tool_calls   ` + d.text + ` NOT NULL DEFAULT '',
+	tool_call_id ` + d.text + ` NOT NULL DEFAULT '',
 	hidden       INTEGER NOT NULL DEFAULT 0,
 	PRIMARY KEY (scope, conversation, seq)
 )` + d.tableSuffix,
@@ -93,6 +99,14 @@ func (d dialect) schema() []string {
 	value ` + d.blob + ` NOT NULL
 )` + d.tableSuffix,
 	}
+}
+
+// textArg is s as an argument for a column of type d.text.
+func (d dialect) textArg(s string) any {
+	if d.text == d.blob {
+		return []byte(s)
+	}
+	return s
 }
 
 // onConflict is what an insert does with a row whose key is taken.

@@ -187,3 +187,13 @@ func TestReplicaMutantsBite(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicasKeepAnyText: a message holding what PostgreSQL's text type
+// refuses (the NUL character) is committed and seen by the next turn, as
+// on SQLite.
+func TestReplicasKeepAnyText(t *testing.T) {
+	rs := replicaEnvs(t, 2, sut.Config{})
+	r := rs[0].post(t, chatBody(t, false, user("tc-u1 a\u0000b")), headers("", "c1"))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	assert.Equal(t, toks("u1", "a1", "u2"), rs[1].ok(t, "", "c1", "tc-u2"))
+}

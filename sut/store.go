@@ -304,7 +304,7 @@ func (s *store) writeMessages(conflict onConflict, k convKey, ch change) error {
 			calls = string(b)
 		}
 		if _, err := tx.Exec(insertMessage,
-			k.scope, k.id, ch.seq+i, m.Role, string(m.Content), calls, m.ToolCallID, flag(m.hidden)); err != nil {
+			k.scope, k.id, ch.seq+i, m.Role, s.d.textArg(string(m.Content)), s.d.textArg(calls), s.d.textArg(m.ToolCallID), flag(m.hidden)); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
