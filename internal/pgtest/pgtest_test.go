@@ -31,14 +31,14 @@ func (l leftovers) Run() int {
 	return code
 }
 
-// TestStartGivesEachTestItsOwnDatabase: two databases on one server, each
-// writable, neither seeing the other's tables.
-func TestStartGivesEachTestItsOwnDatabase(t *testing.T) {
+// TestStartGivesEachTestItsOwnSchema: two schemas on one server, each
+// writable, neither seeing the other's tables, on a server that syncs.
+func TestStartGivesEachTestItsOwnSchema(t *testing.T) {
 	a, b := open(t, pgtest.Start(t)), open(t, pgtest.Start(t))
 	_, err := a.Exec(`CREATE TABLE t (x int)`)
 	require.NoError(t, err)
 	_, err = b.Exec(`CREATE TABLE t (x int)`)
-	require.NoError(t, err, "the second database has no table t of the first")
+	require.NoError(t, err, "the second schema has no table t of the first")
 	var fsync string
 	require.NoError(t, a.QueryRow(`SHOW fsync`).Scan(&fsync))
 	assert.Equal(t, "on", fsync)
