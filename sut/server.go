@@ -5,9 +5,8 @@
 // (responses.go), and a sessions API (sessions.go). It runs every turn on
 // a working copy of the conversation and commits only a turn that ended
 // ok, durably, in SQLite or PostgreSQL (Config.Store) under a bounded
-// cache. It also carries the
-// catalogue of mutants: switches that bring back the real bugs the harness
-// exists to catch.
+// cache. It also carries the catalogue of mutants: switches that bring
+// back the real bugs the harness exists to catch.
 //
 // A turn is a tool loop (toolloop.go): the server offers the model two
 // built-in tools, echo and lookup (tools.go), runs the calls the model asks
@@ -256,7 +255,8 @@ type Server struct {
 	closeErr error
 }
 
-// New opens the store (cfg.Store, or cfg.DataDir) and returns a server ready to serve.
+// New opens the store (cfg.Store, or cfg.DataDir) and returns a server
+// ready to serve.
 func New(cfg Config) (*Server, error) {
 	modelURL, err := parseModelURL(cfg.ModelURL)
 	if err != nil {

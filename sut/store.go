@@ -31,10 +31,10 @@ type store struct {
 	shared *advisoryLocks
 }
 
-// The tables are dialect.schema's. A message's tool_calls are the JSON array of the tool calls an assistant
-// message asks for ('' for none), its tool_call_id the call a tool result
-// answers ('' for none), and hidden is 1 once compaction took it out of
-// what the model is sent. A data dir from before them gets them with those
+// The tables are dialect.schema's. A message's tool_calls are the JSON
+// array of the tool calls an assistant message asks for ('' for none),
+// its tool_call_id the call a tool result answers ('' for none), and
+// hidden is 1 once compaction took it out of what the model is sent. A data dir from before them gets them with those
 // defaults (migrate): its messages are what they were.
 //
 // The sources table records the agent source key a conversation was started
