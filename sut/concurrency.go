@@ -93,8 +93,16 @@ var (
 // the lock is handed to the first of them, so turns run in the order their
 // requests started waiting: neither the scheduler nor a request arriving
 // just as the lock is released can jump the queue.
+//
+// Where other processes share the store (PostgreSQL), a turn also takes
+// the conversation's lock there (shared), once it has the one here: the
+// lock here keeps a process's own waiters off the database, the shared
+// one alone makes turns on one conversation run one after another.
 type convLocks struct {
 	gauge *Gauge
+	// shared is the store's cross-process lock; nil for a store one
+	// process alone opens.
+	shared *advisoryLocks
 
 	mu    sync.Mutex
 	locks map[convKey]*convLock
@@ -112,13 +120,32 @@ type convWaiter struct {
 	granted chan struct{}
 }
 
-// lock takes k's lock. When it is held, it fails at once with
-// errConversationBusy under Reject; under Serialize it waits in line until
-// the lock is handed over, ctx ends (ctx's error) or maxWait passes
-// (errWaitTimedOut). The wait is timed by the clock, not by the server's
+// lock takes k's lock, here and then, if the store is shared, in the
+// store. When it is held, it fails at once with errConversationBusy under
+// Reject; under Serialize it waits until it gets both, ctx ends (ctx's
+// error) or maxWait passes (errWaitTimedOut), maxWait bounding both waits
+// together. The wait is timed by the clock, not by the server's
 // Deadlines: those decide when a model call times out, and a harness that
-// holds them must not thereby hold every waiter forever.
+// holds them must not thereby hold every waiter forever. The unlock it
+// returns may be called more than once.
 func (l *convLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration) (unlock func(), err error) {
+	deadline := time.Now().Add(maxWait)
+	local, err := l.lockLocal(ctx, k, policy, maxWait)
+	if err != nil || l.shared == nil {
+		return local, err
+	}
+	shared, err := l.shared.lock(ctx, k, policy, time.Until(deadline), l.gauge)
+	if err != nil {
+		local()
+		return nil, err
+	}
+	var once sync.Once
+	return func() { once.Do(func() { shared(); local() }) }, nil
+}
+
+// lockLocal takes k's lock in this process: waiting in line under
+// Serialize, first come first served, until the lock is handed over.
+func (l *convLocks) lockLocal(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration) (unlock func(), err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

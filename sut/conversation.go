@@ -70,6 +70,10 @@ type conversation struct {
 	// source is the key of the agent source the conversation was started
 	// under; "" when it is bound to none (no agents were loaded).
 	source string
+	// stored is how many messages the store held for it when it was
+	// loaded or committed: its version there (store.length). Messages a
+	// mutant appended in place since do not count.
+	stored int
 }
 
 // clone returns a copy that shares no mutable state with c: new message
@@ -80,14 +84,14 @@ func (c *conversation) clone() *conversation {
 	for i, m := range c.messages {
 		msgs[i] = m.copy()
 	}
-	return &conversation{messages: msgs, source: c.source}
+	return &conversation{messages: msgs, source: c.source, stored: c.stored}
 }
 
 // shallowClone copies the slice of c's messages and not the messages: the
 // copy can grow on its own, but a mark on one of its messages is a mark on
 // c's. Only the shallow-clone mutant runs turns on it.
 func (c *conversation) shallowClone() *conversation {
-	return &conversation{messages: slices.Clone(c.messages), source: c.source}
+	return &conversation{messages: slices.Clone(c.messages), source: c.source, stored: c.stored}
 }
 
 // visible returns the messages the model is sent: all but the hidden.
@@ -118,6 +122,10 @@ type conversations struct {
 	// the new response's too (one history under two ids, written under
 	// two locks at once).
 	cacheCopies bool
+	// verify checks a cached conversation against the store before it
+	// is served: set where other processes commit to the same store
+	// (PostgreSQL), whose commits this cache never sees.
+	verify bool
 }
 
 // newConversations returns the cache over st. Three mutants change it:
@@ -138,7 +146,7 @@ func newConversations(st *store, size int, m Mutant, log *slog.Logger) (*convers
 	if err != nil {
 		return nil, err
 	}
-	cs := &conversations{store: st, cache: c, cacheCopies: m == BranchMutatesBase}
+	cs := &conversations{store: st, cache: c, cacheCopies: m == BranchMutatesBase, verify: st.shared != nil}
 	if m == AckBeforeDurable {
 		cs.behind = newWriteBehind(st, log)
 	}
@@ -162,13 +170,36 @@ func (cs *conversations) crash() {
 
 // get returns the committed conversation k, empty if it was never
 // committed. The caller holds k's lock, so what it loads is current and may
-// go into the cache.
+// go into the cache; a cached conversation that another process committed
+// to since is stale, and is loaded again (fresh).
 func (cs *conversations) get(ctx context.Context, k convKey) (*conversation, error) {
-	c, err := cs.peek(ctx, k)
-	if err == nil && len(c.messages) > 0 {
+	cached, ok := cs.cache.Get(k)
+	if ok {
+		fresh, err := cs.fresh(ctx, k, cached)
+		if err != nil || fresh {
+			return cached, err
+		}
+	}
+	c, err := cs.load(ctx, k)
+	// A stale entry is replaced, not removed: a removal counts as an
+	// eviction (lost-on-evict would delete the conversation).
+	if err == nil && (ok || len(c.messages) > 0) {
 		cs.cache.Add(k, c)
 	}
 	return c, err
+}
+
+// fresh reports whether the cached c is still k as committed: with verify,
+// whether the store holds as many messages for k as when c was cached.
+// Every commit adds messages, and a commit under k's lock starts from the
+// state the lock's previous holder left, so an equal count is the same
+// history.
+func (cs *conversations) fresh(ctx context.Context, k convKey, c *conversation) (bool, error) {
+	if !cs.verify {
+		return true, nil
+	}
+	n, err := cs.store.length(ctx, k)
+	return n == c.stored, err
 }
 
 // peek returns the committed conversation k, as get does, without k's lock
@@ -178,6 +209,11 @@ func (cs *conversations) peek(ctx context.Context, k convKey) (*conversation, er
 	if c, ok := cs.cache.Get(k); ok {
 		return c, nil
 	}
+	return cs.load(ctx, k)
+}
+
+// load reads conversation k as committed, past the cache.
+func (cs *conversations) load(ctx context.Context, k convKey) (*conversation, error) {
 	if cs.behind != nil {
 		return cs.behind.load(ctx, k)
 	}
@@ -196,6 +232,7 @@ func (cs *conversations) commit(k convKey, committedLen int, hid []int, next *co
 	if cs.cacheCopies {
 		next = next.clone()
 	}
+	next.stored = len(next.messages)
 	ch := change{seq: committedLen, msgs: snapshot(next.messages[committedLen:]), hide: slices.Clone(hid), source: next.source}
 	if !overwrite {
 		if cs.behind != nil {

@@ -4,9 +4,9 @@
 // other client protocols of such servers: the Responses API, stateful
 // (responses.go), and a sessions API (sessions.go). It runs every turn on
 // a working copy of the conversation and commits only a turn that ended
-// ok, durably, in SQLite under a bounded cache. It also carries the
-// catalogue of mutants: switches that bring back the real bugs the harness
-// exists to catch.
+// ok, durably, in SQLite or PostgreSQL (Config.Store) under a bounded
+// cache. It also carries the catalogue of mutants: switches that bring
+// back the real bugs the harness exists to catch.
 //
 // A turn is a tool loop (toolloop.go): the server offers the model two
 // built-in tools, echo and lookup (tools.go), runs the calls the model asks
@@ -92,8 +92,19 @@ type Config struct {
 	// ModelURL is the model provider's OpenAI-compatible base URL; the
 	// server calls {ModelURL}/chat/completions. Required.
 	ModelURL string
-	// DataDir holds the durable store. Required.
+	// DataDir holds the durable store, a SQLite database. Required when
+	// Store is "".
 	DataDir string
+	// Store, if not "", is the URL of a PostgreSQL database
+	// (postgres://user:password@host:port/db?sslmode=..., or
+	// postgresql://) that holds the durable store in place of DataDir.
+	// Servers on one database are replicas of one server: a turn
+	// committed on one is seen by every other's next turn, turns on one
+	// conversation run one after another across all of them (a
+	// PostgreSQL advisory lock, waited for under Serialize for at most
+	// RequestTimeout, tried under Reject), and a commit is durable when
+	// acknowledged.
+	Store string
 	// ConversationsMax bounds the in-memory conversation cache.
 	ConversationsMax int
 	// RequestTimeout bounds each model call of a turn; past it the turn
@@ -244,13 +255,17 @@ type Server struct {
 	closeErr error
 }
 
-// New opens the store in cfg.DataDir and returns a server ready to serve.
+// New opens the store (cfg.Store, or cfg.DataDir) and returns a server
+// ready to serve.
 func New(cfg Config) (*Server, error) {
 	modelURL, err := parseModelURL(cfg.ModelURL)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.DataDir == "" {
+	if cfg.Store != "" && !isPostgresURL(cfg.Store) {
+		return nil, errors.New("store: want a postgres:// or postgresql:// URL, or none for SQLite in the data dir")
+	}
+	if cfg.Store == "" && cfg.DataDir == "" {
 		return nil, errors.New("a data dir is required")
 	}
 	if cfg.ConversationsMax == 0 {
@@ -309,7 +324,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := openStore(cfg.DataDir)
+	st, err := cfg.openStore()
 	if err != nil {
 		return nil, err
 	}
@@ -342,7 +357,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:          cfg,
 		store:        st,
 		convs:        convs,
-		locks:        convLocks{gauge: cfg.Gauge},
+		locks:        convLocks{gauge: cfg.Gauge, shared: st.shared},
 		up:           up,
 		tools:        newToolbox(modelURL, up.client, cfg.Deadlines, cfg.RequestTimeout),
 		log:          log,
@@ -351,6 +366,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.slots.max = int64(cfg.MaxRequests)
 	return s, nil
+}
+
+// openStore opens the store cfg names: PostgreSQL at Store, or SQLite in
+// DataDir.
+func (cfg *Config) openStore() (*store, error) {
+	if cfg.Store != "" {
+		return openPostgres(cfg.Store)
+	}
+	return openStore(cfg.DataDir)
 }
 
 // setLimits fills in the defaults of the limits and timeouts left zero,

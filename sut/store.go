@@ -17,46 +17,24 @@ import (
 )
 
 // store is the durable home of every committed conversation: SQLite in WAL
-// mode with synchronous=FULL, so a commit that returned survives a crash.
+// mode with synchronous=FULL, or PostgreSQL with synchronous_commit on
+// (pgstore.go), so a commit that returned survives a crash.
 type store struct {
 	db *sql.DB
+	// d is the SQL dialect of db.
+	d dialect
 	// secret keys the scopes of API keys (scope.go).
 	secret []byte
+	// shared, for PostgreSQL alone, takes the conversation locks that
+	// hold across every process on the database; nil for SQLite, whose
+	// store one process alone opens.
+	shared *advisoryLocks
 }
 
-const schema = `
-CREATE TABLE IF NOT EXISTS messages (
-	scope        TEXT    NOT NULL,
-	conversation TEXT    NOT NULL,
-	seq          INTEGER NOT NULL,
-	role         TEXT    NOT NULL,
-	content      TEXT    NOT NULL,
-	tool_calls   TEXT    NOT NULL DEFAULT '',
-	tool_call_id TEXT    NOT NULL DEFAULT '',
-	hidden       INTEGER NOT NULL DEFAULT 0,
-	PRIMARY KEY (scope, conversation, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS sources (
-	scope        TEXT NOT NULL,
-	conversation TEXT NOT NULL,
-	source       TEXT NOT NULL,
-	PRIMARY KEY (scope, conversation)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS sessions (
-	scope        TEXT NOT NULL,
-	conversation TEXT NOT NULL,
-	PRIMARY KEY (scope, conversation)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS meta (
-	name  TEXT NOT NULL PRIMARY KEY,
-	value BLOB NOT NULL
-) WITHOUT ROWID;
-`
-
-// A message's tool_calls are the JSON array of the tool calls an assistant
-// message asks for ('' for none), its tool_call_id the call a tool result
-// answers ('' for none), and hidden is 1 once compaction took it out of
-// what the model is sent. A data dir from before them gets them with those
+// The tables are dialect.schema's. A message's tool_calls are the JSON
+// array of the tool calls an assistant message asks for ('' for none),
+// its tool_call_id the call a tool result answers ('' for none), and
+// hidden is 1 once compaction took it out of what the model is sent. A data dir from before them gets them with those
 // defaults (migrate): its messages are what they were.
 //
 // The sources table records the agent source key a conversation was started
@@ -99,20 +77,45 @@ func openStore(dir string) (*store, error) {
 	// One connection: SQLite has one writer anyway, and a single connection
 	// keeps the pragmas above in force for every statement.
 	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+	return initStore(db, sqliteDialect, path)
+}
+
+// initStore makes db the store: its schema created and migrated, its
+// secret loaded. It closes db if it fails; where names the store in
+// errors.
+func initStore(db *sql.DB, d dialect, where string) (*store, error) {
+	s := &store{db: db, d: d}
+	err := s.prepareSchema()
+	if err == nil {
+		s.secret, err = s.loadSecret()
 	}
-	if err := migrate(db); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("open store %s: %w", path, err)
-	}
-	secret, err := loadSecret(db)
 	if err != nil {
 		_ = db.Close()
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+		return nil, fmt.Errorf("open store %s: %w", where, err)
 	}
-	return &store{db: db, secret: secret}, nil
+	return s, nil
+}
+
+// prepareSchema creates the tables a store lacks and migrates those from
+// before, in one transaction: a store is never found half made.
+func (s *store) prepareSchema() error {
+	tx, err := s.db.Begin()
+	if err != nil {
+		return err
+	}
+	stmts := s.d.schema()
+	if s.d.lockSchema != "" {
+		stmts = append([]string{s.d.lockSchema}, stmts...)
+	}
+	for _, stmt := range stmts {
+		if _, err := tx.Exec(stmt); err != nil {
+			return errors.Join(err, tx.Rollback())
+		}
+	}
+	if err := s.migrate(tx); err != nil {
+		return errors.Join(err, tx.Rollback())
+	}
+	return tx.Commit()
 }
 
 // addedColumns are the columns of the messages table that came after its
@@ -125,10 +128,9 @@ var addedColumns = []struct{ name, decl string }{
 }
 
 // migrate adds to the messages table of a data dir from before them the
-// columns it lacks, in one transaction: a store is never found half
-// migrated.
-func migrate(db *sql.DB) error {
-	rows, err := db.Query(`SELECT name FROM pragma_table_info('messages')`)
+// columns it lacks, in tx.
+func (s *store) migrate(tx *sql.Tx) error {
+	rows, err := tx.Query(s.d.columns)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
@@ -144,20 +146,13 @@ func migrate(db *sql.DB) error {
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	tx, err := db.Begin()
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
 	for _, c := range addedColumns {
 		if have[c.name] {
 			continue
 		}
 		if _, err := tx.Exec(`ALTER TABLE messages ADD COLUMN ` + c.name + ` ` + c.decl); err != nil {
-			return errors.Join(fmt.Errorf("migrate: add column %s: %w", c.name, err), tx.Rollback())
+			return fmt.Errorf("migrate: add column %s: %w", c.name, err)
 		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("migrate: %w", err)
 	}
 	return nil
 }
@@ -190,14 +185,15 @@ func makePrivate(path string) error {
 }
 
 // loadSecret returns the store's scope secret, making it if the store has
-// none (a new store, or one from before the secret).
-func loadSecret(db *sql.DB) ([]byte, error) {
-	// INSERT OR IGNORE: a secret once made is never replaced.
-	if _, err := db.Exec(`INSERT OR IGNORE INTO meta (name, value) VALUES ('scope_secret', ?)`, rand.Text()); err != nil {
+// none (a new store, or one from before the secret). Replicas on one
+// database all read the one that the first of them made.
+func (s *store) loadSecret() ([]byte, error) {
+	// Ignored on conflict: a secret once made is never replaced.
+	if _, err := s.db.Exec(s.d.insert(conflictIgnored, "meta", 1, "name", "value"), "scope_secret", []byte(rand.Text())); err != nil {
 		return nil, fmt.Errorf("scope secret: %w", err)
 	}
 	var secret []byte
-	if err := db.QueryRow(`SELECT value FROM meta WHERE name = 'scope_secret'`).Scan(&secret); err != nil {
+	if err := s.db.QueryRow(`SELECT value FROM meta WHERE name = 'scope_secret'`).Scan(&secret); err != nil {
 		return nil, fmt.Errorf("scope secret: %w", err)
 	}
 	return secret, nil
@@ -215,7 +211,7 @@ func (s *store) rescope(moves map[string]string) error {
 	}
 	for old, next := range moves {
 		for _, table := range []string{"messages", "sources", "sessions"} {
-			if _, err := tx.Exec(`UPDATE `+table+` SET scope = ? WHERE scope = ?`, next, old); err != nil {
+			if _, err := tx.Exec(s.d.q(`UPDATE `+table+` SET scope = ? WHERE scope = ?`), next, old); err != nil {
 				return errors.Join(fmt.Errorf("rescope: %w", err), tx.Rollback())
 			}
 		}
@@ -234,16 +230,16 @@ func (s *store) load(ctx context.Context, k convKey) (*conversation, error) {
 		return nil, err
 	}
 	var source string
-	err = s.db.QueryRowContext(ctx, `SELECT source FROM sources WHERE scope = ? AND conversation = ?`, k.scope, k.id).Scan(&source)
+	err = s.db.QueryRowContext(ctx, s.d.q(`SELECT source FROM sources WHERE scope = ? AND conversation = ?`), k.scope, k.id).Scan(&source)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("load conversation: %w", err)
 	}
-	return &conversation{messages: msgs, source: source}, nil
+	return &conversation{messages: msgs, source: source, stored: len(msgs)}, nil
 }
 
 func (s *store) loadMessages(ctx context.Context, k convKey) ([]*message, error) {
 	rows, err := s.db.QueryContext(ctx,
-		`SELECT role, content, tool_calls, tool_call_id, hidden FROM messages WHERE scope = ? AND conversation = ? ORDER BY seq`,
+		s.d.q(`SELECT role, content, tool_calls, tool_call_id, hidden FROM messages WHERE scope = ? AND conversation = ? ORDER BY seq`),
 		k.scope, k.id)
 	if err != nil {
 		return nil, fmt.Errorf("load conversation: %w", err)
@@ -275,20 +271,23 @@ func (s *store) loadMessages(ctx context.Context, k convKey) ([]*message, error)
 // and it has one. A conflicting seq means the conversation moved on under
 // us, which per-conversation serialization rules out; it fails the commit.
 func (s *store) appendMessages(k convKey, ch change) error {
-	return s.writeMessages(`INSERT`, k, ch)
+	return s.writeMessages(conflictFails, k, ch)
 }
 
 // overwriteMessages commits ch, its messages replacing any already at
 // their places: the store of the mutants whose turns on one conversation
 // run at once from the same base, where the later commit wins.
 func (s *store) overwriteMessages(k convKey, ch change) error {
-	return s.writeMessages(`INSERT OR REPLACE`, k, ch)
+	return s.writeMessages(conflictReplaces, k, ch)
 }
 
-// writeMessages writes ch with the given insert verb, in one transaction:
+// writeMessages writes ch, doing what conflict says with a taken place, in
+// one transaction:
 // a conversation is never found with its messages and without its source,
 // nor with a turn's messages and without the marks that turn set.
-func (s *store) writeMessages(insert string, k convKey, ch change) error {
+func (s *store) writeMessages(conflict onConflict, k convKey, ch change) error {
+	insertMessage := s.d.insert(conflict, "messages", 3,
+		"scope", "conversation", "seq", "role", "content", "tool_calls", "tool_call_id", "hidden")
 	// The commit is not tied to the request's context: once a turn is
 	// decided, a client that goes away must not leave it half-written.
 	tx, err := s.db.Begin()
@@ -304,20 +303,19 @@ func (s *store) writeMessages(insert string, k convKey, ch change) error {
 			}
 			calls = string(b)
 		}
-		if _, err := tx.Exec(insert+` INTO messages (scope, conversation, seq, role, content, tool_calls, tool_call_id, hidden)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			k.scope, k.id, ch.seq+i, m.Role, string(m.Content), calls, m.ToolCallID, m.hidden); err != nil {
+		if _, err := tx.Exec(insertMessage,
+			k.scope, k.id, ch.seq+i, m.Role, s.d.textArg(string(m.Content)), s.d.textArg(calls), s.d.textArg(m.ToolCallID), flag(m.hidden)); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
 	for _, seq := range ch.hide {
-		if _, err := tx.Exec(`UPDATE messages SET hidden = 1 WHERE scope = ? AND conversation = ? AND seq = ?`,
+		if _, err := tx.Exec(s.d.q(`UPDATE messages SET hidden = 1 WHERE scope = ? AND conversation = ? AND seq = ?`),
 			k.scope, k.id, seq); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
 	if ch.seq == 0 && ch.source != "" {
-		if _, err := tx.Exec(insert+` INTO sources (scope, conversation, source) VALUES (?, ?, ?)`,
+		if _, err := tx.Exec(s.d.insert(conflict, "sources", 2, "scope", "conversation", "source"),
 			k.scope, k.id, ch.source); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
@@ -336,7 +334,7 @@ func (s *store) forget(k convKey) error {
 		return fmt.Errorf("forget: %w", err)
 	}
 	for _, table := range []string{"messages", "sources"} {
-		if _, err := tx.Exec(`DELETE FROM `+table+` WHERE scope = ? AND conversation = ?`, k.scope, k.id); err != nil {
+		if _, err := tx.Exec(s.d.q(`DELETE FROM `+table+` WHERE scope = ? AND conversation = ?`), k.scope, k.id); err != nil {
 			return errors.Join(fmt.Errorf("forget: %w", err), tx.Rollback())
 		}
 	}
@@ -349,7 +347,7 @@ func (s *store) forget(k convKey) error {
 // createSession records session k, durably: it exists from now on,
 // with no message yet.
 func (s *store) createSession(k convKey) error {
-	if _, err := s.db.Exec(`INSERT INTO sessions (scope, conversation) VALUES (?, ?)`, k.scope, k.id); err != nil {
+	if _, err := s.db.Exec(s.d.insert(conflictFails, "sessions", 2, "scope", "conversation"), k.scope, k.id); err != nil {
 		return fmt.Errorf("create session: %w", err)
 	}
 	return nil
@@ -358,7 +356,7 @@ func (s *store) createSession(k convKey) error {
 // sessionExists reports whether session k was created.
 func (s *store) sessionExists(ctx context.Context, k convKey) (bool, error) {
 	var one int
-	err := s.db.QueryRowContext(ctx, `SELECT 1 FROM sessions WHERE scope = ? AND conversation = ?`, k.scope, k.id).Scan(&one)
+	err := s.db.QueryRowContext(ctx, s.d.q(`SELECT 1 FROM sessions WHERE scope = ? AND conversation = ?`), k.scope, k.id).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
@@ -373,7 +371,7 @@ func (s *store) sessionExists(ctx context.Context, k convKey) (bool, error) {
 // so.
 func (s *store) scopeOf(ctx context.Context, id string) (string, bool, error) {
 	var scope string
-	err := s.db.QueryRowContext(ctx, `SELECT scope FROM messages WHERE conversation = ? LIMIT 1`, id).Scan(&scope)
+	err := s.db.QueryRowContext(ctx, s.d.q(`SELECT scope FROM messages WHERE conversation = ? LIMIT 1`), id).Scan(&scope)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", false, nil
 	}
@@ -381,6 +379,27 @@ func (s *store) scopeOf(ctx context.Context, id string) (string, bool, error) {
 		return "", false, fmt.Errorf("find conversation: %w", err)
 	}
 	return scope, true, nil
+}
+
+// length returns how many messages conversation k has in the store: its
+// version there, as every commit adds at least one (the turn's user
+// message) and only a commit adds any.
+func (s *store) length(ctx context.Context, k convKey) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, s.d.q(`SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE scope = ? AND conversation = ?`),
+		k.scope, k.id).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("load conversation: %w", err)
+	}
+	return n, nil
+}
+
+// flag is b as the store keeps it: 1 or 0.
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (s *store) close() error { return s.db.Close() }

@@ -63,6 +63,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"serve", "--data-dir", t.TempDir()},
 		{"serve", "--model-url", "ftp://x", "--data-dir", t.TempDir()},
 		{"serve", "--model-url", "http://127.0.0.1:1/v1", "--data-dir", t.TempDir(), "--listen", "nonsense"},
+		{"serve", "--model-url", "http://127.0.0.1:1/v1", "--data-dir", t.TempDir(), "--store", "postgres://127.0.0.1:1/db"},
+		{"serve", "--model-url", "http://127.0.0.1:1/v1", "--store", "mysql://127.0.0.1:1/db", "--listen", "127.0.0.1:0"},
 		{"model", "--listen", "nonsense"},
 	} {
 		code, _, stderr := runCLI(t, args...)

@@ -18,7 +18,7 @@ import (
 	"github.com/turncheck/turncheck/sut"
 )
 
-const serveHelp = `Usage: turncheck serve --model-url URL --data-dir DIR [flags]
+const serveHelp = `Usage: turncheck serve --model-url URL (--data-dir DIR | --store URL) [flags]
 
 Runs the reference session server: POST /v1/chat/completions, with the
 conversation named by the X-Conversation-Id header kept server-side in a
@@ -33,6 +33,15 @@ rest are dropped and rolled back, whatever --interruption says: each
 client is answered 503 with a JSON error and Retry-After (on a stream
 that had begun, an error chunk and [DONE]), and the log says the server
 dropped the turn.
+
+--store postgres://USER:PASSWORD@HOST:PORT/DB keeps the store in that
+PostgreSQL database instead (no --data-dir needed). Servers started on
+one database are replicas of one server, behind any load balancer: a turn
+committed on one is seen by the next turn on any other, turns on one
+conversation run one after another across all of them (--concurrency
+holds across replicas), and a turn is acknowledged once PostgreSQL has it
+durably. The password may also come from PGPASSWORD or ~/.pgpass, as for
+psql, so that it does not show in ps.
 
 Keys: --key (repeatable), --key-file PATH (one key per line; blank lines
 and lines starting with # are skipped) and TURNCHECK_KEYS (comma-separated)
@@ -191,7 +200,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := newFlags("serve", serveHelp, stdout, stderr)
 	listen := fs.String("listen", "127.0.0.1:8080", "address to listen on (loopback by default)")
 	modelURL := fs.String("model-url", "", "the model provider's OpenAI-compatible base URL (required)")
-	dataDir := fs.String("data-dir", "", "directory of the durable store (required)")
+	dataDir := fs.String("data-dir", "", "directory of the durable store, a SQLite database (required without --store)")
+	storeURL := fs.String("store", "", "postgres:// URL of a PostgreSQL database to keep the store in, shared by replicas (instead of --data-dir)")
 	mutant := fs.String("mutant", "", "switch on a mutant (see 'turncheck mutants')")
 	convMax := fs.Int("conversations-max", sut.DefaultConversationsMax, "conversations kept in the in-memory cache")
 	timeout := fs.Duration("request-timeout", sut.DefaultRequestTimeout, "deadline of each model call, and of each wait for a busy conversation under serialize")
@@ -222,8 +232,10 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	switch {
 	case *modelURL == "":
 		return fail(stderr, "serve", errors.New("--model-url is required"))
-	case *dataDir == "":
-		return fail(stderr, "serve", errors.New("--data-dir is required"))
+	case *dataDir == "" && *storeURL == "":
+		return fail(stderr, "serve", errors.New("--data-dir is required (or --store postgres://...)"))
+	case *dataDir != "" && *storeURL != "":
+		return fail(stderr, "serve", errors.New("--data-dir and --store name two stores: give one"))
 	case *convMax <= 0:
 		return fail(stderr, "serve", errors.New("--conversations-max must be positive"))
 	case *timeout <= 0:
@@ -262,6 +274,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	run, err := sut.Start(sut.Config{
 		ModelURL:           *modelURL,
 		DataDir:            *dataDir,
+		Store:              *storeURL,
 		ConversationsMax:   *convMax,
 		RequestTimeout:     *timeout,
 		ConversationHeader: *header,
