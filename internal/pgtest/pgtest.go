@@ -12,23 +12,16 @@
 package pgtest
 
 import (
-	"database/sql"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
-
-	"github.com/turncheck/turncheck/internal/syncbuf"
+	"github.com/turncheck/turncheck/internal/pgserver"
 )
 
 // Bounds on the server's start and stop: a server that does not come up
@@ -41,9 +34,9 @@ const (
 // The test binary's server, started by the first Start.
 var (
 	mu      sync.Mutex
-	wrapped bool    // Main runs the tests
-	srv     *server // nil until started
-	schemas int     // schemas made so far, to name the next
+	wrapped bool             // Main runs the tests
+	srv     *pgserver.Server // nil until started
+	schemas int              // schemas made so far, to name the next
 )
 
 // database is the database the tests' schemas are made in.
@@ -66,7 +59,7 @@ func (r mainRunner) Run() int {
 	if srv == nil {
 		return code
 	}
-	if err := srv.stop(); err != nil {
+	if err := srv.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
 		return 1
 	}
@@ -90,177 +83,22 @@ func Start(t testing.TB) (url string) {
 		t.Fatal("pgtest: wrap TestMain's m with pgtest.Main, which stops the server")
 	}
 	if srv == nil {
-		bin, err := findBin()
-		if err != nil {
-			t.Skipf("pgtest: no PostgreSQL here (%v): install it (Debian: apt-get install postgresql)", err)
-		}
-		attr, err := procAttr()
-		if err != nil {
-			t.Skipf("pgtest: cannot run PostgreSQL here: %v", err)
-		}
 		began := time.Now()
-		if srv, err = startServer(bin, attr); err != nil {
+		var err error
+		if srv, err = pgserver.Start(); errors.Is(err, pgserver.ErrNotInstalled) {
+			t.Skipf("pgtest: %v", err)
+		} else if err != nil {
 			t.Fatalf("pgtest: %v", err)
 		}
-		t.Logf("pgtest: PostgreSQL %s up in %s", srv.dir, time.Since(began).Round(time.Millisecond))
+		if err := srv.Exec("postgres", "CREATE DATABASE "+database); err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+		t.Logf("pgtest: PostgreSQL %s up in %s", srv.Dir(), time.Since(began).Round(time.Millisecond))
 	}
 	schemas++
 	name := "test" + strconv.Itoa(schemas)
-	if err := srv.exec(database, "CREATE SCHEMA "+name); err != nil {
+	if err := srv.Exec(database, "CREATE SCHEMA "+name); err != nil {
 		t.Fatalf("pgtest: create schema: %v", err)
 	}
-	return srv.url(database) + "&search_path=" + name
-}
-
-// findBin returns the directory holding initdb and postgres: the one on
-// PATH, else Debian's newest /usr/lib/postgresql/*/bin.
-func findBin() (string, error) {
-	var dirs []string
-	if p, err := exec.LookPath("initdb"); err == nil {
-		dirs = append(dirs, filepath.Dir(p))
-	}
-	versions, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	slices.SortFunc(versions, func(a, b string) int { return version(b) - version(a) })
-	for _, d := range append(dirs, versions...) {
-		if isFile(filepath.Join(d, "initdb")) && isFile(filepath.Join(d, "postgres")) {
-			return d, nil
-		}
-	}
-	return "", errors.New("no initdb and postgres on PATH or in /usr/lib/postgresql/*/bin")
-}
-
-// version is the major version of a /usr/lib/postgresql/N/bin, or 0.
-func version(bin string) int {
-	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(bin)))
-	return n
-}
-
-func isFile(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && !fi.IsDir()
-}
-
-// server is a running PostgreSQL: its process, its directory and its port.
-type server struct {
-	dir    string // removed on stop; data/ in it is the cluster and its socket
-	port   int
-	cmd    *exec.Cmd
-	exited chan struct{} // closed when the process has been waited for
-	log    *syncbuf.Buffer
-}
-
-// startServer makes a cluster in a new directory and starts PostgreSQL on
-// it, returning once it accepts connections.
-func startServer(bin string, attr *syscall.SysProcAttr) (*server, error) {
-	// A directory of its own, traversable by the server's user when that
-	// is not ours (root runs it as another).
-	dir, err := os.MkdirTemp("", "pgtest-*")
-	if err != nil {
-		return nil, err
-	}
-	s := &server{dir: dir, log: &syncbuf.Buffer{}}
-	if err := s.start(bin, attr); err != nil {
-		return nil, errors.Join(err, s.stop())
-	}
-	return s, nil
-}
-
-func (s *server) start(bin string, attr *syscall.SysProcAttr) error {
-	data := filepath.Join(s.dir, "data")
-	if err := prepareDirs(s.dir, data, attr); err != nil {
-		return err
-	}
-	initdb := s.command(attr, filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "--auth=trust",
-		"-E", "UTF8", "--locale=C", "--no-sync")
-	if err := initdb.Run(); err != nil {
-		return fmt.Errorf("initdb: %w\n%s", err, s.log)
-	}
-	var err error
-	if s.port, err = freePort(); err != nil {
-		return err
-	}
-	s.cmd = s.command(attr, filepath.Join(bin, "postgres"), "-D", data,
-		"-c", "listen_addresses=127.0.0.1", "-k", data, "-p", strconv.Itoa(s.port))
-	if err := s.cmd.Start(); err != nil {
-		return fmt.Errorf("postgres: %w", err)
-	}
-	s.exited = make(chan struct{})
-	go func() { _ = s.cmd.Wait(); close(s.exited) }()
-	if err := s.awaitReady(); err != nil {
-		return err
-	}
-	return s.exec("postgres", "CREATE DATABASE "+database)
-}
-
-// command returns a command run with attr in the server's directory, its
-// output going to the server's log.
-func (s *server) command(attr *syscall.SysProcAttr, name string, args ...string) *exec.Cmd {
-	cmd := exec.Command(name, args...)
-	cmd.Dir = s.dir
-	cmd.Stdout, cmd.Stderr = s.log, s.log
-	cmd.SysProcAttr = attr
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	return cmd
-}
-
-// awaitReady waits, at most readyTimeout, for the server to take
-// connections.
-func (s *server) awaitReady() error {
-	deadline := time.Now().Add(readyTimeout)
-	for {
-		err := s.exec("postgres", "SELECT 1")
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-s.exited:
-			return fmt.Errorf("postgres exited at start:\n%s", s.log)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("postgres not ready within %s: %v\n%s", readyTimeout, err, s.log)
-		}
-	}
-}
-
-// url is the URL of database name, as the superuser, over TCP.
-func (s *server) url(name string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, name)
-}
-
-// exec runs one statement in database name, on a connection of its own.
-func (s *server) exec(name, stmt string) error {
-	db, err := sql.Open("pgx", s.url(name)+"&connect_timeout=5")
-	if err != nil {
-		return err
-	}
-	_, err = db.Exec(stmt)
-	return errors.Join(err, db.Close())
-}
-
-// stop ends the server with a fast shutdown (SIGINT), or SIGKILL if it
-// is not down within stopTimeout, and removes its directory.
-func (s *server) stop() error {
-	var err error
-	if s.exited != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-s.exited:
-		case <-time.After(stopTimeout):
-			err = fmt.Errorf("postgres not down within %s: killed", stopTimeout)
-			_ = s.cmd.Process.Kill()
-			<-s.exited
-		}
-	}
-	return errors.Join(err, os.RemoveAll(s.dir))
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	return port, ln.Close()
+	return srv.URL(database) + "&search_path=" + name
 }
