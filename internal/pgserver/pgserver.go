@@ -33,14 +33,24 @@ const (
 // ErrNotInstalled says that no PostgreSQL is installed here.
 var ErrNotInstalled = errors.New("no PostgreSQL here: install it (Debian: apt-get install postgresql)")
 
+// Installed returns nil where PostgreSQL can be run, and an error wrapping
+// ErrNotInstalled where it is not installed.
+func Installed() error {
+	if _, err := findBin(); err != nil {
+		return fmt.Errorf("%w (%v)", ErrNotInstalled, err)
+	}
+	_, err := procAttr()
+	return err
+}
+
 // Start makes a cluster in a new temporary directory and starts PostgreSQL
 // on it, returning once it accepts connections. Its error wraps
 // ErrNotInstalled where there is no PostgreSQL to run.
 func Start() (*Server, error) {
-	bin, err := findBin()
-	if err != nil {
-		return nil, fmt.Errorf("%w (%v)", ErrNotInstalled, err)
+	if err := Installed(); err != nil {
+		return nil, err
 	}
+	bin, _ := findBin()
 	attr, err := procAttr()
 	if err != nil {
 		return nil, fmt.Errorf("cannot run PostgreSQL here: %w", err)

@@ -90,6 +90,7 @@ type serverSection struct {
 	FreshPerCheck bool              `yaml:"fresh_per_check"`
 	Parallel      int               `yaml:"parallel"`
 	Replicas      int               `yaml:"replicas"`
+	Store         string            `yaml:"store"`
 }
 
 type readySection struct {
@@ -128,6 +129,30 @@ func (f *profileFile) protocol(p *Profile) error {
 	}
 	if f.Sessions != nil {
 		return fmt.Errorf("sessions: describes a session API, but the protocol is %s", p.Protocol)
+	}
+	return nil
+}
+
+// checkStore says what is wrong with server.store, nil if nothing.
+func (s *serverSection) checkStore() error {
+	uses := slicesContainsAny(s.Command, "{store_url}") || hasPlaceholder(s.Env, "{store_url}") || hasPlaceholder(s.Files, "{store_url}")
+	switch {
+	case s.Store == "":
+		if uses {
+			return errors.New("{store_url} in the server's command, env or files, and no store: say store: postgres, or the store's postgres:// URL")
+		}
+		return nil
+	case !uses:
+		return errors.New("no {store_url} in the command, env or files: the server must be told where its store is")
+	case s.Store == "postgres":
+		return nil
+	}
+	u, err := url.Parse(s.Store)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return fmt.Errorf("%q: want postgres (a PostgreSQL the harness starts for the server) or a postgres:// URL", s.Store)
+	}
+	if !isLoopbackHost(u.Hostname()) {
+		return fmt.Errorf("%q: turncheck talks to this machine only (127.0.0.1, ::1, localhost)", s.Store)
 	}
 	return nil
 }
@@ -331,6 +356,9 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 			return nil, fmt.Errorf("model_addr: %w", err)
 		}
 	}
+	if err := s.checkStore(); err != nil {
+		return nil, fmt.Errorf("server.store: %w", err)
+	}
 	env := make([]string, 0, len(s.Env))
 	for k, v := range s.Env {
 		if k == "" || strings.Contains(k, "=") {
@@ -350,6 +378,7 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 		FreshPerCheck: s.FreshPerCheck,
 		MaxParallel:   s.Parallel,
 		Replicas:      s.Replicas,
+		Store:         s.Store,
 		ModelAt:       modelAddr,
 		Reaches:       p,
 	}, nil

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/internal/pgserver"
 )
 
 // Subprocess is a Target whose server is a process started from a command
@@ -59,6 +60,12 @@ type Subprocess struct {
 	// port of its own and "{replica}" (0, 1, ...) replaced in Command, Env
 	// and Files: a request goes to the replica its plan names.
 	Replicas int
+	// Store, if set, is where the server keeps its store, given to it as
+	// "{store_url}" in Command, Env and Files: "postgres" starts a fresh
+	// PostgreSQL on loopback for each server (its data in a temporary
+	// directory, stopped with the server), a postgres:// URL names a
+	// database someone else runs.
+	Store string
 	// ModelAt, if set, is the loopback host:port the fake model listens
 	// on; "" picks a free port.
 	ModelAt string
@@ -94,16 +101,20 @@ func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, 
 	if s.Agent != "" {
 		refs = SourceRefs(modelURL, s.Agent, []string{FirstSource})
 	}
-	if s.Replicas <= 1 {
-		p, err := s.startReplica(ctx, modelURL, dir, refs, "")
-		if err != nil {
-			return nil, errors.Join(err, os.RemoveAll(dir))
-		}
-		return &subprocessServer{p: p, dir: dir}, nil
+	st, err := s.openStore()
+	if err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
-	r := &replicas{dir: dir}
+	if s.Replicas <= 1 {
+		p, err := s.startReplica(ctx, modelURL, dir, refs, "", st.url)
+		if err != nil {
+			return nil, errors.Join(err, st.stop(), os.RemoveAll(dir))
+		}
+		return &subprocessServer{p: p, dir: dir, store: st}, nil
+	}
+	r := &replicas{dir: dir, store: st}
 	for i := range s.Replicas {
-		p, err := s.startReplica(ctx, modelURL, dir, refs, strconv.Itoa(i))
+		p, err := s.startReplica(ctx, modelURL, dir, refs, strconv.Itoa(i), st.url)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
 		}
@@ -112,10 +123,42 @@ func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, 
 	return r, nil
 }
 
+// store is the store a server of s keeps its data in, beside its data dir.
+type store struct {
+	url string
+	// pg is the PostgreSQL the harness started for it, if it did.
+	pg *pgserver.Server
+}
+
+// stop stops the PostgreSQL the harness started, if any.
+func (st store) stop() error {
+	if st.pg == nil {
+		return nil
+	}
+	return st.pg.Stop()
+}
+
+// openStore is the store s.Store names: a PostgreSQL started now for
+// "postgres".
+func (s Subprocess) openStore() (store, error) {
+	if s.Store != "postgres" {
+		return store{url: s.Store}, nil
+	}
+	pg, err := pgserver.Start()
+	if err != nil {
+		return store{}, fmt.Errorf("store: postgres: %w", err)
+	}
+	url, err := pg.CreateDatabase("turncheck")
+	if err != nil {
+		return store{}, errors.Join(fmt.Errorf("store: postgres: %w", err), pg.Stop())
+	}
+	return store{url: url, pg: pg}, nil
+}
+
 // startReplica starts one process of s on dir, "{replica}" standing for
-// replica ("" for a server of one process).
-func (s Subprocess) startReplica(ctx context.Context, modelURL, dir string, refs []string, replica string) (*faults.Process, error) {
-	repl := strings.NewReplacer("{replica}", replica)
+// replica ("" for a server of one process) and "{store_url}" for storeURL.
+func (s Subprocess) startReplica(ctx context.Context, modelURL, dir string, refs []string, replica, storeURL string) (*faults.Process, error) {
+	repl := strings.NewReplacer("{replica}", replica, "{store_url}", storeURL)
 	expand := func(in []string) []string {
 		out := make([]string, len(in))
 		for i, a := range in {
@@ -136,8 +179,9 @@ func (s Subprocess) startReplica(ctx context.Context, modelURL, dir string, refs
 }
 
 type subprocessServer struct {
-	p   *faults.Process
-	dir string
+	p     *faults.Process
+	dir   string
+	store store
 }
 
 func (s *subprocessServer) URL() string { return s.p.URL() }
@@ -181,9 +225,10 @@ func (s *subprocessServer) RestartContext(ctx context.Context, crash bool, agent
 	return s.p.RestartContext(ctx)
 }
 
-// Close stops the process gracefully (then kills it) and removes its data.
+// Close stops the process gracefully (then kills it) and removes its data
+// and the store the harness started for it.
 func (s *subprocessServer) Close() error {
-	return errors.Join(s.p.Stop(), os.RemoveAll(s.dir))
+	return errors.Join(s.p.Stop(), s.store.stop(), os.RemoveAll(s.dir))
 }
 
 // lastLines is the last n lines of out.
@@ -199,6 +244,7 @@ func lastLines(out string, n int) string {
 type replicas struct {
 	procs []*faults.Process
 	dir   string
+	store store
 }
 
 // URL is the first replica's.
@@ -284,5 +330,5 @@ func (r *replicas) Close() error {
 	for _, p := range r.procs {
 		errs = append(errs, p.Stop())
 	}
-	return errors.Join(append(errs, os.RemoveAll(r.dir))...)
+	return errors.Join(append(errs, r.store.stop(), os.RemoveAll(r.dir))...)
 }

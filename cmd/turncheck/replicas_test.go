@@ -1,0 +1,56 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/internal/pgserver"
+)
+
+// TestConformReplicasOverPostgres: the reference server, run as three
+// replicas over one PostgreSQL the harness starts for it (store: postgres,
+// {store_url}), conforms: its conversation locks and cache hold across
+// processes, where over one SQLite store they do not
+// (TestReplicasShareNothingButTheStore).
+func TestConformReplicasOverPostgres(t *testing.T) {
+	if err := pgserver.Installed(); errors.Is(err, pgserver.ErrNotInstalled) {
+		t.Skip(err)
+	}
+	onPath(t)
+	t.Run("three replicas", func(t *testing.T) {
+		t.Parallel() // it mostly waits on its servers
+		dir := t.TempDir()
+		profile := filepath.Join(dir, "replicas.yaml")
+		require.NoError(t, os.WriteFile(profile, []byte(replicatedProfile(t, 3)), 0o644))
+		code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "8", "--steps", "20", "--seed", "1",
+			"--out", filepath.Join(dir, "out"))
+		require.NotEqual(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+		for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11"} {
+			line := verdictLine(stdout, inv)
+			assert.NotContains(t, line, "FAIL", inv)
+			assert.NotContains(t, line, "SAME CAUSE", inv)
+			if inv != "T11" { // rare: a failed turn between two with committed tools
+				assert.Regexp(t, `PASS +[1-9]\d* `, line, inv)
+			}
+		}
+	})
+}
+
+// replicatedProfile is the reference profile run as n replicas over one
+// PostgreSQL the harness starts.
+func replicatedProfile(t *testing.T, n int) string {
+	t.Helper()
+	base, err := os.ReadFile(referenceProfile)
+	require.NoError(t, err)
+	text := strings.Replace(string(base), `--data-dir, "{data_dir}",`, `--store, "{store_url}",`, 1)
+	text = strings.Replace(text, "  agent: helper\n", "  agent: helper\n  replicas: "+string(rune('0'+n))+"\n  store: postgres\n", 1)
+	require.NotEqual(t, string(base), text)
+	require.Contains(t, text, "{store_url}")
+	return text
+}
