@@ -3,7 +3,6 @@ package protocol
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -20,9 +19,7 @@ func readResponse(ctx context.Context, resp *http.Response, out Response) Respon
 	body := io.LimitReader(resp.Body, maxResponseBytes)
 	switch {
 	case resp.StatusCode != http.StatusOK:
-		out.Outcome = model.Unknown
-		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)
-		return out
+		return unexpected(resp.StatusCode, out)
 	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
 		return readStream(ctx, body, resp.Body, out)
 	default:
@@ -77,10 +74,7 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 		}
 		var c openai.Completion
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
-			out.Reply = reply.String()
-			out.Outcome = model.Unknown
-			out.Detail, out.Cause = "malformed chunk from the server", CauseMalformed
-			return out
+			return malformed(reply.String(), "chunk", out)
 		}
 		if c.Error != nil {
 			out.Reply = reply.String()

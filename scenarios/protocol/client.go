@@ -223,8 +223,7 @@ func (c *Client) Send(ctx context.Context, req Request) Response {
 		out.Outcome = model.Fail
 		out.Detail = errorMessage(io.LimitReader(resp.Body, maxResponseBytes))
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
-		out.Outcome = model.Unknown
-		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)
+		out = unexpected(resp.StatusCode, out)
 	default:
 		out = c.wire.read(ctx, req, resp, out)
 	}
@@ -364,4 +363,20 @@ func otherKeys[T any](m map[model.ConversationRef]T, conv model.ConversationRef,
 	}
 	v, ok := m[found]
 	return v, ok && found.ID != ""
+}
+
+// unexpected is out for a status that says neither success nor failure:
+// the outcome is unknown.
+func unexpected(status int, out Response) Response {
+	out.Outcome = model.Unknown
+	out.Detail = fmt.Sprintf("unexpected status %d", status)
+	return out
+}
+
+// malformed is out for a stream whose what (a chunk, an event) could not
+// be read, after reply: the outcome is unknown.
+func malformed(reply, what string, out Response) Response {
+	out.Reply, out.Outcome = reply, model.Unknown
+	out.Detail, out.Cause = "malformed "+what+" from the server", CauseMalformed
+	return out
 }

@@ -144,9 +144,7 @@ func (*responses) read(ctx context.Context, _ Request, resp *http.Response, out 
 	body := io.LimitReader(resp.Body, maxResponseBytes)
 	switch {
 	case resp.StatusCode != http.StatusOK:
-		out.Outcome = model.Unknown
-		out.Detail = fmt.Sprintf("unexpected status %d", resp.StatusCode)
-		return out
+		return unexpected(resp.StatusCode, out)
 	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
 		return readResponseEvents(ctx, body, out)
 	}
@@ -237,10 +235,7 @@ func readResponseEvents(ctx context.Context, body io.Reader, out Response) Respo
 		}
 		var ev responseEvent
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			out.Reply = reply.String()
-			out.Outcome = model.Unknown
-			out.Detail, out.Cause = "malformed event from the server", CauseMalformed
-			return out
+			return malformed(reply.String(), "event", out)
 		}
 		if ev.Response != nil && ev.Response.ID != "" {
 			out.ID = ev.Response.ID

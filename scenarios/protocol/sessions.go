@@ -126,10 +126,7 @@ func (w *sessions) readEvents(ctx context.Context, body io.Reader, out Response)
 		}
 		var ev any
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			out.Reply = reply.String()
-			out.Outcome = model.Unknown
-			out.Detail, out.Cause = "malformed event from the server", CauseMalformed
-			return out
+			return malformed(reply.String(), "event", out)
 		}
 		typ, _ := field(ev, rules.TypeField).(string)
 		switch {
