@@ -20,15 +20,7 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 	"github.com/turncheck/turncheck/internal/pgserver"
-)
-
-// Bounds on the server's start and stop: a server that does not come up
-// or go down in time fails the tests instead of stalling them.
-const (
-	readyTimeout = 30 * time.Second
-	stopTimeout  = 10 * time.Second
 )
 
 // The test binary's server, started by the first Start.
