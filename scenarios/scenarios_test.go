@@ -65,6 +65,11 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.ResponseCrossKey:        {model.T5},
 	sut.SessionExactSourceKey:   {model.T8},
 	sut.BranchMutatesBase:       {model.T4},
+	// Bugs of replicas over one PostgreSQL, caught through a replicated
+	// profile (TestConformMutantsThroughProfile in cmd/turncheck).
+	sut.ReplicaLocalLock:      {model.T4},
+	sut.ReplicaStaleCache:     {model.T2},
+	sut.ReplicaCommitUnlocked: {model.T4},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: the
@@ -97,6 +102,12 @@ func TestMutantsCaught(t *testing.T) {
 	require.Len(t, caughtAs, len(sut.Mutants()), "every mutant needs an entry")
 	for _, info := range sut.Mutants() {
 		t.Run(string(info.Mutant), func(t *testing.T) {
+			if info.Replicas > 0 {
+				// The in-process server is one process on SQLite, where
+				// the bug does not show: it is caught through a replicated
+				// profile, TestConformMutantsThroughProfile.
+				t.Skipf("caught on %d replicas over PostgreSQL, through a replicated profile (TestConformMutantsThroughProfile)", info.Replicas)
+			}
 			t.Parallel() // checks and replays of the in-process server run at once
 			target := reference.WithMutant(info.Mutant)
 			// A generous bound: a shrink that is done takes well under it on

@@ -189,6 +189,15 @@ func (cs *conversations) get(ctx context.Context, k convKey) (*conversation, err
 	return c, err
 }
 
+// getUnchecked is get without the check of a cached conversation against
+// the store: only the replica-stale-cache mutant serves its cache so.
+func (cs *conversations) getUnchecked(ctx context.Context, k convKey) (*conversation, error) {
+	if c, ok := cs.cache.Get(k); ok {
+		return c, nil
+	}
+	return cs.get(ctx, k)
+}
+
 // fresh reports whether the cached c is still k as committed: with verify,
 // whether the store holds as many messages for k as when c was cached.
 // Every commit adds messages, and a commit under k's lock starts from the

@@ -91,6 +91,27 @@ const (
 	// that completed (their input and their reply). Requests chained from
 	// one P take a lock keyed by P, and so run one after the other.
 	BranchMutatesBase Mutant = "branch-mutates-base"
+	// ReplicaLocalLock takes, on PostgreSQL, only the conversation lock of
+	// its own process, not the advisory lock every replica shares: turns
+	// on one conversation sent to two replicas at once run on the same
+	// committed base, and the later commit overwrites the earlier. One
+	// replica alone, or SQLite, serializes as it should.
+	ReplicaLocalLock Mutant = "replica-local-lock"
+	// ReplicaStaleCache serves, on PostgreSQL, a cached conversation
+	// unchecked when the turn finds the conversation's lock free, as if no
+	// other replica could have committed since it cached it (only a turn
+	// that waited for another replica's checks its cache): a replica runs
+	// its next turn on its stale copy although another replica committed
+	// a turn since, and commits over that turn.
+	ReplicaStaleCache Mutant = "replica-stale-cache"
+	// ReplicaCommitUnlocked loads the turn's base, on PostgreSQL, and
+	// checks its cache against the store, under the lock of its own
+	// process, before it takes the advisory lock every replica shares,
+	// and its commit writes without a check that nothing was committed
+	// since that base (last writer wins): a turn that waited there for
+	// another replica's turn runs on the base from before that turn, and
+	// its commit overwrites it.
+	ReplicaCommitUnlocked Mutant = "replica-commit-unlocked"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -114,46 +135,55 @@ type MutantInfo struct {
 	// for the sessions API (POST /api/sessions). A bug of one protocol may
 	// not show through another.
 	Protocol string
+	// Replicas is how many replicas of the server, over one PostgreSQL,
+	// the harness runs to catch the bug; 0 for one process on SQLite.
+	Replicas int
 }
 
 // Mutants lists every mutant, in a stable order.
 func Mutants() []MutantInfo {
 	return []MutantInfo{
 		{MutateBeforeRun, "docker-agent #2890", "T1",
-			"a continuation appends its user message to the cached conversation before the run; a failed turn stays and a retry sees it twice", "", ""},
+			"a continuation appends its user message to the cached conversation before the run; a failed turn stays and a retry sees it twice", "", "", 0},
 		{ReplayWithoutUser, "docker-agent #2947", "T3",
-			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400", "", ""},
+			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400", "", "", 0},
 		{CommitOnStreamError, "docker-agent #2890 (stream errors)", "T1",
-			"a turn whose model stream failed midway is committed with its partial reply although the client got an error", "", ""},
+			"a turn whose model stream failed midway is committed with its partial reply although the client got an error", "", "", 0},
 		{CrossKeyLeak, "PROTOCOL.md T5 (conversations scoped per key)", "T5",
-			"conversation ids are not scoped per API key: another key naming the same id continues the conversation", "", ""},
+			"conversation ids are not scoped per API key: another key naming the same id continues the conversation", "", "", 0},
 		{ForkNewSession, "openclaw #84575", "T4",
-			"the session is resolved before the per-conversation lane: concurrent first requests for a new id each start a fresh history, and the later commit overwrites the earlier", "", ""},
+			"the session is resolved before the per-conversation lane: concurrent first requests for a new id each start a fresh history, and the later commit overwrites the earlier", "", "", 0},
 		{NoConversationLock, "PROTOCOL.md T4 (one conversation, one line)", "T4",
-			"turns on one conversation are not serialized: concurrent continuations run on the same committed base, and the later commit overwrites the earlier", "", ""},
+			"turns on one conversation are not serialized: concurrent continuations run on the same committed base, and the later commit overwrites the earlier", "", "", 0},
 		{ExactSourceKeyOnly, "docker-agent #3410", "T8",
-			"a resume looks up the exact source key the conversation recorded (the full URL, query included); relaunched under another query, it fails with 500 \"agent not found\"", "", ""},
+			"a resume looks up the exact source key the conversation recorded (the full URL, query included); relaunched under another query, it fails with 500 \"agent not found\"", "", "", 0},
 		{AckBeforeDurable, "PROTOCOL.md T7 (durability)", "T7",
-			"a commit is acknowledged once it is in the cache; the store write is queued and flushed every 500 ms and on a graceful stop, so a kill -9 loses acknowledged turns", "", ""},
+			"a commit is acknowledged once it is in the cache; the store write is queued and flushed every 500 ms and on a graceful stop, so a kill -9 loses acknowledged turns", "", "", 0},
 		{LostOnEvict, "PROTOCOL.md T2 (committed turns stay)", "T2",
-			"a conversation evicted from the cache is deleted from the store, though the server claims durable storage: it comes back empty", "", ""},
+			"a conversation evicted from the cache is deleted from the store, though the server claims durable storage: it comes back empty", "", "", 0},
 		{OrphanToolCallOnInterrupt, "goose #7785", "T9",
 			"on an interruption the working copy is persisted as it stands (replace_conversation), whatever the policy: a tool round cut short leaves an assistant tool call without its result",
-			KeepConsistent, ""},
+			KeepConsistent, "", 0},
 		{ShallowClone, "docker-agent #2947 (deep-copy hardening)", "T11",
-			"the working copy shares its message structs with the committed conversation (only the slice is copied): a failed turn's compaction marks hide tool rounds from every later turn", "", ""},
+			"the working copy shares its message structs with the committed conversation (only the slice is copied): a failed turn's compaction marks hide tool rounds from every later turn", "", "", 0},
 		{ToolRunsAfterCancel, "goose #7785/#7827", "T10",
-			"tools run on a context detached from the request, and cancellation is checked only before a model call: after the client disconnects, the tools left in the round still start", "", ""},
+			"tools run on a context detached from the request, and cancellation is checked only before a model call: after the client disconnects, the tools left in the round still start", "", "", 0},
 		{RefuseConcurrentNew, "openclaw #84575 (serialize: a refusal instead of a wait)", "T4",
-			"a first request for a new id that finds another first request's turn running is refused at once with 500 \"session is busy\" instead of waiting its turn; continuations of a committed conversation still wait", "", ""},
+			"a first request for a new id that finds another first request's turn running is refused at once with 500 \"session is busy\" instead of waiting its turn; continuations of a committed conversation still wait", "", "", 0},
 		{FailedResponseChainable, "PROTOCOL.md T1 (responses: a failed response is never a base)", "T1",
-			"a response whose turn failed is stored anyway, with its user input and any partial reply: a request chaining from it (previous_response_id, known from response.created) succeeds and sends the model the failed input", "", string(protoResponses)},
+			"a response whose turn failed is stored anyway, with its user input and any partial reply: a request chaining from it (previous_response_id, known from response.created) succeeds and sends the model the failed input", "", string(protoResponses), 0},
 		{ResponseCrossKey, "PROTOCOL.md T5 (responses scoped per key)", "T5",
-			"previous_response_id is looked up without the API key's scope: another key chains from the response and the model sees its history", "", string(protoResponses)},
+			"previous_response_id is looked up without the API key's scope: another key chains from the response and the model sees its history", "", string(protoResponses), 0},
 		{SessionExactSourceKey, "docker-agent #3410", "T8",
-			"a session's resume looks up the exact source key the session recorded (chat turns resume correctly); relaunched under another query, a session turn fails with 500 \"agent not found\"", "", string(protoSessions)},
+			"a session's resume looks up the exact source key the session recorded (chat turns resume correctly); relaunched under another query, a session turn fails with 500 \"agent not found\"", "", string(protoSessions), 0},
 		{BranchMutatesBase, "PROTOCOL.md T4 (responses: branches stay apart)", "T4",
-			"a request chained from a response runs on that response's cached history in place, not on a copy: a second request chained from it sees the first one's input and reply", "", string(protoResponses)},
+			"a request chained from a response runs on that response's cached history in place, not on a copy: a second request chained from it sees the first one's input and reply", "", string(protoResponses), 0},
+		{ReplicaLocalLock, "openclaw #84575 across replicas", "T4",
+			"on PostgreSQL the conversation lock is only the replica's own, not the advisory lock the replicas share: turns on one conversation sent to two replicas at once run on one base, and the later commit overwrites the earlier", "", "", 3},
+		{ReplicaStaleCache, "PROTOCOL.md T2 across replicas", "T2",
+			"a turn that finds the conversation's lock free serves the replica's cached copy without a check against the store: after another replica committed a turn, the next turn on this replica runs on its stale copy and commits over that turn", "", "", 3},
+		{ReplicaCommitUnlocked, "PROTOCOL.md T4 across replicas (the base loaded before the shared lock)", "T4",
+			"a turn's base is loaded, and the cache checked, under the replica's own lock, before the advisory lock the replicas share, and the commit writes over whatever is there: a turn that waited for another replica's turn runs on the base from before it, and its commit overwrites it", "", "", 3},
 	}
 }
 

@@ -357,7 +357,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:          cfg,
 		store:        st,
 		convs:        convs,
-		locks:        convLocks{gauge: cfg.Gauge, shared: st.shared},
+		locks:        convLocks{gauge: cfg.Gauge, shared: sharedLocks(st, cfg.Mutant)},
 		up:           up,
 		tools:        newToolbox(modelURL, up.client, cfg.Deadlines, cfg.RequestTimeout),
 		log:          log,
@@ -847,12 +847,76 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 		}
 		// A conversation with a committed turn: its lane as usual.
 	}
+	if s.store.shared != nil {
+		switch s.cfg.Mutant {
+		case ReplicaLocalLock:
+			// The bug (the lock of this process alone): the base may miss
+			// another replica's turn running meanwhile, and the later
+			// commit goes over the earlier.
+			t.overwrite = true
+		case ReplicaStaleCache:
+			// The bug: a turn that finds the lock free takes it that
+			// nobody else held the conversation since it cached it, and
+			// serves its cached copy unchecked, committing over whatever
+			// another replica committed meanwhile. Only a turn that waited
+			// for another replica's checks its cache.
+			unlock, err := s.locks.lock(ctx, t.key, Reject, 0)
+			if err == nil {
+				t.release, t.overwrite = unlock, true
+				return s.convs.getUnchecked(ctx, t.key)
+			}
+			if !errors.Is(err, errConversationBusy) {
+				return nil, err
+			}
+		case ReplicaCommitUnlocked:
+			return s.acquireBaseFirst(ctx, t)
+		}
+	}
 	unlock, err := s.locks.lock(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
 	if err != nil {
 		return nil, err
 	}
 	t.release = unlock
 	return s.convs.get(ctx, t.key)
+}
+
+// sharedLocks is the cross-process lock of st for a server with mutant m:
+// none under replica-local-lock, whose turns take the lock of their own
+// process alone.
+func sharedLocks(st *store, m Mutant) *advisoryLocks {
+	if m == ReplicaLocalLock {
+		return nil
+	}
+	return st.shared
+}
+
+// acquireBaseFirst is acquire under the replica-commit-unlocked mutant, on
+// a shared store: the turn loads its base (checking the cache against the
+// store) under the lock of its own process, and only then takes the
+// shared one, and commits over whatever another replica committed while
+// it waited for it.
+func (s *Server) acquireBaseFirst(ctx context.Context, t *turn) (*conversation, error) {
+	deadline := time.Now().Add(s.cfg.RequestTimeout)
+	local, err := s.locks.lockLocal(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
+	if err != nil {
+		return nil, err
+	}
+	// The bug: the base is current for this process only; another
+	// replica's turn may commit before the shared lock is ours.
+	base, err := s.convs.get(ctx, t.key)
+	if err != nil {
+		local()
+		return nil, err
+	}
+	shared, err := s.locks.shared.lock(ctx, t.key, s.cfg.Concurrency, time.Until(deadline), s.locks.gauge)
+	if err != nil {
+		local()
+		return nil, err
+	}
+	var once sync.Once
+	t.release = func() { once.Do(func() { shared(); local() }) }
+	t.overwrite = true
+	return base, nil
 }
 
 // refuse answers a turn that could not start: its conversation was busy,

@@ -884,6 +884,9 @@ func TestMutantsBite(t *testing.T) {
 	for _, m := range toolMutants {
 		covered[m] = true // shown by the tool tests (interruption_test.go, compaction_test.go)
 	}
+	for _, rc := range replicaOnlyMutantCases {
+		covered[rc.mutant] = true // shown on replicas by TestReplicaOnlyMutantsBite
+	}
 	for _, info := range sut.Mutants() {
 		assert.True(t, covered[info.Mutant], "mutant %s has no server-level test", info.Mutant)
 	}

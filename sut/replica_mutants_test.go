@@ -1,0 +1,149 @@
+package sut_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/sut"
+)
+
+// ---------------------------------------------------------------------------
+// The mutants of replicas: correct in one process, wrong on two replicas
+// over one PostgreSQL database.
+
+// waitingOrDone waits until the server of g has a request waiting for its
+// conversation's turn (it returns nil) or f has its response (it returns
+// it): a turn that takes no lock it should have never waits.
+func waitingOrDone(t *testing.T, g *sut.Gauge, f *inFlight) *reply {
+	t.Helper()
+	timeout := time.After(requestDeadline)
+	for {
+		_, waiting, changed := g.Read()
+		if waiting > 0 {
+			return nil
+		}
+		select {
+		case r := <-f.done:
+			require.NoError(t, f.err)
+			return &r
+		case <-changed:
+		case <-timeout:
+			require.FailNow(t, "the turn neither waited nor ended")
+		}
+	}
+}
+
+// replicaOnlyMutantCases are the mutants whose bug needs two replicas: each
+// reports whether its bug showed.
+var replicaOnlyMutantCases = []struct {
+	mutant sut.Mutant
+	run    func(t *testing.T, m sut.Mutant) bool
+}{
+	{
+		// T4: a turn sent to replica b while replica a runs one on the
+		// same conversation does not wait for it, and forks.
+		mutant: sut.ReplicaLocalLock,
+		run: func(t *testing.T, m sut.Mutant) bool {
+			rs := raceReplicas(t, 2, sut.Config{Mutant: m})
+			a, b := rs[0], rs[1]
+			require.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
+			held := a.model.hold("tc-u2")
+			r2 := a.send(t, "c1", "tc-u2", false)
+			arrive(t, held, "tc-u2")
+			r3 := b.send(t, "c1", "tc-u3", false)
+			early := waitingOrDone(t, b.gauge, r3)
+			held.open()
+			requireOK(t, r2.wait(t), false)
+			if early == nil {
+				requireOK(t, r3.wait(t), false)
+			} else {
+				requireOK(t, *early, false)
+			}
+			return !assert.ObjectsAreEqual(hist("u1", "a1", "u2", "a2", "u3"), b.model.callsOf("tc-u3")[0].history)
+		},
+	},
+	{
+		// T2: sequential turns alternating replicas; a's cached c1 lacks
+		// b's turn, and a serves it all the same.
+		mutant: sut.ReplicaStaleCache,
+		run: func(t *testing.T, m sut.Mutant) bool {
+			rs := raceReplicas(t, 2, sut.Config{Mutant: m})
+			a, b := rs[0], rs[1]
+			require.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
+			require.Equal(t, hist("u1", "a1", "u2"), b.ok(t, "c1", "tc-u2", false))
+			got := a.ok(t, "c1", "tc-u3", false)
+			if assert.ObjectsAreEqual(hist("u1", "a1", "u2", "a2", "u3"), got) {
+				return false
+			}
+			// Its commit went over b's turn, and b, on its own stale copy,
+			// misses a's.
+			require.Equal(t, hist("u1", "a1", "u2", "a2", "u4"), b.ok(t, "c1", "tc-u4", false))
+			return true
+		},
+	},
+	{
+		// T4 (and T2: its commit loses a's turn): a turn sent to replica
+		// b while replica a runs one waits for it, as it should, but runs
+		// on the base from before it, and its commit overwrites it.
+		mutant: sut.ReplicaCommitUnlocked,
+		run: func(t *testing.T, m sut.Mutant) bool {
+			rs := raceReplicas(t, 2, sut.Config{Mutant: m})
+			a, b := rs[0], rs[1]
+			require.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
+			held := a.model.hold("tc-u2")
+			r2 := a.send(t, "c1", "tc-u2", false)
+			arrive(t, held, "tc-u2")
+			r3 := b.send(t, "c1", "tc-u3", false)
+			awaitWaiting(t, b.gauge, 1)
+			held.open()
+			requireOK(t, r2.wait(t), false)
+			requireOK(t, r3.wait(t), false)
+			if assert.ObjectsAreEqual(hist("u1", "a1", "u2", "a2", "u3"), b.model.callsOf("tc-u3")[0].history) {
+				return false
+			}
+			// The turn b waited for is gone from the store.
+			require.Equal(t, hist("u1", "a1", "u3", "a3", "u4"), b.ok(t, "c1", "tc-u4", false))
+			return true
+		},
+	},
+}
+
+// TestReplicaOnlyMutantsBite: each mutant of replicas shows its bug on two
+// replicas, and the clean server does not.
+func TestReplicaOnlyMutantsBite(t *testing.T) {
+	for _, rc := range replicaOnlyMutantCases {
+		t.Run(string(rc.mutant), func(t *testing.T) {
+			assert.True(t, rc.run(t, rc.mutant), "the mutant's bug must show")
+			assert.False(t, rc.run(t, sut.Clean), "the clean server must not have the bug")
+		})
+	}
+}
+
+// TestReplicaOnlyMutantsAreRightAlone: in one process on SQLite, each
+// mutant of replicas passes what shows its bug on two replicas:
+// concurrent turns wait and see each other, and sequential ones see
+// every committed turn.
+func TestReplicaOnlyMutantsAreRightAlone(t *testing.T) {
+	for _, info := range sut.Mutants() {
+		if info.Replicas == 0 {
+			continue
+		}
+		t.Run(string(info.Mutant), func(t *testing.T) {
+			e := newRaceEnv(t, sut.Config{Mutant: info.Mutant})
+			assert.Equal(t, hist("u1"), e.ok(t, "c1", "tc-u1", false))
+			held := e.model.hold("tc-u2")
+			r2 := e.send(t, "c1", "tc-u2", false)
+			arrive(t, held, "tc-u2")
+			r3 := e.send(t, "c1", "tc-u3", false)
+			awaitWaiting(t, e.gauge, 1)
+			held.open()
+			requireOK(t, r2.wait(t), false)
+			requireOK(t, r3.wait(t), false)
+			assert.Equal(t, hist("u1", "a1", "u2", "a2", "u3"), e.model.callsOf("tc-u3")[0].history)
+			assert.Equal(t, hist("u1", "a1", "u2", "a2", "u3", "a3", "u4"), e.ok(t, "c1", "tc-u4", false))
+		})
+	}
+}
