@@ -38,31 +38,35 @@ const (
 	stopTimeout  = 10 * time.Second
 )
 
-// The test binary's server, started by the first Start.
+// The test binary's server, started by Main in the background, so that
+// its start overlaps the tests that come before the first that needs it.
 var (
+	wrapped = make(chan struct{}) // closed when Main runs the tests
+	booted  = make(chan struct{}) // closed when the start is over
+	srv     *server               // nil if it did not start
+	noBoot  string                // why there is no PostgreSQL to start
+	bootErr error                 // why it failed to start
+	upIn    time.Duration         // how long its start took
+
 	mu      sync.Mutex
-	wrapped bool    // Main runs the tests
-	srv     *server // nil until started
-	schemas int     // schemas made so far, to name the next
+	schemas int // schemas made so far, to name the next
 )
 
 // database is the database the tests' schemas are made in.
 const database = "test"
 
-// Main wraps a test binary's m so that the server a test started is
-// stopped after the tests: its processes ended, its directory removed.
-// A server that does not stop fails the binary.
+// Main wraps a test binary's m: it starts the server in the background
+// while the tests run, and stops it after them (its processes ended, its
+// directory removed). A server that does not stop fails the binary.
 func Main(m *testing.M) interface{ Run() int } { return mainRunner{m} }
 
 type mainRunner struct{ m *testing.M }
 
 func (r mainRunner) Run() int {
-	mu.Lock()
-	wrapped = true
-	mu.Unlock()
+	close(wrapped)
+	go boot()
 	code := r.m.Run()
-	mu.Lock()
-	defer mu.Unlock()
+	<-booted
 	if srv == nil {
 		return code
 	}
@@ -70,42 +74,55 @@ func (r mainRunner) Run() int {
 		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
 		return 1
 	}
-	srv = nil
 	return code
 }
 
+// boot starts the server, or says why it cannot, and closes booted.
+func boot() {
+	defer close(booted)
+	bin, err := findBin()
+	if err != nil {
+		noBoot = fmt.Sprintf("no PostgreSQL here (%v): install it (Debian: apt-get install postgresql)", err)
+		return
+	}
+	attr, err := procAttr()
+	if err != nil {
+		noBoot = fmt.Sprintf("cannot run PostgreSQL here: %v", err)
+		return
+	}
+	began := time.Now()
+	srv, bootErr = startServer(bin, attr)
+	upIn = time.Since(began)
+}
+
 // Start returns the URL of a new empty schema on the test binary's
-// PostgreSQL server, which it starts at its first call: the URL names
-// the schema as the connection's search_path, so that everything made
-// through it is made there. It skips t if no PostgreSQL is installed,
-// and fails it if the binary's TestMain does not use Main. The schema is
-// left to go with the server. Advisory locks are the database's, shared
-// by every schema: tests that run at once and lock the same keys wait
-// for each other.
+// PostgreSQL server, once it is up: the URL names the schema as the
+// connection's search_path, so that everything made through it is made
+// there. It skips t if no PostgreSQL is installed, and fails it if the
+// server did not start or the binary's TestMain does not use Main. The
+// schema is left to go with the server. Advisory locks are the
+// database's, shared by every schema.
 func Start(t testing.TB) (url string) {
 	t.Helper()
+	select {
+	case <-wrapped:
+	default:
+		t.Fatal("pgtest: wrap TestMain's m with pgtest.Main, which starts and stops the server")
+	}
+	<-booted
+	switch {
+	case noBoot != "":
+		t.Skip("pgtest: " + noBoot)
+	case bootErr != nil:
+		t.Fatalf("pgtest: %v", bootErr)
+	}
 	mu.Lock()
-	defer mu.Unlock()
-	if !wrapped {
-		t.Fatal("pgtest: wrap TestMain's m with pgtest.Main, which stops the server")
-	}
-	if srv == nil {
-		bin, err := findBin()
-		if err != nil {
-			t.Skipf("pgtest: no PostgreSQL here (%v): install it (Debian: apt-get install postgresql)", err)
-		}
-		attr, err := procAttr()
-		if err != nil {
-			t.Skipf("pgtest: cannot run PostgreSQL here: %v", err)
-		}
-		began := time.Now()
-		if srv, err = startServer(bin, attr); err != nil {
-			t.Fatalf("pgtest: %v", err)
-		}
-		t.Logf("pgtest: PostgreSQL %s up in %s", srv.dir, time.Since(began).Round(time.Millisecond))
-	}
 	schemas++
 	name := "test" + strconv.Itoa(schemas)
+	mu.Unlock()
+	if name == "test1" {
+		t.Logf("pgtest: PostgreSQL %s took %s to start", srv.dir, upIn.Round(time.Millisecond))
+	}
 	if err := srv.exec(database, "CREATE SCHEMA "+name); err != nil {
 		t.Fatalf("pgtest: create schema: %v", err)
 	}
