@@ -97,7 +97,8 @@ func TestReplicaCacheIsNeverStale(t *testing.T) {
 
 // TestReplicasSerializeAConversation (T4): under Serialize a turn sent to
 // one replica while another replica runs a turn on the same conversation
-// waits for it, and sees it; under Reject it gets 409 and changes nothing.
+// waits for it, and sees it, for at most RequestTimeout (then 503); under
+// Reject it gets 409 and changes nothing.
 func TestReplicasSerializeAConversation(t *testing.T) {
 	t.Parallel()
 	t.Run("serialize", func(t *testing.T) {
@@ -115,6 +116,22 @@ func TestReplicasSerializeAConversation(t *testing.T) {
 		assert.Equal(t, hist("u1", "a1", "u2", "a2", "u3"), b.model.callsOf("tc-u3")[0].history,
 			"the waiting turn sees the one it waited for")
 		assert.Equal(t, hist("u1", "a1", "u2", "a2", "u3", "a3", "u4"), a.ok(t, "c1", "tc-u4", false))
+	})
+	t.Run("serialize, bounded", func(t *testing.T) {
+		const wait = 100 * time.Millisecond
+		rs := raceReplicas(t, 2, sut.Config{RequestTimeout: wait, Deadlines: &sut.ManualDeadlines{}})
+		a, b := rs[0], rs[1]
+		held := a.model.hold("tc-u1")
+		r1 := a.send(t, "c1", "tc-u1", false)
+		arrive(t, held, "tc-u1")
+		start := time.Now()
+		r := b.send(t, "c1", "tc-u2", false).wait(t)
+		requireErrorBody(t, r, http.StatusServiceUnavailable, "conversation_busy")
+		assert.GreaterOrEqual(t, time.Since(start), wait, "the request must have waited its turn first")
+		assert.Empty(t, b.model.callsOf("tc-u2"), "a request that gave up reaches no model")
+		held.open()
+		requireOK(t, r1.wait(t), false)
+		assert.Equal(t, hist("u1", "a1", "u3"), b.ok(t, "c1", "tc-u3", false), "the turn that gave up changed nothing")
 	})
 	t.Run("reject", func(t *testing.T) {
 		rs := raceReplicas(t, 2, sut.Config{Concurrency: sut.Reject})
