@@ -53,27 +53,36 @@ func openPostgres(url string) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
-	st.shared = &advisoryLocks{db: db}
+	var schema string
+	if err := db.QueryRow(`SELECT current_schema()`).Scan(&schema); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open store %s: %w", where, err)
+	}
+	st.shared = &advisoryLocks{db: db, schema: schema}
 	return st, nil
 }
 
 // advisoryLocks are conversation locks that hold across processes: a
 // PostgreSQL session-level advisory lock, keyed by the conversation
-// (lockKey) and taken on a connection that the turn keeps until it
+// (advisoryLocks.key) and taken on a connection that the turn keeps until it
 // releases the lock. A process that dies loses its connections, and
 // PostgreSQL releases their locks with them.
 type advisoryLocks struct {
 	db *sql.DB
+	// schema is the store's schema: advisory locks are the database's,
+	// and stores in other schemas of it are other servers.
+	schema string
 }
 
-// lockKey is k's advisory lock key: a 64-bit FNV-1a hash of its scope and
-// id, the same in every process. Two conversations that share one only
-// wait for each other.
-func lockKey(k convKey) int64 {
+// key is k's advisory lock key: a 64-bit FNV-1a hash of the store's
+// schema and k's scope and id, the same in every process. Two
+// conversations that share one only wait for each other.
+func (a *advisoryLocks) key(k convKey) int64 {
 	h := fnv.New64a()
-	_, _ = h.Write([]byte(k.scope))
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(k.id))
+	for _, part := range []string{a.schema, k.scope, k.id} {
+		_, _ = h.Write([]byte(part))
+		_, _ = h.Write([]byte{0})
+	}
 	return int64(h.Sum64())
 }
 
@@ -90,7 +99,7 @@ func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy Concurrency,
 	if err != nil {
 		return nil, err
 	}
-	key := lockKey(k)
+	key := a.key(k)
 	var got bool
 	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil {
 		return nil, errors.Join(err, drop(conn))

@@ -15,7 +15,9 @@ import (
 
 // ---------------------------------------------------------------------------
 // Replicas: reference servers on one PostgreSQL database (Config.Store),
-// each with a cache and a lock of its own, behave as one server.
+// each with a cache and a lock of its own, behave as one server. Each
+// test has a store of its own (a schema), whose locks are its own, so
+// the tests run in parallel.
 
 // startReplicas starts n servers with cfg on a new PostgreSQL database, in
 // front of the model at modelURL, and returns them with their gauges.
@@ -61,6 +63,7 @@ func raceReplicas(t *testing.T, n int, cfg sut.Config) []*raceEnv {
 // (the replicas share the store's scope secret), through chat, the
 // sessions API and the Responses API.
 func TestReplicasShareConversations(t *testing.T) {
+	t.Parallel()
 	rs := replicaEnvs(t, 3, sut.Config{Keys: []string{"k"}})
 	want := toks()
 	for i := range 6 {
@@ -82,6 +85,7 @@ func TestReplicasShareConversations(t *testing.T) {
 // TestReplicaCacheIsNeverStale (T2): a replica that has a conversation in
 // its cache sees the turns another replica committed since.
 func TestReplicaCacheIsNeverStale(t *testing.T) {
+	t.Parallel()
 	rs := raceReplicas(t, 2, sut.Config{})
 	a, b := rs[0], rs[1]
 	assert.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
@@ -93,8 +97,10 @@ func TestReplicaCacheIsNeverStale(t *testing.T) {
 
 // TestReplicasSerializeAConversation (T4): under Serialize a turn sent to
 // one replica while another replica runs a turn on the same conversation
-// waits for it, and sees it; under Reject it gets 409 and changes nothing.
+// waits for it, and sees it, for at most RequestTimeout (then 503); under
+// Reject it gets 409 and changes nothing.
 func TestReplicasSerializeAConversation(t *testing.T) {
+	t.Parallel()
 	t.Run("serialize", func(t *testing.T) {
 		rs := raceReplicas(t, 2, sut.Config{})
 		a, b := rs[0], rs[1]
@@ -110,6 +116,22 @@ func TestReplicasSerializeAConversation(t *testing.T) {
 		assert.Equal(t, hist("u1", "a1", "u2", "a2", "u3"), b.model.callsOf("tc-u3")[0].history,
 			"the waiting turn sees the one it waited for")
 		assert.Equal(t, hist("u1", "a1", "u2", "a2", "u3", "a3", "u4"), a.ok(t, "c1", "tc-u4", false))
+	})
+	t.Run("serialize, bounded", func(t *testing.T) {
+		const wait = 100 * time.Millisecond
+		rs := raceReplicas(t, 2, sut.Config{RequestTimeout: wait, Deadlines: &sut.ManualDeadlines{}})
+		a, b := rs[0], rs[1]
+		held := a.model.hold("tc-u1")
+		r1 := a.send(t, "c1", "tc-u1", false)
+		arrive(t, held, "tc-u1")
+		start := time.Now()
+		r := b.send(t, "c1", "tc-u2", false).wait(t)
+		requireErrorBody(t, r, http.StatusServiceUnavailable, "conversation_busy")
+		assert.GreaterOrEqual(t, time.Since(start), wait, "the request must have waited its turn first")
+		assert.Empty(t, b.model.callsOf("tc-u2"), "a request that gave up reaches no model")
+		held.open()
+		requireOK(t, r1.wait(t), false)
+		assert.Equal(t, hist("u1", "a1", "u3"), b.ok(t, "c1", "tc-u3", false), "the turn that gave up changed nothing")
 	})
 	t.Run("reject", func(t *testing.T) {
 		rs := raceReplicas(t, 2, sut.Config{Concurrency: sut.Reject})
@@ -130,6 +152,7 @@ func TestReplicasSerializeAConversation(t *testing.T) {
 // the one it was running, and lets go of the conversation: another
 // replica's turn, waiting for it, goes on with the history as it was.
 func TestReplicaCrashLosesNoAcknowledgedTurn(t *testing.T) {
+	t.Parallel()
 	rs := raceReplicas(t, 2, sut.Config{})
 	a, b := rs[0], rs[1]
 	assert.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
@@ -178,7 +201,8 @@ var replicaMutantCases = []struct {
 }
 
 // TestReplicaMutantsBite: the mutants of the store and the cache keep
-// their bugs on PostgreSQL, and the clean server has none of them.
+// their bugs on PostgreSQL, and the clean server has none of them. Not in
+// parallel: it sets the flush interval of every server started meanwhile.
 func TestReplicaMutantsBite(t *testing.T) {
 	for _, rc := range replicaMutantCases {
 		t.Run(string(rc.mutant), func(t *testing.T) {
@@ -192,6 +216,7 @@ func TestReplicaMutantsBite(t *testing.T) {
 // refuses (the NUL character) is committed and seen by the next turn, as
 // on SQLite.
 func TestReplicasKeepAnyText(t *testing.T) {
+	t.Parallel()
 	rs := replicaEnvs(t, 2, sut.Config{})
 	r := rs[0].post(t, chatBody(t, false, user("tc-u1 a\u0000b")), headers("", "c1"))
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)

@@ -1,12 +1,13 @@
-// Package pgtest runs a throwaway PostgreSQL server for a test binary: on
-// 127.0.0.1, on a free port, with its data and its socket in a temporary
-// directory, and gives each test a schema of its own in its one database
-// (a schema costs nothing to make; a database, a quarter of a second with
-// fsync on). It skips the tests that ask for one where PostgreSQL is not
-// installed.
+// Package pgtest runs a throwaway PostgreSQL server for a test binary
+// (package pgserver: on 127.0.0.1, on a free port, with its data and its
+// socket in a temporary directory), and gives each test a schema of its
+// own in its one database (a schema costs nothing to make; a database, a
+// quarter of a second with fsync on). It skips the tests that ask for one
+// where PostgreSQL is not installed.
 //
-// A test binary that uses it wraps its TestMain's m with Main, which stops
-// the server, if a test started it, once the tests have run:
+// A test binary that uses it wraps its TestMain's m with Main, which
+// starts the server in the background and stops it once the tests have
+// run:
 //
 //	func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Main(m)) }
 package pgtest
@@ -23,31 +24,35 @@ import (
 	"github.com/turncheck/turncheck/internal/pgserver"
 )
 
-// The test binary's server, started by the first Start.
+// The test binary's server, started by Main in the background, so that
+// its start overlaps the tests that come before the first that needs it.
 var (
+	wrapped = make(chan struct{}) // closed when Main runs the tests
+	booted  = make(chan struct{}) // closed when the start is over
+	srv     *pgserver.Server      // nil if it did not start
+	noBoot  error                 // why there is no PostgreSQL to start
+	bootErr error                 // why it failed to start
+	upIn    time.Duration         // how long its start took
+
 	mu      sync.Mutex
-	wrapped bool             // Main runs the tests
-	srv     *pgserver.Server // nil until started
-	schemas int              // schemas made so far, to name the next
+	schemas int // schemas made so far, to name the next
 )
 
 // database is the database the tests' schemas are made in.
 const database = "test"
 
-// Main wraps a test binary's m so that the server a test started is
-// stopped after the tests: its processes ended, its directory removed.
-// A server that does not stop fails the binary.
+// Main wraps a test binary's m: it starts the server in the background
+// while the tests run, and stops it after them (its processes ended, its
+// directory removed). A server that does not stop fails the binary.
 func Main(m *testing.M) interface{ Run() int } { return mainRunner{m} }
 
 type mainRunner struct{ m *testing.M }
 
 func (r mainRunner) Run() int {
-	mu.Lock()
-	wrapped = true
-	mu.Unlock()
+	close(wrapped)
+	go boot()
 	code := r.m.Run()
-	mu.Lock()
-	defer mu.Unlock()
+	<-booted
 	if srv == nil {
 		return code
 	}
@@ -55,40 +60,58 @@ func (r mainRunner) Run() int {
 		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
 		return 1
 	}
-	srv = nil
 	return code
 }
 
+// boot starts the server and its database, or says why it cannot, and
+// closes booted.
+func boot() {
+	defer close(booted)
+	began := time.Now()
+	s, err := pgserver.Start()
+	switch {
+	case errors.Is(err, pgserver.ErrNotInstalled):
+		noBoot = err
+		return
+	case err != nil:
+		bootErr = err
+		return
+	}
+	if err := s.Exec("postgres", "CREATE DATABASE "+database); err != nil {
+		bootErr = errors.Join(err, s.Stop())
+		return
+	}
+	srv, upIn = s, time.Since(began)
+}
+
 // Start returns the URL of a new empty schema on the test binary's
-// PostgreSQL server, which it starts at its first call: the URL names
-// the schema as the connection's search_path, so that everything made
-// through it is made there. It skips t if no PostgreSQL is installed,
-// and fails it if the binary's TestMain does not use Main. The schema is
-// left to go with the server. Advisory locks are the database's, shared
-// by every schema: tests that run at once and lock the same keys wait
-// for each other.
+// PostgreSQL server, once it is up: the URL names the schema as the
+// connection's search_path, so that everything made through it is made
+// there. It skips t if no PostgreSQL is installed, and fails it if the
+// server did not start or the binary's TestMain does not use Main. The
+// schema is left to go with the server. Advisory locks are the
+// database's, shared by every schema.
 func Start(t testing.TB) (url string) {
 	t.Helper()
+	select {
+	case <-wrapped:
+	default:
+		t.Fatal("pgtest: wrap TestMain's m with pgtest.Main, which starts and stops the server")
+	}
+	<-booted
+	switch {
+	case noBoot != nil:
+		t.Skip("pgtest: ", noBoot)
+	case bootErr != nil:
+		t.Fatalf("pgtest: %v", bootErr)
+	}
 	mu.Lock()
-	defer mu.Unlock()
-	if !wrapped {
-		t.Fatal("pgtest: wrap TestMain's m with pgtest.Main, which stops the server")
-	}
-	if srv == nil {
-		began := time.Now()
-		var err error
-		if srv, err = pgserver.Start(); errors.Is(err, pgserver.ErrNotInstalled) {
-			t.Skipf("pgtest: %v", err)
-		} else if err != nil {
-			t.Fatalf("pgtest: %v", err)
-		}
-		if err := srv.Exec("postgres", "CREATE DATABASE "+database); err != nil {
-			t.Fatalf("pgtest: %v", err)
-		}
-		t.Logf("pgtest: PostgreSQL %s up in %s", srv.Dir(), time.Since(began).Round(time.Millisecond))
-	}
 	schemas++
 	name := "test" + strconv.Itoa(schemas)
+	mu.Unlock()
+	if name == "test1" {
+		t.Logf("pgtest: PostgreSQL %s took %s to start", srv.Dir(), upIn.Round(time.Millisecond))
+	}
 	if err := srv.Exec(database, "CREATE SCHEMA "+name); err != nil {
 		t.Fatalf("pgtest: create schema: %v", err)
 	}

@@ -1,32 +1,36 @@
-package pgtest_test
+package pgtest
 
 import (
 	"database/sql"
+	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/internal/procs"
 )
 
 // TestMain also checks that Main leaves no PostgreSQL process and no
 // directory of it behind.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(leftovers{pgtest.Main(m)}) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(leftovers{Main(m)}) }
 
 type leftovers struct{ r interface{ Run() int } }
 
 func (l leftovers) Run() int {
 	code := l.r.Run()
 	kids, err := procs.Children()
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "pgtest-*"))
-	if err != nil || len(kids) > 0 || len(dirs) > 0 {
-		println("pgtest: left behind:", len(kids), "processes", len(dirs), "directories", err)
+	if err != nil || len(kids) > 0 {
+		fmt.Fprintf(os.Stderr, "pgtest: processes left behind: %v %v\n", kids, err)
 		return 1
+	}
+	if srv != nil {
+		if _, err := os.Stat(srv.Dir()); !os.IsNotExist(err) {
+			fmt.Fprintf(os.Stderr, "pgtest: %s left behind\n", srv.Dir())
+			return 1
+		}
 	}
 	return code
 }
@@ -34,7 +38,7 @@ func (l leftovers) Run() int {
 // TestStartGivesEachTestItsOwnSchema: two schemas on one server, each
 // writable, neither seeing the other's tables, on a server that syncs.
 func TestStartGivesEachTestItsOwnSchema(t *testing.T) {
-	a, b := open(t, pgtest.Start(t)), open(t, pgtest.Start(t))
+	a, b := open(t, Start(t)), open(t, Start(t))
 	_, err := a.Exec(`CREATE TABLE t (x int)`)
 	require.NoError(t, err)
 	_, err = b.Exec(`CREATE TABLE t (x int)`)
