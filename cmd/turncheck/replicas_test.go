@@ -28,7 +28,7 @@ func TestConformReplicasOverPostgres(t *testing.T) {
 		dir := t.TempDir()
 		profile := filepath.Join(dir, "replicas.yaml")
 		require.NoError(t, os.WriteFile(profile, []byte(replicatedProfile(t, 3)), 0o644))
-		code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "5", "--steps", "20", "--seed", "1",
+		code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "8", "--steps", "20", "--seed", "1",
 			"--out", filepath.Join(dir, "out"))
 		require.NotEqual(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 		for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11"} {
