@@ -44,9 +44,10 @@ func Installed() error {
 }
 
 // Start makes a cluster in a new temporary directory and starts PostgreSQL
-// on it, returning once it accepts connections. Its error wraps
-// ErrNotInstalled where there is no PostgreSQL to run.
-func Start() (*Server, error) {
+// on it, returning once it accepts connections; settings are more
+// "name=value" settings of the server's. Its error wraps ErrNotInstalled
+// where there is no PostgreSQL to run.
+func Start(settings ...string) (*Server, error) {
 	if err := Installed(); err != nil {
 		return nil, err
 	}
@@ -62,7 +63,7 @@ func Start() (*Server, error) {
 		return nil, err
 	}
 	s := &Server{dir: dir, log: &syncbuf.Buffer{}}
-	if err := s.start(bin, attr); err != nil {
+	if err := s.start(bin, attr, settings); err != nil {
 		return nil, errors.Join(err, s.Stop())
 	}
 	return s, nil
@@ -116,7 +117,7 @@ type Server struct {
 	log    *syncbuf.Buffer
 }
 
-func (s *Server) start(bin string, attr *syscall.SysProcAttr) error {
+func (s *Server) start(bin string, attr *syscall.SysProcAttr, settings []string) error {
 	data := filepath.Join(s.dir, "data")
 	if err := prepareDirs(s.dir, data, attr); err != nil {
 		return err
@@ -130,8 +131,11 @@ func (s *Server) start(bin string, attr *syscall.SysProcAttr) error {
 	if s.port, err = freePort(); err != nil {
 		return err
 	}
-	s.cmd = s.command(attr, filepath.Join(bin, "postgres"), "-D", data,
-		"-c", "listen_addresses=127.0.0.1", "-k", data, "-p", strconv.Itoa(s.port))
+	args := []string{"-D", data, "-c", "listen_addresses=127.0.0.1", "-k", data, "-p", strconv.Itoa(s.port)}
+	for _, set := range settings {
+		args = append(args, "-c", set)
+	}
+	s.cmd = s.command(attr, filepath.Join(bin, "postgres"), args...)
 	if err := s.cmd.Start(); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
