@@ -125,7 +125,7 @@ func TestTrackRecord(t *testing.T) {
 	// From seed 1 every mutant is caught within five checks (TestMutantsCaught
 	// has the numbers); a short shrink is enough for the track record's
 	// rows, which TestMutantsCaught shrinks fully.
-	code, stdout, stderr := runCLI(t, "mutants", "--checks", "6", "--seed", "1", "--shrink-time", "1s", "--json")
+	code, stdout, stderr := runCLI(t, "mutants", "--checks", "6", "--seed", "1", "--shrink-time", "200ms", "--json")
 	require.Equal(t, exitOK, code, stdout+stderr)
 	var rows []trackRow
 	require.NoError(t, json.Unmarshal([]byte(stdout), &rows))
