@@ -83,9 +83,7 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 			out.Open = !drain(events, closer)
 			return out
 		}
-		if reply.Len() < maxKeptReply {
-			reply.WriteString(clipReply(c.Text()))
-		}
+		addReply(&reply, c.Text())
 		if c.Finish() == openai.FinishStop {
 			stopped = true
 		}

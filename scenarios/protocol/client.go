@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/internal/sse"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
@@ -379,4 +380,34 @@ func malformed(reply, what string, out Response) Response {
 	out.Reply, out.Outcome = reply, model.Unknown
 	out.Detail, out.Cause = "malformed "+what+" from the server", CauseMalformed
 	return out
+}
+
+// eachEvent reads a stream of JSON events, each decoded into an E and
+// handed to on with the reply text so far, until on says the event ended
+// the turn (and set its outcome); a stream that ends first leaves the
+// outcome unknown, ended saying so.
+func eachEvent[E any](ctx context.Context, body io.Reader, ended string, out Response, on func(ev E, reply *strings.Builder, out *Response) bool) Response {
+	var reply strings.Builder
+	events := sse.NewReader(body)
+	for {
+		data, err := events.Next()
+		if err != nil {
+			return streamEnded(ctx, err, reply.String(), ended, CauseNotCompleted, out)
+		}
+		var ev E
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			return malformed(reply.String(), "event", out)
+		}
+		if on(ev, &reply, &out) {
+			out.Reply = reply.String()
+			return out
+		}
+	}
+}
+
+// addReply keeps text as more of a reply, up to maxKeptReply.
+func addReply(reply *strings.Builder, text string) {
+	if reply.Len() < maxKeptReply {
+		reply.WriteString(clipReply(text))
+	}
 }

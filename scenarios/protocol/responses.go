@@ -11,7 +11,6 @@ import (
 	"sync"
 
 	"github.com/turncheck/turncheck/internal/openai"
-	"github.com/turncheck/turncheck/internal/sse"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
 )
@@ -226,39 +225,28 @@ type responseEvent struct {
 // response's id comes with response.created, before the model is called,
 // so a client that drops the turn still knows which response it was.
 func readResponseEvents(ctx context.Context, body io.Reader, out Response) Response {
-	var reply strings.Builder
-	events := sse.NewReader(body)
-	for {
-		data, err := events.Next()
-		if err != nil {
-			return streamEnded(ctx, err, reply.String(), "stream ended without response.completed", CauseNotCompleted, out)
-		}
-		var ev responseEvent
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			return malformed(reply.String(), "event", out)
-		}
+	return eachEvent(ctx, body, "stream ended without response.completed", out, func(ev responseEvent, reply *strings.Builder, out *Response) bool {
 		if ev.Response != nil && ev.Response.ID != "" {
 			out.ID = ev.Response.ID
 		}
 		switch ev.Type {
 		case "response.output_text.delta":
-			if reply.Len() < maxKeptReply {
-				reply.WriteString(clipReply(ev.Delta))
-			}
+			addReply(reply, ev.Delta)
 		case "response.completed":
-			out.Outcome, out.Reply = model.OK, reply.String()
-			return out
+			out.Outcome = model.OK
+			return true
 		case "response.failed", "response.incomplete":
-			out.Outcome, out.Reply = model.Fail, reply.String()
+			out.Outcome = model.Fail
 			out.Detail, out.Cause = ev.Type, CauseFailedEvent
 			if ev.Response != nil && ev.Response.Error != nil {
 				out.Detail += ": " + ev.Response.Error.Message
 			}
-			return out
+			return true
 		case "error":
-			out.Outcome, out.Reply = model.Fail, reply.String()
+			out.Outcome = model.Fail
 			out.Detail, out.Cause = "error event: "+ev.Message, CauseFailedEvent
-			return out
+			return true
 		}
-	}
+		return false
+	})
 }

@@ -14,7 +14,6 @@ import (
 	"sync"
 
 	"github.com/turncheck/turncheck/internal/openai"
-	"github.com/turncheck/turncheck/internal/sse"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
@@ -117,35 +116,26 @@ func (w *sessions) read(ctx context.Context, _ Request, resp *http.Response, out
 // if the stream ends before either.
 func (w *sessions) readEvents(ctx context.Context, body io.Reader, out Response) Response {
 	rules := w.api.Events
-	var reply strings.Builder
-	events := sse.NewReader(body)
-	for {
-		data, err := events.Next()
-		if err != nil {
-			return streamEnded(ctx, err, reply.String(), "stream ended before an event that ends the turn", CauseNotCompleted, out)
-		}
-		var ev any
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			return malformed(reply.String(), "event", out)
-		}
+	return eachEvent(ctx, body, "stream ended before an event that ends the turn", out, func(ev any, reply *strings.Builder, out *Response) bool {
 		typ, _ := field(ev, rules.TypeField).(string)
 		switch {
 		case typ == rules.Text:
-			if text, ok := field(ev, rules.TextField).(string); ok && reply.Len() < maxKeptReply {
-				reply.WriteString(clipReply(text))
+			if text, ok := field(ev, rules.TextField).(string); ok {
+				addReply(reply, text)
 			}
 		case slices.Contains(rules.Done, typ):
-			out.Outcome, out.Reply = model.OK, reply.String()
-			return out
+			out.Outcome = model.OK
+			return true
 		case slices.Contains(rules.Failure, typ):
-			out.Outcome, out.Reply = model.Fail, reply.String()
+			out.Outcome = model.Fail
 			out.Detail, out.Cause = typ+" event", CauseFailedEvent
 			if msg, ok := field(ev, rules.ErrorField).(string); ok && rules.ErrorField != "" {
 				out.Detail += ": " + msg
 			}
-			return out
+			return true
 		}
-	}
+		return false
+	})
 }
 
 // field is the value at path in a decoded JSON value: names of object
