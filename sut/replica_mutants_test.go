@@ -36,24 +36,29 @@ func waitingOrDone(t *testing.T, g *sut.Gauge, f *inFlight) *reply {
 	}
 }
 
+// heldOnOneSentToOther commits a turn of c1 on replica a, sends a second
+// that a's model holds, and a third to replica b (returned), on two
+// replicas with mutant m: b's turn must wait for a's and then see it.
+func heldOnOneSentToOther(t *testing.T, m sut.Mutant) (b *raceEnv, held *held, r2, r3 *inFlight) {
+	t.Helper()
+	rs := raceReplicas(t, 2, sut.Config{Mutant: m})
+	a, b := rs[0], rs[1]
+	require.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
+	held = a.model.hold("tc-u2")
+	r2 = a.send(t, "c1", "tc-u2", false)
+	arrive(t, held, "tc-u2")
+	return b, held, r2, b.send(t, "c1", "tc-u3", false)
+}
+
 // replicaOnlyMutantCases are the mutants whose bug needs two replicas: each
 // reports whether its bug showed.
-var replicaOnlyMutantCases = []struct {
-	mutant sut.Mutant
-	run    func(t *testing.T, m sut.Mutant) bool
-}{
+var replicaOnlyMutantCases = []replicaMutantCase{
 	{
 		// T4: a turn sent to replica b while replica a runs one on the
 		// same conversation does not wait for it, and forks.
 		mutant: sut.ReplicaLocalLock,
 		run: func(t *testing.T, m sut.Mutant) bool {
-			rs := raceReplicas(t, 2, sut.Config{Mutant: m})
-			a, b := rs[0], rs[1]
-			require.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
-			held := a.model.hold("tc-u2")
-			r2 := a.send(t, "c1", "tc-u2", false)
-			arrive(t, held, "tc-u2")
-			r3 := b.send(t, "c1", "tc-u3", false)
+			b, held, r2, r3 := heldOnOneSentToOther(t, m)
 			early := waitingOrDone(t, b.gauge, r3)
 			held.open()
 			requireOK(t, r2.wait(t), false)
@@ -90,13 +95,7 @@ var replicaOnlyMutantCases = []struct {
 		// on the base from before it, and its commit overwrites it.
 		mutant: sut.ReplicaCommitUnlocked,
 		run: func(t *testing.T, m sut.Mutant) bool {
-			rs := raceReplicas(t, 2, sut.Config{Mutant: m})
-			a, b := rs[0], rs[1]
-			require.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
-			held := a.model.hold("tc-u2")
-			r2 := a.send(t, "c1", "tc-u2", false)
-			arrive(t, held, "tc-u2")
-			r3 := b.send(t, "c1", "tc-u3", false)
+			b, held, r2, r3 := heldOnOneSentToOther(t, m)
 			awaitWaiting(t, b.gauge, 1)
 			held.open()
 			requireOK(t, r2.wait(t), false)
@@ -113,14 +112,7 @@ var replicaOnlyMutantCases = []struct {
 
 // TestReplicaOnlyMutantsBite: each mutant of replicas shows its bug on two
 // replicas, and the clean server does not.
-func TestReplicaOnlyMutantsBite(t *testing.T) {
-	for _, rc := range replicaOnlyMutantCases {
-		t.Run(string(rc.mutant), func(t *testing.T) {
-			assert.True(t, rc.run(t, rc.mutant), "the mutant's bug must show")
-			assert.False(t, rc.run(t, sut.Clean), "the clean server must not have the bug")
-		})
-	}
-}
+func TestReplicaOnlyMutantsBite(t *testing.T) { bite(t, replicaOnlyMutantCases) }
 
 // TestReplicaOnlyMutantsAreRightAlone: in one process on SQLite, each
 // mutant of replicas passes what shows its bug on two replicas:

@@ -173,10 +173,7 @@ func TestReplicaCrashLosesNoAcknowledgedTurn(t *testing.T) {
 
 // replicaMutantCases are the mutants of the store and the cache, on
 // PostgreSQL: each reports whether its bug showed.
-var replicaMutantCases = []struct {
-	mutant sut.Mutant
-	run    func(t *testing.T, m sut.Mutant) bool
-}{
+var replicaMutantCases = []replicaMutantCase{
 	{
 		// T7: a turn acknowledged but still queued dies with its replica.
 		mutant: sut.AckBeforeDurable,
@@ -203,8 +200,19 @@ var replicaMutantCases = []struct {
 // TestReplicaMutantsBite: the mutants of the store and the cache keep
 // their bugs on PostgreSQL, and the clean server has none of them. Not in
 // parallel: it sets the flush interval of every server started meanwhile.
-func TestReplicaMutantsBite(t *testing.T) {
-	for _, rc := range replicaMutantCases {
+func TestReplicaMutantsBite(t *testing.T) { bite(t, replicaMutantCases) }
+
+// replicaMutantCase is a mutant of replicas and how to show its bug: run
+// reports whether it showed on a server with mutant m.
+type replicaMutantCase struct {
+	mutant sut.Mutant
+	run    func(t *testing.T, m sut.Mutant) bool
+}
+
+// bite runs each case: its mutant's bug must show, and the clean
+// server's must not.
+func bite(t *testing.T, cases []replicaMutantCase) {
+	for _, rc := range cases {
 		t.Run(string(rc.mutant), func(t *testing.T) {
 			assert.True(t, rc.run(t, rc.mutant), "the mutant's bug must show")
 			assert.False(t, rc.run(t, sut.Clean), "the clean server must not have the bug")
