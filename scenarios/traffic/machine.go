@@ -55,6 +55,8 @@ type Machine struct {
 	// server loads now, and tags counts the queries drawn so far.
 	sources []string
 	tags    int
+	// replicas is how many replicas serve the server (1 for one process).
+	replicas int
 }
 
 // New returns the machine of one check, run in sess: stats counts what it
@@ -62,7 +64,8 @@ type Machine struct {
 // that led to it) before the check fails, and onDead of a server that
 // stopped answering.
 func New(sess *execute.Session, stats *report.Stats, onViolation func(*model.Violation, []plan.Plan, []history.Op), onDead func(error)) *Machine {
-	return &Machine{Session: sess, stats: stats, onViolation: onViolation, onDead: onDead}
+	return &Machine{Session: sess, stats: stats, onViolation: onViolation, onDead: onDead,
+		replicas: len(targets.URLs(sess.Server))}
 }
 
 // Actions are the machine's actions, by name, for rapid.T.Repeat.
@@ -112,7 +115,7 @@ func (m *Machine) restart(t *rapid.T) {
 			m.sources = r.Sources
 		}
 	}
-	if n := len(targets.URLs(m.Server)); n > 1 && r.Sources == nil && rapid.Bool().Draw(t, "one replica") {
+	if n := m.replicas; n > 1 && r.Sources == nil && rapid.Bool().Draw(t, "one replica") {
 		// One replica stops or dies; the others go on serving the store.
 		i := rapid.IntRange(0, n-1).Draw(t, "which replica")
 		r.Replica = &i
@@ -269,7 +272,7 @@ func (m *Machine) newConv(t *rapid.T) *conv {
 // it: turns of one conversation then meet on different replicas, where a
 // lock or a cache held in one process serves nothing.
 func (m *Machine) step(t *rapid.T, p plan.Plan) {
-	if n := len(targets.URLs(m.Server)); n > 1 {
+	if n := m.replicas; n > 1 {
 		for i := range p.Sends {
 			if p.Restart != nil && p.Restart.Replica != nil {
 				// The turn in flight when the replica crashes is its.
