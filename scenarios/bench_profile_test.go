@@ -57,15 +57,7 @@ func BenchmarkChecksPerMinute(b *testing.B) {
 		target := profileTarget(b, bin, server.extra...)
 		for _, parallel := range []int{1, scenarios.Parallel(target, 0)} {
 			b.Run(fmt.Sprintf("%s/parallel=%d", server.name, parallel), func(b *testing.B) {
-				checks, steps, elapsed := 0, 0, time.Duration(0)
-				for b.Loop() {
-					c, err := scenarios.Conform(target, scenarios.Options{Checks: server.checks, Steps: 20, Seed: 1, Parallel: parallel})
-					require.NoError(b, err)
-					require.Empty(b, c.Failures(), "the clean server failed")
-					checks, steps, elapsed = checks+c.Stats.Checks, steps+c.Stats.Steps, elapsed+c.Elapsed
-				}
-				b.ReportMetric(float64(checks)/elapsed.Minutes(), "checks/min")
-				b.ReportMetric(float64(steps)/elapsed.Seconds(), "steps/s")
+				measureChecks(b, target, server.checks, parallel)
 			})
 		}
 	}
