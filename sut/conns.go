@@ -67,10 +67,9 @@ type connTracker struct {
 	logged                     atomic.Int64
 	loggedEvicted, loggedRefus atomic.Int64
 
-	// now is the clock stalls are judged by.
-	now func() time.Time
-
 	mu sync.Mutex
+	// now is the clock stalls are judged by (read and set under mu).
+	now func() time.Time
 	// open lists the connections counted in by phase, each in the order
 	// they entered it: the front of each has been in it longest.
 	open     [phases]*list.List // of *trackedConn
