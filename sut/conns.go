@@ -15,15 +15,18 @@ import (
 // A server that accepts every connection runs out of file descriptors under
 // a crowd of slow clients, and then cannot even reach its model. The
 // listener Serve uses counts the connections it has open and keeps them to
-// MaxConns. Past the cap, a new connection takes the place of one on which
-// no turn is running, the cheapest to lose first: one that has had
-// headWindow to send its request head and has not (a header slowloris),
-// then one idle between requests, then one whose head is in but whose
-// body is not (a body slowloris, or a request being refused), and only
-// then one still within its headWindow; within each, the oldest, the
-// likeliest to be stalled. A client that sends its request promptly is
-// thus served even while thousands of stalled ones wait for their
-// deadlines. Only when a turn runs on every connection is the new one
+// MaxConns. Past the cap, a new connection takes the place of a stalled
+// one: one that has waited stallAfter for a request head (a header
+// slowloris, first), one idle for stallAfter since its last answer, one
+// whose body has not come within stallAfter of its head (a body
+// slowloris); within each, the one stalled longest. A client sends its
+// request at once, so none of its connections ranks as stalled while it
+// works: a keep-alive client keeps its connection through a flood. Failing
+// a stalled one, the newcomer takes the place of the oldest other newcomer
+// with no head yet (a flood of them turns over, and a client's connection
+// among them is safe as soon as its head is in); a connection with a
+// request in (coming, running, or answered within stallAfter) is never
+// dropped for one without. Failing that too, the new connection is
 // refused: 503 with Retry-After, written before its request is read. The
 // cap being hit is counted, and logged at most once per capLogEvery.
 
@@ -39,9 +42,11 @@ const (
 // flood must not flood the log too.
 const capLogEvery = 10 * time.Second
 
-// headWindow is how long a new connection has to send its request head
-// before it ranks as stalled: a client on this machine sends it at once.
-const headWindow = time.Second
+// stallAfter is how long a connection may wait for a request head (new,
+// or idle since its last answer), or for the body of a request whose head
+// is in, before it ranks as stalled: a client on this machine sends its
+// request at once, and its body with its head.
+const stallAfter = time.Second
 
 // overloadedResponse answers a connection refused past the cap.
 var overloadedResponse = []byte(jsonResponse(503, "Service Unavailable", "overloaded",
@@ -63,8 +68,11 @@ type connTracker struct {
 	loggedEvicted, loggedRefus atomic.Int64
 
 	mu sync.Mutex
-	// open lists the connections counted in, oldest first.
-	open     *list.List // of *trackedConn
+	// now is the clock stalls are judged by (read and set under mu).
+	now func() time.Time
+	// open lists the connections counted in by phase, each in the order
+	// they entered it: the front of each has been in it longest.
+	open     [phases]*list.List // of *trackedConn
 	stopping bool
 	refusing map[net.Conn]struct{}
 	refusals sync.WaitGroup
@@ -74,7 +82,36 @@ type connTracker struct {
 }
 
 func newConnTracker(max int, log *slog.Logger) *connTracker {
-	return &connTracker{max: max, log: log, open: list.New(), refusing: map[net.Conn]struct{}{}}
+	t := &connTracker{max: max, log: log, now: time.Now, refusing: map[net.Conn]struct{}{}}
+	for p := range t.open {
+		t.open[p] = list.New()
+	}
+	return t
+}
+
+// phase is where a connection is in its request cycle.
+type phase int
+
+const (
+	// waiting: admitted, no request head yet.
+	waiting phase = iota
+	// idle: between requests, its last one answered.
+	idle
+	// reading: a request head in, no turn running (its body is coming,
+	// or the request is being refused).
+	reading
+	// working: a turn runs on it; it is never dropped for a newcomer.
+	working
+	phases
+)
+
+// openLocked is how many connections are counted in.
+func (t *connTracker) openLocked() int {
+	n := 0
+	for _, l := range t.open {
+		n += l.Len()
+	}
+	return n
 }
 
 // trackedConn is a connection the tracker counts. Its handler tells it when
@@ -89,33 +126,22 @@ type trackedConn struct {
 	closed   sync.Once
 
 	// Under tracker.mu:
-	elem *list.Element // nil once counted out
-	busy bool          // a turn runs on it: it is never evicted
-	// admitted is when the tracker counted it in.
-	admitted time.Time
-
-	// headIn says that a request head has come in on it: a handler runs,
-	// or ran (the connection is idle between requests).
-	headIn atomic.Bool
+	elem  *list.Element // in tracker.open[phase]; nil once counted out
+	phase phase
+	// since is when it entered its phase.
+	since time.Time
 }
 
-// evictionClass ranks tc, at now, as a connection to drop for a
-// newcomer: 0 first (no request head within headWindow), then 1 (idle
-// between requests), then 2 (a request being read or refused), then 3
-// (no request head yet, within headWindow); -1 never (a turn runs on it).
-// Called under tracker.mu.
-func (tc *trackedConn) evictionClass(now time.Time) int {
-	switch {
-	case tc.busy:
-		return -1
-	case !tc.headIn.Load() && now.Sub(tc.admitted) >= headWindow:
-		return 0
-	case !tc.headIn.Load():
-		return 3
-	case tc.handling.Load() == 0:
-		return 1
+// moveLocked puts tc, counted in, in phase p from now on. Called under
+// tracker.mu.
+func (tc *trackedConn) moveLocked(p phase) {
+	if tc.elem == nil {
+		return
 	}
-	return 2
+	t := tc.tracker
+	t.open[tc.phase].Remove(tc.elem)
+	tc.phase, tc.since = p, t.now()
+	tc.elem = t.open[p].PushBack(tc)
 }
 
 // listener wraps ln so that its connections are tracked.
@@ -140,8 +166,8 @@ func (l trackingListener) Accept() (net.Conn, error) {
 	}
 }
 
-// admit counts c in, evicting the oldest connection without a turn if the
-// cap is reached, or refuses it (nil) if every connection has a turn.
+// admit counts c in, making room past the cap (victimLocked), or refuses
+// it (nil) if there is none to make.
 func (t *connTracker) admit(c net.Conn) *trackedConn {
 	t.mu.Lock()
 	if t.stopping {
@@ -150,7 +176,7 @@ func (t *connTracker) admit(c net.Conn) *trackedConn {
 		return nil
 	}
 	var victim *trackedConn
-	if t.open.Len() >= t.max {
+	if t.openLocked() >= t.max {
 		victim = t.victimLocked()
 		if victim == nil {
 			t.mu.Unlock()
@@ -162,8 +188,8 @@ func (t *connTracker) admit(c net.Conn) *trackedConn {
 		t.countOutLocked(victim)
 		t.evicted.Add(1)
 	}
-	tc := &trackedConn{Conn: c, tracker: t, admitted: time.Now()}
-	tc.elem = t.open.PushBack(tc)
+	tc := &trackedConn{Conn: c, tracker: t, phase: waiting, since: t.now()}
+	tc.elem = t.open[waiting].PushBack(tc)
 	t.live.Add(1)
 	t.mu.Unlock()
 	if victim != nil {
@@ -174,18 +200,24 @@ func (t *connTracker) admit(c net.Conn) *trackedConn {
 	return tc
 }
 
-// victimLocked is the connection to drop for a newcomer: the oldest of
-// the cheapest class (evictionClass), nil if a turn runs on every one.
+// victimLocked is the connection to drop for a newcomer: the one stalled
+// longest waiting for a head, idle, or reading a body, in that order; else
+// the oldest newcomer; nil if every connection has a request in. Each
+// phase's list is in the order its connections entered it, so only the
+// fronts are looked at.
 func (t *connTracker) victimLocked() *trackedConn {
-	var victim *trackedConn
-	best, now := 4, time.Now()
-	for e := t.open.Front(); e != nil && best > 0; e = e.Next() {
-		tc := e.Value.(*trackedConn)
-		if c := tc.evictionClass(now); c >= 0 && c < best {
-			victim, best = tc, c
+	now := t.now()
+	for _, p := range []phase{waiting, idle, reading} {
+		if e := t.open[p].Front(); e != nil {
+			if tc := e.Value.(*trackedConn); now.Sub(tc.since) >= stallAfter {
+				return tc
+			}
 		}
 	}
-	return victim
+	if e := t.open[waiting].Front(); e != nil {
+		return e.Value.(*trackedConn)
+	}
+	return nil
 }
 
 // logCap logs the cap being hit, with what it cost since the last time,
@@ -199,13 +231,13 @@ func (t *connTracker) logCap() {
 		return
 	}
 	ev, rf := t.evicted.Load(), t.refused.Load()
-	t.log.Warn("connection cap reached: stalled connections dropped to make room, new ones refused when every connection runs a turn",
+	t.log.Warn("connection cap reached: stalled or newest connections dropped to make room, new ones refused when every connection has a request in",
 		"max_conns", t.max, "dropped", ev-t.loggedEvicted.Swap(ev), "refused", rf-t.loggedRefus.Swap(rf))
 }
 
 func (t *connTracker) countOutLocked(tc *trackedConn) {
 	if tc.elem != nil {
-		t.open.Remove(tc.elem)
+		t.open[tc.phase].Remove(tc.elem)
 		tc.elem = nil
 	}
 }
@@ -251,13 +283,14 @@ func (t *connTracker) stop() {
 	t.mu.Lock()
 	t.stopping = true
 	var drop []net.Conn
-	for e := t.open.Front(); e != nil; {
-		next := e.Next()
-		if tc := e.Value.(*trackedConn); !tc.busy {
+	for p := range working {
+		for e := t.open[p].Front(); e != nil; {
+			next := e.Next()
+			tc := e.Value.(*trackedConn)
 			t.countOutLocked(tc)
 			drop = append(drop, tc.Conn)
+			e = next
 		}
-		e = next
 	}
 	for c := range t.refusing {
 		drop = append(drop, c)
@@ -298,21 +331,25 @@ func connOf(ctx context.Context) *trackedConn {
 }
 
 // enter marks a handler running on the connection: its request head is
-// in.
+// in, and its body is coming.
 func (tc *trackedConn) enter() {
-	if tc != nil {
-		tc.handling.Add(1)
-		tc.headIn.Store(true)
+	if tc == nil {
+		return
 	}
+	tc.handling.Add(1)
+	tc.tracker.mu.Lock()
+	tc.moveLocked(reading)
+	tc.tracker.mu.Unlock()
 }
 
-// leave marks the handler done, and no turn running.
+// leave marks the handler done: the connection is idle, waiting for its
+// next request.
 func (tc *trackedConn) leave() {
 	if tc == nil {
 		return
 	}
 	tc.tracker.mu.Lock()
-	tc.busy = false
+	tc.moveLocked(idle)
 	tc.tracker.mu.Unlock()
 	tc.handling.Add(-1)
 }
@@ -329,7 +366,7 @@ func (tc *trackedConn) work() bool {
 	if tc.elem == nil {
 		return false
 	}
-	tc.busy = true
+	tc.moveLocked(working)
 	return true
 }
 

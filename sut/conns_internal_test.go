@@ -12,14 +12,19 @@ import (
 )
 
 // TestEvictionOrder: past the cap, a newcomer takes the place of a
-// connection that has not sent its request head within headWindow, then
-// of one idle between requests, then of one whose head is in (its body
-// still coming), and only then of one still within its headWindow; never
-// of one running a turn; within a class, the oldest. The cap being hit is
-// logged once per capLogEvery, with what it cost.
+// connection stalled for stallAfter waiting for its request head, then of
+// one stalled idle, then of one stalled on its body; within a phase, the
+// one that entered it first, not the oldest admitted. Failing those, of
+// the oldest newcomer with no head; never of one with a request in (its
+// body coming, its turn running, or answered within stallAfter): then
+// the newcomer is refused. The cap being hit is logged once per
+// capLogEvery, with what it cost. The tracker runs on a clock of the
+// test's.
 func TestEvictionOrder(t *testing.T) {
 	var log bytes.Buffer
 	tr := newConnTracker(4, slog.New(slog.NewTextHandler(&log, nil)))
+	clock := time.Now()
+	tr.now = func() time.Time { return clock }
 	admit := func() *trackedConn {
 		a, b := net.Pipe()
 		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
@@ -32,36 +37,46 @@ func TestEvictionOrder(t *testing.T) {
 		defer tr.mu.Unlock()
 		return tr.victimLocked()
 	}
-	// Oldest first: a turn, a request being read, an idle one, a header
-	// slowloris past its window.
-	turn, reading, idle, stalled := admit(), admit(), admit(), admit()
+	// Oldest first: a turn, a request being read, an idle one, a newcomer.
+	turn, reading, idle, waiting := admit(), admit(), admit(), admit()
 	turn.enter()
 	require.True(t, turn.work())
 	reading.enter()
 	idle.enter()
 	idle.leave()
-	tr.mu.Lock()
-	stalled.admitted = time.Now().Add(-2 * headWindow)
-	tr.mu.Unlock()
+	assert.Same(t, waiting, evicted(), "nothing stalled: the oldest newcomer, never a connection with its request in")
 
-	assert.Same(t, stalled, evicted(), "no request head within its window: the first to go")
-	fresh := admit() // within its window
-	assert.Same(t, idle, evicted(), "then an idle one, before a newcomer that may yet send its head")
+	clock = clock.Add(stallAfter)
+	assert.Same(t, waiting, evicted(), "no request head within stallAfter: the first to go")
+	fresh := admit()
+	assert.Same(t, idle, evicted(), "then one idle for stallAfter, before a newcomer that may yet send its head")
 	fresh2 := admit()
-	assert.Same(t, reading, evicted(), "then a request being read")
-	admit()
-	assert.Same(t, fresh, evicted(), "and a newcomer within its window only when nothing else is left")
-	for _, tc := range []*trackedConn{fresh, fresh2} {
-		tc.enter()
-		require.True(t, tc.work())
-	}
-	last := evicted()
-	last.enter()
-	require.True(t, last.work())
-	assert.Nil(t, evicted(), "a turn runs on every connection")
+	assert.Same(t, reading, evicted(), "then a body that has not come within stallAfter")
+	fresh3 := admit()
+	assert.Same(t, fresh, evicted(), "and then the oldest newcomer")
+
+	// Every connection has a request in: coming, running, or answered.
+	fresh.enter()
+	fresh2.enter()
+	fresh2.leave()
+	fresh3.enter()
+	require.True(t, fresh3.work())
+	assert.Nil(t, evicted(), "a connection with its request in is never dropped for one without")
 	a, b := net.Pipe()
 	defer func() { _ = a.Close(); _ = b.Close() }()
 	assert.Nil(t, tr.admit(a), "the newcomer is refused")
+
+	// The turn admitted first ends after fresh2's: fresh2 has been idle
+	// longer, and goes first.
+	clock = clock.Add(stallAfter / 2)
+	turn.leave()
+	clock = clock.Add(stallAfter / 2)
+	assert.Same(t, fresh2, evicted(), "idle for stallAfter")
+	clock = clock.Add(stallAfter / 2)
+	tr.mu.Lock()
+	tr.countOutLocked(fresh2)
+	tr.mu.Unlock()
+	assert.Same(t, turn, evicted(), "the idle one stalled longest, not the oldest admitted")
 	tr.stop()
 	tr.refusals.Wait()
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,28 +82,119 @@ func count(bs []bool) int {
 	return n
 }
 
+// stallHead opens a connection to addr and sends the start of a request
+// head, then nothing (a header slowloris). The connection is closed when
+// the test ends.
+func stallHead(t testing.TB, addr string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, requestDeadline)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	_, err = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+	require.NoError(t, err)
+	return c
+}
+
+// stoppedClock is a connection clock that never moves: no connection
+// ever stalls on it.
+func stoppedClock() func() time.Time {
+	at := time.Now()
+	return func() time.Time { return at }
+}
+
 // TestStalledClientsDoNotStarveTurns: hundreds of clients that send their
 // headers and one byte of body, then nothing, neither hold more than
 // MaxConns connections nor keep a client that sends a whole turn from
-// being served at once. The body deadline is a minute here, so that it is
-// the cap that makes room, not the deadline.
+// being served at once once they have stalled (stallAfter, moved on the
+// server's connection clock here). The body deadline is a minute, so that
+// it is the cap that makes room, not the deadline.
 func TestStalledClientsDoNotStarveTurns(t *testing.T) {
 	const stalled, maxConns = 300, 64
 	e := newEnv(t, sut.Config{MaxConns: maxConns, BodyTimeout: time.Minute})
+	var ahead atomic.Int64
+	e.srv.SetConnClock(func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) })
 	conns := make([]net.Conn, stalled)
 	for i := range conns {
 		conns[i] = stall(t, addrOf(e.srv.URL()), 100)
 	}
+	// Every stalled client was taken in or refused: the server holds the
+	// cap's worth.
+	require.Eventually(t, func() bool { return count(stillOpen(conns, 10*time.Millisecond)) == maxConns },
+		requestDeadline, time.Millisecond)
+	ahead.Store(int64(time.Minute))
 	start := time.Now()
 	require.Equal(t, toks("u1"), e.ok(t, "", "c1", "tc-u1"))
 	took := time.Since(start)
 	open := count(stillOpen(conns, 300*time.Millisecond))
 	t.Logf("%d stalled connections (cap %d): a turn took %s; %d stalled ones still open", stalled, maxConns, took, open)
 	assert.Less(t, took, 2*time.Second, "a turn must not wait for stalled clients")
-	assert.LessOrEqual(t, open, maxConns, "the server holds more connections than its cap")
-	// The newest stalled ones are those kept: the oldest made room.
-	assert.Positive(t, open, "the newest stalled clients may stay until their deadline")
+	assert.Less(t, open, maxConns, "the server holds more connections than its cap")
+	assert.Positive(t, open, "the stalled clients not dropped for the turn may stay until their deadline")
 	assert.Equal(t, toks("u1", "a1", "u2"), e.ok(t, "", "c1", "tc-u2"))
+}
+
+// TestKeepAliveClientOutlastsANewcomerFlood: a client whose connection is
+// idle between its turns keeps it while a crowd of newcomers that send
+// part of a head, none stalled yet, turns over past the cap: each takes
+// the place of the oldest newcomer, and the client's next turn is served
+// on the same connection.
+func TestKeepAliveClientOutlastsANewcomerFlood(t *testing.T) {
+	const newcomers, maxConns = 40, 8
+	e := newEnv(t, sut.Config{MaxConns: maxConns})
+	e.srv.SetConnClock(stoppedClock())
+	c, err := net.Dial("tcp", addrOf(e.srv.URL()))
+	require.NoError(t, err)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	turn := func(tok string) int {
+		body := chatBody(t, false, user(tok+" hello from the test"))
+		_, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"+
+			"X-Conversation-Id: c1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		require.NoError(t, err)
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(requestDeadline)))
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err, "the client's connection was dropped")
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, turn("tc-u1"))
+
+	conns := make([]net.Conn, newcomers)
+	for i := range conns {
+		conns[i] = stallHead(t, addrOf(e.srv.URL()))
+	}
+	// The newcomers are in: past the cap, each took the place of one.
+	require.Eventually(t, func() bool { return count(stillOpen(conns, 10*time.Millisecond)) <= maxConns },
+		requestDeadline, time.Millisecond)
+	require.Equal(t, http.StatusOK, turn("tc-u2"), "the turn on the kept connection")
+	assert.Equal(t, maxConns-1, count(stillOpen(conns, 10*time.Millisecond)), "each took the place of the oldest newcomer")
+}
+
+// TestNewcomerRefusedWhileEveryConnectionHasARequestIn: at MaxConns, with
+// the head of a request in on every connection (its body still coming,
+// within stallAfter), a new connection gets 503 and none of theirs is
+// dropped; once their bodies have stalled, a new one takes the place of
+// the one stalled longest.
+func TestNewcomerRefusedWhileEveryConnectionHasARequestIn(t *testing.T) {
+	const maxConns = 4
+	g := &sut.Gauge{}
+	e := newEnv(t, sut.Config{MaxConns: maxConns, BodyTimeout: time.Minute, Gauge: g})
+	var ahead atomic.Int64
+	e.srv.SetConnClock(func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) })
+	var conns []net.Conn
+	for i := range maxConns {
+		conns = append(conns, stall(t, addrOf(e.srv.URL()), 100))
+		// One at a time, so that they stall in order.
+		awaitGauge(t, g, fmt.Sprintf("%d bodies being read", i+1), func(working, _ int) bool { return working == i+1 })
+	}
+	r := e.post(t, chatBody(t, false, user("tc-u1 hello")), headers("", "c1"))
+	requireErrorBody(t, r, http.StatusServiceUnavailable, "overloaded")
+	assert.Equal(t, []bool{true, true, true, true}, stillOpen(conns, 100*time.Millisecond), "a request coming in was dropped for a newcomer")
+
+	ahead.Store(int64(time.Minute))
+	assert.Equal(t, toks("u1"), e.ok(t, "", "c1", "tc-u1"))
+	assert.Equal(t, []bool{false, true, true, true}, stillOpen(conns, 100*time.Millisecond), "the body stalled longest makes room")
 }
 
 // TestStalledClientsUnderTheDefaultCaps: the same crowd under the default

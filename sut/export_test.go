@@ -26,3 +26,10 @@ func Redact(keys []string, modelURL, s string) string {
 	}
 	return newRedactor(keys, u).redact(s)
 }
+
+// SetConnClock sets the clock r's connection cap judges stalls by.
+func (r *Running) SetConnClock(now func() time.Time) {
+	r.conns.mu.Lock()
+	defer r.conns.mu.Unlock()
+	r.conns.now = now
+}

@@ -134,9 +134,9 @@ type Config struct {
 	// next request. Start and Serve only.
 	IdleTimeout time.Duration
 	// MaxConns bounds the client connections open at once; past it a new
-	// one takes the place of the oldest on which no turn runs, or gets
-	// 503 with Retry-After if a turn runs on every one (conns.go). Start
-	// and Serve only.
+	// one takes the place of a stalled one, else of the oldest newcomer
+	// with no request head yet, or gets 503 with Retry-After if every one
+	// has a request in (conns.go). Start and Serve only.
 	MaxConns int
 	// MaxRequests bounds the turn requests worked on at once, counted
 	// from the end of their body (running, or waiting for their

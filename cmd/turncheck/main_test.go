@@ -27,8 +27,14 @@ import (
 )
 
 // TestMain fails the tests on a leaked goroutine, and on a server process
-// that outlived them.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(procs.Checked(m)) }
+// that outlived them. Started as a flooder (floodEnv), the binary floods
+// instead.
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(floodEnv); spec != "" {
+		os.Exit(flooder(spec))
+	}
+	goleak.VerifyTestMain(procs.Checked(m))
+}
 
 // runCLI runs the CLI with args and returns its exit status and output.
 // A run of check or conform keeps its results in a temporary directory

@@ -68,10 +68,11 @@ Limits and timeouts (flag, default):
                                    under serialize (503)
   --grace                 10s      on stop, for turns in flight
   --max-conns             1024     open client connections; past it a new one replaces
-                                   one on which no turn runs: first the oldest that sent
-                                   no request head within 1s, then an idle one, then one
-                                   whose body is still coming, then the oldest newcomer;
-                                   503 with Retry-After: 1 if a turn runs on every one
+                                   a stalled one: first one that has waited 1s for a
+                                   request head, then one idle for 1s, then one whose
+                                   body has not come within 1s of its head; else the
+                                   oldest newcomer with no head yet; never one with a
+                                   request in: if every one has, 503 with Retry-After: 1
                                    (the cap being hit is logged at most every 10s)
   --max-requests          512      chat requests worked on at once, from the end of
                                    their body (503 with Retry-After: 1); also the
