@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/internal/procs"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
@@ -29,7 +30,7 @@ func TestMain(m *testing.M) {
 	}
 	// A leaked goroutine fails the tests, and so does a server process
 	// that outlived them.
-	goleak.VerifyTestMain(procs.Checked(m))
+	goleak.VerifyTestMain(procs.Checked(pgtest.Main(m)))
 }
 
 // TestReferenceServerPasses runs the state machine against the clean
@@ -65,8 +66,7 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.ResponseCrossKey:        {model.T5},
 	sut.SessionExactSourceKey:   {model.T8},
 	sut.BranchMutatesBase:       {model.T4},
-	// Bugs of replicas over one PostgreSQL, caught through a replicated
-	// profile (TestConformMutantsThroughProfile in cmd/turncheck).
+	// Bugs of replicas over one PostgreSQL.
 	sut.ReplicaLocalLock:      {model.T4},
 	sut.ReplicaStaleCache:     {model.T2},
 	sut.ReplicaCommitUnlocked: {model.T4},
@@ -102,21 +102,29 @@ func TestMutantsCaught(t *testing.T) {
 	require.Len(t, caughtAs, len(sut.Mutants()), "every mutant needs an entry")
 	for _, info := range sut.Mutants() {
 		t.Run(string(info.Mutant), func(t *testing.T) {
-			if info.Replicas > 0 {
-				// The in-process server is one process on SQLite, where
-				// the bug does not show: it is caught through a replicated
-				// profile, TestConformMutantsThroughProfile.
-				t.Skipf("caught on %d replicas over PostgreSQL, through a replicated profile (TestConformMutantsThroughProfile)", info.Replicas)
-			}
 			t.Parallel() // checks and replays of the in-process server run at once
 			target := reference.WithMutant(info.Mutant)
+			if info.Replicas > 0 {
+				// One server does not show the bug: replicas in process,
+				// each start on a fresh schema of the test's PostgreSQL
+				// (skipped without one).
+				pgtest.Start(t)
+				target.Replicas = info.Replicas
+				target.Store = func() (string, error) { return pgtest.Start(t), nil }
+			}
 			// A generous bound: a shrink that is done takes well under it on
 			// an idle machine, and only a shrink that is done is held to a
 			// length, so a loaded machine slows the test, never fails it.
 			// The seed is fixed: whether 100 checks reach a bug is the
 			// search's luck (shallow-clone went uncaught in 50 from a
 			// drawn seed), and the in-process server replays it exactly.
-			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: 30 * time.Second})
+			shrinkTime := 30 * time.Second
+			if info.Replicas > 0 {
+				// Each candidate starts replicas on a fresh store, a tenth
+				// of a second or more: the shrink is cut shorter.
+				shrinkTime = 5 * time.Second
+			}
+			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: shrinkTime})
 			require.NoError(t, err)
 			require.NotNil(t, res.Failure, "mutant %s (%s) not caught in %d checks (seed %d)",
 				info.Mutant, info.Issue, res.Checks, res.Seed)
@@ -134,16 +142,24 @@ func TestMutantsCaught(t *testing.T) {
 				info.Mutant, f.Violation.Invariant, f.FoundAfter, f.FoundIn, len(f.Plans), res.Elapsed, f.Seed)
 
 			// The saved plans replay, without rapid, to the very same report,
-			// twice in a row.
+			// twice in a row. Across replicas, to the same violation: the
+			// order in which the store's locks let independent requests
+			// through is the store's, not the harness's.
 			reports := make([]string, 2)
 			for i := range reports {
 				history, v, err := scenarios.Replay(target, f.Plans)
 				require.NoError(t, err)
 				require.NotNil(t, v, "the shrunk plans did not fail again")
+				if info.Replicas > 0 {
+					assert.Equal(t, *f.Violation, *v, "replay %d", i+1)
+					continue
+				}
 				reports[i] = ports.ReplaceAllString(report.FormatFailure(v, history, target.Profile()), "PORT")
 			}
-			assert.Equal(t, ports.ReplaceAllString(f.Report, "PORT"), reports[0])
-			assert.Equal(t, reports[0], reports[1])
+			if info.Replicas == 0 {
+				assert.Equal(t, ports.ReplaceAllString(f.Report, "PORT"), reports[0])
+				assert.Equal(t, reports[0], reports[1])
+			}
 
 			replay, err := scenarios.Check(target, scenarios.Options{Checks: 1, Seed: f.Seed, ShrinkTime: 2 * time.Second})
 			require.NoError(t, err)
@@ -169,6 +185,24 @@ func TestCleanCheckPasses(t *testing.T) {
 	}
 	assert.Positive(t, res.Outcomes["fail"], "no turn failed: faults are not being injected")
 	assert.NotEmpty(t, res.Faults)
+}
+
+// TestCleanReplicasPass: the clean reference server as three replicas in
+// process over one PostgreSQL passes where the mutants of replicas are
+// caught (TestMutantsCaught), with turns of one conversation spread over
+// the replicas and sent to two at once.
+func TestCleanReplicasPass(t *testing.T) {
+	t.Parallel()
+	pgtest.Start(t) // skips without PostgreSQL
+	target := reference.Target{Replicas: 3, Store: func() (string, error) { return pgtest.Start(t), nil }}
+	res, err := scenarios.Check(target, scenarios.Options{Checks: 6, Seed: 1})
+	require.NoError(t, err)
+	if res.Failure != nil {
+		t.Fatalf("clean replicas failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
+	}
+	assert.Positive(t, res.Invariants[model.T4], "T4 never evaluated")
+	assert.Positive(t, res.Invariants[model.T2], "T2 never evaluated")
+	assert.Positive(t, res.Faults["concurrency"], "no burst sent")
 }
 
 // TestCleanCheckPassesUnderReject: the reference server that answers 409

@@ -1,7 +1,9 @@
 package sut
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 
 	"github.com/turncheck/turncheck/internal/loopback"
@@ -24,11 +26,17 @@ type Instance struct {
 // that Close removes; cfg's DataDir, Deadlines and Gauge are the
 // instance's own.
 func StartInstance(cfg Config) (*Instance, error) {
+	return startInstance(cfg, &ManualDeadlines{}, &Gauge{})
+}
+
+// startInstance is StartInstance with the given deadlines and gauge,
+// which replicas share.
+func startInstance(cfg Config, deadlines *ManualDeadlines, gauge *Gauge) (*Instance, error) {
 	dir, err := os.MkdirTemp("", "turncheck-sut-*")
 	if err != nil {
 		return nil, err
 	}
-	in := &Instance{deadlines: &ManualDeadlines{}, gauge: &Gauge{}}
+	in := &Instance{deadlines: deadlines, gauge: gauge}
 	cfg.DataDir, cfg.Deadlines, cfg.Gauge = dir, in.deadlines, in.gauge
 	in.cfg = cfg
 	if err := in.serve(); err != nil {
@@ -85,4 +93,90 @@ func (in *Instance) Activity() (working, waiting int, changed <-chan struct{}) {
 // Close stops the server and removes its data dir.
 func (in *Instance) Close() error {
 	return errors.Join(in.Running.Close(), os.RemoveAll(in.cfg.DataDir))
+}
+
+// Replicas are reference servers as the harness runs them in process over
+// one PostgreSQL store (Config.Store), as a server of several replicas:
+// each on a loopback port of its own, with a cache and conversation locks
+// of its own, the store's locks shared. They share one gauge, so that
+// their activity reads as one server's (a turn waiting for another
+// replica's lock is waiting), and one set of model-call deadlines, which
+// the harness expires on all at once. Its methods are an Instance's, and
+// URLs and RestartReplica.
+type Replicas struct {
+	replicas  []*Instance
+	deadlines *ManualDeadlines
+	gauge     *Gauge
+}
+
+// StartReplicas serves n replicas of cfg, whose Store must be a
+// PostgreSQL URL: over SQLite each replica would open a store of its own.
+func StartReplicas(cfg Config, n int) (*Replicas, error) {
+	if !isPostgresURL(cfg.Store) {
+		return nil, errors.New("replicas share a PostgreSQL store: Config.Store must be a postgres:// URL")
+	}
+	if n < 1 {
+		return nil, errors.New("replicas: at least one")
+	}
+	r := &Replicas{deadlines: &ManualDeadlines{}, gauge: &Gauge{}}
+	for range n {
+		in, err := startInstance(cfg, r.deadlines, r.gauge)
+		if err != nil {
+			return nil, errors.Join(err, r.Close())
+		}
+		r.replicas = append(r.replicas, in)
+	}
+	return r, nil
+}
+
+// URL is the first replica's base URL.
+func (r *Replicas) URL() string { return r.replicas[0].URL() }
+
+// URLs are the replicas' base URLs, in order.
+func (r *Replicas) URLs() []string {
+	urls := make([]string, len(r.replicas))
+	for i, in := range r.replicas {
+		urls[i] = in.URL()
+	}
+	return urls
+}
+
+// Restart restarts every replica, gracefully or as a crash, loading
+// agents if not nil.
+func (r *Replicas) Restart(crash bool, agents []string) error {
+	var errs []error
+	for _, in := range r.replicas {
+		errs = append(errs, in.Restart(crash, agents))
+	}
+	return errors.Join(errs...)
+}
+
+// RestartReplica restarts replica i alone, gracefully or as a crash,
+// while the others go on serving. It takes a context to be what the
+// harness asks of a replicated server; an in-process start does not wait.
+func (r *Replicas) RestartReplica(_ context.Context, i int, crash bool) error {
+	if i < 0 || i >= len(r.replicas) {
+		return fmt.Errorf("no replica %d of %d", i, len(r.replicas))
+	}
+	return r.replicas[i].Restart(crash, nil)
+}
+
+// ExpireDeadlines makes the deadline of every model call in flight, on
+// any replica, pass now.
+func (r *Replicas) ExpireDeadlines() { r.deadlines.Expire() }
+
+// Activity returns how many requests the replicas are working on, how
+// many wait for their conversation's turn, and a channel closed at the
+// next change.
+func (r *Replicas) Activity() (working, waiting int, changed <-chan struct{}) {
+	return r.gauge.Read()
+}
+
+// Close stops every replica.
+func (r *Replicas) Close() error {
+	var errs []error
+	for _, in := range r.replicas {
+		errs = append(errs, in.Close())
+	}
+	return errors.Join(errs...)
 }

@@ -251,6 +251,9 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 // replayTarget starts the server a saved report is about, and says which
 // it is.
 func replayTarget(spec scenarios.ServerSpec) (scenarios.Target, string, error) {
+	if spec.Kind == "reference" && spec.Replicas > 1 {
+		return nil, "", fmt.Errorf("%s ran in a Go test, over its PostgreSQL: replay it from that test, or catch it through a replicated profile (server.replicas and store: postgres)", spec)
+	}
 	switch spec.Kind {
 	case "reference":
 		r, err := runFlags{mutant: &spec.Mutant, concurrency: &spec.Concurrency, interruption: &spec.Interruption, protocol: &spec.Protocol}.server()

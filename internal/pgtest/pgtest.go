@@ -68,7 +68,7 @@ func (r mainRunner) Run() int {
 func boot() {
 	defer close(booted)
 	began := time.Now()
-	s, err := pgserver.Start()
+	s, err := pgserver.Start("fsync=off", "synchronous_commit=off", "full_page_writes=off")
 	switch {
 	case errors.Is(err, pgserver.ErrNotInstalled):
 		noBoot = err

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"testing"
 )
 
 // Children returns the live child processes of this process, each as
@@ -49,12 +48,13 @@ func Children() ([]string, error) {
 	return out, nil
 }
 
-// Checked wraps a test binary's m: after the tests have run, a child
-// process still alive fails the binary, named. Use it as
+// Checked wraps a test binary's m (a *testing.M, or a wrapper of one
+// such as pgtest.Main's): after the tests have run, a child process still
+// alive fails the binary, named. Use it as
 // goleak.VerifyTestMain(procs.Checked(m)).
-func Checked(m *testing.M) interface{ Run() int } { return checked{m} }
+func Checked(m interface{ Run() int }) interface{ Run() int } { return checked{m} }
 
-type checked struct{ m *testing.M }
+type checked struct{ m interface{ Run() int } }
 
 func (c checked) Run() int {
 	code := c.m.Run()

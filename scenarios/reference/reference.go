@@ -10,6 +10,8 @@ package reference
 
 import (
 	"cmp"
+	"errors"
+	"fmt"
 
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/targets"
@@ -33,6 +35,13 @@ type Target struct {
 	// Protocol is the client protocol the harness reaches it through; ""
 	// means chat. The server serves all of them.
 	Protocol targets.Protocol
+	// Replicas, if above 1, serves the server as that many replicas over
+	// one PostgreSQL store (targets.Replicated), each request sent to the
+	// replica its plan names.
+	Replicas int
+	// Store gives each start of a replicated server a fresh, empty
+	// PostgreSQL store, as a URL (in a test, internal/pgtest's Start).
+	Store func() (string, error)
 }
 
 // SessionsAPI is the reference server's session API, shaped as
@@ -103,7 +112,7 @@ func (r Target) Start(modelURL string) (targets.Server, error) {
 	if r.ConversationsMax == 0 {
 		r.ConversationsMax = 4
 	}
-	return sut.StartInstance(sut.Config{
+	cfg := sut.Config{
 		ModelURL:         modelURL,
 		ConversationsMax: r.ConversationsMax,
 		Keys:             keys,
@@ -112,7 +121,19 @@ func (r Target) Start(modelURL string) (targets.Server, error) {
 		Interruption:     r.Interruption,
 		CompactAfter:     CompactAfter,
 		Agents:           targets.AgentRefs(modelURL, agent),
-	})
+	}
+	if r.Replicas <= 1 {
+		return sut.StartInstance(cfg)
+	}
+	if r.Store == nil {
+		return nil, errors.New("the reference server as replicas needs a PostgreSQL store (Target.Store)")
+	}
+	store, err := r.Store()
+	if err != nil {
+		return nil, fmt.Errorf("a store for the replicas: %w", err)
+	}
+	cfg.Store = store
+	return sut.StartReplicas(cfg, r.Replicas)
 }
 
 // Spec names the server in a saved report, so that 'turncheck replay'
@@ -123,5 +144,5 @@ func (r Target) Spec() targets.ServerSpec {
 		c = sut.Serialize
 	}
 	return targets.ServerSpec{Kind: "reference", Mutant: string(r.Mutant), Concurrency: string(c),
-		Interruption: string(r.Interruption), Protocol: string(r.Protocol)}
+		Interruption: string(r.Interruption), Protocol: string(r.Protocol), Replicas: r.Replicas}
 }

@@ -355,6 +355,9 @@ type ServerSpec struct {
 	// Protocol is the client protocol the reference server was reached
 	// through; "" for chat.
 	Protocol string `json:"protocol,omitempty"`
+	// Replicas, if above 1, is how many replicas of the reference server
+	// served, in process over a PostgreSQL store of the test's.
+	Replicas int `json:"replicas,omitempty"`
 }
 
 // String names the server for a person.
@@ -368,6 +371,9 @@ func (s ServerSpec) String() string {
 		out := "the reference server"
 		if s.Mutant != "" && s.Mutant != "none" {
 			out += fmt.Sprintf(" with the mutant %s", s.Mutant)
+		}
+		if s.Replicas > 1 {
+			out += fmt.Sprintf(", as %d replicas over PostgreSQL", s.Replicas)
 		}
 		return out
 	}
