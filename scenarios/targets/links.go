@@ -12,6 +12,7 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/Shopify/toxiproxy/v2/toxics"
 	"github.com/rs/zerolog"
 )
 
@@ -217,9 +218,9 @@ func (ps *proxies) breakLink(i int, f NetFault) (func() error, error) {
 	case Latency:
 		toxic = fmt.Sprintf(`"type": "latency", "attributes": {"latency": %d}`, f.Millis)
 	case Reset:
-		toxic = `"type": "reset_peer", "attributes": {"timeout": 0}`
+		toxic = `"type": "` + closeToxic + `", "attributes": {}`
 	case Cut:
-		toxic = fmt.Sprintf(`"type": "timeout", "attributes": {"timeout": %d}`, f.Millis)
+		toxic = fmt.Sprintf(`"type": "%s", "attributes": {"dark": %d}`, cutToxic, f.Millis)
 	}
 	heal := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), healTimeout)
@@ -234,6 +235,84 @@ func (ps *proxies) breakLink(i int, f NetFault) (func() error, error) {
 		}
 	}
 	return heal, nil
+}
+
+// The toxics of Reset and Cut. toxiproxy's own (reset_peer, timeout)
+// stop reading once they have closed their stream: the next chunk the
+// connection brings then blocks the toxic before them for good, a
+// goroutine left behind by every connection a fault closed. These close
+// as they do, then drain what still comes until the connection ends.
+const (
+	closeToxic = "turncheck_close"
+	cutToxic   = "turncheck_cut"
+)
+
+func init() {
+	toxics.Register(closeToxic, new(closingToxic))
+	toxics.Register(cutToxic, new(darkToxic))
+}
+
+// closingToxic closes its stream at the first chunk that comes, which it
+// drops.
+type closingToxic struct{}
+
+// Pipe drops the first chunk, closes, and drains.
+func (closingToxic) Pipe(stub *toxics.ToxicStub) {
+	select {
+	case <-stub.Interrupt:
+		return
+	case c := <-stub.Input:
+		stub.Close()
+		if c != nil {
+			drain(stub)
+		}
+	}
+}
+
+// darkToxic drops every chunk, and closes its stream Dark milliseconds
+// after it went dark.
+type darkToxic struct {
+	Dark int64 `json:"dark"`
+}
+
+// Pipe drops what comes, closes when the time is up, and drains.
+func (t *darkToxic) Pipe(stub *toxics.ToxicStub) {
+	timer := time.NewTimer(time.Duration(t.Dark) * time.Millisecond)
+	defer timer.Stop()
+	for {
+		select {
+		case <-stub.Interrupt:
+			return
+		case <-timer.C:
+			stub.Close()
+			drain(stub)
+			return
+		case c := <-stub.Input:
+			if c == nil {
+				stub.Close()
+				return
+			}
+		}
+	}
+}
+
+// Cleanup closes the stream when the cut heals: what went dark does not
+// carry on from a stream with a hole in it. The stub is no longer run
+// after it, so what still comes is drained here, until the connection,
+// closed now, ends.
+func (t *darkToxic) Cleanup(stub *toxics.ToxicStub) {
+	stub.Close()
+	go drain(stub)
+}
+
+// drain reads what still comes to a closed stub until the connection
+// ends.
+func drain(stub *toxics.ToxicStub) {
+	for c := range stub.Input {
+		if c == nil {
+			return
+		}
+	}
 }
 
 // close stops every proxy, closing the connections through it.
