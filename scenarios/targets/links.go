@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -45,7 +42,8 @@ const (
 	// closes each connection NetFault.Millis after it went dark: a peer
 	// that waits learns nothing until then.
 	Cut NetKind = "cut"
-	// Partition closes every connection and refuses new ones, both ways.
+	// Partition closes every connection at once, both ways, and each new
+	// one as soon as it is accepted: nothing gets through.
 	Partition NetKind = "partition"
 )
 
@@ -124,31 +122,17 @@ func newProxies() *proxies {
 	return &proxies{api: toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())}
 }
 
-// start starts a proxy on a free loopback port to upstream (host:port),
-// below the ports the system hands out on its own (proxyPorts).
+// start starts a proxy on a free loopback port to upstream (host:port).
+// It listens until the server closes: a fault breaks what goes through
+// it, never its port, which nothing else may take while the replica
+// it serves still knows it.
 func (ps *proxies) start(name, upstream string) (*toxiproxy.Proxy, error) {
-	var err error
-	for range portTries {
-		// #nosec G404 -- picks a port, never decides anything
-		port := proxyPorts.low + rand.IntN(proxyPorts.high-proxyPorts.low)
-		p := toxiproxy.NewProxy(ps.api, name, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), upstream)
-		if err = p.Start(); err == nil {
-			return p, nil
-		}
+	p := toxiproxy.NewProxy(ps.api, name, "127.0.0.1:0", upstream)
+	if err := p.Start(); err != nil {
+		return nil, fmt.Errorf("proxy %s to %s: %w", name, upstream, err)
 	}
-	return nil, fmt.Errorf("proxy %s to %s: %w", name, upstream, err)
+	return p, nil
 }
-
-// portTries is how many ports a proxy's start tries.
-const portTries = 20
-
-// proxyPorts are the ports proxies listen on: below the range the system
-// picks a connection's own port from (32768 up on Linux, 49152 up on
-// macOS), and so below any a server that binds port 0 gets. A partition
-// closes a proxy's listener and heals by listening again on its port,
-// which nothing else may take in between: in that range a connection
-// did, now and then, and the link never came back.
-var proxyPorts = struct{ low, high int }{20000, 32768}
 
 // addStore starts the proxy from replica i to the store at storeURL and
 // returns the URL the replica is given: storeURL through the proxy. A
@@ -182,15 +166,22 @@ func (ps *proxies) addClient(i int, base string) error {
 // url is the URL the client reaches replica i at.
 func (ps *proxies) url(i int) string { return "http://" + ps.client[i].Listen }
 
-// repoint points the client's proxy to replica i at base, where the
-// replica listens since its restart; connections to its old run close.
+// repoint gives the client a new proxy to replica i at base, where the
+// replica listens since its restart, on a port of its own (the client
+// is told the replicas' URLs anew after a restart); the old one closes.
 func (ps *proxies) repoint(i int, base string) error {
-	p := ps.client[i]
+	old := ps.client[i]
 	up := strings.TrimPrefix(base, "http://")
-	if p.Upstream == up {
+	if old.Upstream == up {
 		return nil
 	}
-	return p.Update(&toxiproxy.Proxy{Listen: p.Listen, Upstream: up, Enabled: true})
+	p, err := ps.start(old.Name, up)
+	if err != nil {
+		return err
+	}
+	old.Stop()
+	ps.client[i] = p
+	return nil
 }
 
 // healTimeout bounds taking a fault's toxics off a link.
@@ -209,12 +200,10 @@ func (ps *proxies) breakLink(i int, f NetFault) (func() error, error) {
 		return nil, fmt.Errorf("replica %d has no %s link through the harness", i, f.Link)
 	}
 	p := links[i]
-	if f.Kind == Partition {
-		p.Stop()
-		return p.Start, nil
-	}
 	var toxic string
 	switch f.Kind {
+	case Partition:
+		toxic = `"type": "` + partitionToxic + `", "attributes": {}`
 	case Latency:
 		toxic = fmt.Sprintf(`"type": "latency", "attributes": {"latency": %d}`, f.Millis)
 	case Reset:
@@ -237,19 +226,33 @@ func (ps *proxies) breakLink(i int, f NetFault) (func() error, error) {
 	return heal, nil
 }
 
-// The toxics of Reset and Cut. toxiproxy's own (reset_peer, timeout)
-// stop reading once they have closed their stream: the next chunk the
-// connection brings then blocks the toxic before them for good, a
-// goroutine left behind by every connection a fault closed. These close
-// as they do, then drain what still comes until the connection ends.
+// The toxics of Reset, Cut and Partition. toxiproxy's own (reset_peer,
+// timeout) stop reading once they have closed their stream: the next
+// chunk the connection brings then blocks the toxic before them for
+// good, a goroutine left behind by every connection a fault closed.
+// These close as they do, then drain what still comes until the
+// connection ends. A partition is a toxic too, rather than a proxy
+// stopped and started again: its port stays the proxy's.
 const (
-	closeToxic = "turncheck_close"
-	cutToxic   = "turncheck_cut"
+	closeToxic     = "turncheck_close"
+	cutToxic       = "turncheck_cut"
+	partitionToxic = "turncheck_partition"
 )
 
 func init() {
 	toxics.Register(closeToxic, new(closingToxic))
 	toxics.Register(cutToxic, new(darkToxic))
+	toxics.Register(partitionToxic, new(partitionedToxic))
+}
+
+// partitionedToxic closes its stream at once: every connection open when
+// the partition comes, and every one accepted while it holds.
+type partitionedToxic struct{}
+
+// Pipe closes and drains.
+func (partitionedToxic) Pipe(stub *toxics.ToxicStub) {
+	stub.Close()
+	drain(stub)
 }
 
 // closingToxic closes its stream at the first chunk that comes, which it
