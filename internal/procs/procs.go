@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"testing"
 )
 
 // Children returns the live child processes of this process, each as
@@ -51,10 +50,11 @@ func Children() ([]string, error) {
 
 // Checked wraps a test binary's m: after the tests have run, a child
 // process still alive fails the binary, named. Use it as
-// goleak.VerifyTestMain(procs.Checked(m)).
-func Checked(m *testing.M) interface{ Run() int } { return checked{m} }
+// goleak.VerifyTestMain(procs.Checked(m)); m may be wrapped itself, as
+// pgtest.Main(m) is, whose PostgreSQL stops before the check.
+func Checked(m interface{ Run() int }) interface{ Run() int } { return checked{m} }
 
-type checked struct{ m *testing.M }
+type checked struct{ m interface{ Run() int } }
 
 func (c checked) Run() int {
 	code := c.m.Run()

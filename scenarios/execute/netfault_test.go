@@ -3,7 +3,6 @@
 package execute
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -11,13 +10,28 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/turncheck/turncheck/internal/pgserver"
+	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
+	"github.com/turncheck/turncheck/sut"
 )
+
+// twoReplicasOverPostgres is the reference server, with mutant m, as two
+// replicas over a schema of the test binary's PostgreSQL (pgtest); t
+// skips without one.
+func twoReplicasOverPostgres(t *testing.T, m sut.Mutant) targets.Target {
+	t.Helper()
+	return targets.Subprocess{
+		Command: []string{testbin.Turncheck(t), "serve", "--listen", "{addr}", "--model-url", "{model_url}",
+			"--store", "{store_url}", "--key", "key-a", "--request-timeout", "2s", "--mutant", string(m)},
+		ReadyLine: `listening on (http://\S+)`,
+		Replicas:  2, Store: pgtest.Start(t), FreshPerCheck: true, StopGrace: 5 * time.Second,
+		Reaches: targets.Profile{Keys: []string{"key-a"}, ModelTimeout: 2 * time.Second},
+	}
+}
 
 // TestNetworkFaultsHappen: on the reference server as two replicas over
 // one PostgreSQL, each network fault breaks the link it names while the
@@ -27,18 +41,8 @@ import (
 // each fault heals, the conversation goes on from a consistent state on
 // the other replica, as the reference model judges every step.
 func TestNetworkFaultsHappen(t *testing.T) {
-	if err := pgserver.Installed(); errors.Is(err, pgserver.ErrNotInstalled) {
-		t.Skip(err)
-	}
-	bin := testbin.Turncheck(t)
-	target := targets.Subprocess{
-		Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--store", "{store_url}",
-			"--key", "key-a", "--request-timeout", "2s"},
-		ReadyLine: `listening on (http://\S+)`,
-		Replicas:  2, Store: "postgres", FreshPerCheck: true, StopGrace: 5 * time.Second,
-		Reaches: targets.Profile{Keys: []string{"key-a"}, ModelTimeout: 2 * time.Second},
-	}
-	s := newSession(t, target)
+	t.Parallel() // it mostly waits on its servers
+	s := newSession(t, twoReplicasOverPostgres(t, sut.Clean))
 	_, ok := s.Server.(targets.LinkBreaker)
 	require.True(t, ok, "replicas over PostgreSQL run their links through the harness")
 	conv := model.ConversationRef{Key: "key-a", ID: "net"}
@@ -95,4 +99,34 @@ func TestNetworkFaultsHappen(t *testing.T) {
 			assert.Equal(t, model.OK, next.Response.Outcome, "after %s, on replica %d: %s", f, r, next.Response.Detail)
 		}
 	}
+}
+
+// TestStoreLinkRevealsStoreErrorAcked: a replica that acknowledges a turn
+// whose commit its store never got (store-error-acked) looks right until
+// its link to the store breaks mid-turn: the turn ends ok, and the next
+// one, on the other replica, runs without it (T2). Without the fault it
+// is the clean server.
+func TestStoreLinkRevealsStoreErrorAcked(t *testing.T) {
+	t.Parallel() // it mostly waits on its servers
+	s := newSession(t, twoReplicasOverPostgres(t, sut.StoreErrorAcked))
+	conv := model.ConversationRef{Key: "key-a", ID: "net"}
+	step := func(tok, replica int, net *targets.NetFault) (history.Op, *model.Violation) {
+		send := plan.TurnSend(conv, model.UserToken(tok), false)
+		send.Replica, send.Net = replica, net
+		ops, v := s.Step(plan.Single("continue", send))
+		require.Len(t, ops, 1)
+		return ops[0], v
+	}
+	for tok := 1; tok <= 3; tok++ {
+		op, v := step(tok, tok%2, nil)
+		require.Nil(t, v, "no fault, no bug")
+		require.Equal(t, model.OK, op.Response.Outcome, op.Response.Detail)
+	}
+	op, v := step(4, 1, &targets.NetFault{Link: targets.StoreLink, Kind: targets.Partition})
+	require.Nil(t, v)
+	assert.Equal(t, history.NetBroken, op.Net)
+	assert.Equal(t, model.OK, op.Response.Outcome, "acknowledged, though the store never got it")
+	_, v = step(5, 0, nil)
+	require.NotNil(t, v, "the acknowledged turn is gone")
+	assert.Equal(t, model.T2, v.Invariant, v.Error())
 }
