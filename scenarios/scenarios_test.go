@@ -70,6 +70,9 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.ReplicaLocalLock:      {model.T4},
 	sut.ReplicaStaleCache:     {model.T2},
 	sut.ReplicaCommitUnlocked: {model.T4},
+	// Right until a network fault breaks a replica's link to the store,
+	// which the harness does only to replicas over a store.
+	sut.StoreErrorAcked: {model.T2},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: the

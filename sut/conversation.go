@@ -126,11 +126,15 @@ type conversations struct {
 	// is served: set where other processes commit to the same store
 	// (PostgreSQL), whose commits this cache never sees.
 	verify bool
+	// dropStoreErrors, set only under the store-error-acked mutant,
+	// acknowledges a commit whose store write failed.
+	dropStoreErrors bool
 }
 
-// newConversations returns the cache over st. Three mutants change it:
+// newConversations returns the cache over st. Four mutants change it:
 // lost-on-evict deletes what it evicts from the store, ack-before-durable
-// writes behind, branch-mutates-base caches copies.
+// writes behind, branch-mutates-base caches copies, store-error-acked
+// drops the store's errors.
 func newConversations(st *store, size int, m Mutant, log *slog.Logger) (*conversations, error) {
 	var onEvict func(convKey, *conversation)
 	if m == LostOnEvict {
@@ -146,7 +150,8 @@ func newConversations(st *store, size int, m Mutant, log *slog.Logger) (*convers
 	if err != nil {
 		return nil, err
 	}
-	cs := &conversations{store: st, cache: c, cacheCopies: m == BranchMutatesBase, verify: st.shared != nil}
+	cs := &conversations{store: st, cache: c, cacheCopies: m == BranchMutatesBase, verify: st.shared != nil,
+		dropStoreErrors: m == StoreErrorAcked}
 	if m == AckBeforeDurable {
 		cs.behind = newWriteBehind(st, log)
 	}
@@ -250,7 +255,7 @@ func (cs *conversations) commit(k convKey, committedLen int, hid []int, next *co
 			cs.cache.Add(k, next)
 			return nil
 		}
-		if err := cs.store.appendMessages(k, ch); err != nil {
+		if err := cs.store.appendMessages(k, ch); err != nil && !cs.dropStoreErrors {
 			return err
 		}
 		cs.cache.Add(k, next)

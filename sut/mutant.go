@@ -112,6 +112,13 @@ const (
 	// another replica's turn runs on the base from before that turn, and
 	// its commit overwrites it.
 	ReplicaCommitUnlocked Mutant = "replica-commit-unlocked"
+	// StoreErrorAcked drops the error of a commit's store write and
+	// acknowledges the turn from the cache all the same, as a server that
+	// discards its store's errors does: a turn whose commit the store
+	// never got (its network broke) ends ok, and is gone from the next
+	// turn on another replica, or on this one once its cache is checked
+	// against the store.
+	StoreErrorAcked Mutant = "store-error-acked"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -184,6 +191,8 @@ func Mutants() []MutantInfo {
 			"a turn that finds the conversation's lock free serves the replica's cached copy without a check against the store: after another replica committed a turn, the next turn on this replica runs on its stale copy and commits over that turn", "", "", 3},
 		{ReplicaCommitUnlocked, "PROTOCOL.md T4 across replicas (the base loaded before the shared lock)", "T4",
 			"a turn's base is loaded, and the cache checked, under the replica's own lock, before the advisory lock the replicas share, and the commit writes over whatever is there: a turn that waited for another replica's turn runs on the base from before it, and its commit overwrites it", "", "", 3},
+		{StoreErrorAcked, "Gitlawb/zero #471 (session persistence errors discarded)", "T2",
+			"a commit's store write that fails is ignored and the turn acknowledged from the cache: when the network to the store breaks mid-turn, the acknowledged turn never reached the store, and the next turn, on any replica, runs without it", "", "", 3},
 	}
 }
 

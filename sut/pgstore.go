@@ -47,7 +47,11 @@ func openPostgres(url string) (*store, error) {
 	// An acknowledged turn survives a crash of the database server too.
 	cfg.RuntimeParams["synchronous_commit"] = "on"
 	where := fmt.Sprintf("postgres://%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
-	db := stdlib.OpenDB(*cfg)
+	// A connection is pinged before every reuse, not only after a second
+	// idle (pgx's default): when the network to the store breaks, every
+	// pooled connection dies with it, and without the ping each would
+	// fail one request after the store is back.
+	db := stdlib.OpenDB(*cfg, stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return true }))
 	db.SetMaxIdleConns(pgIdleConns)
 	st, err := initStore(db, postgresDialect, where)
 	if err != nil {

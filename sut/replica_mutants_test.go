@@ -1,12 +1,15 @@
 package sut_test
 
 import (
+	"database/sql"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -108,6 +111,52 @@ var replicaOnlyMutantCases = []replicaMutantCase{
 			return true
 		},
 	},
+	{
+		// T2: the store fails a turn's commit (on replicas, a network
+		// fault between a replica and the store does): the clean server
+		// answers 500, the mutant acknowledges the turn, which the next
+		// turn, on the other replica, does not see.
+		mutant: sut.StoreErrorAcked,
+		run: func(t *testing.T, m sut.Mutant) bool {
+			r2, b := storeFailsCommit(t, m)
+			got := b.ok(t, "c1", "tc-u3", false)
+			if r2.status != http.StatusOK {
+				require.Equal(t, http.StatusInternalServerError, r2.status, "%s", r2.body)
+				require.Equal(t, hist("u1", "a1", "u3"), got, "a failed turn leaves nothing")
+				return false
+			}
+			return !assert.ObjectsAreEqual(hist("u1", "a1", "u2", "a2", "u3"), got)
+		},
+	},
+}
+
+// storeFailsCommit commits a turn of c1 on replica a, then sends a
+// second whose store write fails: the store loses its messages table
+// while the model holds the turn, and gets it back once the turn is
+// answered. It returns the second turn's answer and replica b.
+func storeFailsCommit(t *testing.T, m sut.Mutant) (r2 reply, b *raceEnv) {
+	t.Helper()
+	url := pgtest.Start(t)
+	gm, c := startGateModel(t), newClient(t)
+	replica := func() *raceEnv {
+		cfg := sut.Config{Mutant: m, Store: url, ModelURL: gm.URL(), DataDir: "unused", Gauge: &sut.Gauge{}}
+		return &raceEnv{model: gm, srv: startServer(t, nil, cfg), gauge: cfg.Gauge, client: c}
+	}
+	a, b := replica(), replica()
+	require.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
+	held := a.model.hold("tc-u2")
+	f := a.send(t, "c1", "tc-u2", false)
+	arrive(t, held, "tc-u2")
+	db, err := sql.Open("pgx", url)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, db.Close()) }()
+	_, err = db.Exec(`ALTER TABLE messages RENAME TO messages_away`)
+	require.NoError(t, err)
+	held.open()
+	r2 = f.wait(t)
+	_, err = db.Exec(`ALTER TABLE messages_away RENAME TO messages`)
+	require.NoError(t, err)
+	return r2, b
 }
 
 // TestReplicaOnlyMutantsBite: each mutant of replicas shows its bug on two

@@ -17,7 +17,8 @@ import (
 // replicas over one PostgreSQL the harness starts for it (store: postgres,
 // {store_url}), conforms: its conversation locks and cache hold across
 // processes, where over one SQLite store they do not
-// (TestReplicasShareNothingButTheStore).
+// (TestReplicasShareNothingButTheStore), and across network faults
+// between a replica and the store or the client.
 func TestConformReplicasOverPostgres(t *testing.T) {
 	if err := pgserver.Installed(); errors.Is(err, pgserver.ErrNotInstalled) {
 		t.Skip(err)
@@ -28,9 +29,13 @@ func TestConformReplicasOverPostgres(t *testing.T) {
 		dir := t.TempDir()
 		profile := filepath.Join(dir, "replicas.yaml")
 		require.NoError(t, os.WriteFile(profile, []byte(replicatedProfile(t, 3)), 0o644))
-		code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "6", "--steps", "20", "--seed", "1",
+		code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "4", "--steps", "20", "--seed", "2",
 			"--out", filepath.Join(dir, "out"))
 		require.NotEqual(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+		// Their links to the client and to the store broke under turns
+		// in flight, and every invariant held across.
+		assert.Regexp(t, `faults injected: .*network (reset|cut|partition) \(store link\)`, stdout)
+		assert.Regexp(t, `faults injected: .*network (reset|cut|partition) \(client link\)`, stdout)
 		for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11"} {
 			line := verdictLine(stdout, inv)
 			assert.NotContains(t, line, "FAIL", inv)

@@ -48,10 +48,10 @@ func Children() ([]string, error) {
 	return out, nil
 }
 
-// Checked wraps a test binary's m (a *testing.M, or a wrapper of one
-// such as pgtest.Main's): after the tests have run, a child process still
-// alive fails the binary, named. Use it as
-// goleak.VerifyTestMain(procs.Checked(m)).
+// Checked wraps a test binary's m: after the tests have run, a child
+// process still alive fails the binary, named. Use it as
+// goleak.VerifyTestMain(procs.Checked(m)); m may be wrapped itself, as
+// pgtest.Main(m) is, whose PostgreSQL stops before the check.
 func Checked(m interface{ Run() int }) interface{ Run() int } { return checked{m} }
 
 type checked struct{ m interface{ Run() int } }

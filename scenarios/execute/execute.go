@@ -125,6 +125,8 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 			ops = append(ops, *crashed)
 		}
 	}()
+	// heal undoes the network fault of the step's send, once broken.
+	var heal func() error
 	flights := make([]*flight, len(p.Sends))
 	wake := make(chan struct{}, 1)
 	poke := func() {
@@ -228,6 +230,11 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 			crashed = &op
 			continue
 		}
+		if s := p.Sends[next]; s.Net != nil && ops[next].Net == "" {
+			// The turn is in flight, its replica holding the conversation:
+			// the link breaks now, and stays broken until the request ends.
+			heal, ops[next].Net = e.breakLink(s)
+		}
 		if f := flights[next]; f.later != nil {
 			// The turn goes on to the point where the client drops it, or
 			// the server's deadline passes.
@@ -240,6 +247,11 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 		e.let(p.Sends[next], flights[next])
 	}
 	wg.Wait()
+	if heal != nil {
+		if err := heal(); err != nil {
+			ops[slices.IndexFunc(p.Sends, func(s plan.Send) bool { return s.Net != nil })].Net += "; not healed: " + err.Error()
+		}
+	}
 	for _, f := range flights {
 		f.cancel()
 		if !f.waitingOut.IsZero() {
@@ -333,6 +345,20 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	}
 	e.client.Rebase(targets.URLs(e.srv))
 	return op
+}
+
+// breakLink breaks the link of s's replica that s.Net names, and returns
+// its heal and what became of the fault (history.Op.Net).
+func (e *executor) breakLink(s plan.Send) (func() error, string) {
+	lb, ok := e.srv.(targets.LinkBreaker)
+	if !ok {
+		return nil, "not applied: the server's links do not run through the harness"
+	}
+	heal, err := lb.Break(s.Replica, *s.Net)
+	if err != nil {
+		return nil, "not applied: " + err.Error()
+	}
+	return heal, history.NetBroken
 }
 
 // let does what s says with its held call: abort the request, time the

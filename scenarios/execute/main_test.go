@@ -5,11 +5,13 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/internal/procs"
 )
 
 func TestMain(m *testing.M) {
 	// A leaked goroutine fails the tests, and so does a server process
-	// that outlived them.
-	goleak.VerifyTestMain(procs.Checked(m))
+	// that outlived them; the replicas over PostgreSQL share one, started
+	// while the first tests run.
+	goleak.VerifyTestMain(procs.Checked(pgtest.Main(m)))
 }

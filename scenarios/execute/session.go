@@ -349,6 +349,11 @@ func (s *Session) watch(ops []history.Op) {
 		}
 		switch op.Response.Cause {
 		case protocol.CauseRefused, protocol.CauseNoAnswer:
+			if op.Net == history.NetBroken {
+				// The harness broke the link: no sign of a server that
+				// stopped answering.
+				continue
+			}
 			s.unanswered++
 		default:
 			s.unanswered = 0

@@ -29,4 +29,13 @@ type Op struct {
 	// Restart is set for the op of a restart plan, which sends nothing:
 	// Response.Detail then says how the restart went.
 	Restart *plan.Restart `json:"restart,omitempty"`
+	// Net says what became of the send's network fault (plan.Send.Net):
+	// NetBroken once the link was broken while the model held the turn,
+	// what went wrong if it could not be, "" if the turn never reached
+	// the model (or has no such fault).
+	Net string `json:"net,omitempty"`
 }
+
+// NetBroken is Op.Net for a network fault that held from the turn's
+// first model call to the request's end.
+const NetBroken = "broken while the turn was in flight"

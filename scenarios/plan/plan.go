@@ -15,6 +15,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // Plan is one step of a run, drawn before anything is sent: the requests
@@ -104,6 +105,11 @@ type Send struct {
 	// turn is interrupted and its outcome unknown.
 	Abort   bool          `json:"abort,omitempty"`
 	AbortAt *faults.Point `json:"abortAt,omitempty"`
+	// Net, if set, breaks a link of the replica the request goes to (of a
+	// targets.LinkBreaker) once the model holds the turn's first call,
+	// and heals it once the request has ended: the turn is in flight when
+	// its replica loses its store, or its client, or both go slow.
+	Net *targets.NetFault `json:"net,omitempty"`
 }
 
 // String says what the fake model does, and what is injected, for a
@@ -120,6 +126,8 @@ func (s Send) String() string {
 	switch {
 	case s.Abort:
 		parts = append(parts, "client-abort: the client drops the connection while the model holds the turn at "+abortPoint(s.AbortAt))
+	case s.Net != nil:
+		parts = append(parts, fmt.Sprintf("%s of replica %d, from the turn's first model call to its end", s.Net, s.Replica))
 	case s.Fault.Kind != faults.None || len(parts) == 0:
 		parts = append(parts, s.Fault.String())
 	}
@@ -149,6 +157,8 @@ func (s Send) FaultKind() string {
 	switch {
 	case s.Abort:
 		return "client-abort"
+	case s.Net != nil:
+		return fmt.Sprintf("network %s (%s link)", s.Net.Kind, s.Net.Link)
 	case s.Fault.Kind != faults.None:
 		return s.Fault.Kind.String()
 	}
@@ -199,8 +209,26 @@ func (p Plan) Check() error {
 		if s.AbortAt != nil && len(p.Sends) > 1 {
 			return fmt.Errorf("%q: an abort at a later point of a turn in a burst", p.Action)
 		}
+		if err := s.checkNet(len(p.Sends), p.Restart != nil); err != nil {
+			return fmt.Errorf("%q: request %s: %w", p.Action, s.Token, err)
+		}
 	}
 	return nil
+}
+
+// checkNet says what makes the send's network fault impossible, nil if
+// nothing: a fault breaks its replica's link for one turn sent on its
+// own, with no other fault of its own, from its first model call.
+func (s Send) checkNet(sends int, restart bool) error {
+	switch {
+	case s.Net == nil:
+		return nil
+	case sends > 1 || restart:
+		return errors.New("a network fault in a burst or a restart")
+	case s.Token == "" || s.Abort || s.Fault.Kind != faults.None:
+		return errors.New("a network fault on a turn that reaches no model, or has a fault of its own")
+	}
+	return s.Net.Check()
 }
 
 // CheckTools says what makes the send's tool rounds, fault and abort
@@ -352,6 +380,28 @@ func DrawFaults(t *rapid.T, s *Send, sequential bool) {
 	default:
 		s.Abort = true
 	}
+}
+
+// DrawNet draws, now and then, a network fault on a link of the replica
+// that a turn sent on its own goes to, in place of a fault of the model's
+// or the client's: one turn in six. Latency stays well under every
+// timeout, a cut closes its connections within a second: each fault is
+// over within its step.
+func DrawNet(t *rapid.T, s *Send) {
+	if rapid.IntRange(0, 5).Draw(t, "network fault") < 5 {
+		return
+	}
+	f := targets.NetFault{
+		Link: rapid.SampledFrom([]targets.Link{targets.StoreLink, targets.ClientLink}).Draw(t, "link"),
+		Kind: rapid.SampledFrom(targets.NetKinds).Draw(t, "network"),
+	}
+	switch f.Kind {
+	case targets.Latency:
+		f.Millis = rapid.SampledFrom([]int{20, 150}).Draw(t, "latency")
+	case targets.Cut:
+		f.Millis = rapid.SampledFrom([]int{100, 400}).Draw(t, "dark for")
+	}
+	s.Net = &f
 }
 
 // InvalidShapes are continuations without a usable new user message. Each

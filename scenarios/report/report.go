@@ -118,7 +118,17 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 	if replicated {
 		fmt.Fprintf(b, ", to replica %d", op.Send.Replica)
 	}
-	fmt.Fprintf(b, "\n        model does: %s\n", op.Send)
+	send := op.Send
+	send.Net = nil
+	fmt.Fprintf(b, "\n        model does: %s\n", send)
+	if f := op.Send.Net; f != nil {
+		// What the harness did to the replica's link, and whether it did.
+		what := op.Net
+		if what == "" {
+			what = "not applied: the turn never reached the model"
+		}
+		fmt.Fprintf(b, "        network: %s, from the turn's first model call to its end: %s\n", f, what)
+	}
 	fmt.Fprintf(b, "        outcome: %s", op.Response.Outcome)
 	if op.Response.Status != 0 {
 		fmt.Fprintf(b, " (status %d)", op.Response.Status)

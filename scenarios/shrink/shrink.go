@@ -300,7 +300,7 @@ func (s *Shrinker) simplify() bool {
 
 // simpler lists simpler versions of p, most drastic first: the burst
 // without one of its requests, then one request without its fault, with
-// its abort at its first call, with fewer or plainer tool calls, without
+// its abort at its first call, without its network fault, with fewer or plainer tool calls, without
 // its stream, or sent to the first replica, then the burst's requests on
 // fewer conversations,
 // where that keeps a branch (branches: under the Responses API) a branch.
@@ -325,6 +325,11 @@ func simpler(p plan.Plan, all []plan.Plan, branches bool) []plan.Plan {
 		if send.AbortAt != nil {
 			q := clonePlan(p)
 			q.Sends[k].AbortAt = nil
+			out = append(out, q)
+		}
+		if send.Net != nil {
+			q := clonePlan(p)
+			q.Sends[k].Net = nil
 			out = append(out, q)
 		}
 		for _, s := range simplerTools(send) {

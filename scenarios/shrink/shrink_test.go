@@ -1,6 +1,7 @@
 package shrink
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // TestSimplerTools: the shrinker's plainer tool rounds each still fit the
@@ -54,4 +56,31 @@ func TestSimplerKeepsBranches(t *testing.T) {
 	assert.Equal(t, 1, moved(burst, false), "under chat, a turn joins the first conversation")
 	assert.Zero(t, moved(burst, true), "under the Responses API, not where one of the step's is")
 	assert.Equal(t, 1, moved(branched, true), "a turn that is not a branch may")
+}
+
+// TestSimplerDropsNetworkFault: a turn whose replica's link broke is
+// also tried with the link whole, on the same replica, and the network
+// fault survives a save and a load of its plan.
+func TestSimplerDropsNetworkFault(t *testing.T) {
+	s := plan.TurnSend(model.ConversationRef{ID: "c"}, "tc-u1", false)
+	s.Replica, s.Net = 2, &targets.NetFault{Link: targets.StoreLink, Kind: targets.Cut, Millis: 100}
+	p := plan.Single("continue", s)
+	require.NoError(t, p.Check())
+	data, err := json.Marshal(p)
+	require.NoError(t, err)
+	var loaded plan.Plan
+	require.NoError(t, json.Unmarshal(data, &loaded))
+	assert.Equal(t, p, loaded)
+	assert.Contains(t, p.String(), "network cut of the link to the store (dark, closed after 100ms) of replica 2")
+	var without []plan.Plan
+	for _, q := range simpler(p, []plan.Plan{p}, false) {
+		if q.Sends[0].Net == nil && q.Sends[0].Replica == 2 {
+			without = append(without, q)
+		}
+	}
+	require.Len(t, without, 1)
+	assert.NoError(t, without[0].Check())
+	assert.NotNil(t, p.Sends[0].Net, "the plan itself is unchanged")
+	burst := plan.Plan{Action: plan.BurstAction(2), Release: []int{0, 1}, Sends: []plan.Send{s, plan.TurnSend(model.ConversationRef{ID: "d"}, "tc-u2", false)}}
+	assert.Error(t, burst.Check(), "a network fault holds for a turn sent on its own")
 }

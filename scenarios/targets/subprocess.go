@@ -113,12 +113,31 @@ func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, 
 		return &subprocessServer{p: p, dir: dir, store: st}, nil
 	}
 	r := &replicas{dir: dir, store: st}
+	if s.Store != "" {
+		// Replicas over a store the network joins: their links run
+		// through the harness's proxies, which break them (LinkBreaker).
+		r.links = newProxies()
+	}
 	for i := range s.Replicas {
-		p, err := s.startReplica(ctx, modelURL, dir, refs, strconv.Itoa(i), st.url)
+		storeURL := st.url
+		if r.links != nil {
+			if storeURL, err = r.links.addStore(i, st.url); err != nil {
+				return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
+			}
+		}
+		p, err := s.startReplica(ctx, modelURL, dir, refs, strconv.Itoa(i), storeURL)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
 		}
 		r.procs = append(r.procs, p)
+		if r.links != nil {
+			if err := r.links.addClient(i, p.URL()); err != nil {
+				return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
+			}
+		}
+	}
+	if r.links != nil {
+		return &linkedReplicas{r}, nil
 	}
 	return r, nil
 }
@@ -248,18 +267,42 @@ type replicas struct {
 	procs []*faults.Process
 	dir   string
 	store store
+	// links, if not nil, are the proxies the client reaches each replica
+	// through, and each replica its store.
+	links *proxies
+}
+
+// linkedReplicas are replicas whose links run through the harness's
+// proxies: the harness can break them.
+type linkedReplicas struct{ *replicas }
+
+// Break applies f to replica i's link until heal is called.
+func (r linkedReplicas) Break(i int, f NetFault) (heal func() error, err error) {
+	return r.links.breakLink(i, f)
 }
 
 // URL is the first replica's.
-func (r *replicas) URL() string { return r.procs[0].URL() }
+func (r *replicas) URL() string { return r.URLs()[0] }
 
-// URLs are the replicas', in order.
+// URLs are the replicas', in order: their proxies', where the client
+// reaches them through the harness's.
 func (r *replicas) URLs() []string {
 	out := make([]string, len(r.procs))
 	for i, p := range r.procs {
 		out[i] = p.URL()
+		if r.links != nil {
+			out[i] = r.links.url(i)
+		}
 	}
 	return out
+}
+
+// repoint points the client's proxy to replica i where it now listens.
+func (r *replicas) repoint(i int) error {
+	if r.links == nil {
+		return nil
+	}
+	return r.links.repoint(i, r.procs[i].URL())
 }
 
 // Exited reports the first replica that exited on its own.
@@ -303,8 +346,11 @@ func (r *replicas) RestartContext(ctx context.Context, crash bool, agents []stri
 			_ = p.Stop() // as for one process: how it ended is no invariant's business
 		}
 	}
-	for _, p := range r.procs {
+	for i, p := range r.procs {
 		if err := p.RestartContext(ctx); err != nil {
+			return err
+		}
+		if err := r.repoint(i); err != nil {
 			return err
 		}
 	}
@@ -324,14 +370,20 @@ func (r *replicas) RestartReplica(ctx context.Context, i int, crash bool) error 
 	} else {
 		_ = p.Stop()
 	}
-	return p.RestartContext(ctx)
+	if err := p.RestartContext(ctx); err != nil {
+		return err
+	}
+	return r.repoint(i)
 }
 
-// Close stops every replica and removes their data.
+// Close stops every replica, then their proxies, and removes their data.
 func (r *replicas) Close() error {
 	var errs []error
 	for _, p := range r.procs {
 		errs = append(errs, p.Stop())
+	}
+	if r.links != nil {
+		r.links.close()
 	}
 	return errors.Join(append(errs, r.store.stop(), os.RemoveAll(r.dir))...)
 }

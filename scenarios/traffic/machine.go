@@ -235,6 +235,11 @@ func (m *Machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 	if m.Profile.Tools {
 		plan.DrawRounds(t, &s)
 	}
+	if _, ok := m.Server.(targets.LinkBreaker); ok && sequential {
+		if plan.DrawNet(t, &s); s.Net != nil {
+			return s
+		}
+	}
 	plan.DrawFaults(t, &s, sequential)
 	return s
 }
@@ -312,7 +317,7 @@ func (m *Machine) record(op history.Op) {
 	m.stats.Outcomes[op.Response.Outcome.String()]++
 	if r := op.Response; r.Outcome != model.OK {
 		m.stats.Causes[r.Cause]++
-		injected := r.Cause == protocol.CauseAborted || op.Send.Fault.Kind != faults.None || op.Send.Token == ""
+		injected := r.Cause == protocol.CauseAborted || op.Send.Fault.Kind != faults.None || op.Send.Net != nil || op.Send.Token == ""
 		if !injected && len(m.stats.FirstAnswers) < report.MaxFirstAnswers {
 			a := r.Cause
 			if r.Detail != "" && r.Detail != r.Cause {

@@ -1,0 +1,328 @@
+package targets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/Shopify/toxiproxy/v2/toxics"
+	"github.com/rs/zerolog"
+)
+
+// Link is a network path of a replicated server that the harness can
+// break: each runs through a TCP proxy of the harness's own, on loopback.
+type Link string
+
+// The links of a replica.
+const (
+	// StoreLink is between a replica and the store it shares with the
+	// others: its {store_url} names the proxy.
+	StoreLink Link = "store"
+	// ClientLink is between the client and a replica: the URL the client
+	// sends the replica's requests to names the proxy.
+	ClientLink Link = "client"
+)
+
+// NetKind is what goes wrong on a link.
+type NetKind string
+
+// The network faults, from the mildest.
+const (
+	// Latency delays every byte each way by NetFault.Millis.
+	Latency NetKind = "latency"
+	// Reset closes each connection, with a TCP reset where the
+	// connection was opened through the proxy while the fault held, as
+	// soon as any byte of it moves: what was sent is lost.
+	Reset NetKind = "reset"
+	// Cut drops every byte each way, as a link that went dark does, and
+	// closes each connection NetFault.Millis after it went dark: a peer
+	// that waits learns nothing until then.
+	Cut NetKind = "cut"
+	// Partition closes every connection at once, both ways, and each new
+	// one as soon as it is accepted: nothing gets through.
+	Partition NetKind = "partition"
+)
+
+// NetKinds are the network faults, from the mildest.
+var NetKinds = []NetKind{Latency, Reset, Cut, Partition}
+
+// NetFault is a network fault on one link of a replica.
+type NetFault struct {
+	Link Link    `json:"link"`
+	Kind NetKind `json:"kind"`
+	// Millis is the latency each way, for Latency, or how long a cut
+	// link holds its connections dark before it closes them, for Cut.
+	Millis int `json:"ms,omitempty"`
+}
+
+// maxNetMillis bounds NetFault.Millis: a fault lasts one step, and a step
+// is bounded by the client's timeout.
+const maxNetMillis = 5000
+
+// Check says what makes f impossible, nil if nothing.
+func (f NetFault) Check() error {
+	if f.Link != StoreLink && f.Link != ClientLink {
+		return fmt.Errorf("network fault on link %q: want %s or %s", f.Link, StoreLink, ClientLink)
+	}
+	switch f.Kind {
+	case Latency, Cut:
+		if f.Millis <= 0 || f.Millis > maxNetMillis {
+			return fmt.Errorf("network %s of %dms: want 1 to %dms", f.Kind, f.Millis, maxNetMillis)
+		}
+	case Reset, Partition:
+		if f.Millis != 0 {
+			return fmt.Errorf("network %s with %dms: it takes none", f.Kind, f.Millis)
+		}
+	default:
+		return fmt.Errorf("network fault %q: want one of %v", f.Kind, NetKinds)
+	}
+	return nil
+}
+
+// String says what the fault does, for a person.
+func (f NetFault) String() string {
+	link := "the link to the store"
+	if f.Link == ClientLink {
+		link = "the client's link"
+	}
+	switch f.Kind {
+	case Latency:
+		return fmt.Sprintf("network latency of %dms each way on %s", f.Millis, link)
+	case Reset:
+		return "network reset of " + link
+	case Cut:
+		return fmt.Sprintf("network cut of %s (dark, closed after %dms)", link, f.Millis)
+	}
+	return fmt.Sprintf("network %s of %s", f.Kind, link)
+}
+
+// LinkBreaker is a Replicated server whose replicas' links to the client
+// and to the store run through proxies the harness controls.
+type LinkBreaker interface {
+	Replicated
+	// Break applies f to replica i's link until heal is called; heal
+	// closes what went through the link while it was broken, so that no
+	// connection carries on from a stream the fault mangled.
+	Break(i int, f NetFault) (heal func() error, err error)
+}
+
+// proxies are the TCP proxies of a replicated server's links: one to
+// each replica from the client, one from each replica to the store.
+type proxies struct {
+	api           *toxiproxy.ApiServer
+	client, store []*toxiproxy.Proxy
+}
+
+// newProxies makes a server's proxies: none yet, started one by one.
+func newProxies() *proxies {
+	return &proxies{api: toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())}
+}
+
+// start starts a proxy on a free loopback port to upstream (host:port).
+// It listens until the server closes: a fault breaks what goes through
+// it, never its port, which nothing else may take while the replica
+// it serves still knows it.
+func (ps *proxies) start(name, upstream string) (*toxiproxy.Proxy, error) {
+	p := toxiproxy.NewProxy(ps.api, name, "127.0.0.1:0", upstream)
+	if err := p.Start(); err != nil {
+		return nil, fmt.Errorf("proxy %s to %s: %w", name, upstream, err)
+	}
+	return p, nil
+}
+
+// addStore starts the proxy from replica i to the store at storeURL and
+// returns the URL the replica is given: storeURL through the proxy. A
+// store URL without a host:port (a socket) goes through none.
+func (ps *proxies) addStore(i int, storeURL string) (string, error) {
+	u, err := url.Parse(storeURL)
+	if err != nil || u.Port() == "" {
+		ps.store = append(ps.store, nil)
+		return storeURL, nil
+	}
+	p, err := ps.start(fmt.Sprintf("store-%d", i), u.Host)
+	if err != nil {
+		return "", err
+	}
+	ps.store = append(ps.store, p)
+	u.Host = p.Listen
+	return u.String(), nil
+}
+
+// addClient starts the proxy from the client to replica i at base (an
+// http:// URL).
+func (ps *proxies) addClient(i int, base string) error {
+	p, err := ps.start(fmt.Sprintf("client-%d", i), strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		return err
+	}
+	ps.client = append(ps.client, p)
+	return nil
+}
+
+// url is the URL the client reaches replica i at.
+func (ps *proxies) url(i int) string { return "http://" + ps.client[i].Listen }
+
+// repoint gives the client a new proxy to replica i at base, where the
+// replica listens since its restart, on a port of its own (the client
+// is told the replicas' URLs anew after a restart); the old one closes.
+func (ps *proxies) repoint(i int, base string) error {
+	old := ps.client[i]
+	up := strings.TrimPrefix(base, "http://")
+	if old.Upstream == up {
+		return nil
+	}
+	p, err := ps.start(old.Name, up)
+	if err != nil {
+		return err
+	}
+	old.Stop()
+	ps.client[i] = p
+	return nil
+}
+
+// healTimeout bounds taking a fault's toxics off a link.
+const healTimeout = 5 * time.Second
+
+// breakLink applies f to replica i's link and returns its heal.
+func (ps *proxies) breakLink(i int, f NetFault) (func() error, error) {
+	if err := f.Check(); err != nil {
+		return nil, err
+	}
+	links := ps.client
+	if f.Link == StoreLink {
+		links = ps.store
+	}
+	if i < 0 || i >= len(links) || links[i] == nil {
+		return nil, fmt.Errorf("replica %d has no %s link through the harness", i, f.Link)
+	}
+	p := links[i]
+	var toxic string
+	switch f.Kind {
+	case Partition:
+		toxic = `"type": "` + partitionToxic + `", "attributes": {}`
+	case Latency:
+		toxic = fmt.Sprintf(`"type": "latency", "attributes": {"latency": %d}`, f.Millis)
+	case Reset:
+		toxic = `"type": "` + closeToxic + `", "attributes": {}`
+	case Cut:
+		toxic = fmt.Sprintf(`"type": "%s", "attributes": {"dark": %d}`, cutToxic, f.Millis)
+	}
+	heal := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), healTimeout)
+		defer cancel()
+		p.Toxics.ResetToxics(ctx)
+		return ctx.Err()
+	}
+	for _, stream := range []string{"upstream", "downstream"} {
+		body := fmt.Sprintf(`{"name": "%s-%s", "stream": "%s", %s}`, f.Kind, stream, stream, toxic)
+		if _, err := p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
+			return nil, errors.Join(fmt.Errorf("network %s on replica %d's %s link: %w", f.Kind, i, f.Link, err), heal())
+		}
+	}
+	return heal, nil
+}
+
+// The toxics of Reset, Cut and Partition. toxiproxy's own (reset_peer,
+// timeout) stop reading once they have closed their stream: the next
+// chunk the connection brings then blocks the toxic before them for
+// good, a goroutine left behind by every connection a fault closed.
+// These close as they do, then drain what still comes until the
+// connection ends. A partition is a toxic too, rather than a proxy
+// stopped and started again: its port stays the proxy's.
+const (
+	closeToxic     = "turncheck_close"
+	cutToxic       = "turncheck_cut"
+	partitionToxic = "turncheck_partition"
+)
+
+func init() {
+	toxics.Register(closeToxic, new(closingToxic))
+	toxics.Register(cutToxic, new(darkToxic))
+	toxics.Register(partitionToxic, new(partitionedToxic))
+}
+
+// partitionedToxic closes its stream at once: every connection open when
+// the partition comes, and every one accepted while it holds.
+type partitionedToxic struct{}
+
+// Pipe closes and drains.
+func (partitionedToxic) Pipe(stub *toxics.ToxicStub) {
+	stub.Close()
+	drain(stub)
+}
+
+// closingToxic closes its stream at the first chunk that comes, which it
+// drops.
+type closingToxic struct{}
+
+// Pipe drops the first chunk, closes, and drains.
+func (closingToxic) Pipe(stub *toxics.ToxicStub) {
+	select {
+	case <-stub.Interrupt:
+		return
+	case c := <-stub.Input:
+		stub.Close()
+		if c != nil {
+			drain(stub)
+		}
+	}
+}
+
+// darkToxic drops every chunk, and closes its stream Dark milliseconds
+// after it went dark.
+type darkToxic struct {
+	Dark int64 `json:"dark"`
+}
+
+// Pipe drops what comes, closes when the time is up, and drains.
+func (t *darkToxic) Pipe(stub *toxics.ToxicStub) {
+	timer := time.NewTimer(time.Duration(t.Dark) * time.Millisecond)
+	defer timer.Stop()
+	for {
+		select {
+		case <-stub.Interrupt:
+			return
+		case <-timer.C:
+			stub.Close()
+			drain(stub)
+			return
+		case c := <-stub.Input:
+			if c == nil {
+				stub.Close()
+				return
+			}
+		}
+	}
+}
+
+// Cleanup closes the stream when the cut heals: what went dark does not
+// carry on from a stream with a hole in it. The stub is no longer run
+// after it, so what still comes is drained here, until the connection,
+// closed now, ends.
+func (t *darkToxic) Cleanup(stub *toxics.ToxicStub) {
+	stub.Close()
+	go drain(stub)
+}
+
+// drain reads what still comes to a closed stub until the connection
+// ends.
+func drain(stub *toxics.ToxicStub) {
+	for c := range stub.Input {
+		if c == nil {
+			return
+		}
+	}
+}
+
+// close stops every proxy, closing the connections through it.
+func (ps *proxies) close() {
+	for _, p := range append(ps.client, ps.store...) {
+		if p != nil {
+			p.Stop()
+		}
+	}
+}
