@@ -105,6 +105,13 @@ func TestMutantsCaught(t *testing.T) {
 	require.Len(t, caughtAs, len(sut.Mutants()), "every mutant needs an entry")
 	for _, info := range sut.Mutants() {
 		t.Run(string(info.Mutant), func(t *testing.T) {
+			if info.Mutant == sut.StoreErrorAcked {
+				// Its bug shows when a replica's link to the store breaks
+				// mid-turn: the harness breaks the links of the replicas
+				// it runs as processes (scenarios/targets' proxies), not
+				// of those in process.
+				t.Skip("caught through network faults on replicas run as processes: TestStoreLinkRevealsStoreErrorAcked in scenarios/execute")
+			}
 			t.Parallel() // checks and replays of the in-process server run at once
 			target := reference.WithMutant(info.Mutant)
 			if info.Replicas > 0 {
