@@ -149,7 +149,7 @@ func TestMemoryProbe(t *testing.T) {
 	}
 	{
 		srv := startServe(t, bin, m.url(), extra...)
-		stallStreams(t, srv.url, m, *memprobeStalls, 1<<20)
+		stallStreams(t, srv.url, m, *memprobeStalls, 1<<20-1<<10)
 		t.Logf("%d clients not reading 1 MB streams: peak RSS %d MiB", *memprobeStalls, srv.peakRSS(t)>>20)
 		srv.stop(t)
 	}
