@@ -34,7 +34,10 @@ import (
 // fixed margin the command adds to the budget for the process's GC limit
 // (turncheck serve).
 
-// Cost factors, measured with runtime.ReadMemStats after a GC.
+// Cost factors: messageOverhead measured with runtime.ReadMemStats after a
+// GC (a conversation loaded from the store, held), the others from how the
+// code allocates; TestServeStaysInItsMemoryBudget (cmd/turncheck) checks
+// them together against the process's RSS.
 const (
 	// messageOverhead is what a cached message costs besides its text: the
 	// message struct, its pointer, the slice's share (measured: about
