@@ -240,7 +240,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	maxHistMsgs := fs.Int("max-history-messages", sut.DefaultMaxHistoryMessages, "messages of a conversation (a turn past it: 400)")
 	maxHistBytes := fs.Int64("max-history-bytes", sut.DefaultMaxHistoryBytes, "bytes of a conversation's text (a turn past it: 400)")
 	maxMemory := &byteSize{}
-	fs.Var(maxMemory, "max-memory", "the memory `bytes` budget of the cache, request bodies and turns in flight (auto: 1/4 of the machine's or the cgroup's memory; units KiB, MiB, GiB)")
+	fs.Var(maxMemory, "max-memory", "the memory budget, in `bytes`, of the cache, request bodies and turns in flight (auto: 1/4 of the machine's or the cgroup's memory; units KiB, MiB, GiB)")
 	turnDelay := fs.Duration("turn-delay", 0, "wait this long before working on each chat request: a deliberately slow server, to measure what checking one costs")
 	if code := fs.parse(args); code >= 0 {
 		return code
