@@ -6,7 +6,7 @@ import (
 	"slices"
 	"sync"
 
-	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/turncheck/turncheck/internal/openai"
 )
@@ -109,7 +109,7 @@ func (c *conversation) visible() []openai.Message {
 // durable store. Eviction loses nothing: a miss reloads from the store.
 type conversations struct {
 	store *store
-	cache *lru.Cache[convKey, *conversation]
+	cache *convCache
 	// behind, set only under the ack-before-durable mutant, queues the
 	// store writes of commits instead of making them before the ack.
 	behind *writeBehind
@@ -131,11 +131,12 @@ type conversations struct {
 	dropStoreErrors bool
 }
 
-// newConversations returns the cache over st. Four mutants change it:
+// newConversations returns the cache over st, of at most size
+// conversations and what budget leaves it. Four mutants change it:
 // lost-on-evict deletes what it evicts from the store, ack-before-durable
 // writes behind, branch-mutates-base caches copies, store-error-acked
 // drops the store's errors.
-func newConversations(st *store, size int, m Mutant, log *slog.Logger) (*conversations, error) {
+func newConversations(st *store, size int, budget *memBudget, m Mutant, log *slog.Logger) (*conversations, error) {
 	var onEvict func(convKey, *conversation)
 	if m == LostOnEvict {
 		onEvict = func(k convKey, _ *conversation) {
@@ -146,7 +147,7 @@ func newConversations(st *store, size int, m Mutant, log *slog.Logger) (*convers
 			}
 		}
 	}
-	c, err := lru.NewWithEvict(size, onEvict)
+	c, err := newConvCache(size, budget, onEvict)
 	if err != nil {
 		return nil, err
 	}
@@ -289,4 +290,77 @@ func snapshot(msgs []*message) []message {
 		out[i] = *m.copy()
 	}
 	return out
+}
+
+// convCache is the LRU cache of committed conversations, charged to the
+// server's memory budget: each conversation by what it costs
+// (conversationCost), given back when it is evicted or replaced. It
+// drops its least recently used conversations when it holds more than
+// its size, when it grows past the budget, and when a request needs room
+// (memBudget.evict). It is safe for concurrent use.
+type convCache struct {
+	budget *memBudget
+	mu     sync.Mutex
+	lru    *simplelru.LRU[convKey, cached]
+}
+
+// cached is a cache entry: the conversation and what it was charged.
+type cached struct {
+	c    *conversation
+	cost int64
+}
+
+// newConvCache returns a cache of at most size conversations, charged to
+// budget; onEvict, if not nil, hears of each conversation evicted (not
+// of one replaced).
+func newConvCache(size int, budget *memBudget, onEvict func(convKey, *conversation)) (*convCache, error) {
+	cc := &convCache{budget: budget}
+	lru, err := simplelru.NewLRU(size, func(k convKey, e cached) {
+		budget.release(e.cost)
+		if onEvict != nil {
+			onEvict(k, e.c)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	cc.lru = lru
+	budget.evict = cc.evictOldest
+	return cc, nil
+}
+
+// Get returns the cached conversation k, marking it recently used.
+func (cc *convCache) Get(k convKey) (*conversation, bool) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	e, ok := cc.lru.Get(k)
+	return e.c, ok
+}
+
+// Add caches c as k, charging the budget what it costs, and drops the
+// least recently used conversations (c itself last) while the budget is
+// exceeded: what a turn committed is in the store whatever the cache
+// keeps.
+func (cc *convCache) Add(k convKey, c *conversation) {
+	cost := conversationCost(c)
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if old, ok := cc.lru.Peek(k); ok {
+		// Replaced, not evicted: the old charge is given back here.
+		cc.budget.release(old.cost)
+	}
+	cc.budget.charge(cost)
+	cc.lru.Add(k, cached{c: c, cost: cost})
+	for cc.budget.over() && cc.lru.Len() > 0 {
+		cc.lru.RemoveOldest()
+	}
+}
+
+// evictOldest drops the least recently used conversation, and reports
+// false if there was none.
+func (cc *convCache) evictOldest() bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	_, _, ok := cc.lru.RemoveOldest()
+	return ok
 }

@@ -151,6 +151,16 @@ type Config struct {
 	// turn whose new message would take it past them is refused with 400
 	// and nothing changes (limits.go).
 	MaxHistoryBytes int64
+	// MaxMemory is the server's memory budget, in bytes (memory.go): the
+	// conversation cache, the request bodies being read and the turns in
+	// flight (each model call's history and the reply it streams) reserve
+	// what they cost from it before they allocate it. The cache drops its
+	// least recently used conversations to stay inside it and to make
+	// room for requests (they are loaded again from the store); a request
+	// that still finds no room gets 503 with Retry-After, and a turn whose
+	// reply outgrows it fails (503, or an error chunk on a stream that
+	// began), nothing committed. 0 means DefaultMaxMemory().
+	MaxMemory int64
 	// AllowedHosts are host names (or addresses), besides loopback and the
 	// address a request came in on, that requests may name in their Host,
 	// and pages in their Origin (guard.go).
@@ -217,6 +227,7 @@ type Server struct {
 	log     *slog.Logger
 	ids     atomic.Int64
 	slots   requestSlots
+	mem     *memBudget
 	// redact hides credentials in what the server logs of a model failure.
 	redact func(string) string
 	// allowedHosts are cfg.AllowedHosts, normalized.
@@ -328,7 +339,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	convs, err := newConversations(st, cfg.ConversationsMax, cfg.Mutant, log)
+	mem := &memBudget{max: cfg.MaxMemory}
+	convs, err := newConversations(st, cfg.ConversationsMax, mem, cfg.Mutant, log)
 	if err != nil {
 		_ = st.close()
 		return nil, err
@@ -357,6 +369,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:          cfg,
 		store:        st,
 		convs:        convs,
+		mem:          mem,
 		locks:        convLocks{gauge: cfg.Gauge, shared: sharedLocks(st, cfg.Mutant)},
 		up:           up,
 		tools:        newToolbox(modelURL, up.client, cfg.Deadlines, cfg.RequestTimeout),
@@ -394,6 +407,16 @@ func (cfg *Config) setLimits() error {
 		if err != nil {
 			return err // the first, on one line
 		}
+	}
+	switch least := minMaxMemory(cfg); {
+	case cfg.MaxMemory < 0:
+		return fmt.Errorf("max memory %d: want a positive number of bytes", cfg.MaxMemory)
+	case cfg.MaxMemory == 0:
+		def, _ := DefaultMaxMemory()
+		cfg.MaxMemory = max(def, least)
+	case cfg.MaxMemory < least:
+		return fmt.Errorf("max memory %d bytes: want at least %d, what one turn at the limits costs (a %d-byte body, a %d-byte history, a %d-byte reply)",
+			cfg.MaxMemory, least, cfg.MaxBodyBytes, cfg.MaxHistoryBytes, maxReplyBytes)
 	}
 	return nil
 }
@@ -518,7 +541,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	defer context.AfterFunc(s.life, cancel)()
 	defer context.AfterFunc(s.turns, cancel)()
-	r = r.WithContext(ctx)
+	// What the request reserves of the memory budget, on its way, is
+	// given back when it ends.
+	mem := &reservation{b: s.mem}
+	defer mem.done()
+	r = r.WithContext(context.WithValue(ctx, reservationKey{}, mem))
 	s.route(w, r)
 }
 
@@ -641,6 +668,18 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, check func() erro
 			return
 		}
 	}
+	// The body's cost is reserved before a byte of it is read: by its
+	// Content-Length, or by the limit when it has none (chunked).
+	mem := reservationOf(r.Context())
+	declared := s.cfg.MaxBodyBytes
+	if r.ContentLength >= 0 {
+		declared = r.ContentLength
+	}
+	if !mem.grow(requestOverhead + bodyFactor*declared) {
+		w.Header().Set("Retry-After", "1")
+		refuseEarly(w, http.StatusServiceUnavailable, "overloaded", s.overBudget())
+		return
+	}
 	body, err := s.readBody(w, r)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
@@ -656,6 +695,8 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, check func() erro
 		}
 		return
 	}
+	// The body is in: from here it costs what it is.
+	mem.shrink(bodyFactor * (declared - int64(len(body))))
 	// The request is in: from here a turn runs on its connection, which a
 	// crowd of new ones must not evict.
 	if !connOf(r.Context()).work() {
@@ -1046,6 +1087,14 @@ func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string,
 	// The turn is decided (rolled back, or committed by a mutant):
 	// release before the client hears of it.
 	t.release()
+	if errors.Is(err, errOverBudget) {
+		s.log.Info("memory budget taken by the requests in flight; turn rolled back", "conversation", t.key.id, "max_memory", s.cfg.MaxMemory)
+		if !o.streaming() {
+			w.Header().Set("Retry-After", "1")
+		}
+		s.answerError(w, o, http.StatusServiceUnavailable, "overloaded", s.overBudget())
+		return
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		s.log.Info("model timed out; turn rolled back", "conversation", t.key.id, "timeout", s.cfg.RequestTimeout)
 		s.answerError(w, o, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)

@@ -62,7 +62,16 @@ func (s *Server) callModel(ctx context.Context, t *turn, onStart func(), onDelta
 		instruction = t.agent.instruction
 	}
 	history := append([]openai.Message{{Role: openai.RoleSystem, Content: openai.Content(instruction)}}, t.work.visible()...)
-	return s.up.complete(ctx, history, offeredTools, onStart, onDelta)
+	// The call's request is reserved before it is encoded, and given back
+	// when the call ends; its reply is reserved as it comes, and held
+	// until the request ends.
+	mem := reservationOf(ctx)
+	cost := historyCost(history)
+	if !mem.grow(cost) {
+		return answer{}, errOverBudget
+	}
+	defer mem.shrink(cost)
+	return s.up.complete(ctx, history, offeredTools, mem, onStart, onDelta)
 }
 
 // runTools runs one round of tool calls and appends it to the working

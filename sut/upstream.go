@@ -76,9 +76,10 @@ type answer struct {
 // the reply, not what the model says on its way to a tool. Tool calls come
 // in pieces (openai.ToolCallDelta) put together by their index. It returns
 // the answer received, complete on success and partial on failure. A
-// failure is an *upstreamError, or the context's cause
+// failure is an *upstreamError, errOverBudget when mem cannot have what
+// the answer costs (memory.go), or the context's cause
 // (context.DeadlineExceeded when the deadline passed) when it ended.
-func (u *upstream) complete(ctx context.Context, history []openai.Message, tools []openai.Tool, onStart func(), onDelta func(string)) (answer, error) {
+func (u *upstream) complete(ctx context.Context, history []openai.Message, tools []openai.Tool, mem *reservation, onStart func(), onDelta func(string)) (answer, error) {
 	body, err := json.Marshal(openai.ChatRequest{Model: u.model, Messages: history, Stream: true, Tools: tools,
 		// As real servers do: the model then ends its stream with a usage chunk.
 		StreamOptions: &openai.StreamOptions{IncludeUsage: true}})
@@ -106,6 +107,8 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 
 	var reply strings.Builder
 	var calls toolCallBuilder
+	// callsReserved is how much of calls.size is reserved already.
+	callsReserved := 0
 	// fail ends the stream with a failure; cause, if any, is for the log.
 	fail := func(cause error, format string, args ...any) (answer, error) {
 		if ctx.Err() != nil {
@@ -113,9 +116,16 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 		}
 		return answer{text: reply.String()}, &upstreamError{msg: fmt.Sprintf(format, args...), started: true, cause: cause}
 	}
-	events := sse.NewReader(resp.Body)
+	// The stream's bytes are reserved as they are read, until their event
+	// is decoded; the reply's text for as long as the request runs.
+	stream := &meteredReader{r: resp.Body, mem: mem}
+	defer stream.decoded()
+	events := sse.NewReader(stream)
 	for {
 		data, err := events.Next()
+		if errors.Is(err, errOverBudget) {
+			return answer{text: reply.String()}, errOverBudget
+		}
 		if errors.Is(err, io.EOF) {
 			return fail(nil, "model stream ended without [DONE]")
 		}
@@ -127,7 +137,9 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 			if err != nil {
 				return fail(nil, "%v", err)
 			}
-			return answer{text: reply.String(), calls: toolCalls}, nil
+			// Exactly as long as the reply: the builder's spare capacity
+			// would stay with it in the cache.
+			return answer{text: strings.Clone(reply.String()), calls: toolCalls}, nil
 		}
 		var c openai.Completion
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
@@ -145,11 +157,46 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 		if reply.Len()+len(text)+calls.size > maxReplyBytes {
 			return fail(nil, "model reply over %d bytes", maxReplyBytes)
 		}
+		if !mem.grow(replyFactor * int64(len(text)+calls.size-callsReserved)) {
+			return answer{text: reply.String()}, errOverBudget
+		}
+		callsReserved = calls.size
+		stream.decoded()
 		reply.WriteString(text)
 		if text != "" && calls.none() {
 			onDelta(text)
 		}
 	}
+}
+
+// meteredReader reads a model's stream, reserving what the bytes read
+// cost until the event they carry is decoded (decoded): streamFactor.
+// Past the budget a read fails with errOverBudget. The bytes are read into
+// the reader's buffer before they are reserved: what an event costs is
+// not known before it is read (at most sse.MaxEventBytes).
+type meteredReader struct {
+	r    io.Reader
+	mem  *reservation
+	held int64
+}
+
+func (m *meteredReader) Read(p []byte) (int, error) {
+	n, err := m.r.Read(p)
+	if n > 0 {
+		if !m.mem.grow(streamFactor * int64(n)) {
+			return 0, errOverBudget
+		}
+		m.held += streamFactor * int64(n)
+	}
+	return n, err
+}
+
+// decoded gives back what the stream's bytes read so far were reserved
+// for: their events are decoded, and what they carried is reserved by
+// itself.
+func (m *meteredReader) decoded() {
+	m.mem.shrink(m.held)
+	m.held = 0
 }
 
 // maxToolCallsPerAnswer bounds the tool calls one model answer may ask

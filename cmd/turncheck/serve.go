@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
+	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -82,6 +85,17 @@ Limits and timeouts (flag, default):
   --max-history-bytes     4194304  a conversation's text, its new message included
                                    (a turn past either: 400, nothing changes; start
                                    a new conversation)
+  --max-memory            auto     the memory budget the conversation cache, request
+                                   bodies and turns in flight (each model call's history,
+                                   the reply it streams) draw from; auto: 1/4 of the
+                                   machine's memory, or of the cgroup's limit if lower
+                                   (the log says which). The cache drops its least
+                                   recently used conversations to stay inside it (they
+                                   stay on disk); a request that finds no room gets 503
+                                   with Retry-After: 1, a turn whose reply outgrows it
+                                   fails (503, or an error chunk on a stream that began),
+                                   nothing changed. The process's GC limit is the budget
+                                   plus 32MiB. Bytes, or with KiB, MiB, GiB (or KB, MB, GB)
   --conversations-max     1000     conversations cached in memory (the rest are on disk)
   --compact-after         64       messages a turn may show the model before the tool
                                    rounds of earlier turns are hidden from it (kept on
@@ -226,6 +240,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	maxBody := fs.Int64("max-body-bytes", sut.DefaultMaxBodyBytes, "bytes of a request body (413 past it)")
 	maxHistMsgs := fs.Int("max-history-messages", sut.DefaultMaxHistoryMessages, "messages of a conversation (a turn past it: 400)")
 	maxHistBytes := fs.Int64("max-history-bytes", sut.DefaultMaxHistoryBytes, "bytes of a conversation's text (a turn past it: 400)")
+	maxMemory := &byteSize{}
+	fs.Var(maxMemory, "max-memory", "the memory budget, in `bytes`, of the cache, request bodies and turns in flight (auto: 1/4 of the machine's or the cgroup's memory; units KiB, MiB, GiB)")
 	turnDelay := fs.Duration("turn-delay", 0, "wait this long before working on each chat request: a deliberately slow server, to measure what checking one costs")
 	if code := fs.parse(args); code >= 0 {
 		return code
@@ -272,6 +288,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return fail(stderr, "serve", fmt.Errorf("--interruption: %w", err))
 	}
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	run, err := sut.Start(sut.Config{
 		ModelURL:           *modelURL,
 		DataDir:            *dataDir,
@@ -285,7 +302,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		Keys:               allKeys,
 		Agents:             agents.values,
 		Mutant:             m,
-		Logger:             slog.New(slog.NewTextHandler(stderr, nil)),
+		Logger:             logger,
+		MaxMemory:          maxMemory.n,
 		AllowedHosts:       hosts.values,
 		HeaderTimeout:      *headerTimeout,
 		BodyTimeout:        *bodyTimeout,
@@ -300,6 +318,16 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return fail(stderr, "serve", err)
 	}
+	// The budget counts what clients and the model make the server hold;
+	// the GC keeps the heap, garbage included, within the margin of what
+	// the budget does not count. The old limit is back when serve returns
+	// (it matters only to a process that goes on: tests).
+	budget, from := run.MaxMemory(), "--max-memory"
+	if maxMemory.n == 0 {
+		_, from = sut.DefaultMaxMemory()
+	}
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(budget + memoryMargin))
+	logger.Info("memory budget", "max_memory", budget, "from", from, "gc_limit", budget+memoryMargin)
 	fmt.Fprintf(stdout, "turncheck serve: listening on %s\n", run.URL())
 	<-ctx.Done()
 	return stopServer(run, *grace, stderr)
@@ -411,6 +439,53 @@ func cmdModel(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	<-ctx.Done()
 	_ = m.Close()
 	return exitOK
+}
+
+// memoryMargin is what the process needs besides its memory budget: the
+// Go runtime and the binary, SQLite's page cache, the stacks and buffers
+// of up to --max-conns connections, and room for the GC to work in
+// (measured: an idle server's RSS is about 20 MiB).
+const memoryMargin = 32 << 20
+
+// byteSize is a flag of a number of bytes, with an optional unit; 0 (the
+// default, printed "auto") leaves the choice to the server.
+type byteSize struct{ n int64 }
+
+func (b *byteSize) String() string {
+	if b == nil || b.n == 0 {
+		return "auto"
+	}
+	return strconv.FormatInt(b.n, 10)
+}
+
+// byteUnits are the units a byteSize may carry, longest first.
+var byteUnits = []struct {
+	suffix string
+	mult   int64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
+}
+
+func (b *byteSize) Set(v string) error {
+	v = strings.TrimSpace(v)
+	if v == "auto" {
+		b.n = 0
+		return nil
+	}
+	num, mult := v, int64(1)
+	for _, u := range byteUnits {
+		if rest, ok := strings.CutSuffix(v, u.suffix); ok {
+			num, mult = strings.TrimSpace(rest), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 || n > math.MaxInt64/mult {
+		return fmt.Errorf("%q: want a positive number of bytes, such as 512MiB or 2GiB, or auto", v)
+	}
+	b.n = n * mult
+	return nil
 }
 
 // checkListen refuses an address that is not host:port.

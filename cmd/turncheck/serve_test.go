@@ -59,6 +59,12 @@ func TestServeHelpDocumentsEveryLimit(t *testing.T) {
 		}
 		assert.Regexp(t, `(?m)^  `+flag+` (int|duration)$`, help, "%s is not a flag", flag) // the flag list: "  --flag type"
 	}
+	row := regexp.MustCompile(`(?m)^  --max-memory\s+(\S+)`).FindStringSubmatch(help)
+	if assert.NotNil(t, row, "the limits table has no row for --max-memory") {
+		assert.Equal(t, "auto", row[1])
+	}
+	assert.Regexp(t, `(?m)^  --max-memory bytes$`, help)
+	assert.Contains(t, help, "1/"+strconv.Itoa(sut.MemoryShare)+" of the")
 	for _, fixed := range []int{sut.MaxHeaderBytes, sut.MaxModelBytes, sut.MaxContentBytes, sut.MaxMessages, sut.MaxConversationIDBytes} {
 		assert.Contains(t, help, strconv.Itoa(fixed))
 	}
@@ -96,12 +102,30 @@ func TestServeRefusesBadLimits(t *testing.T) {
 		{"--max-history-messages", "0"}, {"--max-history-bytes", "0"},
 		{"--compact-after", "0"}, {"--compact-after", "-1"}, {"--interruption", "keep"}, {"--interruption", "Rollback"},
 		{"--allow-host", ""}, {"--allow-host", "host:8080"},
+		{"--max-memory", "0"}, {"--max-memory", "-1GiB"}, {"--max-memory", "lots"}, {"--max-memory", "12XB"},
+		{"--max-memory", "9999999999TiB"}, {"--max-memory", "1MiB"},
 	} {
 		code, stderr := runStart(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--model-url", "http://127.0.0.1:1/v1",
 			"--data-dir", t.TempDir()}, args...)...)
 		assert.Equal(t, exitUsage, code, "%v", args)
 		assert.Equal(t, 1, strings.Count(stderr, "\n"), "%v: want a one-line error, got %q", args, stderr)
 	}
+}
+
+// TestServeTakesAMemoryBudget: --max-memory takes bytes with or without a
+// unit, or auto; one too small for a turn at the limits says what it
+// would need.
+func TestServeTakesAMemoryBudget(t *testing.T) {
+	for v, want := range map[string]int64{"auto": 0, "67108864": 64 << 20, "64MiB": 64 << 20, "2GiB": 2 << 30, "100MB": 100e6, "3 GiB": 3 << 30} {
+		var b byteSize
+		if assert.NoError(t, b.Set(v), v) {
+			assert.Equal(t, want, b.n, v)
+		}
+	}
+	code, stderr := runStart(t, "serve", "--listen", "127.0.0.1:0", "--model-url", "http://127.0.0.1:1/v1",
+		"--data-dir", t.TempDir(), "--max-memory", "8MiB")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "want at least")
 }
 
 // TestServeTakesTheToolPolicies: --interruption and --compact-after reach
