@@ -132,7 +132,7 @@ func TestMutantsCaught(t *testing.T) {
 			if info.Replicas > 0 {
 				// Each candidate starts replicas on a fresh store, a tenth
 				// of a second or more: the shrink is cut shorter.
-				shrinkTime = 5 * time.Second
+				shrinkTime = 2 * time.Second
 			}
 			res, err := scenarios.Check(target, scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: shrinkTime})
 			require.NoError(t, err)
@@ -205,7 +205,7 @@ func TestCleanReplicasPass(t *testing.T) {
 	t.Parallel()
 	pgtest.Start(t) // skips without PostgreSQL
 	target := reference.Target{Replicas: 3, Store: func() (string, error) { return pgtest.Start(t), nil }}
-	res, err := scenarios.Check(target, scenarios.Options{Checks: 6, Seed: 1})
+	res, err := scenarios.Check(target, scenarios.Options{Checks: 4, Seed: 1})
 	require.NoError(t, err)
 	if res.Failure != nil {
 		t.Fatalf("clean replicas failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
