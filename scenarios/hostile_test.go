@@ -430,7 +430,9 @@ func sampleHeap(interval time.Duration) func() uint64 {
 // startTimeout is how long a hostile server of mode is given to start.
 func startTimeout(mode string) time.Duration {
 	if mode == "never-ready" {
-		return 300 * time.Millisecond
+		// Long enough for the re-executed binary to start and say it is
+		// warming up on a loaded machine, so that its words are quoted.
+		return 2 * time.Second
 	}
 	return 20 * time.Second
 }
@@ -444,7 +446,7 @@ func hostileCommand(t *testing.T, mode string) scenarios.Subprocess {
 	return scenarios.Subprocess{
 		Command: []string{exe, "{addr}", "{model_url}", "{data_dir}"},
 		Env:     []string{hostileEnv + "=" + mode},
-		// A server that never becomes ready is given 300ms, tried three
+		// A server that never becomes ready is given 2s, tried three
 		// times over (rapid replays the failing check): well within the
 		// bounds here. Any other starts in time however loaded the
 		// machine is: whether it started must not depend on the load.
@@ -461,7 +463,7 @@ func TestHostileDeathAtStart(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
 	cases := []struct{ mode, says, quotes string }{
 		{"exit-at-start", "exited with status 3 before it was ready", "hostile: cannot read my configuration"},
-		{"never-ready", "not ready within 300ms", "hostile: warming up"},
+		{"never-ready", "not ready within 2s", "hostile: warming up"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.mode, func(t *testing.T) {

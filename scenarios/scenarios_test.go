@@ -28,6 +28,7 @@ func TestMain(m *testing.M) {
 	if hostileMain != nil {
 		hostileMain()
 	}
+	procs.WaitBound(3)
 	// A leaked goroutine fails the tests, and so does a server process
 	// that outlived them.
 	goleak.VerifyTestMain(procs.Checked(pgtest.Main(m)))

@@ -33,6 +33,7 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(floodEnv); spec != "" {
 		os.Exit(flooder(spec))
 	}
+	procs.WaitBound(3)
 	goleak.VerifyTestMain(procs.Checked(m))
 }
 

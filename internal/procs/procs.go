@@ -4,9 +4,11 @@ package procs
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 )
@@ -68,4 +70,20 @@ func (c checked) Run() int {
 		return 1
 	}
 	return code
+}
+
+// WaitBound lets perCore parallel tests of the binary run at once per
+// core, unless the command line says how many (-test.parallel): tests
+// that mostly wait on the servers they start (quiet periods, time bounds,
+// restarts) leave the cores idle at one a core. Call it from TestMain,
+// before m.Run.
+func WaitBound(perCore int) {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		_ = flag.Set("test.parallel", strconv.Itoa(perCore*runtime.GOMAXPROCS(0)))
+	}
 }
