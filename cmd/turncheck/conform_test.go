@@ -140,6 +140,11 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 	for _, m := range sut.Mutants() {
 		checks, seed := "6", "2"
 		switch m.Mutant {
+		case sut.MutateBeforeRun, sut.CrossKeyLeak, sut.ForkNewSession, sut.NoConversationLock, sut.RefuseConcurrentNew,
+			sut.FailedResponseChainable, sut.ResponseCrossKey, sut.ShallowClone:
+			// Found in the first check from seed 2; two more check that
+			// no second FAIL comes.
+			checks = "3"
 		case sut.LostOnEvict:
 			checks = "12" // it needs a conversation evicted, then continued
 		case sut.OrphanToolCallOnInterrupt, sut.ToolRunsAfterCancel:

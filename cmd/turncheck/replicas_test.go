@@ -29,8 +29,10 @@ func TestConformReplicasOverPostgres(t *testing.T) {
 		dir := t.TempDir()
 		profile := filepath.Join(dir, "replicas.yaml")
 		require.NoError(t, os.WriteFile(profile, []byte(replicatedProfile(t, 3)), 0o644))
+		// One check at a time: one PostgreSQL and one set of replicas
+		// and proxies, not one a core.
 		code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "4", "--steps", "20", "--seed", "2",
-			"--out", filepath.Join(dir, "out"))
+			"--parallel", "1", "--out", filepath.Join(dir, "out"))
 		require.NotEqual(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 		// Their links to the client and to the store broke under turns
 		// in flight, and every invariant held across.
