@@ -22,6 +22,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/procs"
 	"github.com/turncheck/turncheck/internal/syncbuf"
+	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -34,7 +35,7 @@ func TestMain(m *testing.M) {
 		os.Exit(flooder(spec))
 	}
 	procs.WaitBound(3)
-	goleak.VerifyTestMain(procs.Checked(m))
+	goleak.VerifyTestMain(procs.Checked(testbin.Main(m)))
 }
 
 // runCLI runs the CLI with args and returns its exit status and output.
