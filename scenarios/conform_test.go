@@ -33,7 +33,7 @@ func TestConformCleanServer(t *testing.T) {
 	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent, sut.Complete} {
 		t.Run(string(policy), func(t *testing.T) {
 			t.Parallel()
-			c, err := Conform(reference.Target{Interruption: policy}, Options{Checks: 30, Seed: 7})
+			c, err := Conform(reference.Target{Interruption: policy}, Options{Checks: 15, Seed: 7})
 			require.NoError(t, err)
 			st := statuses(c)
 			for _, inv := range model.Invariants() {
