@@ -122,7 +122,7 @@ func TestMutantsCaught(t *testing.T) {
 				// (skipped without one).
 				pgtest.Start(t)
 				target.Replicas = info.Replicas
-				target.Store = func() (string, error) { return pgtest.Start(t), nil }
+				target.Store = pgtest.Schema
 			}
 			// A generous bound: a shrink that is done takes well under it on
 			// an idle machine, and only a shrink that is done is held to a
@@ -208,7 +208,7 @@ func TestCleanCheckPasses(t *testing.T) {
 func TestCleanReplicasPass(t *testing.T) {
 	t.Parallel()
 	pgtest.Start(t) // skips without PostgreSQL
-	target := reference.Target{Replicas: 3, Store: func() (string, error) { return pgtest.Start(t), nil }}
+	target := reference.Target{Replicas: 3, Store: pgtest.Schema}
 	res, err := scenarios.Check(target, scenarios.Options{Checks: 4, Seed: 1})
 	require.NoError(t, err)
 	if res.Failure != nil {

@@ -141,14 +141,30 @@ func (r *Replicas) URLs() []string {
 	return urls
 }
 
-// Restart restarts every replica, gracefully or as a crash, loading
-// agents if not nil.
+// Restart stops every replica, gracefully or as a crash, then serves
+// each again, loading agents if not nil: as a whole server's restart, no
+// replica serves while another is down.
 func (r *Replicas) Restart(crash bool, agents []string) error {
 	var errs []error
 	for _, in := range r.replicas {
-		errs = append(errs, in.Restart(crash, agents))
+		if crash {
+			errs = append(errs, in.Running.Crash())
+		} else {
+			errs = append(errs, in.Running.Close())
+		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for _, in := range r.replicas {
+		if agents != nil {
+			in.cfg.Agents = agents
+		}
+		if err := in.serve(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // RestartReplica restarts replica i alone, gracefully or as a crash,

@@ -84,12 +84,19 @@ type memBudget struct {
 
 // reserve takes n bytes of the budget, dropping cached conversations to
 // make room; false if the requests in flight leave no room.
+//
+// It takes the bytes only where they fit (compare and swap): adding first
+// and giving back after would, for a moment, show a request that fits,
+// and the cache, a budget taken by one that does not.
 func (b *memBudget) reserve(n int64) bool {
 	for {
-		if b.used.Add(n) <= b.max {
-			return true
+		used := b.used.Load()
+		if used+n <= b.max {
+			if b.used.CompareAndSwap(used, used+n) {
+				return true
+			}
+			continue
 		}
-		b.used.Add(-n)
 		if b.evict == nil || !b.evict() {
 			return false
 		}

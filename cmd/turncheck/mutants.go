@@ -80,8 +80,9 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	var replicated []string
 	for _, m := range sut.Mutants() {
 		if m.Replicas > 0 {
-			// A bug of replicas over one PostgreSQL: the in-process server
-			// is one process on SQLite, where it does not show.
+			// A bug of replicas over one PostgreSQL: the command runs the
+			// server in process on SQLite, where it does not show; the
+			// tests catch it on replicas over a PostgreSQL of their own.
 			replicated = append(replicated, string(m.Mutant))
 			continue
 		}

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -108,15 +109,39 @@ func Start(t testing.TB) (url string) {
 	case bootErr != nil:
 		t.Fatalf("pgtest: %v", bootErr)
 	}
+	url, err := Schema()
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	if strings.HasSuffix(url, "=test1") {
+		t.Logf("pgtest: PostgreSQL %s took %s to start", srv.Dir(), upIn.Round(time.Millisecond))
+	}
+	return url
+}
+
+// Schema is Start for code that must not stop its test's goroutine (a
+// server start the harness runs on a goroutine of its own): the URL of a
+// new empty schema, or an error, also where no PostgreSQL runs. Call
+// Start first in the test, which skips it without PostgreSQL.
+func Schema() (url string, err error) {
+	select {
+	case <-wrapped:
+	default:
+		return "", errors.New("pgtest: wrap TestMain's m with pgtest.Main, which starts and stops the server")
+	}
+	<-booted
+	switch {
+	case noBoot != nil:
+		return "", noBoot
+	case bootErr != nil:
+		return "", bootErr
+	}
 	mu.Lock()
 	schemas++
 	name := "test" + strconv.Itoa(schemas)
 	mu.Unlock()
-	if name == "test1" {
-		t.Logf("pgtest: PostgreSQL %s took %s to start", srv.Dir(), upIn.Round(time.Millisecond))
-	}
 	if err := srv.Exec(database, "CREATE SCHEMA "+name); err != nil {
-		t.Fatalf("pgtest: create schema: %v", err)
+		return "", fmt.Errorf("create schema: %w", err)
 	}
-	return srv.URL(database) + "&search_path=" + name
+	return srv.URL(database) + "&search_path=" + name, nil
 }

@@ -184,7 +184,10 @@ func (ps *proxies) repoint(i int, base string) error {
 	return nil
 }
 
-// healTimeout bounds taking a fault's toxics off a link.
+// healTimeout bounds the wait for a fault's toxics to come off a link:
+// toxiproxy's ResetToxics does not heed its context (it waits for each
+// toxic's connections to let go), so the wait is bounded here, and a heal
+// that takes longer is reported, its removal left to finish on its own.
 const healTimeout = 5 * time.Second
 
 // breakLink applies f to replica i's link and returns its heal.
@@ -212,10 +215,17 @@ func (ps *proxies) breakLink(i int, f NetFault) (func() error, error) {
 		toxic = fmt.Sprintf(`"type": "%s", "attributes": {"dark": %d}`, cutToxic, f.Millis)
 	}
 	heal := func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), healTimeout)
-		defer cancel()
-		p.Toxics.ResetToxics(ctx)
-		return ctx.Err()
+		healed := make(chan struct{})
+		go func() {
+			defer close(healed)
+			p.Toxics.ResetToxics(context.Background())
+		}()
+		select {
+		case <-healed:
+			return nil
+		case <-time.After(healTimeout):
+			return fmt.Errorf("the %s link of replica %d was not healed within %s", f.Link, i, healTimeout)
+		}
 	}
 	for _, stream := range []string{"upstream", "downstream"} {
 		body := fmt.Sprintf(`{"name": "%s-%s", "stream": "%s", %s}`, f.Kind, stream, stream, toxic)

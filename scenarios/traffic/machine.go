@@ -317,7 +317,7 @@ func (m *Machine) record(op history.Op) {
 	m.stats.Outcomes[op.Response.Outcome.String()]++
 	if r := op.Response; r.Outcome != model.OK {
 		m.stats.Causes[r.Cause]++
-		injected := r.Cause == protocol.CauseAborted || op.Send.Fault.Kind != faults.None || op.Send.Net != nil || op.Send.Token == ""
+		injected := r.Cause == protocol.CauseAborted || op.Send.Fault.Kind != faults.None || op.Net == history.NetBroken || op.Send.Token == ""
 		if !injected && len(m.stats.FirstAnswers) < report.MaxFirstAnswers {
 			a := r.Cause
 			if r.Detail != "" && r.Detail != r.Cause {
@@ -327,6 +327,11 @@ func (m *Machine) record(op history.Op) {
 		}
 	}
 	if k := op.Send.FaultKind(); k != "" {
+		// A network fault counts as injected only where its link broke
+		// while the turn was in flight, not where it was only drawn.
+		if op.Send.Net != nil && op.Net != history.NetBroken {
+			k = "not applied: " + k
+		}
 		m.stats.Faults[k]++
 	}
 	if len(op.Send.Rounds) > 0 {
