@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -340,6 +341,37 @@ func (tc *trackedConn) enter() {
 	tc.tracker.mu.Lock()
 	tc.moveLocked(reading)
 	tc.tracker.mu.Unlock()
+}
+
+// watchBody marks the connection's request in once r's body has been
+// read to its end, at once for a request without one: from then on the
+// cap never drops the connection for one without, whatever its handler
+// does next (a turn, or a health check or a session made, which may wait
+// on the store).
+func (tc *trackedConn) watchBody(r *http.Request) {
+	if tc == nil {
+		return
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		tc.work()
+		return
+	}
+	r.Body = &bodyIn{ReadCloser: r.Body, conn: tc}
+}
+
+// bodyIn is a request body that marks its connection's request in when
+// it has been read to its end.
+type bodyIn struct {
+	io.ReadCloser
+	conn *trackedConn
+}
+
+func (b *bodyIn) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.conn.work()
+	}
+	return n, err
 }
 
 // leave marks the handler done: the connection is idle, waiting for its

@@ -2,8 +2,12 @@ package sut
 
 import (
 	"bytes"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,4 +87,42 @@ func TestEvictionOrder(t *testing.T) {
 	assert.Equal(t, int64(3), tr.evicted.Load())
 	assert.Equal(t, int64(1), tr.refused.Load())
 	assert.Equal(t, 1, bytes.Count(log.Bytes(), []byte("connection cap reached")), "logged once in capLogEvery: %s", log.String())
+}
+
+// TestRequestInOnceItsBodyIs: a request is in once its body has been read
+// to its end, or at once without one, whatever its handler does next: a
+// connection whose handler is not a turn is not dropped for a newcomer
+// when it has been busy for stallAfter; one whose body is still coming is.
+func TestRequestInOnceItsBodyIs(t *testing.T) {
+	tr := newConnTracker(4, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	clock := time.Now()
+	tr.now = func() time.Time { return clock }
+	admit := func() *trackedConn {
+		a, b := net.Pipe()
+		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+		tc := tr.admit(a)
+		require.NotNil(t, tc)
+		return tc
+	}
+	evicted := func() *trackedConn {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		return tr.victimLocked()
+	}
+	get, post := admit(), admit()
+	get.enter()
+	get.watchBody(httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	post.enter()
+	r := httptest.NewRequest(http.MethodPost, "/api/sessions", strings.NewReader("{}"))
+	post.watchBody(r)
+	_, err := io.ReadAll(r.Body)
+	require.NoError(t, err)
+	clock = clock.Add(stallAfter)
+	assert.Nil(t, evicted(), "requests in, however long their handlers run, never go")
+
+	slow := admit()
+	slow.enter()
+	slow.watchBody(httptest.NewRequest(http.MethodPost, "/api/sessions", strings.NewReader("{}")))
+	clock = clock.Add(stallAfter)
+	assert.Same(t, slow, evicted(), "a body still coming after stallAfter goes")
 }

@@ -507,6 +507,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	conn := connOf(r.Context())
 	conn.enter()
 	defer conn.leave()
+	conn.watchBody(r)
 	// The client has BodyTimeout to send its body. The deadline is set for
 	// every request, so that a request refused before its body is read
 	// does not hold its connection past it either (net/http reads what is
