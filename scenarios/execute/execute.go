@@ -249,7 +249,7 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 	wg.Wait()
 	if heal != nil {
 		if err := heal(); err != nil {
-			ops[slices.IndexFunc(p.Sends, func(s plan.Send) bool { return s.Net != nil })].Net += "; not healed: " + err.Error()
+			ops[slices.IndexFunc(p.Sends, func(s plan.Send) bool { return s.Net != nil })].Net += history.NetNotHealed + err.Error()
 		}
 	}
 	for _, f := range flights {

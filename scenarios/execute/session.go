@@ -157,7 +157,8 @@ type Session struct {
 	// seen anywhere later, they are a consequence of what set them aside.
 	asideTokens map[model.Token]bool
 	// unanswered counts the requests in a row that got no connection or
-	// no answer at all, and dead says the server stopped answering.
+	// no answer at all; Dead, once set, stops the run: the server stopped
+	// answering, or the harness could not heal a link it broke.
 	unanswered int
 	Dead       error
 	// sources are the queries of the agent references the server loads.
@@ -346,6 +347,13 @@ func (s *Session) watch(ops []history.Op) {
 		}
 		if s.Aside[op.Send.Conv] && op.Send.Token != "" {
 			s.asideTokens[op.Send.Token] = true
+		}
+		if strings.Contains(op.Net, history.NetNotHealed) {
+			// Later steps would run over a link that may still be
+			// broken, and be judged as the server's doing: the run stops,
+			// an error of the harness's, not a verdict.
+			s.Dead = fmt.Errorf("the harness could not take its network fault off replica %d's link (%s): the run stops", op.Send.Replica, op.Net)
+			return
 		}
 		switch op.Response.Cause {
 		case protocol.CauseRefused, protocol.CauseNoAnswer:

@@ -37,5 +37,9 @@ type Op struct {
 }
 
 // NetBroken is Op.Net for a network fault that held from the turn's
-// first model call to the request's end.
-const NetBroken = "broken while the turn was in flight"
+// first model call to the request's end; NetNotHealed follows it where
+// the link could not be healed after, with why.
+const (
+	NetBroken    = "broken while the turn was in flight"
+	NetNotHealed = "; not healed: "
+)
