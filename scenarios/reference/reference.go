@@ -40,7 +40,7 @@ type Target struct {
 	// replica its plan names.
 	Replicas int
 	// Store gives each start of a replicated server a fresh, empty
-	// PostgreSQL store, as a URL (in a test, internal/pgtest's Start).
+	// PostgreSQL store, as a URL (in a test, internal/pgtest's Schema).
 	Store func() (string, error)
 }
 
