@@ -183,7 +183,7 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			r.out, r.err = exec.Command(bin, "conform", "--profile", profile, "--checks", checks, "--steps", "20", "--seed", seed,
-				"--save", r.dir, "--timeout", "2m", "--shrink-time", "3s", "--parallel", "1").CombinedOutput()
+				"--save", r.dir, "--out", filepath.Join(r.dir, "out"), "--timeout", "2m", "--shrink-time", "3s", "--parallel", "1").CombinedOutput()
 		}()
 	}
 	wg.Wait()
