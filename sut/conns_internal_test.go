@@ -26,21 +26,7 @@ import (
 // test's.
 func TestEvictionOrder(t *testing.T) {
 	var log bytes.Buffer
-	tr := newConnTracker(4, slog.New(slog.NewTextHandler(&log, nil)))
-	clock := time.Now()
-	tr.now = func() time.Time { return clock }
-	admit := func() *trackedConn {
-		a, b := net.Pipe()
-		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
-		tc := tr.admit(a)
-		require.NotNil(t, tc)
-		return tc
-	}
-	evicted := func() *trackedConn {
-		tr.mu.Lock()
-		defer tr.mu.Unlock()
-		return tr.victimLocked()
-	}
+	tr, advance, admit, evicted := onTestClock(t, 4, &log)
 	// Oldest first: a turn, a request being read, an idle one, a newcomer.
 	turn, reading, idle, waiting := admit(), admit(), admit(), admit()
 	turn.enter()
@@ -50,7 +36,7 @@ func TestEvictionOrder(t *testing.T) {
 	idle.leave()
 	assert.Same(t, waiting, evicted(), "nothing stalled: the oldest newcomer, never a connection with its request in")
 
-	clock = clock.Add(stallAfter)
+	advance(stallAfter)
 	assert.Same(t, waiting, evicted(), "no request head within stallAfter: the first to go")
 	fresh := admit()
 	assert.Same(t, idle, evicted(), "then one idle for stallAfter, before a newcomer that may yet send its head")
@@ -72,11 +58,11 @@ func TestEvictionOrder(t *testing.T) {
 
 	// The turn admitted first ends after fresh2's: fresh2 has been idle
 	// longer, and goes first.
-	clock = clock.Add(stallAfter / 2)
+	advance(stallAfter / 2)
 	turn.leave()
-	clock = clock.Add(stallAfter / 2)
+	advance(stallAfter / 2)
 	assert.Same(t, fresh2, evicted(), "idle for stallAfter")
-	clock = clock.Add(stallAfter / 2)
+	advance(stallAfter / 2)
 	tr.mu.Lock()
 	tr.countOutLocked(fresh2)
 	tr.mu.Unlock()
@@ -94,21 +80,7 @@ func TestEvictionOrder(t *testing.T) {
 // connection whose handler is not a turn is not dropped for a newcomer
 // when it has been busy for stallAfter; one whose body is still coming is.
 func TestRequestInOnceItsBodyIs(t *testing.T) {
-	tr := newConnTracker(4, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	clock := time.Now()
-	tr.now = func() time.Time { return clock }
-	admit := func() *trackedConn {
-		a, b := net.Pipe()
-		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
-		tc := tr.admit(a)
-		require.NotNil(t, tc)
-		return tc
-	}
-	evicted := func() *trackedConn {
-		tr.mu.Lock()
-		defer tr.mu.Unlock()
-		return tr.victimLocked()
-	}
+	_, advance, admit, evicted := onTestClock(t, 4, io.Discard)
 	get, post := admit(), admit()
 	get.enter()
 	get.watchBody(httptest.NewRequest(http.MethodGet, "/healthz", nil))
@@ -117,12 +89,39 @@ func TestRequestInOnceItsBodyIs(t *testing.T) {
 	post.watchBody(r)
 	_, err := io.ReadAll(r.Body)
 	require.NoError(t, err)
-	clock = clock.Add(stallAfter)
+	advance(stallAfter)
 	assert.Nil(t, evicted(), "requests in, however long their handlers run, never go")
 
 	slow := admit()
 	slow.enter()
 	slow.watchBody(httptest.NewRequest(http.MethodPost, "/api/sessions", strings.NewReader("{}")))
-	clock = clock.Add(stallAfter)
+	advance(stallAfter)
 	assert.Same(t, slow, evicted(), "a body still coming after stallAfter goes")
+}
+
+// onTestClock is a tracker of cap n, logging to log, on a clock of the
+// test's that advance moves; admit admits a connection, and evicted says
+// which one a newcomer would take the place of.
+func onTestClock(t *testing.T, n int, log io.Writer) (tr *connTracker, advance func(time.Duration), admit, evicted func() *trackedConn) {
+	tr = newConnTracker(n, slog.New(slog.NewTextHandler(log, nil)))
+	clock := time.Now()
+	tr.now = func() time.Time { return clock }
+	advance = func(d time.Duration) {
+		tr.mu.Lock() // the tracker reads its clock under its lock
+		defer tr.mu.Unlock()
+		clock = clock.Add(d)
+	}
+	admit = func() *trackedConn {
+		a, b := net.Pipe()
+		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+		tc := tr.admit(a)
+		require.NotNil(t, tc)
+		return tc
+	}
+	evicted = func() *trackedConn {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		return tr.victimLocked()
+	}
+	return tr, advance, admit, evicted
 }
