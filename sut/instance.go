@@ -64,15 +64,22 @@ func (in *Instance) serve() error {
 // close: what was not durable is lost), and serves again on the same data
 // dir, loading agents if not nil.
 func (in *Instance) Restart(crash bool, agents []string) error {
-	var err error
-	if crash {
-		err = in.Running.Crash()
-	} else {
-		err = in.Running.Close()
-	}
-	if err != nil {
+	if err := in.stop(crash); err != nil {
 		return err
 	}
+	return in.start(agents)
+}
+
+// stop closes the server, or drops it as a crash would.
+func (in *Instance) stop(crash bool) error {
+	if crash {
+		return in.Running.Crash()
+	}
+	return in.Running.Close()
+}
+
+// start serves again on the same data dir, loading agents if not nil.
+func (in *Instance) start(agents []string) error {
 	if agents != nil {
 		in.cfg.Agents = agents
 	}
@@ -147,20 +154,13 @@ func (r *Replicas) URLs() []string {
 func (r *Replicas) Restart(crash bool, agents []string) error {
 	var errs []error
 	for _, in := range r.replicas {
-		if crash {
-			errs = append(errs, in.Running.Crash())
-		} else {
-			errs = append(errs, in.Running.Close())
-		}
+		errs = append(errs, in.stop(crash))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	for _, in := range r.replicas {
-		if agents != nil {
-			in.cfg.Agents = agents
-		}
-		if err := in.serve(); err != nil {
+		if err := in.start(agents); err != nil {
 			return err
 		}
 	}
