@@ -97,20 +97,11 @@ func boot() {
 // database's, shared by every schema.
 func Start(t testing.TB) (url string) {
 	t.Helper()
-	select {
-	case <-wrapped:
-	default:
-		t.Fatal("pgtest: wrap TestMain's m with pgtest.Main, which starts and stops the server")
-	}
-	<-booted
-	switch {
-	case noBoot != nil:
-		t.Skip("pgtest: ", noBoot)
-	case bootErr != nil:
-		t.Fatalf("pgtest: %v", bootErr)
-	}
 	url, err := Schema()
-	if err != nil {
+	switch {
+	case err != nil && errors.Is(err, noBoot):
+		t.Skip("pgtest: ", err)
+	case err != nil:
 		t.Fatalf("pgtest: %v", err)
 	}
 	if strings.HasSuffix(url, "=test1") {
@@ -127,7 +118,7 @@ func Schema() (url string, err error) {
 	select {
 	case <-wrapped:
 	default:
-		return "", errors.New("pgtest: wrap TestMain's m with pgtest.Main, which starts and stops the server")
+		return "", errors.New("wrap TestMain's m with pgtest.Main, which starts and stops the server")
 	}
 	<-booted
 	switch {
