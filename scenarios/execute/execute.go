@@ -125,8 +125,10 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 			ops = append(ops, *crashed)
 		}
 	}()
-	// heal undoes the network fault of the step's send, once broken.
+	// heal undoes the network fault of the send at index broken, once
+	// its link is broken.
 	var heal func() error
+	broken := -1
 	flights := make([]*flight, len(p.Sends))
 	wake := make(chan struct{}, 1)
 	poke := func() {
@@ -234,6 +236,7 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 			// The turn is in flight, its replica holding the conversation:
 			// the link breaks now, and stays broken until the request ends.
 			heal, ops[next].Net = e.breakLink(s)
+			broken = next
 		}
 		if f := flights[next]; f.later != nil {
 			// The turn goes on to the point where the client drops it, or
@@ -249,7 +252,7 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 	wg.Wait()
 	if heal != nil {
 		if err := heal(); err != nil {
-			ops[slices.IndexFunc(p.Sends, func(s plan.Send) bool { return s.Net != nil })].Net += history.NetNotHealed + err.Error()
+			ops[broken].Net += history.NetNotHealed + err.Error()
 		}
 	}
 	for _, f := range flights {
