@@ -213,6 +213,11 @@ type Turn struct {
 	// refusal then may be a serializing server's bounded wait ending,
 	// not a refusal to wait (T4). It only ever excuses.
 	WaitedOut bool `json:"waitedOut,omitempty"`
+	// Gateway reports a failure whose status (502, 504) a front in front
+	// of the server's replicas answers for itself, when it loses its
+	// connection to a replica or gives up on one: such a refusal says
+	// nothing of how the server orders turns (T4). It only ever excuses.
+	Gateway bool `json:"gateway,omitempty"`
 }
 
 // overlaps reports whether t and o were in flight at the same time.
@@ -567,12 +572,13 @@ func (m *Model) Restart(changed, ambiguous bool) {
 }
 
 // checkResume judges the first turns of a conversation after a restart:
-// one that was refused before any model call with 404, 409 or a server
-// error did not resume (T8 after a source change, T7 otherwise); while the
+// one that was refused before any model call with 404 or a server error
+// did not resume (T8 after a source change, T7 otherwise), unless it was
+// a busy conversation's refusal or a front's (see below); while the
 // source's stable key is ambiguous, anything but a 409 without a model
 // call is a silent pick or a wrong refusal (T8). It reports whether the
 // resume is decided.
-func (m *Model) checkResume(t Turn, cv *conv) (*Violation, bool) {
+func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 	called := false
 	for _, c := range t.Calls {
 		called = called || c.Turn == t.User
@@ -600,9 +606,12 @@ func (m *Model) checkResume(t Turn, cv *conv) (*Violation, bool) {
 		}
 		return nil, false
 	}
-	if t.Status == 409 {
+	busy := slices.ContainsFunc(step, func(o Turn) bool { return o.Conv == t.Conv && o.User != t.User && o.overlaps(t) })
+	if t.Status == 409 || t.Outcome == Fail && (t.WaitedOut && busy || t.Gateway) {
 		// A refusal for a busy conversation, judged as such (T4): under
-		// reject, a turn sent at once with this one may be running.
+		// reject, a turn sent at once with this one may be running; under
+		// serialize, a bounded wait behind one may end. Or a front's
+		// status, for a replica it lost. Neither says how the resume went.
 		return nil, false
 	}
 	inv := cv.resume
@@ -641,7 +650,7 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		}
 	}
 	if t.Usable && (cv.resume != "" || cv.ambiguous) {
-		v, decided := m.checkResume(t, cv)
+		v, decided := m.checkResume(t, cv, step)
 		if v != nil {
 			return v
 		}
@@ -797,9 +806,10 @@ func (m *Model) checkConflict(t Turn, cv *conv, step []Turn) *Violation {
 // refused (any status from 409 up) before any model call of its own, while
 // another turn of its conversation was running, was refused instead of
 // waiting its turn, unless it came only after the server's model timeout
-// (WaitedOut: a server may bound the wait). A 409 is checkConflict's.
+// (WaitedOut: a server may bound the wait), or is a front's (Gateway). A
+// 409 is checkConflict's.
 func (m *Model) checkWaited(t Turn, cv *conv, step []Turn) *Violation {
-	if m.policies.Concurrency != Serialize || !t.Usable || t.Outcome != Fail || t.Status <= 409 || t.WaitedOut ||
+	if m.policies.Concurrency != Serialize || !t.Usable || t.Outcome != Fail || t.Status <= 409 || t.WaitedOut || t.Gateway ||
 		cv.ambiguous || m.ambiguous && !cv.committed || t.reached() {
 		return nil
 	}

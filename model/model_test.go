@@ -1072,6 +1072,30 @@ func TestRestartEdges(t *testing.T) {
 	require.NotNil(t, v)
 	assert.Equal(t, model.T7, v.Invariant)
 
+	// Under serialize, a turn sent beside the resuming one that waited out
+	// the model timeout and was refused is a bounded wait ending (T4's),
+	// and a front's 502 is the front's: neither is a failed resume.
+	for name, excuse := range map[string]func(*model.Turn){
+		"a bounded wait": func(t *model.Turn) { t.WaitedOut = true },
+		"a front's 502":  func(t *model.Turn) { t.Gateway = true },
+	} {
+		m = model.New()
+		require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+		m.Restart(true, false)
+		refused := at(failedBefore(convA, u(3), 503), 2, 0, 5)
+		excuse(&refused)
+		require.Nil(t, m.ApplyStep([]model.Turn{at(ok(convA, u(2), call(u(2), u(1), a(1), u(2))), 1, 3, 6), refused}), name)
+	}
+	// A slow refusal with no other turn to wait behind is a failed resume.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	slow := failedBefore(convA, u(2), 503)
+	slow.WaitedOut = true
+	v = m.Apply(slow)
+	require.NotNil(t, v)
+	assert.Equal(t, model.T7, v.Invariant)
+
 	// A resume that showed nothing (no answer, no call) is not counted.
 	m = model.New()
 	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))

@@ -40,6 +40,12 @@ func TestRefusedInsteadOfWaiting(t *testing.T) {
 		r.WaitedOut = true
 		assert.Nil(t, m.ApplyStep([]model.Turn{running, r}))
 	})
+	t.Run("serialize: a front's 502 (it lost its replica), not the server's", func(t *testing.T) {
+		m := model.New()
+		r := span(refused(convA, u(2), 502), 2, 3)
+		r.Gateway = true
+		assert.Nil(t, m.ApplyStep([]model.Turn{running, r}))
+	})
 	t.Run("serialize: nothing else ran", func(t *testing.T) {
 		m := model.New()
 		assert.Nil(t, m.ApplyStep([]model.Turn{span(refused(convA, u(2), 500), 2, 3)}))

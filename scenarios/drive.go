@@ -246,10 +246,13 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 
 // Parallel is how many checks target allows at once, given the n asked
 // for (0: one per core): one for a server whose fake model must listen at
-// a fixed address, since only one can, and at most a Subprocess's
-// MaxParallel.
+// a fixed address, or whose front sends to fixed addresses, since only
+// one can, and at most a Subprocess's MaxParallel.
 func Parallel(target targets.Target, n int) int {
 	if ma, ok := target.(targets.ModelAddresser); ok && ma.ModelAddr() != "" {
+		return 1
+	}
+	if s, ok := target.(targets.Subprocess); ok && s.Front != nil {
 		return 1
 	}
 	if n <= 0 {

@@ -148,6 +148,9 @@ func (r *Replicas) URLs() []string {
 	return urls
 }
 
+// Replicas is how many replicas serve.
+func (r *Replicas) Replicas() int { return len(r.replicas) }
+
 // Restart stops every replica, gracefully or as a crash, then serves
 // each again, loading agents if not nil: as a whole server's restart, no
 // replica serves while another is down.

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/fronttest"
 	"github.com/turncheck/turncheck/internal/pgserver"
 )
 
@@ -55,6 +58,56 @@ func TestConformReplicasOverPostgres(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestConformThroughAFront: the reference server's replicas, behind a
+// front the test runs (round robin, as nginx's default is), are reached
+// only through it: the clean server conforms across network faults on
+// the front's links to the replicas and on theirs to the store, and the
+// lock one process holds (replica-local-lock) forks a conversation whose
+// turns the front sends to two replicas (T4). Which replica serves a turn
+// is the front's choice, not the plan's.
+func TestConformThroughAFront(t *testing.T) {
+	if err := pgserver.Installed(); errors.Is(err, pgserver.ErrNotInstalled) {
+		t.Skip(err)
+	}
+	onPath(t)
+	for _, c := range []struct {
+		mutant string
+		fails  string
+	}{{"", ""}, {"replica-local-lock", "T4"}} {
+		t.Run(cmp.Or(c.mutant, "clean"), func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			front := fronttest.Start(t, 3)
+			text := replicatedProfile(t, 3)
+			text = strings.Replace(text, "  store: postgres\n", fmt.Sprintf("  store: postgres\n  front: {url: %q, upstreams: [%s]}\n",
+				front.URL, strings.Join(front.Upstreams, ", ")), 1)
+			if c.mutant != "" {
+				text = strings.Replace(text, "--request-timeout, 1s]", "--request-timeout, 1s, --mutant, "+c.mutant+"]", 1)
+			}
+			require.Contains(t, text, "front: ")
+			profile := filepath.Join(dir, "front.yaml")
+			require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
+			code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "3", "--steps", "20", "--seed", "2",
+				"--shrink-time", "2s", "--out", filepath.Join(dir, "out"))
+			require.NotEqual(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+			for i, n := range front.Served() {
+				assert.NotZero(t, n, "replica %d served through the front", i)
+			}
+			assert.NotContains(t, stdout, "to replica", "the front, not the plan, sends a request to its replica")
+			if c.fails != "" {
+				assert.Equal(t, exitViolation, code, "stdout:\n%s", stdout)
+				assert.Contains(t, verdictLine(stdout, c.fails), "FAIL", "stdout:\n%s", stdout)
+				return
+			}
+			assert.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+			assert.Regexp(t, `faults injected: (.*, )?network (reset|cut|partition) \(client link\)`, stdout)
+			for _, inv := range []string{"T2", "T4"} {
+				assert.Regexp(t, `PASS +[1-9]\d* `, verdictLine(stdout, inv), inv)
+			}
+		})
+	}
 }
 
 // replicatedProfile is the reference profile run as n replicas over one

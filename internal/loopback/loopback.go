@@ -12,7 +12,9 @@
 package loopback
 
 import (
+	"fmt"
 	"net"
+	"os"
 )
 
 // Listen listens on addr ("127.0.0.1:0" when empty) with connections that
@@ -40,4 +42,18 @@ func (l resetting) Accept() (net.Conn, error) {
 		_ = tc.SetLinger(0)
 	}
 	return c, nil
+}
+
+// EphemeralPorts is the range of ports this machine gives outgoing
+// connections (Linux's net.ipv4.ip_local_port_range); known is false
+// where it cannot be read.
+func EphemeralPorts() (lo, hi int, known bool) {
+	text, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0, false
+	}
+	if _, err := fmt.Sscan(string(text), &lo, &hi); err != nil || lo > hi {
+		return 0, 0, false
+	}
+	return lo, hi, true
 }

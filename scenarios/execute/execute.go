@@ -7,7 +7,11 @@ package execute
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
+	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -255,6 +259,15 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 			ops[broken].Net += history.NetNotHealed + err.Error()
 		}
 	}
+	if targets.Fronted(e.srv) {
+		for i := range ops {
+			lost := crashed != nil ||
+				ops[i].Send.Net != nil && ops[i].Send.Net.Link == targets.ClientLink && strings.HasPrefix(ops[i].Net, history.NetBroken)
+			frontAnswered(&ops[i].Response, lost)
+			status := ops[i].Response.Status
+			ops[i].Turn.Gateway = status == http.StatusBadGateway || status == http.StatusGatewayTimeout
+		}
+	}
 	for _, f := range flights {
 		f.cancel()
 		if !f.waitingOut.IsZero() {
@@ -308,6 +321,19 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 	return ops
 }
 
+// frontAnswered makes unknown the outcome of a turn that failed with a
+// status from 500 up, behind a front, when the harness broke the front's
+// link to a replica or killed a replica while the turn was in flight
+// (lost): the front answers such a status for a replica it lost, which
+// may have committed the turn, or may yet, whatever the front said.
+// Neither the front nor the client can know (PROTOCOL.md, "Replicas").
+func frontAnswered(r *protocol.Response, lost bool) {
+	if lost && r.Outcome == model.Fail && r.Status >= 500 {
+		r.Outcome = model.Unknown
+		r.Detail = fmt.Sprintf("status %d, from a front that lost its replica, the harness having broken its link or killed it: %s", r.Status, r.Detail)
+	}
+}
+
 // restart carries out p's restart, the index-th op of step: the server is
 // stopped, or killed, and started again on the same data, loading the
 // agent from the references p says; the client then speaks to it wherever
@@ -343,6 +369,9 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	}
 	if err := restart(p.Restart.Crash, refs); err != nil {
 		e.cutRestart = e.ctx != nil && e.ctx.Err() != nil
+		if errors.Is(err, targets.ErrHarness) {
+			op.HarnessError = err.Error()
+		}
 		op.Response.Outcome, op.Response.Detail = model.Fail, "the server did not come back: "+err.Error()
 		return op
 	}
@@ -357,7 +386,7 @@ func (e *executor) breakLink(s plan.Send) (func() error, string) {
 	if !ok {
 		return nil, "not applied: the server's links do not run through the harness"
 	}
-	heal, err := lb.Break(s.Replica, *s.Net)
+	heal, err := lb.Break(s.LinkReplica(), *s.Net)
 	if err != nil {
 		return nil, "not applied: " + err.Error()
 	}

@@ -230,6 +230,12 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 	ops := s.Exec.execute(p)
 	s.Plans = append(s.Plans, p)
 	s.History = append(s.History, ops...)
+	for _, op := range ops {
+		if op.HarnessError != "" {
+			s.Dead = fmt.Errorf("step %d (%s): %s: the run stops, judging nothing by it", op.Step, op.Action, op.HarnessError)
+			return ops, nil
+		}
+	}
 	if ctx := s.Exec.ctx; ctx != nil && ctx.Err() != nil {
 		// The run's end cut the step short (its requests aborted, a
 		// restart not waited for): what it came to decides nothing.
@@ -352,7 +358,7 @@ func (s *Session) watch(ops []history.Op) {
 			// Later steps would run over a link that may still be
 			// broken, and be judged as the server's doing: the run stops,
 			// an error of the harness's, not a verdict.
-			s.Dead = fmt.Errorf("the harness could not take its network fault off replica %d's link (%s): the run stops", op.Send.Replica, op.Net)
+			s.Dead = fmt.Errorf("the harness could not take its network fault off replica %d's link (%s): the run stops", op.Send.LinkReplica(), op.Net)
 			return
 		}
 		switch op.Response.Cause {

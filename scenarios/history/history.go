@@ -34,6 +34,11 @@ type Op struct {
 	// what went wrong if it could not be, "" if the turn never reached
 	// the model (or has no such fault).
 	Net string `json:"net,omitempty"`
+	// HarnessError says what the harness itself failed to do for the op
+	// (targets.ErrHarness: a proxy of its own that could not listen again
+	// after a restart), "" if nothing: not the server's doing, and so
+	// never judged; the run stops with it as an error.
+	HarnessError string `json:"harnessError,omitempty"`
 }
 
 // NetBroken is Op.Net for a network fault that held from the turn's

@@ -110,6 +110,19 @@ type Send struct {
 	// and heals it once the request has ended: the turn is in flight when
 	// its replica loses its store, or its client, or both go slow.
 	Net *targets.NetFault `json:"net,omitempty"`
+	// NetReplica, if set, is the replica whose link Net breaks, for a
+	// server behind a front, which picks the request's replica itself:
+	// the turn is in flight while that replica's link is broken, whether
+	// the turn runs there or on another.
+	NetReplica *int `json:"netReplica,omitempty"`
+}
+
+// LinkReplica is the replica whose link s.Net breaks.
+func (s Send) LinkReplica() int {
+	if s.NetReplica != nil {
+		return *s.NetReplica
+	}
+	return s.Replica
 }
 
 // String says what the fake model does, and what is injected, for a
@@ -127,7 +140,7 @@ func (s Send) String() string {
 	case s.Abort:
 		parts = append(parts, "client-abort: the client drops the connection while the model holds the turn at "+abortPoint(s.AbortAt))
 	case s.Net != nil:
-		parts = append(parts, fmt.Sprintf("%s of replica %d, from the turn's first model call to its end", s.Net, s.Replica))
+		parts = append(parts, fmt.Sprintf("%s of replica %d, from the turn's first model call to its end", s.Net, s.LinkReplica()))
 	case s.Fault.Kind != faults.None || len(parts) == 0:
 		parts = append(parts, s.Fault.String())
 	}
@@ -172,8 +185,6 @@ func (p Plan) Check() error {
 		switch r := p.Restart; {
 		case r.Replica != nil && (*r.Replica < 0 || r.Sources != nil):
 			return fmt.Errorf("%q: a restart of replica %d alone, with agent sources %v: a replica is a replica, from 0, that loads the agent as the others do", p.Action, *r.Replica, r.Sources)
-		case r.Replica != nil && len(p.Sends) == 1 && p.Sends[0].Replica != *r.Replica:
-			return fmt.Errorf("%q: a crash of replica %d with a turn in flight on replica %d", p.Action, *r.Replica, p.Sends[0].Replica)
 		case len(p.Sends) == 0:
 			return nil
 		case len(p.Sends) > 1 || !p.Restart.Crash:
@@ -227,6 +238,8 @@ func (s Send) checkNet(sends int, restart bool) error {
 		return errors.New("a network fault in a burst or a restart")
 	case s.Token == "" || s.Abort || s.Fault.Kind != faults.None:
 		return errors.New("a network fault on a turn that reaches no model, or has a fault of its own")
+	case s.LinkReplica() < 0:
+		return fmt.Errorf("a network fault on replica %d", s.LinkReplica())
 	}
 	return s.Net.Check()
 }
@@ -382,17 +395,17 @@ func DrawFaults(t *rapid.T, s *Send, sequential bool) {
 	}
 }
 
-// DrawNet draws, now and then, a network fault on a link of the replica
-// that a turn sent on its own goes to, in place of a fault of the model's
-// or the client's: one turn in six. Latency stays well under every
+// DrawNet draws, now and then, a network fault on one of links of the
+// replica that a turn sent on its own goes to, in place of a fault of the
+// model's or the client's: one turn in six. Latency stays well under every
 // timeout, a cut closes its connections within a second: each fault is
 // over within its step.
-func DrawNet(t *rapid.T, s *Send) {
+func DrawNet(t *rapid.T, s *Send, links []targets.Link) {
 	if rapid.IntRange(0, 5).Draw(t, "network fault") < 5 {
 		return
 	}
 	f := targets.NetFault{
-		Link: rapid.SampledFrom([]targets.Link{targets.StoreLink, targets.ClientLink}).Draw(t, "link"),
+		Link: rapid.SampledFrom(links).Draw(t, "link"),
 		Kind: rapid.SampledFrom(targets.NetKinds).Draw(t, "network"),
 	}
 	switch f.Kind {

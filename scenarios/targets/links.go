@@ -108,6 +108,8 @@ type LinkBreaker interface {
 	// closes what went through the link while it was broken, so that no
 	// connection carries on from a stream the fault mangled.
 	Break(i int, f NetFault) (heal func() error, err error)
+	// Links are the links of each replica that run through the harness.
+	Links() []Link
 }
 
 // proxies are the TCP proxies of a replicated server's links: one to
@@ -122,14 +124,14 @@ func newProxies() *proxies {
 	return &proxies{api: toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())}
 }
 
-// start starts a proxy on a free loopback port to upstream (host:port).
-// It listens until the server closes: a fault breaks what goes through
-// it, never its port, which nothing else may take while the replica
-// it serves still knows it.
-func (ps *proxies) start(name, upstream string) (*toxiproxy.Proxy, error) {
-	p := toxiproxy.NewProxy(ps.api, name, "127.0.0.1:0", upstream)
+// start starts a proxy on listen (a free port for "127.0.0.1:0") to
+// upstream (host:port). It listens until the server closes: a fault
+// breaks what goes through it, never its port, which nothing else may
+// take while the replica it serves still knows it.
+func (ps *proxies) start(name, listen, upstream string) (*toxiproxy.Proxy, error) {
+	p := toxiproxy.NewProxy(ps.api, name, listen, upstream)
 	if err := p.Start(); err != nil {
-		return nil, fmt.Errorf("proxy %s to %s: %w", name, upstream, err)
+		return nil, fmt.Errorf("proxy %s on %s to %s: %w", name, listen, upstream, err)
 	}
 	return p, nil
 }
@@ -143,7 +145,7 @@ func (ps *proxies) addStore(i int, storeURL string) (string, error) {
 		ps.store = append(ps.store, nil)
 		return storeURL, nil
 	}
-	p, err := ps.start(fmt.Sprintf("store-%d", i), u.Host)
+	p, err := ps.start(fmt.Sprintf("store-%d", i), "127.0.0.1:0", u.Host)
 	if err != nil {
 		return "", err
 	}
@@ -152,10 +154,10 @@ func (ps *proxies) addStore(i int, storeURL string) (string, error) {
 	return u.String(), nil
 }
 
-// addClient starts the proxy from the client to replica i at base (an
-// http:// URL).
-func (ps *proxies) addClient(i int, base string) error {
-	p, err := ps.start(fmt.Sprintf("client-%d", i), strings.TrimPrefix(base, "http://"))
+// addClient starts the proxy from the client (or a front) to replica i
+// at base (an http:// URL), listening on listen.
+func (ps *proxies) addClient(i int, listen, base string) error {
+	p, err := ps.start(fmt.Sprintf("client-%d", i), listen, strings.TrimPrefix(base, "http://"))
 	if err != nil {
 		return err
 	}
@@ -169,19 +171,47 @@ func (ps *proxies) url(i int) string { return "http://" + ps.client[i].Listen }
 // repoint gives the client a new proxy to replica i at base, where the
 // replica listens since its restart, on a port of its own (the client
 // is told the replicas' URLs anew after a restart); the old one closes.
-func (ps *proxies) repoint(i int, base string) error {
+// With fixed, the new proxy takes the old one's address, which a front
+// knows: the old one closes first.
+func (ps *proxies) repoint(i int, base string, fixed bool) error {
 	old := ps.client[i]
 	up := strings.TrimPrefix(base, "http://")
 	if old.Upstream == up {
 		return nil
 	}
-	p, err := ps.start(old.Name, up)
+	listen := "127.0.0.1:0"
+	if fixed {
+		listen = old.Listen
+		old.Stop()
+	}
+	p, err := ps.start(old.Name, listen, up)
+	for wait := time.Now(); err != nil && fixed && time.Since(wait) < rebindWait; {
+		// Another socket took the port in the moment it was free (an
+		// outgoing connection's, in the ephemeral range): it may let go.
+		time.Sleep(20 * time.Millisecond)
+		p, err = ps.start(old.Name, listen, up)
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrHarness, err)
 	}
 	old.Stop()
 	ps.client[i] = p
 	return nil
+}
+
+// rebindWait bounds the wait for a front's upstream address to be free
+// again after its proxy closed.
+const rebindWait = 2 * time.Second
+
+// links are the kinds of link that run through ps: the client's always,
+// the store's where a replica reaches it over TCP.
+func (ps *proxies) links() []Link {
+	for _, p := range ps.store {
+		if p != nil {
+			return []Link{StoreLink, ClientLink}
+		}
+	}
+	return []Link{ClientLink}
 }
 
 // healTimeout bounds the wait for a fault's toxics to come off a link:

@@ -75,7 +75,7 @@ func TestLinkFaults(t *testing.T) {
 	up := echoServer(t)
 	ps := newProxies()
 	defer ps.close()
-	require.NoError(t, ps.addClient(0, "http://"+up))
+	require.NoError(t, ps.addClient(0, "127.0.0.1:0", "http://"+up))
 	addr := ps.client[0].Listen
 	host, _, err := net.SplitHostPort(addr)
 	require.NoError(t, err)

@@ -91,6 +91,12 @@ type serverSection struct {
 	Parallel      int               `yaml:"parallel"`
 	Replicas      int               `yaml:"replicas"`
 	Store         string            `yaml:"store"`
+	Front         *frontSection     `yaml:"front"`
+}
+
+type frontSection struct {
+	URL       string   `yaml:"url"`
+	Upstreams []string `yaml:"upstreams"`
 }
 
 type readySection struct {
@@ -163,6 +169,7 @@ var sections = map[string]reflect.Type{
 	"the profile":                      reflect.TypeFor[profileFile](),
 	"server":                           reflect.TypeFor[serverSection](),
 	"server.ready":                     reflect.TypeFor[readySection](),
+	"server.front":                     reflect.TypeFor[frontSection](),
 	"policies":                         reflect.TypeFor[policySection](),
 	"policies.durability":              reflect.TypeFor[Durability](),
 	"sessions":                         reflect.TypeFor[SessionsAPI](),
@@ -359,6 +366,18 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 	if err := s.checkStore(); err != nil {
 		return nil, fmt.Errorf("server.store: %w", err)
 	}
+	var front *Front
+	if s.Front != nil {
+		front = &Front{URL: s.Front.URL, Upstreams: s.Front.Upstreams}
+		if err := front.Check(s.Replicas); err != nil {
+			return nil, fmt.Errorf("server.front.%w", err)
+		}
+		if s.Parallel > 1 {
+			return nil, errors.New("server.parallel: a front sends to fixed addresses, which one server at a time can hold: say 1, or leave it out")
+		}
+		// The front's upstreams are one server's at a time.
+		s.Parallel = 1
+	}
 	env := make([]string, 0, len(s.Env))
 	for k, v := range s.Env {
 		if k == "" || strings.Contains(k, "=") {
@@ -379,6 +398,7 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 		MaxParallel:   s.Parallel,
 		Replicas:      s.Replicas,
 		Store:         s.Store,
+		Front:         front,
 		ModelAt:       modelAddr,
 		Reaches:       p,
 	}, nil
@@ -472,7 +492,7 @@ func checkLoopbackAddr(addr string) error {
 		return fmt.Errorf("%q: want host:port", addr)
 	}
 	if !isLoopbackHost(host) {
-		return fmt.Errorf("%q: the fake model listens on loopback only (127.0.0.1, ::1 or localhost)", addr)
+		return fmt.Errorf("%q: turncheck listens on loopback only (127.0.0.1, ::1 or localhost)", addr)
 	}
 	if port == "" {
 		return fmt.Errorf("%q: no port", addr)

@@ -1,6 +1,7 @@
 package targets
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/model"
 )
 
@@ -73,6 +75,12 @@ policies:
 		Agent: "helper", Tools: true}, p)
 	assert.Equal(t, 3*time.Minute, p.RequestTimeout(), "the client waits as long as declared, apart from the model timeout")
 
+	target, err = ParseProfile([]byte(front(`{url: "http://127.0.0.1:8080", upstreams: ["127.0.0.1:9701", "[::1]:9702"]}`)))
+	require.NoError(t, err)
+	s = target.(Subprocess)
+	assert.Equal(t, &Front{URL: "http://127.0.0.1:8080", Upstreams: []string{"127.0.0.1:9701", "[::1]:9702"}}, s.Front)
+	assert.Equal(t, 1, s.MaxParallel, "fixed upstreams: one server at a time")
+
 	target, err = ParseProfile([]byte("url: http://127.0.0.1:8080\nmodel_addr: '[::1]:9090'\n"))
 	require.NoError(t, err)
 	r := target.(Remote)
@@ -118,18 +126,25 @@ func TestProfileErrors(t *testing.T) {
 		"server: {command: [x, '{addr}', '{model_url}'], files: {/etc/c: x}}":       `server.files: "/etc/c": want a path relative`,
 		"server: {command: [x, '{addr}', '{model_url}'], files: {c: '{agents}'}}":   `server.files: "c": {agents} is for the command line`,
 		"server: {command: [x, '{addr}'], files: {c.json: '{addr}'}}":               "no {model_url} in the command, env or files",
-		cmd + "protocol: grpc":                                     `protocol: "grpc"; want chat, responses or sessions`,
-		cmd + "protocol: sessions":                                 "sessions: the sessions protocol needs the session API described",
-		cmd + "protocol: chat\nsessions: {id: id}":                 "sessions: describes a session API, but the protocol is chat",
-		cmd + "protocol: sessions\nsessions: {bogus: 1}":           `unknown field "bogus" in sessions`,
-		cmd + "protocol: sessions\nsessions: {turn: {verb: x}}":    `unknown field "verb" in sessions.create or sessions.turn`,
-		cmd + sessions(`create: {method: GET, path: /s}`):          "sessions.create.method",
-		cmd + sessions(`turn: {path: /t, body: '{messages}'}`):     "sessions.turn.path: must contain {session}",
-		cmd + sessions(`turn: {path: '/t/{session}', body: '{}'}`): "sessions.turn.body: must contain {message} or {messages}",
-		cmd + sessions(`events: {text: t, text_field: c}`):         "sessions.events.done",
-		cmd + sessions(`create: {path: s}`):                        "sessions.create.path",
-		cmd + sessions(`id: ""`):                                   "sessions.id",
-		cmd + sessions(`events: {done: [ok], text_field: c}`):      "sessions.events.text",
+		cmd + "protocol: grpc":                                                                                           `protocol: "grpc"; want chat, responses or sessions`,
+		cmd + "protocol: sessions":                                                                                       "sessions: the sessions protocol needs the session API described",
+		cmd + "protocol: chat\nsessions: {id: id}":                                                                       "sessions: describes a session API, but the protocol is chat",
+		cmd + "protocol: sessions\nsessions: {bogus: 1}":                                                                 `unknown field "bogus" in sessions`,
+		cmd + "protocol: sessions\nsessions: {turn: {verb: x}}":                                                          `unknown field "verb" in sessions.create or sessions.turn`,
+		cmd + sessions(`create: {method: GET, path: /s}`):                                                                "sessions.create.method",
+		cmd + sessions(`turn: {path: /t, body: '{messages}'}`):                                                           "sessions.turn.path: must contain {session}",
+		cmd + sessions(`turn: {path: '/t/{session}', body: '{}'}`):                                                       "sessions.turn.body: must contain {message} or {messages}",
+		cmd + sessions(`events: {text: t, text_field: c}`):                                                               "sessions.events.done",
+		cmd + sessions(`create: {path: s}`):                                                                              "sessions.create.path",
+		cmd + sessions(`id: ""`):                                                                                         "sessions.id",
+		cmd + sessions(`events: {done: [ok], text_field: c}`):                                                            "sessions.events.text",
+		front(`{url: "http://127.0.0.1:80", upstreams: [127.0.0.1:1]}`):                                                  "server.front.upstreams: 1 address(es) for 2 replicas",
+		front(`{url: "http://10.1.1.1:80", upstreams: [127.0.0.1:1, 127.0.0.1:2]}`):                                      "server.front.url",
+		front(`{url: "http://127.0.0.1:80", upstreams: [127.0.0.1:1, 10.0.0.1:2]}`):                                      "server.front.upstreams: \"10.0.0.1:2\": turncheck listens on loopback only",
+		front(`{url: "http://127.0.0.1:80", upstreams: [127.0.0.1:1, 127.0.0.1:1]}`):                                     "127.0.0.1:1 twice",
+		front(`{url: "http://127.0.0.1:80", upstream: [127.0.0.1:1]}`):                                                   `unknown field "upstream" in server.front`,
+		front(`{url: "http://127.0.0.1:80", upstreams: [127.0.0.1:1, 127.0.0.1:2]}, parallel: 2`):                        "server.parallel",
+		"server: {command: [x, '{addr}', '{model_url}'], front: {url: 'http://127.0.0.1:80', upstreams: [127.0.0.1:1]}}": "two replicas or more",
 	} {
 		_, err := ParseProfile([]byte(yaml))
 		require.Error(t, err, "%q", yaml)
@@ -137,8 +152,18 @@ func TestProfileErrors(t *testing.T) {
 		assert.NotContains(t, err.Error(), "scenarios.", "no Go type names: %q", yaml)
 		assert.False(t, strings.Contains(err.Error(), "\n"), "one line: %q", err)
 	}
+	if lo, hi, known := loopback.EphemeralPorts(); known {
+		_, err := ParseProfile([]byte(front(fmt.Sprintf(`{url: "http://127.0.0.1:80", upstreams: [127.0.0.1:1, "127.0.0.1:%d"]}`, (lo+hi)/2))))
+		assert.ErrorContains(t, err, "range for outgoing connections", "an upstream a connection may take while a replica restarts")
+	}
 	_, err := LoadProfile("no-such-profile.yaml")
 	assert.ErrorContains(t, err, "no-such-profile.yaml")
+}
+
+// front is a server of two replicas behind the front f (a YAML flow
+// mapping, and any fields of server that follow it).
+func front(f string) string {
+	return "server: {command: [x, '{addr}', '{model_url}'], replicas: 2, front: " + f + "}\n"
 }
 
 // sessions is a sessions protocol section, valid but for the field

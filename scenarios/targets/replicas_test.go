@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/internal/fronttest"
 	"github.com/turncheck/turncheck/internal/testbin"
 )
 
@@ -79,4 +80,62 @@ func TestReplicas(t *testing.T) {
 	assert.False(t, replicated, "a server of one process is not")
 	assert.Equal(t, []string{one.URL()}, URLs(one))
 	require.NoError(t, one.Close())
+}
+
+// TestFront: behind a front, the client has the front's URL alone; the
+// harness listens where the front sends (its upstreams) and passes each
+// replica its share, and a replica that restarts on a port of its own is
+// reached at its upstream again.
+func TestFront(t *testing.T) {
+	bin := testbin.Turncheck(t)
+	fake, err := faults.StartModel(faults.ModelConfig{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, fake.Close()) }()
+	front := fronttest.Start(t, 2)
+	s := Subprocess{
+		Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}"},
+		// Each start on a port of the replica's choosing: a restarted
+		// replica listens elsewhere.
+		ReadyLine: `listening on (http://\S+)`,
+		Replicas:  2, StopGrace: 5 * time.Second,
+		Front: &Front{URL: front.URL, Upstreams: front.Upstreams},
+	}
+	srv, err := s.Start(fake.URL())
+	require.NoError(t, err)
+	defer func() { require.NoError(t, srv.Close()) }()
+	assert.Equal(t, []string{front.URL}, URLs(srv))
+	assert.Equal(t, 2, Replicas(srv))
+	assert.True(t, Fronted(srv))
+	lb, ok := srv.(LinkBreaker)
+	require.True(t, ok, "the front's links to the replicas run through the harness")
+	assert.Equal(t, []Link{ClientLink}, lb.Links(), "no store link: the replicas share a data dir")
+	get := func() {
+		t.Helper()
+		resp, err := http.Get(front.URL + "/healthz")
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	before := front.Served()
+	for range 4 {
+		get()
+	}
+	served := front.Served()
+	assert.Equal(t, []int64{before[0] + 2, before[1] + 2}, served, "each replica answered its share")
+	port := srv.(*linkedReplicas).procs[1].URL()
+	require.NoError(t, srv.(Replicated).RestartReplica(context.Background(), 1, true))
+	require.NotEqual(t, port, srv.(*linkedReplicas).procs[1].URL(), "the replica moved")
+	get()
+	get()
+	assert.Equal(t, []int64{served[0] + 1, served[1] + 1}, front.Served(), "replica 1 answers at its upstream again")
+}
+
+// TestFrontNotRunning: a front that does not answer is an error that
+// says the harness does not start it, and where it must send.
+func TestFrontNotRunning(t *testing.T) {
+	f := Front{URL: "http://127.0.0.1:1", Upstreams: []string{"127.0.0.1:9701", "127.0.0.1:9702"}}
+	err := f.wait(context.Background(), 100*time.Millisecond, "/healthz")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "turncheck starts the replicas, not the front")
+	assert.Contains(t, err.Error(), "replica 0 to 127.0.0.1:9701, replica 1 to 127.0.0.1:9702")
 }

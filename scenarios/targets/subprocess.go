@@ -3,6 +3,7 @@
 package targets
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,8 +59,11 @@ type Subprocess struct {
 	// Replicas, if above 1, is how many processes serve the server, all
 	// from Command over one data dir (the store they share), each with a
 	// port of its own and "{replica}" (0, 1, ...) replaced in Command, Env
-	// and Files: a request goes to the replica its plan names.
+	// and Files: a request goes to the replica its plan names, or to Front.
 	Replicas int
+	// Front, if set, is a load balancer someone else runs in front of the
+	// replicas: every request goes to it, and it picks the replica.
+	Front *Front
 	// Store, if set, is where the server keeps its store, given to it as
 	// "{store_url}" in Command, Env and Files: "postgres" starts a fresh
 	// PostgreSQL on loopback for each server (its data in a temporary
@@ -112,15 +116,16 @@ func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, 
 		}
 		return &subprocessServer{p: p, dir: dir, store: st}, nil
 	}
-	r := &replicas{dir: dir, store: st}
-	if s.Store != "" {
-		// Replicas over a store the network joins: their links run
-		// through the harness's proxies, which break them (LinkBreaker).
+	r := &replicas{dir: dir, store: st, front: s.Front}
+	if s.Store != "" || s.Front != nil {
+		// Replicas over a store the network joins, or behind a front:
+		// their links run through the harness's proxies, which break them
+		// (LinkBreaker), and which listen where the front sends.
 		r.links = newProxies()
 	}
 	for i := range s.Replicas {
 		storeURL := st.url
-		if r.links != nil {
+		if s.Store != "" {
 			if storeURL, err = r.links.addStore(i, st.url); err != nil {
 				return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
 			}
@@ -131,15 +136,29 @@ func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, 
 		}
 		r.procs = append(r.procs, p)
 		if r.links != nil {
-			if err := r.links.addClient(i, p.URL()); err != nil {
+			if err := r.links.addClient(i, s.upstream(i), p.URL()); err != nil {
 				return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
 			}
+		}
+	}
+	if s.Front != nil {
+		if err := s.Front.wait(ctx, cmp.Or(s.StartTimeout, 15*time.Second), cmp.Or(s.Ready, "/healthz")); err != nil {
+			return nil, errors.Join(err, r.Close())
 		}
 	}
 	if r.links != nil {
 		return &linkedReplicas{r}, nil
 	}
 	return r, nil
+}
+
+// upstream is where the harness listens for the client's requests to
+// replica i: where the front sends them, or a free port.
+func (s Subprocess) upstream(i int) string {
+	if s.Front != nil {
+		return s.Front.Upstreams[i]
+	}
+	return "127.0.0.1:0"
 }
 
 // store is the store a server of s keeps its data in, beside its data dir.
@@ -267,9 +286,11 @@ type replicas struct {
 	procs []*faults.Process
 	dir   string
 	store store
-	// links, if not nil, are the proxies the client reaches each replica
-	// through, and each replica its store.
+	// links, if not nil, are the proxies the client (or the front)
+	// reaches each replica through, and each replica its store.
 	links *proxies
+	// front, if not nil, is where every request goes.
+	front *Front
 }
 
 // linkedReplicas are replicas whose links run through the harness's
@@ -281,12 +302,21 @@ func (r linkedReplicas) Break(i int, f NetFault) (heal func() error, err error) 
 	return r.links.breakLink(i, f)
 }
 
-// URL is the first replica's.
+// Links are the links of the replicas that run through the harness.
+func (r linkedReplicas) Links() []Link { return r.links.links() }
+
+// URL is the front's, or the first replica's.
 func (r *replicas) URL() string { return r.URLs()[0] }
 
+// Replicas is how many processes serve the server.
+func (r *replicas) Replicas() int { return len(r.procs) }
+
 // URLs are the replicas', in order: their proxies', where the client
-// reaches them through the harness's.
+// reaches them through the harness's. Behind a front, the front's alone.
 func (r *replicas) URLs() []string {
+	if r.front != nil {
+		return []string{r.front.URL}
+	}
 	out := make([]string, len(r.procs))
 	for i, p := range r.procs {
 		out[i] = p.URL()
@@ -302,7 +332,7 @@ func (r *replicas) repoint(i int) error {
 	if r.links == nil {
 		return nil
 	}
-	return r.links.repoint(i, r.procs[i].URL())
+	return r.links.repoint(i, r.procs[i].URL(), r.front != nil)
 }
 
 // Exited reports the first replica that exited on its own.

@@ -414,24 +414,46 @@ type ServerWatcher interface {
 }
 
 // Replicated is a Server that runs as several replicas over one store: a
-// request goes to the replica its plan names (plan.Send.Replica).
+// request goes to the replica its plan names (plan.Send.Replica), or,
+// behind a front, to the front, which picks one.
 type Replicated interface {
 	Server
-	// URLs are the replicas' base URLs, in order.
+	// URLs are the replicas' base URLs, in order; behind a front, the
+	// front's alone.
 	URLs() []string
+	// Replicas is how many replicas serve the server.
+	Replicas() int
 	// RestartReplica stops replica i gracefully, or kills it (crash), and
 	// starts it again, while the others go on serving; ctx bounds the
 	// wait for it to be ready.
 	RestartReplica(ctx context.Context, i int, crash bool) error
 }
 
-// URLs are srv's base URLs: its replicas', or its own.
+// ErrHarness marks an error of the harness's own parts, not the server's
+// (a proxy that could not listen again after a restart): a run stops on
+// it, rather than judge the server by it.
+var ErrHarness = errors.New("the harness failed")
+
+// URLs are srv's base URLs: its replicas', or its own (or its front's).
 func URLs(srv Server) []string {
 	if r, ok := srv.(Replicated); ok {
 		return r.URLs()
 	}
 	return []string{srv.URL()}
 }
+
+// Replicas is how many replicas serve srv: 1 unless it is Replicated.
+func Replicas(srv Server) int {
+	if r, ok := srv.(Replicated); ok {
+		return r.Replicas()
+	}
+	return 1
+}
+
+// Fronted reports whether srv's replicas are behind a front: the client
+// sends every request to one URL, and which replica serves it is the
+// front's choice, not the plan's.
+func Fronted(srv Server) bool { return Replicas(srv) > len(URLs(srv)) }
 
 // ContextStarter is a Target whose servers' starts and restarts a context
 // can cut short: a server that takes a minute to start does not hold a

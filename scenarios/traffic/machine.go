@@ -55,8 +55,11 @@ type Machine struct {
 	// server loads now, and tags counts the queries drawn so far.
 	sources []string
 	tags    int
-	// replicas is how many replicas serve the server (1 for one process).
-	replicas int
+	// replicas is how many replicas serve the server (1 for one process),
+	// and routes how many URLs the client has to them: one per replica, a
+	// request going to the replica drawn for it, or one, a front's, that
+	// picks the replica itself.
+	replicas, routes int
 }
 
 // New returns the machine of one check, run in sess: stats counts what it
@@ -65,7 +68,7 @@ type Machine struct {
 // stopped answering.
 func New(sess *execute.Session, stats *report.Stats, onViolation func(*model.Violation, []plan.Plan, []history.Op), onDead func(error)) *Machine {
 	return &Machine{Session: sess, stats: stats, onViolation: onViolation, onDead: onDead,
-		replicas: len(targets.URLs(sess.Server))}
+		replicas: targets.Replicas(sess.Server), routes: len(targets.URLs(sess.Server))}
 }
 
 // Actions are the machine's actions, by name, for rapid.T.Repeat.
@@ -235,8 +238,15 @@ func (m *Machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 	if m.Profile.Tools {
 		plan.DrawRounds(t, &s)
 	}
-	if _, ok := m.Server.(targets.LinkBreaker); ok && sequential {
-		if plan.DrawNet(t, &s); s.Net != nil {
+	if lb, ok := m.Server.(targets.LinkBreaker); ok && sequential {
+		if plan.DrawNet(t, &s, lb.Links()); s.Net != nil {
+			if m.routes < m.replicas {
+				// Behind a front, the turn's replica is the front's
+				// choice: the fault breaks one replica's link while the
+				// turn is in flight, on it or on another.
+				i := rapid.IntRange(0, m.replicas-1).Draw(t, "link of replica")
+				s.NetReplica = &i
+			}
 			return s
 		}
 	}
@@ -274,10 +284,11 @@ func (m *Machine) newConv(t *rapid.T) *conv {
 
 // step executes p and checks it; a violation fails the run. On a server
 // that runs as several replicas, each request goes to a replica drawn for
-// it: turns of one conversation then meet on different replicas, where a
-// lock or a cache held in one process serves nothing.
+// it (unless a front picks it): turns of one conversation then meet on
+// different replicas, where a lock or a cache held in one process serves
+// nothing.
 func (m *Machine) step(t *rapid.T, p plan.Plan) {
-	if n := m.replicas; n > 1 {
+	if n := m.routes; n > 1 {
 		for i := range p.Sends {
 			if p.Restart != nil && p.Restart.Replica != nil {
 				// The turn in flight when the replica crashes is its.
