@@ -34,9 +34,10 @@ type NetKind string
 const (
 	// Latency delays every byte each way by NetFault.Millis.
 	Latency NetKind = "latency"
-	// Reset closes each connection, with a TCP reset where the
-	// connection was opened through the proxy while the fault held, as
-	// soon as any byte of it moves: what was sent is lost.
+	// Reset closes each connection as soon as any byte of it moves: what
+	// was sent is lost. It closes with a FIN, not a TCP reset: toxiproxy
+	// sets the reset (SO_LINGER 0) only for its own reset_peer toxic,
+	// which leaves a goroutine behind per connection it closes.
 	Reset NetKind = "reset"
 	// Cut drops every byte each way, as a link that went dark does, and
 	// closes each connection NetFault.Millis after it went dark: a peer
