@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -65,6 +66,10 @@ type Model struct {
 	holding map[*Gate]bool
 	// epoch, if not "", is the text a call must carry to be recorded.
 	epoch string
+	// servedBy is, for each turn's token, the replica whose model call
+	// for it came latest: each replica of a server behind a front calls
+	// the model at a base URL of its own (ReplicaURL).
+	servedBy map[model.Token]int
 }
 
 // script is what the model does for one turn's token.
@@ -114,7 +119,7 @@ func StartModel(cfg ModelConfig) (*Model, error) {
 		ln:      ln,
 		serving: make(chan struct{}),
 		closing: make(chan struct{}),
-		scripts: map[model.Token]*script{},
+		scripts: map[model.Token]*script{}, servedBy: map[model.Token]int{},
 		holding: map[*Gate]bool{},
 	}
 	m.srv = &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second}
@@ -243,9 +248,31 @@ func (m *Model) Reset(epoch string) {
 		g.Release()
 	}
 	m.scripts = map[model.Token]*script{}
+	m.servedBy = map[model.Token]int{}
 	m.calls = nil
 	m.runs = nil
 	m.seq = 0
+}
+
+// ReplicaURL is the model's base URL base (ending in /v1) as replica i of
+// a server is given it: under a path of its own, which the model takes
+// off and records (ServedBy), so that it tells which replica serves a
+// turn where a front, not the harness, picks it.
+func ReplicaURL(base string, i int) string {
+	return strings.TrimSuffix(base, "/v1") + fmt.Sprintf("/replica/%d/v1", i)
+}
+
+// replicaPath is the path of a call made at a ReplicaURL.
+var replicaPath = regexp.MustCompile(`^/replica/(\d+)(/.*)$`)
+
+// ServedBy is the replica whose model call for tok came latest, for a
+// server whose replicas were each given a ReplicaURL; ok is false if no
+// call for tok came through one.
+func (m *Model) ServedBy(tok model.Token) (replica int, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	replica, ok = m.servedBy[tok]
+	return replica, ok
 }
 
 // CallCount is how many calls the model has recorded.
@@ -278,6 +305,12 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.active.Add(1)
 	m.mu.Unlock()
 	defer m.active.Done()
+	replica := -1
+	if sub := replicaPath.FindStringSubmatch(r.URL.Path); sub != nil {
+		if n, err := strconv.Atoi(sub[1]); err == nil {
+			replica, r.URL.Path = n, sub[2]
+		}
+	}
 	if strings.Contains(r.URL.Path, "/agents/") {
 		m.serveAgent(w, r)
 		return
@@ -304,6 +337,11 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !m.ofEpoch(req.Messages) {
 		m.answer(w, r, req, call, plan{})
 		return
+	}
+	if replica >= 0 && call.Turn != "" {
+		m.mu.Lock()
+		m.servedBy[call.Turn] = replica
+		m.mu.Unlock()
 	}
 	p, arrived := m.record(call, req)
 	if m.cfg.Log != nil {

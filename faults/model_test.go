@@ -343,6 +343,30 @@ func TestBothPaths(t *testing.T) {
 	assert.Equal(t, model.Token("tc-u2"), calls[1].Turn)
 }
 
+// TestServedBy: a replica given the model's ReplicaURL is served as at
+// the base URL, tools and agents included, and the model tells which
+// replica made a turn's latest call.
+func TestServedBy(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	base := strings.TrimPrefix(faults.ReplicaURL(f.m.URL(), 2), "http://"+f.m.Addr())
+	assert.Equal(t, "/replica/2/v1", base)
+	resp, got := f.send(http.MethodPost, base+"/chat/completions", body(t, false, user("hi tc-u1")))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, string(got), string(model.Token("tc-u1").Reply()))
+	r, ok := f.m.ServedBy("tc-u1")
+	assert.True(t, ok)
+	assert.Equal(t, 2, r)
+	resp, _ = f.send(http.MethodGet, base+"/tools/lookup?key=tc-k1-1-1", nil)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "the lookup tool under a replica's base URL")
+
+	f.post(false, user("hi tc-u2"))
+	_, ok = f.m.ServedBy("tc-u2")
+	assert.False(t, ok, "a call at the base URL names no replica")
+	f.m.Reset("")
+	_, ok = f.m.ServedBy("tc-u1")
+	assert.False(t, ok, "forgotten with the rest")
+}
+
 // ---------------------------------------------------------------------------
 // Replies
 

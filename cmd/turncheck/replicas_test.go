@@ -99,6 +99,9 @@ func TestConformThroughAFront(t *testing.T) {
 			if c.fails != "" {
 				assert.Equal(t, exitViolation, code, "stdout:\n%s", stdout)
 				assert.Contains(t, verdictLine(stdout, c.fails), "FAIL", "stdout:\n%s", stdout)
+				// The turns that forked, each on the replica the model
+				// calls showed.
+				assert.Regexp(t, `message tc-u\d+, (streamed, )?served by replica \d`, stdout)
 				return
 			}
 			assert.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)

@@ -266,6 +266,9 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 			frontAnswered(&ops[i].Response, lost)
 			status := ops[i].Response.Status
 			ops[i].Turn.Gateway = status == http.StatusBadGateway || status == http.StatusGatewayTimeout
+			if r, ok := e.fake.ServedBy(ops[i].Send.Token); ok && ops[i].Send.Token != "" {
+				ops[i].Served = &r
+			}
 		}
 	}
 	for _, f := range flights {
@@ -379,14 +382,21 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	return op
 }
 
-// breakLink breaks the link of s's replica that s.Net names, and returns
-// its heal and what became of the fault (history.Op.Net).
+// breakLink breaks the link of s's replica that s.Net names (behind a
+// front, of the replica that serves s), and returns its heal and what
+// became of the fault (history.Op.Net).
 func (e *executor) breakLink(s plan.Send) (func() error, string) {
 	lb, ok := e.srv.(targets.LinkBreaker)
 	if !ok {
 		return nil, "not applied: the server's links do not run through the harness"
 	}
-	heal, err := lb.Break(s.LinkReplica(), *s.Net)
+	replica := s.Replica
+	if targets.Fronted(e.srv) {
+		if replica, ok = e.fake.ServedBy(s.Token); !ok {
+			return nil, "not applied: no model call showed which replica serves the turn"
+		}
+	}
+	heal, err := lb.Break(replica, *s.Net)
 	if err != nil {
 		return nil, "not applied: " + err.Error()
 	}

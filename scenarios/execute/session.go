@@ -358,7 +358,7 @@ func (s *Session) watch(ops []history.Op) {
 			// Later steps would run over a link that may still be
 			// broken, and be judged as the server's doing: the run stops,
 			// an error of the harness's, not a verdict.
-			s.Dead = fmt.Errorf("the harness could not take its network fault off replica %d's link (%s): the run stops", op.Send.LinkReplica(), op.Net)
+			s.Dead = fmt.Errorf("the harness could not take its network fault off a replica's link (%s): the run stops", op.Net)
 			return
 		}
 		switch op.Response.Cause {

@@ -34,6 +34,10 @@ type Op struct {
 	// what went wrong if it could not be, "" if the turn never reached
 	// the model (or has no such fault).
 	Net string `json:"net,omitempty"`
+	// Served is, behind a front (which picks the replica a request goes
+	// to), the replica that served the turn, as its model calls showed;
+	// nil where none reached the model, or the harness picked.
+	Served *int `json:"served,omitempty"`
 	// HarnessError says what the harness itself failed to do for the op
 	// (targets.ErrHarness: a proxy of its own that could not listen again
 	// after a restart), "" if nothing: not the server's doing, and so

@@ -106,23 +106,11 @@ type Send struct {
 	Abort   bool          `json:"abort,omitempty"`
 	AbortAt *faults.Point `json:"abortAt,omitempty"`
 	// Net, if set, breaks a link of the replica the request goes to (of a
-	// targets.LinkBreaker) once the model holds the turn's first call,
+	// targets.LinkBreaker; behind a front, the one that serves it, as its
+	// model calls show) once the model holds the turn's first call,
 	// and heals it once the request has ended: the turn is in flight when
 	// its replica loses its store, or its client, or both go slow.
 	Net *targets.NetFault `json:"net,omitempty"`
-	// NetReplica, if set, is the replica whose link Net breaks, for a
-	// server behind a front, which picks the request's replica itself:
-	// the turn is in flight while that replica's link is broken, whether
-	// the turn runs there or on another.
-	NetReplica *int `json:"netReplica,omitempty"`
-}
-
-// LinkReplica is the replica whose link s.Net breaks.
-func (s Send) LinkReplica() int {
-	if s.NetReplica != nil {
-		return *s.NetReplica
-	}
-	return s.Replica
 }
 
 // String says what the fake model does, and what is injected, for a
@@ -140,7 +128,7 @@ func (s Send) String() string {
 	case s.Abort:
 		parts = append(parts, "client-abort: the client drops the connection while the model holds the turn at "+abortPoint(s.AbortAt))
 	case s.Net != nil:
-		parts = append(parts, fmt.Sprintf("%s of replica %d, from the turn's first model call to its end", s.Net, s.LinkReplica()))
+		parts = append(parts, fmt.Sprintf("%s of the turn's replica, from the turn's first model call to its end", s.Net))
 	case s.Fault.Kind != faults.None || len(parts) == 0:
 		parts = append(parts, s.Fault.String())
 	}
@@ -238,8 +226,6 @@ func (s Send) checkNet(sends int, restart bool) error {
 		return errors.New("a network fault in a burst or a restart")
 	case s.Token == "" || s.Abort || s.Fault.Kind != faults.None:
 		return errors.New("a network fault on a turn that reaches no model, or has a fault of its own")
-	case s.LinkReplica() < 0:
-		return fmt.Errorf("a network fault on replica %d", s.LinkReplica())
 	}
 	return s.Net.Check()
 }

@@ -31,7 +31,7 @@ func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) 
 	// Where requests went to several replicas, each says which.
 	replicated := false
 	for _, op := range history {
-		replicated = replicated || op.Send.Replica != 0
+		replicated = replicated || op.Send.Replica != 0 && op.Served == nil
 	}
 	for i, op := range history {
 		if i == 0 || op.Step != history[i-1].Step {
@@ -115,7 +115,11 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 	if op.Request.Stream {
 		b.WriteString(", streamed")
 	}
-	if replicated {
+	switch {
+	case op.Served != nil:
+		// Behind a front, which picked it.
+		fmt.Fprintf(b, ", served by replica %d", *op.Served)
+	case replicated:
 		fmt.Fprintf(b, ", to replica %d", op.Send.Replica)
 	}
 	send := op.Send

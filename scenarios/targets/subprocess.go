@@ -130,7 +130,13 @@ func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, 
 				return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
 			}
 		}
-		p, err := s.startReplica(ctx, modelURL, dir, refs, strconv.Itoa(i), storeURL)
+		replicaModel := modelURL
+		if s.Front != nil {
+			// Each replica calls the model at a base URL of its own: the
+			// model tells which one serves a turn the front sent on.
+			replicaModel = faults.ReplicaURL(modelURL, i)
+		}
+		p, err := s.startReplica(ctx, replicaModel, dir, refs, strconv.Itoa(i), storeURL)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
 		}

@@ -240,13 +240,6 @@ func (m *Machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 	}
 	if lb, ok := m.Server.(targets.LinkBreaker); ok && sequential {
 		if plan.DrawNet(t, &s, lb.Links()); s.Net != nil {
-			if m.routes < m.replicas {
-				// Behind a front, the turn's replica is the front's
-				// choice: the fault breaks one replica's link while the
-				// turn is in flight, on it or on another.
-				i := rapid.IntRange(0, m.replicas-1).Draw(t, "link of replica")
-				s.NetReplica = &i
-			}
 			return s
 		}
 	}
