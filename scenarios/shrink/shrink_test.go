@@ -71,7 +71,7 @@ func TestSimplerDropsNetworkFault(t *testing.T) {
 	var loaded plan.Plan
 	require.NoError(t, json.Unmarshal(data, &loaded))
 	assert.Equal(t, p, loaded)
-	assert.Contains(t, p.String(), "network cut of the link to the store (dark, closed after 100ms) of replica 2")
+	assert.Contains(t, p.String(), "network cut of the link to the store (dark, closed after 100ms) of the turn's replica")
 	var without []plan.Plan
 	for _, q := range simpler(p, []plan.Plan{p}, false) {
 		if q.Sends[0].Net == nil && q.Sends[0].Replica == 2 {
