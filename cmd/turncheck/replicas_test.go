@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -102,6 +103,23 @@ func TestConformThroughAFront(t *testing.T) {
 				// The turns that forked, each on the replica the model
 				// calls showed.
 				assert.Regexp(t, `message tc-u\d+, (streamed, )?served by replica \d`, stdout)
+				// The saved failure replays through the front: its turns
+				// sent at once go to replicas the front picks anew, so a
+				// replay may run them on one replica (and pass).
+				saved := regexp.MustCompile(`saved: (\S+` + c.fails + `-conform-\d+\.json)`).FindStringSubmatch(stdout)
+				require.NotNil(t, saved, "stdout:\n%s", stdout)
+				var replay string
+				for range 3 {
+					if code, replay, _ = runCLI(t, "replay", saved[1]); code == exitViolation {
+						break
+					}
+				}
+				require.NotEqual(t, exitUsage, code, "%s", replay)
+				if code == exitOK {
+					require.True(t, sendsAtOnce(t, saved[1]), "steps sent one at a time replay: %s", replay)
+					return
+				}
+				assert.Contains(t, replay, "FAIL: "+c.fails, "%s", replay)
 				return
 			}
 			assert.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
