@@ -98,9 +98,9 @@ func (f *Front) Close() {
 
 // freeAddr is a loopback address free a moment ago, on a port below the
 // machine's range for outgoing connections, as a front's upstreams must
-// be (the harness refuses others): a port above it may be taken by a connection
-// while the harness listens there anew. Tests of several processes start
-// their search at different ports.
+// be (the harness refuses others: a connection may take such a port in
+// the moment the harness listens there anew). Tests in several processes
+// start their search at different ports.
 func freeAddr(skip int) (string, error) {
 	lo, _, known := loopback.EphemeralPorts()
 	if !known {

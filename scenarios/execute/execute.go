@@ -329,7 +329,8 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 // link to a replica or killed a replica while the turn was in flight
 // (lost): the front answers such a status for a replica it lost, which
 // may have committed the turn, or may yet, whatever the front said.
-// Neither the front nor the client can know (PROTOCOL.md, "Replicas").
+// Neither the front nor the client can know (PROTOCOL.md, "What a
+// server declares").
 func frontAnswered(r *protocol.Response, lost bool) {
 	if lost && r.Outcome == model.Fail && r.Status >= 500 {
 		r.Outcome = model.Unknown

@@ -381,11 +381,11 @@ func DrawFaults(t *rapid.T, s *Send, sequential bool) {
 	}
 }
 
-// DrawNet draws, now and then, a network fault on one of links of the
-// replica that a turn sent on its own goes to, in place of a fault of the
-// model's or the client's: one turn in six. Latency stays well under every
-// timeout, a cut closes its connections within a second: each fault is
-// over within its step.
+// DrawNet draws, now and then, a network fault on one of the links of
+// the replica that a turn sent on its own goes to, in place of a fault of
+// the model's or the client's: one turn in six. Latency stays well under
+// every timeout, a cut closes its connections within a second: each
+// fault is over within its step.
 func DrawNet(t *rapid.T, s *Send, links []targets.Link) {
 	if rapid.IntRange(0, 5).Draw(t, "network fault") < 5 {
 		return
