@@ -4,12 +4,14 @@ package execute
 
 import (
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/fronttest"
 	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
@@ -129,4 +131,53 @@ func TestStoreLinkRevealsStoreErrorAcked(t *testing.T) {
 	_, v = step(5, 0, nil)
 	require.NotNil(t, v, "the acknowledged turn is gone")
 	assert.Equal(t, model.T2, v.Invariant, v.Error())
+}
+
+// TestFrontAnswersForALostReplica: behind a front, the model calls show
+// which replica serves each turn, and a network fault breaks that one's
+// link. The front answers 502 for a replica whose link the harness broke,
+// which may have committed the turn: its outcome is unknown, not failed,
+// and the conversation goes on as the model judges. A replica that loses
+// its store answers the failure itself, through the front: failed.
+func TestFrontAnswersForALostReplica(t *testing.T) {
+	t.Parallel() // it mostly waits on its servers
+	front := fronttest.Start(t, 2)
+	target := twoReplicasOverPostgres(t, sut.Clean).(targets.Subprocess)
+	target.Front = &targets.Front{URL: front.URL, Upstreams: front.Upstreams}
+	s := newSession(t, target)
+	require.True(t, targets.Fronted(s.Server))
+	conv := model.ConversationRef{Key: "key-a", ID: "front"}
+	tok := 0
+	turn := func(net *targets.NetFault) history.Op {
+		t.Helper()
+		tok++
+		send := plan.TurnSend(conv, model.UserToken(tok), false)
+		send.Net = net
+		ops, v := s.Step(plan.Single("continue", send))
+		require.Nil(t, v, "step %d", tok)
+		require.Len(t, ops, 1)
+		require.NotNil(t, ops[0].Served, "the model calls show the replica")
+		return ops[0]
+	}
+	served := map[int]bool{}
+	for range 2 {
+		op := turn(nil)
+		require.Equal(t, model.OK, op.Response.Outcome, op.Response.Detail)
+		served[*op.Served] = true
+	}
+	assert.Len(t, served, 2, "round robin: both replicas served")
+
+	op := turn(&targets.NetFault{Link: targets.ClientLink, Kind: targets.Partition})
+	assert.Equal(t, history.NetBroken, op.Net)
+	assert.Equal(t, http.StatusBadGateway, op.Response.Status, "the front lost its replica")
+	assert.Equal(t, model.Unknown, op.Response.Outcome, op.Response.Detail)
+	assert.True(t, op.Turn.Gateway)
+
+	op = turn(&targets.NetFault{Link: targets.StoreLink, Kind: targets.Partition})
+	assert.Equal(t, history.NetBroken, op.Net)
+	assert.Equal(t, model.Fail, op.Response.Outcome, "the replica's own failure, passed on: %s", op.Response.Detail)
+	for range 2 {
+		op := turn(nil)
+		assert.Equal(t, model.OK, op.Response.Outcome, op.Response.Detail)
+	}
 }
