@@ -112,10 +112,11 @@ func protocolProfile(protocol string) string {
 	return strings.Replace(referenceProfile, "reference.yaml", "reference-"+protocol+".yaml", 1)
 }
 
-// replicated runs the mutants of replicas through their replicated
-// profiles too: each starts a PostgreSQL and three replicas, more than the
-// suite's time allows on two cores.
-var replicated = flag.Bool("replicated", false, "also catch the mutants of replicas over PostgreSQL through their profiles")
+// replicated runs the longer campaigns of replicas through their
+// profiles too (the mutants of replicas, the clean replicas each request
+// goes to as the plan draws): each starts a PostgreSQL and three
+// replicas, more than the suite's time allows on two cores.
+var replicated = flag.Bool("replicated", false, "also run the campaigns of replicas over PostgreSQL through their profiles")
 
 // TestConformMutantsThroughProfile: each mutant, switched on in the
 // profile's start command, fails the invariant it breaks through the

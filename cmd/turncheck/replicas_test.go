@@ -23,7 +23,15 @@ import (
 // processes, where over one SQLite store they do not
 // (TestReplicasShareNothingButTheStore), and across network faults
 // between a replica and the store or the client.
+//
+// In CI, TestConformThroughAFront conforms the same replicas behind a
+// front, with faults on both links, and TestReplicasShareNothingButTheStore
+// sends requests to replicas the plan draws: this run is the longer
+// campaign, behind -replicated.
 func TestConformReplicasOverPostgres(t *testing.T) {
+	if !*replicated {
+		t.Skip("a longer campaign: go test ./cmd/turncheck -run TestConformReplicasOverPostgres -replicated")
+	}
 	if err := pgserver.Installed(); errors.Is(err, pgserver.ErrNotInstalled) {
 		t.Skip(err)
 	}
@@ -123,7 +131,11 @@ func TestConformThroughAFront(t *testing.T) {
 				return
 			}
 			assert.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+			// The links of the replicas that served turns broke under
+			// them, between the front and a replica and between a
+			// replica and the store, and every invariant held across.
 			assert.Regexp(t, `faults injected: (.*, )?network (reset|cut|partition) \(client link\)`, stdout)
+			assert.Regexp(t, `faults injected: (.*, )?network (reset|cut|partition) \(store link\)`, stdout)
 			for _, inv := range []string{"T2", "T4"} {
 				assert.Regexp(t, `PASS +[1-9]\d* `, verdictLine(stdout, inv), inv)
 			}
