@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -86,8 +87,25 @@ func (s Subprocess) ReuseServer() bool { return !s.FreshPerCheck }
 // ModelAddr is s.ModelAt.
 func (s Subprocess) ModelAddr() string { return s.ModelAt }
 
-// String is the command line, for reports.
-func (s Subprocess) String() string { return strings.Join(s.Command, " ") }
+// String is the command line, for reports, and how many replicas run it,
+// over what store, behind what front.
+func (s Subprocess) String() string {
+	out := strings.Join(s.Command, " ")
+	if s.Replicas <= 1 {
+		return out
+	}
+	out += fmt.Sprintf(" (%d replicas", s.Replicas)
+	switch u, err := url.Parse(s.Store); {
+	case s.Store == "postgres":
+		out += " over a PostgreSQL of the harness's"
+	case s.Store != "" && err == nil:
+		out += " over the PostgreSQL at " + u.Host // never its password
+	}
+	if s.Front != nil {
+		out += ", behind the front at " + s.Front.URL
+	}
+	return out + ")"
+}
 
 // Start starts a process pointed at modelURL on a fresh data dir.
 func (s Subprocess) Start(modelURL string) (Server, error) {
