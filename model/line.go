@@ -460,9 +460,10 @@ func (l Line) refuse(t Turn) *Violation {
 				Observed: call.History}
 		}
 	}
-	if t.Outcome == Unknown && t.Status == 0 && !t.TimedOut {
+	if t.Outcome == Unknown && t.Status == 0 && !t.TimedOut || t.Gateway {
 		// No answer at all because the client could not reach the server,
-		// or gave up on it: nothing to judge the status by.
+		// or gave up on it, or a front's answer for a replica it lost:
+		// nothing to judge the server's status by.
 		return nil
 	}
 	if t.TimedOut {

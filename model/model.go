@@ -583,8 +583,10 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 	for _, c := range t.Calls {
 		called = called || c.Turn == t.User
 	}
-	if t.Outcome == Unknown && t.Status == 0 && !called {
-		return nil, false // it showed nothing: the next turn will
+	if t.Outcome == Unknown && t.Status == 0 && !called || t.Outcome == Fail && !called && t.Gateway {
+		// It showed nothing (a front's status, for a replica it lost,
+		// included): the next turn will.
+		return nil, false
 	}
 	if cv.ambiguous {
 		if h := firstOwnHistory(t); h != nil {
@@ -607,11 +609,11 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 		return nil, false
 	}
 	busy := slices.ContainsFunc(step, func(o Turn) bool { return o.Conv == t.Conv && o.User != t.User && o.overlaps(t) })
-	if t.Status == 409 || t.Outcome == Fail && (t.WaitedOut && busy || t.Gateway) {
+	if t.Status == 409 || t.Outcome == Fail && t.WaitedOut && busy {
 		// A refusal for a busy conversation, judged as such (T4): under
 		// reject, a turn sent at once with this one may be running; under
-		// serialize, a bounded wait behind one may end. Or a front's
-		// status, for a replica it lost. Neither says how the resume went.
+		// serialize, a bounded wait behind one may end. It says nothing
+		// of how the resume went.
 		return nil, false
 	}
 	inv := cv.resume

@@ -1086,6 +1086,17 @@ func TestRestartEdges(t *testing.T) {
 		excuse(&refused)
 		require.Nil(t, m.ApplyStep([]model.Turn{at(ok(convA, u(2), call(u(2), u(1), a(1), u(2))), 1, 3, 6), refused}), name)
 	}
+	// Nor, while two sources share the stable key (where anything but a
+	// 409 is T8's), is a front's 502.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(true, true)
+	gateway := failedBefore(convA, u(2), 502)
+	gateway.Gateway = true
+	require.Nil(t, m.Apply(gateway))
+	require.Nil(t, m.Apply(failedBefore(convA, u(3), 409)), "the resume is judged by the next turn")
+	assert.Equal(t, 1, m.Checked()[model.T8])
+
 	// A slow refusal with no other turn to wait behind is a failed resume.
 	m = model.New()
 	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))

@@ -92,6 +92,14 @@ func TestInvalidRequestExercisesT3OnlyWithHistory(t *testing.T) {
 	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
 	require.Nil(t, m.Apply(invalid(convA, "", model.Fail, 400)))
 	assert.Equal(t, 1, m.Checked()[model.T3])
+	// A front's 502, for a replica it lost, says nothing of the server's
+	// answer; the server's own 500 does.
+	gateway := invalid(convA, "", model.Fail, 502)
+	gateway.Gateway = true
+	require.Nil(t, m.Apply(gateway))
+	v := m.Apply(invalid(convA, "", model.Fail, 500))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T3, v.Invariant)
 }
 
 func TestOpenResponseMayLeaveTheConversationBusy(t *testing.T) {

@@ -32,6 +32,8 @@ type Front struct {
 	transport *http.Transport
 	next      atomic.Uint64
 	served    []atomic.Int64
+	// log is nginx's access log, for a front that is nginx.
+	log string
 }
 
 // Start starts a front for n upstreams; it stops when t ends.
@@ -79,6 +81,9 @@ type upstreamKey struct{}
 // Served is how many requests each upstream answered with a status below
 // 500, in order.
 func (f *Front) Served() []int64 {
+	if f.log != "" {
+		return f.nginxServed()
+	}
 	out := make([]int64, len(f.served))
 	for i := range f.served {
 		out[i] = f.served[i].Load()
@@ -86,8 +91,12 @@ func (f *Front) Served() []int64 {
 	return out
 }
 
-// Close stops the front and closes its connections.
+// Close stops the front and closes its connections; nginx stops when its
+// test ends.
 func (f *Front) Close() {
+	if f.srv == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := f.srv.Shutdown(ctx); errors.Is(err, context.DeadlineExceeded) {

@@ -1,0 +1,180 @@
+package fronttest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ErrNoNginx is returned by NginxPath where no nginx is installed.
+var ErrNoNginx = errors.New("no nginx installed (Debian's nginx-light has it)")
+
+// NginxPath is the nginx binary: on PATH, or where Debian puts it.
+func NginxPath() (string, error) {
+	if p, err := exec.LookPath("nginx"); err == nil {
+		return p, nil
+	}
+	if _, err := os.Stat("/usr/sbin/nginx"); err == nil {
+		return "/usr/sbin/nginx", nil
+	}
+	return "", ErrNoNginx
+}
+
+// nginxConf is an nginx front for a server's replicas as its operators
+// would write one: round robin over the upstreams, keep-alive connections
+// to them, streams passed on unbuffered, the client's Host passed on (a
+// server that guards against DNS rebinding answers only to its own,
+// loopback names: nginx would send "replicas"), nginx's defaults
+// otherwise (an
+// upstream that fails is left out for 10 s; a request that could not be
+// sent to one goes to the next, one that was sent is never sent again).
+// It logs each request's upstream and its status, for Served.
+const nginxConf = `%s
+daemon off;
+master_process on;
+worker_processes 1;
+pid %[2]s/nginx.pid;
+error_log %[2]s/error.log warn;
+events { worker_connections 1024; }
+http {
+	log_format served '$upstream_addr|$upstream_status';
+	access_log %[2]s/access.log served;
+	client_body_temp_path %[2]s/body;
+	proxy_temp_path %[2]s/proxy;
+	fastcgi_temp_path %[2]s/fastcgi;
+	uwsgi_temp_path %[2]s/uwsgi;
+	scgi_temp_path %[2]s/scgi;
+	upstream replicas {
+%[3]s		keepalive 16;
+	}
+	server {
+		listen %[4]s;
+		location / {
+			proxy_pass http://replicas;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+			proxy_set_header Host $http_host;
+			proxy_buffering off;
+		}
+	}
+}
+`
+
+// Nginx starts nginx as the front of n upstreams, on loopback, in a
+// temporary directory of its own; it stops when t ends. The test skips
+// where no nginx is installed.
+func Nginx(t testing.TB, n int) *Front {
+	t.Helper()
+	bin, err := NginxPath()
+	if err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	f := &Front{}
+	var servers strings.Builder
+	for range n {
+		addr, err := freeAddr(len(f.Upstreams))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Upstreams = append(f.Upstreams, addr)
+		fmt.Fprintf(&servers, "\t\tserver %s;\n", addr)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := ln.Addr().String()
+	ln.Close()
+	f.URL = "http://" + listen
+	user := ""
+	if os.Geteuid() == 0 {
+		// Its worker writes into the test's directory, which is root's.
+		user = "user root;"
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, user, dir, servers.String(), listen), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if out, err := exec.Command(bin, "-t", "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log")).CombinedOutput(); err != nil {
+		t.Fatalf("nginx -t: %v\n%s", err, out)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	t.Cleanup(func() {
+		// SIGQUIT: the master lets its worker finish, then both exit.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGQUIT)
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+	})
+	for start := time.Now(); ; {
+		if c, err := net.Dial("tcp", listen); err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case <-done:
+			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+			t.Fatalf("nginx exited at its start:\n%s", log)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("nginx did not listen within 10s")
+		}
+	}
+	f.log = filepath.Join(dir, "access.log")
+	return f
+}
+
+// nginxServed counts, from nginx's access log, the requests each
+// upstream answered with a status below 500. A request nginx tried on
+// several upstreams logs each ("A, B" and "502, 200"): the answer is the
+// last one's.
+func (f *Front) nginxServed() []int64 {
+	out := make([]int64, len(f.Upstreams))
+	file, err := os.Open(f.log)
+	if err != nil {
+		return out
+	}
+	defer file.Close()
+	sc := bufio.NewScanner(file)
+	for sc.Scan() {
+		addrs, statuses, ok := strings.Cut(sc.Text(), "|")
+		status, err := strconv.Atoi(lastOf(statuses))
+		if !ok || err != nil || status >= 500 {
+			continue
+		}
+		if i := slices.Index(f.Upstreams, lastOf(addrs)); i >= 0 {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// lastOf is the last of nginx's comma-separated values.
+func lastOf(list string) string {
+	parts := strings.Split(list, ",")
+	return strings.TrimSpace(parts[len(parts)-1])
+}
