@@ -113,15 +113,15 @@ func (s *Shrinker) reproduce(plans []plan.Plan) bool {
 	return ok
 }
 
-// breaksAgain replays plans up to reproduceTries times, the first alone
+// breaksAgain replays plans up to ReproduceTries times, the first alone
 // (it mostly breaks the invariant), then as many at once as there are
 // labs, and returns the first replay that breaks the invariant; missed
 // hears of each one that came to an end without breaking it.
 func (s *Shrinker) breaksAgain(plans []plan.Plan, missed func(replayed)) (replayed, bool) {
-	for tries := 0; tries < reproduceTries && !s.done(); {
+	for tries := 0; tries < ReproduceTries && !s.done(); {
 		n := 1
 		if tries > 0 {
-			n = min(len(s.labs), reproduceTries-tries)
+			n = min(len(s.labs), ReproduceTries-tries)
 		}
 		for _, r := range s.replay(slices.Repeat([][]plan.Plan{plans}, n)) {
 			if r.err == nil && r.v != nil && r.v.Invariant == s.want && !s.done() {
@@ -136,9 +136,9 @@ func (s *Shrinker) breaksAgain(plans []plan.Plan, missed func(replayed)) (replay
 	return replayed{}, false
 }
 
-// reproduceTries is how many replays of a failing run's steps must all
+// ReproduceTries is how many replays of a failing run's steps must all
 // pass before the failure is called flaky.
-const reproduceTries = 3
+const ReproduceTries = 3
 
 // replayed is what one replay of a candidate came to.
 type replayed struct {
@@ -187,7 +187,7 @@ func (s *Shrinker) record(plans []plan.Plan, r replayed) {
 }
 
 // confirm makes sure the smallest failing run kept breaks the invariant
-// again, in one of reproduceTries replays, before it is reported: one
+// again, in one of ReproduceTries replays, before it is reported: one
 // that broke it once by the luck of an interleaving would be saved as a
 // failure that does not replay. One that does not is dropped for the
 // next smallest, down to the first run kept, which reproduced already.
