@@ -38,6 +38,10 @@ type ModelConfig struct {
 	// timeline as what the harness records; nil numbers them 1, 2, 3... on
 	// one count.
 	Clock func() int64
+	// Stall, if not 0, pauses every call and lookup for a random 0..Stall
+	// before the model looks at it, as a busy machine would (stall.go);
+	// 0 takes the pause StallModels sets, if any.
+	Stall time.Duration
 }
 
 // Model is a fake OpenAI-compatible model provider on loopback. It records
@@ -305,6 +309,7 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.active.Add(1)
 	m.mu.Unlock()
 	defer m.active.Done()
+	m.stall(r)
 	replica := -1
 	if sub := replicaPath.FindStringSubmatch(r.URL.Path); sub != nil {
 		if n, err := strconv.Atoi(sub[1]); err == nil {
