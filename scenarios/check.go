@@ -366,15 +366,21 @@ func saveForTest(test string, res *report.Result, target targets.Target) string 
 	if err := report.NewReport(res, specOf(target)).Save(path); err != nil {
 		return "could not save the failure: " + err.Error()
 	}
-	parts := strings.Split(test, "/")
-	for i, p := range parts {
-		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
-	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		abs = path
 	}
-	return "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + abs + " go test -run '" + strings.Join(parts, "/") + "' " + packageFromRoot()
+	return "saved: " + path + "\nreplay: TURNCHECK_REPLAY=" + abs + " " + goTestCommand(test)
+}
+
+// goTestCommand is the go test command that runs test alone, from the
+// module's root.
+func goTestCommand(test string) string {
+	parts := strings.Split(test, "/")
+	for i, p := range parts {
+		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
+	}
+	return "go test -run '" + strings.Join(parts, "/") + "' " + packageFromRoot()
 }
 
 // packageFromRoot is the package of the current directory (where go test
@@ -401,25 +407,60 @@ func packageFromRoot() string {
 	}
 }
 
-// replayIn re-executes the failure saved at path against target, in t.
+// replayIn re-executes the failure saved at path against target, in t,
+// up to TURNCHECK_REPLAY_TRIES times (shrink.ReproduceTries if unset),
+// and fails t with what it came to: the failure, or that it did not
+// break again.
 func replayIn(t *testing.T, target targets.Target, path string) {
 	t.Helper()
+	msg, err := replayMessage(target, path, os.Getenv("TURNCHECK_REPLAY_TRIES"), t.Name())
+	if err != nil {
+		t.Fatalf("turncheck: %v", err)
+	}
+	// A replay that broke nothing fails too: the test was asked to show
+	// a failure, and did not; its message says it is no FAIL verdict.
+	t.Fatal(msg)
+}
+
+// replayMessage replays the failure saved at path against target, up to
+// tries times (a number, or "" for shrink.ReproduceTries), and says what
+// the replays came to, as replayIn fails test with it.
+func replayMessage(target targets.Target, path, tries, test string) (string, error) {
+	n := shrink.ReproduceTries
+	if tries != "" {
+		var err error
+		if n, err = strconv.Atoi(tries); err != nil || n < 1 {
+			return "", fmt.Errorf("TURNCHECK_REPLAY_TRIES=%s: want a number of tries, at least 1", tries)
+		}
+	}
 	saved, err := report.ReadReport(path)
 	if err != nil {
-		t.Fatalf("turncheck: %v", err)
+		return "", err
 	}
 	if saved.Failure == nil {
-		t.Fatalf("turncheck: %s holds no failure to replay", path)
+		return "", fmt.Errorf("%s holds no failure to replay", path)
 	}
-	history, v, err := ReplayFailure(target, saved.Failure)
+	r, err := ReplayFailureTries(context.Background(), target, saved.Failure, n)
 	if err != nil {
-		t.Fatalf("turncheck: %v", err)
+		return "", err
 	}
-	if v == nil {
-		t.Logf("turncheck: the %d step(s) saved in %s broke no invariant this time", len(saved.Failure.Plans), path)
-		return
+	var notes string
+	for _, note := range r.Notes {
+		notes += "\nnote: " + note
 	}
-	t.Fatalf("turncheck: replayed %s:\n%s", path, report.FormatFailure(v, history, target.Profile()))
+	if r.Violation == nil {
+		return fmt.Sprintf("turncheck: replayed %s\n%sTo try more: TURNCHECK_REPLAY_TRIES=%d TURNCHECK_REPLAY=%s %s%s",
+			path, r.NotReproduced(), max(10, 4*n), path, goTestCommand(test), notes), nil
+	}
+	msg := fmt.Sprintf("turncheck: replayed %s:\n%s", path, report.FormatFailure(r.Violation, r.History, target.Profile()))
+	if sv := saved.Failure.Violation; !r.Reproduced {
+		msg = fmt.Sprintf("turncheck: replayed %s: it broke %s, not %s, the invariant saved, which it did not break again in %d %s:\n%s\n%s",
+			path, r.Violation.Invariant, sv.Invariant, r.Tries, plural(r.Tries, "try", "tries"),
+			report.FormatFailure(r.Violation, r.History, target.Profile()), r.Differed())
+	} else if len(r.Misses) > 0 {
+		msg += fmt.Sprintf("\nIt broke again on try %d; the tries before it did not break it.\n%s", r.Tries, r.Differed())
+	}
+	return msg + notes, nil
 }
 
 // specOf describes target for a saved report.

@@ -15,6 +15,7 @@ import (
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/scenarios/report"
+	"github.com/turncheck/turncheck/scenarios/shrink"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -62,20 +63,37 @@ Examples:
   turncheck check --mutant fork-new-session
 `
 
-const replayHelp = `Usage: turncheck replay FILE [--json F] [--junit F] [--html F]
+const replayHelp = `Usage: turncheck replay FILE [--tries N] [--json F] [--junit F] [--html F]
        turncheck replay --seed S [--mutant NAME] [--concurrency POLICY] [--steps N] [--shrink-time D]
 
-With FILE, a failure that 'turncheck check' saved: re-executes exactly its
-steps against a fresh reference server (the mutant and policy it was found
-with), without searching or shrinking, and prints the report of what they
-come to now: the same steps and, for a server that behaves the same way
-under them, the same verdict, every time.
+With FILE, a failure that 'turncheck check' or 'turncheck conform' saved:
+re-executes exactly its steps against a fresh server of the kind it was
+found on (check's: the reference server, with the mutant and policies it
+was found with; conform's: the server its profile starts, through that
+profile, read again from where it was), without searching or shrinking,
+and prints the report of what they come to now: the same steps and, for a
+server that behaves the same way under them, the same verdict, every time.
+
+A server that does not report its activity may not behave the same way:
+a burst may run in another interleaving, a front may route a request to
+another replica, a held call may end otherwise. So the steps are tried up
+to --tries times, each in a fresh session, until they break the saved
+invariant. When none does, replay says how each try differed from the
+saved run (the outcome and status of each request, how a held call ended,
+the replica that served, the order a burst's requests were answered in)
+and exits 3: try more (--tries 20), or, if the bug was fixed, that is what
+a fix looks like.
 
 With --seed, runs again the check that seed starts (as 'turncheck check'
 printed it), searching and shrinking as check does.
 
+Exit status: 0 no invariant broken (--seed), 1 an invariant broken (with
+FILE: the saved one, or, said so, another), 2 usage or setup error, 3 (with
+FILE) no try broke the saved failure's invariant nor any other.
+
 Examples:
   turncheck replay turncheck-results/latest/failures/T4-fork-new-session-4852977355662637239.json
+  turncheck replay turncheck-results/latest/failures/T4-conform-3303715329137286035.json --tries 20
   turncheck replay --seed 4015895127573847763 --mutant mutate-before-run
 `
 
@@ -176,6 +194,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.positional = 1
 	rf := addRunFlags(fs, "the mutant the seed was found with, if any")
 	seed := fs.Uint64("seed", 0, "replay the check this seed starts, searching and shrinking again")
+	tries := fs.Int("tries", shrink.ReproduceTries, "with FILE: replay the saved steps up to N times, each in a fresh session, until they break the saved invariant")
 	steps := fs.Int("steps", 30, "with --seed: average steps per run, the value the seed was found with")
 	shrink := fs.Duration("shrink-time", 30*time.Second, "with --seed: time limit for shrinking the failure")
 	if code := fs.parse(args); code >= 0 {
@@ -184,8 +203,10 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	switch {
 	case fs.NArg() == 1 && *seed != 0:
 		return fail(stderr, "replay", errors.New("give a failure file or --seed, not both"))
+	case fs.NArg() == 1 && *tries < 1:
+		return fail(stderr, "replay", errors.New("--tries must be at least 1"))
 	case fs.NArg() == 1:
-		return replayFile(fs.Arg(0), rf, stdout, stderr)
+		return replayFile(ctx, fs.Arg(0), *tries, rf, stdout, stderr)
 	case *seed == 0:
 		return fail(stderr, "replay", errors.New("give a failure file (saved by 'turncheck check') or --seed S"))
 	case *steps <= 0 || *shrink <= 0:
@@ -194,9 +215,10 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return checkAndReport("replay", rf, scenarios.Options{Checks: 1, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: ctx}, stdout, stderr)
 }
 
-// replayFile re-executes a saved failure's plans against a fresh reference
-// server, without rapid's search, and reports what they come to now.
-func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
+// replayFile re-executes a saved failure's plans against a fresh server
+// of the kind it was found on, up to tries times, without rapid's search,
+// and reports what they come to now.
+func replayFile(ctx context.Context, path string, tries int, rf runFlags, stdout, stderr io.Writer) int {
 	saved, err := report.ReadReport(path)
 	if err != nil {
 		return fail(stderr, "replay", err)
@@ -209,33 +231,51 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 		return fail(stderr, "replay", fmt.Errorf("%s: %w", path, err))
 	}
 	start := time.Now()
-	history, v, err := scenarios.ReplayFailure(target, saved.Failure)
-	notes, err := scenarios.StopNotes(err)
+	r, err := scenarios.ReplayFailureTries(ctx, target, saved.Failure, tries)
+	if r != nil {
+		for _, n := range r.Notes {
+			// Said beside the verdict, never instead of it.
+			defer fmt.Fprintf(stdout, "note: %s\n", n)
+		}
+	}
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		fmt.Fprintf(stderr, "turncheck replay: interrupted after %d of %d tries; the saved invariant did not break again so far\n", r.Tries, tries)
+		return exitUsage
+	}
 	if err != nil {
 		return fail(stderr, "replay", err)
 	}
-	for _, n := range notes {
-		// Said beside the verdict, never instead of it.
-		defer fmt.Fprintf(stdout, "note: %s\n", n)
-	}
 	var text bytes.Buffer
 	stdout = io.MultiWriter(stdout, &text)
-	// The replay's own counts: one run of the saved steps.
-	res := &scenarios.Result{Seed: saved.Seed, Elapsed: time.Since(start), Stats: replayStats(history)}
+	// The replay's own counts: the run of the saved steps reported.
+	res := &scenarios.Result{Seed: saved.Seed, Elapsed: time.Since(start), Stats: replayStats(r.History)}
 	fmt.Fprintf(stdout, "turncheck replay: %s against %s\n", path, what)
-	if v == nil {
-		was := saved.Verdict
-		if sv := saved.Failure.Violation; sv != nil {
-			was += ", " + string(sv.Invariant)
+	// How to try more, where the tries did not show the saved failure.
+	more := fmt.Sprintf("To try more: %s replay %s --tries %d\n", self(), absPath(path), max(10, 4*tries))
+	v, sv := r.Violation, saved.Failure.Violation
+	switch {
+	case v == nil:
+		fmt.Fprintf(stdout, "%s%s", r.NotReproduced(), more)
+		return exitNotReproduced
+	case r.Reproduced:
+		fmt.Fprintf(stdout, "FAIL: %s (%s) broken\n\n%s\n", v.Invariant, v.Invariant.Title(),
+			strings.TrimRight(report.FormatFailure(v, r.History, target.Profile()), "\n"))
+		if len(r.Misses) > 0 {
+			fmt.Fprintf(stdout, "\nIt broke again on try %d; the tries before it did not break it.\n%s", r.Tries, r.Differed())
 		}
-		fmt.Fprintf(stdout, "PASS: the %d saved step(s) broke no invariant this time (saved: %s)\n", len(saved.Failure.Plans), was)
-		return exitOK
+	default:
+		// Another invariant than the one saved: a failure all the same,
+		// but not the one the file is about.
+		fmt.Fprintf(stdout, "FAIL: %s (%s) broken, not %s (%s), the invariant saved: in %d %s the saved steps did not break %s again, "+
+			"and try %d broke %s instead\n\n%s\n\n%s%s",
+			v.Invariant, v.Invariant.Title(), sv.Invariant, sv.Invariant.Title(), r.Tries, plural(r.Tries, "try", "tries"),
+			sv.Invariant, firstBroke(r), v.Invariant, strings.TrimRight(report.FormatFailure(v, r.History, target.Profile()), "\n"),
+			r.Differed(), more)
 	}
-	n := history[len(history)-1].Step
-	res.Failure = &scenarios.Failure{Violation: v, Plans: saved.Failure.Plans[:n], History: history, Seed: saved.Seed,
-		Report: report.FormatFailure(v, history, target.Profile())}
+	n := r.History[len(r.History)-1].Step
+	res.Failure = &scenarios.Failure{Violation: v, Plans: saved.Failure.Plans[:n], History: r.History, Seed: saved.Seed,
+		Report: report.FormatFailure(v, r.History, target.Profile())}
 	rep := report.NewReport(res, saved.Server)
-	fmt.Fprintf(stdout, "FAIL: %s (%s) broken\n\n%s\n", v.Invariant, v.Invariant.Title(), strings.TrimRight(res.Failure.Report, "\n"))
 	// A replay keeps results only where asked: it is the loop of a
 	// person fixing a bug, run again and again.
 	var res0 *results
@@ -246,6 +286,23 @@ func replayFile(path string, rf runFlags, stdout, stderr io.Writer) int {
 	}
 	writeReports("replay", rf, rep, "", res0, &text, stdout, stderr)
 	return exitViolation
+}
+
+// firstBroke is the number of the first try of r that broke an invariant.
+func firstBroke(r *scenarios.Replays) int {
+	for _, m := range r.Misses {
+		if m.Violation != nil {
+			return m.Try
+		}
+	}
+	return r.Tries
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // replayTarget starts the server a saved report is about, and says which

@@ -6,13 +6,14 @@
 //	turncheck check --mutant NAME    check it with a real bug switched back on
 //	turncheck conform --profile F    check any server, in any language: a verdict per invariant
 //	turncheck merge SHARD.json...    join the verdicts of a run's shards (conform --shard K/N)
-//	turncheck replay FILE            re-execute a saved failure and explain it
+//	turncheck replay FILE            re-execute a saved failure (of check or conform) and explain it
 //	turncheck serve ...              run the reference server
 //	turncheck model ...              run the fake model provider
 //	turncheck mutants                the track record: every mutant caught, the clean server passing
 //
 // Exit status: 0 when no invariant was broken, 1 when one was, 2 for a
-// usage or setup error.
+// usage or setup error, 3 when replay FILE's tries did not break the
+// saved failure's invariant again (nor any other).
 package main
 
 import (
@@ -54,6 +55,10 @@ const (
 	exitOK        = 0
 	exitViolation = 1
 	exitUsage     = 2
+	// exitNotReproduced: replay FILE tried the saved steps and none of
+	// the tries broke an invariant; no verdict, neither a pass of the
+	// saved failure nor a new one.
+	exitNotReproduced = 3
 )
 
 const usage = `turncheck checks that a session server keeps conversations transactional:
@@ -85,7 +90,8 @@ Examples:
   turncheck serve --model-url http://127.0.0.1:9090/v1 --data-dir ./data
 
 Run 'turncheck <command> --help' for a command's flags.
-Exit status: 0 no invariant broken, 1 an invariant broken, 2 usage or setup error.
+Exit status: 0 no invariant broken, 1 an invariant broken, 2 usage or setup error,
+3 a saved failure replayed did not break again (see 'turncheck replay --help').
 `
 
 func main() {
