@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -27,6 +28,7 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/internal/testbin"
+	"github.com/turncheck/turncheck/model"
 )
 
 // The flood probe: thousands of slow clients (slowloris), each reopened as
@@ -34,7 +36,10 @@ import (
 // subprocess with its default caps, beside one normal client doing turns.
 // What it measures is how many of the normal client's turns succeed, and
 // how long they take; it asserts nothing about either (the machine decides
-// them), and runs only when -flood gives it a duration.
+// them), only what no load excuses: the server lives through the flood,
+// gives no answer a correct server never gives (a 500, a refusal of a
+// well-formed turn, a 200 without its reply), and loses no turn it
+// acknowledged. It runs only when -flood gives it a duration.
 
 var flood = flag.Duration("flood", 0, "TestConnFlood: how long the normal client runs beside each flood (0 skips it)")
 
@@ -117,6 +122,16 @@ type floodRun struct {
 	failed    int64
 	capLogs   int
 	loadAvg   [2]string // before, after
+	// wrong counts the answers no correct server gives, however loaded,
+	// by what was wrong with them.
+	wrong map[string]int
+	// acked is, for each conversation, the user tokens of its turns the
+	// server acknowledged, in the order it did.
+	acked map[string][]model.Token
+	// checked and unchecked count the conversations whose acknowledged
+	// turns were looked for after the flood, and those whose last turn
+	// got no answer in time to look (not exercised, not a failure).
+	checked, unchecked int
 }
 
 // TestConnFlood: a flood of 20,000 slowloris connections, sending part of a
@@ -126,7 +141,11 @@ type floodRun struct {
 // (keep-alive) or a new connection per turn (fresh); and the client with
 // no flood (none), for what the machine's load costs alone. It reports the share
 // of the client's turns that succeeded, their p50 and p99, and what
-// failed.
+// failed. How many succeed, and how fast, is the machine's to decide and
+// never fails the test; what does is what no load excuses: the server
+// exits, gives an answer no correct server gives (runFlood's wrong), or,
+// once the flood has stopped, shows the model a conversation without a
+// turn it acknowledged during the flood.
 //
 //	go test ./cmd/turncheck -run TestConnFlood -flood 15s -v
 func TestConnFlood(t *testing.T) {
@@ -144,6 +163,11 @@ func TestConnFlood(t *testing.T) {
 					kind, floodConns, client, *flood, r.ok, r.turns, 100*float64(r.ok)/float64(max(r.turns, 1)),
 					quantile(r.took, 0.5), quantile(r.took, 0.99), quantile(r.took, 1),
 					r.dials, float64(r.dials)/flood.Seconds(), r.failed, r.capLogs, r.loadAvg[0], r.loadAvg[1], r.errs, r.failedAt)
+				t.Logf("after the flood: the acknowledged turns of %d conversations looked for, %d not exercised (their last turn got no answer in time)",
+					r.checked, r.unchecked)
+				if len(r.wrong) > 0 {
+					t.Errorf("answers no correct server gives, however loaded: %v", r.wrong)
+				}
 			})
 		}
 	}
@@ -169,7 +193,7 @@ func loadAvg() string {
 // runFlood starts a server, floods it with kind, and runs the normal
 // client beside the flood for d.
 func runFlood(t *testing.T, bin, kind string, keepAlive bool, d time.Duration) (r floodRun) {
-	r.errs = map[string]int{}
+	r.errs, r.wrong, r.acked = map[string]int{}, map[string]int{}, map[string][]model.Token{}
 	r.loadAvg[0] = loadAvg()
 	m, err := faults.StartModel(faults.ModelConfig{})
 	require.NoError(t, err)
@@ -182,15 +206,16 @@ func runFlood(t *testing.T, bin, kind string, keepAlive bool, d time.Duration) (
 	out, err := srv.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, srv.Start())
+	// exited closes when the server exits: under the flood, it must not.
+	exited := make(chan struct{})
+	go func() { _ = srv.Wait(); close(exited) }()
 	defer func() {
 		_ = srv.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = srv.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-exited:
 		case <-time.After(20 * time.Second):
 			_ = srv.Process.Kill()
-			<-done
+			<-exited
 		}
 	}()
 	line, err := bufio.NewReader(out).ReadString('\n')
@@ -220,7 +245,14 @@ func runFlood(t *testing.T, bin, kind string, keepAlive bool, d time.Duration) (
 		require.NoError(t, f.cmd.Start())
 		floods = append(floods, f)
 	}
-	defer func() {
+	// stopFlood ends the flood and adds its counts: before the checks
+	// made once it is over, or as the test ends if it stops before them.
+	floodStopped := false
+	stopFlood := func() {
+		if floodStopped {
+			return
+		}
+		floodStopped = true
 		for _, f := range floods {
 			_ = f.stdin.Close()
 		}
@@ -235,7 +267,8 @@ func runFlood(t *testing.T, bin, kind string, keepAlive bool, d time.Duration) (
 			r.dials += dials
 			r.failed += failed
 		}
-	}()
+	}
+	defer stopFlood()
 	if procs > 0 {
 		// Let the flood reach the server's cap before the client starts.
 		time.Sleep(2 * time.Second)
@@ -246,63 +279,192 @@ func runFlood(t *testing.T, bin, kind string, keepAlive bool, d time.Duration) (
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	defer tr.CloseIdleConnections()
 	for end := time.Now().Add(d); time.Now().Before(end); r.turns++ {
+		// A conversation takes 50 turns, well within the server's bound
+		// on its length; turn i carries the user token i+1.
+		conv, tok := "flood-"+strconv.Itoa(r.turns/50), model.UserToken(r.turns+1)
 		start := time.Now()
-		err := floodTurn(client, base, r.turns)
+		outcome, err := floodTurn(client, base, conv, tok, r.turns%2 == 1)
 		r.took = append(r.took, time.Since(start))
-		if err != nil {
-			r.errs[err.Error()]++
-			if len(r.failedAt) < 5 {
-				r.failedAt = append(r.failedAt, r.turns)
-			}
+		switch outcome {
+		case turnOK:
+			r.ok++
+			r.acked[conv] = append(r.acked[conv], tok)
 			continue
+		case turnWrong:
+			r.wrong[err.Error()]++
 		}
-		r.ok++
+		r.errs[err.Error()]++
+		if len(r.failedAt) < 5 {
+			r.failedAt = append(r.failedAt, r.turns)
+		}
 	}
 	r.loadAvg[1] = loadAvg()
+	stopFlood()
+	select {
+	case <-exited:
+		t.Fatalf("the server exited under the flood:\n%s", serverLog.String())
+	default:
+	}
 	r.capLogs = strings.Count(serverLog.String(), "connection cap reached")
-	return r // the flood's counts are added as it stops
+	r.checked, r.unchecked = checkAcked(t, base, m, r.acked, r.turns+1, r.wrong)
+	return r
 }
 
-// floodTurn sends the normal client's turn i and checks its answer: 200
-// and a reply (streamed every other turn, ending in [DONE]). A conversation
-// takes 50 turns, well within the server's bound on its length.
-func floodTurn(c *http.Client, base string, i int) error {
-	stream := i%2 == 1
+// checkAcked sends, once the flood is over, one more turn on each
+// conversation of acked, and checks that the model, called for it, is
+// shown every turn the server acknowledged on that conversation during
+// the flood, each user message before its reply, in the order they were
+// acknowledged (T2). A turn that failed for the client may be there or
+// not. The turn is sent again (with a new token) while it fails as a
+// loaded server's turn may, a bounded number of times; a conversation
+// whose turn never got through is counted as unchecked, not failed. An
+// answer no correct server gives is added to wrong. The user tokens of
+// these turns start at next.
+func checkAcked(t *testing.T, base string, m *faults.Model, acked map[string][]model.Token, next int, wrong map[string]int) (checked, unchecked int) {
+	// A connection per turn, so that none is one the server closed as
+	// idle; a bound past any the server puts on a turn, so that only a
+	// machine slower than that bound leaves a conversation unchecked.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DisableKeepAlives = true
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 2 * time.Minute}
+	last := map[string]model.Token{} // the turn that got through, by conversation
+	for _, conv := range slices.Sorted(maps.Keys(acked)) {
+		for try := 0; try < 10; try++ {
+			tok := model.UserToken(next)
+			next++
+			outcome, err := floodTurn(client, base, conv, tok, false)
+			if outcome == turnOK {
+				last[conv] = tok
+				break
+			}
+			if outcome == turnWrong {
+				wrong["after the flood: "+err.Error()]++
+				break
+			}
+			time.Sleep(time.Second) // as Retry-After: 1 asks
+		}
+	}
+	// What the model was shown for each of those turns.
+	shown := map[model.Token][]model.Token{}
+	for _, c := range m.CallsAfter(0) {
+		shown[c.Turn] = c.History
+	}
+	for _, conv := range slices.Sorted(maps.Keys(acked)) {
+		tok, ok := last[conv]
+		if !ok {
+			unchecked++
+			continue
+		}
+		checked++
+		hist, ok := shown[tok]
+		if !ok {
+			t.Errorf("%s: the server answered %s with its reply without the model ever shown it", conv, tok)
+			continue
+		}
+		if missing := lostTurn(hist, acked[conv]); missing != "" {
+			t.Errorf("%s: a turn acknowledged during the flood is lost: %s; the model was shown %v", conv, missing, hist)
+		}
+	}
+	return checked, unchecked
+}
+
+// lostTurn is "" if hist holds each of the user tokens acked and, after
+// it, its reply, in the order of acked; else what is missing.
+func lostTurn(hist []model.Token, acked []model.Token) string {
+	at := 0
+	for _, u := range acked {
+		for _, tok := range []model.Token{u, u.Reply()} {
+			i := slices.Index(hist[at:], tok)
+			if i < 0 {
+				return fmt.Sprintf("%s, or it comes out of order", tok)
+			}
+			at += i + 1
+		}
+	}
+	return ""
+}
+
+// A turnOutcome is how one turn of the normal client ended.
+type turnOutcome int
+
+const (
+	// turnOK: the server acknowledged the turn with its reply.
+	turnOK turnOutcome = iota
+	// turnFailed: the turn failed as a correct server's turn may when
+	// the machine is loaded: no answer within the client's time, a
+	// connection closed or reset, 408, 503 or another status from 502
+	// up, a stream that ended in an error or short of [DONE].
+	turnFailed
+	// turnWrong: an answer no correct server gives to this well-formed
+	// turn, however loaded: 500 or 501, a refusal from 400 to 499 other
+	// than 408, a 200 without the turn's reply.
+	turnWrong
+)
+
+// floodTurn sends the normal client's turn tok on conv (streamed, or
+// not) and says how it ended, with why if it did not succeed.
+func floodTurn(c *http.Client, base, conv string, tok model.Token, stream bool) (turnOutcome, error) {
 	body, err := json.Marshal(map[string]any{"model": "m", "stream": stream,
-		"messages": []map[string]string{{"role": "user", "content": fmt.Sprintf("tc-u%d hello", i+1)}}})
+		"messages": []map[string]string{{"role": "user", "content": string(tok) + " hello"}}})
 	if err != nil {
-		return err
+		return turnFailed, err
 	}
 	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
-		return err
+		return turnFailed, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Conversation-Id", "flood-"+strconv.Itoa(i/50))
+	req.Header.Set("X-Conversation-Id", conv)
 	resp, err := c.Do(req)
 	if err != nil {
 		var ne net.Error
 		switch {
 		case errors.As(err, &ne) && ne.Timeout():
-			return errors.New("timeout")
+			return turnFailed, errors.New("timeout")
 		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-			return errors.New("EOF")
+			return turnFailed, errors.New("EOF")
 		case errors.Is(err, syscall.ECONNRESET):
-			return errors.New("reset")
+			return turnFailed, errors.New("reset")
 		}
-		return err
+		return turnFailed, err
 	}
 	defer resp.Body.Close()
 	got, err := io.ReadAll(resp.Body)
+	code := resp.StatusCode
 	switch {
 	case err != nil:
-		return fmt.Errorf("reading the answer: %w", err)
-	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("status %d", resp.StatusCode)
+		return turnFailed, fmt.Errorf("reading the answer: %w", err)
+	case code == http.StatusInternalServerError || code == http.StatusNotImplemented ||
+		code >= 400 && code < 500 && code != http.StatusRequestTimeout:
+		return turnWrong, fmt.Errorf("status %d", code)
+	case code != http.StatusOK:
+		return turnFailed, fmt.Errorf("status %d", code)
+	case stream && bytes.Contains(got, []byte(`"error"`)):
+		return turnFailed, errors.New("a stream that ended in an error")
 	case stream && !bytes.Contains(got, []byte("data: [DONE]")):
-		return errors.New("a stream without [DONE]")
-	case !bytes.Contains(got, []byte(fmt.Sprintf("tc-a%d", i+1))):
-		return errors.New("no reply")
+		return turnFailed, errors.New("a stream without [DONE]")
+	case !slices.Contains(model.Tokens(string(got)), tok.Reply()):
+		return turnWrong, errors.New("a 200 without the turn's reply")
 	}
-	return nil
+	return turnOK, nil
+}
+
+// TestLostTurn: what the flood probe counts as a lost turn, which only a
+// flood would otherwise show.
+func TestLostTurn(t *testing.T) {
+	t.Parallel()
+	u := model.UserToken
+	acked := []model.Token{u(1), u(3)}
+	// A failed turn (2) in between, or a turn sent after, is no loss.
+	require.Empty(t, lostTurn([]model.Token{u(1), u(1).Reply(), u(2), u(3), u(3).Reply(), u(9)}, acked))
+	require.Empty(t, lostTurn([]model.Token{u(1), u(1).Reply(), u(3), u(3).Reply()}, acked))
+	for _, hist := range [][]model.Token{
+		{u(1), u(1).Reply(), u(9)},               // turn 3 lost
+		{u(1), u(3), u(3).Reply()},               // the reply to turn 1 lost
+		{u(3), u(3).Reply(), u(1), u(1).Reply()}, // out of order
+		{},
+	} {
+		require.NotEmpty(t, lostTurn(hist, acked), "%v", hist)
+	}
 }
