@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -194,7 +195,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.positional = 1
 	rf := addRunFlags(fs, "the mutant the seed was found with, if any")
 	seed := fs.Uint64("seed", 0, "replay the check this seed starts, searching and shrinking again")
-	tries := fs.Int("tries", shrink.ReproduceTries, "with FILE: replay the saved steps up to N times, each in a fresh session, until they break the saved invariant")
+	tries := fs.Int("tries", shrink.ReproduceTries, "with FILE: replay the saved steps up to `N` times, each in a fresh session, until they break the saved invariant")
 	steps := fs.Int("steps", 30, "with --seed: average steps per run, the value the seed was found with")
 	shrink := fs.Duration("shrink-time", 30*time.Second, "with --seed: time limit for shrinking the failure")
 	if code := fs.parse(args); code >= 0 {
@@ -203,12 +204,14 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	switch {
 	case fs.NArg() == 1 && *seed != 0:
 		return fail(stderr, "replay", errors.New("give a failure file or --seed, not both"))
+	case *seed != 0 && flagGiven(fs, "tries"):
+		return fail(stderr, "replay", errors.New("--tries is for a failure file: --seed searches again"))
 	case fs.NArg() == 1 && *tries < 1:
 		return fail(stderr, "replay", errors.New("--tries must be at least 1"))
 	case fs.NArg() == 1:
 		return replayFile(ctx, fs.Arg(0), *tries, rf, stdout, stderr)
 	case *seed == 0:
-		return fail(stderr, "replay", errors.New("give a failure file (saved by 'turncheck check') or --seed S"))
+		return fail(stderr, "replay", errors.New("give a failure file (saved by 'turncheck check' or 'turncheck conform') or --seed S"))
 	case *steps <= 0 || *shrink <= 0:
 		return fail(stderr, "replay", errors.New("--steps and --shrink-time must be positive"))
 	}
@@ -286,6 +289,13 @@ func replayFile(ctx context.Context, path string, tries int, rf runFlags, stdout
 	}
 	writeReports("replay", rf, rep, "", res0, &text, stdout, stderr)
 	return exitViolation
+}
+
+// flagGiven reports whether the flag name was given on the command line.
+func flagGiven(fs *flagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // firstBroke is the number of the first try of r that broke an invariant.

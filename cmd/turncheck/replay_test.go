@@ -77,6 +77,9 @@ func TestReplayNotReproduced(t *testing.T) {
 	code, _, stderr = runCLI(t, "replay", path, "--tries", "0")
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, "--tries must be at least 1")
+	code, _, stderr = runCLI(t, "replay", "--seed", "1", "--tries", "2")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "--tries is for a failure file")
 }
 
 // TestReplayBreaksAnother: steps that break another invariant than the
