@@ -260,19 +260,13 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 	case ok:
 		f.Violation, f.Plans, f.History = s.Violation, s.Plans, s.History
 		f.Report = report.FormatFailure(f.Violation, f.History, profile)
-		f.Shrink = report.Shrunk
-		switch {
-		case s.Cut && s.Kept > 0:
-			f.Shrink = report.PartlyShrunk
-		case s.Cut:
-			f.Shrink = report.NotShrunk
-		}
+		f.Shrink, f.ShrinkNote = s.State()
 	case ctx.Err() != nil:
 		// Interrupted, or out of time, before the replay said anything: the
 		// run as it failed, unshrunk.
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 		f.Report = report.FormatFailure(f.Violation, f.History, profile)
-		f.Shrink = report.NotShrunk
+		f.Shrink, f.ShrinkNote = s.State()
 	default:
 		f.Flaky, f.Shrink = true, report.NotShrunk
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history

@@ -263,19 +263,23 @@ func (s junitSuite) write(w io.Writer) error {
 }
 
 // ShrinkStats says, for a person, how a failure was found and how far it
-// was shrunk: "shrunk" only where the shrinker was done, not where its
-// bound cut it short.
+// was shrunk: "shrunk" only where the shrinker was done and sure, with
+// what its state rests on (ShrinkNote).
 func (f *Failure) ShrinkStats() string {
 	state := f.Shrink
 	if state == "" {
 		state = Shrunk // a report saved before the state was kept
 	}
 	how := string(state)
-	if state != Shrunk {
+	switch {
+	case f.Flaky:
+		how += " (the failure did not reproduce)"
+	case f.ShrinkNote != "":
+		how += " (" + f.ShrinkNote + ")"
+	case state != Shrunk:
+		// A report saved before the note was kept: then only the bound
+		// kept a failure from being shrunk.
 		how += " (the shrink bound, --shrink-time, ran out first)"
-		if f.Flaky {
-			how = string(state) + " (the failure did not reproduce)"
-		}
 	}
 	return fmt.Sprintf("found after %d check(s) in %s; %s in %d replay(s), %s, to %d step(s)",
 		f.FoundAfter, f.FoundIn.Round(time.Millisecond), how, f.ShrinkRuns, f.ShrunkIn.Round(time.Millisecond), len(f.Plans))

@@ -36,6 +36,7 @@ iframe{width:100%;height:32em;border:1px solid #ccc}
 {{with .Failure}}
 {{with .Violation}}<pre id="violation">{{.Error}}</pre>{{end}}
 {{if .Flaky}}<p class="fail">The failure did not reproduce when its steps were replayed: this is the run that failed.</p>{{end}}
+{{if .Violation}}<p class="muted" id="shrink">{{.ShrinkStats}}</p>{{end}}
 <h2>Timeline</h2>
 {{range $.Steps}}<div class="step"><b>{{.N}}. {{.Action}}</b>
 {{range .Ops}}{{if .Op.Restart}}<div class="op">server: {{.Op.Restart}}{{with .Op.Response.Detail}}: {{.}}{{end}}</div>{{else}}<div class="op{{if .Violating}} violating{{end}}"{{if .Violating}} id="violating-step"{{end}}>

@@ -43,11 +43,15 @@ type Failure struct {
 	// ShrunkIn how long shrinking took.
 	ShrinkRuns int           `json:"shrinkRuns"`
 	ShrunkIn   time.Duration `json:"-"` // shrunkInMs in JSON
-	// Shrink says how far shrinking got: Shrunk (no smaller candidate
-	// the shrinker tries breaks the invariant), PartlyShrunk (the bound
-	// ran out on the way) or NotShrunk (it ran out before any smaller
-	// run, or the failure did not reproduce).
-	Shrink ShrinkState `json:"shrink,omitempty"`
+	// Shrink says how far shrinking got: Shrunk (the search ran to its
+	// end, no smaller candidate broke the invariant on any of the tries
+	// it needed, and the steps broke it again when confirmed),
+	// PartlyShrunk (short of that, but smaller than the failing run) or
+	// NotShrunk (the failing run's own steps, or the failure did not
+	// reproduce). ShrinkNote says what it rests on: how many candidates
+	// were tried how often, and what kept it from Shrunk.
+	Shrink     ShrinkState `json:"shrink,omitempty"`
+	ShrinkNote string      `json:"shrinkNote,omitempty"`
 	// Report is the failure rendered for a person, as it was found: kept
 	// in the JSON, so that verdicts read back (merged shards) say it too.
 	Report string `json:"report,omitempty"`

@@ -12,6 +12,7 @@ import (
 	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/report"
 )
 
 // TestShrinkConfirmsWhatItReports: a candidate that broke the invariant
@@ -48,4 +49,35 @@ func TestShrinkConfirmsWhatItReports(t *testing.T) {
 	assert.Len(t, s.Plans, 3, "the smallest run that breaks the invariant again")
 	assert.Equal(t, s.Plans, s.found[len(s.found)-1].plans)
 	assert.Positive(t, replays[1], "shorter runs were tried")
+}
+
+// TestShrinkConfirmsOnAFreshServer: where the run shared one server
+// across its checks, what is reported is confirmed on a fresh server, as
+// a replay of the saved failure runs it. Here step 3 alone breaks the
+// invariant on the shared server, which earlier checks had used, and
+// only after step 2 on a fresh one: the shrinker falls back to the
+// smallest run kept that breaks it on a fresh server, and says why it is
+// not called shrunk. Where not even the failing run's own steps do, they
+// are reported, and the note says so.
+func TestShrinkConfirmsOnAFreshServer(t *testing.T) {
+	two, three := model.UserToken(2), model.UserToken(3)
+	shared := &fakeServer{at: three, breaks: func(plans []plan.Plan, _ int) bool { return anySends(plans, three) }}
+	fresh := &fakeServer{at: three, breaks: func(plans []plan.Plan, _ int) bool { return anySends(plans, two) && anySends(plans, three) }}
+	s := newShrinker(context.Background(), singleSteps(4), shared.replay)
+	s.fresh, s.freshOn = true, fresh.replay
+	require.True(t, s.run(singleSteps(4)))
+	assert.Equal(t, tokens(singleSteps(3)[1:3]), tokens(s.Plans), "the smallest run kept that breaks it on a fresh server")
+	assert.Equal(t, ReproduceTries, fresh.tries[tokens(singleSteps(3)[2:3])], "step 3 alone, given every try on a fresh server")
+	state, note := s.State()
+	assert.Equal(t, report.PartlyShrunk, state)
+	assert.Equal(t, "2 candidates tried; 1 smaller run that broke it did not break it again on a fresh server", note)
+
+	never := &fakeServer{at: three, breaks: func([]plan.Plan, int) bool { return false }}
+	s = newShrinker(context.Background(), singleSteps(4), shared.replay)
+	s.fresh, s.freshOn = true, never.replay
+	require.True(t, s.run(singleSteps(4)))
+	assert.Equal(t, tokens(singleSteps(3)), tokens(s.Plans), "the failing run's steps, up to the violation")
+	state, note = s.State()
+	assert.Equal(t, report.NotShrunk, state)
+	assert.Contains(t, note, "its steps did not break it again on a fresh server")
 }

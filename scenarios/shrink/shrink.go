@@ -6,6 +6,8 @@ package shrink
 import (
 	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -24,11 +26,17 @@ import (
 // does: first whole steps go (ddmin over the plans), then each step is made
 // simpler (fewer requests in a burst, no fault, no stream, fewer
 // conversations). Every candidate is replayed in a session of its own, and
-// kept if it breaks the same invariant; with several labs, as many
-// candidates as there are labs are replayed at once, and the first of
-// them in the order tried alone is kept, so the result is the one one lab
-// gives. rapid stays the search; this is the Shrinker, bounded by a hard
-// wall-clock budget.
+// kept if it breaks the same invariant on one of its tries: a candidate
+// is rejected only after as many tries as the failing run needed to break
+// it again, and at least two where a step sends requests at once to a
+// server that does not report its activity (it may interleave them
+// another way on each replay). The candidates are tried in rounds, one
+// try each a round; with several labs, as many replays as there are labs
+// run at once, and the first candidate, in order, that broke the
+// invariant in the round is kept, so the result is the one one lab gives.
+// rapid stays the search; this is the Shrinker, bounded by a hard
+// wall-clock budget, whose end makes the result partly shrunk, never
+// another verdict.
 type Shrinker struct {
 	labs []*execute.Lab
 	want model.Invariant
@@ -43,6 +51,9 @@ type Shrinker struct {
 	// counts the smaller candidates it kept before then.
 	Cut  bool
 	Kept int
+	// Dropped counts the smaller runs kept that did not break the
+	// invariant again when confirmed, and were not reported (confirm).
+	Dropped int
 	// Plans, history and violation are the smallest failing run so far.
 	Plans     []plan.Plan
 	History   []history.Op
@@ -51,19 +62,48 @@ type Shrinker struct {
 	// did not break the invariant: what differed, for a flaky failure.
 	misses [][]history.Op
 	// replayOn replays plans in a lab: (*execute.Lab).Replay, but for
-	// tests of the shrinker itself.
-	replayOn func(l *execute.Lab, ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error)
+	// tests of the shrinker itself; freshOn replays them on a server
+	// started for the replay ((*execute.Lab).FreshReplay).
+	replayOn, freshOn func(l *execute.Lab, ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error)
 	// found are the failing runs kept so far, the smallest last: a
 	// candidate that broke the invariant once, on a server that runs a
 	// burst another way on another replay, may not again (confirm).
 	found []foundRun
+	// need is how many tries the failing run took to break the invariant
+	// again: a candidate is not rejected after fewer.
+	need int
+	// reports says the labs' servers report their activity
+	// (targets.ActivityReporter): a burst then comes to rest, replay
+	// after replay, in the interleaving its plan draws.
+	reports bool
+	// fresh says the run shared one server across its checks: what is
+	// reported is confirmed on a fresh one, as a replay of the saved
+	// failure runs it.
+	fresh bool
+	// cands are the candidates tried, by their plans as JSON.
+	cands map[string]*candidate
+	// confirmed says the reported run broke the invariant again when
+	// confirmed (on a fresh server if fresh); unconfirmed says that even
+	// the first run kept did not, on a fresh server.
+	confirmed, unconfirmed bool
 }
 
-// foundRun is a failing run the shrinker kept.
+// foundRun is a failing run the shrinker kept; smaller says it is one of
+// the smaller candidates, not the failing run's own steps replayed.
 type foundRun struct {
 	plans     []plan.Plan
 	history   []history.Op
 	violation *model.Violation
+	smaller   bool
+}
+
+// candidate is how a candidate fared: how many times it was replayed,
+// how many of those replays failed to run (no verdict), whether it was
+// kept, or left without being kept (tryFirst); burst says one of its
+// steps sends requests at once.
+type candidate struct {
+	tries, errs       int
+	kept, left, burst bool
 }
 
 // Run returns the smallest run it finds, within ctx, that breaks v's
@@ -71,18 +111,39 @@ type foundRun struct {
 // plans, replayed, did not break it at all: the failure did not reproduce.
 func Run(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.Violation, after func(steps int)) (s *Shrinker, ok bool) {
 	s = &Shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), Plans: plans, Violation: v,
-		replayOn: (*execute.Lab).Replay}
+		replayOn: (*execute.Lab).Replay, freshOn: (*execute.Lab).FreshReplay,
+		reports: reportsActivity(labs), fresh: labs[0].FreshServers()}
 	return s, s.run(plans)
+}
+
+// reportsActivity reports whether the servers the labs' last sessions
+// used report their activity: all of a target's servers do, or none.
+// Read before any replay, which changes them.
+func reportsActivity(labs []*execute.Lab) bool {
+	return slices.ContainsFunc(labs, func(l *execute.Lab) bool {
+		_, ok := l.Last.(targets.ActivityReporter)
+		return ok
+	})
 }
 
 // run shrinks plans, and reports whether they broke the invariant again.
 func (s *Shrinker) run(plans []plan.Plan) bool {
+	if s.need == 0 {
+		s.need = 1
+	}
 	// The steps that touch the failing conversation, alone, are tried
 	// first: when they break the invariant, the failure reproduces, and
 	// the replay of the whole run, often the costliest of all (its
 	// restarts on a server slow to start), is spared.
-	if !s.slice() && !s.reproduce(plans) {
-		return false
+	if !s.slice() {
+		if !s.reproduce(plans) {
+			s.Cut = s.done()
+			return false
+		}
+		// The failure may have needed more tries than the slice gave its
+		// candidates: they get the rest (those already tried enough are
+		// not replayed again).
+		s.slice()
 	}
 	s.ddmin()
 	for changed := true; changed && !s.done(); {
@@ -103,29 +164,32 @@ func (s *Shrinker) done() bool { return s.ctx.Err() != nil }
 // reproduce replays plans until they break the invariant again, and
 // reports whether they did. A server that does not report its activity
 // may run a burst in another interleaving on a replay: a failure is
-// taken not to reproduce only after several tries.
+// taken not to reproduce only after several tries, and the tries it took
+// are those every smaller candidate gets.
 func (s *Shrinker) reproduce(plans []plan.Plan) bool {
-	r, ok := s.breaksAgain(plans, func(miss replayed) { s.misses = append(s.misses, miss.history) })
+	r, tries, ok := s.breaksAgain(plans, s.replayOn, func(miss replayed) { s.misses = append(s.misses, miss.history) })
 	if ok {
 		// The run itself, not a smaller one: nothing kept yet.
-		s.record(plans, r)
+		s.need = max(s.need, tries)
+		s.record(plans, r, false)
 	}
 	return ok
 }
 
-// breaksAgain replays plans up to ReproduceTries times, the first alone
-// (it mostly breaks the invariant), then as many at once as there are
-// labs, and returns the first replay that breaks the invariant; missed
-// hears of each one that came to an end without breaking it.
-func (s *Shrinker) breaksAgain(plans []plan.Plan, missed func(replayed)) (replayed, bool) {
+// breaksAgain replays plans with replayOn up to ReproduceTries times, the
+// first alone (it mostly breaks the invariant), then as many at once as
+// there are labs, and returns the first replay that breaks the invariant
+// and which try that was, from 1; missed hears of each one that came to
+// an end without breaking it.
+func (s *Shrinker) breaksAgain(plans []plan.Plan, replayOn replayFunc, missed func(replayed)) (replayed, int, bool) {
 	for tries := 0; tries < ReproduceTries && !s.done(); {
 		n := 1
 		if tries > 0 {
 			n = min(len(s.labs), ReproduceTries-tries)
 		}
-		for _, r := range s.replay(slices.Repeat([][]plan.Plan{plans}, n)) {
-			if r.err == nil && r.v != nil && r.v.Invariant == s.want && !s.done() {
-				return r, true
+		for i, r := range s.replay(slices.Repeat([][]plan.Plan{plans}, n), replayOn) {
+			if s.breaks(r) && !s.done() {
+				return r, tries + i + 1, true
 			}
 			if r.err == nil && !s.done() && missed != nil {
 				missed(r)
@@ -133,12 +197,16 @@ func (s *Shrinker) breaksAgain(plans []plan.Plan, missed func(replayed)) (replay
 		}
 		tries += n
 	}
-	return replayed{}, false
+	return replayed{}, 0, false
 }
 
 // ReproduceTries is how many replays of a failing run's steps must all
-// pass before the failure is called flaky.
+// pass before the failure is called flaky, and how many a replay of a
+// saved failure gives it by default.
 const ReproduceTries = 3
+
+// replayFunc replays plans in a lab (replayOn, freshOn).
+type replayFunc = func(l *execute.Lab, ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error)
 
 // replayed is what one replay of a candidate came to.
 type replayed struct {
@@ -147,13 +215,18 @@ type replayed struct {
 	err     error
 }
 
+// breaks reports whether r broke the invariant sought.
+func (s *Shrinker) breaks(r replayed) bool {
+	return r.err == nil && r.v != nil && r.v.Invariant == s.want
+}
+
 // replay replays the candidates, at most one per lab, at once.
-func (s *Shrinker) replay(cands [][]plan.Plan) []replayed {
+func (s *Shrinker) replay(cands [][]plan.Plan, replayOn replayFunc) []replayed {
 	out := make([]replayed, len(cands))
 	var wg sync.WaitGroup
 	for i, plans := range cands {
 		wg.Go(func() {
-			h, v, err := s.replayOn(s.labs[i], s.ctx, plans)
+			h, v, err := replayOn(s.labs[i], s.ctx, plans)
 			out[i] = replayed{history: h, v: v, err: err}
 		})
 	}
@@ -167,23 +240,12 @@ func (s *Shrinker) replay(cands [][]plan.Plan) []replayed {
 	return out
 }
 
-// keep keeps plans, cut after the step that broke the invariant, if r
-// says they broke it.
-func (s *Shrinker) keep(plans []plan.Plan, r replayed) bool {
-	if r.err != nil || r.v == nil || r.v.Invariant != s.want || s.done() {
-		return false
-	}
-	s.Kept++
-	s.record(plans, r)
-	return true
-}
-
 // record makes plans, cut after the step that broke the invariant in r,
 // the smallest failing run so far.
-func (s *Shrinker) record(plans []plan.Plan, r replayed) {
+func (s *Shrinker) record(plans []plan.Plan, r replayed, smaller bool) {
 	s.Plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
 	s.History, s.Violation = r.history, r.v
-	s.found = append(s.found, foundRun{s.Plans, s.History, s.Violation})
+	s.found = append(s.found, foundRun{s.Plans, s.History, s.Violation, smaller})
 }
 
 // confirm makes sure the smallest failing run kept breaks the invariant
@@ -191,39 +253,146 @@ func (s *Shrinker) record(plans []plan.Plan, r replayed) {
 // that broke it once by the luck of an interleaving would be saved as a
 // failure that does not replay. One that does not is dropped for the
 // next smallest, down to the first run kept, which reproduced already.
+// Where the run shared one server across its checks, each is confirmed
+// on a fresh server, the first run kept too: what is saved is replayed
+// on one (turncheck replay starts its own), and a run that broke the
+// invariant only on a server earlier checks had used would not replay.
 // On a server that behaves the same way under the same steps, it costs
 // one replay.
 func (s *Shrinker) confirm() {
-	for len(s.found) > 1 && !s.done() {
-		if _, ok := s.breaksAgain(s.found[len(s.found)-1].plans, nil); ok {
+	replayOn := s.replayOn
+	if s.fresh {
+		replayOn = s.freshOn
+	}
+	for {
+		if len(s.found) == 1 && !s.fresh {
+			s.confirmed = true // it broke the invariant when reproduced
+			return
+		}
+		if s.done() {
+			return
+		}
+		if _, _, ok := s.breaksAgain(s.found[len(s.found)-1].plans, replayOn, nil); ok {
+			s.confirmed = true
 			return
 		}
 		if s.done() {
 			return // cut short: the bound says so (partly shrunk)
 		}
+		if len(s.found) == 1 {
+			// Not even the failing run's own steps broke it again on a
+			// fresh server: they are reported, and the report says so.
+			s.unconfirmed = true
+			return
+		}
 		s.found = s.found[:len(s.found)-1]
+		s.Dropped++
 		next := s.found[len(s.found)-1]
 		s.Plans, s.History, s.Violation = next.plans, next.history, next.violation
 	}
 }
 
-// try replays plans and keeps them if they break the invariant.
-func (s *Shrinker) try(plans []plan.Plan) bool { return s.tryFirst([][]plan.Plan{plans}) }
-
-// tryFirst replays the candidates, as many at once as there are labs, and
-// keeps the first, in order, that breaks the invariant.
+// tryFirst replays the candidates in rounds, one try of each a round that
+// has not had the tries it needs (needs), as many at once as there are
+// labs, and keeps the first, in order, that broke the invariant in the
+// round. Replays the bound cut short decide nothing, and are not counted
+// as tries. Where none is kept, each tried is left: rejected, or, on
+// fewer tries than it needed, left undecided (State).
 func (s *Shrinker) tryFirst(cands [][]plan.Plan) bool {
 	cands = slices.DeleteFunc(slices.Clone(cands), func(c []plan.Plan) bool { return len(c) == 0 })
-	for len(cands) > 0 && !s.done() {
-		batch := cands[:min(len(s.labs), len(cands))]
-		cands = cands[len(batch):]
-		for i, r := range s.replay(batch) {
-			if s.keep(batch[i], r) {
+	if s.tryRounds(cands) {
+		return true
+	}
+	for _, plans := range cands {
+		if c := s.candidate(plans); c.tries > 0 {
+			c.left = true
+		}
+	}
+	return false
+}
+
+// tryRounds is tryFirst's search, which reports whether it kept one.
+func (s *Shrinker) tryRounds(cands [][]plan.Plan) bool {
+	for !s.done() {
+		var due [][]plan.Plan
+		for _, plans := range cands {
+			if c := s.candidate(plans); c.tries < s.needs(c) {
+				due = append(due, plans)
+			}
+		}
+		if len(due) == 0 {
+			return false
+		}
+		for len(due) > 0 {
+			batch := due[:min(len(s.labs), len(due))]
+			due = due[len(batch):]
+			rs := s.replay(batch, s.replayOn)
+			if s.done() {
+				return false
+			}
+			first := -1
+			for i, r := range rs {
+				c := s.candidate(batch[i])
+				c.tries++
+				if r.err != nil {
+					c.errs++
+				}
+				if first < 0 && s.breaks(r) {
+					first = i
+				}
+			}
+			if first >= 0 {
+				s.keep(batch[first], rs[first])
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// keep keeps plans, cut after the step that broke the invariant in r.
+// Kept first, by the slice, they set the tries every later candidate
+// needs, as a failing run replayed would.
+func (s *Shrinker) keep(plans []plan.Plan, r replayed) {
+	c := s.candidate(plans)
+	c.kept = true
+	if len(s.found) == 0 {
+		s.need = max(s.need, c.tries)
+	}
+	s.Kept++
+	s.record(plans, r, true)
+}
+
+// candidate is how the candidate plans fared so far.
+func (s *Shrinker) candidate(plans []plan.Plan) *candidate {
+	if s.cands == nil {
+		s.cands = map[string]*candidate{}
+	}
+	b, err := json.Marshal(plans)
+	key := string(b)
+	if err != nil {
+		// No two candidates share a key they could not be written as.
+		key = fmt.Sprintf("%p", plans)
+	}
+	c := s.cands[key]
+	if c == nil {
+		c = &candidate{burst: slices.ContainsFunc(plans, func(p plan.Plan) bool { return len(p.Sends) > 1 })}
+		s.cands[key] = c
+	}
+	return c
+}
+
+// needs is how many tries candidate c gets before it is rejected: as
+// many as the failing run needed to break the invariant again, and two
+// where a step sends requests at once to a server that does not say when
+// they came to rest, which may run them in another interleaving on each
+// replay.
+func (s *Shrinker) needs(c *candidate) int {
+	n := max(s.need, 1)
+	if c.burst && !s.reports {
+		n = max(n, 2)
+	}
+	return n
 }
 
 // slice tries the steps that touch the violation's conversation alone,
@@ -445,13 +614,17 @@ func firstConv(plans []plan.Plan) model.ConversationRef {
 }
 
 // Budget is the context a shrink runs in: ShrinkTime from now, or
-// until the run's own context ends.
+// until the run's own context ends. Its end, when the time ran out, has
+// errBound for cause: the report tells the bound from a run stopped.
 func Budget(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	if parent == nil {
 		parent = context.Background()
 	}
-	return context.WithTimeout(parent, d)
+	return context.WithTimeoutCause(parent, d, errBound)
 }
+
+// errBound is why a shrink's context ended when its budget ran out.
+var errBound = errors.New("the shrink bound ran out")
 
 // Differed says, for a failure that did not reproduce, where each replay
 // of its steps first went another way than the failing run: a person

@@ -1,0 +1,49 @@
+package execute
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
+	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/targets"
+)
+
+// FreshServers reports whether l's sessions share one server that a
+// fresh one can stand in for: a run on a shared server may break an
+// invariant only because of what earlier sessions left in it, and a saved
+// failure replays on a fresh one (a replay opens a lab of its own), so
+// what is saved must break it there too. A Remote's server is the only
+// one there is: a replay meets it again.
+func (l *Lab) FreshServers() bool {
+	_, remote := l.Target.(targets.Remote)
+	return l.reuses() && !remote
+}
+
+// FreshReplay replays plans as Replay does, on a server started for the
+// replay: where l's sessions share one server, that one is stopped first
+// (a server may hold a fixed port only one instance can), and the one
+// started here serves the later sessions of the run in its place. The
+// start is cut short when ctx ends. Elsewhere every session starts a
+// server of its own, and it is Replay.
+func (l *Lab) FreshReplay(ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error) {
+	if !l.reuses() {
+		return l.Replay(ctx, plans)
+	}
+	if l.shared != nil {
+		old := l.shared
+		// Whatever happens next, the stopped server is no longer the
+		// run's: the next session starts another if this one fails to.
+		l.shared = nil
+		if err := old.Close(); err != nil {
+			return nil, nil, fmt.Errorf("stop the server under test: %w", err)
+		}
+	}
+	srv, err := l.start(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("start the server under test: %w", err)
+	}
+	l.shared = srv
+	return l.Replay(ctx, plans)
+}

@@ -1,0 +1,51 @@
+package shrink
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"html"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/report"
+	"github.com/turncheck/turncheck/scenarios/targets"
+)
+
+// TestShrinkStateInEveryReport: the shrink's state and what it rests on
+// read the same in the text, the JSON (read back too) and the HTML
+// report of a failure.
+func TestShrinkStateInEveryReport(t *testing.T) {
+	tok := model.UserToken(3)
+	f := &fakeServer{at: tok, breaks: func(plans []plan.Plan, try int) bool { return anySends(plans, tok) && try%2 == 0 }}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	f.onReplay = func(n int) {
+		if n == 7 {
+			cancel(errBound)
+		}
+	}
+	s := newShrinker(ctx, singleSteps(4), f.replay)
+	require.True(t, s.run(singleSteps(4)))
+	state, note := s.State()
+	require.Equal(t, report.PartlyShrunk, state)
+	fail := &report.Failure{Violation: s.Violation, Plans: s.Plans, History: s.History, ShrinkRuns: s.Runs, Shrink: state, ShrinkNote: note}
+	text := fail.ShrinkStats()
+	assert.Contains(t, text, "; partly shrunk ("+note+") in 7 replay(s)")
+
+	rep := report.NewReport(&report.Result{Failure: fail}, targets.ServerSpec{Kind: "go"})
+	var js bytes.Buffer
+	require.NoError(t, rep.WriteJSON(&js))
+	var back struct{ Failure *report.Failure }
+	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
+	assert.Equal(t, state, back.Failure.Shrink)
+	assert.Equal(t, note, back.Failure.ShrinkNote)
+
+	var page bytes.Buffer
+	require.NoError(t, rep.WriteHTML(&page))
+	assert.Contains(t, html.UnescapeString(page.String()), `<p class="muted" id="shrink">`+text+`</p>`)
+}

@@ -1,0 +1,205 @@
+package shrink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/execute"
+	"github.com/turncheck/turncheck/scenarios/history"
+	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/report"
+)
+
+var shrinkConv = model.ConversationRef{Key: "key-a", ID: "conv-1"}
+
+// singleSteps are n steps of one turn each, user tokens 1 to n.
+func singleSteps(n int) []plan.Plan {
+	out := make([]plan.Plan, n)
+	for i := range out {
+		out[i] = plan.Single("continue", plan.TurnSend(shrinkConv, model.UserToken(i+1), false))
+	}
+	return out
+}
+
+// tokens are the user tokens plans send, step by step ("1 2+3": a step
+// sends tokens 2 and 3 at once).
+func tokens(plans []plan.Plan) string {
+	var steps []string
+	for _, p := range plans {
+		var sends []string
+		for _, s := range p.Sends {
+			sends = append(sends, string(s.Token))
+		}
+		steps = append(steps, fmt.Sprint(sends))
+	}
+	return fmt.Sprint(steps)
+}
+
+// fakeServer stands for a server under test: breaks says whether the
+// try-th replay (from 1) of the same plans breaks T1, at the first step
+// that sends token at; onReplay, if set, hears of each replay, numbered
+// from 1 over all plans.
+type fakeServer struct {
+	at       model.Token
+	breaks   func(plans []plan.Plan, try int) bool
+	onReplay func(n int)
+
+	mu    sync.Mutex
+	tries map[string]int
+	n     int
+}
+
+func (f *fakeServer) replay(_ *execute.Lab, _ context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.tries == nil {
+		f.tries = map[string]int{}
+	}
+	f.tries[tokens(plans)]++
+	f.n++
+	if f.onReplay != nil {
+		f.onReplay(f.n)
+	}
+	ops := make([]history.Op, len(plans))
+	for i := range ops {
+		ops[i] = history.Op{Step: i + 1}
+	}
+	if !f.breaks(plans, f.tries[tokens(plans)]) {
+		return ops, nil, nil
+	}
+	at := slices.IndexFunc(plans, func(p plan.Plan) bool { return sends(p, f.at) })
+	return ops[:at+1], &model.Violation{Invariant: model.T1, Conv: shrinkConv}, nil
+}
+
+// sends reports whether p sends token tok.
+func sends(p plan.Plan, tok model.Token) bool {
+	return slices.ContainsFunc(p.Sends, func(s plan.Send) bool { return s.Token == tok })
+}
+
+// anySends reports whether a step of plans sends token tok.
+func anySends(plans []plan.Plan, tok model.Token) bool {
+	return slices.ContainsFunc(plans, func(p plan.Plan) bool { return sends(p, tok) })
+}
+
+// newShrinker shrinks a T1 failure of plans in one lab, replaying on
+// replay; the violation names no conversation, so no slice is tried.
+func newShrinker(ctx context.Context, plans []plan.Plan, replay replayFunc) *Shrinker {
+	return &Shrinker{labs: []*execute.Lab{{}}, want: model.T1, ctx: ctx, from: len(plans), Plans: plans,
+		Violation: &model.Violation{Invariant: model.T1}, replayOn: replay, freshOn: replay}
+}
+
+// TestShrinkKeepsWhatBreaksOnItsSecondTry: a failing run that broke the
+// invariant again only on its second replay gives every smaller
+// candidate two tries: the one step that breaks it on every second
+// replay is found, and the result is called shrunk.
+func TestShrinkKeepsWhatBreaksOnItsSecondTry(t *testing.T) {
+	tok := model.UserToken(3)
+	f := &fakeServer{at: tok, breaks: func(plans []plan.Plan, try int) bool { return anySends(plans, tok) && try%2 == 0 }}
+	s := newShrinker(context.Background(), singleSteps(4), f.replay)
+	require.True(t, s.run(singleSteps(4)))
+	assert.Equal(t, 2, s.need, "the failing run broke it again on its second try")
+	assert.Equal(t, tokens(singleSteps(4)[2:3]), tokens(s.Plans), "the one step that matters")
+	state, note := s.State()
+	assert.Equal(t, report.Shrunk, state, note)
+	assert.Equal(t, "4 candidates tried, 2 of them twice", note)
+}
+
+// TestShrinkTriesABurstTwice: a candidate with a step that sends
+// requests at once gets a second try on a server that does not report
+// its activity, which may interleave them another way on each replay,
+// and one try on a server that does.
+func TestShrinkTriesABurstTwice(t *testing.T) {
+	burst := plan.Plan{Action: plan.BurstAction(2), Release: []int{0, 1}, Sends: []plan.Send{
+		plan.TurnSend(shrinkConv, model.UserToken(2), false), plan.TurnSend(shrinkConv, model.UserToken(3), false)}}
+	plans := []plan.Plan{singleSteps(1)[0], burst}
+	failing := tokens(plans)
+	for _, reports := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reports=%v", reports), func(t *testing.T) {
+			// The failing run breaks it every time; the burst alone only
+			// on every second replay.
+			f := &fakeServer{at: model.UserToken(2), breaks: func(ps []plan.Plan, try int) bool {
+				return tokens(ps) == failing || (len(ps) == 1 && len(ps[0].Sends) == 2 && try%2 == 0)
+			}}
+			s := newShrinker(context.Background(), plans, f.replay)
+			s.reports = reports
+			require.True(t, s.run(plans))
+			state, note := s.State()
+			assert.Equal(t, report.Shrunk, state, note)
+			if reports {
+				assert.Len(t, s.Plans, 2, "one try, as the failing run needed")
+				return
+			}
+			assert.Equal(t, tokens([]plan.Plan{burst}), tokens(s.Plans), "the burst alone, on its second try")
+		})
+	}
+}
+
+// TestShrinkCutShortIsPartlyShrunk: the bound ending in the middle of a
+// search, here the test's own cancel with the bound's cause, makes the
+// result partly shrunk, never a verdict of its own, and the note says how
+// many candidates were tried how often, that one had fewer tries than it
+// needed, and why the search stopped; a run stopped otherwise says so.
+func TestShrinkCutShortIsPartlyShrunk(t *testing.T) {
+	for _, cause := range []error{errBound, context.Canceled} {
+		t.Run(cause.Error(), func(t *testing.T) {
+			tok := model.UserToken(3)
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			f := &fakeServer{at: tok, breaks: func(plans []plan.Plan, try int) bool { return anySends(plans, tok) && try%2 == 0 }}
+			// Replays 1 and 2: the failing run; 3 to 5: [2 3] kept on its
+			// second try; 6: [3], once; 7: cut short.
+			f.onReplay = func(n int) {
+				if n == 7 {
+					cancel(cause)
+				}
+			}
+			s := newShrinker(ctx, singleSteps(4), f.replay)
+			require.True(t, s.run(singleSteps(4)), "the failure reproduced")
+			assert.True(t, s.Cut)
+			assert.Equal(t, tokens(singleSteps(3)[1:3]), tokens(s.Plans))
+			state, note := s.State()
+			assert.Equal(t, report.PartlyShrunk, state)
+			assert.Contains(t, note, "3 candidates tried, 1 of them twice; 1 of them given fewer tries than they needed; ")
+			if errors.Is(cause, errBound) {
+				assert.Contains(t, note, "the shrink bound, --shrink-time, ran out before the search ended")
+			} else {
+				assert.Contains(t, note, "the run was stopped before the search ended")
+			}
+
+			f2 := &report.Failure{Violation: s.Violation, Plans: s.Plans, Shrink: state, ShrinkNote: note}
+			assert.Contains(t, f2.ShrinkStats(), "; partly shrunk ("+note+") in ")
+		})
+	}
+}
+
+// TestShrinkUndecidedIsPartlyShrunk: a candidate whose replay could not
+// run (a harness error) was not tried as often as it needed: a search
+// that left it is not called shrunk, though it ran to its end. Here the
+// invariant breaks where tokens 2 and 3 are both sent, and step 3 alone
+// cannot be replayed.
+func TestShrinkUndecidedIsPartlyShrunk(t *testing.T) {
+	two, three := model.UserToken(2), model.UserToken(3)
+	f := &fakeServer{at: three, breaks: func(plans []plan.Plan, _ int) bool { return anySends(plans, two) && anySends(plans, three) }}
+	replay := func(l *execute.Lab, ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error) {
+		h, v, err := f.replay(l, ctx, plans)
+		if len(plans) == 1 && sends(plans[0], three) {
+			return nil, nil, errors.New("the server under test did not start")
+		}
+		return h, v, err
+	}
+	s := newShrinker(context.Background(), singleSteps(4), replay)
+	require.True(t, s.run(singleSteps(4)))
+	assert.False(t, s.Cut)
+	assert.Equal(t, tokens(singleSteps(3)[1:3]), tokens(s.Plans))
+	state, note := s.State()
+	assert.Equal(t, report.PartlyShrunk, state, note)
+	assert.Equal(t, "3 candidates tried; 1 of them given fewer tries than they needed", note)
+}
