@@ -2,6 +2,7 @@ package shrink
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 
@@ -58,7 +59,8 @@ func TestShrinkConfirmsWhatItReports(t *testing.T) {
 // only after step 2 on a fresh one: the shrinker falls back to the
 // smallest run kept that breaks it on a fresh server, and says why it is
 // not called shrunk. Where not even the failing run's own steps do, they
-// are reported, and the note says so.
+// are reported, and the note says so; where the fresh server does not
+// start, the smallest run is kept, and said not to be confirmed.
 func TestShrinkConfirmsOnAFreshServer(t *testing.T) {
 	two, three := model.UserToken(2), model.UserToken(3)
 	shared := &fakeServer{at: three, breaks: func(plans []plan.Plan, _ int) bool { return anySends(plans, three) }}
@@ -80,4 +82,17 @@ func TestShrinkConfirmsOnAFreshServer(t *testing.T) {
 	state, note = s.State()
 	assert.Equal(t, report.NotShrunk, state)
 	assert.Contains(t, note, "its steps did not break it again on a fresh server")
+
+	// A fresh server that does not start says nothing against the run:
+	// it is kept, and the note says it was not confirmed.
+	s = newShrinker(context.Background(), singleSteps(4), shared.replay)
+	s.fresh = true
+	s.freshOn = func(*execute.Lab, context.Context, []plan.Plan) ([]history.Op, *model.Violation, error) {
+		return nil, nil, errors.New("start the server under test: address already in use")
+	}
+	require.True(t, s.run(singleSteps(4)))
+	assert.Equal(t, tokens(singleSteps(3)[2:3]), tokens(s.Plans))
+	state, note = s.State()
+	assert.Equal(t, report.PartlyShrunk, state)
+	assert.Contains(t, note, "its steps could not be replayed on a fresh server to confirm them")
 }

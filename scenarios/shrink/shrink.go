@@ -84,8 +84,9 @@ type Shrinker struct {
 	cands map[string]*candidate
 	// confirmed says the reported run broke the invariant again when
 	// confirmed (on a fresh server if fresh); unconfirmed says that even
-	// the first run kept did not, on a fresh server.
-	confirmed, unconfirmed bool
+	// the first run kept did not, on a fresh server; unreplayed that the
+	// replays to confirm it failed to run.
+	confirmed, unconfirmed, unreplayed bool
 }
 
 // foundRun is a failing run the shrinker kept; smaller says it is one of
@@ -272,12 +273,19 @@ func (s *Shrinker) confirm() {
 		if s.done() {
 			return
 		}
-		if _, _, ok := s.breaksAgain(s.found[len(s.found)-1].plans, replayOn, nil); ok {
+		ended := 0
+		if _, _, ok := s.breaksAgain(s.found[len(s.found)-1].plans, replayOn, func(replayed) { ended++ }); ok {
 			s.confirmed = true
 			return
 		}
 		if s.done() {
 			return // cut short: the bound says so (partly shrunk)
+		}
+		if ended == 0 {
+			// No replay came to an end (the server did not start, say):
+			// nothing says the run does not break the invariant again.
+			s.unreplayed = true
+			return
 		}
 		if len(s.found) == 1 {
 			// Not even the failing run's own steps broke it again on a

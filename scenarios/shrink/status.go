@@ -58,6 +58,10 @@ func (s *Shrinker) State() (report.ShrinkState, string) {
 		// was is reported.
 	case s.unconfirmed:
 		notes = append(notes, "its steps did not break it again on a fresh server")
+	case s.unreplayed && s.fresh:
+		notes = append(notes, "its steps could not be replayed on a fresh server to confirm them")
+	case s.unreplayed:
+		notes = append(notes, "its steps could not be replayed again to confirm them")
 	case !s.confirmed && s.fresh:
 		notes = append(notes, "its steps were not confirmed on a fresh server")
 	case !s.confirmed:
