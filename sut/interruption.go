@@ -111,6 +111,7 @@ func (s *Server) interrupt(t *turn) bool {
 		s.log.Info("client went away; turn rolled back", "conversation", t.key.id)
 		return false
 	}
+	s.stall(s.turns)
 	if err := s.convs.commit(t.key, t.committed, t.hid, keep, t.overwrite); err != nil {
 		s.log.Error("commit of an interrupted turn", "conversation", t.key.id, "err", err)
 		return false

@@ -66,6 +66,8 @@ type output struct {
 	// complete, so that a client that stops reading does not hold its
 	// conversation.
 	cancel context.CancelFunc
+	// stall, if not nil, pauses before each write (Config.Stall).
+	stall func()
 }
 
 // streaming reports whether the answer's stream is open; o may be nil, for
@@ -84,6 +86,9 @@ func (o *output) write(event, payload string) {
 	if o.err != nil {
 		return
 	}
+	if o.stall != nil {
+		o.stall()
+	}
 	_ = o.rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
 	if event == "" {
 		o.err = o.out.Data(payload)
@@ -97,6 +102,9 @@ func (o *output) write(event, payload string) {
 
 // json writes a whole JSON answer with status.
 func (o *output) json(status int, payload string) {
+	if o.stall != nil {
+		o.stall()
+	}
 	o.w.Header().Set("Content-Type", "application/json")
 	// A client that does not read its answer must not hold the handler.
 	_ = o.rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))

@@ -213,6 +213,12 @@ type Config struct {
 	// (of any client protocol) is worked on: a deliberately slow server, to measure what checking
 	// one costs. It changes no behaviour but time.
 	TurnDelay time.Duration
+	// Stall, if not 0, pauses for a random 0..Stall before each model
+	// call, before each commit and before each write to a client (a chunk
+	// of a stream, or a whole answer): a machine made slow, to show that
+	// no verdict of a check depends on its speed (stall.go). It changes no
+	// behaviour but time.
+	Stall time.Duration
 }
 
 // Server is the reference session server. It is an http.Handler.
@@ -1003,6 +1009,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 	// that fails, or blocks past StreamWriteTimeout, ends the turn; one
 	// that completes, it only stops writing to.
 	o := &output{w: w, rc: http.NewResponseController(w), resp: resp, completes: completes, cancel: cancel}
+	if s.cfg.Stall > 0 {
+		o.stall = func() { s.stall(ctx) }
+	}
 	defer func() { _ = o.rc.SetWriteDeadline(time.Time{}) }() // the connection lives on
 	resp.begin(o)
 	reply, err := s.loop(ctx, t, func() { resp.started(o) }, func(text string) { resp.delta(o, text) })
@@ -1055,6 +1064,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 		t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)}})
 		// Acknowledge only what is durable: commit before the client hears
 		// the turn ended ok.
+		s.stall(ctx)
 		err := s.convs.commit(t.key, t.committed, t.hid, t.work, t.overwrite)
 		if err == nil {
 			// All of work is committed now: a release that takes back a

@@ -71,6 +71,7 @@ func (s *Server) callModel(ctx context.Context, t *turn, onStart func(), onDelta
 		return answer{}, errOverBudget
 	}
 	defer mem.shrink(cost)
+	s.stall(ctx)
 	return s.up.complete(ctx, history, offeredTools, mem, onStart, onDelta)
 }
 

@@ -243,6 +243,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	maxMemory := &byteSize{}
 	fs.Var(maxMemory, "max-memory", "the memory budget, in `bytes`, of the cache, request bodies and turns in flight (auto: 1/4 of the machine's or the cgroup's memory; units KiB, MiB, GiB)")
 	turnDelay := fs.Duration("turn-delay", 0, "wait this long before working on each chat request: a deliberately slow server, to measure what checking one costs")
+	stall := fs.Duration("stall", 0, "pause a random 0..this before each model call, each commit and each write to a client: a machine made slow, to show that a check's verdicts do not depend on its speed")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
@@ -265,8 +266,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(stderr, "serve", errors.New("--max-conns, --max-requests, --max-body-bytes and --max-history-* must be positive"))
 	case *compactAfter <= 0:
 		return fail(stderr, "serve", errors.New("--compact-after must be positive"))
-	case *turnDelay < 0:
-		return fail(stderr, "serve", errors.New("--turn-delay must not be negative"))
+	case *turnDelay < 0 || *stall < 0:
+		return fail(stderr, "serve", errors.New("--turn-delay and --stall must not be negative"))
 	}
 	if err := checkListen(*listen); err != nil {
 		return fail(stderr, "serve", err)
@@ -314,6 +315,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		MaxHistoryMessages: *maxHistMsgs,
 		MaxHistoryBytes:    *maxHistBytes,
 		TurnDelay:          *turnDelay,
+		Stall:              *stall,
 	}, *listen)
 	if err != nil {
 		return fail(stderr, "serve", err)

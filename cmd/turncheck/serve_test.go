@@ -103,7 +103,7 @@ func TestServeRefusesBadLimits(t *testing.T) {
 		{"--compact-after", "0"}, {"--compact-after", "-1"}, {"--interruption", "keep"}, {"--interruption", "Rollback"},
 		{"--allow-host", ""}, {"--allow-host", "host:8080"},
 		{"--max-memory", "0"}, {"--max-memory", "-1GiB"}, {"--max-memory", "lots"}, {"--max-memory", "12XB"},
-		{"--max-memory", "9999999999TiB"}, {"--max-memory", "1MiB"},
+		{"--max-memory", "9999999999TiB"}, {"--max-memory", "1MiB"}, {"--stall", "-1ms"}, {"--turn-delay", "-1ms"},
 	} {
 		code, stderr := runStart(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--model-url", "http://127.0.0.1:1/v1",
 			"--data-dir", t.TempDir()}, args...)...)
