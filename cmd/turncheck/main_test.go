@@ -29,10 +29,13 @@ import (
 
 // TestMain fails the tests on a leaked goroutine, and on a server process
 // that outlived them. Started as a flooder (floodEnv), the binary floods
-// instead.
+// instead; as a hog (hogEnv), it spins.
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(floodEnv); spec != "" {
 		os.Exit(flooder(spec))
+	}
+	if os.Getenv(hogEnv) != "" {
+		os.Exit(hog())
 	}
 	procs.WaitBound(3)
 	goleak.VerifyTestMain(procs.Checked(testbin.Main(m)))
