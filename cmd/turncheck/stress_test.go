@@ -114,12 +114,30 @@ func stressProfile(t *testing.T, protocol string, stall time.Duration, procs int
 	return path
 }
 
+// shareOfDeadline is bound, or less: what is left of the test binary's
+// -timeout (less a margin for stopping the servers), shared among the
+// runs still to come. A machine too slow for the checks asked then leaves
+// some unrun, NOT EXERCISED, rather than the test binary panicking at its
+// deadline.
+func shareOfDeadline(t *testing.T, bound time.Duration, runs int) time.Duration {
+	d, ok := t.Deadline()
+	if !ok {
+		return bound
+	}
+	left := time.Until(d)
+	return max(min(bound, (left-left/10-30*time.Second)/time.Duration(runs)), time.Second)
+}
+
 // TestStress: the clean reference server conforms through the profile of
 // each protocol on a machine made slow: no FAIL, whatever a time bound
 // leaves NOT EXERCISED. Plain 'go test' runs a short campaign (a couple
 // of checks a protocol, one hog); the full one runs with -stress:
 //
 //	go test ./cmd/turncheck -run TestStress -stress 500 -timeout 150m -v
+//
+// Each protocol's run is bounded by -stress.timeout and by its share of
+// what is left of -timeout: checks a slow machine leaves unrun are
+// reported, not failed.
 //
 // It sets the stall of every fake model of the process and the
 // GOMAXPROCS of the test binary, so it never runs beside other tests (no
@@ -136,8 +154,10 @@ func TestStress(t *testing.T) {
 		t.Cleanup(func() { runtime.GOMAXPROCS(before) })
 	}
 	startHogs(t, hogs)
-	for _, protocol := range []string{"chat", "responses", "sessions"} {
+	protocols := []string{"chat", "responses", "sessions"}
+	for i, protocol := range protocols {
 		t.Run(protocol, func(t *testing.T) {
+			bound := shareOfDeadline(t, bound, len(protocols)-i)
 			profile := stressProfile(t, strings.TrimPrefix(protocol, "chat"), *stressStall, *stressProcs)
 			dir := t.TempDir()
 			save, verdicts := filepath.Join(dir, "failures"), filepath.Join(dir, "verdicts.json")
