@@ -74,6 +74,8 @@ type Model struct {
 	// for it came latest: each replica of a server behind a front calls
 	// the model at a base URL of its own (ReplicaURL).
 	servedBy map[model.Token]int
+	// dropped are the turns whose client went away (Drop).
+	dropped map[model.Token]*drop
 }
 
 // script is what the model does for one turn's token.
@@ -96,9 +98,16 @@ type script struct {
 // or lookup whose server gives up on it (the client went away, a deadline
 // passed) ends unanswered. Safe for concurrent use.
 type Gate struct {
+	// tok is the turn whose call or lookup the gate holds.
+	tok     model.Token
 	arrived chan struct{}
 	release chan struct{}
 	once    sync.Once
+}
+
+// newGate is a gate for a call or lookup of tok.
+func newGate(tok model.Token) *Gate {
+	return &Gate{tok: tok, arrived: make(chan struct{}), release: make(chan struct{})}
 }
 
 // Arrived is closed when the gated call or lookup has arrived and is being
@@ -125,6 +134,7 @@ func StartModel(cfg ModelConfig) (*Model, error) {
 		closing: make(chan struct{}),
 		scripts: map[model.Token]*script{}, servedBy: map[model.Token]int{},
 		holding: map[*Gate]bool{},
+		dropped: map[model.Token]*drop{},
 	}
 	m.srv = &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -197,7 +207,7 @@ func (m *Model) HoldAt(tok model.Token, p Point) *Gate {
 	if s.gates == nil {
 		s.gates = map[Point]*Gate{}
 	}
-	g := &Gate{arrived: make(chan struct{}), release: make(chan struct{})}
+	g := newGate(tok)
 	s.gates[p.normal()] = g
 	return g
 }
@@ -220,13 +230,15 @@ func (m *Model) Holding() int {
 	return n
 }
 
-// Forget drops the script for tok: later calls of it are answered
-// normally. A server that replays an old message then gets a reply, not
-// that message's fault all over again.
+// Forget drops the script for tok, and lets go of what Drop holds of it:
+// later calls of it are answered normally. A server that replays an old
+// message then gets a reply, not that message's fault all over again.
 func (m *Model) Forget(tok model.Token) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.scripts, tok)
+	m.releaseDropLocked(tok)
+	delete(m.dropped, tok)
 }
 
 // Reset forgets every script, recorded call and tool run, and lets any
@@ -252,6 +264,7 @@ func (m *Model) Reset(epoch string) {
 		g.Release()
 	}
 	m.scripts = map[model.Token]*script{}
+	m.dropped = map[model.Token]*drop{}
 	m.servedBy = map[model.Token]int{}
 	m.calls = nil
 	m.runs = nil
@@ -449,8 +462,11 @@ func (m *Model) record(call model.Call, req *openai.ChatRequest) (plan, chan str
 	call.At = m.stamp()
 	m.calls = append(m.calls, call)
 	s := m.scripts[call.Turn]
+	// A turn whose client went away has nothing answered now: the call is
+	// held first (Drop).
+	dropGate := m.dropGateLocked(call.Turn)
 	if s == nil || call.Turn == "" {
-		return plan{}, nil
+		return plan{first: dropGate}, nil
 	}
 	p := plan{s: s, round: completedRounds(call.Turn, s.reply.Rounds, req.Messages), epoch: m.epoch}
 	if p.round < len(s.reply.Rounds) && offers(req.Tools, s.reply.Rounds[p.round]) {
@@ -458,7 +474,9 @@ func (m *Model) record(call model.Call, req *openai.ChatRequest) (plan, chan str
 	}
 	arrived := s.arrived
 	s.arrived = nil
-	p.first = m.takeGateLocked(s, p.gatesAt(0, firstHold(req.Stream)))
+	if p.first = dropGate; p.first == nil {
+		p.first = m.takeGateLocked(s, p.gatesAt(0, firstHold(req.Stream)))
+	}
 	if f := s.reply.Fault; f.Round == p.round {
 		s.calls++
 		if f.Times == 0 || s.calls <= f.Times {

@@ -1138,3 +1138,14 @@ func TestResetEpoch(t *testing.T) {
 	assert.Equal(t, 503, resp.StatusCode)
 	assert.Equal(t, 1, f.m.CallCount())
 }
+
+// waitFor waits until cond holds, at most guard: what it waits for is
+// the model's own doing, which nothing announces.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	for end := time.Now().Add(guard); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			require.FailNow(t, "timed out waiting for "+what)
+		}
+	}
+}

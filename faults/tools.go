@@ -213,6 +213,9 @@ func (m *Model) recordRun(id, tag string, tok model.Token, at Point) (bool, *Gat
 		return false, nil
 	}
 	m.runs = append(m.runs, model.ToolRun{ID: id, At: m.stamp()})
+	if g := m.dropGateLocked(tok); g != nil {
+		return true, g // its client went away: held, unanswered
+	}
 	s := m.scripts[tok]
 	if s == nil {
 		return true, nil

@@ -670,6 +670,46 @@ func TestHoldingCounts(t *testing.T) {
 	assert.Equal(t, http.StatusOK, waitResult(t, runs).status)
 }
 
+// TestDropHoldsWhatArrives: once a turn's client went away, each call and
+// lookup of the turn that arrives is held, unanswered, and counted, until
+// the harness lets the turn go; other turns are answered as ever, and a
+// turn forgotten is answered again.
+func TestDropHoldsWhatArrives(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Script("tc-u1", faults.Fault{})
+	f.m.Drop("tc-u1")
+	calls := f.goDo(context.Background(), body(t, false, user("tc-u1")))
+	runs := f.lookup(context.Background(), "tc-k1-1-1")
+	waitFor(t, func() bool { return f.m.HoldingTurn("tc-u1") == 2 }, "the call and the lookup held")
+	assert.Equal(t, 2, f.m.Holding())
+	resp, _ := f.post(false, user("tc-u2"))
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "another turn is answered")
+	assert.Zero(t, f.m.HoldingTurn("tc-u2"))
+
+	f.m.ReleaseDrop("tc-u1")
+	assert.Equal(t, http.StatusOK, waitResult(t, calls).status)
+	assert.Equal(t, http.StatusOK, waitResult(t, runs).status)
+	assert.Zero(t, f.m.HoldingTurn("tc-u1"))
+	resp, _ = f.post(false, user("tc-u1"))
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "a turn let go is answered at once")
+
+	// A server that gives up on a held call ends its hold.
+	f.m.Drop("tc-u3")
+	ctx, cancel := context.WithCancel(context.Background())
+	gaveUp := f.goDo(ctx, body(t, false, user("tc-u3")))
+	waitFor(t, func() bool { return f.m.HoldingTurn("tc-u3") == 1 }, "the call held")
+	cancel()
+	waitResult(t, gaveUp)
+	waitFor(t, func() bool { return f.m.HoldingTurn("tc-u3") == 0 }, "the hold ended with the request")
+
+	// Forget lets go of a dropped turn too.
+	f.m.Drop("tc-u4")
+	held := f.goDo(context.Background(), body(t, false, user("tc-u4")))
+	waitFor(t, func() bool { return f.m.HoldingTurn("tc-u4") == 1 }, "the call held")
+	f.m.Forget("tc-u4")
+	assert.Equal(t, http.StatusOK, waitResult(t, held).status)
+}
+
 // pausedLog is a Log that stops the model at its first line until told
 // to go on: a call is then recorded but not yet answered.
 type pausedLog struct {

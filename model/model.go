@@ -192,10 +192,18 @@ type Turn struct {
 	// completed tool pairs (T10). Its Outcome is Unknown.
 	Interrupted bool `json:"interrupted,omitempty"`
 	// Released is when, after an interruption, the harness let go of
-	// what the server was still waiting on, on the run's timeline: a
-	// model call or tool run of the turn that starts after it started
-	// after the disconnect was seen (T10).
+	// what the server was still waiting on, on the run's timeline: once
+	// the server said it saw the disconnect, or held on to it for the
+	// harness's whole bound. A model call or tool run of the turn that
+	// starts after it started after the disconnect was seen (T10).
 	Released int64 `json:"released,omitempty"`
+	// Dropped is when the client disconnected, on the run's timeline:
+	// from then on the model answers nothing of the turn until Released,
+	// so a server can start a model call or tool run of the turn after it
+	// only by giving up on what it waited for and carrying the turn on
+	// (T10). 0 in a history from before it was recorded: Released alone
+	// then marks the cut.
+	Dropped int64 `json:"dropped,omitempty"`
 	// Runs are the tool runs of the turn the harness saw start.
 	Runs []ToolRun `json:"runs,omitempty"`
 	// Detached reports that the client disconnected mid-turn from a
@@ -971,25 +979,40 @@ func (m *Model) leftoverCall(t Turn, cv *conv, v *Violation, id string) *Violati
 }
 
 // checkStopped checks that a turn whose client disconnected started no
-// model call and no tool run after the harness, having let the server
-// see the disconnect, let go of what it was waiting on (T10).
+// model call and no tool run after the disconnect (Dropped), or, in a
+// history that does not say when that was, after the harness let go of
+// what it waited on (Released) (T10). After the disconnect the model
+// answered nothing of the turn until Released: a server that started
+// something in between gave up on what it waited for and went on, and one
+// that started something after Released had been let go only once it saw
+// the disconnect or held on for the harness's whole bound (PROTOCOL.md,
+// "Time"). What came after what is judged, never how long anything took.
 func (m *Model) checkStopped(t Turn) *Violation {
-	if !t.Interrupted || t.Released == 0 {
+	cut := t.Dropped
+	if cut == 0 {
+		cut = t.Released
+	}
+	if !t.Interrupted || cut == 0 {
 		return nil
 	}
 	m.checked.add(T10)
-	stop := func(what string) *Violation {
-		return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User,
-			Reason: "the client disconnected mid-turn, and " + what + " started after that: the server must stop the turn at once"}
+	stop := func(what string, at int64) *Violation {
+		reason := fmt.Sprintf("the client disconnected mid-turn (at %d), and the server started %s after that (at %d)", cut, what, at)
+		if t.Released == 0 || at < t.Released {
+			reason += ", with nothing of the turn answered since: it gave up on what it waited for and carried the turn on"
+		} else {
+			reason += fmt.Sprintf(", once the harness let go of what it waited on (at %d)", t.Released)
+		}
+		return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User, Reason: reason + "; the server must stop the turn"}
 	}
 	for _, c := range t.Calls {
-		if c.Turn == t.User && c.At > t.Released {
-			return stop("a model call of the turn")
+		if c.Turn == t.User && c.At > cut {
+			return stop("a model call of the turn", c.At)
 		}
 	}
 	for _, r := range t.Runs {
-		if r.At > t.Released {
-			return stop("the tool call " + r.ID)
+		if r.At > cut {
+			return stop("the tool call "+r.ID, r.At)
 		}
 	}
 	return nil

@@ -97,6 +97,10 @@ func (in *Instance) Activity() (working, waiting int, changed <-chan struct{}) {
 	return in.gauge.Read()
 }
 
+// DoneWith reports whether the server is done with the request tagged
+// tag (RequestTagHeader): it saw its client go away, or answered it.
+func (in *Instance) DoneWith(tag string) bool { return in.gauge.DoneWith(tag) }
+
 // Close stops the server and removes its data dir.
 func (in *Instance) Close() error {
 	return errors.Join(in.Running.Close(), os.RemoveAll(in.cfg.DataDir))
@@ -190,6 +194,10 @@ func (r *Replicas) ExpireDeadlines() { r.deadlines.Expire() }
 func (r *Replicas) Activity() (working, waiting int, changed <-chan struct{}) {
 	return r.gauge.Read()
 }
+
+// DoneWith reports whether a replica is done with the request tagged
+// tag (RequestTagHeader): it saw its client go away, or answered it.
+func (r *Replicas) DoneWith(tag string) bool { return r.gauge.DoneWith(tag) }
 
 // Close stops every replica.
 func (r *Replicas) Close() error {

@@ -57,7 +57,8 @@ func ParseInterruption(s string) (Interruption, error) {
 // it stops with its client under any policy.
 func (s *Server) turnContext(r *http.Request, t *turn) (ctx context.Context, cancel context.CancelFunc, completes bool) {
 	if s.cfg.Interruption != Complete || !t.stateful {
-		ctx, cancel = context.WithCancel(r.Context())
+		ctx, cancel = context.WithCancel(s.noticed(r.Context()))
+		s.cfg.Gauge.doneWhen(ctx, r.Header.Get(RequestTagHeader))
 		return ctx, cancel, false
 	}
 	ctx, end := context.WithCancel(context.WithoutCancel(r.Context()))

@@ -508,6 +508,7 @@ func (s *Server) enter() bool {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.cfg.Gauge.add(1, 0)
 	defer s.cfg.Gauge.add(-1, 0)
+	defer s.cfg.Gauge.markDone(r.Header.Get(RequestTagHeader))
 	s.handling.Add(1)
 	defer s.handling.Add(-1)
 	conn := connOf(r.Context())

@@ -60,6 +60,7 @@ const (
 	spentSettling = "waiting for the server to come to rest"
 	spentQuiet    = "quiet periods (the server reports no activity)"
 	spentTimeouts = "held calls waiting out the server's model timeout"
+	spentStopping = "dropped turns waiting for the server to let go of the model"
 	SpentShrink   = "shrinking"
 )
 
@@ -79,12 +80,19 @@ type flight struct {
 	done    chan struct{}
 	arrived atomic.Bool // the model holds the request at gate
 	acted   bool        // let go, aborted or timed out
+	// tok is the turn's user token ("" for a request without one), and
+	// tag what the request is tagged with for a server that reports which
+	// client it saw go away ("" for others).
+	tok model.Token
+	tag string
 	// interrupted: the client dropped the connection while the model
-	// held the turn; abortedAt is when.
+	// held the turn; abortedAt is when, and dropped when on the run's
+	// timeline, from which the model answered nothing of the turn.
 	interrupted bool
 	abortedAt   time.Time
-	// released is when the harness let go of what the server still waited
-	// on for this dropped turn before the step ended (0: at its end).
+	dropped     int64
+	// released is when the harness let go of what the model held of this
+	// dropped turn (0: the server gave up on all of it first).
 	released int64
 	// waitingOut is when the harness left a held call to the server's own
 	// model timeout (zero if it did not), and ended when the request
@@ -156,8 +164,12 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 			}
 		}()
 	}
+	_, reportsGone := e.srv.(targets.DisconnectReporter)
 	for i, s := range p.Sends {
-		f := &flight{done: make(chan struct{})}
+		f := &flight{done: make(chan struct{}), tok: s.Token}
+		if reportsGone {
+			f.tag = fmt.Sprintf("%d-%d", e.steps, i)
+		}
 		flights[i] = f
 		if s.Token != "" {
 			e.fake.ScriptReply(s.Token, faults.Reply{Rounds: s.Rounds, Fault: s.Fault})
@@ -178,6 +190,7 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 		ctx, cancel := context.WithCancel(base)
 		f.cancel = cancel
 		req := e.client.NewRequest(ctx, s)
+		req.Tag = f.tag
 		ops[i] = history.Op{Step: e.steps, Index: i, Action: p.Action, Send: s, Request: req}
 		ops[i].Turn.Invoke = e.tick()
 		wg.Add(1)
@@ -219,10 +232,11 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 		}
 		if next < 0 {
 			// Nothing is held: a request is on its way (to the model, or
-			// out of a queue); wait for it to come to rest. Unless the
-			// server still waits on a dropped turn's held call, and so
-			// keeps the others queued: then let that call go, once the
-			// server has had the time to see the disconnect.
+			// out of a queue); wait for it to come to rest. A dropped
+			// turn whose server still waits on what the model holds of
+			// it keeps the others queued: its calls are let go once the
+			// server is known to have seen the disconnect, or at the
+			// bound (releaseDropped).
 			if !e.releaseDropped(flights) {
 				e.waitChange(wake, e.dropWait(flights))
 			}
@@ -278,26 +292,27 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 		}
 	}
 	interrupted := slices.ContainsFunc(flights, func(f *flight) bool { return f.interrupted })
-	e.idle(interrupted)
-	var released int64
-	if interrupted {
-		released = e.tick()
-	}
+	// A dropped turn is let go of only once its server gave up on what
+	// the model holds of it, said it saw the disconnect, or had the whole
+	// bound: never after a grace a slow machine could outlast.
+	e.awaitStop(flights)
+	e.idle()
 	for _, f := range flights {
 		for _, g := range f.gates {
-			// A server that did not pass an abort or a deadline on to the
-			// model still holds the call (or the tool run): answer it, so
-			// that what the server does with the answer shows, rather than
-			// a stall. Only once the server is idle: a server that is still
-			// noticing its client left would otherwise get the reply first
-			// and commit, or not, by a race.
+			// A server that did not pass a deadline on to the model
+			// still holds the call (or the tool run): answer it, so that
+			// what the server does with the answer shows, rather than a
+			// stall.
 			g.Release()
+		}
+		if f.interrupted {
+			e.fake.ReleaseDrop(f.tok)
 		}
 	}
 	if interrupted {
 		// What the server does once let go, after its client left, is
 		// what T10 judges: wait for it.
-		e.idle(false)
+		e.idle()
 		e.quiet()
 	}
 	e.attribute(ops, e.fake.CallsAfter(start), e.fake.RunsAfter(start))
@@ -307,10 +322,9 @@ func (e *executor) execute(p plan.Plan) (ops []history.Op) {
 		case e.profile.Interruption == targets.Complete:
 			// The server runs the turn on: an unknown outcome, not a stop.
 			ops[i].Turn.Detached = true
-		case f.released != 0:
-			ops[i].Turn.Interrupted, ops[i].Turn.Released = true, f.released
 		default:
-			ops[i].Turn.Interrupted, ops[i].Turn.Released = true, released
+			ops[i].Turn.Interrupted = true
+			ops[i].Turn.Dropped, ops[i].Turn.Released = f.dropped, f.released
 		}
 	}
 	for _, s := range p.Sends {
@@ -410,6 +424,12 @@ func (e *executor) let(s plan.Send, f *flight) {
 	f.acted = true
 	switch dc, ok := e.srv.(targets.DeadlineController); {
 	case s.Abort:
+		if e.profile.Interruption != targets.Complete {
+			// From now on the model answers nothing of the turn: what the
+			// server does about the disconnect, not how fast, is judged.
+			e.fake.Drop(s.Token)
+			f.dropped = e.tick()
+		}
 		f.cancel()
 		f.interrupted, f.abortedAt = true, time.Now()
 		if e.profile.Interruption == targets.Complete {
@@ -491,69 +511,99 @@ func (e *executor) waitChange(wake <-chan struct{}, limit time.Duration) {
 	}
 }
 
-// pendingDrop is a dropped turn of flights whose held calls the harness
-// has not let go, nil if none.
-func pendingDrop(flights []*flight) *flight {
-	for _, f := range flights {
-		if f.interrupted && f.released == 0 && len(f.gates) > 0 {
-			return f
-		}
+// stopping reports whether f is a dropped turn the harness still holds
+// for: it has not been let go, and its server has not yet said it saw the
+// disconnect (a DisconnectReporter) or, for one that does not say, given
+// up on all the model holds of it.
+func (e *executor) stopping(f *flight) bool {
+	if !f.interrupted || f.released != 0 || e.profile.Interruption == targets.Complete {
+		return false
 	}
-	return nil
+	if _, ok := e.srv.(targets.DisconnectReporter); ok {
+		// Let go of only once it says so, whatever it gave up on first:
+		// the same point, on every replay.
+		return true
+	}
+	return e.fake.HoldingTurn(f.tok) > 0
 }
 
-// dropWait is how long to wait for a change: until a dropped turn's grace
-// ends, if one is pending, or the client's time.
+// dropWait is how long to wait for a change: a moment, while a dropped
+// turn's server may give up on what the model holds of it (the model
+// does not announce it), or the client's time.
 func (e *executor) dropWait(flights []*flight) time.Duration {
-	if f := pendingDrop(flights); f != nil {
-		return max(abortGrace-time.Since(f.abortedAt), pollInterval)
+	if slices.ContainsFunc(flights, e.stopping) {
+		return pollInterval
 	}
 	return targets.ClientTimeout
 }
 
-// releaseDropped lets go of what the model holds for a dropped turn of
-// flights, once the server has had abortGrace to see the disconnect, and
-// reports whether it did: a server that still waits on it would keep the
-// turns queued behind it waiting on the harness. What the turn does after
-// that is what T10 judges, from this tick on.
+// releaseDropped lets go of what the model holds of each dropped turn of
+// flights whose server is known to have seen its client go away (a
+// DisconnectReporter said so), or has held it for the whole stopBound,
+// and reports whether it let go of any. What the turn starts after that
+// is what T10 judges, from this tick on. A server that gives up on it
+// first is never let go of: it stopped, at whatever speed.
 func (e *executor) releaseDropped(flights []*flight) bool {
-	f := pendingDrop(flights)
-	if f == nil || time.Since(f.abortedAt) < abortGrace {
-		return false
+	dr, reports := e.srv.(targets.DisconnectReporter)
+	any := false
+	for _, f := range flights {
+		if !e.stopping(f) {
+			continue
+		}
+		if !(reports && dr.DoneWith(f.tag)) && time.Since(f.abortedAt) < e.stopBound() {
+			continue
+		}
+		f.released = e.tick()
+		for _, g := range f.gates {
+			g.Release()
+		}
+		e.fake.ReleaseDrop(f.tok)
+		any = true
 	}
-	f.released = e.tick()
-	for _, g := range f.gates {
-		g.Release()
+	return any
+}
+
+// awaitStop waits until no dropped turn of flights is held for: each
+// server gave up on what the model holds of its turn, or was let go of
+// (releaseDropped).
+func (e *executor) awaitStop(flights []*flight) {
+	if !slices.ContainsFunc(flights, e.stopping) {
+		return
 	}
-	return true
+	defer e.spent.since(spentStopping, time.Now())
+	for !e.releaseDropped(flights) && slices.ContainsFunc(flights, e.stopping) {
+		if e.ctx != nil && e.ctx.Err() != nil {
+			return
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// stopBound is how long the model holds what a dropped turn's server
+// waits on, for a server that does not say when it saw the disconnect,
+// before the harness lets go of it: longer than the server's own model
+// timeout, at which a server that does not pass the disconnect on gives
+// up by itself. It only ever decides when what the server does next is
+// seen (PROTOCOL.md, "Time").
+func (e *executor) stopBound() time.Duration {
+	return e.profile.ModelTimeoutOrDefault() + stopMargin
 }
 
 // idle waits, where the server reports its activity, until it has finished
 // every request, or is only waiting for what the fake model holds: an
 // aborted turn's rollback is then done before the next step, which would
-// otherwise race it. After a client dropped a turn (aborted), the server
-// is given abortGrace to see the disconnect before a wait on the model
-// counts as rest: a server that passes the abort on ends the turn at
-// once, well within it. A server that does not report its activity is
-// then given until the model holds nothing (it cancelled its held call),
-// or abortGrace.
-func (e *executor) idle(aborted bool) {
+// otherwise race it. A server that does not report its activity is not
+// waited for here (quiet is).
+func (e *executor) idle() {
 	ar, ok := e.srv.(targets.ActivityReporter)
-	defer e.spent.since(settlingKind(ok), time.Now())
-	deadline := time.After(targets.ClientTimeout)
-	grace := time.Now().Add(abortGrace)
 	if !ok {
-		if !aborted {
-			return
-		}
-		for e.fake.Holding() > 0 && time.Now().Before(grace) {
-			time.Sleep(pollInterval)
-		}
 		return
 	}
+	defer e.spent.since(settlingKind(ok), time.Now())
+	deadline := time.After(targets.ClientTimeout)
 	for {
 		working, _, changed := ar.Activity()
-		if working == 0 || working <= e.fake.Holding() && (!aborted || !time.Now().Before(grace)) {
+		if working == 0 || working <= e.fake.Holding() {
 			return
 		}
 		select {
@@ -576,14 +626,10 @@ func settlingKind(reports bool) string {
 	return spentQuiet
 }
 
-// abortGrace is how long a server is given to see that a client dropped
-// its turn before the harness lets go of what the model holds for it (a
-// verdict on T10 then depends on a server that takes longer, so it is
-// generous: a server sees a closed connection in well under a
-// millisecond). pollInterval is how often the harness looks at what the
-// model holds.
+// stopMargin is what stopBound adds to the server's model timeout.
+// pollInterval is how often the harness looks at what the model holds.
 const (
-	abortGrace   = 4 * quietPeriod
+	stopMargin   = time.Second
 	pollInterval = 2 * time.Millisecond
 )
 

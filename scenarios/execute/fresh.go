@@ -24,10 +24,10 @@ func (l *Lab) FreshServers() bool {
 // FreshReplay replays plans as Replay does, on a server started for the
 // replay: where l's sessions share one server, that one is stopped first
 // (a server may hold a fixed port only one instance can), and the one
-// started here serves the later sessions of the run in its place. The
-// start is cut short when ctx ends. Elsewhere every session starts a
+// started here is stopped after it: the next session of the run starts
+// another under the run's bound. The start is cut short when ctx ends. Elsewhere every session starts a
 // server of its own, and it is Replay.
-func (l *Lab) FreshReplay(ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error) {
+func (l *Lab) FreshReplay(ctx context.Context, plans []plan.Plan) (ops []history.Op, v *model.Violation, err error) {
 	if !l.reuses() {
 		return l.Replay(ctx, plans)
 	}
@@ -45,5 +45,13 @@ func (l *Lab) FreshReplay(ctx context.Context, plans []plan.Plan) ([]history.Op,
 		return nil, nil, fmt.Errorf("start the server under test: %w", err)
 	}
 	l.shared = srv
+	defer func() {
+		// Started under the replay's bound, which its restarts would
+		// still hold to: the next session starts one under the run's.
+		l.shared = nil
+		if cerr := srv.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("stop the server under test: %w", cerr)
+		}
+	}()
 	return l.Replay(ctx, plans)
 }

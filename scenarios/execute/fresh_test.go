@@ -53,7 +53,8 @@ func (r reusing) Start(modelURL string) (targets.Server, error) {
 
 // TestFreshReplayStartsAFreshServer: on a target whose sessions share one
 // server, a fresh replay stops the shared server, replays on one started
-// for it, and leaves that one to the later sessions; a replay on the
+// for it and stops that one too, and the later sessions share one started
+// under the run's bound; a replay on the
 // target's servers each starts its own anyway.
 func TestFreshReplayStartsAFreshServer(t *testing.T) {
 	started := &startedServers{}
@@ -79,11 +80,13 @@ func TestFreshReplayStartsAFreshServer(t *testing.T) {
 	assert.Equal(t, model.OK, h[0].Response.Outcome, h[0].Response.Detail)
 	require.Len(t, started.all, 2, "the fresh replay started a server")
 	assert.True(t, started.all[0].closed, "the shared server was stopped first")
-	assert.False(t, started.all[1].closed, "the fresh one serves on")
+	// Its restarts would hold to the replay's bound: it is stopped after.
+	assert.True(t, started.all[1].closed, "the fresh one was stopped after its replay")
 
 	_, _, err = l.Replay(ctx, plans)
 	require.NoError(t, err)
-	assert.Len(t, started.all, 2, "a later session shares the fresh server")
+	require.Len(t, started.all, 3, "a later session starts a server under the run's bound")
+	assert.False(t, started.all[2].closed, "which the sessions after it share")
 
 	assert.False(t, (&Lab{Target: targets.Remote{}}).FreshServers(), "a remote server is the only one")
 	assert.False(t, (&Lab{Target: reference.Target{}}).FreshServers(), "every session has a server of its own")

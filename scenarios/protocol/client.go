@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"strings"
@@ -52,6 +53,10 @@ type Request struct {
 	Session     string `json:"session,omitempty"`
 	// Stream reports whether the body asks for a stream.
 	Stream bool `json:"stream,omitempty"`
+	// Tag, if set, is sent as targets.RequestTagHeader: a server that
+	// reports which client it saw go away names the request by it. It is
+	// the harness's, not the turn's, and is not saved.
+	Tag string `json:"-"`
 }
 
 // Response is what the client learned of a request.
@@ -213,7 +218,15 @@ func (c *Client) Send(ctx context.Context, req Request) Response {
 		// began, and changed nothing.
 		return Response{Outcome: model.Fail, Detail: req.Unsent, Cause: CauseUnsent}
 	}
-	resp, out := c.do(ctx, req.Replica, req.Method, req.Path, req.Body, c.wire.headers(c, req), req.Conv.Key)
+	headers := c.wire.headers(c, req)
+	if req.Tag != "" {
+		headers = maps.Clone(headers)
+		if headers == nil {
+			headers = map[string]string{}
+		}
+		headers[targets.RequestTagHeader] = req.Tag
+	}
+	resp, out := c.do(ctx, req.Replica, req.Method, req.Path, req.Body, headers, req.Conv.Key)
 	if resp == nil {
 		c.wire.learn(req, out)
 		return out

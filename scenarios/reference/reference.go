@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/targets"
@@ -42,6 +43,10 @@ type Target struct {
 	// Store gives each start of a replicated server a fresh, empty
 	// PostgreSQL store, as a URL (in a test, internal/pgtest's Schema).
 	Store func() (string, error)
+	// Stall, if not 0, makes the server as slow as a busy machine would
+	// (sut.Config.Stall): a random pause of up to it before each model
+	// call, commit and write, and before a turn sees its client gone.
+	Stall time.Duration
 }
 
 // SessionsAPI is the reference server's session API, shaped as
@@ -121,6 +126,7 @@ func (r Target) Start(modelURL string) (targets.Server, error) {
 		Interruption:     r.Interruption,
 		CompactAfter:     CompactAfter,
 		Agents:           targets.AgentRefs(modelURL, agent),
+		Stall:            r.Stall,
 	}
 	if r.Replicas <= 1 {
 		return sut.StartInstance(cfg)

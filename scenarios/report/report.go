@@ -156,7 +156,7 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 		fmt.Fprintf(b, "        tool run: %s (at %d)\n", r.ID, r.At)
 	}
 	if op.Turn.Interrupted {
-		fmt.Fprintf(b, "        interrupted: what the server still waited on was let go at %d, after the client dropped the connection\n", op.Turn.Released)
+		fmt.Fprintf(b, "        interrupted: %s\n", interruption(op.Turn))
 	}
 	fmt.Fprintf(b, "        %s\n", curlCommand(op.Request, p))
 }
@@ -397,4 +397,18 @@ func formatTools(events []model.ToolEvent) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// interruption says what became of what the server waited on for a turn
+// whose client dropped the connection: the model held it, unanswered,
+// until the server gave up on it or the harness let go of it.
+func interruption(t model.Turn) string {
+	s := "the client dropped the connection"
+	if t.Dropped != 0 {
+		s += fmt.Sprintf(" at %d, and from then the model answered nothing of the turn", t.Dropped)
+	}
+	if t.Released != 0 {
+		return s + fmt.Sprintf(" until the harness let go of what the server still waited on at %d", t.Released)
+	}
+	return s + "; the server gave up on all of it"
 }

@@ -167,6 +167,25 @@ type ActivityReporter interface {
 	Activity() (working, waiting int, changed <-chan struct{})
 }
 
+// DisconnectReporter is a Server that says when it is done with a
+// request: it saw the request's client go away, or answered it. The
+// harness tags each request with RequestTagHeader. From then on a server
+// that stops starts nothing more for that turn (T10), so the harness lets
+// go of what the model holds of a dropped turn then, with no wait for a
+// server still on its way to seeing the disconnect. Servers without it
+// are waited for until they give up on what the model holds (PROTOCOL.md,
+// "Time").
+type DisconnectReporter interface {
+	Server
+	// DoneWith reports whether the server is done with the request tagged
+	// tag.
+	DoneWith(tag string) bool
+}
+
+// RequestTagHeader is the header the harness tags each request with for
+// a DisconnectReporter (the reference server's sut.RequestTagHeader).
+const RequestTagHeader = "Turncheck-Request"
+
 // Specifier is a Target that says how a saved report names it, so that
 // a replay can start the same server: the reference target does (package
 // scenarios/reference). A report of any other Target names it "go".
