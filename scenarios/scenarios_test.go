@@ -364,4 +364,3 @@ func TestShrinkCutShortSaysSo(t *testing.T) {
 	assert.Contains(t, f.ShrinkStats(), "ran out")
 	assert.NotContains(t, f.ShrinkStats(), "; shrunk in")
 }
-
