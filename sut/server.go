@@ -506,14 +506,16 @@ func (s *Server) enter() bool {
 // POST /v1/responses, the sessions API under /api/sessions) and GET
 // /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.cfg.Gauge.add(1, 0)
-	defer s.cfg.Gauge.add(-1, 0)
-	defer s.cfg.Gauge.markDone(r.Header.Get(RequestTagHeader))
 	s.handling.Add(1)
 	defer s.handling.Add(-1)
 	conn := connOf(r.Context())
 	conn.enter()
 	defer conn.leave()
+	// Counted in the gauge inside the handler's other bookkeeping, so that
+	// a stop that waits for the handlers finds the gauge at rest.
+	s.cfg.Gauge.add(1, 0)
+	defer s.cfg.Gauge.add(-1, 0)
+	defer s.cfg.Gauge.markDone(r.Header.Get(RequestTagHeader))
 	conn.watchBody(r)
 	// The client has BodyTimeout to send its body. The deadline is set for
 	// every request, so that a request refused before its body is read

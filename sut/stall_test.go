@@ -45,12 +45,13 @@ func TestStallChangesNothingButTime(t *testing.T) {
 	assert.GreaterOrEqual(t, time.Since(began), stall, "the turns were not stalled")
 }
 
-// TestStallEndsWithItsClient: a turn stalled for up to an hour before its
-// model call stops as soon as its client goes away, with no model call:
-// a stalled server stops a turn as fast as any.
-func TestStallEndsWithItsClient(t *testing.T) {
+// TestStallSeesItsClientGoLate: a stalled turn sees its client go away
+// late, as a busy machine does, up to Stall after it left; it then stops,
+// and commits nothing of the turn.
+func TestStallSeesItsClientGoLate(t *testing.T) {
 	g := &sut.Gauge{}
-	e := newEnv(t, sut.Config{Stall: time.Hour, Gauge: g})
+	e := newEnv(t, sut.Config{Stall: 200 * time.Millisecond, Gauge: g})
+	arrived := e.model.Script("tc-u1", faults.Fault{Kind: faults.Hold})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL()+"/v1/chat/completions",
@@ -58,6 +59,7 @@ func TestStallEndsWithItsClient(t *testing.T) {
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(sut.DefaultConversationHeader, "c1")
+	req.Header.Set(sut.RequestTagHeader, "r1")
 	done := make(chan error, 1)
 	go func() {
 		resp, err := e.client.Do(req)
@@ -66,14 +68,11 @@ func TestStallEndsWithItsClient(t *testing.T) {
 		}
 		done <- err
 	}()
-	awaitGauge(t, g, "the turn in", func(working, _ int) bool { return working == 1 })
-	// The turn is stalled (under 50 ms: a chance of 1 in 72,000), or,
-	// on a machine too slow to have reached the stall by then, the client
-	// leaves first: either way the turn must end now.
-	time.Sleep(50 * time.Millisecond)
-	assert.Zero(t, e.model.CallCount(), "the turn is stalled before its model call")
+	await(t, arrived, "the turn's model call")
+	assert.False(t, g.DoneWith("r1"), "done with a turn still at its model call")
 	cancel()
 	assert.Error(t, <-done)
 	awaitIdle(t, g)
-	assert.Zero(t, e.model.CallCount(), "no model call starts after the client left")
+	assert.True(t, g.DoneWith("r1"), "the turn saw its client go")
+	assert.Equal(t, toks("u2"), e.ok(t, "", "c1", "tc-u2"), "the turn left nothing")
 }
