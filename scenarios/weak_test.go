@@ -188,7 +188,7 @@ func TestFlakyOnlyAfterTrying(t *testing.T) {
 	// What differed: the invalid continuation the server once answered
 	// ok got its 400 in every replay.
 	for i := 1; i <= f.ShrinkRuns; i++ {
-		assert.Regexp(t, fmt.Sprintf(`Replay %d differed at step \d+, request 1 \(conv-\d+, no new user message\): the failing run got ok 200, the replay fail 400`, i), f.Report)
+		assert.Regexp(t, fmt.Sprintf(`Replay %d differed: at step \d+, request 1 \(conv-\d+, no new user message\): the failing run got ok 200, the replay fail 400`, i), f.Report)
 	}
 }
 

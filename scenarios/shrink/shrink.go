@@ -640,46 +640,13 @@ var errBound = errors.New("the shrink bound ran out")
 func (s *Shrinker) Differed(failing []history.Op) string {
 	var b strings.Builder
 	for i, h := range s.misses {
-		fmt.Fprintf(&b, "\nReplay %d %s.", i+1, firstDifference(failing, h))
+		d := Differences(failing, h)
+		if len(d) == 0 {
+			d = []string{"came to the same outcomes and order; it differed in what the model was asked"}
+		}
+		fmt.Fprintf(&b, "\nReplay %d differed: %s.", i+1, strings.Join(d, "; "))
 	}
 	return b.String()
-}
-
-// firstDifference describes the first request of the failing run whose
-// replay came to something else: another outcome or status, another
-// number of model calls, or another order of the requests of a burst.
-func firstDifference(failing, replay []history.Op) string {
-	byPlace := map[[2]int]history.Op{}
-	for _, op := range replay {
-		byPlace[[2]int{op.Step, op.Index}] = op
-	}
-	for _, a := range failing {
-		b, ok := byPlace[[2]int{a.Step, a.Index}]
-		where := fmt.Sprintf("at step %d", a.Step)
-		if a.Restart == nil {
-			what := string(a.Send.Token)
-			if what == "" {
-				what = "no new user message"
-			}
-			where = fmt.Sprintf("at step %d, request %d (%s, %s)", a.Step, a.Index+1, a.Send.Conv.ID, what)
-		}
-		switch {
-		case !ok:
-			return fmt.Sprintf("ended before step %d", a.Step)
-		case a.Response.Outcome != b.Response.Outcome || a.Response.Status != b.Response.Status:
-			return fmt.Sprintf("differed %s: the failing run got %s, the replay %s", where, answer(a), answer(b))
-		case len(a.Turn.Calls) != len(b.Turn.Calls):
-			return fmt.Sprintf("differed %s: the request reached the model %d time(s) in the failing run, %d in the replay",
-				where, len(a.Turn.Calls), len(b.Turn.Calls))
-		}
-	}
-	for step := range stepsOf(failing) {
-		if x, y := returnOrder(failing, step), returnOrder(replay, step); !slices.Equal(x, y) {
-			return fmt.Sprintf("differed at step %d: its requests were answered in the order %v in the failing run, %v in the replay",
-				step, x, y)
-		}
-	}
-	return "came to the same outcomes and order; it differed in what the model was asked"
 }
 
 // answer is an op's outcome in a few words.
