@@ -84,7 +84,7 @@ func (e *executor) dropWait(flights []*flight) time.Duration {
 // first is never let go of: it stopped, at whatever speed.
 func (e *executor) releaseDropped(flights []*flight) bool {
 	dr, reports := e.srv.(targets.DisconnectReporter)
-	any := false
+	released := false
 	for _, f := range flights {
 		if !e.stopping(f) {
 			continue
@@ -97,9 +97,9 @@ func (e *executor) releaseDropped(flights []*flight) bool {
 			g.Release()
 		}
 		e.fake.ReleaseDrop(f.tok)
-		any = true
+		released = true
 	}
-	return any
+	return released
 }
 
 // awaitStop waits until no dropped turn of flights is held for: each
@@ -110,11 +110,13 @@ func (e *executor) awaitStop(flights []*flight) {
 		return
 	}
 	defer e.spent.since(spentStopping, time.Now())
-	for !e.releaseDropped(flights) && slices.ContainsFunc(flights, e.stopping) {
+	for slices.ContainsFunc(flights, e.stopping) {
 		if e.ctx != nil && e.ctx.Err() != nil {
 			return
 		}
-		time.Sleep(pollInterval)
+		if !e.releaseDropped(flights) {
+			time.Sleep(pollInterval)
+		}
 	}
 }
 
