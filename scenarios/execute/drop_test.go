@@ -95,3 +95,22 @@ func TestDroppedTurnCarriedOnIsCaught(t *testing.T) {
 		})
 	}
 }
+
+// TestEveryDroppedTurnOfAStepIsWaitedFor: of two turns dropped in one
+// burst, each is let go of only once its own server is done with it: a
+// server that says when is let go of for each, never left to the end of
+// the step.
+func TestEveryDroppedTurnOfAStepIsWaitedFor(t *testing.T) {
+	s := newSession(t, reference.Target{Stall: 400 * time.Millisecond})
+	for i := range 3 {
+		p := plan.Burst(model.ConversationRef{Key: "key-a", ID: "c"}, 10*i+1, 2, 0, 1)
+		p.Sends[0].Conv.ID, p.Sends[1].Conv.ID = "a", "b" // two conversations: neither waits on the other
+		p.Sends[0].Abort, p.Sends[1].Abort = true, true
+		ops, v := s.Step(p)
+		require.Nil(t, v, "%+v", ops)
+		for _, op := range ops {
+			require.True(t, op.Turn.Interrupted, "%+v", op)
+			assert.NotZero(t, op.Turn.Released, "turn %s was not let go of when its server said it was done with it", op.Send.Token)
+		}
+	}
+}
