@@ -398,8 +398,12 @@ func malformed(reply, what string, out Response) Response {
 // eachEvent reads a stream of JSON events, each decoded into an E and
 // handed to on with the reply text so far, until on says the event ended
 // the turn (and set its outcome); a stream that ends first leaves the
-// outcome unknown, ended saying so.
-func eachEvent[E any](ctx context.Context, body io.Reader, ended string, out Response, on func(ev E, reply *strings.Builder, out *Response) bool) Response {
+// outcome unknown, ended saying so. After an event that failed the turn,
+// the rest of the stream is read, as after an error chunk under chat (a
+// server may release the conversation only once it ends the response),
+// for at most ErrorDrain; closer, if not nil, ends the read then, and a
+// response still open is Open.
+func eachEvent[E any](ctx context.Context, body io.Reader, closer io.Closer, ended string, out Response, on func(ev E, reply *strings.Builder, out *Response) bool) Response {
 	var reply strings.Builder
 	events := sse.NewReader(body)
 	for {
@@ -413,6 +417,9 @@ func eachEvent[E any](ctx context.Context, body io.Reader, ended string, out Res
 		}
 		if on(ev, &reply, &out) {
 			out.Reply = reply.String()
+			if out.Outcome == model.Fail && closer != nil {
+				out.Open = !drain(events, closer)
+			}
 			return out
 		}
 	}

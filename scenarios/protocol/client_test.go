@@ -13,6 +13,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // TestKeptReplyIsBounded: a history keeps at most maxKeptReply bytes of a
@@ -62,4 +63,39 @@ func TestErrorChunkReadToTheEnd(t *testing.T) {
 	assert.Equal(t, model.Fail, r.Outcome)
 	assert.True(t, r.Open, "the server never ended the response")
 	_ = pw.Close()
+}
+
+// TestFailureEventReadToTheEnd: under the Responses API and a session API
+// too, after an event that fails the turn the client reads on until the
+// server ends the response, and marks open one that does not end in time.
+func TestFailureEventReadToTheEnd(t *testing.T) {
+	t.Parallel() // it mostly waits on bounds
+	sessions := &sessions{api: &targets.SessionsAPI{Events: targets.EventRules{TypeField: "type", Failure: []string{"error"}}}}
+	for name, c := range map[string]struct {
+		failed string
+		read   func(body io.Reader, closer io.Closer) Response
+	}{
+		"responses": {`data: {"type":"response.failed","response":{"id":"resp_1","status":"failed"}}` + "\n\n",
+			func(body io.Reader, closer io.Closer) Response {
+				return readResponseEvents(context.Background(), body, closer, Response{Status: 200})
+			}},
+		"sessions": {`data: {"type":"error","error":"boom"}` + "\n\n",
+			func(body io.Reader, closer io.Closer) Response {
+				return sessions.readEvents(context.Background(), body, closer, Response{Status: 200})
+			}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := c.read(strings.NewReader(c.failed+`data: {"type":"more"}`+"\n\n"), io.NopCloser(nil))
+			assert.Equal(t, model.Fail, r.Outcome)
+			assert.False(t, r.Open, "the server ended the response")
+
+			pr, pw := io.Pipe()
+			go func() { _, _ = pw.Write([]byte(c.failed)) }() // and never ends
+			r = c.read(pr, pr)
+			assert.Equal(t, model.Fail, r.Outcome)
+			assert.True(t, r.Open, "the server never ended the response")
+			_ = pw.Close()
+		})
+	}
 }

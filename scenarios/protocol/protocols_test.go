@@ -104,11 +104,11 @@ func TestResponsesOutcomes(t *testing.T) {
 		"cut":        {created + delta, model.Unknown},
 		"malformed":  {created + "data: {\n\n", model.Unknown},
 	} {
-		out := readResponseEvents(context.Background(), strings.NewReader(tc.body), Response{Status: 200})
+		out := readResponseEvents(context.Background(), strings.NewReader(tc.body), nil, Response{Status: 200})
 		assert.Equal(t, tc.outcome, out.Outcome, name)
 		assert.Equal(t, "resp_9", out.ID, name)
 	}
-	out := readResponseEvents(context.Background(), strings.NewReader(created+delta+`data: {"type":"response.completed","response":{"id":"resp_9","status":"completed"}}`+"\n\n"), Response{})
+	out := readResponseEvents(context.Background(), strings.NewReader(created+delta+`data: {"type":"response.completed","response":{"id":"resp_9","status":"completed"}}`+"\n\n"), nil, Response{})
 	assert.Equal(t, "tc-a1", out.Reply)
 
 	whole := func(status string) Response {

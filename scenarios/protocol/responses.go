@@ -145,7 +145,7 @@ func (*responses) read(ctx context.Context, _ Request, resp *http.Response, out 
 	case resp.StatusCode != http.StatusOK:
 		return unexpected(resp.StatusCode, out)
 	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
-		return readResponseEvents(ctx, body, out)
+		return readResponseEvents(ctx, body, resp.Body, out)
 	}
 	raw, err := io.ReadAll(body)
 	if err != nil {
@@ -224,8 +224,8 @@ type responseEvent struct {
 // error fail it; a stream that ends before either leaves it unknown. The
 // response's id comes with response.created, before the model is called,
 // so a client that drops the turn still knows which response it was.
-func readResponseEvents(ctx context.Context, body io.Reader, out Response) Response {
-	return eachEvent(ctx, body, "stream ended without response.completed", out, func(ev responseEvent, reply *strings.Builder, out *Response) bool {
+func readResponseEvents(ctx context.Context, body io.Reader, closer io.Closer, out Response) Response {
+	return eachEvent(ctx, body, closer, "stream ended without response.completed", out, func(ev responseEvent, reply *strings.Builder, out *Response) bool {
 		if ev.Response != nil && ev.Response.ID != "" {
 			out.ID = ev.Response.ID
 		}

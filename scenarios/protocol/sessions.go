@@ -108,15 +108,15 @@ func (*sessions) restarted() {}
 
 func (w *sessions) read(ctx context.Context, _ Request, resp *http.Response, out Response) Response {
 	body := io.LimitReader(resp.Body, maxResponseBytes)
-	return w.readEvents(ctx, body, out)
+	return w.readEvents(ctx, body, resp.Body, out)
 }
 
 // readEvents reads a turn's event stream: the turn succeeded only on an
 // event of a Done type, failed on one of a Failure type, and is unknown
 // if the stream ends before either.
-func (w *sessions) readEvents(ctx context.Context, body io.Reader, out Response) Response {
+func (w *sessions) readEvents(ctx context.Context, body io.Reader, closer io.Closer, out Response) Response {
 	rules := w.api.Events
-	return eachEvent(ctx, body, "stream ended before an event that ends the turn", out, func(ev any, reply *strings.Builder, out *Response) bool {
+	return eachEvent(ctx, body, closer, "stream ended before an event that ends the turn", out, func(ev any, reply *strings.Builder, out *Response) bool {
 		typ, _ := field(ev, rules.TypeField).(string)
 		switch {
 		case typ == rules.Text:
