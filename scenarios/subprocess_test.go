@@ -21,6 +21,11 @@ import (
 func TestSubprocessTarget(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
 	bin := testbin.Turncheck(t)
+	// The profile declares the server's own model timeout, --request-timeout
+	// below, which also bounds a wait for a busy conversation: a refusal
+	// after it is a bounded wait ending, which a loaded machine shows.
+	profile := reference.Target{}.Profile()
+	profile.ModelTimeout = time.Second
 	serve := func(extra ...string) scenarios.Subprocess {
 		return scenarios.Subprocess{
 			Command: append([]string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}",
@@ -28,7 +33,7 @@ func TestSubprocessTarget(t *testing.T) {
 				// A held model call times out on the server's own clock: make it short.
 				"--request-timeout", "1s"}, extra...),
 			Agent:   "helper",
-			Reaches: reference.Target{}.Profile(),
+			Reaches: profile,
 		}
 	}
 	res, err := scenarios.Check(serve(), scenarios.Options{Checks: 3})
