@@ -17,8 +17,9 @@ import (
 
 // silent is a target whose servers say nothing of their activity or of
 // the requests they are done with, as most servers a profile starts, and
-// whose profile declares a model timeout of 1 s: the harness lets go of a
-// dropped turn its server still holds on to 1 s past it.
+// whose profile declares a model timeout of 3 s: the harness lets go of a
+// dropped turn its server still holds on to 1 s past it, ten times the
+// longest a slow server below takes to see its client go.
 type silent struct{ targets.Target }
 
 type silentServer struct{ srv targets.Server }
@@ -27,7 +28,7 @@ func (s silentServer) URL() string  { return s.srv.URL() }
 func (s silentServer) Close() error { return s.srv.Close() }
 func (s silent) Profile() targets.Profile {
 	p := s.Target.Profile()
-	p.ModelTimeout = time.Second
+	p.ModelTimeout = 3 * time.Second
 	return p
 }
 func (s silent) Start(modelURL string) (targets.Server, error) {
