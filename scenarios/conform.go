@@ -141,6 +141,9 @@ func verdicts(p targets.Profile, target targets.Target, restartable bool, skip [
 			v.Status, v.Reason = report.NotExercised, preconditions[inv]
 		default:
 			v.Status = report.Pass
+			if inv == model.T8 && p.OneSource {
+				v.Reason = "two sources on one stable key not applicable: the server loads one agent source at a time (profile: server.one_source)"
+			}
 		}
 		out = append(out, v)
 	}

@@ -2,6 +2,7 @@ package scenarios
 
 import (
 	"flag"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -224,4 +225,56 @@ func TestCutShortIsNoPass(t *testing.T) {
 	assert.True(t, cut.CutShort())
 	all[3].Status = report.NotExercised
 	assert.False(t, cut.CutShort(), "a run with an invariant not exercised does not conform, cut short or not")
+}
+
+// oneSource is the reference server as a server that loads one agent
+// source at a time (docker-agent's serve api takes one reference): a
+// restart with two does not start, and declared says whether its profile
+// says so (server.one_source).
+type oneSource struct {
+	reference.Target
+	declared bool
+}
+
+func (o oneSource) Profile() targets.Profile {
+	p := o.Target.Profile()
+	p.OneSource = o.declared
+	return p
+}
+
+func (o oneSource) Start(modelURL string) (targets.Server, error) {
+	srv, err := o.Target.Start(modelURL)
+	if err != nil {
+		return nil, err
+	}
+	return oneSourceServer{srv.(*sut.Instance)}, nil
+}
+
+type oneSourceServer struct{ *sut.Instance }
+
+func (s oneSourceServer) Restart(crash bool, refs []string) error {
+	if len(refs) > 1 {
+		return fmt.Errorf("accepts 1 arg(s), received %d", len(refs))
+	}
+	return s.Instance.Restart(crash, refs)
+}
+
+// TestOneSourceAtATime: a server that loads one agent source at a time,
+// declared so, is never restarted with two; it conforms, its T8 judged on
+// the changed source alone and saying so. Undeclared, the restart it
+// cannot make shows (the harness draws two sources).
+func TestOneSourceAtATime(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
+	c, err := Conform(oneSource{declared: true}, Options{Checks: 15, Seed: 7})
+	require.NoError(t, err)
+	assert.True(t, c.Passed(), c.Text(targets.Profile{}))
+	v := c.Verdict(model.T8)
+	require.Equal(t, report.Pass, v.Status, "%+v", v)
+	assert.Positive(t, v.Evaluations)
+	assert.Contains(t, c.Text(targets.Profile{}), "two sources on one stable key not applicable")
+
+	c, err = Conform(oneSource{}, Options{Checks: 15, Seed: 7})
+	require.NoError(t, err)
+	assert.False(t, c.Passed(), "a restart with two sources was never drawn: pick a seed that draws one")
+	assert.Contains(t, c.Text(targets.Profile{}), "accepts 1 arg(s), received 2")
 }

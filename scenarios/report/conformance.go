@@ -22,7 +22,7 @@ type Verdict struct {
 	Invariant model.Invariant `json:"invariant"`
 	Status    Status          `json:"status"`
 	// Reason says why an invariant is not applicable, not exercised or
-	// skipped.
+	// skipped; for one that passed, what part of it did not apply.
 	Reason string `json:"reason,omitempty"`
 	// Evaluations counts the times it was evaluated where it could break.
 	Evaluations int `json:"evaluations"`
@@ -151,6 +151,9 @@ func (c *Conformance) Table() string {
 // what a failure broke, or why the invariant was not judged.
 func (v Verdict) rests() string {
 	switch {
+	case v.Status == Pass && v.Reason != "":
+		// What of the invariant its preconditions left out.
+		return fmt.Sprintf("%d %s; %s", v.Evaluations, Exercises[v.Invariant], v.Reason)
 	case v.Status == Pass:
 		return fmt.Sprintf("%d %s", v.Evaluations, Exercises[v.Invariant])
 	case v.Failure != nil:

@@ -85,6 +85,7 @@ type serverSection struct {
 	Env           map[string]string `yaml:"env"`
 	Files         map[string]string `yaml:"files"`
 	Agent         string            `yaml:"agent"`
+	OneSource     bool              `yaml:"one_source"`
 	Ready         readySection      `yaml:"ready"`
 	StopGrace     time.Duration     `yaml:"stop_grace"`
 	FreshPerCheck bool              `yaml:"fresh_per_check"`
@@ -269,7 +270,10 @@ func fieldList(t reflect.Type) string {
 func (f *profileFile) target() (Target, error) {
 	p := Profile{Header: f.ConversationHeader, Keys: f.Keys, Model: f.Model, ModelTimeout: f.ModelTimeout, ClientTimeout: f.ClientTimeout, Tools: f.Tools}
 	if f.Server != nil {
-		p.Agent = f.Server.Agent
+		p.Agent, p.OneSource = f.Server.Agent, f.Server.OneSource
+		if p.OneSource && p.Agent == "" {
+			return nil, errors.New("server.one_source: the server loads no agent source (server.agent): nothing to load one of")
+		}
 	}
 	if p.Model == "" {
 		p.Model = "turncheck"

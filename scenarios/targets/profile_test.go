@@ -122,6 +122,7 @@ func TestProfileErrors(t *testing.T) {
 		"server: {command: [x, '{addr}', '{model_url}'], env: {'A=B': c}}":          "server.env",
 		"server: {command: [x, '{addr}', '{model_url}'], agent: helper}":            "no {agents}",
 		"server: {command: [x, '{addr}', '{model_url}', '{agents}'], agent: 'a b'}": "server.agent",
+		"server: {command: [x, '{addr}', '{model_url}'], one_source: true}":         "server.one_source: the server loads no agent source",
 		"server: {command: [x, '{addr}', '{model_url}'], files: {../c.json: x}}":    `server.files: "../c.json": the path leaves the data dir`,
 		"server: {command: [x, '{addr}', '{model_url}'], files: {/etc/c: x}}":       `server.files: "/etc/c": want a path relative`,
 		"server: {command: [x, '{addr}', '{model_url}'], files: {c: '{agents}'}}":   `server.files: "c": {agents} is for the command line`,
@@ -182,4 +183,15 @@ func sessions(override string) string {
 		out += "  " + k + ": " + fields[k] + "\n"
 	}
 	return out
+}
+
+// TestOneSourceReachesTheProfile: server.one_source says the server loads
+// one agent source at a time.
+func TestOneSourceReachesTheProfile(t *testing.T) {
+	target, err := ParseProfile([]byte("server: {command: [x, '{addr}', '{model_url}', '{agents}'], agent: helper, one_source: true}\n"))
+	require.NoError(t, err)
+	assert.True(t, target.Profile().OneSource)
+	target, err = ParseProfile([]byte("server: {command: [x, '{addr}', '{model_url}', '{agents}'], agent: helper}\n"))
+	require.NoError(t, err)
+	assert.False(t, target.Profile().OneSource)
 }

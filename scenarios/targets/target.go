@@ -83,6 +83,11 @@ type Profile struct {
 	// harness restarts such a server with the reference's query changed,
 	// and with two references sharing its stable key (T8).
 	Agent string
+	// OneSource says the server loads one agent source at a time (its
+	// command takes one reference): the harness never restarts it with
+	// two, and the half of T8 that needs two sharing a stable key is not
+	// applicable.
+	OneSource bool
 	// Tools says that the server offers the model the tools echo {text}
 	// and lookup {key} of PROTOCOL.md's tool loop (lookup GETs
 	// MODEL/tools/lookup?key=KEY): the fake model then asks for tool

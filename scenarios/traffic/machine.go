@@ -104,11 +104,14 @@ func (m *Machine) restart(t *rapid.T) {
 	if m.Profile.Agent != "" {
 		// Two sources on one stable key refuse every resume: such a spell
 		// ends at the next restart, which loads one source again.
-		low := 0
+		low, high := 0, 2
 		if len(m.sources) > 1 {
 			low = 1
 		}
-		switch rapid.IntRange(low, 2).Draw(t, "sources") {
+		if m.Profile.OneSource {
+			high = 1 // it cannot load two
+		}
+		switch rapid.IntRange(low, high).Draw(t, "sources") {
 		case 1:
 			r.Sources = []string{m.newTag()}
 		case 2:
