@@ -10,8 +10,11 @@ import "github.com/turncheck/turncheck/model"
 // the harness lets the turn go (ReleaseDrop). A server that stops gives
 // up on what it waits for, at whatever speed the machine allows, and
 // starts nothing more. One that starts a call or lookup of the turn after
-// the drop, with nothing answered since, gave up on what it waited for and
-// carried the turn on.
+// it gave up on one the model held, with nothing answered since, carried
+// the turn on (CarriedOn). A call or lookup that arrives after the drop
+// with the held ones still waited on is one the server had on its way
+// (a round's lookups run at once, a title call): it is held, and judged
+// by nothing but what follows.
 
 // drop is what the model holds of a turn whose client went away.
 type drop struct {
@@ -19,7 +22,14 @@ type drop struct {
 	released bool
 	// gates hold the arrivals since the drop.
 	gates []*Gate
+	// abandoned: the server gave up on a call or lookup held for the
+	// turn; carriedOn is when the first one arrived after that, 0 if none.
+	abandoned bool
+	carriedOn int64
 }
+
+// connKey is the context key of a request's connection (ConnContext).
+type connKey struct{}
 
 // Drop says the client of tok's turn went away: from now on, every call
 // and lookup of tok that arrives is held, unanswered, until the server
@@ -53,18 +63,57 @@ func (m *Model) releaseDropLocked(tok model.Token) {
 	d.gates = nil
 }
 
-// dropGateLocked is the gate a call or lookup of tok that arrives now is
-// held at because its client went away, nil if it is not to be held;
-// m.mu is held.
-func (m *Model) dropGateLocked(tok model.Token) *Gate {
+// dropGateLocked is the gate a call or lookup of tok that arrives now, at
+// at on the model's timeline, is held at because its client went away,
+// nil if it is not to be held; m.mu is held. It notes an arrival after the
+// server gave up on one the model held (CarriedOn): the request the
+// server gave up on has its connection closed by then, so the give-up
+// shows here even before the model's handler of it has seen it end.
+func (m *Model) dropGateLocked(tok model.Token, at int64) *Gate {
 	d := m.dropped[tok]
 	if d == nil || d.released || tok == "" {
 		return nil
+	}
+	if d.carriedOn == 0 && (d.abandoned || m.heldClosedLocked(tok)) {
+		d.carriedOn = at
 	}
 	g := newGate(tok)
 	d.gates = append(d.gates, g)
 	m.holding[g] = true
 	return g
+}
+
+// heldClosedLocked reports whether the server closed the connection of a
+// call or lookup of tok the model holds; m.mu is held.
+func (m *Model) heldClosedLocked(tok model.Token) bool {
+	for g := range m.holding {
+		if g.tok == tok && g.conn != nil && peerClosed(g.conn) {
+			return true
+		}
+	}
+	return false
+}
+
+// gaveUp notes that the server gave up on what g held.
+func (m *Model) gaveUp(g *Gate) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if d := m.dropped[g.tok]; d != nil {
+		d.abandoned = true
+	}
+}
+
+// CarriedOn is when, on the model's timeline, the first call or lookup of
+// tok's turn arrived after the server gave up on one the model held for it
+// since Drop(tok), with nothing of the turn answered in between; ok is
+// false if none did.
+func (m *Model) CarriedOn(tok model.Token) (at int64, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if d := m.dropped[tok]; d != nil && d.carriedOn != 0 {
+		return d.carriedOn, true
+	}
+	return 0, false
 }
 
 // HoldingTurn is how many calls and lookups of tok's turn the model holds

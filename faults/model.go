@@ -2,6 +2,7 @@ package faults
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"io"
 	"math"
@@ -98,8 +99,10 @@ type script struct {
 // or lookup whose server gives up on it (the client went away, a deadline
 // passed) ends unanswered. Safe for concurrent use.
 type Gate struct {
-	// tok is the turn whose call or lookup the gate holds.
+	// tok is the turn whose call or lookup the gate holds, and conn the
+	// connection of the request it holds (set under Model.mu).
 	tok     model.Token
+	conn    net.Conn
 	arrived chan struct{}
 	release chan struct{}
 	once    sync.Once
@@ -136,7 +139,10 @@ func StartModel(cfg ModelConfig) (*Model, error) {
 		holding: map[*Gate]bool{},
 		dropped: map[model.Token]*drop{},
 	}
-	m.srv = &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second}
+	m.srv = &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second,
+		// Each request knows its connection: whether the server closed the
+		// one of a call it gave up on shows before its next call (drop.go).
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) }}
 	go func() {
 		defer close(m.serving)
 		_ = m.srv.Serve(ln)
@@ -464,7 +470,7 @@ func (m *Model) record(call model.Call, req *openai.ChatRequest) (plan, chan str
 	s := m.scripts[call.Turn]
 	// A turn whose client went away has nothing answered now: the call is
 	// held first (Drop).
-	dropGate := m.dropGateLocked(call.Turn)
+	dropGate := m.dropGateLocked(call.Turn, call.At)
 	if s == nil || call.Turn == "" {
 		return plan{first: dropGate}, nil
 	}
@@ -529,11 +535,15 @@ func (m *Model) takeGateLocked(s *script, matches func(Point) bool) *Gate {
 // gives up on its request (false). A closing model aborts it.
 func (m *Model) hold(r *http.Request, g *Gate) bool {
 	defer m.unhold(g)
+	m.mu.Lock()
+	g.conn, _ = r.Context().Value(connKey{}).(net.Conn)
+	m.mu.Unlock()
 	close(g.arrived)
 	select {
 	case <-g.release:
 		return true
 	case <-r.Context().Done():
+		m.gaveUp(g)
 		return false
 	case <-m.closing:
 		// Shutting down: drop the request rather than let net/http end it

@@ -212,8 +212,9 @@ func (m *Model) recordRun(id, tag string, tok model.Token, at Point) (bool, *Gat
 	if m.epoch != "" && tag != m.epoch {
 		return false, nil
 	}
-	m.runs = append(m.runs, model.ToolRun{ID: id, At: m.stamp()})
-	if g := m.dropGateLocked(tok); g != nil {
+	when := m.stamp()
+	m.runs = append(m.runs, model.ToolRun{ID: id, At: when})
+	if g := m.dropGateLocked(tok, when); g != nil {
 		return true, g // its client went away: held, unanswered
 	}
 	s := m.scripts[tok]

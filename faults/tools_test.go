@@ -710,6 +710,34 @@ func TestDropHoldsWhatArrives(t *testing.T) {
 	assert.Equal(t, http.StatusOK, waitResult(t, held).status)
 }
 
+// TestCarriedOnAfterAGiveUp: of a dropped turn, a lookup that arrives
+// while the call before it is still held is one the server had on its
+// way; one that arrives after the server gave up on the held call carried
+// the turn on, and says when.
+func TestCarriedOnAfterAGiveUp(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Drop("tc-u1")
+	ctx, cancel := context.WithCancel(context.Background())
+	held := f.goDo(ctx, body(t, false, user("tc-u1")))
+	waitFor(t, func() bool { return f.m.HoldingTurn("tc-u1") == 1 }, "the call held")
+	parallel := f.lookup(context.Background(), "tc-k1-1-1")
+	waitFor(t, func() bool { return f.m.HoldingTurn("tc-u1") == 2 }, "the lookup held beside it")
+	_, ok := f.m.CarriedOn("tc-u1")
+	assert.False(t, ok, "a lookup beside a call still waited on carried nothing on")
+
+	cancel() // the server gives up on the call
+	waitResult(t, held)
+	after := f.lookup(context.Background(), "tc-k1-1-2")
+	waitFor(t, func() bool { _, ok := f.m.CarriedOn("tc-u1"); return ok }, "the lookup after the give-up noted")
+	at, _ := f.m.CarriedOn("tc-u1")
+	runs := f.m.RunsAfter(0)
+	require.Len(t, runs, 2)
+	assert.Equal(t, runs[1].At, at, "the lookup after the give-up is the one noted")
+	f.m.ReleaseDrop("tc-u1")
+	waitResult(t, parallel)
+	waitResult(t, after)
+}
+
 // pausedLog is a Log that stops the model at its first line until told
 // to go on: a call is then recorded but not yet answered.
 type pausedLog struct {

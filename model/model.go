@@ -198,12 +198,14 @@ type Turn struct {
 	// starts after it started after the disconnect was seen (T10).
 	Released int64 `json:"released,omitempty"`
 	// Dropped is when the client disconnected, on the run's timeline:
-	// from then on the model answers nothing of the turn until Released,
-	// so a server can start a model call or tool run of the turn after it
-	// only by giving up on what it waited for and carrying the turn on
-	// (T10). 0 in a history from before it was recorded: Released alone
-	// then marks the cut.
+	// from then on the model answers nothing of the turn until Released.
 	Dropped int64 `json:"dropped,omitempty"`
+	// CarriedOn is when a model call or tool run of the turn arrived
+	// after the server gave up on one the model held for it since the
+	// disconnect, with nothing of the turn answered in between: the
+	// server went on with the turn without what it had waited for (T10).
+	// 0 if none did.
+	CarriedOn int64 `json:"carriedOn,omitempty"`
 	// Runs are the tool runs of the turn the harness saw start.
 	Runs []ToolRun `json:"runs,omitempty"`
 	// Detached reports that the client disconnected mid-turn from a
@@ -978,41 +980,41 @@ func (m *Model) leftoverCall(t Turn, cv *conv, v *Violation, id string) *Violati
 	return v
 }
 
-// checkStopped checks that a turn whose client disconnected started no
-// model call and no tool run after the disconnect (Dropped), or, in a
-// history that does not say when that was, after the harness let go of
-// what it waited on (Released) (T10). After the disconnect the model
-// answered nothing of the turn until Released: a server that started
-// something in between gave up on what it waited for and went on, and one
-// that started something after Released had been let go only once it saw
-// the disconnect or held on for the harness's whole bound (PROTOCOL.md,
-// "Time"). What came after what is judged, never how long anything took.
+// checkStopped checks that a turn whose client disconnected did not go
+// on (T10): no model call or tool run of it arrived after the server gave
+// up on one the model held for it since the disconnect (CarriedOn), and
+// none started after the harness let go of what it waited on (Released),
+// once the server had said it saw the disconnect, had given up on all of
+// it, or had held on past its own timeout (PROTOCOL.md, "Time"). A call
+// or run that arrived after the disconnect while the server still waited
+// on what the model held, one it had on its way, is neither. What came
+// after what is judged, never how long anything took.
 func (m *Model) checkStopped(t Turn) *Violation {
-	cut := t.Dropped
-	if cut == 0 {
-		cut = t.Released
-	}
-	if !t.Interrupted || cut == 0 {
+	if !t.Interrupted || t.Released == 0 && t.CarriedOn == 0 {
 		return nil
 	}
 	m.checked.add(T10)
-	stop := func(what string, at int64) *Violation {
-		reason := fmt.Sprintf("the client disconnected mid-turn (at %d), and the server started %s after that (at %d)", cut, what, at)
-		if t.Released == 0 || at < t.Released {
-			reason += ", with nothing of the turn answered since: it gave up on what it waited for and carried the turn on"
-		} else {
-			reason += fmt.Sprintf(", once the harness let go of what it waited on (at %d)", t.Released)
-		}
-		return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User, Reason: reason + "; the server must stop the turn"}
+	stop := func(what string, at int64, how string) *Violation {
+		return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User,
+			Reason: fmt.Sprintf("the client disconnected mid-turn, and the server started %s (at %d) %s; the server must stop the turn", what, at, how)}
 	}
+	carried := "after it gave up on what the model held for the turn, with nothing of the turn answered since: it carried the turn on"
+	released := fmt.Sprintf("once the harness let go of what it waited on (at %d)", t.Released)
 	for _, c := range t.Calls {
-		if c.Turn == t.User && c.At > cut {
-			return stop("a model call of the turn", c.At)
+		switch {
+		case c.Turn != t.User:
+		case t.CarriedOn != 0 && c.At == t.CarriedOn:
+			return stop("a model call of the turn", c.At, carried)
+		case t.Released != 0 && c.At > t.Released:
+			return stop("a model call of the turn", c.At, released)
 		}
 	}
 	for _, r := range t.Runs {
-		if r.At > cut {
-			return stop("the tool call "+r.ID, r.At)
+		switch {
+		case t.CarriedOn != 0 && r.At == t.CarriedOn:
+			return stop("the tool call "+r.ID, r.At, carried)
+		case t.Released != 0 && r.At > t.Released:
+			return stop("the tool call "+r.ID, r.At, released)
 		}
 	}
 	return nil

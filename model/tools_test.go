@@ -591,22 +591,22 @@ func TestInterruptedTurnStops(t *testing.T) {
 			want: model.T10,
 		},
 		{
-			name: "a tool run after the disconnect, with nothing answered since",
+			name: "a tool run after the server gave up on the held one",
+			turn: carriedOn(withRuns(interrupted(convA, u(2), released, timed(call(u(2), u(1), a(1), u(2)), 5)),
+				model.ToolRun{ID: k2, At: 6}, model.ToolRun{ID: tk(2, 1, 2), At: 9}), 9),
+			want: model.T10,
+		},
+		{
+			name: "a model call after the server gave up on the held one, never released",
+			turn: carriedOn(interrupted(convA, u(2), 0,
+				timed(call(u(2), u(1), a(1), u(2)), 5),
+				timed(carrying(u(2), h(u(1), a(1), u(2)), k2), 9)), 9),
+			want: model.T10,
+		},
+		{
+			name: "a tool run on its way after the disconnect, the held one still waited on",
 			turn: dropped(withRuns(interrupted(convA, u(2), released, timed(call(u(2), u(1), a(1), u(2)), 5)),
 				model.ToolRun{ID: k2, At: 6}, model.ToolRun{ID: tk(2, 1, 2), At: 9}), 8),
-			want: model.T10,
-		},
-		{
-			name: "a model call after the disconnect, never released",
-			turn: dropped(interrupted(convA, u(2), 0,
-				timed(call(u(2), u(1), a(1), u(2)), 5),
-				timed(carrying(u(2), h(u(1), a(1), u(2)), k2), 9)), 8),
-			want: model.T10,
-		},
-		{
-			name: "calls and runs before the disconnect, never released",
-			turn: dropped(withRuns(interrupted(convA, u(2), 0, timed(call(u(2), u(1), a(1), u(2)), 5)),
-				model.ToolRun{ID: k2, At: 7}), 8),
 		},
 		{
 			name: "never released: nothing to judge the calls by",
@@ -634,6 +634,13 @@ func TestInterruptedTurnStops(t *testing.T) {
 // dropped is tt with its client gone at tick at.
 func dropped(tt model.Turn, at int64) model.Turn {
 	tt.Dropped = at
+	return tt
+}
+
+// carriedOn is tt with a call or run of it at tick at arrived after its
+// server gave up on one the model held for it.
+func carriedOn(tt model.Turn, at int64) model.Turn {
+	tt.CarriedOn = at
 	return tt
 }
 

@@ -257,6 +257,9 @@ func (s *step) end() {
 		default:
 			s.ops[i].Turn.Interrupted = true
 			s.ops[i].Turn.Dropped, s.ops[i].Turn.Released = f.dropped, f.released
+			if at, ok := e.fake.CarriedOn(f.tok); ok {
+				s.ops[i].Turn.CarriedOn = at
+			}
 		}
 	}
 	for _, send := range s.p.Sends {
@@ -303,7 +306,12 @@ func (s *step) letGo() {
 			// stall.
 			g.Release()
 		}
-		if f.interrupted {
+		if f.interrupted && e.profile.Interruption != targets.Complete {
+			if f.released == 0 {
+				// The server gave up on all the model held of the turn:
+				// what it starts from now on, it starts after that.
+				f.released = e.tick()
+			}
 			e.fake.ReleaseDrop(f.tok)
 		}
 	}
