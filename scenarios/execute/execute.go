@@ -87,6 +87,9 @@ type flight struct {
 	interrupted bool
 	abortedAt   time.Time
 	dropped     int64
+	// doneAt is when the harness first saw the server say it was done with
+	// the dropped request (a DisconnectReporter).
+	doneAt time.Time
 	// released is when the harness let go of what the model held of this
 	// dropped turn (0: the server gave up on all of it first).
 	released int64

@@ -89,7 +89,16 @@ func (e *executor) releaseDropped(flights []*flight) bool {
 		if !e.stopping(f) {
 			continue
 		}
-		if !(reports && dr.DoneWith(f.tag)) && time.Since(f.abortedAt) < e.stopBound() {
+		done := reports && dr.DoneWith(f.tag)
+		if done && f.doneAt.IsZero() {
+			f.doneAt = time.Now()
+		}
+		switch {
+		case done && (e.fake.HoldingTurn(f.tok) == 0 || time.Since(f.doneAt) >= answerAfterDone):
+			// It saw the disconnect: what it still holds a moment later it
+			// holds on a context the disconnect does not end.
+		case time.Since(f.abortedAt) >= e.stopBound():
+		default:
 			continue
 		}
 		f.released = e.tick()
@@ -119,6 +128,15 @@ func (e *executor) awaitStop(flights []*flight) {
 		}
 	}
 }
+
+// answerAfterDone is how long after a server said it saw a disconnect the
+// model still holds a call of the turn it has not given up on, before the
+// harness answers it: a call made under the turn's context is given up on
+// at once, and answering it before would race the server's own end of
+// it, and make a replay differ. The server has seen the disconnect by
+// then, so whatever it starts after is its own doing: this decides only
+// when a bug shows, never a verdict on a server that stops.
+const answerAfterDone = 300 * time.Millisecond
 
 // stopBound is how long the model holds what a dropped turn's server
 // waits on, for a server that does not say when it saw the disconnect,
