@@ -1,6 +1,7 @@
 package execute
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -120,7 +121,7 @@ func (s *step) send() {
 	e := s.e
 	for i, send := range s.p.Sends {
 		f := s.flights[i]
-		base := orBackground(e.ctx)
+		base := cmp.Or(e.ctx, context.Background())
 		ctx, cancel := context.WithCancel(base)
 		f.cancel = cancel
 		req := e.client.NewRequest(ctx, send)
@@ -150,14 +151,6 @@ func (s *step) send() {
 		}
 		e.settle(s.flights[:i+1], s.wake)
 	}
-}
-
-// orBackground is ctx, or the background context where it is nil.
-func orBackground(ctx context.Context) context.Context {
-	if ctx == nil {
-		return context.Background()
-	}
-	return ctx
 }
 
 // drive acts on each held request, in the order the plan releases them,
