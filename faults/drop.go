@@ -119,18 +119,5 @@ func (m *Model) CarriedOn(tok model.Token) (at int64, ok bool) {
 // HoldingTurn is how many calls and lookups of tok's turn the model holds
 // now, at its gates or since Drop.
 func (m *Model) HoldingTurn(tok model.Token) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	n := 0
-	for g := range m.holding {
-		if g.tok != tok {
-			continue
-		}
-		select {
-		case <-g.release:
-		default:
-			n++
-		}
-	}
-	return n
+	return m.holdingOf(func(g *Gate) bool { return g.tok == tok })
 }

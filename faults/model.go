@@ -222,7 +222,11 @@ func (m *Model) HoldAt(tok model.Token, p Point) *Gate {
 // waiting for their release: a server whose turn is not done while its
 // calls are held is waiting on the fake model, not hung. A call held by a
 // Hold fault is not counted: that one waits for the server to give up.
-func (m *Model) Holding() int {
+func (m *Model) Holding() int { return m.holdingOf(func(*Gate) bool { return true }) }
+
+// holdingOf counts the gates, of those of says, holding a call or lookup now, not yet
+// released.
+func (m *Model) holdingOf(of func(*Gate) bool) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := 0
@@ -230,7 +234,9 @@ func (m *Model) Holding() int {
 		select {
 		case <-g.release:
 		default:
-			n++
+			if of(g) {
+				n++
+			}
 		}
 	}
 	return n
