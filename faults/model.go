@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math"
 	"net"
@@ -86,8 +87,8 @@ type script struct {
 	calls   int
 	arrived chan struct{}
 	// gates are the points the turn is to be held at, each until its
-	// first arrival there.
-	gates map[Point]*Gate
+	// first arrival there; taken, those where an arrival is held now.
+	gates, taken map[Point]*Gate
 }
 
 // Gate holds the first arrival of one turn at one point (see Point): its
@@ -106,6 +107,10 @@ type Gate struct {
 	arrived chan struct{}
 	release chan struct{}
 	once    sync.Once
+	// leader, if not nil, is the gate this one follows: it holds a later
+	// arrival at the leader's point, while the leader holds the first,
+	// and is released with it (see takeGateLocked).
+	leader *Gate
 }
 
 // newGate is a gate for a call or lookup of tok.
@@ -119,7 +124,21 @@ func (g *Gate) Arrived() <-chan struct{} { return g.arrived }
 
 // Release lets the held call or lookup go on, to its script's answer or
 // fault. It may be called before it arrives, and more than once.
-func (g *Gate) Release() { g.once.Do(func() { close(g.release) }) }
+func (g *Gate) Release() {
+	if g.leader != nil {
+		g.leader.Release()
+		return
+	}
+	g.once.Do(func() { close(g.release) })
+}
+
+// released is closed once the gate is released.
+func (g *Gate) released() <-chan struct{} {
+	if g.leader != nil {
+		return g.leader.release
+	}
+	return g.release
+}
 
 // StartModel starts a fake model and returns once it is listening.
 func StartModel(cfg ModelConfig) (*Model, error) {
@@ -232,7 +251,7 @@ func (m *Model) holdingOf(of func(*Gate) bool) int {
 	n := 0
 	for g := range m.holding {
 		select {
-		case <-g.release:
+		case <-g.released():
 		default:
 			if of(g) {
 				n++
@@ -364,6 +383,7 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	call := readCall(req.Messages)
+	call.Offers = len(req.Tools) > 0
 	if !m.ofEpoch(req.Messages) {
 		m.answer(w, r, req, call, plan{})
 		return
@@ -373,7 +393,7 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.servedBy[call.Turn] = replica
 		m.mu.Unlock()
 	}
-	p, arrived := m.record(call, req)
+	p, arrived := m.record(&call, req)
 	if m.cfg.Log != nil {
 		asks := ""
 		if p.ask != nil {
@@ -468,11 +488,11 @@ type plan struct {
 
 // record stamps and appends call and returns how to answer it, and, if this
 // is the first call of its turn, the arrival channel to close.
-func (m *Model) record(call model.Call, req *openai.ChatRequest) (plan, chan struct{}) {
+func (m *Model) record(call *model.Call, req *openai.ChatRequest) (plan, chan struct{}) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	call.At = m.stamp()
-	m.calls = append(m.calls, call)
+	m.calls = append(m.calls, *call)
 	s := m.scripts[call.Turn]
 	// A turn whose client went away has nothing answered now: the call is
 	// held first (Drop).
@@ -532,9 +552,33 @@ func (m *Model) takeGateLocked(s *script, matches func(Point) bool) *Gate {
 	}
 	if found != nil {
 		delete(s.gates, at)
+		if s.taken == nil {
+			s.taken = map[Point]*Gate{}
+		}
+		s.taken[at] = found
 		m.holding[found] = true
+		return found
 	}
-	return found
+	// A later arrival at a point whose gate holds one still waits with
+	// it: a server may make a call of its own beside the turn's (a title,
+	// PROTOCOL.md "Auxiliary model calls"), and whichever comes first,
+	// the turn is held where the harness put it, and nothing of it is
+	// answered before the gate's release.
+	for p, g := range s.taken {
+		select {
+		case <-g.release:
+			delete(s.taken, p)
+			continue
+		default:
+		}
+		if matches(p) {
+			f := newGate(g.tok)
+			f.leader = g
+			m.holding[f] = true
+			return f
+		}
+	}
+	return nil
 }
 
 // hold holds what arrived at g until g is released (true) or the server
@@ -546,7 +590,7 @@ func (m *Model) hold(r *http.Request, g *Gate) bool {
 	m.mu.Unlock()
 	close(g.arrived)
 	select {
-	case <-g.release:
+	case <-g.released():
 		return true
 	case <-r.Context().Done():
 		m.gaveUp(g)
@@ -640,8 +684,12 @@ func readCall(msgs []openai.Message) model.Call {
 	prevUser := false
 	var events []model.ToolEvent
 	tooled := false
+	prompt := fnv.New32a()
 	for _, msg := range msgs {
 		switch msg.Role {
+		case openai.RoleSystem, openai.RoleDeveloper:
+			_, _ = io.WriteString(prompt, string(msg.Content))
+			call.Prompt = prompt.Sum32()
 		case openai.RoleAssistant:
 			for _, tc := range msg.ToolCalls {
 				events = append(events, model.ToolEvent{Kind: model.ToolCalled, ID: tc.ID})
@@ -704,7 +752,7 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatR
 	if p.ask != nil {
 		a = toolAnswer(call.Turn, p.round+1, p.ask, p.epoch)
 	} else {
-		a = replyAnswer(call.Turn)
+		a = replyAnswer(call.Turn, call.At)
 	}
 	n := len(a.deltas)
 	// Where a count of chunks holds a call: after that many, or before the
@@ -785,11 +833,18 @@ type answerText struct {
 	finish  string
 }
 
-// replyAnswer is the reply to the turn tok (ReplyChunks).
-func replyAnswer(tok model.Token) answerText {
+// replyAnswer is the reply to the turn tok (ReplyChunks) by the call
+// stamped at (0: unrecorded): its last chunk names the call
+// (model.CallMark), so that the harness tells which call's reply reached
+// the client. A reply cut short has no name, and no outcome of ok either.
+func replyAnswer(tok model.Token, at int64) answerText {
 	chunks := ReplyChunks(tok)
 	if tok == "" {
 		chunks = []string{"no turn token in the last user message"}
+	}
+	if at != 0 {
+		last := len(chunks) - 1
+		chunks[last] = strings.TrimSuffix(chunks[last], ".") + " " + model.CallMark(at) + "."
 	}
 	a := answerText{
 		message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(strings.Join(chunks, ""))},

@@ -130,11 +130,15 @@ func contentChunks(cs []*openai.Completion) []string {
 	out := []string{}
 	for _, c := range cs {
 		if c != nil && c.Text() != "" {
-			out = append(out, c.Text())
+			out = append(out, unmark(c.Text()))
 		}
 	}
 	return out
 }
+
+// unmark is text without the call marks the model names its replies' calls
+// with: tests of what else a reply says compare it with ReplyChunks.
+func unmark(text string) string { return model.WithoutCallMarks(text) }
 
 func hasFinishStop(cs []*openai.Completion) bool {
 	for _, c := range cs {
@@ -382,7 +386,7 @@ func TestReplyNonStream(t *testing.T) {
 	require.Len(t, c.Choices, 1)
 	require.NotNil(t, c.Choices[0].Message)
 	assert.Equal(t, openai.RoleAssistant, c.Choices[0].Message.Role)
-	assert.Equal(t, reply("tc-u5"), c.Text())
+	assert.Equal(t, reply("tc-u5"), unmark(c.Text()))
 	assert.True(t, strings.HasPrefix(c.Text(), "tc-a5"))
 	assert.Equal(t, []model.Token{"tc-a5"}, model.Tokens(c.Text()))
 	assert.Equal(t, openai.FinishStop, c.Finish())
@@ -1148,4 +1152,50 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 			require.FailNow(t, "timed out waiting for "+what)
 		}
 	}
+}
+
+// TestGateHoldsACallBesideTheTurns: a server may call the model for a
+// title beside the turn's own call, with the same user message. Whichever
+// arrives first takes the gate; the other arrives at the same point and
+// is held with it, so nothing of the turn is answered before the release.
+func TestGateHoldsACallBesideTheTurns(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	g := f.m.Gate("tc-u1")
+	turn := f.goDo(context.Background(), body(t, true, user("tc-a0 tc-u1")))
+	<-g.Arrived()
+	title := f.goDo(context.Background(), body(t, false, user("title for: tc-u1")))
+	require.Eventually(t, func() bool { return f.m.Holding() == 2 }, 10*time.Second, time.Millisecond,
+		"the second call of the turn is held beside the first")
+	select {
+	case r := <-title:
+		t.Fatalf("a call at a held point was answered before the release: %+v", r)
+	case r := <-turn:
+		t.Fatalf("the gated call was answered before the release: %+v", r)
+	default:
+	}
+	g.Release()
+	assert.Equal(t, http.StatusOK, (<-turn).status)
+	assert.Equal(t, http.StatusOK, (<-title).status)
+	// Once released, the point holds nothing more.
+	resp, _ := f.post(false, user("tc-u1"))
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// TestReplyNamesItsCall: each reply names the call it answers
+// (model.CallMark of its arrival), so that the harness tells which call's
+// reply reached the client; the mark is no token.
+func TestReplyNamesItsCall(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	_, first := f.post(false, user("tc-u1"))
+	streamed := f.goDo(context.Background(), body(t, true, user("tc-u1")))
+	second := (<-streamed).body
+	calls := f.m.CallsAfter(0)
+	require.Len(t, calls, 2)
+	require.NotEqual(t, calls[0].At, calls[1].At)
+	assert.Contains(t, string(first), model.CallMark(calls[0].At))
+	assert.NotContains(t, string(first), model.CallMark(calls[1].At))
+	assert.Contains(t, string(second), model.CallMark(calls[1].At))
+	var c openai.Completion
+	require.NoError(t, json.Unmarshal(first, &c))
+	assert.Equal(t, []model.Token{"tc-a1"}, model.Tokens(c.Text()))
 }

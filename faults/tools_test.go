@@ -74,7 +74,7 @@ func (f *fixture) ask(stream bool, tools []string, msgs ...openai.Message) answe
 		require.NoError(t, json.Unmarshal(got, &c), "%s", got)
 		require.Len(t, c.Choices, 1)
 		require.NotNil(t, c.Choices[0].Message)
-		return answer{calls: c.Choices[0].Message.ToolCalls, text: c.Text(), finish: c.Finish()}
+		return answer{calls: c.Choices[0].Message.ToolCalls, text: unmark(c.Text()), finish: c.Finish()}
 	}
 	payloads, err := events(strings.NewReader(string(got)))
 	require.ErrorIs(t, err, io.EOF)
@@ -120,6 +120,7 @@ func (f *fixture) ask(stream bool, tools []string, msgs ...openai.Message) answe
 	if len(a.calls) > 0 {
 		assert.Len(t, deltas, 3*len(a.calls))
 	}
+	a.text = unmark(a.text)
 	return a
 }
 

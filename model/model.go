@@ -177,8 +177,13 @@ type Turn struct {
 	Reply string `json:"reply,omitempty"`
 	// Calls are the model requests attributed to the turn: those whose last
 	// user token is the turn's, and, for a request without a usable new
-	// message, any other call made while it ran.
+	// message, any other call made while it ran. Once SplitAuxiliary has
+	// run, the auxiliary calls are in Aux instead.
 	Calls []Call `json:"calls"`
+	// Aux are the turn's auxiliary calls (SplitAuxiliary): made beside
+	// the turn, not on its way to the answer. They are checked for
+	// isolation (T5) and tool pairs (T9), never as the turn's history.
+	Aux []Call `json:"aux,omitempty"`
 	// Invoke and Return are when the client sent the request and when it
 	// learned its outcome, on the run's timeline (Call.At counts on the same
 	// one). Two turns overlap unless one returned before the other was
@@ -642,7 +647,7 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 // apply applies t, a turn of step, on its conversation cv; k, if not nil,
 // is a step known ahead for it.
 func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
-	for _, call := range t.Calls {
+	for _, call := range slices.Concat(t.Calls, t.Aux) {
 		// Whatever a request is for, its tool calls and results must pair.
 		if v, id := m.checkToolPairs(t, call); v != nil {
 			return m.leftoverCall(t, cv, v, id)
@@ -651,8 +656,8 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	if v := m.checkStopped(t); v != nil {
 		return v
 	}
-	for _, call := range t.Calls {
-		if t.Usable && call.Turn == t.User {
+	for i, call := range slices.Concat(t.Calls, t.Aux) {
+		if t.Usable && call.Turn == t.User && i < len(t.Calls) {
 			continue // the turn's own calls: below
 		}
 		// An auxiliary call (a title, a summary), or what a refused request

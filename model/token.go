@@ -170,6 +170,13 @@ type Call struct {
 	// At is when the call reached the model, on the run's timeline (the
 	// one Turn.Invoke and Turn.Return count on).
 	At int64 `json:"at"`
+	// Prompt is a hash of the request's system and developer messages,
+	// 0 if it had none. The calls on one turn's way to its answer share
+	// it; a call a server makes beside the turn (a title, a summary) has
+	// an instruction of its own (SplitAuxiliary).
+	Prompt uint32 `json:"prompt,omitempty"`
+	// Offers reports that the request offered the model tools.
+	Offers bool `json:"offers,omitempty"`
 	// Tools is the tool traffic the request carried, in message order:
 	// each tool call an assistant message asks for, each tool result, and
 	// each user message as a boundary between them (T9). Nil when the

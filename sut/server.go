@@ -219,6 +219,11 @@ type Config struct {
 	// no verdict of a check depends on its speed (stall.go). It changes no
 	// behaviour but time.
 	Stall time.Duration
+	// Titles makes a title model call beside each turn, as real servers
+	// do to name a conversation (title.go): an auxiliary call, which a
+	// correct server may make and which the contract never judges as the
+	// turn's history (PROTOCOL.md, "Auxiliary model calls").
+	Titles bool
 }
 
 // Server is the reference session server. It is an http.Handler.
@@ -1017,7 +1022,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 	}
 	defer func() { _ = o.rc.SetWriteDeadline(time.Time{}) }() // the connection lives on
 	resp.begin(o)
-	reply, err := s.loop(ctx, t, func() { resp.started(o) }, func(text string) { resp.delta(o, text) })
+	startTitle, endTitle := s.title(ctx, t)
+	reply, err := s.loop(ctx, t, func() { startTitle(); resp.started(o) }, func(text string) { resp.delta(o, text) })
+	endTitle()
 	switch {
 	case completes:
 		// Whether or not the client is still there: the turn ran to its

@@ -250,7 +250,7 @@ func requireCompletion(t testing.TB, r reply, tok model.Token) {
 	assert.Equal(t, "chat.completion", c.Object)
 	require.Len(t, c.Choices, 1)
 	assert.Equal(t, "assistant", c.Choices[0].Message.Role)
-	assert.Equal(t, strings.Join(faults.ReplyChunks(tok), ""), c.Choices[0].Message.Content)
+	assert.Equal(t, strings.Join(faults.ReplyChunks(tok), ""), model.WithoutCallMarks(c.Choices[0].Message.Content))
 	require.NotNil(t, c.Choices[0].FinishReason)
 	assert.Equal(t, "stop", *c.Choices[0].FinishReason)
 }
@@ -595,7 +595,7 @@ func TestBrokenStreamIsNotCommitted(t *testing.T) {
 			assert.False(t, s.stopped(), "a failed stream must not finish with stop")
 			assert.Equal(t, toks("u1", "a1", "u2"), oneCall(t, e.model, calls, "tc-u2"))
 			want := strings.Join(faults.ReplyChunks("tc-u2")[:min(f.After, n)], "")
-			assert.Equal(t, want, s.text(), "the client sees what the model sent before it broke")
+			assert.Equal(t, want, model.WithoutCallMarks(s.text()), "the client sees what the model sent before it broke")
 			for _, c := range s.chunks {
 				if c.Error != nil {
 					assert.NotEmpty(t, c.Error.Message)
@@ -654,7 +654,7 @@ func TestStreamSuccess(t *testing.T) {
 	require.Len(t, last.Choices, 1)
 	require.NotNil(t, last.Choices[0].FinishReason)
 	assert.Equal(t, "stop", *last.Choices[0].FinishReason)
-	assert.Equal(t, strings.Join(faults.ReplyChunks("tc-u1"), ""), s.text())
+	assert.Equal(t, strings.Join(faults.ReplyChunks("tc-u1"), ""), model.WithoutCallMarks(s.text()))
 	assert.True(t, strings.HasSuffix(string(r.body), "data: [DONE]\n\n"), "body ends %q", r.body[max(0, len(r.body)-40):])
 
 	// The streamed turn was committed.

@@ -243,6 +243,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	maxMemory := &byteSize{}
 	fs.Var(maxMemory, "max-memory", "the memory budget, in `bytes`, of the cache, request bodies and turns in flight (auto: 1/4 of the machine's or the cgroup's memory; units KiB, MiB, GiB)")
 	turnDelay := fs.Duration("turn-delay", 0, "wait this long before working on each chat request: a deliberately slow server, to measure what checking one costs")
+	titles := fs.Bool("titles", false, "make a title model call beside each turn, carrying the conversation's user messages, as servers that name their conversations do: an auxiliary call, never judged as the turn's history")
 	stall := fs.Duration("stall", 0, "pause a random 0..this before each model call, each commit and each write to a client: a machine made slow, to show that a check's verdicts do not depend on its speed")
 	if code := fs.parse(args); code >= 0 {
 		return code
@@ -316,6 +317,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		MaxHistoryBytes:    *maxHistBytes,
 		TurnDelay:          *turnDelay,
 		Stall:              *stall,
+		Titles:             *titles,
 	}, *listen)
 	if err != nil {
 		return fail(stderr, "serve", err)

@@ -16,6 +16,7 @@ import (
 // Roles a message may carry.
 const (
 	RoleSystem    = "system"
+	RoleDeveloper = "developer"
 	RoleUser      = "user"
 	RoleAssistant = "assistant"
 	RoleTool      = "tool"

@@ -342,6 +342,9 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		}
 		ops[owner].Turn.Calls = append(ops[owner].Turn.Calls, c)
 	}
+	for i := range ops {
+		ops[i].Turn.SplitAuxiliary()
+	}
 	// A tool run belongs to the turn whose tool call it runs; the model
 	// names the turn in the call's id.
 	for _, r := range runs {

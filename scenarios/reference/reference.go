@@ -47,6 +47,9 @@ type Target struct {
 	// (sut.Config.Stall): a random pause of up to it before each model
 	// call, commit and write, and before a turn sees its client gone.
 	Stall time.Duration
+	// Titles makes the server call the model for a title beside each turn
+	// (sut.Config.Titles): an auxiliary call.
+	Titles bool
 }
 
 // SessionsAPI is the reference server's session API, shaped as
@@ -127,6 +130,7 @@ func (r Target) Start(modelURL string) (targets.Server, error) {
 		CompactAfter:     CompactAfter,
 		Agents:           targets.AgentRefs(modelURL, agent),
 		Stall:            r.Stall,
+		Titles:           r.Titles,
 	}
 	if r.Replicas <= 1 {
 		return sut.StartInstance(cfg)

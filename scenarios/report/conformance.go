@@ -104,6 +104,7 @@ func (s *Stats) Add(o Stats) {
 	s.Checks += o.Checks
 	s.Steps += o.Steps
 	s.ShrinkRuns += o.ShrinkRuns
+	s.Auxiliary += o.Auxiliary
 	AddCounts(s.Faults, o.Faults)
 	AddCounts(s.Outcomes, o.Outcomes)
 	AddCounts(s.Causes, o.Causes)

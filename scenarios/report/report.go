@@ -140,7 +140,7 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 	if op.Response.Detail != "" {
 		fmt.Fprintf(b, ": %s", op.Response.Detail)
 	} else if op.Response.Reply != "" {
-		fmt.Fprintf(b, ": reply %q", op.Response.Reply)
+		fmt.Fprintf(b, ": reply %q", model.WithoutCallMarks(op.Response.Reply))
 	}
 	b.WriteString("\n")
 	if len(op.Turn.Calls) == 0 {
@@ -199,6 +199,10 @@ type Stats struct {
 	Invariants map[model.Invariant]int `json:"invariants"`
 	// ShrinkRuns counts the runs replayed to shrink a failure.
 	ShrinkRuns int `json:"shrinkRuns"`
+	// Auxiliary counts the model calls a server made beside its turns (a
+	// title, a summary), set apart from the turns' histories
+	// (model.Turn.SplitAuxiliary).
+	Auxiliary int `json:"auxiliary,omitempty"`
 	// SetAside counts violations of skipped invariants (Options.Skip),
 	// whose conversations were set aside.
 	SetAside map[model.Invariant]int `json:"setAside,omitempty"`
@@ -258,6 +262,9 @@ func (s *Stats) Summary() string {
 	if len(shapes) > 0 {
 		b.WriteString("\nalso drawn: ")
 		b.WriteString(countList(shapes))
+	}
+	if s.Auxiliary > 0 {
+		fmt.Fprintf(&b, "\nauxiliary model calls (made beside a turn, judged for isolation and tool pairs, not as its history): %d", s.Auxiliary)
 	}
 	b.WriteString("\ninvariants checked: ")
 	b.WriteString(invariantList(s.Invariants, true))

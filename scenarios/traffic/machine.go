@@ -322,6 +322,7 @@ func (m *Machine) record(op history.Op) {
 	}
 	m.stats.Steps++
 	m.stats.Outcomes[op.Response.Outcome.String()]++
+	m.stats.Auxiliary += len(op.Turn.Aux)
 	if r := op.Response; r.Outcome != model.OK {
 		m.stats.Causes[r.Cause]++
 		injected := r.Cause == protocol.CauseAborted || op.Send.Fault.Kind != faults.None || op.Net == history.NetBroken || op.Send.Token == ""

@@ -1,0 +1,93 @@
+package model
+
+import (
+	"regexp"
+	"slices"
+	"strconv"
+)
+
+// A server may make model calls of its own while a turn runs, beside the
+// ones that lead to the turn's answer: a title for the conversation, a
+// summary, a memory extraction, a guardrail check (PROTOCOL.md,
+// "Auxiliary model calls"). Such a call carries the turn's user message,
+// so it names the turn, but not the history the turn runs on: judged as
+// the turn's, it would read as history lost (T2) or as a second line
+// (T4). A turn's own calls are those that led to the answer its client
+// received; the others are auxiliary, checked for isolation (T5) and tool
+// pairs (T9), never as the turn's history.
+
+// markPattern matches a call's mark (CallMark) in a reply.
+var markPattern = regexp.MustCompile(`\[call ([0-9]+)\]`)
+
+// CallMark is the mark the fake model writes in its reply to the call that
+// reached it at at (Call.At): the harness reads it in the answer the
+// client received, to tell which call's reply that was.
+func CallMark(at int64) string { return "[call " + strconv.FormatInt(at, 10) + "]" }
+
+// WithoutCallMarks is text without the call marks in it (CallMark), nor
+// the space before each: what a reply says, whichever call wrote it.
+func WithoutCallMarks(text string) string { return markedPattern.ReplaceAllString(text, "") }
+
+// markedPattern matches a call's mark with the space before it.
+var markedPattern = regexp.MustCompile(` ?\[call [0-9]+\]`)
+
+// answeredBy is when the calls whose marks text carries reached the model.
+func answeredBy(text string) []int64 {
+	var out []int64
+	for _, m := range markPattern.FindAllStringSubmatch(text, -1) {
+		if at, err := strconv.ParseInt(m[1], 10, 64); err == nil {
+			out = append(out, at)
+		}
+	}
+	return out
+}
+
+// SplitAuxiliary moves t's auxiliary calls from Calls to Aux. Of the calls
+// that carry t's user token, the one whose reply reached the client (its
+// mark is in Reply) is the answer's; without one (the turn failed, or was
+// cut short), the one that showed the model the most, one that offered
+// tools before one that did not, the earliest of those. The calls that
+// lead to it share its instruction (Call.Prompt) and show the model a
+// prefix of what it showed (a tool loop grows its history; a retried
+// call shows the same): they are the turn's own. Any other call carrying
+// t's token was made beside the turn, and is auxiliary. A server that
+// lost the turn's history shows that loss in the answer's own call, which
+// stays the turn's.
+func (t *Turn) SplitAuxiliary() {
+	if !t.Usable {
+		return
+	}
+	anchor := -1
+	longer := func(c Call) bool {
+		a := t.Calls[anchor]
+		return len(c.History) > len(a.History) || len(c.History) == len(a.History) && c.Offers && !a.Offers
+	}
+	for _, at := range answeredBy(t.Reply) {
+		for i, c := range t.Calls {
+			if c.Turn == t.User && c.At == at && (anchor < 0 || longer(c)) {
+				anchor = i
+			}
+		}
+	}
+	if anchor < 0 {
+		for i, c := range t.Calls {
+			if c.Turn == t.User && (anchor < 0 || longer(c)) {
+				anchor = i
+			}
+		}
+	}
+	if anchor < 0 {
+		return
+	}
+	a := t.Calls[anchor]
+	own := t.Calls[:0:0]
+	for i, c := range t.Calls {
+		if i == anchor || c.Turn != t.User ||
+			c.Prompt == a.Prompt && len(c.History) <= len(a.History) && slices.Equal(c.History, a.History[:len(c.History)]) {
+			own = append(own, c)
+			continue
+		}
+		t.Aux = append(t.Aux, c)
+	}
+	t.Calls = own
+}

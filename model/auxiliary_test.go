@@ -1,0 +1,89 @@
+package model_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// stamped is c stamped as arriving at at.
+func stamped(c model.Call, when int64) model.Call { c.At = when; return c }
+
+// TestTitleCallsAreAuxiliary: a title call carries the turn's user message
+// but not its history. Split off, it raises no T2; left in, it would.
+func TestTitleCallsAreAuxiliary(t *testing.T) {
+	const u1, u2 = model.Token("tc-u1"), model.Token("tc-u2")
+	first := ok(convA, u1, stamped(call(u1, u1), 1), stamped(call(u1, u1), 2))
+	second := ok(convA, u2, stamped(call(u2, u2), 3), stamped(call(u2, u1, u1.Reply(), u2), 4))
+	second.Reply = "tc-a2 acknowledges your message " + model.CallMark(4) + "."
+
+	m := model.New()
+	require.Nil(t, m.Apply(first))
+	whole := second
+	v := m.Apply(whole)
+	require.NotNil(t, v, "the title call, judged as the turn's, reads as history lost")
+	assert.Equal(t, model.T2, v.Invariant)
+
+	m = model.New()
+	first.SplitAuxiliary()
+	require.Nil(t, m.Apply(first), "on a new conversation, both calls show the same")
+	second.SplitAuxiliary()
+	require.Len(t, second.Aux, 1)
+	assert.Equal(t, int64(3), second.Aux[0].At, "the call whose reply did not reach the client")
+	assert.Nil(t, m.Apply(second))
+}
+
+// TestAuxiliarySplitKeepsTheTurnsLoss: a server that lost the turn's
+// history shows it in the call whose reply reached the client; a title
+// call beside it does not hide that.
+func TestAuxiliarySplitKeepsTheTurnsLoss(t *testing.T) {
+	const u1, u2 = model.Token("tc-u1"), model.Token("tc-u2")
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u1, call(u1, u1))))
+	for _, answered := range []int64{3, 4, 0} {
+		lost := ok(convA, u2, stamped(call(u2, u2), 3), stamped(call(u2, u2), 4))
+		lost.Reply = "tc-a2"
+		if answered != 0 {
+			lost.Reply += " " + model.CallMark(answered)
+		}
+		lost.SplitAuxiliary()
+		assert.Empty(t, lost.Aux, "calls that show the same are the turn's own")
+		v := model.New()
+		require.Nil(t, v.Apply(ok(convA, u1, call(u1, u1))))
+		got := v.Apply(lost)
+		require.NotNil(t, got, "answered by %d", answered)
+		assert.Equal(t, model.T2, got.Invariant)
+	}
+	// Without a mark (a failed turn), the call that showed the most is the
+	// turn's, and one that showed less beside it is auxiliary.
+	failed := fail(convA, u2, stamped(call(u2, u2), 5), stamped(call(u2, u1, u1.Reply(), u2), 6))
+	failed.SplitAuxiliary()
+	require.Len(t, failed.Aux, 1)
+	assert.Equal(t, int64(5), failed.Aux[0].At)
+	// A tool loop's calls and a retry show prefixes of the answer's: own.
+	loop := ok(convA, u2, stamped(call(u2, u1, u1.Reply(), u2), 7), stamped(call(u2, u1, u1.Reply(), u2), 8),
+		stamped(call(u2, u1, u1.Reply(), u2, "tc-a77"), 9))
+	loop.Reply = "tc-a2 " + model.CallMark(9)
+	loop.SplitAuxiliary()
+	assert.Empty(t, loop.Aux)
+	assert.Len(t, loop.Calls, 3)
+}
+
+// TestAuxiliaryCallsAreCheckedForIsolation: an auxiliary call that carries
+// another conversation's tokens is T5 all the same.
+func TestAuxiliaryCallsAreCheckedForIsolation(t *testing.T) {
+	const u1, u2, u3 = model.Token("tc-u1"), model.Token("tc-u2"), model.Token("tc-u3")
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u1, call(u1, u1))))
+	require.Nil(t, m.Apply(ok(convB, u2, call(u2, u2))))
+	leak := ok(convA, u3, stamped(call(u3, u2, u3), 3), stamped(call(u3, u1, u1.Reply(), u3), 4))
+	leak.Reply = "tc-a3 " + model.CallMark(4)
+	leak.SplitAuxiliary()
+	require.Len(t, leak.Aux, 1)
+	v := m.Apply(leak)
+	require.NotNil(t, v)
+	assert.Equal(t, model.T5, v.Invariant)
+}

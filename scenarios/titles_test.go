@@ -1,0 +1,55 @@
+package scenarios
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/scenarios/report"
+	"github.com/turncheck/turncheck/scenarios/targets"
+	"github.com/turncheck/turncheck/sut"
+)
+
+// TestTitleCallsRaiseNoFalseAlarm: a server that calls the model for a
+// title beside every turn, with the conversation's user messages only, is
+// judged by the calls that led to each answer: the title calls are
+// auxiliary (PROTOCOL.md, "Auxiliary model calls"), and the clean server
+// passes every invariant in every protocol.
+func TestTitleCallsRaiseNoFalseAlarm(t *testing.T) {
+	for _, p := range []targets.Protocol{targets.Chat, targets.Responses, targets.Sessions} {
+		t.Run(string(p), func(t *testing.T) {
+			t.Parallel()
+			c, err := Conform(reference.Target{Protocol: p, Titles: true}, Options{Checks: 12, Seed: 5})
+			require.NoError(t, err)
+			for _, v := range c.Verdicts {
+				assert.NotEqual(t, report.Fail, v.Status, "%s: %+v", v.Invariant, v)
+			}
+			assert.Equal(t, report.Pass, c.Verdict(model.T2).Status, "%+v", c.Verdict(model.T2))
+			assert.Positive(t, c.Stats.Auxiliary, "title calls were made and set apart")
+			assert.True(t, c.Passed(), "%s", c.Text(targets.Profile{}))
+		})
+	}
+}
+
+// TestTitleCallsHideNoBug: title calls beside the turns do not hide a
+// real bug: a failed turn's message left in the history is T1 still, and
+// a title call that leaks another key's conversation is T5.
+func TestTitleCallsHideNoBug(t *testing.T) {
+	for _, tc := range []struct {
+		mutant sut.Mutant
+		want   model.Invariant
+	}{
+		{sut.MutateBeforeRun, model.T1},
+		{sut.CrossKeyLeak, model.T5},
+	} {
+		t.Run(string(tc.mutant), func(t *testing.T) {
+			t.Parallel()
+			c, err := Conform(reference.Target{Mutant: tc.mutant, Titles: true}, Options{Checks: 40, Seed: 11})
+			require.NoError(t, err)
+			assert.Equal(t, report.Fail, c.Verdict(tc.want).Status, "%s", c.Text(targets.Profile{}))
+		})
+	}
+}
