@@ -470,11 +470,27 @@ func (l Line) refuse(t Turn) *Violation {
 		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
 			Reason: "a request without a usable new user message got no answer within the client's time; want 400 at once"}
 	}
+	if t.Outcome == Fail && t.Status >= 500 && !l.committed() {
+		// Only a conversation with a committed turn has something to
+		// replay: a server error there is no evidence of T3, and from a
+		// server that answers everything so, nothing to judge at all.
+		return nil
+	}
 	if t.Outcome != Fail || t.Status != 400 {
 		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
 			Reason: fmt.Sprintf("a request without a usable new user message ended %s with status %d; want 400", t.Outcome, t.Status)}
 	}
 	return nil
+}
+
+// committed reports whether the line holds a turn that ended ok.
+func (l Line) committed() bool {
+	for nd := l.last; nd != nil; nd = nd.prev {
+		if !nd.pending {
+			return true
+		}
+	}
+	return false
 }
 
 // turnShaped tells a call that runs a refused request as a turn from an

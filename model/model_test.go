@@ -464,8 +464,17 @@ func TestApply(t *testing.T) {
 			steps: []step{{turn: invalid(convA, "", model.OK, 200), want: model.T3}},
 		},
 		{
-			name:  "invalid request answered 500",
-			steps: []step{{turn: invalid(convA, "", model.Fail, 500), want: model.T3}},
+			name: "invalid request answered 500",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: invalid(convA, "", model.Fail, 500), want: model.T3},
+			},
+		},
+		{
+			// Nothing to replay, and a server error is what a server that
+			// serves nothing answers to everything: no evidence.
+			name:  "invalid request answered 500 on a conversation with nothing committed",
+			steps: []step{{turn: invalid(convA, "", model.Fail, 500)}},
 		},
 		{
 			name:  "invalid request answered 409",

@@ -139,6 +139,10 @@ func verdicts(p targets.Profile, target targets.Target, restartable bool, skip [
 			v.Status, v.Reason = report.Skipped, fmt.Sprintf("left out as a known failure; broken again %d time(s)", s.SetAside[inv])
 		case v.Evaluations == 0:
 			v.Status, v.Reason = report.NotExercised, preconditions[inv]
+		case s.Outcomes["ok"] == 0:
+			// Whatever was evaluated, it was evaluated on a server that
+			// committed nothing: no pass proves anything of its state.
+			v.Status, v.Reason = report.NotExercised, "no turn ended ok: the server committed nothing a check could judge"
 		default:
 			v.Status = report.Pass
 			if inv == model.T8 && p.OneSource {

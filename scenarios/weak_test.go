@@ -68,6 +68,21 @@ func TestNothingPassesVacuously(t *testing.T) {
 		assert.Contains(t, strings.Join(r.c.Stats.Warnings(), "\n"), "no turn of")
 		assert.Contains(t, strings.Join(r.c.Stats.FirstAnswers, "\n"), "status 400: no")
 	})
+	t.Run("answers 500 to everything", func(t *testing.T) {
+		// The run serves nothing: no verdict fails on the one status
+		// every request got, T3's "want 400" included.
+		r := conformWithin(t, hostileHandler(chatOnly(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write([]byte(`{"error":{"message":"down","type":"server_error"}}`))
+		})), 10*time.Second, scenarios.Options{Checks: 4, Steps: 10})
+		require.NoError(t, r.err)
+		noPassWithout(t, r.c, model.Invariants()...)
+		for _, v := range r.c.Verdicts {
+			assert.NotEqual(t, scenarios.Fail, v.Status, "%s: %+v", v.Invariant, v)
+		}
+		assert.Contains(t, strings.Join(r.c.Stats.Warnings(), "\n"), "no turn of")
+	})
 	t.Run("answers by itself, never calling the model", func(t *testing.T) {
 		r := conformWithin(t, hostileHandler(chatOnly(func(w http.ResponseWriter, req *http.Request) {
 			_, _ = io.Copy(io.Discard, req.Body)
