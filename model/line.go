@@ -565,8 +565,15 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		}
 		user := tok.User()
 		status := l.failedWith(user)
-		if l.wasInterrupted(user) || status != 0 || slices.Contains(l.dropped(), user) || slices.Contains(dropped, user) {
-			v.Kind = Leftover
+		switch {
+		case l.wasInterrupted(user):
+			v.Kind = LeftoverInterrupted
+		case slices.Contains(l.dropped(), user) || slices.Contains(dropped, user):
+			v.Kind = LeftoverUnknown
+		case status == 409:
+			v.Kind = LeftoverRefused
+		case status != 0:
+			v.Kind = LeftoverFailed
 		}
 		switch {
 		case l.wasInterrupted(user) && !tok.IsUser():

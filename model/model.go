@@ -116,14 +116,29 @@ type Violation struct {
 // kind of turn.
 type Kind string
 
-// The kinds.
+// The kinds. Each names what set the wrong state off as well as the wrong
+// state: a failed turn's message kept and an interrupted turn's message
+// kept are two triggers, and the evidence of one is none of the other
+// (PROTOCOL.md, "One root cause, one finding").
 const (
-	// Leftover: a turn that did not commit (failed, refused, interrupted
-	// and rolled back, or shown not committed) left its message or output
-	// in the conversation (T1, T4, T6, T10).
-	Leftover Kind = "leftover"
-	// Lost: a committed turn went missing (T2, and T7 after a restart).
+	// LeftoverFailed: a turn that failed left its message or output in
+	// the conversation (T1; T9 for a tool call it left without its
+	// result).
+	LeftoverFailed Kind = "leftover of a failed turn"
+	// LeftoverRefused: a request refused for a busy conversation left its
+	// message (T4).
+	LeftoverRefused Kind = "leftover of a refused turn"
+	// LeftoverUnknown: a turn whose outcome was unknown, shown not
+	// committed, left its message or output (T6; T9).
+	LeftoverUnknown Kind = "leftover of an unknown turn"
+	// LeftoverInterrupted: a turn whose client disconnected left what it
+	// had to roll back (T10; T9).
+	LeftoverInterrupted Kind = "leftover of an interrupted turn"
+	// Lost: a committed turn went missing (T2).
 	Lost Kind = "lost"
+	// LostAcrossRestart: a committed turn went missing across a restart
+	// (T7).
+	LostAcrossRestart Kind = "lost across a restart"
 )
 
 // Error says which invariant broke, where, why, and shows the expected and
@@ -738,6 +753,9 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		// is about resuming at all, T7 about what a resume finds).
 		v.Invariant = T7
 		v.Reason = "after a restart of the server, " + v.Reason
+		if v.Kind == Lost {
+			v.Kind = LostAcrossRestart
+		}
 	}
 	if v != nil {
 		// A call the line accepts carries nothing but the line's own tokens,
@@ -979,8 +997,11 @@ func (m *Model) leftoverCall(t Turn, cv *conv, v *Violation, id string) *Violati
 	if !ok || user == t.User || cv == nil {
 		return v
 	}
-	if cv.line.wasInterrupted(user) && !m.policies.KeepConsistent || cv.line.failedWith(user) != 0 {
-		v.Kind = Leftover
+	switch {
+	case cv.line.wasInterrupted(user) && !m.policies.KeepConsistent:
+		v.Kind = LeftoverInterrupted
+	case cv.line.failedWith(user) != 0:
+		v.Kind = LeftoverFailed
 	}
 	return v
 }
@@ -1039,7 +1060,7 @@ func (m *Model) checkKept(t Turn, cv *conv, next Line) *Violation {
 			return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User,
 				Reason: fmt.Sprintf("%s, of a turn whose client disconnected mid-turn, reached the model in a later turn: "+
 					"the server declares the rollback policy, so an interrupted turn must leave nothing", nd.user),
-				Expected: expected(cv.line.segs(), t.User), Observed: firstOwnHistory(t), Kind: Leftover}
+				Expected: expected(cv.line.segs(), t.User), Observed: firstOwnHistory(t), Kind: LeftoverInterrupted}
 		}
 	}
 	return nil
@@ -1072,14 +1093,14 @@ func (m *Model) checkToolOwners(t Turn, cv *conv, next Line, call Call, first bo
 			v.Invariant = T5
 			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, which belongs to conversation %s", e.ID, user, owner.ref)
 		case next.wasInterrupted(user):
-			v.Kind, v.Invariant = Leftover, T10
+			v.Kind, v.Invariant = LeftoverInterrupted, T10
 			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, whose client disconnected mid-turn, without that turn's user message: "+
 				"an interrupted turn is rolled back, or kept as its user message followed by its completed tool pairs", e.ID, user)
 		case next.failedWith(user) != 0:
-			v.Kind, v.Invariant = Leftover, T1
+			v.Kind, v.Invariant = LeftoverFailed, T1
 			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, which failed: a failed turn's output never reaches the model in a later turn", e.ID, user)
 		case slices.Contains(next.dropped(), user):
-			v.Kind, v.Invariant = Leftover, T6
+			v.Kind, v.Invariant = LeftoverUnknown, T6
 			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, whose outcome was unknown and which a history showed was not committed", e.ID, user)
 		default:
 			v.Invariant = T1

@@ -1042,7 +1042,7 @@ func TestOrphanOfATurnThatLeavesNothingIsItsLeftover(t *testing.T) {
 	k2 := tk(2, 1, 1)
 	orphan := ok(convA, u(3), tools(call(u(3), u(1), a(1), u(2), u(3)),
 		userMsg(), userMsg(), asks(k2), userMsg()))
-	for policies, kind := range map[model.Policies]model.Kind{rollback: model.Leftover, keep: ""} {
+	for policies, kind := range map[model.Policies]model.Kind{rollback: model.LeftoverInterrupted, keep: ""} {
 		m := model.NewWith(policies)
 		for _, s := range interrupted2() {
 			require.Nil(t, m.Apply(s.turn))

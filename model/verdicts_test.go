@@ -177,7 +177,7 @@ func TestViolationKinds(t *testing.T) {
 	v := m.Apply(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))))
 	require.NotNil(t, v)
 	assert.Equal(t, model.T1, v.Invariant)
-	assert.Equal(t, model.Leftover, v.Kind)
+	assert.Equal(t, model.LeftoverFailed, v.Kind)
 
 	m = model.New()
 	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
@@ -185,7 +185,7 @@ func TestViolationKinds(t *testing.T) {
 	v = m.Apply(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))))
 	require.NotNil(t, v)
 	assert.Equal(t, model.T10, v.Invariant)
-	assert.Equal(t, model.Leftover, v.Kind, "an interrupted turn's leftover is the same wrong state as a failed turn's")
+	assert.Equal(t, model.LeftoverInterrupted, v.Kind, "an interrupted turn's leftover is another trigger than a failed turn's: evidence of one is none of the other")
 
 	m = model.New()
 	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
@@ -193,5 +193,5 @@ func TestViolationKinds(t *testing.T) {
 	v = m.Apply(ok(convA, u(2), call(u(2), u(2))))
 	require.NotNil(t, v)
 	assert.Equal(t, model.T7, v.Invariant)
-	assert.Equal(t, model.Lost, v.Kind)
+	assert.Equal(t, model.LostAcrossRestart, v.Kind)
 }

@@ -133,6 +133,9 @@ func verdicts(p targets.Profile, target targets.Target, restartable bool, skip [
 			v.Status = report.SameCause
 			v.Reason = fmt.Sprintf("broken %d time(s), each time in the way of the finding of %s: one root cause, reported there",
 				s.SameCause[inv], kindFinding(found))
+			if ex, ok := s.Folded[inv]; ok {
+				v.Reason += fmt.Sprintf("; the first: on conversation %s, turn %s: %s", ex.Conv, ex.Turn, ex.Reason)
+			}
 		case notApplicable(p, target, restartable, inv) != "":
 			v.Status, v.Reason = report.NotApplicable, notApplicable(p, target, restartable, inv)
 		case slices.Contains(skip, inv):

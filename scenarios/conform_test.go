@@ -68,6 +68,9 @@ func TestConformGoesOnAfterAFailure(t *testing.T) {
 		assert.Equal(t, report.Pass, st[inv], "%s explored after T1 broke: %+v", inv, c.Verdict(inv))
 	}
 	assert.Positive(t, c.Stats.SetAside[model.T1], "T1 kept breaking, its conversations set aside")
+	// The mutant keeps an aborted turn's message too: another trigger,
+	// found on its own evidence, never folded into T1's finding.
+	assert.Equal(t, report.Fail, c.Verdict(model.T10).Status, "%+v", c.Verdict(model.T10))
 }
 
 // TestConformSkip: a known failure left out is reported as skipped, and
@@ -196,13 +199,16 @@ func TestConformWithoutTools(t *testing.T) {
 // JUnit.
 func TestSameCauseIsNotAPass(t *testing.T) {
 	s := report.NewStats()
-	s.Invariants[model.T1], s.Invariants[model.T10] = 5, 5
-	s.SameCause[model.T10] = 2
-	found := map[model.Invariant]*report.Failure{model.T1: {Violation: &model.Violation{Invariant: model.T1, Kind: model.Leftover, Reason: "left"}}}
+	s.Invariants[model.T1], s.Invariants[model.T9] = 5, 5
+	s.SameCause[model.T9] = 2
+	s.Folded = map[model.Invariant]model.Violation{model.T9: {Invariant: model.T9, Conv: model.ConversationRef{ID: "c"}, Turn: "tc-u3",
+		Kind: model.LeftoverFailed, Reason: "an orphan of a failed turn"}}
+	found := map[model.Invariant]*report.Failure{model.T1: {Violation: &model.Violation{Invariant: model.T1, Kind: model.LeftoverFailed, Reason: "left"}}}
 	c := &report.Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Tools: true}, refuseAll{}, false, nil, *s, found)}
-	v := c.Verdict(model.T10)
+	v := c.Verdict(model.T9)
 	assert.Equal(t, report.SameCause, v.Status)
-	assert.Contains(t, v.Reason, "T1 (leftover)")
+	assert.Contains(t, v.Reason, "T1 (leftover of a failed turn)")
+	assert.Contains(t, v.Reason, "the first: on conversation \"c\", turn tc-u3: an orphan of a failed turn", "an example is kept")
 	assert.Len(t, c.Failures(), 1)
 	assert.Contains(t, c.Text(targets.Profile{}), "SAME CAUSE")
 	var junit strings.Builder

@@ -225,6 +225,7 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 		report.AddCounts(s.SetAside, sess.Skipped)
 		report.AddCounts(s.Consequences, sess.Consequences)
 		report.AddCounts(s.SameCause, sess.SameCause)
+		s.KeepFolded(sess.Folded)
 		for k, d := range sess.Exec.Spent() {
 			s.TimeMS[k] += d.Milliseconds()
 		}

@@ -153,6 +153,9 @@ type Session struct {
 	// Consequences the violations that involved set-aside state, and
 	// SameCause those of a kind already found.
 	Skipped, Consequences, SameCause map[model.Invariant]int
+	// Folded is the first violation of each invariant counted in
+	// SameCause: an example kept with the finding it was folded into.
+	Folded map[model.Invariant]model.Violation
 	// asideTokens are the user tokens of the conversations set aside:
 	// seen anywhere later, they are a consequence of what set them aside.
 	asideTokens map[model.Token]bool
@@ -216,6 +219,7 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 		Ref:     model.NewWith(l.Profile.Policies()),
 		Aside:   map[model.ConversationRef]bool{},
 		Skipped: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},
+		Folded:      map[model.Invariant]model.Violation{},
 		asideTokens: map[model.Token]bool{},
 		sources:     []string{targets.FirstSource},
 	}, nil
@@ -284,6 +288,9 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 		s.Skipped[v.Invariant]++
 	case v.Kind != "" && slices.Contains(s.lab.SkipKinds, v.Kind):
 		s.SameCause[v.Invariant]++
+		if _, ok := s.Folded[v.Invariant]; !ok {
+			s.Folded[v.Invariant] = *v
+		}
 	default:
 		return ops, v
 	}

@@ -99,11 +99,25 @@ func (c *Conformance) Failures() []*Failure {
 	return out
 }
 
+// KeepFolded keeps, of the examples in folded, those of invariants s has
+// none of yet (Stats.Folded).
+func (s *Stats) KeepFolded(folded map[model.Invariant]model.Violation) {
+	for inv, v := range folded {
+		if _, ok := s.Folded[inv]; !ok {
+			if s.Folded == nil {
+				s.Folded = map[model.Invariant]model.Violation{}
+			}
+			s.Folded[inv] = v
+		}
+	}
+}
+
 // add adds o's counts to s.
 func (s *Stats) Add(o Stats) {
 	s.Checks += o.Checks
 	s.Steps += o.Steps
 	s.ShrinkRuns += o.ShrinkRuns
+	s.KeepFolded(o.Folded)
 	s.Auxiliary += o.Auxiliary
 	AddCounts(s.Faults, o.Faults)
 	AddCounts(s.Outcomes, o.Outcomes)

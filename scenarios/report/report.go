@@ -213,6 +213,9 @@ type Stats struct {
 	// SameCause counts violations of a kind of wrong state already found
 	// (model.Kind), by the invariant that named them: one root cause.
 	SameCause map[model.Invariant]int `json:"sameCause,omitempty"`
+	// Folded is, for each invariant counted in SameCause, the first such
+	// violation seen: an example of what was folded into a finding.
+	Folded map[model.Invariant]model.Violation `json:"folded,omitempty"`
 	// Causes counts the turns that did not end ok by why (Response.Cause).
 	Causes map[string]int `json:"causes,omitempty"`
 	// TimeMS says where the run's wall time went, in milliseconds: starting
