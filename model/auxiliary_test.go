@@ -87,3 +87,29 @@ func TestAuxiliaryCallsAreCheckedForIsolation(t *testing.T) {
 	require.NotNil(t, v)
 	assert.Equal(t, model.T5, v.Invariant)
 }
+
+// TestForgottenConversationStartsOver: under forgets, a conversation that
+// enough others were used after may be gone whole and start over; one
+// that could not have been evicted, or that is half gone, is T2.
+func TestForgottenConversationStartsOver(t *testing.T) {
+	const u1, u2, u3, u4 = model.Token("tc-u1"), model.Token("tc-u2"), model.Token("tc-u3"), model.Token("tc-u4")
+	m := model.NewWith(model.Policies{Forgets: 1})
+	require.Nil(t, m.Apply(ok(convA, u1, call(u1, u1))))
+	v := m.Apply(ok(convA, u2, call(u2, u2)))
+	require.NotNil(t, v, "no other conversation was used since: nothing was evicted")
+	assert.Equal(t, model.T2, v.Invariant)
+
+	m = model.NewWith(model.Policies{Forgets: 1})
+	require.Nil(t, m.Apply(ok(convA, u1, call(u1, u1))))
+	require.Nil(t, m.Apply(ok(convB, u2, call(u2, u2))))
+	require.Nil(t, m.Apply(ok(convA, u3, call(u3, u3))), "evicted by convB's use, and starting over")
+	assert.Equal(t, 1, m.Evictions())
+	require.Nil(t, m.Apply(ok(convA, u4, call(u4, u3, u3.Reply(), u4))), "the new line goes on")
+
+	m = model.NewWith(model.Policies{Forgets: 2})
+	require.Nil(t, m.Apply(ok(convA, u1, call(u1, u1))))
+	require.Nil(t, m.Apply(ok(convB, u2, call(u2, u2))))
+	v = m.Apply(ok(convA, u3, call(u3, u3)))
+	require.NotNil(t, v, "one other conversation is not a cache of two filled")
+	assert.Equal(t, model.T2, v.Invariant)
+}

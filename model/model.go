@@ -285,6 +285,11 @@ type Policies struct {
 	// disconnected runs to its end and is committed whole or not at all.
 	// The client then sends such a turn as Detached, not Interrupted.
 	Complete bool
+	// Forgets, if not 0, is the capacity of a server whose cache forgets
+	// the conversations it evicts (least recently used first): one that
+	// this many others were used after it may be gone whole, and its next
+	// turn start over on an empty history (PROTOCOL.md, "forgets").
+	Forgets int
 }
 
 // Model is the reference state of every conversation a run has touched: a
@@ -315,6 +320,10 @@ type Model struct {
 	ambiguous bool
 	// live counts the conversations with a turn that ended ok or unknown.
 	live int
+	// steps counts the steps applied, for conv.touched and conv.lastUse;
+	// evictions the turns that found their conversation forgotten
+	// (Policies.Forgets).
+	steps, evictions int
 }
 
 func b2i(b bool) int {
@@ -379,6 +388,11 @@ type conv struct {
 	// carries as its own.
 	family    *conv
 	inherited map[Token]bool
+	// touched is the last step a request named the conversation in, and
+	// lastUse the last one a turn of it surely used it in (it reached the
+	// model, or ended ok): on Model.steps's count, how recently a cache
+	// may have used it, and how recently it surely did.
+	touched, lastUse int
 }
 
 // New returns a model with no conversations, for a server that serializes.
@@ -465,6 +479,7 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 	}
 	order := make([]ran, len(turns))
 	m.sent = slices.Grow(m.sent, len(turns))
+	m.steps++
 	var touched []*conv
 	for i := range turns {
 		t := &turns[i]
@@ -476,6 +491,7 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 		if !slices.Contains(touched, cv) {
 			touched = append(touched, cv)
 		}
+		cv.touched = m.steps
 		if t.Usable && t.reached() {
 			cv.ranInStep++
 		}
@@ -747,6 +763,19 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	} else {
 		next, v = line.Step(t)
 	}
+	if v != nil && m.mayHaveForgotten(cv) {
+		// Forgotten whole, and starting over: the turn runs on nothing
+		// but itself, as on a new conversation. Half a history is no
+		// eviction, and stays the violation it is.
+		if fresh, fv := (Line{}).Step(t); fv == nil {
+			next, v = fresh, nil
+			m.evictions++
+			cv.failed, cv.interrupted, cv.shown, cv.unchanged = false, false, nil, false
+		}
+	}
+	if t.reached() || t.Outcome == OK {
+		cv.lastUse = m.steps
+	}
 	if v != nil && v.Invariant == T2 && cv.restarted {
 		// A committed turn went missing across a restart: durability,
 		// whether or not the restart also changed the agent's source (T8
@@ -813,6 +842,40 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	}
 	return nil
 }
+
+// mayHaveForgotten reports whether a server that forgets (Policies.Forgets)
+// may have evicted cv: at least its capacity of other conversations may
+// have been used since cv surely was last, so that its cache, least
+// recently used first, may hold cv no more. Every bound is taken the way
+// that allows more evictions, never fewer: any request on another
+// conversation counts as a use of it, refused or not, and one in the same
+// step as cv's last use (they ran at once) as a later one; of cv's own,
+// only a turn that surely used it.
+func (m *Model) mayHaveForgotten(cv *conv) bool {
+	if m.policies.Forgets == 0 || cv.lastUse == 0 {
+		return false
+	}
+	since := 0
+	for _, o := range m.convs {
+		if o != cv && o.touched >= cv.lastUse {
+			since++
+		}
+	}
+	return since >= m.policies.Forgets
+}
+
+// Touch records that a request named ref in the step applied last, though
+// the model does not judge it (its conversation was set aside): a cache
+// may have used the conversation all the same (Policies.Forgets).
+func (m *Model) Touch(ref ConversationRef) {
+	if cv := m.convs[ref]; cv != nil {
+		cv.touched = max(m.steps, 1)
+	}
+}
+
+// Evictions is how many turns found their conversation forgotten by a
+// server that forgets, and were judged as starting over.
+func (m *Model) Evictions() int { return m.evictions }
 
 // checkConflict judges a 409 by the declared policy (T4): a serializing
 // server must make a concurrent request wait, and a rejecting one may

@@ -148,6 +148,12 @@ func verdicts(p targets.Profile, target targets.Target, restartable bool, skip [
 			v.Status, v.Reason = report.NotExercised, "no turn ended ok: the server committed nothing a check could judge"
 		default:
 			v.Status = report.Pass
+			if inv == model.T2 && p.Eviction == targets.Forgets {
+				v.Reason = fmt.Sprintf("%d turn(s) found their conversation forgotten (evicted, capacity %d) and started over", s.Evictions, p.Capacity)
+				if s.Evictions == 0 {
+					v.Reason = fmt.Sprintf("no conversation was forgotten: the server never evicted one (capacity %d), so T2 across an eviction was not exercised", p.Capacity)
+				}
+			}
 			if inv == model.T8 && p.OneSource {
 				v.Reason = "two sources on one stable key not applicable: the server loads one agent source at a time (profile: server.one_source)"
 			}

@@ -222,6 +222,7 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 	t.Cleanup(func() {
 		s := c.stats
 		report.AddCounts(s.Invariants, m.Ref.Checked())
+		s.Evictions += m.Ref.Evictions()
 		report.AddCounts(s.SetAside, sess.Skipped)
 		report.AddCounts(s.Consequences, sess.Consequences)
 		report.AddCounts(s.SameCause, sess.SameCause)

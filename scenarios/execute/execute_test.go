@@ -160,7 +160,7 @@ func BenchmarkBursts(b *testing.B) {
 		if v := ref.ApplyStep(turns); v != nil {
 			b.Fatal(v)
 		}
-		if v := validate.CheckLinearizable(history, turns); v != nil {
+		if v := validate.CheckLinearizable(history, turns, false); v != nil {
 			b.Fatal(v)
 		}
 	}

@@ -265,8 +265,13 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 		}
 	}
 	v := s.Ref.ApplyStep(turns)
+	for _, op := range ops {
+		if op.Restart == nil && s.Aside[op.Turn.Conv] {
+			s.Ref.Touch(op.Turn.Conv)
+		}
+	}
 	if v == nil {
-		v = validate.CheckLinearizable(s.History, turns)
+		v = validate.CheckLinearizable(s.History, turns, s.lab.Profile.Eviction == targets.Forgets)
 	}
 	if restart != nil {
 		// The turns ran up to the crash; the restart comes after them,

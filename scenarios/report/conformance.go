@@ -119,6 +119,7 @@ func (s *Stats) Add(o Stats) {
 	s.ShrinkRuns += o.ShrinkRuns
 	s.KeepFolded(o.Folded)
 	s.Auxiliary += o.Auxiliary
+	s.Evictions += o.Evictions
 	AddCounts(s.Faults, o.Faults)
 	AddCounts(s.Outcomes, o.Outcomes)
 	AddCounts(s.Causes, o.Causes)

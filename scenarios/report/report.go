@@ -199,6 +199,9 @@ type Stats struct {
 	Invariants map[model.Invariant]int `json:"invariants"`
 	// ShrinkRuns counts the runs replayed to shrink a failure.
 	ShrinkRuns int `json:"shrinkRuns"`
+	// Evictions counts the turns that found their conversation forgotten
+	// by a server that forgets, and started over (model.Model.Evictions).
+	Evictions int `json:"evictions,omitempty"`
 	// Auxiliary counts the model calls a server made beside its turns (a
 	// title, a summary), set apart from the turns' histories
 	// (model.Turn.SplitAuxiliary).

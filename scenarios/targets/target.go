@@ -99,8 +99,12 @@ type Profile struct {
 // Policies are the Policies p declares, as the reference model takes
 // them.
 func (p Profile) Policies() model.Policies {
-	return model.Policies{Concurrency: p.Concurrency, KeepConsistent: p.Interruption == KeepConsistent,
+	pol := model.Policies{Concurrency: p.Concurrency, KeepConsistent: p.Interruption == KeepConsistent,
 		Complete: p.Interruption == Complete}
+	if p.Eviction == Forgets {
+		pol.Forgets = p.Capacity
+	}
+	return pol
 }
 
 // RequestTimeout bounds one request: the server's model timeout and a

@@ -46,11 +46,8 @@ type Machine struct {
 	// committed is set once a turn of the check ended ok: a restart has
 	// something to lose.
 	committed bool
-	// opened counts the conversations the check has sent a request on,
-	// set aside ones included: what the server may hold.
-	opened int
-	ids    int
-	tokens int
+	ids       int
+	tokens    int
 	// sources are the queries of the references to the profile's agent the
 	// server loads now, and tags counts the queries drawn so far.
 	sources []string
@@ -253,23 +250,11 @@ func (m *Machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 // newConv draws a key and opens a conversation under a new id.
 // branch is a new conversation that branches from c, under c's key.
 func (m *Machine) branch(t *rapid.T, c *conv) *conv {
-	m.roomFor(t)
 	m.ids++
 	return m.conv(model.ConversationRef{Key: c.ref.Key, ID: fmt.Sprintf("conv-%d", m.ids)})
 }
 
-// roomFor skips the action when a server that forgets could hold no
-// conversation more: it could forget one the check still uses, as it may,
-// and the model does not follow a conversation starting over yet. Every
-// id sent counts, set aside or refused: the server may hold it.
-func (m *Machine) roomFor(t *rapid.T) {
-	if m.Profile.Eviction == targets.Forgets && m.opened >= m.Profile.Capacity {
-		t.Skip("the server's declared capacity is reached")
-	}
-}
-
 func (m *Machine) newConv(t *rapid.T) *conv {
-	m.roomFor(t)
 	key := ""
 	if len(m.Profile.Keys) > 0 {
 		key = rapid.SampledFrom(m.Profile.Keys).Draw(t, "key")
@@ -366,7 +351,6 @@ func (m *Machine) conv(ref model.ConversationRef) *conv {
 	}
 	c := &conv{ref: ref}
 	m.convs = append(m.convs, c)
-	m.opened++
 	return c
 }
 

@@ -302,16 +302,16 @@ func TestLinearizabilityCatchesAFork(t *testing.T) {
 			Calls: []model.Call{{History: seen, Turn: u}}, Invoke: int64(index + 1), Return: int64(index + 5)}}
 	}
 	fork := []history.Op{turn(u1, 0, u1), turn(u2, 1, u2)}
-	v := CheckLinearizable(fork, []model.Turn{fork[0].Turn, fork[1].Turn})
+	v := CheckLinearizable(fork, []model.Turn{fork[0].Turn, fork[1].Turn}, false)
 	require.NotNil(t, v)
 	assert.Equal(t, model.T4, v.Invariant)
 	assert.Contains(t, v.Reason, "not linearizable")
 
 	line := []history.Op{turn(u1, 0, u1), turn(u2, 1, u1, u1.Reply(), u2)}
-	assert.Nil(t, CheckLinearizable(line, []model.Turn{line[0].Turn, line[1].Turn}))
+	assert.Nil(t, CheckLinearizable(line, []model.Turn{line[0].Turn, line[1].Turn}, false))
 
 	// A lone turn is the chain check's to judge.
-	assert.Nil(t, CheckLinearizable(fork, []model.Turn{fork[1].Turn}))
+	assert.Nil(t, CheckLinearizable(fork, []model.Turn{fork[1].Turn}, false))
 }
 
 // TestWriteLinearizability: the visualisation is one self-contained page

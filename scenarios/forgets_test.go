@@ -1,0 +1,55 @@
+package scenarios
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/scenarios/report"
+	"github.com/turncheck/turncheck/scenarios/targets"
+	"github.com/turncheck/turncheck/sut"
+)
+
+// forgetting is the reference server with a cache of two conversations
+// that forgets what it evicts (the lost-on-evict mutant: its store keeps
+// nothing evicted), declared as such a server: eviction forgets,
+// capacity 2, no durability.
+func forgetting() misdeclared {
+	return misdeclared{reference.Target{Mutant: sut.LostOnEvict, ConversationsMax: 2}, func(p *targets.Profile) {
+		p.Eviction, p.Capacity = targets.Forgets, 2
+		p.Durability = targets.Durability{}
+	}}
+}
+
+// TestForgetsIsExercised: a server that declares it forgets evicted
+// conversations is checked across its evictions. Checks open more
+// conversations than its capacity; a conversation it forgot starts over,
+// which T2 allows; the T2 line says how many evictions it judged.
+func TestForgetsIsExercised(t *testing.T) {
+	t.Parallel()
+	c, err := Conform(forgetting(), Options{Checks: 12, Seed: 9})
+	require.NoError(t, err)
+	for _, v := range c.Verdicts {
+		assert.NotEqual(t, report.Fail, v.Status, "%s: %s", v.Invariant, c.Text(targets.Profile{}))
+	}
+	require.Positive(t, c.Stats.Evictions, "conversations were forgotten and started over")
+	t.Logf("%d eviction(s) judged; T2: %s", c.Stats.Evictions, c.Verdict(model.T2).Reason)
+	t2 := c.Verdict(model.T2)
+	assert.Equal(t, report.Pass, t2.Status)
+	assert.Contains(t, t2.Reason, "found their conversation forgotten")
+}
+
+// TestForgettingIsNotLosingHalf: forgetting is whole or nothing. The same
+// server declared durable loses what it evicts, and that is T2.
+func TestForgettingIsNotLosingHalf(t *testing.T) {
+	t.Parallel()
+	durable := misdeclared{reference.Target{Mutant: sut.LostOnEvict, ConversationsMax: 2}, func(p *targets.Profile) {
+		p.Eviction, p.Capacity = targets.Durable, 2
+	}}
+	c, err := Conform(durable, Options{Checks: 30, Seed: 9})
+	require.NoError(t, err)
+	assert.Equal(t, report.Fail, c.Verdict(model.T2).Status, "%s", c.Text(targets.Profile{}))
+}
