@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"net"
@@ -102,6 +103,33 @@ func TestConformEachProtocol(t *testing.T) {
 					assert.Regexp(t, `PASS +[1-9]\d* `, line, inv)
 				}
 			}
+		})
+	}
+}
+
+// TestConformTitlesThroughProfile: a server that calls the model for a
+// title beside every turn (serve --titles), checked through its profile
+// alone, conforms in every protocol: its title calls are set apart as
+// auxiliary, never judged as a turn's history.
+func TestConformTitlesThroughProfile(t *testing.T) {
+	onPath(t)
+	for _, protocol := range []string{"", "responses", "sessions"} {
+		t.Run(cmp.Or(protocol, "chat"), func(t *testing.T) {
+			t.Parallel() // each run mostly waits on its server
+			base, err := os.ReadFile(protocolProfile(protocol))
+			require.NoError(t, err)
+			text := strings.Replace(string(base), "--request-timeout, 1s]", "--request-timeout, 1s, --titles]", 1)
+			require.NotEqual(t, string(base), text, "the profile's command ends as the test expects")
+			profile := filepath.Join(t.TempDir(), "profile.yaml")
+			require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
+			_, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "4", "--steps", "20", "--seed", "3")
+			for _, inv := range model.Invariants() {
+				// Four checks may leave the rarest (T11) not exercised: no
+				// FAIL is what this proves.
+				assert.NotContains(t, verdictLine(stdout, string(inv)), "FAIL", "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+			}
+			assert.Regexp(t, `auxiliary model calls \(made beside a turn, .*\): [1-9]`, stdout)
+			assert.Regexp(t, `PASS +[1-9]\d* `, verdictLine(stdout, "T2"))
 		})
 	}
 }
