@@ -134,11 +134,9 @@ const (
 	// LeftoverInterrupted: a turn whose client disconnected left what it
 	// had to roll back (T10; T9).
 	LeftoverInterrupted Kind = "leftover of an interrupted turn"
-	// Lost: a committed turn went missing (T2).
+	// Lost: a committed turn went missing (T2, and T7 after a restart:
+	// a loss seen after a restart may have come before it).
 	Lost Kind = "lost"
-	// LostAcrossRestart: a committed turn went missing across a restart
-	// (T7).
-	LostAcrossRestart Kind = "lost across a restart"
 )
 
 // Error says which invariant broke, where, why, and shows the expected and
@@ -782,9 +780,6 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		// is about resuming at all, T7 about what a resume finds).
 		v.Invariant = T7
 		v.Reason = "after a restart of the server, " + v.Reason
-		if v.Kind == Lost {
-			v.Kind = LostAcrossRestart
-		}
 	}
 	if v != nil {
 		// A call the line accepts carries nothing but the line's own tokens,

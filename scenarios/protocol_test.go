@@ -24,7 +24,7 @@ func TestProtocolNamesWhatTheCodeNames(t *testing.T) {
 	for _, inv := range model.Invariants() {
 		assert.True(t, strings.Contains(doc, "**"+string(inv)+" "+inv.Title()+"**"), "invariant %s", inv)
 	}
-	for _, k := range []model.Kind{model.LeftoverFailed, model.LeftoverRefused, model.LeftoverUnknown, model.LeftoverInterrupted, model.Lost, model.LostAcrossRestart} {
+	for _, k := range []model.Kind{model.LeftoverFailed, model.LeftoverRefused, model.LeftoverUnknown, model.LeftoverInterrupted, model.Lost} {
 		assert.True(t, strings.Contains(doc, "**"+string(k)+"**"), "kind %s", k)
 	}
 	for _, policy := range []string{
