@@ -347,7 +347,7 @@ func (k *Known) knows(l Line, t *Turn) bool {
 	// A copy of the turn k was taken with (as ApplyStep gets turns): what
 	// step reads, with the calls, histories included, compared by identity.
 	o := k.turn
-	return t.User == o.User && t.Usable == o.Usable && t.Outcome == o.Outcome && t.Status == o.Status && t.TimedOut == o.TimedOut &&
+	return t.User == o.User && t.Usable == o.Usable && t.Appends == o.Appends && t.Outcome == o.Outcome && t.Status == o.Status && t.TimedOut == o.TimedOut &&
 		t.Interrupted == o.Interrupted &&
 		t.Return == o.Return && t.Reply == o.Reply && sameSlice(t.Calls, o.Calls)
 }
@@ -451,14 +451,27 @@ func withoutFailure(fs *failure, user Token) *failure {
 }
 
 // refuse checks a request without a usable new user message (T3): it must
-// get 400 and reach no model as a turn.
+// get 400 and reach no model as a turn; or, where the server appends the
+// input whole (Turn.Appends), make the model see no committed user
+// message again as new, whatever it is answered.
 func (l Line) refuse(t Turn) *Violation {
 	for _, call := range t.Calls {
-		if reason := l.turnShaped(call); reason != "" {
+		reason := l.turnShaped(call, !t.Appends)
+		switch {
+		case reason == "":
+		case t.Appends:
+			return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
+				Reason: "a request whose input holds no new user message made the model see a committed one again as new, " + reason +
+					"; its input is appended as it stands, after the history it continues",
+				Observed: call.History}
+		default:
 			return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
 				Reason:   "a request without a usable new user message reached the model, " + reason + "; it must be refused with 400",
 				Observed: call.History}
 		}
+	}
+	if t.Appends {
+		return nil
 	}
 	if t.Outcome == Unknown && t.Status == 0 && !t.TimedOut || t.Gateway {
 		// No answer at all because the client could not reach the server,
@@ -480,9 +493,10 @@ func (l Line) refuse(t Turn) *Violation {
 // turnShaped tells a call that runs a refused request as a turn from an
 // auxiliary one (a title, a summary, another conversation's background
 // work): it carries the line, then either an earlier message of this
-// conversation replayed as the new one, or a message with no token (the
-// blank one passed on). It returns how, or "" for an auxiliary call.
-func (l Line) turnShaped(call Call) string {
+// conversation replayed as the new one, or, if blank, a message with no
+// token (the blank one passed on). It returns how, or "" for an
+// auxiliary call.
+func (l Line) turnShaped(call Call, blank bool) string {
 	if l.last == nil || len(call.History) == 0 {
 		return ""
 	}
@@ -491,7 +505,7 @@ func (l Line) turnShaped(call Call) string {
 			return fmt.Sprintf("replaying %s as the new message", call.Turn)
 		}
 	}
-	if call.Turn == "" || call.Tail {
+	if blank && (call.Turn == "" || call.Tail) {
 		const blank = Token("tc-u-blank") // stands for the tokenless message
 		if _, ok := l.match(append(slices.Clone(call.History), blank), blank); ok {
 			return "passing on a message without a token as the new one"

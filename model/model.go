@@ -166,7 +166,13 @@ type Turn struct {
 	User Token `json:"user,omitempty"`
 	// Usable reports whether the request carried a usable new user message
 	// (PROTOCOL.md); a request without one must be refused (T3).
-	Usable  bool    `json:"usable"`
+	Usable bool `json:"usable"`
+	// Appends reports that the server appends the request's input whole
+	// to the history it continues, as OpenAI's Responses API does: a
+	// request without a usable new user message (a client tool's output
+	// alone, a blank message) then need not be refused; it must only never
+	// make the model see a committed user message again as new (T3).
+	Appends bool    `json:"appends,omitempty"`
 	Outcome Outcome `json:"outcome"`
 	// Status is the HTTP status the client got, 0 if none.
 	Status int `json:"status,omitempty"`

@@ -62,6 +62,12 @@ func invalid(conv model.ConversationRef, user model.Token, outcome model.Outcome
 		Status: status, Calls: calls}
 }
 
+// appended is t sent to a server that appends the input whole.
+func appended(t model.Turn) model.Turn {
+	t.Appends = true
+	return t
+}
+
 // step is one turn fed to the model and what Apply must return for it: nil
 // when want is "", else a violation of want.
 type step struct {
@@ -489,6 +495,43 @@ func TestApply(t *testing.T) {
 				t.TimedOut = true
 				return t
 			}(), want: model.T3}},
+		},
+
+		// T3 where the input is appended whole (the Responses API).
+		{
+			name: "appended input without a user message runs on the history, answered 200",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: appended(invalid(convA, "", model.OK, 200, call(u(1), u(1), a(1))))},
+				{turn: appended(invalid(convA, "", model.OK, 200, model.Call{History: []model.Token{u(1), a(1)}, Tail: true}))},
+				{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+			},
+			committed: h(u(1), a(1), u(2), a(2)),
+		},
+		{
+			name: "appended input without a user message refused, or failed",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: appended(invalid(convA, "", model.Fail, 400))},
+				{turn: appended(invalid(convA, "", model.Fail, 404))},
+				{turn: appended(invalid(convA, "", model.Unknown, 0, call(u(1), u(1), a(1))))},
+			},
+			committed: h(u(1), a(1)),
+		},
+		{
+			name: "appended input without a user message replays the last committed one",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: appended(invalid(convA, "", model.OK, 200, call(u(1), u(1), a(1), u(1)))), want: model.T3},
+			},
+		},
+		{
+			name: "appended input without a user message replays one, refused all the same",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+				{turn: appended(invalid(convA, "", model.Fail, 502, call(u(1), u(1), a(1), u(2), a(2), u(1)))), want: model.T3},
+			},
 		},
 
 		// T5: isolation.

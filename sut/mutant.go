@@ -22,6 +22,12 @@ const (
 	// message by re-using the latest earlier user message in the array,
 	// replaying that turn, instead of refusing it with 400.
 	ReplayWithoutUser Mutant = "replay-without-user"
+	// ReplayOnToolOutput answers a Responses API request whose input holds
+	// no usable user message (a client tool's output, a blank message) by
+	// appending its input and then the last user message of the history
+	// it continues, which the model sees again as the new one: that turn
+	// runs again.
+	ReplayOnToolOutput Mutant = "replay-on-tool-output"
 	// CommitOnStreamError commits a turn whose model stream failed midway,
 	// with the partial reply, though the client was told the turn failed.
 	CommitOnStreamError Mutant = "commit-on-stream-error"
@@ -154,6 +160,8 @@ func Mutants() []MutantInfo {
 			"a continuation appends its user message to the cached conversation before the run; a failed turn stays and a retry sees it twice", "", "", 0},
 		{ReplayWithoutUser, "docker-agent #2947", "T3",
 			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400", "", "", 0},
+		{ReplayOnToolOutput, "docker-agent #2947 (responses: a continuation with tool outputs only)", "T3",
+			"a Responses API request whose input holds no user message (a client tool's output) appends it, then the last user message of the history it continues, which the model runs again as new", "", string(protoResponses), 0},
 		{CommitOnStreamError, "docker-agent #2890 (stream errors)", "T1",
 			"a turn whose model stream failed midway is committed with its partial reply although the client got an error", "", "", 0},
 		{CrossKeyLeak, "PROTOCOL.md T5 (conversations scoped per key)", "T5",
