@@ -17,6 +17,7 @@ import (
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -65,6 +66,7 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.RefuseConcurrentNew:       {model.T4},
 	// Through the Responses API and the session API.
 	sut.FailedResponseChainable: {model.T1},
+	sut.ReplayOnToolOutput:      {model.T3},
 	sut.ResponseCrossKey:        {model.T5},
 	sut.SessionExactSourceKey:   {model.T8},
 	sut.BranchMutatesBase:       {model.T4},
@@ -182,6 +184,21 @@ func TestMutantsCaught(t *testing.T) {
 			assert.Equal(t, f.Violation.Invariant, replay.Failure.Violation.Invariant, replay.Failure.Report)
 		})
 	}
+}
+
+// TestCleanResponsesPasses: through the Responses API, whose input the
+// clean server appends whole as OpenAI's does, continuations without a
+// new user message (a client tool's call and output among them) run on
+// the history, and nothing is found: T3 is exercised and passes.
+func TestCleanResponsesPasses(t *testing.T) {
+	t.Parallel()
+	res, err := scenarios.Check(reference.Target{Protocol: targets.Responses}, scenarios.Options{Checks: 30, Seed: 1})
+	require.NoError(t, err)
+	if res.Failure != nil {
+		t.Fatalf("clean reference server failed through the Responses API (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
+	}
+	assert.Positive(t, res.Invariants[model.T3], "no continuation without a new user message was judged")
+	assert.Positive(t, res.Outcomes["ok"])
 }
 
 // TestCleanCheckPasses runs Check, the CLI's path, on the clean server.

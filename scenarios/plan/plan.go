@@ -431,6 +431,43 @@ var InvalidShapes = []struct {
 	}},
 }
 
+// AppendedShapes are continuations without a new user message for a
+// server that appends a request's input whole to the history it
+// continues (the Responses API): a client tool's call and its output, as
+// a client that runs a tool of its own sends them; an output that answers
+// no call (OpenAI refuses it with 400); a blank user message; a system
+// message; an assistant message. None carries an earlier user message:
+// such a server appends that one too, as the client asked.
+var AppendedShapes = []struct {
+	Name  string
+	Build func(prev openai.Message) []openai.Message
+}{
+	{"a client tool's call and its output", func(openai.Message) []openai.Message {
+		return []openai.Message{
+			{Role: openai.RoleAssistant, ToolCalls: []openai.ToolCall{{ID: ClientCallID, Type: openai.TypeFunction,
+				Function: openai.FunctionCall{Name: "clock", Arguments: "{}"}}}},
+			{Role: openai.RoleTool, ToolCallID: ClientCallID, Content: "noon"},
+		}
+	}},
+	{"a client tool's output answering no call", func(openai.Message) []openai.Message {
+		return []openai.Message{{Role: openai.RoleTool, ToolCallID: ClientCallID, Content: "noon"}}
+	}},
+	{"a blank user message", func(openai.Message) []openai.Message {
+		return []openai.Message{{Role: openai.RoleUser, Content: " \n\t "}}
+	}},
+	{"a system message", func(openai.Message) []openai.Message {
+		return []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}}
+	}},
+	{"an assistant message", func(openai.Message) []openai.Message {
+		return []openai.Message{{Role: openai.RoleAssistant, Content: "Noted."}}
+	}},
+}
+
+// ClientCallID is the id of the tool call a client of the Responses API
+// ran itself, in AppendedShapes: not one the fake model gives
+// (model.ToolCallID), so no turn owns it.
+const ClientCallID = "call_client_1"
+
 // UserText is the text of the user message carrying tok.
 func UserText(tok model.Token) string { return fmt.Sprintf("Please remember %s.", tok) }
 

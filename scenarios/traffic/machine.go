@@ -192,7 +192,13 @@ func (m *Machine) invalidContinuation(t *rapid.T) {
 		t.Skip("no conversation yet")
 	}
 	c := newest(t, m.convs, "conversation")
-	shape := plan.InvalidShapes[rapid.IntRange(0, len(plan.InvalidShapes)-1).Draw(t, "shape")]
+	shapes := plan.InvalidShapes
+	if m.Profile.Protocol == targets.Responses {
+		// The input is appended whole (OpenAI's semantics): what is judged
+		// is that no committed user message is run again as new (T3).
+		shapes = plan.AppendedShapes
+	}
+	shape := shapes[rapid.IntRange(0, len(shapes)-1).Draw(t, "shape")]
 	s := plan.Send{Conv: c.ref, Messages: shape.Build(c.lastUser), Stream: rapid.Bool().Draw(t, "stream")}
 	m.step(t, plan.Single("invalid continuation: "+shape.Name, s))
 }
