@@ -347,7 +347,7 @@ func (k *Known) knows(l Line, t *Turn) bool {
 	// A copy of the turn k was taken with (as ApplyStep gets turns): what
 	// step reads, with the calls, histories included, compared by identity.
 	o := k.turn
-	return t.User == o.User && t.Usable == o.Usable && t.Appends == o.Appends && t.Outcome == o.Outcome && t.Status == o.Status && t.TimedOut == o.TimedOut &&
+	return t.User == o.User && t.Usable == o.Usable && t.Appends == o.Appends && t.Unstored == o.Unstored && t.Outcome == o.Outcome && t.Status == o.Status && t.TimedOut == o.TimedOut &&
 		t.Interrupted == o.Interrupted &&
 		t.Return == o.Return && t.Reply == o.Reply && sameSlice(t.Calls, o.Calls)
 }
@@ -409,6 +409,12 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 				Reason:   fmt.Sprintf("the turn ended ok, but the reply the client got (%q) is not the model's reply %s", clip(t.Reply), t.User.Reply()),
 				Observed: Tokens(t.Reply)}
 		}
+		if t.Unstored {
+			// Answered, and kept by no one: as a failed turn, nothing of
+			// it may reach the model again (T1).
+			next = next.withRare(newFailure(t.User, unstoredStatus, withoutFailure(next.failed(), t.User)), next.dropped())
+			break
+		}
 		next = next.appended(segment{user: t.User, reply: reply, done: t.Return})
 		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
 	case Fail:
@@ -433,6 +439,10 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 	}
 	return next, nil
 }
+
+// unstoredStatus is the status a turn that ended ok without being stored
+// (Turn.Unstored) is kept under among the failed turns: the 200 it got.
+const unstoredStatus = 200
 
 // withoutFailure returns fs without user's entry, copying only the entries
 // before it, and only if it has one: lines share their lists, so none is
@@ -578,6 +588,10 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		case slices.Contains(l.dropped(), user) || slices.Contains(dropped, user):
 			v.Invariant = T6
 			v.Reason = fmt.Sprintf("%s belongs to a turn with an unknown outcome that an earlier history showed was not committed; it may not appear later", tok)
+		case status == unstoredStatus:
+			v.Invariant = T1
+			v.Reason = fmt.Sprintf("%s, of a response the client asked not to store (store: false), reached the model in a later turn: "+
+				"such a response is no one's base", tok)
 		case status == 409:
 			v.Invariant = T4
 			v.Reason = fmt.Sprintf("%s, of a turn refused with 409, reached the model in a later turn: a refused concurrent request must change nothing", tok)

@@ -172,8 +172,13 @@ type Turn struct {
 	// request without a usable new user message (a client tool's output
 	// alone, a blank message) then need not be refused; it must only never
 	// make the model see a committed user message again as new (T3).
-	Appends bool    `json:"appends,omitempty"`
-	Outcome Outcome `json:"outcome"`
+	Appends bool `json:"appends,omitempty"`
+	// Unstored reports a turn that asked the server not to store it (the
+	// Responses API's store: false): it runs and is answered as any turn,
+	// and becomes no one's base. As a failed turn's, nothing of it may
+	// reach the model in a later turn (T1).
+	Unstored bool    `json:"unstored,omitempty"`
+	Outcome  Outcome `json:"outcome"`
 	// Status is the HTTP status the client got, 0 if none.
 	Status int `json:"status,omitempty"`
 	// TimedOut reports a request the server took and never answered within
@@ -775,8 +780,8 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		// the conversation may still be busy after one.
 		refused := t.Outcome == Fail && t.Status == 409
 		cv.line, cv.lined, cv.mayRun = next, true, t.Outcome == Unknown || t.Open || (cv.mayRun && refused)
-		cv.failed = cv.failed || t.Outcome == Fail
-		cv.committed = cv.committed || t.Outcome == OK
+		cv.failed = cv.failed || t.Outcome == Fail || t.Unstored
+		cv.committed = cv.committed || t.Outcome == OK && !t.Unstored
 		if !cv.live && (t.Outcome == OK || t.Outcome == Unknown) {
 			cv.live = true
 			m.live++

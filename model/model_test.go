@@ -68,6 +68,12 @@ func appended(t model.Turn) model.Turn {
 	return t
 }
 
+// unstored is t sent with store: false.
+func unstored(t model.Turn) model.Turn {
+	t.Unstored = true
+	return t
+}
+
 // step is one turn fed to the model and what Apply must return for it: nil
 // when want is "", else a violation of want.
 type step struct {
@@ -531,6 +537,26 @@ func TestApply(t *testing.T) {
 				{turn: ok(convA, u(1), call(u(1), u(1)))},
 				{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2)))},
 				{turn: appended(invalid(convA, "", model.Fail, 502, call(u(1), u(1), a(1), u(2), a(2), u(1)))), want: model.T3},
+			},
+		},
+
+		// A response not stored (store: false) is no one's base.
+		{
+			name: "a response not stored is seen by no later turn",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: unstored(ok(convA, u(2), call(u(2), u(1), a(1), u(2))))},
+				{turn: fail(convA, u(3))},
+				{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(4)))},
+			},
+			committed: h(u(1), a(1), u(4), a(4)),
+		},
+		{
+			name: "a response not stored is chained from",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: unstored(ok(convA, u(2), call(u(2), u(1), a(1), u(2))))},
+				{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3))), want: model.T1},
 			},
 		},
 

@@ -17,8 +17,8 @@ import (
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/reference"
-	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/scenarios/report"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -67,6 +67,7 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	// Through the Responses API and the session API.
 	sut.FailedResponseChainable: {model.T1},
 	sut.ReplayOnToolOutput:      {model.T3},
+	sut.StoreFalseKept:          {model.T1},
 	sut.ResponseCrossKey:        {model.T5},
 	sut.SessionExactSourceKey:   {model.T8},
 	sut.BranchMutatesBase:       {model.T4},

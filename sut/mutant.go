@@ -81,6 +81,10 @@ const (
 	// streaming client from response.created) succeeds and shows its
 	// input.
 	FailedResponseChainable Mutant = "failed-response-chainable"
+	// StoreFalseKept stores a Responses API response whose request said
+	// store: false, as if it had said true: a request chained from it
+	// succeeds and sends the model its turn.
+	StoreFalseKept Mutant = "store-false-kept"
 	// ResponseCrossKey looks a previous_response_id up without the API
 	// key's scope: another key chains from the response and sees its
 	// history.
@@ -187,6 +191,8 @@ func Mutants() []MutantInfo {
 			"a first request for a new id that finds another first request's turn running is refused at once with 500 \"session is busy\" instead of waiting its turn; continuations of a committed conversation still wait", "", "", 0},
 		{FailedResponseChainable, "PROTOCOL.md T1 (responses: a failed response is never a base)", "T1",
 			"a response whose turn failed is stored anyway, with its user input and any partial reply: a request chaining from it (previous_response_id, known from response.created) succeeds and sends the model the failed input", "", string(protoResponses), 0},
+		{StoreFalseKept, "PROTOCOL.md T1 (responses: a response not stored is no base)", "T1",
+			"a Responses API response whose request said store: false is stored all the same: a request chained from it succeeds and sends the model its turn", "", string(protoResponses), 0},
 		{ResponseCrossKey, "PROTOCOL.md T5 (responses scoped per key)", "T5",
 			"previous_response_id is looked up without the API key's scope: another key chains from the response and the model sees its history", "", string(protoResponses), 0},
 		{SessionExactSourceKey, "docker-agent #3410", "T8",

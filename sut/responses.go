@@ -145,7 +145,7 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 	// A response of its own: no lock, as nothing but this turn can ever
 	// write its id, and the response it chains from never changes.
 	t := &turn{key: convKey{scope: scope, id: nsResponse + resp.obj.ID}, proto: protoResponses, chained: true,
-		stateful: req.store, release: func() {}}
+		stateful: req.store || s.cfg.Mutant == StoreFalseKept, release: func() {}}
 	// Every way out releases the lock the branch-mutates-base mutant
 	// takes (lockBase); t.release is read when the function returns, as
 	// lockBase replaces it.

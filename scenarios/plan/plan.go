@@ -93,6 +93,10 @@ type Send struct {
 	// Messages are the request's messages, as sent.
 	Messages []openai.Message `json:"messages"`
 	Stream   bool             `json:"stream,omitempty"`
+	// NoStore asks a Responses API server not to store the turn's
+	// response (store: false): it runs and is answered as any turn, and is
+	// no one's base; the conversation goes on from the response before it.
+	NoStore bool `json:"noStore,omitempty"`
 	// Rounds are the tool calls the fake model asks for before it
 	// replies, round by round (a server that offers no tools gets the
 	// reply at once).

@@ -100,13 +100,13 @@ func inputItems(msgs []openai.Message) []any {
 
 func (w *responses) request(_ context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
 	probe := s.Token == ""
-	body := responsesRequest{Model: c.profile.Model, Input: inputItems(msgs), Store: true, Stream: s.Stream,
+	body := responsesRequest{Model: c.profile.Model, Input: inputItems(msgs), Store: !s.NoStore, Stream: s.Stream,
 		PreviousResponseID: w.chainFrom(s.Conv, s.From, probe)}
 	raw, err := json.Marshal(body)
 	if err != nil {
 		panic(err) // plain strings always encode
 	}
-	return Request{Conv: s.Conv, Path: responsesPath, Body: raw, Stream: s.Stream, ChainedFrom: body.PreviousResponseID, noUser: probe}
+	return Request{Conv: s.Conv, Path: responsesPath, Body: raw, Stream: s.Stream, ChainedFrom: body.PreviousResponseID, noUser: probe, noStore: s.NoStore}
 }
 
 // chainFrom is the response a turn on conv chains from: a failed response
@@ -143,7 +143,9 @@ func (*responses) headers(*Client, Request) map[string]string { return nil }
 // server kept it whole or not at all, T6); back to the last response that
 // completed when the server says it does not have such a one. A request
 // without a new user message moves no chain: its response holds no turn
-// of the conversation, and is chained from by nothing.
+// of the conversation, and is chained from by nothing. A response not
+// stored (store: false) moves none either: the next turn chains from it
+// once, as from a failed one, to check that it is no base (T1).
 func (w *responses) learn(req Request, out Response) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -155,6 +157,10 @@ func (w *responses) learn(req Request, out Response) {
 	case out.NotFound() && h.unknown && req.ChainedFrom == h.id:
 		h = chainHead{id: h.done, done: h.done}
 	case req.noUser:
+		return
+	case req.noStore && out.Outcome != model.Unknown && out.ID != "":
+		h.failed = out.ID
+	case req.noStore:
 		return
 	case out.Outcome == model.OK && out.ID != "":
 		h = chainHead{id: out.ID, done: out.ID}

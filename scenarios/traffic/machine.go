@@ -83,6 +83,9 @@ func (m *Machine) Actions() map[string]func(*rapid.T) {
 	if len(m.Profile.Keys) >= 2 {
 		a["same id, other key"] = m.otherKey
 	}
+	if m.Profile.Protocol == targets.Responses {
+		a["unstored turn"] = m.unstoredTurn
+	}
 	if _, ok := m.Server.(targets.Restarter); ok && (m.Profile.Durability.Restart || m.Profile.Durability.Crash) {
 		a["restart"] = m.restart
 	}
@@ -185,6 +188,20 @@ func (m *Machine) otherKey(t *rapid.T) {
 	key := rapid.SampledFrom(others).Draw(t, "other key")
 	c := m.conv(model.ConversationRef{Key: key, ID: src.ref.ID})
 	m.step(t, plan.Single("same id, other key", m.drawTurn(t, c, m.newToken(), true)))
+}
+
+// unstoredTurn continues a conversation with a turn whose response is not
+// to be stored (store: false, the Responses API): the next turn chains
+// from it once, and must find it not found or see nothing of it, and the
+// conversation goes on without it (T1).
+func (m *Machine) unstoredTurn(t *rapid.T) {
+	if len(m.convs) == 0 {
+		t.Skip("no conversation yet")
+	}
+	c := newest(t, m.convs, "conversation")
+	s := m.drawTurn(t, c, m.newToken(), true)
+	s.NoStore = true
+	m.step(t, plan.Single("unstored turn", s))
 }
 
 func (m *Machine) invalidContinuation(t *rapid.T) {
