@@ -306,7 +306,18 @@ type Model struct {
 	ambiguous bool
 	// live counts the conversations with a turn that ended ok or unknown.
 	live int
+	// survived is set once a conversation resumed after a restart that
+	// kept its agent's source: the server keeps conversations across a
+	// plain restart, so one lost after a change of source is the change's
+	// (T8), not durability's (T7).
+	survived bool
 }
+
+// Survived reports whether a conversation has resumed after a restart
+// that kept its agent's source: until one has, a conversation that does
+// not resume after a restart that changed the source is judged T7, as it
+// may not survive a plain restart either.
+func (m *Model) Survived() bool { return m.survived }
 
 func b2i(b bool) int {
 	if b {
@@ -623,6 +634,12 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 			return &Violation{Invariant: T8, Conv: t.Conv, Turn: t.User,
 				Reason: "the conversation resumed although several loaded agent sources share its stable key: a silent pick; " +
 					"the resume must be refused with 409 and change nothing"}, true
+		case t.Outcome == Fail && t.Status != 409 && !m.survived && (t.Status == 404 || t.Status >= 500):
+			// Lost, maybe by any restart: not shown to be the sources'
+			// doing until a conversation has resumed after a plain one.
+			return &Violation{Invariant: T7, Conv: t.Conv, Turn: t.User,
+				Reason: fmt.Sprintf("the conversation did not resume after a restart (one that also loaded several agent sources under its stable key, "+
+					"but no conversation has yet resumed after a restart that kept its source): %d before any model call", t.Status)}, true
 		case t.Outcome == Fail && t.Status != 409:
 			return &Violation{Invariant: T8, Conv: t.Conv, Turn: t.User,
 				Reason: fmt.Sprintf("several loaded agent sources share the conversation's stable key, and the resume got %d; want 409", t.Status)}, true
@@ -641,13 +658,22 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 	m.checked.add(inv)
 	if t.Outcome == Fail && !called && (t.Status == 404 || t.Status >= 500) {
 		reason := fmt.Sprintf("the conversation did not resume after a restart: %d before any model call", t.Status)
-		if inv == T8 {
+		switch {
+		case inv == T8 && m.survived:
 			reason = fmt.Sprintf("the conversation did not resume after a restart that loads its agent source under another query "+
 				"(the same stable key): %d before any model call; it must resume through the stable key", t.Status)
+		case inv == T8:
+			// Not shown to be the change's: no conversation has resumed
+			// after a plain restart yet.
+			inv = T7
+			reason = fmt.Sprintf("the conversation did not resume after a restart (one that also loaded its agent source under another query, "+
+				"but no conversation has yet resumed after a restart that kept it): %d before any model call", t.Status)
 		}
 		return &Violation{Invariant: inv, Conv: t.Conv, Turn: t.User, Reason: reason}, true
 	}
-	return nil, called || t.Outcome == OK
+	resumed := called || t.Outcome == OK
+	m.survived = m.survived || resumed && inv == T7
+	return nil, resumed
 }
 
 // apply applies t, a turn of step, on its conversation cv; k, if not nil,

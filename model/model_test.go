@@ -1055,12 +1055,26 @@ func TestRestartDurability(t *testing.T) {
 func TestRestartSourceChange(t *testing.T) {
 	m := model.New()
 	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	require.False(t, m.Survived())
+	require.Nil(t, m.Apply(ok(convA, u(2), call(u(2), u(1), a(1), u(2)))))
+	require.True(t, m.Survived(), "a conversation resumed after a plain restart")
 	m.Restart(true, false)
 	// #3410: "agent not found" after the query changed.
-	v := m.Apply(failedBefore(convA, u(2), 500))
+	v := m.Apply(failedBefore(convA, u(3), 500))
 	require.NotNil(t, v)
 	assert.Equal(t, model.T8, v.Invariant)
 	assert.Contains(t, v.Reason, "stable key")
+
+	// Lost after a restart that changed the source, on a server not yet
+	// seen to keep a conversation across a plain one: durability's.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(true, false)
+	v = m.Apply(failedBefore(convA, u(2), 404))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T7, v.Invariant, v.Reason)
+	assert.False(t, m.Survived())
 
 	// A model error after the resume is the model's, not the resume's.
 	m = model.New()
@@ -1078,9 +1092,13 @@ func TestRestartSourceChange(t *testing.T) {
 }
 
 func TestRestartAmbiguousSources(t *testing.T) {
+	// A conversation resumed after a plain restart first: the server keeps
+	// them across one, so a refusal now is the sources' doing.
 	setup := func() *model.Model {
 		m := model.New()
 		require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+		m.Restart(false, false)
+		require.Nil(t, m.Apply(ok(convA, u(6), call(u(6), u(1), a(1), u(6)))))
 		m.Restart(true, true)
 		return m
 	}
@@ -1094,10 +1112,10 @@ func TestRestartAmbiguousSources(t *testing.T) {
 	require.Nil(t, m.Apply(failedBefore(convB, u(4), 409)))
 	// Back to one source: the history is whole, the refused turns gone.
 	m.Restart(true, false)
-	require.Nil(t, m.Apply(ok(convA, u(5), call(u(5), u(1), a(1), u(5)))))
+	require.Nil(t, m.Apply(ok(convA, u(5), call(u(5), u(1), a(1), u(6), a(6), u(5)))))
 
 	for name, turn := range map[string]model.Turn{
-		"a silent pick": ok(convA, u(2), call(u(2), u(1), a(1), u(2))),
+		"a silent pick": ok(convA, u(2), call(u(2), u(1), a(1), u(6), a(6), u(2))),
 		"a 500":         failedBefore(convA, u(2), 500),
 		"a 404":         failedBefore(convA, u(2), 404),
 	} {
@@ -1110,6 +1128,24 @@ func TestRestartAmbiguousSources(t *testing.T) {
 	v := setup().Apply(ok(convA, u(2), call(u(2), u(2))))
 	require.NotNil(t, v)
 	assert.Equal(t, model.T7, v.Invariant, "%v", v)
+
+	// No conversation has resumed after a plain restart yet: a 404 or a
+	// 500 may be any restart's loss (T7); a silent pick is T8's still.
+	fresh := func() *model.Model {
+		m := model.New()
+		require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+		m.Restart(true, true)
+		return m
+	}
+	for _, status := range []int{404, 500} {
+		v := fresh().Apply(failedBefore(convA, u(2), status))
+		require.NotNil(t, v)
+		assert.Equal(t, model.T7, v.Invariant, "%d: %v", status, v)
+	}
+	v = fresh().Apply(ok(convA, u(2), call(u(2), u(1), a(1), u(2))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T8, v.Invariant, "%v", v)
+	require.Nil(t, fresh().Apply(failedBefore(convA, u(2), 409)))
 }
 
 // TestRestartEdges: what a restart must not make the model say.

@@ -97,7 +97,7 @@ const maxShrunkSteps = 3
 // threshold (8 messages in checks), and a turn that sees the marks: three
 // steps when the tool rounds are long enough, four with a plain turn
 // first to fill the conversation.
-var longerShrunk = map[sut.Mutant]int{sut.AckBeforeDurable: 4, sut.ExactSourceKeyOnly: 4, sut.LostOnEvict: 7, sut.ShallowClone: 4}
+var longerShrunk = map[sut.Mutant]int{sut.AckBeforeDurable: 4, sut.ExactSourceKeyOnly: 6, sut.SessionExactSourceKey: 6, sut.LostOnEvict: 7, sut.ShallowClone: 4}
 
 // ports matches loopback addresses, which differ between runs of the same
 // steps (they show in error details).

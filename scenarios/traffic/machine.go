@@ -94,8 +94,8 @@ func (m *Machine) Actions() map[string]func(*rapid.T) {
 
 // restart stops the server, gracefully or by a crash (as its profile
 // declares it survives), and starts it again on the same data, now and
-// then loading its agent under another query, or twice under one stable
-// key (T7, T8).
+// then, once a conversation has resumed after a plain restart, loading
+// its agent under another query, or twice under one stable key (T7, T8).
 func (m *Machine) restart(t *rapid.T) {
 	if !m.committed {
 		// A restart of a server with nothing to lose shows nothing, and
@@ -104,7 +104,10 @@ func (m *Machine) restart(t *rapid.T) {
 	}
 	d := m.Profile.Durability
 	r := plan.Restart{Crash: !d.Restart || (d.Crash && rapid.Bool().Draw(t, "crash"))}
-	if m.Profile.Agent != "" {
+	if m.Profile.Agent != "" && m.Ref.Survived() {
+		// Only once a conversation has resumed after a plain restart: a
+		// server that keeps none across one is durability's finding (T7),
+		// never the source change's (T8).
 		// Two sources on one stable key refuse every resume: such a spell
 		// ends at the next restart, which loads one source again.
 		low, high := 0, 2
