@@ -202,6 +202,22 @@ func TestCleanResponsesPasses(t *testing.T) {
 	assert.Positive(t, res.Outcomes["ok"])
 }
 
+// TestResponsesConversationParameter: through the Responses API, turns
+// that name their conversation with the conversation parameter run one
+// after another, as chat's do: a server that does not serialize them is
+// caught forking one (T4). Chains of responses branch by design, so only
+// such turns can show it.
+func TestResponsesConversationParameter(t *testing.T) {
+	t.Parallel()
+	target := reference.Target{Mutant: sut.NoConversationLock, Protocol: targets.Responses}
+	res, err := scenarios.Check(target, scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: 5 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure, "no-conversation-lock not caught through the conversation parameter in %d checks", res.Checks)
+	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+	assert.Equal(t, model.T4, res.Failure.Violation.Invariant, res.Failure.Report)
+	assert.Contains(t, res.Failure.Report, `"conversation":`, "the failure's requests name their conversation")
+}
+
 // TestCleanCheckPasses runs Check, the CLI's path, on the clean server.
 func TestCleanCheckPasses(t *testing.T) {
 	t.Parallel()

@@ -97,6 +97,11 @@ type Send struct {
 	// response (store: false): it runs and is answered as any turn, and is
 	// no one's base; the conversation goes on from the response before it.
 	NoStore bool `json:"noStore,omitempty"`
+	// InConversation names the turn's conversation with the Responses
+	// API's conversation parameter instead of chaining it from a
+	// response: its input is appended to that conversation, and its turns
+	// run one after another, as under chat.
+	InConversation bool `json:"inConversation,omitempty"`
 	// Rounds are the tool calls the fake model asks for before it
 	// replies, round by round (a server that offers no tools gets the
 	// reply at once).

@@ -57,10 +57,10 @@ type Request struct {
 	// reports which client it saw go away names the request by it. It is
 	// the harness's, not the turn's, and is not saved.
 	Tag string `json:"-"`
-	// noUser marks a request without a new user message, and noStore one
-	// whose response is not to be stored: neither moves a Responses API
-	// chain.
-	noUser, noStore bool
+	// noUser marks a request without a new user message, noStore one
+	// whose response is not to be stored, and inConversation one that
+	// names a Responses API conversation: none moves a chain.
+	noUser, noStore, inConversation bool
 }
 
 // Response is what the client learned of a request.

@@ -53,6 +53,7 @@ type responsesRequest struct {
 	Model              string `json:"model"`
 	Input              []any  `json:"input"`
 	PreviousResponseID string `json:"previous_response_id,omitempty"`
+	Conversation       string `json:"conversation,omitempty"`
 	Store              bool   `json:"store"`
 	Stream             bool   `json:"stream"`
 }
@@ -100,13 +101,20 @@ func inputItems(msgs []openai.Message) []any {
 
 func (w *responses) request(_ context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
 	probe := s.Token == ""
-	body := responsesRequest{Model: c.profile.Model, Input: inputItems(msgs), Store: !s.NoStore, Stream: s.Stream,
-		PreviousResponseID: w.chainFrom(s.Conv, s.From, probe)}
+	body := responsesRequest{Model: c.profile.Model, Input: inputItems(msgs), Store: !s.NoStore, Stream: s.Stream}
+	if s.InConversation {
+		// A conversation of the server's, named as chat names one: no
+		// chain to follow.
+		body.Conversation = c.ns + s.Conv.ID
+	} else {
+		body.PreviousResponseID = w.chainFrom(s.Conv, s.From, probe)
+	}
 	raw, err := json.Marshal(body)
 	if err != nil {
 		panic(err) // plain strings always encode
 	}
-	return Request{Conv: s.Conv, Path: responsesPath, Body: raw, Stream: s.Stream, ChainedFrom: body.PreviousResponseID, noUser: probe, noStore: s.NoStore}
+	return Request{Conv: s.Conv, Path: responsesPath, Body: raw, Stream: s.Stream, ChainedFrom: body.PreviousResponseID,
+		noUser: probe, noStore: s.NoStore, inConversation: s.InConversation}
 }
 
 // chainFrom is the response a turn on conv chains from: a failed response
@@ -147,6 +155,9 @@ func (*responses) headers(*Client, Request) map[string]string { return nil }
 // stored (store: false) moves none either: the next turn chains from it
 // once, as from a failed one, to check that it is no base (T1).
 func (w *responses) learn(req Request, out Response) {
+	if req.inConversation {
+		return // the server's conversation goes on by itself
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h, mine := w.heads[req.Conv]
