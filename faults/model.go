@@ -738,6 +738,17 @@ func readCall(msgs []openai.Message) model.Call {
 	return call
 }
 
+// answered reports whether call's last user token is followed, in its
+// history, by its reply: the call carries no new user message.
+func answered(call model.Call) bool {
+	for i := len(call.History) - 1; call.Turn != "" && i >= 0; i-- {
+		if call.History[i] == call.Turn {
+			return slices.Contains(call.History[i+1:], call.Turn.Reply())
+		}
+	}
+	return false
+}
+
 // ReplyChunks is the reply the fake model writes for the turn tok, as the
 // chunks it streams. The reply token comes first, so that a reply cut after
 // one chunk still carries it.
@@ -749,9 +760,16 @@ func ReplyChunks(tok model.Token) []string {
 // its fault, or writes its tool calls or its reply, streamed or whole.
 func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatRequest, call model.Call, p plan) {
 	var a answerText
-	if p.ask != nil {
+	switch {
+	case p.ask != nil:
 		a = toolAnswer(call.Turn, p.round+1, p.ask, p.epoch)
-	} else {
+	case answered(call):
+		// Its last user message has its reply already: the request brings
+		// nothing new to answer (a client tool's output, a blank message),
+		// and the reply carries no token that a history could take for
+		// that turn's.
+		a = replyAnswer("", call.At)
+	default:
 		a = replyAnswer(call.Turn, call.At)
 	}
 	n := len(a.deltas)
@@ -840,7 +858,7 @@ type answerText struct {
 func replyAnswer(tok model.Token, at int64) answerText {
 	chunks := ReplyChunks(tok)
 	if tok == "" {
-		chunks = []string{"no turn token in the last user message"}
+		chunks = []string{"no new user message with a turn token to reply to"}
 	}
 	if at != 0 {
 		last := len(chunks) - 1

@@ -392,6 +392,33 @@ func TestReplyNonStream(t *testing.T) {
 	assert.Equal(t, openai.FinishStop, c.Finish())
 }
 
+// TestNothingNewToAnswer: a call whose last user message has its reply
+// already in the history (a client tool's output, or a system message,
+// after it) is answered with no token; one that carries that message
+// again after its reply is the turn's, and is answered with its token.
+func TestNothingNewToAnswer(t *testing.T) {
+	call := openai.Message{Role: openai.RoleAssistant, ToolCalls: []openai.ToolCall{{ID: "call_1", Type: openai.TypeFunction,
+		Function: openai.FunctionCall{Name: "clock", Arguments: "{}"}}}}
+	result := openai.Message{Role: openai.RoleTool, ToolCallID: "call_1", Content: "noon"}
+	for name, tc := range map[string]struct {
+		msgs []openai.Message
+		want []model.Token
+	}{
+		"a client tool's output": {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), call, result}, nil},
+		"a system message":       {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), msg(openai.RoleSystem, "be brief")}, nil},
+		"the message again":      {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u1")}, []model.Token{"tc-a1"}},
+		"a tool loop":            {[]openai.Message{user("tc-u1"), call, result}, []model.Token{"tc-a1"}},
+	} {
+		f := start(t, faults.ModelConfig{})
+		resp, got := f.post(false, tc.msgs...)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", name, got)
+		var c openai.Completion
+		require.NoError(t, json.Unmarshal(got, &c), "%s", got)
+		assert.Equal(t, tc.want, model.Tokens(c.Text()), name)
+		assert.Equal(t, openai.FinishStop, c.Finish(), name)
+	}
+}
+
 func TestReplyStream(t *testing.T) {
 	f := start(t, faults.ModelConfig{})
 	resp, err := f.do(context.Background(), http.MethodPost, "/v1/chat/completions", body(t, true, user("hello tc-u5")))

@@ -347,7 +347,7 @@ func (k *Known) knows(l Line, t *Turn) bool {
 	// A copy of the turn k was taken with (as ApplyStep gets turns): what
 	// step reads, with the calls, histories included, compared by identity.
 	o := k.turn
-	return t.User == o.User && t.Usable == o.Usable && t.Outcome == o.Outcome && t.Status == o.Status && t.TimedOut == o.TimedOut &&
+	return t.User == o.User && t.Usable == o.Usable && t.Appends == o.Appends && t.Unstored == o.Unstored && t.Outcome == o.Outcome && t.Status == o.Status && t.TimedOut == o.TimedOut &&
 		t.Interrupted == o.Interrupted &&
 		t.Return == o.Return && t.Reply == o.Reply && sameSlice(t.Calls, o.Calls)
 }
@@ -409,6 +409,12 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 				Reason:   fmt.Sprintf("the turn ended ok, but the reply the client got (%q) is not the model's reply %s", clip(t.Reply), t.User.Reply()),
 				Observed: Tokens(t.Reply)}
 		}
+		if t.Unstored {
+			// Answered, and kept by no one: as a failed turn, nothing of
+			// it may reach the model again (T1).
+			next = next.withRare(newFailure(t.User, unstoredStatus, withoutFailure(next.failed(), t.User)), next.dropped())
+			break
+		}
 		next = next.appended(segment{user: t.User, reply: reply, done: t.Return})
 		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
 	case Fail:
@@ -434,6 +440,10 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 	return next, nil
 }
 
+// unstoredStatus is the status a turn that ended ok without being stored
+// (Turn.Unstored) is kept under among the failed turns: the 200 it got.
+const unstoredStatus = 200
+
 // withoutFailure returns fs without user's entry, copying only the entries
 // before it, and only if it has one: lines share their lists, so none is
 // changed in place.
@@ -451,14 +461,27 @@ func withoutFailure(fs *failure, user Token) *failure {
 }
 
 // refuse checks a request without a usable new user message (T3): it must
-// get 400 and reach no model as a turn.
+// get 400 and reach no model as a turn; or, where the server appends the
+// input whole (Turn.Appends), make the model see no committed user
+// message again as new, whatever it is answered.
 func (l Line) refuse(t Turn) *Violation {
 	for _, call := range t.Calls {
-		if reason := l.turnShaped(call); reason != "" {
+		reason := l.turnShaped(call, !t.Appends)
+		switch {
+		case reason == "":
+		case t.Appends:
+			return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
+				Reason: "a request whose input holds no new user message made the model see a committed one again as new, " + reason +
+					"; its input is appended as it stands, after the history it continues",
+				Observed: call.History}
+		default:
 			return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
 				Reason:   "a request without a usable new user message reached the model, " + reason + "; it must be refused with 400",
 				Observed: call.History}
 		}
+	}
+	if t.Appends {
+		return nil
 	}
 	if t.Outcome == Unknown && t.Status == 0 && !t.TimedOut || t.Gateway {
 		// No answer at all because the client could not reach the server,
@@ -496,9 +519,10 @@ func (l Line) committed() bool {
 // turnShaped tells a call that runs a refused request as a turn from an
 // auxiliary one (a title, a summary, another conversation's background
 // work): it carries the line, then either an earlier message of this
-// conversation replayed as the new one, or a message with no token (the
-// blank one passed on). It returns how, or "" for an auxiliary call.
-func (l Line) turnShaped(call Call) string {
+// conversation replayed as the new one, or, if blank, a message with no
+// token (the blank one passed on). It returns how, or "" for an
+// auxiliary call.
+func (l Line) turnShaped(call Call, blank bool) string {
 	if l.last == nil || len(call.History) == 0 {
 		return ""
 	}
@@ -507,7 +531,7 @@ func (l Line) turnShaped(call Call) string {
 			return fmt.Sprintf("replaying %s as the new message", call.Turn)
 		}
 	}
-	if call.Turn == "" || call.Tail {
+	if blank && (call.Turn == "" || call.Tail) {
 		const blank = Token("tc-u-blank") // stands for the tokenless message
 		if _, ok := l.match(append(slices.Clone(call.History), blank), blank); ok {
 			return "passing on a message without a token as the new one"
@@ -587,6 +611,10 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		case slices.Contains(l.dropped(), user) || slices.Contains(dropped, user):
 			v.Invariant = T6
 			v.Reason = fmt.Sprintf("%s belongs to a turn with an unknown outcome that an earlier history showed was not committed; it may not appear later", tok)
+		case status == unstoredStatus:
+			v.Invariant = T1
+			v.Reason = fmt.Sprintf("%s, of a response the client asked not to store (store: false), reached the model in a later turn: "+
+				"such a response is no one's base", tok)
 		case status == 409:
 			v.Invariant = T4
 			v.Reason = fmt.Sprintf("%s, of a turn refused with 409, reached the model in a later turn: a refused concurrent request must change nothing", tok)

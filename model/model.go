@@ -179,8 +179,19 @@ type Turn struct {
 	User Token `json:"user,omitempty"`
 	// Usable reports whether the request carried a usable new user message
 	// (PROTOCOL.md); a request without one must be refused (T3).
-	Usable  bool    `json:"usable"`
-	Outcome Outcome `json:"outcome"`
+	Usable bool `json:"usable"`
+	// Appends reports that the server appends the request's input whole
+	// to the history it continues, as OpenAI's Responses API does: a
+	// request without a usable new user message (a client tool's output
+	// alone, a blank message) then need not be refused; it must only never
+	// make the model see a committed user message again as new (T3).
+	Appends bool `json:"appends,omitempty"`
+	// Unstored reports a turn that asked the server not to store it (the
+	// Responses API's store: false): it runs and is answered as any turn,
+	// and becomes no one's base. As a failed turn's, nothing of it may
+	// reach the model in a later turn (T1).
+	Unstored bool    `json:"unstored,omitempty"`
+	Outcome  Outcome `json:"outcome"`
 	// Status is the HTTP status the client got, 0 if none.
 	Status int `json:"status,omitempty"`
 	// TimedOut reports a request the server took and never answered within
@@ -322,7 +333,18 @@ type Model struct {
 	// evictions the turns that found their conversation forgotten
 	// (Policies.Forgets).
 	steps, evictions int
+	// survived is set once a conversation resumed after a restart that
+	// kept its agent's source: the server keeps conversations across a
+	// plain restart, so one lost after a change of source is the change's
+	// (T8), not durability's (T7).
+	survived bool
 }
+
+// Survived reports whether a conversation has resumed after a restart
+// that kept its agent's source: until one has, a conversation that does
+// not resume after a restart that changed the source is judged T7, as it
+// may not survive a plain restart either.
+func (m *Model) Survived() bool { return m.survived }
 
 func b2i(b bool) int {
 	if b {
@@ -646,6 +668,12 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 			return &Violation{Invariant: T8, Conv: t.Conv, Turn: t.User,
 				Reason: "the conversation resumed although several loaded agent sources share its stable key: a silent pick; " +
 					"the resume must be refused with 409 and change nothing"}, true
+		case t.Outcome == Fail && t.Status != 409 && !m.survived && (t.Status == 404 || t.Status >= 500):
+			// Lost, maybe by any restart: not shown to be the sources'
+			// doing until a conversation has resumed after a plain one.
+			return &Violation{Invariant: T7, Conv: t.Conv, Turn: t.User,
+				Reason: fmt.Sprintf("the conversation did not resume after a restart (one that also loaded several agent sources under its stable key, "+
+					"but no conversation has yet resumed after a restart that kept its source): %d before any model call", t.Status)}, true
 		case t.Outcome == Fail && t.Status != 409:
 			return &Violation{Invariant: T8, Conv: t.Conv, Turn: t.User,
 				Reason: fmt.Sprintf("several loaded agent sources share the conversation's stable key, and the resume got %d; want 409", t.Status)}, true
@@ -664,13 +692,22 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 	m.checked.add(inv)
 	if t.Outcome == Fail && !called && (t.Status == 404 || t.Status >= 500) {
 		reason := fmt.Sprintf("the conversation did not resume after a restart: %d before any model call", t.Status)
-		if inv == T8 {
+		switch {
+		case inv == T8 && m.survived:
 			reason = fmt.Sprintf("the conversation did not resume after a restart that loads its agent source under another query "+
 				"(the same stable key): %d before any model call; it must resume through the stable key", t.Status)
+		case inv == T8:
+			// Not shown to be the change's: no conversation has resumed
+			// after a plain restart yet.
+			inv = T7
+			reason = fmt.Sprintf("the conversation did not resume after a restart (one that also loaded its agent source under another query, "+
+				"but no conversation has yet resumed after a restart that kept it): %d before any model call", t.Status)
 		}
 		return &Violation{Invariant: inv, Conv: t.Conv, Turn: t.User, Reason: reason}, true
 	}
-	return nil, called || t.Outcome == OK
+	resumed := called || t.Outcome == OK
+	m.survived = m.survived || resumed && inv == T7
+	return nil, resumed
 }
 
 // apply applies t, a turn of step, on its conversation cv; k, if not nil,
@@ -816,8 +853,8 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		// the conversation may still be busy after one.
 		refused := t.Outcome == Fail && t.Status == 409
 		cv.line, cv.lined, cv.mayRun = next, true, t.Outcome == Unknown || t.Open || (cv.mayRun && refused)
-		cv.failed = cv.failed || t.Outcome == Fail
-		cv.committed = cv.committed || t.Outcome == OK
+		cv.failed = cv.failed || t.Outcome == Fail || t.Unstored
+		cv.committed = cv.committed || t.Outcome == OK && !t.Unstored
 		if !cv.live && (t.Outcome == OK || t.Outcome == Unknown) {
 			cv.live = true
 			m.live++

@@ -62,6 +62,18 @@ func invalid(conv model.ConversationRef, user model.Token, outcome model.Outcome
 		Status: status, Calls: calls}
 }
 
+// appended is t sent to a server that appends the input whole.
+func appended(t model.Turn) model.Turn {
+	t.Appends = true
+	return t
+}
+
+// unstored is t sent with store: false.
+func unstored(t model.Turn) model.Turn {
+	t.Unstored = true
+	return t
+}
+
 // step is one turn fed to the model and what Apply must return for it: nil
 // when want is "", else a violation of want.
 type step struct {
@@ -498,6 +510,63 @@ func TestApply(t *testing.T) {
 				t.TimedOut = true
 				return t
 			}(), want: model.T3}},
+		},
+
+		// T3 where the input is appended whole (the Responses API).
+		{
+			name: "appended input without a user message runs on the history, answered 200",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: appended(invalid(convA, "", model.OK, 200, call(u(1), u(1), a(1))))},
+				{turn: appended(invalid(convA, "", model.OK, 200, model.Call{History: []model.Token{u(1), a(1)}, Tail: true}))},
+				{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+			},
+			committed: h(u(1), a(1), u(2), a(2)),
+		},
+		{
+			name: "appended input without a user message refused, or failed",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: appended(invalid(convA, "", model.Fail, 400))},
+				{turn: appended(invalid(convA, "", model.Fail, 404))},
+				{turn: appended(invalid(convA, "", model.Unknown, 0, call(u(1), u(1), a(1))))},
+			},
+			committed: h(u(1), a(1)),
+		},
+		{
+			name: "appended input without a user message replays the last committed one",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: appended(invalid(convA, "", model.OK, 200, call(u(1), u(1), a(1), u(1)))), want: model.T3},
+			},
+		},
+		{
+			name: "appended input without a user message replays one, refused all the same",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2)))},
+				{turn: appended(invalid(convA, "", model.Fail, 502, call(u(1), u(1), a(1), u(2), a(2), u(1)))), want: model.T3},
+			},
+		},
+
+		// A response not stored (store: false) is no one's base.
+		{
+			name: "a response not stored is seen by no later turn",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: unstored(ok(convA, u(2), call(u(2), u(1), a(1), u(2))))},
+				{turn: fail(convA, u(3))},
+				{turn: ok(convA, u(4), call(u(4), u(1), a(1), u(4)))},
+			},
+			committed: h(u(1), a(1), u(4), a(4)),
+		},
+		{
+			name: "a response not stored is chained from",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: unstored(ok(convA, u(2), call(u(2), u(1), a(1), u(2))))},
+				{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3))), want: model.T1},
+			},
 		},
 
 		// T5: isolation.
@@ -995,12 +1064,26 @@ func TestRestartDurability(t *testing.T) {
 func TestRestartSourceChange(t *testing.T) {
 	m := model.New()
 	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	require.False(t, m.Survived())
+	require.Nil(t, m.Apply(ok(convA, u(2), call(u(2), u(1), a(1), u(2)))))
+	require.True(t, m.Survived(), "a conversation resumed after a plain restart")
 	m.Restart(true, false)
 	// #3410: "agent not found" after the query changed.
-	v := m.Apply(failedBefore(convA, u(2), 500))
+	v := m.Apply(failedBefore(convA, u(3), 500))
 	require.NotNil(t, v)
 	assert.Equal(t, model.T8, v.Invariant)
 	assert.Contains(t, v.Reason, "stable key")
+
+	// Lost after a restart that changed the source, on a server not yet
+	// seen to keep a conversation across a plain one: durability's.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(true, false)
+	v = m.Apply(failedBefore(convA, u(2), 404))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T7, v.Invariant, v.Reason)
+	assert.False(t, m.Survived())
 
 	// A model error after the resume is the model's, not the resume's.
 	m = model.New()
@@ -1018,9 +1101,13 @@ func TestRestartSourceChange(t *testing.T) {
 }
 
 func TestRestartAmbiguousSources(t *testing.T) {
+	// A conversation resumed after a plain restart first: the server keeps
+	// them across one, so a refusal now is the sources' doing.
 	setup := func() *model.Model {
 		m := model.New()
 		require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+		m.Restart(false, false)
+		require.Nil(t, m.Apply(ok(convA, u(6), call(u(6), u(1), a(1), u(6)))))
 		m.Restart(true, true)
 		return m
 	}
@@ -1034,10 +1121,10 @@ func TestRestartAmbiguousSources(t *testing.T) {
 	require.Nil(t, m.Apply(failedBefore(convB, u(4), 409)))
 	// Back to one source: the history is whole, the refused turns gone.
 	m.Restart(true, false)
-	require.Nil(t, m.Apply(ok(convA, u(5), call(u(5), u(1), a(1), u(5)))))
+	require.Nil(t, m.Apply(ok(convA, u(5), call(u(5), u(1), a(1), u(6), a(6), u(5)))))
 
 	for name, turn := range map[string]model.Turn{
-		"a silent pick": ok(convA, u(2), call(u(2), u(1), a(1), u(2))),
+		"a silent pick": ok(convA, u(2), call(u(2), u(1), a(1), u(6), a(6), u(2))),
 		"a 500":         failedBefore(convA, u(2), 500),
 		"a 404":         failedBefore(convA, u(2), 404),
 	} {
@@ -1050,6 +1137,24 @@ func TestRestartAmbiguousSources(t *testing.T) {
 	v := setup().Apply(ok(convA, u(2), call(u(2), u(2))))
 	require.NotNil(t, v)
 	assert.Equal(t, model.T7, v.Invariant, "%v", v)
+
+	// No conversation has resumed after a plain restart yet: a 404 or a
+	// 500 may be any restart's loss (T7); a silent pick is T8's still.
+	fresh := func() *model.Model {
+		m := model.New()
+		require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+		m.Restart(true, true)
+		return m
+	}
+	for _, status := range []int{404, 500} {
+		v := fresh().Apply(failedBefore(convA, u(2), status))
+		require.NotNil(t, v)
+		assert.Equal(t, model.T7, v.Invariant, "%d: %v", status, v)
+	}
+	v = fresh().Apply(ok(convA, u(2), call(u(2), u(1), a(1), u(2))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T8, v.Invariant, "%v", v)
+	require.Nil(t, fresh().Apply(failedBefore(convA, u(2), 409)))
 }
 
 // TestRestartEdges: what a restart must not make the model say.

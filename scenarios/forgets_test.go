@@ -42,14 +42,15 @@ func TestForgetsIsExercised(t *testing.T) {
 	assert.Contains(t, t2.Reason, "found their conversation forgotten")
 }
 
-// TestForgettingIsNotLosingHalf: forgetting is whole or nothing. The same
-// server declared durable loses what it evicts, and that is T2.
-func TestForgettingIsNotLosingHalf(t *testing.T) {
+// TestLossOnEvictionDeclaredDurable: what a server may forget is a matter of
+// what it declares. The same server declared durable loses what it
+// evicts: T2, or T7 where the loss is first seen after a restart.
+func TestLossOnEvictionDeclaredDurable(t *testing.T) {
 	t.Parallel()
 	durable := misdeclared{reference.Target{Mutant: sut.LostOnEvict, ConversationsMax: 2}, func(p *targets.Profile) {
 		p.Eviction, p.Capacity = targets.Durable, 2
 	}}
 	c, err := Conform(durable, Options{Checks: 30, Seed: 9})
 	require.NoError(t, err)
-	assert.Equal(t, report.Fail, c.Verdict(model.T2).Status, "%s", c.Text(targets.Profile{}))
+	assert.True(t, c.Verdict(model.T2).Status == report.Fail || c.Verdict(model.T7).Status == report.Fail, "%s", c.Text(targets.Profile{}))
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/scenarios/report"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -65,6 +66,8 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.RefuseConcurrentNew:       {model.T4},
 	// Through the Responses API and the session API.
 	sut.FailedResponseChainable: {model.T1},
+	sut.ReplayOnToolOutput:      {model.T3},
+	sut.StoreFalseKept:          {model.T1},
 	sut.ResponseCrossKey:        {model.T5},
 	sut.SessionExactSourceKey:   {model.T8},
 	sut.BranchMutatesBase:       {model.T4},
@@ -94,7 +97,7 @@ const maxShrunkSteps = 3
 // threshold (8 messages in checks), and a turn that sees the marks: three
 // steps when the tool rounds are long enough, four with a plain turn
 // first to fill the conversation.
-var longerShrunk = map[sut.Mutant]int{sut.AckBeforeDurable: 4, sut.ExactSourceKeyOnly: 4, sut.LostOnEvict: 7, sut.ShallowClone: 4}
+var longerShrunk = map[sut.Mutant]int{sut.AckBeforeDurable: 4, sut.ExactSourceKeyOnly: 6, sut.SessionExactSourceKey: 6, sut.LostOnEvict: 7, sut.ShallowClone: 4}
 
 // ports matches loopback addresses, which differ between runs of the same
 // steps (they show in error details).
@@ -182,6 +185,37 @@ func TestMutantsCaught(t *testing.T) {
 			assert.Equal(t, f.Violation.Invariant, replay.Failure.Violation.Invariant, replay.Failure.Report)
 		})
 	}
+}
+
+// TestCleanResponsesPasses: through the Responses API, whose input the
+// clean server appends whole as OpenAI's does, continuations without a
+// new user message (a client tool's call and output among them) run on
+// the history, and nothing is found: T3 is exercised and passes.
+func TestCleanResponsesPasses(t *testing.T) {
+	t.Parallel()
+	res, err := scenarios.Check(reference.Target{Protocol: targets.Responses}, scenarios.Options{Checks: 30, Seed: 1})
+	require.NoError(t, err)
+	if res.Failure != nil {
+		t.Fatalf("clean reference server failed through the Responses API (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
+	}
+	assert.Positive(t, res.Invariants[model.T3], "no continuation without a new user message was judged")
+	assert.Positive(t, res.Outcomes["ok"])
+}
+
+// TestResponsesConversationParameter: through the Responses API, turns
+// that name their conversation with the conversation parameter run one
+// after another, as chat's do: a server that does not serialize them is
+// caught forking one (T4). Chains of responses branch by design, so only
+// such turns can show it.
+func TestResponsesConversationParameter(t *testing.T) {
+	t.Parallel()
+	target := reference.Target{Mutant: sut.NoConversationLock, Protocol: targets.Responses}
+	res, err := scenarios.Check(target, scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: 5 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure, "no-conversation-lock not caught through the conversation parameter in %d checks", res.Checks)
+	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+	assert.Equal(t, model.T4, res.Failure.Violation.Invariant, res.Failure.Report)
+	assert.Contains(t, res.Failure.Report, `"conversation":`, "the failure's requests name their conversation")
 }
 
 // TestCleanCheckPasses runs Check, the CLI's path, on the clean server.

@@ -70,13 +70,16 @@ func member(top map[string]json.RawMessage, name string, v any, want string) (bo
 func isNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
 // decodeItems decodes an array of input items, as the Responses API's
-// "input" array and the sessions API's body are: each an object with a
-// "role" and a "content" that is a string or an array of text parts
-// ({"type":"input_text"|"output_text"|"text","text":...}). An item whose
-// "type" is present and not "message" (a tool call's output, say) is kept
-// as a message without role: it can never be the new user message. where
-// names the array in errors. The items are bounded as chat's messages
-// are.
+// "input" array and the sessions API's body are: each a message, an
+// object with a "role" and a "content" that is a string or an array of
+// text parts ({"type":"input_text"|"output_text"|"text","text":...}); or,
+// as the Responses API has them, a client tool's call ({"type":
+// "function_call","call_id","name","arguments"}), read as an assistant
+// message that asks for it, or its output ({"type":
+// "function_call_output","call_id","output"}), read as the tool message
+// that answers it. An item of any other "type" is kept as a message
+// without role: it can never be the new user message. where names the
+// array in errors. The items are bounded as chat's messages are.
 func decodeItems(raw json.RawMessage, where string) ([]openai.Message, error) {
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil || items == nil {
@@ -107,7 +110,11 @@ func decodeItem(raw json.RawMessage) (openai.Message, error) {
 	if _, err := member(obj, "type", &typ, "a string"); err != nil {
 		return openai.Message{}, fmt.Errorf(".%v", err)
 	}
-	if typ != "" && typ != "message" {
+	switch typ {
+	case "", "message":
+	case "function_call", "function_call_output":
+		return decodeToolItem(obj, typ)
+	default:
 		return openai.Message{}, nil
 	}
 	var m openai.Message
@@ -123,6 +130,39 @@ func decodeItem(raw json.RawMessage) (openai.Message, error) {
 	}
 	m.Content = openai.Content(content)
 	return m, nil
+}
+
+// decodeToolItem decodes a client tool's call or output (decodeItems).
+func decodeToolItem(obj map[string]json.RawMessage, typ string) (openai.Message, error) {
+	var call openai.FunctionCall
+	var id, output string
+	for _, f := range []struct {
+		name string
+		v    *string
+		want bool
+	}{
+		{"call_id", &id, true},
+		{"name", &call.Name, typ == "function_call"},
+		{"arguments", &call.Arguments, typ == "function_call"},
+		{"output", &output, typ == "function_call_output"},
+	} {
+		if !f.want {
+			continue
+		}
+		if ok, err := member(obj, f.name, f.v, "a string"); err != nil || !ok {
+			return openai.Message{}, fmt.Errorf(".%s: want a string, in a %s item", f.name, typ)
+		}
+	}
+	if err := checkID(".call_id", id); err != nil {
+		return openai.Message{}, err
+	}
+	if len(call.Arguments)+len(output) > MaxContentBytes {
+		return openai.Message{}, fmt.Errorf(": a %s item over %d bytes", typ, MaxContentBytes)
+	}
+	if typ == "function_call" {
+		return openai.Message{Role: openai.RoleAssistant, ToolCalls: []openai.ToolCall{{ID: id, Type: openai.TypeFunction, Function: call}}}, nil
+	}
+	return openai.Message{Role: openai.RoleTool, ToolCallID: id, Content: openai.Content(output)}, nil
 }
 
 // decodeItemContent decodes an item's content: a string, null or missing

@@ -44,12 +44,15 @@ func (rs *requestSlots) give() { rs.used.Add(-1) }
 // stays in every later model request (PROTOCOL.md, T2), but for the tool
 // rounds compaction hides. The client learns why, with the limit, instead
 // of a model error on every later turn.
-func (s *Server) checkHistory(committed []*message, user openai.Message) error {
-	if n := len(committed) + 2; n > s.cfg.MaxHistoryMessages {
+func (s *Server) checkHistory(committed []*message, input []openai.Message) error {
+	if n := len(committed) + len(input) + 1; n > s.cfg.MaxHistoryMessages {
 		return fmt.Errorf("the conversation is full: with this turn and its reply it would hold %d messages, over the server's limit of %d; nothing was changed: start a new conversation",
 			n, s.cfg.MaxHistoryMessages)
 	}
-	size := int64(len(user.Content))
+	var size int64
+	for _, m := range input {
+		size += (&message{Message: m}).size()
+	}
 	for _, m := range committed {
 		size += m.size()
 	}

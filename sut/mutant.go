@@ -22,6 +22,12 @@ const (
 	// message by re-using the latest earlier user message in the array,
 	// replaying that turn, instead of refusing it with 400.
 	ReplayWithoutUser Mutant = "replay-without-user"
+	// ReplayOnToolOutput answers a Responses API request whose input holds
+	// no usable user message (a client tool's output, a blank message) by
+	// appending its input and then the last user message of the history
+	// it continues, which the model sees again as the new one: that turn
+	// runs again.
+	ReplayOnToolOutput Mutant = "replay-on-tool-output"
 	// CommitOnStreamError commits a turn whose model stream failed midway,
 	// with the partial reply, though the client was told the turn failed.
 	CommitOnStreamError Mutant = "commit-on-stream-error"
@@ -75,6 +81,10 @@ const (
 	// streaming client from response.created) succeeds and shows its
 	// input.
 	FailedResponseChainable Mutant = "failed-response-chainable"
+	// StoreFalseKept stores a Responses API response whose request said
+	// store: false, as if it had said true: a request chained from it
+	// succeeds and sends the model its turn.
+	StoreFalseKept Mutant = "store-false-kept"
 	// ResponseCrossKey looks a previous_response_id up without the API
 	// key's scope: another key chains from the response and sees its
 	// history.
@@ -154,6 +164,8 @@ func Mutants() []MutantInfo {
 			"a continuation appends its user message to the cached conversation before the run; a failed turn stays and a retry sees it twice", "", "", 0},
 		{ReplayWithoutUser, "docker-agent #2947", "T3",
 			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400", "", "", 0},
+		{ReplayOnToolOutput, "docker-agent #2947 (responses: a continuation with tool outputs only)", "T3",
+			"a Responses API request whose input holds no user message (a client tool's output) appends it, then the last user message of the history it continues, which the model runs again as new", "", string(protoResponses), 0},
 		{CommitOnStreamError, "docker-agent #2890 (stream errors)", "T1",
 			"a turn whose model stream failed midway is committed with its partial reply although the client got an error", "", "", 0},
 		{CrossKeyLeak, "PROTOCOL.md T5 (conversations scoped per key)", "T5",
@@ -179,6 +191,8 @@ func Mutants() []MutantInfo {
 			"a first request for a new id that finds another first request's turn running is refused at once with 500 \"session is busy\" instead of waiting its turn; continuations of a committed conversation still wait", "", "", 0},
 		{FailedResponseChainable, "PROTOCOL.md T1 (responses: a failed response is never a base)", "T1",
 			"a response whose turn failed is stored anyway, with its user input and any partial reply: a request chaining from it (previous_response_id, known from response.created) succeeds and sends the model the failed input", "", string(protoResponses), 0},
+		{StoreFalseKept, "PROTOCOL.md T1 (responses: a response not stored is no base)", "T1",
+			"a Responses API response whose request said store: false is stored all the same: a request chained from it succeeds and sends the model its turn", "", string(protoResponses), 0},
 		{ResponseCrossKey, "PROTOCOL.md T5 (responses scoped per key)", "T5",
 			"previous_response_id is looked up without the API key's scope: another key chains from the response and the model sees its history", "", string(protoResponses), 0},
 		{SessionExactSourceKey, "docker-agent #3410", "T8",

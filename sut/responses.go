@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -71,7 +73,8 @@ func decodeResponsesRequest(body []byte) (*responsesRequest, error) {
 }
 
 // decodeInput reads "input": a string, one user message, or an array of
-// items (decodeItems).
+// items (decodeItems). A blank string says nothing: it is refused, where
+// a blank message among items is appended as any item is.
 func decodeInput(raw json.RawMessage) ([]openai.Message, error) {
 	if raw == nil || isNullJSON(raw) {
 		return nil, errors.New(`"input" is required: a string, or an array of {"role","content"} items`)
@@ -80,6 +83,9 @@ func decodeInput(raw json.RawMessage) ([]openai.Message, error) {
 	if json.Unmarshal(raw, &text) == nil {
 		if len(text) > MaxContentBytes {
 			return nil, fmt.Errorf(`"input" is over %d bytes`, MaxContentBytes)
+		}
+		if strings.TrimSpace(text) == "" {
+			return nil, errors.New(`"input" is blank: nothing to append`)
 		}
 		return []openai.Message{{Role: openai.RoleUser, Content: openai.Content(text)}}, nil
 	}
@@ -126,21 +132,20 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	user, err := s.newUserMessage(req.input)
-	if err != nil {
-		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+	if len(req.input) == 0 {
+		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", `"input" is empty: nothing to append`)
 		return
 	}
 	resp := s.newResponseResponder(req)
 	if req.conversation != "" {
 		t := &turn{key: convKey{scope: scope, id: nsResponseConversation + req.conversation}, proto: protoResponses}
-		s.converse(w, r, t, user, req.model, resp)
+		s.converse(w, r, t, req.input, req.model, resp)
 		return
 	}
 	// A response of its own: no lock, as nothing but this turn can ever
 	// write its id, and the response it chains from never changes.
 	t := &turn{key: convKey{scope: scope, id: nsResponse + resp.obj.ID}, proto: protoResponses, chained: true,
-		stateful: req.store, release: func() {}}
+		stateful: req.store || s.cfg.Mutant == StoreFalseKept, release: func() {}}
 	// Every way out releases the lock the branch-mutates-base mutant
 	// takes (lockBase); t.release is read when the function returns, as
 	// lockBase replaces it.
@@ -156,10 +161,66 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 			return
 		}
 	}
-	if !s.prepare(w, t, base, user, req.model) {
+	if !s.prepare(w, t, base, req.input, req.model) {
 		return
 	}
 	s.run(w, r, t, resp)
+}
+
+// checkToolInput refuses a Responses request's input whose client tool
+// items do not pair, as OpenAI refuses it: an output that answers no call
+// of the history or of the input before it ("no tool call found for
+// function call output"), a call answered twice, or a call of the input
+// left without its output. A model must never be sent a tool result
+// without its call, nor a call without its result (T9).
+func checkToolInput(history []*message, input []openai.Message) error {
+	open := map[string]bool{} // calls not answered yet
+	for _, m := range history {
+		for _, c := range m.ToolCalls {
+			open[c.ID] = true
+		}
+		if m.Role == openai.RoleTool {
+			delete(open, m.ToolCallID)
+		}
+	}
+	asked := map[string]bool{}
+	for _, m := range input {
+		for _, c := range m.ToolCalls {
+			open[c.ID], asked[c.ID] = true, true
+		}
+		if m.Role != openai.RoleTool {
+			continue
+		}
+		if !open[m.ToolCallID] {
+			return fmt.Errorf("no tool call found for function call output with call_id %.300q: it answers no open call of the history or the input", m.ToolCallID)
+		}
+		delete(open, m.ToolCallID)
+		delete(asked, m.ToolCallID)
+	}
+	for _, m := range input {
+		for _, c := range m.ToolCalls {
+			if asked[c.ID] {
+				return fmt.Errorf("no tool output found for function call %.300q: send its function_call_output with it", c.ID)
+			}
+		}
+	}
+	return nil
+}
+
+// replayOnToolOutput is input, but under the replay-on-tool-output mutant,
+// for an input without a usable user message (a client tool's output, a
+// blank message), input followed by the last user message of the history
+// it continues: that turn runs again as if it were new.
+func (s *Server) replayOnToolOutput(base *conversation, input []openai.Message) []openai.Message {
+	if s.cfg.Mutant != ReplayOnToolOutput || slices.ContainsFunc(input, usable) {
+		return input
+	}
+	for i := len(base.messages) - 1; i >= 0; i-- {
+		if m := base.messages[i]; m.Role == openai.RoleUser && usable(m.Message) {
+			return append(slices.Clip(input), openai.Message{Role: openai.RoleUser, Content: m.Content})
+		}
+	}
+	return input
 }
 
 // lockBase takes, under the branch-mutates-base mutant alone, the lock of

@@ -301,7 +301,8 @@ func TestResponsesChain(t *testing.T) {
 	_, h = e.okResponse(t, respReq{tok: "tc-u5", previous: r3.ID})
 	assert.Equal(t, toks("u1", "a1", "u2", "a2", "u3", "a3", "u5"), h)
 
-	// A string input is one user message; only the last item is new.
+	// A string input is one user message; every item of an array is
+	// appended, in order, as OpenAI's Responses API does.
 	n := e.model.CallCount()
 	obj := decodeResponse(t, e.respond(t, respReq{input: "tc-u6 as a string", tok: "tc-u6", previous: r1.ID}))
 	requireResponse(t, obj, "tc-u6", r1.ID)
@@ -315,7 +316,7 @@ func TestResponsesChain(t *testing.T) {
 	prev := obj.ID
 	obj = decodeResponse(t, e.respond(t, respReq{input: items, tok: "tc-u7", previous: prev}))
 	requireResponse(t, obj, "tc-u7", prev)
-	assert.Equal(t, toks("u1", "a1", "u6", "a6", "u7"), oneCall(t, e.model, n, "tc-u7"))
+	assert.Equal(t, toks("u1", "a1", "u6", "a6", "u90", "a90", "u7"), oneCall(t, e.model, n, "tc-u7"))
 
 	// Chat conversations are another namespace: a chat id that is a
 	// response's id is a new conversation.
@@ -574,12 +575,58 @@ func TestResponsesConversationMode(t *testing.T) {
 	})
 }
 
-// TestResponsesBadInput: a request without a usable new user message, or
-// malformed, is 400 before any model call, and changes nothing.
+// TestResponsesAppendsEveryItem: a continuation with no user message (a
+// client tool's call and output, a blank message, a system message) is
+// appended whole after the history it chains from, as OpenAI's Responses
+// API does: the model sees the last user message of that history still
+// answered, never again as new. Under replay-on-tool-output it sees that
+// message again as the new one (T3).
+func TestResponsesAppendsEveryItem(t *testing.T) {
+	tool := []any{
+		map[string]any{"type": "function_call", "call_id": "call_1", "name": "clock", "arguments": "{}"},
+		map[string]any{"type": "function_call_output", "call_id": "call_1", "output": "noon"},
+	}
+	for _, c := range []struct {
+		name   string
+		mutant sut.Mutant
+		want   []model.Token
+	}{
+		{"clean", sut.Clean, toks("u1", "a1")},
+		{"replay-on-tool-output", sut.ReplayOnToolOutput, toks("u1", "a1", "u1")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, sut.Config{Mutant: c.mutant})
+			base, _ := e.okResponse(t, respReq{tok: "tc-u1"})
+			for name, input := range map[string][]any{
+				"a tool's call and output": tool,
+				"a blank user message":     {map[string]any{"role": "user", "content": " "}},
+				"a system message":         {map[string]any{"role": "system", "content": "be brief"}},
+			} {
+				n := e.model.CallCount()
+				obj := decodeResponse(t, e.respond(t, respReq{input: input, previous: base.ID}))
+				assert.Equal(t, "completed", obj.Status, name)
+				calls := callsSince(e.model, n)
+				require.Len(t, calls, 1, name)
+				assert.Equal(t, c.want, calls[0].History, name)
+				if name == "a tool's call and output" {
+					assert.Equal(t, []model.ToolEvent{{Kind: model.UserMessage}, {Kind: model.ToolCalled, ID: "call_1"}, {Kind: model.ToolAnswered, ID: "call_1"}},
+						calls[0].Tools[:3], "the client's call and its output follow the history")
+				}
+			}
+			// The base never changed: a turn chained from it sees it alone.
+			_, h := e.okResponse(t, respReq{tok: "tc-u2", previous: base.ID})
+			assert.Equal(t, toks("u1", "a1", "u2"), h)
+		})
+	}
+}
+
+// TestResponsesBadInput: a malformed request, an input with nothing in
+// it, or client tool items that do not pair, is 400 before any model
+// call, and changes nothing.
 func TestResponsesBadInput(t *testing.T) {
 	e := newEnv(t, sut.Config{})
 	base, _ := e.okResponse(t, respReq{tok: "tc-u1"})
-	earlier := map[string]any{"role": "user", "content": "tc-u5 an earlier, usable user message"}
+	call := map[string]any{"type": "function_call", "call_id": "call_1", "name": "clock", "arguments": "{}"}
 	for name, body := range map[string]string{
 		"blank string":           `{"model":"m","input":"  \n"}`,
 		"empty string":           `{"model":"m","input":""}`,
@@ -587,10 +634,12 @@ func TestResponsesBadInput(t *testing.T) {
 		"no input":               `{"model":"m"}`,
 		"null input":             `{"model":"m","input":null}`,
 		"input a number":         `{"model":"m","input":5}`,
-		"last assistant":         respReq{input: []any{earlier, map[string]any{"role": "assistant", "content": "tc-a5"}}}.body(t),
-		"last system":            respReq{input: []any{earlier, map[string]any{"role": "system", "content": "be brief"}}}.body(t),
-		"last blank user":        respReq{input: []any{earlier, map[string]any{"role": "user", "content": " "}}}.body(t),
-		"last a tool output":     respReq{input: []any{earlier, map[string]any{"type": "function_call_output", "call_id": "x", "output": "tc-u5"}}}.body(t),
+		"a tool output alone":    respReq{input: []any{map[string]any{"type": "function_call_output", "call_id": "x", "output": "42"}}, previous: base.ID}.body(t),
+		"a tool call alone":      respReq{input: []any{call}, previous: base.ID}.body(t),
+		"a tool output twice":    respReq{input: []any{call, map[string]any{"type": "function_call_output", "call_id": "call_1", "output": "1"}, map[string]any{"type": "function_call_output", "call_id": "call_1", "output": "2"}}}.body(t),
+		"a tool output first":    respReq{input: []any{map[string]any{"type": "function_call_output", "call_id": "call_1", "output": "1"}, call}}.body(t),
+		"a call without call_id": respReq{input: []any{map[string]any{"type": "function_call", "name": "clock", "arguments": "{}"}}}.body(t),
+		"an output not a string": respReq{input: []any{call, map[string]any{"type": "function_call_output", "call_id": "call_1", "output": 5}}}.body(t),
 		"image part":             respReq{input: []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "input_image", "image_url": "x"}}}}}.body(t),
 		"both previous and conv": `{"model":"m","input":"tc-u5","previous_response_id":"` + base.ID + `","conversation":"c1"}`,
 		"blank conversation":     `{"model":"m","input":"tc-u5","conversation":" "}`,

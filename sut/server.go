@@ -757,11 +757,11 @@ func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id stri
 		if s.cfg.Mutant == CrossKeyLeak {
 			key.scope = ""
 		}
-		s.converse(w, r, &turn{key: key, proto: protoChat}, user, req.Model, resp)
+		s.converse(w, r, &turn{key: key, proto: protoChat}, userInput(user), req.Model, resp)
 		return
 	}
 	// Stateless: the array is the whole history.
-	if err := s.checkHistory(wrap(req.Messages[:len(req.Messages)-1]), user); err != nil {
+	if err := s.checkHistory(wrap(req.Messages[:len(req.Messages)-1]), userInput(user)); err != nil {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
@@ -770,9 +770,10 @@ func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id stri
 
 // converse runs turn t, whose key and protocol are set, on its
 // conversation, under the conversation's lock and by the server's
-// concurrency policy: the turn of a chat request with a conversation id,
-// of a Responses request in conversation mode, of a session.
-func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, user openai.Message, model string, resp responder) {
+// concurrency policy, with input appended to the history: the turn of a
+// chat request with a conversation id, of a Responses request in
+// conversation mode, of a session.
+func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, input []openai.Message, model string, resp responder) {
 	t.stateful = true
 	t.release = func() {}
 	base, err := s.acquire(r.Context(), t)
@@ -791,24 +792,39 @@ func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, user 
 		return
 	}
 	t.committed = len(base.messages)
-	if !s.prepare(w, t, base, user, model) {
+	if !s.prepare(w, t, base, input, model) {
 		return
 	}
 	s.run(w, r, t, resp)
 }
 
+// userInput is the input of a turn of chat or of a session: its new user
+// message alone, kept as text: whatever else the client put on it is not
+// the conversation's.
+func userInput(user openai.Message) []openai.Message {
+	return []openai.Message{{Role: openai.RoleUser, Content: user.Content}}
+}
+
 // prepare readies stateful turn t on the committed history base, for its
-// new user message: it refuses (answering, and releasing t's lock) a turn
-// that would overfill the history or has no agent to run with, before any
-// model call; otherwise it sets the turn's agent and its working copy, the
-// user message last, and reports true. A history that starts with this
-// turn records the agent's source key, with its first commit, never
-// changed after.
-func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, user openai.Message, model string) bool {
-	if err := s.checkHistory(base.messages, user); err != nil {
+// input (the new user message, or a Responses request's items): it
+// refuses (answering, and releasing t's lock) a turn that would overfill
+// the history, whose client tool outputs answer no call, or that has no
+// agent to run with, before any model call; otherwise it sets the turn's
+// agent and its working copy, the input last, and reports true. A history
+// that starts with this turn records the agent's source key, with its
+// first commit, never changed after.
+func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, input []openai.Message, model string) bool {
+	if t.proto == protoResponses {
+		input = s.replayOnToolOutput(base, input)
+	}
+	err := s.checkHistory(base.messages, input)
+	if err == nil {
+		err = checkToolInput(base.messages, input)
+	}
+	if err != nil {
 		// Refused before any model call: nothing changes.
 		t.release()
-		s.log.Info("conversation full; turn refused", "conversation", t.key.id, "err", err)
+		s.log.Info("input refused", "conversation", t.key.id, "err", err)
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return false
 	}
@@ -825,9 +841,9 @@ func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, use
 	if len(base.messages) == 0 && t.agent != nil {
 		t.work.source = t.agent.key
 	}
-	// The user message is kept as text alone: whatever else the client
-	// put on it is not the conversation's.
-	t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleUser, Content: user.Content}})
+	for _, m := range input {
+		t.work.messages = append(t.work.messages, &message{Message: m})
+	}
 	return true
 }
 

@@ -858,6 +858,36 @@ var mutantCases = []mutantCase{
 		mutant: sut.BranchMutatesBase,
 		run:    branchesMeetEitherWay,
 	},
+	{
+		mutant: sut.ReplayOnToolOutput,
+		run: func(t *testing.T, e *env) bool {
+			base, _ := e.okResponse(t, respReq{tok: "tc-u1"})
+			n := e.model.CallCount()
+			tool := []any{
+				map[string]any{"type": "function_call", "call_id": "call_1", "name": "clock", "arguments": "{}"},
+				map[string]any{"type": "function_call_output", "call_id": "call_1", "output": "noon"},
+			}
+			decodeResponse(t, e.respond(t, respReq{input: tool, previous: base.ID}))
+			calls := callsSince(e.model, n)
+			require.Len(t, calls, 1)
+			// The last user message of the history ran again as new.
+			return assert.ObjectsAreEqual(toks("u1", "a1", "u1"), calls[0].History)
+		},
+	},
+	{
+		mutant: sut.StoreFalseKept,
+		run: func(t *testing.T, e *env) bool {
+			unstored, _ := e.okResponse(t, respReq{tok: "tc-u1", noStore: true})
+			r := e.respond(t, respReq{tok: "tc-u2", previous: unstored.ID})
+			if r.status == http.StatusNotFound {
+				requireErrorBody(t, r, http.StatusNotFound, "invalid_request_error")
+				return false
+			}
+			// The response not stored was a base.
+			requireResponse(t, decodeResponse(t, r), "tc-u2", unstored.ID)
+			return true
+		},
+	},
 }
 
 func TestMutantsBite(t *testing.T) {

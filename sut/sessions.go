@@ -102,7 +102,7 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 			openai.WriteError(w, http.StatusNotFound, "not_found", "no such session: create one with POST "+sessionsPath)
 			return
 		}
-		s.converse(w, r, t, user, agent, sessionResponder{})
+		s.converse(w, r, t, userInput(user), agent, sessionResponder{})
 	})
 }
 

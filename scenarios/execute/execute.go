@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync/atomic"
 	"time"
 
@@ -326,8 +327,15 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		op.Turn.Conv = op.Send.Conv
 		op.Turn.User = op.Send.Token
 		op.Turn.Usable = op.Send.Token != ""
+		op.Turn.Appends = e.profile.Protocol == targets.Responses
+		op.Turn.Unstored = op.Send.NoStore
 		op.Turn.Outcome = op.Response.Outcome
 		op.Turn.Status = op.Response.Status
+		if op.Response.NotFound() {
+			// OpenAI's 400 previous_response_not_found is a 404 by another
+			// name: what the server names is not found.
+			op.Turn.Status = http.StatusNotFound
+		}
 		op.Turn.Reply = op.Response.Reply
 		op.Turn.TimedOut = op.Response.TimedOut
 		op.Turn.Open = op.Response.Open

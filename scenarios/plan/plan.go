@@ -93,6 +93,15 @@ type Send struct {
 	// Messages are the request's messages, as sent.
 	Messages []openai.Message `json:"messages"`
 	Stream   bool             `json:"stream,omitempty"`
+	// NoStore asks a Responses API server not to store the turn's
+	// response (store: false): it runs and is answered as any turn, and is
+	// no one's base; the conversation goes on from the response before it.
+	NoStore bool `json:"noStore,omitempty"`
+	// InConversation names the turn's conversation with the Responses
+	// API's conversation parameter instead of chaining it from a
+	// response: its input is appended to that conversation, and its turns
+	// run one after another, as under chat.
+	InConversation bool `json:"inConversation,omitempty"`
 	// Rounds are the tool calls the fake model asks for before it
 	// replies, round by round (a server that offers no tools gets the
 	// reply at once).
@@ -430,6 +439,43 @@ var InvalidShapes = []struct {
 		return []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}, p, {Role: openai.RoleAssistant, Content: "Noted."}, {Role: openai.RoleUser, Content: "   "}}
 	}},
 }
+
+// AppendedShapes are continuations without a new user message for a
+// server that appends a request's input whole to the history it
+// continues (the Responses API): a client tool's call and its output, as
+// a client that runs a tool of its own sends them; an output that answers
+// no call (OpenAI refuses it with 400); a blank user message; a system
+// message; an assistant message. None carries an earlier user message:
+// such a server appends that one too, as the client asked.
+var AppendedShapes = []struct {
+	Name  string
+	Build func(prev openai.Message) []openai.Message
+}{
+	{"a client tool's call and its output", func(openai.Message) []openai.Message {
+		return []openai.Message{
+			{Role: openai.RoleAssistant, ToolCalls: []openai.ToolCall{{ID: ClientCallID, Type: openai.TypeFunction,
+				Function: openai.FunctionCall{Name: "clock", Arguments: "{}"}}}},
+			{Role: openai.RoleTool, ToolCallID: ClientCallID, Content: "noon"},
+		}
+	}},
+	{"a client tool's output answering no call", func(openai.Message) []openai.Message {
+		return []openai.Message{{Role: openai.RoleTool, ToolCallID: ClientCallID, Content: "noon"}}
+	}},
+	{"a blank user message", func(openai.Message) []openai.Message {
+		return []openai.Message{{Role: openai.RoleUser, Content: " \n\t "}}
+	}},
+	{"a system message", func(openai.Message) []openai.Message {
+		return []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}}
+	}},
+	{"an assistant message", func(openai.Message) []openai.Message {
+		return []openai.Message{{Role: openai.RoleAssistant, Content: "Noted."}}
+	}},
+}
+
+// ClientCallID is the id of the tool call a client of the Responses API
+// ran itself, in AppendedShapes: not one the fake model gives
+// (model.ToolCallID), so no turn owns it.
+const ClientCallID = "call_client_1"
 
 // UserText is the text of the user message carrying tok.
 func UserText(tok model.Token) string { return fmt.Sprintf("Please remember %s.", tok) }

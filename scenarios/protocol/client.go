@@ -57,6 +57,10 @@ type Request struct {
 	// reports which client it saw go away names the request by it. It is
 	// the harness's, not the turn's, and is not saved.
 	Tag string `json:"-"`
+	// noUser marks a request without a new user message, noStore one
+	// whose response is not to be stored, and inConversation one that
+	// names a Responses API conversation: none moves a chain.
+	noUser, noStore, inConversation bool
 }
 
 // Response is what the client learned of a request.
@@ -84,6 +88,19 @@ type Response struct {
 	// ended the response (an error chunk followed by a stream that did
 	// not end within ErrorDrain).
 	Open bool `json:"open,omitempty"`
+	// Code is the error body's code, where it has one
+	// ("previous_response_not_found").
+	Code string `json:"code,omitempty"`
+}
+
+// CodeNotFound is the code of OpenAI's answer to a previous_response_id it
+// does not have: 400 previous_response_not_found.
+const CodeNotFound = "previous_response_not_found"
+
+// NotFound reports whether r says that what the request names is not
+// found: 404, or OpenAI's 400 previous_response_not_found.
+func (r Response) NotFound() bool {
+	return r.Outcome == model.Fail && (r.Status == http.StatusNotFound || r.Status == http.StatusBadRequest && r.Code == CodeNotFound)
 }
 
 // The causes a summary counts outcomes by, where a status does not say.
@@ -235,7 +252,7 @@ func (c *Client) Send(ctx context.Context, req Request) Response {
 	switch {
 	case resp.StatusCode >= 400:
 		out.Outcome = model.Fail
-		out.Detail = errorMessage(io.LimitReader(resp.Body, maxResponseBytes))
+		out.Detail, out.Code = errorMessage(io.LimitReader(resp.Body, maxResponseBytes))
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		out = unexpected(resp.StatusCode, out)
 	default:
@@ -320,12 +337,23 @@ func clipReply(s string) string {
 	return s
 }
 
-func errorMessage(r io.Reader) string {
-	msg, ok := openai.ReadErrorMessage(r)
+// errorMessage reads an error response: its message, and its code, if it
+// has one.
+func errorMessage(r io.Reader) (msg, code string) {
+	raw, _ := io.ReadAll(io.LimitReader(r, 4096))
+	msg, ok := openai.ReadErrorMessage(bytes.NewReader(raw))
 	if !ok {
-		return "body not an OpenAI error: " + msg
+		return "body not an OpenAI error: " + msg, ""
 	}
-	return msg
+	var body struct {
+		Error struct {
+			Code json.RawMessage `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(raw, &body) == nil {
+		_ = json.Unmarshal(body.Error.Code, &code) // a code that is not a string is none
+	}
+	return msg, code
 }
 
 func transportError(ctx context.Context, err error) string {

@@ -46,7 +46,11 @@ func TestResponsesChain(t *testing.T) {
 	a := model.ConversationRef{Key: "key-a", ID: "conv-1"}
 	b := model.ConversationRef{Key: "key-b", ID: "conv-1"}
 	next := func(conv model.ConversationRef) Request {
-		return c.NewRequest(context.Background(), plan.Send{Conv: conv, Messages: userMessage("hi"), Stream: true})
+		return c.NewRequest(context.Background(), plan.Send{Conv: conv, Token: "tc-u1", Messages: userMessage("tc-u1"), Stream: true})
+	}
+	// probe is a request on conv without a new user message.
+	probe := func(conv model.ConversationRef) Request {
+		return c.NewRequest(context.Background(), plan.Send{Conv: conv, Messages: []openai.Message{{Role: openai.RoleUser, Content: " "}}})
 	}
 
 	first := next(a)
@@ -61,10 +65,15 @@ func TestResponsesChain(t *testing.T) {
 	w.learn(failed, Response{Outcome: model.Fail, Status: 502})
 	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "a failure without an id changes nothing")
 	w.learn(failed, Response{Outcome: model.Fail, ID: "resp_2"})
-	probe := next(a)
-	assert.Equal(t, "resp_2", chainedFrom(t, probe), "the failed response is chained from once")
-	w.learn(probe, Response{Outcome: model.Fail, Status: 404})
+	assert.Equal(t, "resp_1", chainedFrom(t, probe(a)), "a request without a new user message chains from the head")
+	onFailed := next(a)
+	assert.Equal(t, "resp_2", chainedFrom(t, onFailed), "the failed response is chained from once")
+	w.learn(onFailed, Response{Outcome: model.Fail, Status: 404})
 	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "then the chain goes on from its head")
+	for _, out := range []Response{{Outcome: model.OK, ID: "resp_p"}, {Outcome: model.Unknown, ID: "resp_p"}, {Outcome: model.Fail, ID: "resp_p"}} {
+		w.learn(probe(a), out)
+		assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "a request without a new user message moves no chain (%s)", out.Outcome)
+	}
 
 	lost := next(a)
 	w.learn(lost, Response{Outcome: model.Unknown, ID: "resp_3"})
@@ -72,8 +81,13 @@ func TestResponsesChain(t *testing.T) {
 	assert.Equal(t, "resp_3", chainedFrom(t, resume), "an unknown response is chained from: whole or absent (T6)")
 	w.learn(resume, Response{Outcome: model.Fail, Status: 502})
 	assert.Equal(t, "resp_3", chainedFrom(t, next(a)), "a failure that is not a 404 says nothing of it")
-	w.learn(resume, Response{Outcome: model.Fail, Status: 404})
-	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "the server does not have it: back to the last completed response")
+	w.learn(resume, Response{Outcome: model.Fail, Status: 400})
+	assert.Equal(t, "resp_3", chainedFrom(t, next(a)), "a 400 without OpenAI's code says nothing of it")
+	w.learn(resume, Response{Outcome: model.Fail, Status: 400, Code: CodeNotFound})
+	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "the server does not have it (OpenAI's 400): back to the last completed response")
+	w.learn(next(a), Response{Outcome: model.Unknown, ID: "resp_3"})
+	w.learn(next(a), Response{Outcome: model.Fail, Status: 404})
+	assert.Equal(t, "resp_1", chainedFrom(t, next(a)), "the server does not have it (404): back to the last completed response")
 
 	w.learn(next(a), Response{Outcome: model.Unknown, ID: "resp_4"})
 	w.learn(next(a), Response{Outcome: model.Fail, ID: "resp_5"})
@@ -226,4 +240,38 @@ func TestEventFields(t *testing.T) {
 	for _, missing := range []string{"message.content.1.text", "message.content.x", "type.more", "nothing", "message.content.-1"} {
 		assert.Nil(t, field(ev, missing), missing)
 	}
+}
+
+// TestResponsesInputItems: a client tool's call and output go as OpenAI's
+// function_call and function_call_output items, any other message as a
+// message item, blank text kept.
+func TestResponsesInputItems(t *testing.T) {
+	msgs := []openai.Message{
+		{Role: openai.RoleAssistant, ToolCalls: []openai.ToolCall{{ID: "call_1", Type: openai.TypeFunction, Function: openai.FunctionCall{Name: "clock", Arguments: "{}"}}}},
+		{Role: openai.RoleTool, ToolCallID: "call_1", Content: "noon"},
+		{Role: openai.RoleUser, Content: ""},
+	}
+	raw, err := json.Marshal(inputItems(msgs))
+	require.NoError(t, err)
+	assert.JSONEq(t, `[{"type":"function_call","call_id":"call_1","name":"clock","arguments":"{}"},
+		{"type":"function_call_output","call_id":"call_1","output":"noon"},
+		{"type":"message","role":"user","content":""}]`, string(raw))
+}
+
+// TestErrorCode: an error body's code is read beside its message; a code
+// that is null or not a string is none.
+func TestErrorCode(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"error":{"message":"Previous response with id 'resp_1' not found.","type":"invalid_request_error","code":"previous_response_not_found"}}`: CodeNotFound,
+		`{"error":{"message":"m","type":"t","code":null}}`: "",
+		`{"error":{"message":"m","type":"t","code":5}}`:    "",
+		`{"error":{"message":"m","type":"t"}}`:             "",
+		`not json`:                                         "",
+	} {
+		_, code := errorMessage(strings.NewReader(body))
+		assert.Equal(t, want, code, body)
+	}
+	assert.True(t, Response{Outcome: model.Fail, Status: 400, Code: CodeNotFound}.NotFound())
+	assert.True(t, Response{Outcome: model.Fail, Status: 404}.NotFound())
+	assert.False(t, Response{Outcome: model.Fail, Status: 400}.NotFound())
 }

@@ -50,41 +50,86 @@ func newResponses() *responses {
 
 // responsesRequest is the body of a turn.
 type responsesRequest struct {
-	Model              string          `json:"model"`
-	Input              []responsesItem `json:"input"`
-	PreviousResponseID string          `json:"previous_response_id,omitempty"`
-	Store              bool            `json:"store"`
-	Stream             bool            `json:"stream"`
+	Model              string `json:"model"`
+	Input              []any  `json:"input"`
+	PreviousResponseID string `json:"previous_response_id,omitempty"`
+	Conversation       string `json:"conversation,omitempty"`
+	Store              bool   `json:"store"`
+	Stream             bool   `json:"stream"`
 }
 
-// responsesItem is one input message.
-type responsesItem struct {
-	Type    string `json:"type"`
-	Role    string `json:"role"`
-	Content string `json:"content"`
+// The input items: a message, and a client tool's call and its output.
+type (
+	messageItem struct {
+		Type    string `json:"type"`
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	functionCallItem struct {
+		Type      string `json:"type"`
+		CallID    string `json:"call_id"`
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	}
+	functionCallOutputItem struct {
+		Type   string `json:"type"`
+		CallID string `json:"call_id"`
+		Output string `json:"output"`
+	}
+)
+
+// inputItems are msgs as Responses API input items: an assistant message's
+// tool calls are function_call items, a tool message is the
+// function_call_output of the call it answers, any other message a
+// message item.
+func inputItems(msgs []openai.Message) []any {
+	items := []any{}
+	for _, m := range msgs {
+		switch {
+		case m.Role == openai.RoleAssistant && len(m.ToolCalls) > 0:
+			for _, c := range m.ToolCalls {
+				items = append(items, functionCallItem{Type: "function_call", CallID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
+			}
+		case m.Role == openai.RoleTool:
+			items = append(items, functionCallOutputItem{Type: "function_call_output", CallID: m.ToolCallID, Output: string(m.Content)})
+		default:
+			items = append(items, messageItem{Type: "message", Role: m.Role, Content: string(m.Content)})
+		}
+	}
+	return items
 }
 
 func (w *responses) request(_ context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
-	body := responsesRequest{Model: c.profile.Model, Store: true, Stream: s.Stream, PreviousResponseID: w.chainFrom(s.Conv, s.From)}
-	for _, m := range msgs {
-		body.Input = append(body.Input, responsesItem{Type: "message", Role: string(m.Role), Content: string(m.Content)})
+	probe := s.Token == ""
+	body := responsesRequest{Model: c.profile.Model, Input: inputItems(msgs), Store: !s.NoStore, Stream: s.Stream}
+	if s.InConversation {
+		// A conversation of the server's, named as chat names one: no
+		// chain to follow.
+		body.Conversation = c.ns + s.Conv.ID
+	} else {
+		body.PreviousResponseID = w.chainFrom(s.Conv, s.From, probe)
 	}
 	raw, err := json.Marshal(body)
 	if err != nil {
 		panic(err) // plain strings always encode
 	}
-	return Request{Conv: s.Conv, Path: responsesPath, Body: raw, Stream: s.Stream, ChainedFrom: body.PreviousResponseID}
+	return Request{Conv: s.Conv, Path: responsesPath, Body: raw, Stream: s.Stream, ChainedFrom: body.PreviousResponseID,
+		noUser: probe, noStore: s.NoStore, inConversation: s.InConversation}
 }
 
 // chainFrom is the response a turn on conv chains from: a failed response
-// to probe, or the head. A conversation with no chain of its own chains
-// from the head of the conversation it branches from, if any; failing
-// that, from the head of another key's conversation with its id: that
-// must not be found under this key (T5).
-func (w *responses) chainFrom(conv model.ConversationRef, from *model.ConversationRef) string {
+// to probe, or the head; a request without a new user message (probe)
+// chains from the head alone. A conversation with no chain of its own
+// chains from the head of the conversation it branches from, if any;
+// failing that, from the head of another key's conversation with its id:
+// that must not be found under this key (T5).
+func (w *responses) chainFrom(conv model.ConversationRef, from *model.ConversationRef, probe bool) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if h, ok := w.heads[conv]; ok {
+		if probe {
+			return h.id
+		}
 		return cmp.Or(h.failed, h.id)
 	}
 	if from != nil {
@@ -104,8 +149,15 @@ func (*responses) headers(*Client, Request) map[string]string { return nil }
 // learn moves conv's chain on: to a response that ended ok, or whose
 // outcome the client never learned (the next turn shows whether the
 // server kept it whole or not at all, T6); back to the last response that
-// completed when the server says it does not have such a one.
+// completed when the server says it does not have such a one. A request
+// without a new user message moves no chain: its response holds no turn
+// of the conversation, and is chained from by nothing. A response not
+// stored (store: false) moves none either: the next turn chains from it
+// once, as from a failed one, to check that it is no base (T1).
 func (w *responses) learn(req Request, out Response) {
+	if req.inConversation {
+		return // the server's conversation goes on by itself
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h, mine := w.heads[req.Conv]
@@ -113,14 +165,20 @@ func (w *responses) learn(req Request, out Response) {
 		h.failed = "" // probed once
 	}
 	switch {
+	case out.NotFound() && h.unknown && req.ChainedFrom == h.id:
+		h = chainHead{id: h.done, done: h.done}
+	case req.noUser:
+		return
+	case req.noStore && out.Outcome != model.Unknown && out.ID != "":
+		h.failed = out.ID
+	case req.noStore:
+		return
 	case out.Outcome == model.OK && out.ID != "":
 		h = chainHead{id: out.ID, done: out.ID}
 	case out.Outcome == model.Unknown && out.ID != "":
 		h = chainHead{id: out.ID, done: h.done, unknown: true}
 	case out.Outcome == model.Fail && out.ID != "":
 		h.failed = out.ID
-	case out.Outcome == model.Fail && out.Status == http.StatusNotFound && h.unknown && req.ChainedFrom == h.id:
-		h = chainHead{id: h.done, done: h.done}
 	case !mine:
 		return // a refused turn on a conversation with no chain starts none
 	}

@@ -29,6 +29,9 @@ type conv struct {
 	lastUser openai.Message
 	// failed are user tokens whose latest attempt failed: retry candidates.
 	failed []model.Token
+	// inConv names it, under the Responses API, with the conversation
+	// parameter rather than as a chain of responses.
+	inConv bool
 }
 
 // Machine is one check's state machine. Its actions only draw plans (every
@@ -80,6 +83,9 @@ func (m *Machine) Actions() map[string]func(*rapid.T) {
 	if len(m.Profile.Keys) >= 2 {
 		a["same id, other key"] = m.otherKey
 	}
+	if m.Profile.Protocol == targets.Responses {
+		a["unstored turn"] = m.unstoredTurn
+	}
 	if _, ok := m.Server.(targets.Restarter); ok && (m.Profile.Durability.Restart || m.Profile.Durability.Crash) {
 		a["restart"] = m.restart
 	}
@@ -88,8 +94,8 @@ func (m *Machine) Actions() map[string]func(*rapid.T) {
 
 // restart stops the server, gracefully or by a crash (as its profile
 // declares it survives), and starts it again on the same data, now and
-// then loading its agent under another query, or twice under one stable
-// key (T7, T8).
+// then, once a conversation has resumed after a plain restart, loading
+// its agent under another query, or twice under one stable key (T7, T8).
 func (m *Machine) restart(t *rapid.T) {
 	if !m.committed {
 		// A restart of a server with nothing to lose shows nothing, and
@@ -98,7 +104,10 @@ func (m *Machine) restart(t *rapid.T) {
 	}
 	d := m.Profile.Durability
 	r := plan.Restart{Crash: !d.Restart || (d.Crash && rapid.Bool().Draw(t, "crash"))}
-	if m.Profile.Agent != "" {
+	if m.Profile.Agent != "" && m.Ref.Survived() {
+		// Only once a conversation has resumed after a plain restart: a
+		// server that keeps none across one is durability's finding (T7),
+		// never the source change's (T8).
 		// Two sources on one stable key refuse every resume: such a spell
 		// ends at the next restart, which loads one source again.
 		low, high := 0, 2
@@ -132,8 +141,9 @@ func (m *Machine) restart(t *rapid.T) {
 		// The server dies while a turn's model call is held: the turn's
 		// outcome is unknown, and it is committed whole or not at all (T6).
 		c := newest(t, m.convs, "conversation")
-		p = plan.Plan{Action: "crash mid-turn", Restart: &r, Release: []int{0},
-			Sends: []plan.Send{plan.TurnSend(c.ref, m.newToken(), rapid.Bool().Draw(t, "stream"))}}
+		s := plan.TurnSend(c.ref, m.newToken(), rapid.Bool().Draw(t, "stream"))
+		s.InConversation = c.inConv
+		p = plan.Plan{Action: "crash mid-turn", Restart: &r, Release: []int{0}, Sends: []plan.Send{s}}
 	}
 	m.step(t, p)
 }
@@ -181,7 +191,25 @@ func (m *Machine) otherKey(t *rapid.T) {
 	others := slices.DeleteFunc(slices.Clone(m.Profile.Keys), func(k string) bool { return k == src.ref.Key })
 	key := rapid.SampledFrom(others).Draw(t, "other key")
 	c := m.conv(model.ConversationRef{Key: key, ID: src.ref.ID})
+	c.inConv = src.inConv // the same id, named the same way
 	m.step(t, plan.Single("same id, other key", m.drawTurn(t, c, m.newToken(), true)))
+}
+
+// unstoredTurn continues a conversation with a turn whose response is not
+// to be stored (store: false, the Responses API): the next turn chains
+// from it once, and must find it not found or see nothing of it, and the
+// conversation goes on without it (T1).
+func (m *Machine) unstoredTurn(t *rapid.T) {
+	if len(m.convs) == 0 {
+		t.Skip("no conversation yet")
+	}
+	c := newest(t, m.convs, "conversation")
+	if c.inConv {
+		t.Skip("a conversation of the server's keeps what it is sent")
+	}
+	s := m.drawTurn(t, c, m.newToken(), true)
+	s.NoStore = true
+	m.step(t, plan.Single("unstored turn", s))
 }
 
 func (m *Machine) invalidContinuation(t *rapid.T) {
@@ -189,7 +217,18 @@ func (m *Machine) invalidContinuation(t *rapid.T) {
 		t.Skip("no conversation yet")
 	}
 	c := newest(t, m.convs, "conversation")
-	shape := plan.InvalidShapes[rapid.IntRange(0, len(plan.InvalidShapes)-1).Draw(t, "shape")]
+	shapes := plan.InvalidShapes
+	if m.Profile.Protocol == targets.Responses {
+		// The input is appended whole (OpenAI's semantics): what is judged
+		// is that no committed user message is run again as new (T3).
+		shapes = plan.AppendedShapes
+	}
+	if c.inConv {
+		// Its input would be kept in the conversation, a turn without a
+		// token the model does not follow.
+		t.Skip("a conversation of the server's keeps what it is sent")
+	}
+	shape := shapes[rapid.IntRange(0, len(shapes)-1).Draw(t, "shape")]
 	s := plan.Send{Conv: c.ref, Messages: shape.Build(c.lastUser), Stream: rapid.Bool().Draw(t, "stream")}
 	m.step(t, plan.Single("invalid continuation: "+shape.Name, s))
 }
@@ -217,7 +256,7 @@ func (m *Machine) burst(t *rapid.T) {
 			on = newest(t, m.convs, "other conversation")
 		}
 		var from *model.ConversationRef
-		if branches && sent[on] {
+		if branches && sent[on] && !on.inConv {
 			base := on.ref
 			from, on = &base, m.branch(t, on)
 		}
@@ -235,6 +274,7 @@ func (m *Machine) burst(t *rapid.T) {
 // wrong with it.
 func (m *Machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool) plan.Send {
 	s := plan.TurnSend(c.ref, tok, rapid.Bool().Draw(t, "stream"))
+	s.InConversation = c.inConv
 	if m.Profile.Tools {
 		plan.DrawRounds(t, &s)
 	}
@@ -260,7 +300,11 @@ func (m *Machine) newConv(t *rapid.T) *conv {
 		key = rapid.SampledFrom(m.Profile.Keys).Draw(t, "key")
 	}
 	m.ids++
-	return m.conv(model.ConversationRef{Key: key, ID: fmt.Sprintf("conv-%d", m.ids)})
+	c := m.conv(model.ConversationRef{Key: key, ID: fmt.Sprintf("conv-%d", m.ids)})
+	// Under the Responses API, one conversation in four is the server's
+	// own (the conversation parameter), the others chains of responses.
+	c.inConv = m.Profile.Protocol == targets.Responses && rapid.IntRange(0, 3).Draw(t, "conversation parameter") == 3
+	return c
 }
 
 // step executes p and checks it; a violation fails the run. On a server
