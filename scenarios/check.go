@@ -135,10 +135,13 @@ var ErrInterrupted = errors.New("interrupted")
 var rapidFlags sync.Mutex
 
 // Check runs the state machine against target and reports what it found.
-// A broken invariant is a Result with a Failure, and no error. The error
-// says the run could not be carried out (the target or the fake model did
-// not start), left something behind (a server that did not stop cleanly),
-// or was interrupted (ErrInterrupted; the Result holds what was found).
+// A broken invariant, or a server that went down on its own (model.Crash),
+// is a Result with a Failure, and no error. The error says the run could
+// not be carried out (the target or the fake model did not start, or a
+// setup error), left something behind (a server that did not stop
+// cleanly), saw the server exit where no step shows the cause (between
+// two checks), or was interrupted (ErrInterrupted; the Result holds what
+// was found).
 func Check(target targets.Target, opts Options) (*report.Result, error) {
 	if err := opts.Shard.check(); err != nil {
 		return nil, err
@@ -148,6 +151,10 @@ func Check(target targets.Target, opts Options) (*report.Result, error) {
 		return nil, err
 	}
 	res, err := check(l, opts)
+	if between := exitedBetween(l); err == nil && res.Failure == nil && len(between) > 0 {
+		// No step shows it, but the server went down: never a pass.
+		err = errors.New(strings.Join(between, "\n"))
+	}
 	if cerr := l.Close(); cerr != nil {
 		if res != nil && res.Failure != nil && err == nil {
 			// The violation comes first; the leftover is said after it.

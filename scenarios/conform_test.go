@@ -199,7 +199,7 @@ func TestSameCauseIsNotAPass(t *testing.T) {
 	s.Invariants[model.T1], s.Invariants[model.T10] = 5, 5
 	s.SameCause[model.T10] = 2
 	found := map[model.Invariant]*report.Failure{model.T1: {Violation: &model.Violation{Invariant: model.T1, Kind: model.Leftover, Reason: "left"}}}
-	c := &report.Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Tools: true}, refuseAll{}, false, nil, *s, found)}
+	c := &report.Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Tools: true}, refuseAll{}, false, false, nil, *s, found)}
 	v := c.Verdict(model.T10)
 	assert.Equal(t, report.SameCause, v.Status)
 	assert.Contains(t, v.Reason, "T1 (leftover)")
@@ -262,7 +262,8 @@ func (s oneSourceServer) Restart(crash bool, refs []string) error {
 // TestOneSourceAtATime: a server that loads one agent source at a time,
 // declared so, is never restarted with two; it conforms, its T8 judged on
 // the changed source alone and saying so. Undeclared, the restart it
-// cannot make shows (the harness draws two sources).
+// cannot make is a setup error that names the profile's field, no verdict
+// on the server (neither T7 nor a crash).
 func TestOneSourceAtATime(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
 	c, err := Conform(oneSource{declared: true}, Options{Checks: 15, Seed: 7})
@@ -274,7 +275,10 @@ func TestOneSourceAtATime(t *testing.T) {
 	assert.Contains(t, c.Text(targets.Profile{}), "two sources on one stable key not applicable")
 
 	c, err = Conform(oneSource{}, Options{Checks: 15, Seed: 7})
-	require.NoError(t, err)
-	assert.False(t, c.Passed(), "a restart with two sources was never drawn: pick a seed that draws one")
-	assert.Contains(t, c.Text(targets.Profile{}), "accepts 1 arg(s), received 2")
+	require.Error(t, err, "a restart with two sources was never drawn: pick a seed that draws one")
+	assert.Contains(t, err.Error(), "set server.one_source: true in the profile")
+	assert.Contains(t, err.Error(), "accepts 1 arg(s), received 2")
+	for _, v := range c.Verdicts {
+		assert.NotEqual(t, report.Fail, v.Status, "a setup error judged as the server's %s: %+v", v.Invariant, v)
+	}
 }

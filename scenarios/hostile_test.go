@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/crashtest"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/sut"
@@ -38,7 +39,12 @@ import (
 // plays (see runHostileChild).
 const hostileEnv = "TURNCHECK_HOSTILE"
 
-func init() { hostileMain = runHostileChild }
+func init() {
+	hostileMain = func() {
+		runHostileChild()
+		crashtest.Main()
+	}
+}
 
 const (
 	// hostileSeed fixes the steps of every run here.
