@@ -274,6 +274,12 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 		f.Report = report.FormatFailure(f.Violation, f.History, profile)
 		f.Shrink, f.ShrinkNote = s.State()
+	case s.Unreplayed() != nil:
+		// No replay ran: nothing says the failure does not reproduce.
+		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
+		f.Shrink, f.ShrinkNote = report.NotShrunk, "its steps could not be replayed: "+s.Unreplayed().Error()
+		f.Report = fmt.Sprintf("The failure's steps could not be replayed to shrink it (%v). This is the run that failed:\n\n", s.Unreplayed()) +
+			report.FormatFailure(f.Violation, f.History, profile)
 	default:
 		f.Flaky, f.Shrink = true, report.NotShrunk
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history

@@ -29,7 +29,7 @@ func statuses(c *report.Conformance) map[model.Invariant]report.Status {
 
 // TestConformCleanServer: the clean reference server passes every
 // invariant of the contract, each exercised, under either interruption
-// policy.
+// policy, and stays up (it came back from every restart drawn).
 func TestConformCleanServer(t *testing.T) {
 	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent, sut.Complete} {
 		t.Run(string(policy), func(t *testing.T) {
@@ -37,7 +37,7 @@ func TestConformCleanServer(t *testing.T) {
 			c, err := Conform(reference.Target{Interruption: policy}, Options{Checks: 15, Seed: 7})
 			require.NoError(t, err)
 			st := statuses(c)
-			for _, inv := range model.Invariants() {
+			for _, inv := range report.Judged() {
 				assert.Equal(t, report.Pass, st[inv], "%s: %+v", inv, c.Verdict(inv))
 				assert.Positive(t, c.Verdict(inv).Evaluations, "%s", inv)
 			}
