@@ -1,5 +1,3 @@
-//go:build unix
-
 // Package crashtest holds servers that go down, for the harness's own
 // tests of its crash finding (PROTOCOL.md, "A server stays up") and of
 // the setup errors a profile causes. Each is the reference server with
