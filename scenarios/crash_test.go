@@ -39,6 +39,11 @@ func assertCrashFound(t *testing.T, target scenarios.Target, c *scenarios.Confor
 	assert.Equal(t, model.Crash, f.Violation.Invariant)
 	assert.Contains(t, f.Violation.Reason, want, "the server's last words are the evidence")
 	assert.NotEmpty(t, f.Plans, "a crash finding has its steps")
+	// Its replays ran (the server started again after each), and broke
+	// it again: it was shrunk, not left as it failed.
+	assert.False(t, f.Flaky, "the crash did not reproduce when shrinking: %s", f.ShrinkStats())
+	assert.NotContains(t, f.ShrinkNote, "could not be replayed")
+	assert.Positive(t, f.ShrinkRuns)
 	assert.Contains(t, c.Text(scenarios.Profile{}), "=== crash (the server stays up) ===")
 	for _, other := range c.Verdicts {
 		if other.Invariant != model.Crash && other.Status == scenarios.Fail {
