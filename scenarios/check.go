@@ -151,10 +151,6 @@ func Check(target targets.Target, opts Options) (*report.Result, error) {
 		return nil, err
 	}
 	res, err := check(l, opts)
-	if between := exitedBetween(l); err == nil && res.Failure == nil && len(between) > 0 {
-		// No step shows it, but the server went down: never a pass.
-		err = errors.New(strings.Join(between, "\n"))
-	}
 	if cerr := l.Close(); cerr != nil {
 		if res != nil && res.Failure != nil && err == nil {
 			// The violation comes first; the leftover is said after it.
@@ -162,6 +158,10 @@ func Check(target targets.Target, opts Options) (*report.Result, error) {
 		} else {
 			err = errors.Join(err, cerr)
 		}
+	}
+	if between := exitedBetween(l); err == nil && res.Failure == nil && len(between) > 0 {
+		// No step shows it, but the server went down: never a pass.
+		err = errors.New(strings.Join(between, "\n"))
 	}
 	return res, err
 }

@@ -128,3 +128,56 @@ func TestEndSeesADeathAfterTheLastStep(t *testing.T) {
 	assert.Contains(t, v.Reason, "after the last step (1) was answered")
 	assert.Contains(t, v.Reason, "nil pointer dereference")
 }
+
+// sharedDiesLater is diesLater, one server for every session, which a
+// restart brings back.
+type sharedDiesLater struct{ diesLater }
+
+func (sharedDiesLater) ReuseServer() bool { return true }
+
+func (d sharedDiesLater) Start(modelURL string) (targets.Server, error) {
+	srv, err := d.diesLater.Start(modelURL)
+	if err != nil {
+		return nil, err
+	}
+	return &restartsAlive{srv.(*diesLaterServer)}, nil
+}
+
+type restartsAlive struct{ *diesLaterServer }
+
+func (r *restartsAlive) Restart(crash bool, agents []string) error {
+	r.died.Store(false)
+	return r.Instance.Restart(crash, agents)
+}
+
+// TestExitBetweenChecksIsSaid: a shared server found exited when the
+// next check starts, after the last step of the one before was looked
+// at, is started again for it, and said (no step shows its cause), never
+// an error that ends the run; and so is one found exited when the run
+// ends.
+func TestExitBetweenChecksIsSaid(t *testing.T) {
+	l, err := Open(sharedDiesLater{}, nil)
+	require.NoError(t, err)
+	a := model.ConversationRef{Key: "key-a", ID: "a"}
+	s, err := l.Session(nil)
+	require.NoError(t, err)
+	_, v := s.Step(plan.Single("new conversation", plan.TurnSend(a, model.UserToken(1), false)))
+	require.Nil(t, v)
+	require.NoError(t, s.Close())
+	srv := s.Server.(*restartsAlive)
+	srv.died.Store(true)
+
+	s, err = l.Session(nil)
+	require.NoError(t, err, "a server found exited between two checks ended the run")
+	require.Len(t, l.ExitedBetween, 1)
+	assert.Contains(t, l.ExitedBetween[0], "nil pointer dereference")
+	assert.False(t, srv.died.Load(), "it was started again")
+	ops, v := s.Step(plan.Single("new conversation", plan.TurnSend(a, model.UserToken(2), false)))
+	require.Nil(t, v)
+	require.Equal(t, model.OK, ops[0].Response.Outcome, ops[0].Response.Detail)
+	require.NoError(t, s.Close())
+
+	srv.died.Store(true)
+	require.NoError(t, l.Close(), "a server found exited as the run ends is said, not an error")
+	assert.Len(t, l.ExitedBetween, 2)
+}

@@ -167,12 +167,20 @@ func (l *Lab) reuses() bool {
 }
 
 // Close stops the shared server, if any, and the fake model, and those
-// of the helpers.
+// of the helpers. A shared server found exited on its own is said in
+// ExitedBetween, not an error.
 func (l *Lab) Close() error {
 	var err error
 	if l.shared != nil {
-		if err = l.shared.Close(); err != nil {
-			err = fmt.Errorf("stop the server under test: %w", err)
+		if w, ok := l.shared.(targets.ServerWatcher); ok && !l.down {
+			if exited := w.Exited(); exited != nil {
+				// After the last check was looked at: as between two.
+				l.ExitedBetween, l.down = append(l.ExitedBetween, exited.Error()), true
+			}
+		}
+		// One that went down says so as it stops: no news.
+		if cerr := l.shared.Close(); cerr != nil && !l.down {
+			err = fmt.Errorf("stop the server under test: %w", cerr)
 		}
 	}
 	err = errors.Join(err, l.fake.Close())
