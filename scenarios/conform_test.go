@@ -282,3 +282,21 @@ func TestOneSourceAtATime(t *testing.T) {
 		assert.NotEqual(t, report.Fail, v.Status, "a setup error judged as the server's %s: %+v", v.Invariant, v)
 	}
 }
+
+// TestExitUnshownIsNoPass: a server that exited between two checks, no
+// step showing why, fails the crash verdict (the notes quote it), where it
+// would have passed: never a pass for a server seen down.
+func TestExitUnshownIsNoPass(t *testing.T) {
+	s := report.NewStats()
+	for _, inv := range report.Judged() {
+		s.Invariants[inv] = 3
+	}
+	c := &report.Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Tools: true}, refuseAll{}, true, true, nil, *s, nil)}
+	require.True(t, c.Passed(), c.Text(targets.Profile{}))
+	crashUnshown(c.Verdicts, 1)
+	v := c.Verdict(model.Crash)
+	assert.Equal(t, report.Fail, v.Status)
+	assert.Contains(t, v.Reason, "between two checks")
+	assert.False(t, c.Passed())
+	assert.Regexp(t, `(?m)^crash the server stays up +FAIL +the server exited`, c.Table())
+}
