@@ -205,8 +205,8 @@ func TestShrinkUndecidedIsPartlyShrunk(t *testing.T) {
 }
 
 // TestShrinkUnreplayedIsNoMiss: a failure none of whose replays could be
-// carried out (the server did not start again) did not reproduce no more
-// than it reproduced: the shrinker says why its steps could not be
+// carried out (the server did not start again) neither reproduced nor
+// was shown not to: the shrinker says why its steps could not be
 // replayed, where replays that ran and broke nothing say nothing of it.
 func TestShrinkUnreplayedIsNoMiss(t *testing.T) {
 	down := errors.New("start the server under test: exited with status 1 before it was ready")
