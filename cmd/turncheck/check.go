@@ -89,9 +89,9 @@ With --seed, runs again the check that seed starts (as 'turncheck check'
 printed it), searching and shrinking as check does.
 
 Exit status: 0 no invariant broken (--seed), 1 an invariant broken, or
-the server went down (crash) (with FILE: the saved one, or, said so,
-another), 2 usage or setup error, 3 (with FILE) no try broke the saved
-failure's invariant nor any other.
+the server went down, a crash finding (with FILE:
+the saved one, or, said so, another), 2 usage or setup error, 3 (with
+FILE) no try broke the saved failure's invariant nor any other.
 
 Examples:
   turncheck replay turncheck-results/latest/failures/T4-fork-new-session-4852977355662637239.json
