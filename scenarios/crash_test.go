@@ -50,6 +50,7 @@ func assertCrashFound(t *testing.T, target scenarios.Target, c *scenarios.Confor
 			t.Errorf("%s failed against a server whose only defect is that it goes down:\n%s", other.Invariant, other.Failure.Report)
 		}
 	}
+	t.Logf("crash: %s", f.ShrinkStats())
 	r, err := scenarios.ReplayFailureTries(context.Background(), target, f, 3)
 	require.NoError(t, err)
 	require.True(t, r.Reproduced, "the saved crash did not replay: %s", r.NotReproduced())
@@ -76,7 +77,6 @@ func TestCrashInProcess(t *testing.T) {
 	for _, inv := range []model.Invariant{model.T1, model.T2, model.T4, model.T7} {
 		assert.Equal(t, scenarios.Pass, c.Verdict(inv).Status, "%s explored past the crash: %+v", inv, c.Verdict(inv))
 	}
-	t.Logf("found after %d check(s); shrunk in %d replays, %s, to %d step(s)", f.FoundAfter, f.ShrinkRuns, f.ShrunkIn, len(f.Plans))
 }
 
 // TestCrashThroughAProfile: the same defect in a process started from a
