@@ -289,6 +289,25 @@ func (p *Process) Exited() <-chan struct{} {
 	return p.cur.done
 }
 
+// Ended says how the current run of the server ended once Exited is
+// closed ("exited with status 2", "died of signal killed"), "" while it
+// runs or when no run is current: a harness quotes it beside the
+// server's last words.
+func (p *Process) Ended() string {
+	p.mu.Lock()
+	r := p.cur
+	p.mu.Unlock()
+	if r == nil {
+		return ""
+	}
+	select {
+	case <-r.done:
+		return exitString(r.err)
+	default:
+		return ""
+	}
+}
+
 // closedChan is what Exited returns when no run is current.
 var closedChan = func() chan struct{} {
 	c := make(chan struct{})

@@ -27,6 +27,13 @@ const (
 	T8 Invariant = "T8" // stable source resume
 )
 
+// Crash names the finding of a server that went down without being told
+// to: it exited on its own, or did not come back from a restart or crash
+// the harness drew (PROTOCOL.md, "A server stays up"). It is no property
+// of a conversation's history, and this package never evaluates it: the
+// harness sees it, and gives it a verdict beside T1 to T11.
+const Crash Invariant = "crash"
+
 // T9 to T11 are checked on the tool traffic of model requests (Call.Tools)
 // and on turns whose client disconnected (Turn.Interrupted).
 const (
@@ -47,6 +54,8 @@ var invariantTitles = map[Invariant]string{
 	T9:  "tool pairs",
 	T10: "interruption",
 	T11: "no leaks from the working copy",
+
+	Crash: "the server stays up",
 }
 
 // Title is the invariant's short name, as PROTOCOL.md gives it.
@@ -143,7 +152,11 @@ const (
 // observed histories.
 func (v *Violation) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s (%s) violated on conversation %s", v.Invariant, v.Invariant.Title(), v.Conv)
+	fmt.Fprintf(&b, "%s (%s) violated", v.Invariant, v.Invariant.Title())
+	if v.Conv != (ConversationRef{}) {
+		// A server that went down broke no one conversation (Crash).
+		fmt.Fprintf(&b, " on conversation %s", v.Conv)
+	}
 	if v.Turn != "" {
 		fmt.Fprintf(&b, ", turn %s", v.Turn)
 	}

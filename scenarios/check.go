@@ -135,10 +135,13 @@ var ErrInterrupted = errors.New("interrupted")
 var rapidFlags sync.Mutex
 
 // Check runs the state machine against target and reports what it found.
-// A broken invariant is a Result with a Failure, and no error. The error
-// says the run could not be carried out (the target or the fake model did
-// not start), left something behind (a server that did not stop cleanly),
-// or was interrupted (ErrInterrupted; the Result holds what was found).
+// A broken invariant, or a server that went down on its own (model.Crash),
+// is a Result with a Failure, and no error. The error says the run could
+// not be carried out (the target or the fake model did not start, or a
+// setup error), left something behind (a server that did not stop
+// cleanly), saw the server exit where no step shows the cause (between
+// two checks), or was interrupted (ErrInterrupted; the Result holds what
+// was found).
 func Check(target targets.Target, opts Options) (*report.Result, error) {
 	if err := opts.Shard.check(); err != nil {
 		return nil, err
@@ -155,6 +158,10 @@ func Check(target targets.Target, opts Options) (*report.Result, error) {
 		} else {
 			err = errors.Join(err, cerr)
 		}
+	}
+	if between := exitedBetween(l); err == nil && res.Failure == nil && len(between) > 0 {
+		// No step shows it, but the server went down: never a pass.
+		err = errors.New(strings.Join(between, "\n"))
 	}
 	return res, err
 }
@@ -267,6 +274,12 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 		f.Report = report.FormatFailure(f.Violation, f.History, profile)
 		f.Shrink, f.ShrinkNote = s.State()
+	case s.Unreplayed() != nil:
+		// No replay ran: nothing says the failure does not reproduce.
+		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
+		f.Shrink, f.ShrinkNote = report.NotShrunk, "its steps could not be replayed: "+s.Unreplayed().Error()
+		f.Report = fmt.Sprintf("The failure's steps could not be replayed to shrink it (%v). This is the run that failed:\n\n", s.Unreplayed()) +
+			report.FormatFailure(f.Violation, f.History, profile)
 	default:
 		f.Flaky, f.Shrink = true, report.NotShrunk
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history

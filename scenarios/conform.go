@@ -22,7 +22,10 @@ import (
 // the checks run so far found, and Stopped says why the run is short.
 //
 // The error says the run could not be carried out: the server did not
-// start, died during the run, or the harness failed.
+// start, stopped answering, could not be started again after it went
+// down, or the harness failed (a setup error: a profile that cannot
+// express the server, say). A server that went down on its own is a
+// finding, the crash verdict's, not an error.
 func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
 	if err := opts.Shard.check(); err != nil {
 		return nil, err
@@ -50,7 +53,11 @@ func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
 	}
 	c.Notes = append(c.Notes, notes...)
 	c.Elapsed = time.Since(start)
-	c.Verdicts = verdicts(target.Profile(), target, l.CanRestart(), opts.Skip, c.Stats, found)
+	c.Verdicts = verdicts(target.Profile(), target, l.CanRestart(), l.CanWatch(), opts.Skip, c.Stats, found)
+	if between := exitedBetween(l); len(between) > 0 {
+		c.Notes = append(c.Notes, between...)
+		crashUnshown(c.Verdicts, len(between))
+	}
 	out := l.Output()
 	if runErr != nil && out != "" && !strings.Contains(runErr.Error(), out) {
 		runErr = fmt.Errorf("%w\nthe server's last output:\n%s", runErr, out)
@@ -121,10 +128,37 @@ func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[mo
 	return nil
 }
 
-// verdicts judges each invariant of the contract from what the run saw.
-func verdicts(p targets.Profile, target targets.Target, restartable bool, skip []model.Invariant, s report.Stats, found map[model.Invariant]*report.Failure) []report.Verdict {
+// exitedBetween says how the shared servers of l and its workers exited
+// on their own between two checks, where no step could be shown to have
+// caused it (execute.Lab.ExitedBetween).
+func exitedBetween(l *execute.Lab) []string {
+	var out []string
+	for _, lab := range append([]*execute.Lab{l}, l.Helpers...) {
+		for _, e := range lab.ExitedBetween {
+			out = append(out, "the server exited without being told to between two checks, after the last step of one "+
+				"was answered and looked at, and was started again; no step shows what caused it: "+e)
+		}
+	}
+	return out
+}
+
+// crashUnshown makes the crash verdict a FAIL where the server exited
+// between two checks n times and no check's steps showed a crash: it
+// went down, whatever the steps showed, and the notes say how.
+func crashUnshown(vs []report.Verdict, n int) {
+	for i := range vs {
+		if v := &vs[i]; v.Invariant == model.Crash && (v.Status == report.Pass || v.Status == report.NotExercised) {
+			v.Status, v.Failure = report.Fail, nil
+			v.Reason = fmt.Sprintf("the server exited without being told to %d time(s) between two checks, where no step shows the cause: see the notes", n)
+		}
+	}
+}
+
+// verdicts judges each invariant of the contract, and whether the server
+// stays up, from what the run saw.
+func verdicts(p targets.Profile, target targets.Target, restartable, watched bool, skip []model.Invariant, s report.Stats, found map[model.Invariant]*report.Failure) []report.Verdict {
 	var out []report.Verdict
-	for _, inv := range model.Invariants() {
+	for _, inv := range report.Judged() {
 		v := report.Verdict{Invariant: inv, Evaluations: s.Invariants[inv]}
 		switch {
 		case found[inv] != nil:
@@ -136,13 +170,13 @@ func verdicts(p targets.Profile, target targets.Target, restartable bool, skip [
 			if ex, ok := s.Folded[inv]; ok {
 				v.Reason += fmt.Sprintf("; the first: on conversation %s, turn %s: %s", ex.Conv, ex.Turn, ex.Reason)
 			}
-		case notApplicable(p, target, restartable, inv) != "":
-			v.Status, v.Reason = report.NotApplicable, notApplicable(p, target, restartable, inv)
+		case notApplicable(p, target, restartable, watched, inv) != "":
+			v.Status, v.Reason = report.NotApplicable, notApplicable(p, target, restartable, watched, inv)
 		case slices.Contains(skip, inv):
 			v.Status, v.Reason = report.Skipped, fmt.Sprintf("left out as a known failure; broken again %d time(s)", s.SetAside[inv])
 		case v.Evaluations == 0:
 			v.Status, v.Reason = report.NotExercised, preconditions[inv]
-		case s.Outcomes["ok"] == 0:
+		case s.Steps > 0 && s.Outcomes["ok"] == 0 && inv != model.Crash:
 			// Whatever was evaluated, it was evaluated on a server that
 			// committed nothing: no pass proves anything of its state.
 			v.Status, v.Reason = report.NotExercised, "no turn ended ok: the server committed nothing a check could judge"
@@ -166,7 +200,7 @@ func verdicts(p targets.Profile, target targets.Target, restartable bool, skip [
 // kindFinding names the findings that have a kind of wrong state.
 func kindFinding(found map[model.Invariant]*report.Failure) string {
 	var names []string
-	for _, i := range model.Invariants() {
+	for _, i := range report.Judged() {
 		if f := found[i]; f != nil && f.Violation.Kind != "" {
 			names = append(names, fmt.Sprintf("%s (%s)", i, f.Violation.Kind))
 		}
@@ -188,19 +222,30 @@ var preconditions = map[model.Invariant]string{
 	model.T9:  "no model request carried a tool call or a tool result",
 	model.T10: "no client disconnected mid-turn while the server waited on the model or a tool",
 	model.T11: "no turn failed between two turns of a conversation with committed tool calls that both reached the model",
+
+	model.Crash: "no step ran on a server whose process the harness watches, and no restart was drawn",
 }
 
 // notApplicable says why the server's declared policies, or the way it
 // is run, exclude inv; "" if they do not.
-func notApplicable(p targets.Profile, target targets.Target, restartable bool, inv model.Invariant) string {
+func notApplicable(p targets.Profile, target targets.Target, restartable, watched bool, inv model.Invariant) string {
 	if (inv == model.T9 || inv == model.T11) && !p.Tools {
 		// T10 stays: a disconnect mid-turn is judged on any server.
 		return "the server offers the model no tools (profile: tools)"
 	}
+	_, remote := target.(targets.Remote)
+	if inv == model.Crash {
+		switch {
+		case remote:
+			return "the server runs at a fixed URL: the harness neither watches its process nor restarts it (one that stops answering ends the run with an error)"
+		case !restartable && !watched:
+			return "the harness neither watches the server's process nor restarts it: it cannot see the server go down"
+		}
+		return ""
+	}
 	if inv != model.T7 && inv != model.T8 {
 		return ""
 	}
-	_, remote := target.(targets.Remote)
 	switch {
 	case remote:
 		return "the server runs at a fixed URL: the harness cannot restart or crash it"

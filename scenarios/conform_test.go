@@ -29,7 +29,7 @@ func statuses(c *report.Conformance) map[model.Invariant]report.Status {
 
 // TestConformCleanServer: the clean reference server passes every
 // invariant of the contract, each exercised, under either interruption
-// policy.
+// policy, and stays up (it came back from every restart drawn).
 func TestConformCleanServer(t *testing.T) {
 	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent, sut.Complete} {
 		t.Run(string(policy), func(t *testing.T) {
@@ -37,7 +37,7 @@ func TestConformCleanServer(t *testing.T) {
 			c, err := Conform(reference.Target{Interruption: policy}, Options{Checks: 15, Seed: 7})
 			require.NoError(t, err)
 			st := statuses(c)
-			for _, inv := range model.Invariants() {
+			for _, inv := range report.Judged() {
 				assert.Equal(t, report.Pass, st[inv], "%s: %+v", inv, c.Verdict(inv))
 				assert.Positive(t, c.Verdict(inv).Evaluations, "%s", inv)
 			}
@@ -204,7 +204,7 @@ func TestSameCauseIsNotAPass(t *testing.T) {
 	s.Folded = map[model.Invariant]model.Violation{model.T9: {Invariant: model.T9, Conv: model.ConversationRef{ID: "c"}, Turn: "tc-u3",
 		Kind: model.LeftoverFailed, Reason: "an orphan of a failed turn"}}
 	found := map[model.Invariant]*report.Failure{model.T1: {Violation: &model.Violation{Invariant: model.T1, Kind: model.LeftoverFailed, Reason: "left"}}}
-	c := &report.Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Tools: true}, refuseAll{}, false, nil, *s, found)}
+	c := &report.Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Tools: true}, refuseAll{}, false, false, nil, *s, found)}
 	v := c.Verdict(model.T9)
 	assert.Equal(t, report.SameCause, v.Status)
 	assert.Contains(t, v.Reason, "T1 (leftover of a failed turn)")
@@ -268,7 +268,8 @@ func (s oneSourceServer) Restart(crash bool, refs []string) error {
 // TestOneSourceAtATime: a server that loads one agent source at a time,
 // declared so, is never restarted with two; it conforms, its T8 judged on
 // the changed source alone and saying so. Undeclared, the restart it
-// cannot make shows (the harness draws two sources).
+// cannot make is a setup error that names the profile's field, no verdict
+// on the server (neither T7 nor a crash).
 func TestOneSourceAtATime(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
 	c, err := Conform(oneSource{declared: true}, Options{Checks: 15, Seed: 7})
@@ -280,7 +281,28 @@ func TestOneSourceAtATime(t *testing.T) {
 	assert.Contains(t, c.Text(targets.Profile{}), "two sources on one stable key not applicable")
 
 	c, err = Conform(oneSource{}, Options{Checks: 15, Seed: 7})
-	require.NoError(t, err)
-	assert.False(t, c.Passed(), "a restart with two sources was never drawn: pick a seed that draws one")
-	assert.Contains(t, c.Text(targets.Profile{}), "accepts 1 arg(s), received 2")
+	require.Error(t, err, "a restart with two sources was never drawn: pick a seed that draws one")
+	assert.Contains(t, err.Error(), "set server.one_source: true in the profile")
+	assert.Contains(t, err.Error(), "accepts 1 arg(s), received 2")
+	for _, v := range c.Verdicts {
+		assert.NotEqual(t, report.Fail, v.Status, "a setup error judged as the server's %s: %+v", v.Invariant, v)
+	}
+}
+
+// TestExitUnshownIsNoPass: a server that exited between two checks, no
+// step showing why, fails the crash verdict (the notes quote it), where it
+// would have passed: never a pass for a server seen down.
+func TestExitUnshownIsNoPass(t *testing.T) {
+	s := report.NewStats()
+	for _, inv := range report.Judged() {
+		s.Invariants[inv] = 3
+	}
+	c := &report.Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Tools: true}, refuseAll{}, true, true, nil, *s, nil)}
+	require.True(t, c.Passed(), c.Text(targets.Profile{}))
+	crashUnshown(c.Verdicts, 1)
+	v := c.Verdict(model.Crash)
+	assert.Equal(t, report.Fail, v.Status)
+	assert.Contains(t, v.Reason, "between two checks")
+	assert.False(t, c.Passed())
+	assert.Regexp(t, `(?m)^crash the server stays up +FAIL +the server exited`, c.Table())
 }

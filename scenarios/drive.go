@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -227,6 +228,9 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 		report.AddCounts(s.Consequences, sess.Consequences)
 		report.AddCounts(s.SameCause, sess.SameCause)
 		s.KeepFolded(sess.Folded)
+		if sess.Up > 0 {
+			s.Invariants[model.Crash] += sess.Up
+		}
 		for k, d := range sess.Exec.Spent() {
 			s.TimeMS[k] += d.Milliseconds()
 		}
@@ -244,6 +248,12 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 		stopIfDone(t)
 	}
 	t.Repeat(actions)
+	if v := sess.End(); v != nil {
+		// The server died once it had answered the last step: the
+		// check's steps are the finding's.
+		c.failing, c.foundIn = &failingRun{plans: slices.Clone(sess.Plans), history: slices.Clone(sess.History), violation: v}, time.Since(r.start)
+		t.Fatalf("%s", v.Error())
+	}
 }
 
 // Parallel is how many checks target allows at once, given the n asked

@@ -14,14 +14,14 @@ import (
 )
 
 // TestProtocolNamesWhatTheCodeNames: the contract document at the root of
-// the repository names every invariant (with its title), kind of wrong
-// state, policy and verdict the code uses, so the two cannot drift apart
-// unnoticed.
+// the repository names every invariant and the crash finding (with its
+// title), kind of wrong state, policy and verdict the code uses, so the
+// two cannot drift apart unnoticed.
 func TestProtocolNamesWhatTheCodeNames(t *testing.T) {
 	b, err := os.ReadFile("../PROTOCOL.md")
 	require.NoError(t, err, "the contract document is missing")
 	doc := string(b)
-	for _, inv := range model.Invariants() {
+	for _, inv := range report.Judged() {
 		assert.True(t, strings.Contains(doc, "**"+string(inv)+" "+inv.Title()+"**"), "invariant %s", inv)
 	}
 	for _, k := range []model.Kind{model.LeftoverFailed, model.LeftoverRefused, model.LeftoverUnknown, model.LeftoverInterrupted, model.Lost} {

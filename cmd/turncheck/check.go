@@ -88,8 +88,9 @@ a fix looks like.
 With --seed, runs again the check that seed starts (as 'turncheck check'
 printed it), searching and shrinking as check does.
 
-Exit status: 0 no invariant broken (--seed), 1 an invariant broken (with
-FILE: the saved one, or, said so, another), 2 usage or setup error, 3 (with
+Exit status: 0 no invariant broken (--seed), 1 an invariant broken, or
+the server went down, a crash finding (with FILE:
+the saved one, or, said so, another), 2 usage or setup error, 3 (with
 FILE) no try broke the saved failure's invariant nor any other.
 
 Examples:

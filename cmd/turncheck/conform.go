@@ -20,7 +20,9 @@ const conformHelp = `Usage: turncheck conform --profile FILE [--checks N] [--see
        turncheck conform --url URL [--model-addr HOST:PORT] [flags]
 
 Checks a session server, in any language, against the whole contract of
-PROTOCOL.md and gives a verdict per invariant:
+PROTOCOL.md and gives a verdict per invariant, and one (crash) on whether
+the server stays up: its process never exits on its own, and it comes
+back from every restart and crash drawn:
 
   PASS            exercised, and never broken: the line says how often,
                   counting only what could have broken it
@@ -74,16 +76,20 @@ CI matrix) with the same --seed and --checks, and 'turncheck merge' joins
 their verdicts.json into the run's verdicts.
 
 --timeout bounds the whole run, shrinking included. A server that hangs,
-streams forever or dies gets a verdict or a clear error within it; one
-that stops answering (it exits, or 8 requests in a row get no connection
-or no answer) ends the run with exit 2, never a pass. One that exits with
-a failure status on SIGTERM at the end is a note beside the verdicts.
+streams forever or dies gets a verdict or a clear error within it. One
+whose process exits on its own, or that does not come back from a
+restart, is a crash finding (shrunk and saved, with its last output),
+and the run starts it again and goes on; one that stops answering (8
+requests in a row get no connection or no answer) ends the run with exit
+2, never a pass. One that exits with a failure status on SIGTERM at the
+end is a note beside the verdicts.
 
 Exit status: 0 when every applicable invariant that turncheck checks was
-exercised and passed (skipped ones aside) in every check asked, 1
-otherwise (a run --timeout cut short says INCOMPLETE), 2 when the run
-could not be carried out (bad profile, server did not start, died or
-stopped answering).
+exercised and passed (skipped ones aside) in every check asked, and the
+server stayed up, 1 otherwise (a run --timeout cut short says
+INCOMPLETE), 2 when the run could not be carried out (bad profile, a
+profile that cannot express the server, server did not start, stopped
+answering, or did not come back after it went down).
 
 Examples:
   turncheck conform --profile profiles/reference.yaml
@@ -102,7 +108,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	timeout := fs.Duration("timeout", 10*time.Minute, "wall-clock bound on the whole run, shrinking included")
 	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking each failure (a hard bound)")
 	var skip skipFlag
-	fs.Var(&skip, "skip", "leave out a known failure, e.g. T3 (repeatable)")
+	fs.Var(&skip, "skip", "leave out a known failure, e.g. T3, or crash (repeatable)")
 	out := fs.String("out", "", "directory for the run's results (verdicts as text, JSON and JUnit, index.html, each failure); default "+resultsRoot+"/TIME, with "+resultsRoot+"/latest naming the newest")
 	save := fs.String("save", "", "directory where each failure is saved as it is found (JSON for 'turncheck replay FILE', and HTML); default: failures/ in the results")
 	jsonPath := fs.String("json", "", "also write the verdicts as JSON to this file")
@@ -271,14 +277,13 @@ type skipFlag []model.Invariant
 func (s *skipFlag) String() string { return fmt.Sprint([]model.Invariant(*s)) }
 
 func (s *skipFlag) Set(v string) error {
-	inv := model.Invariant(strings.ToUpper(strings.TrimSpace(v)))
-	for _, known := range model.Invariants() {
-		if inv == known {
-			*s = append(*s, inv)
+	for _, known := range report.Judged() {
+		if strings.EqualFold(strings.TrimSpace(v), string(known)) {
+			*s = append(*s, known)
 			return nil
 		}
 	}
-	return fmt.Errorf("%q is not an invariant (T1 to T11)", v)
+	return fmt.Errorf("%q is not an invariant (T1 to T11, or crash)", v)
 }
 
 // progressLine rewrites one line on a terminal after every check.

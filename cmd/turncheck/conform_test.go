@@ -47,7 +47,7 @@ func verdictLine(out, inv string) string {
 
 // TestConformReferenceProfile: the reference server, started through its
 // profile as any third-party server is, conforms: every invariant
-// turncheck checks passes, exercised.
+// turncheck checks passes, exercised, and it stays up.
 func TestConformReferenceProfile(t *testing.T) {
 	onPath(t)
 	base, err := os.ReadFile(referenceProfile)
@@ -67,12 +67,13 @@ func TestConformReferenceProfile(t *testing.T) {
 				"--seed", "1", "--save", save, "--junit", filepath.Join(save, "junit.xml"))
 			require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 			assert.Contains(t, stdout, "CONFORMS")
-			for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11"} {
+			// It stays up, watched: a correct server is no crash.
+			for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11", "crash"} {
 				assert.Regexp(t, `PASS +[1-9]\d* `, verdictLine(stdout, inv), inv)
 			}
 			junit, err := os.ReadFile(filepath.Join(save, "junit.xml"))
 			require.NoError(t, err)
-			assert.Contains(t, string(junit), `tests="11"`)
+			assert.Contains(t, string(junit), `tests="12"`)
 		})
 	}
 }

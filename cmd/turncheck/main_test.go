@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/internal/crashtest"
 	"github.com/turncheck/turncheck/internal/procs"
 	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/internal/testbin"
@@ -29,8 +30,10 @@ import (
 
 // TestMain fails the tests on a leaked goroutine, and on a server process
 // that outlived them. Started as a flooder (floodEnv), the binary floods
-// instead; as a hog (hogEnv), it spins.
+// instead; as a hog (hogEnv), it spins; as a server that goes down
+// (crashtest.Env), it serves.
 func TestMain(m *testing.M) {
+	crashtest.Main()
 	if spec := os.Getenv(floodEnv); spec != "" {
 		os.Exit(flooder(spec))
 	}

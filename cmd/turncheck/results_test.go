@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/internal/browser"
-	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -60,7 +60,7 @@ func TestConformResults(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &verdicts))
 	assert.Equal(t, "turncheck/conformance/v2", verdicts.Schema)
-	require.Len(t, verdicts.Verdicts, len(model.Invariants()))
+	require.Len(t, verdicts.Verdicts, len(report.Judged()))
 
 	junit, err := os.ReadFile(filepath.Join(out, "junit.xml"))
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"sync/atomic"
 	"time"
 
@@ -131,13 +132,16 @@ func frontAnswered(r *protocol.Response, lost bool) {
 // stopped, or killed, and started again on the same data, loading the
 // agent from the references p says; the client then speaks to it wherever
 // it now listens. The op's Response.Detail is "" for a server that came
-// back, or what went wrong.
+// back, or what went wrong; its HarnessError says the harness could not
+// carry the restart out as drawn (a setup error, never the server's
+// doing).
 func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	defer e.spent.since(spentRestarts, time.Now())
 	op := history.Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: protocol.Response{Outcome: model.OK}}
 	r, ok := e.srv.(targets.Restarter)
 	if !ok {
-		op.Response.Outcome, op.Response.Detail = model.Fail, "the server cannot be restarted by the harness"
+		op.HarnessError = "the step restarts a server the harness cannot restart (its target has no Restarter)"
+		op.Response.Outcome, op.Response.Detail = model.Fail, op.HarnessError
 		return op
 	}
 	var refs []string
@@ -153,7 +157,8 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	if i := p.Restart.Replica; i != nil {
 		rr, ok := e.srv.(targets.Replicated)
 		if !ok {
-			op.Response.Outcome, op.Response.Detail = model.Fail, "the server does not run as replicas"
+			op.HarnessError = "the step restarts a replica of a server that does not run as replicas"
+			op.Response.Outcome, op.Response.Detail = model.Fail, op.HarnessError
 			return op
 		}
 		restart = func(crash bool, _ []string) error {
@@ -162,8 +167,11 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	}
 	if err := restart(p.Restart.Crash, refs); err != nil {
 		e.cutRestart = e.ctx != nil && e.ctx.Err() != nil
-		if errors.Is(err, targets.ErrHarness) {
+		switch {
+		case errors.Is(err, targets.ErrHarness):
 			op.HarnessError = err.Error()
+		case len(refs) > 1 && !e.cutRestart:
+			op.HarnessError = e.oneSource(restart, refs, err)
 		}
 		op.Response.Outcome, op.Response.Detail = model.Fail, "the server did not come back: "+err.Error()
 		return op
@@ -171,6 +179,27 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	e.client.Rebase(targets.URLs(e.srv))
 	return op
 }
+
+// oneSource tells a server that cannot be started with two references to
+// its agent from one that went down: a start with refs that failed (err)
+// in words that read as a usage error ("accepts 1 arg(s), received 2") is
+// tried again with the first of them alone. A server that comes back then
+// was asked what its profile cannot express: a setup error that names the
+// profile's field (said, and returned). Any other failure is the server's
+// doing, a finding ("" returned).
+func (e *executor) oneSource(restart func(crash bool, refs []string) error, refs []string, err error) string {
+	if !usageError.MatchString(err.Error()) || restart(true, refs[:1]) != nil {
+		return ""
+	}
+	e.client.Rebase(targets.URLs(e.srv))
+	return fmt.Sprintf("the server did not start with two references to its agent, and did with one: it loads one agent source "+
+		"at a time, which its profile does not say; set server.one_source: true in the profile (Profile.OneSource in Go) (its start with two: %v)", err)
+}
+
+// usageError matches what command lines say when given arguments they do
+// not take (cobra's, Go's flag package's, clap's, argparse's).
+var usageError = regexp.MustCompile(`(?i)\busage\b|accepts (at most |exactly )?\d+ arg|too many arguments|` +
+	`unexpected argument|unknown (flag|command|shorthand)|flag provided but not defined|unrecognized arguments`)
 
 // breakLink breaks the link of s's replica that s.Net names (behind a
 // front, of the replica that serves s), and returns its heal and what

@@ -36,9 +36,12 @@ func (l *Lab) FreshReplay(ctx context.Context, plans []plan.Plan) (ops []history
 		// Whatever happens next, the stopped server is no longer the
 		// run's: the next session starts another if this one fails to.
 		l.shared = nil
-		if err := old.Close(); err != nil {
+		// One that went down (a crash found) says so as it stops: no
+		// news.
+		if err := old.Close(); err != nil && !l.down {
 			return nil, nil, fmt.Errorf("stop the server under test: %w", err)
 		}
+		l.down = false
 	}
 	srv, err := l.start(ctx)
 	if err != nil {
@@ -49,9 +52,10 @@ func (l *Lab) FreshReplay(ctx context.Context, plans []plan.Plan) (ops []history
 		// Started under the replay's bound, which its restarts would
 		// still hold to: the next session starts one under the run's.
 		l.shared = nil
-		if cerr := srv.Close(); cerr != nil && err == nil {
+		if cerr := srv.Close(); cerr != nil && err == nil && !l.down {
 			err = fmt.Errorf("stop the server under test: %w", cerr)
 		}
+		l.down = false
 	}()
 	return l.Replay(ctx, plans)
 }

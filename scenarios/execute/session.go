@@ -1,6 +1,7 @@
 package execute
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -61,6 +62,18 @@ type Lab struct {
 	// Context, if not nil, is the run's: it bounds the start of a shared
 	// server and its restarts, where the target allows (targets.ContextStarter).
 	Context context.Context
+	// ExitedBetween says, for each time a shared server was found to have
+	// exited on its own between two checks (after the last step of one
+	// was looked at), how it exited, with its last output: a crash no
+	// step can be shown to have caused, started again and said.
+	ExitedBetween []string
+	// watched says that a session's server was one whose process the
+	// harness watches (a ServerWatcher): an exit of its is seen.
+	watched bool
+	// down says the shared server went down in a session (its crash a
+	// finding, or skipped) and did not come back when that session
+	// closed: the next session starts it again, and says nothing more.
+	down bool
 }
 
 // start starts a server of l's target, cut short when ctx (if not nil)
@@ -74,6 +87,50 @@ func (l *Lab) start(ctx context.Context) (targets.Server, error) {
 		ctx = context.Background()
 	}
 	return cs.StartContext(ctx, l.fake.URL())
+}
+
+// revive starts the shared server again if it exited after the last
+// step of the session before was checked (and looked at once more, End):
+// no step of a check can be shown to have caused it, so it is no finding
+// with steps, but it is said (ExitedBetween), never let pass.
+func (l *Lab) revive(ctx context.Context) error {
+	w, ok := l.shared.(targets.ServerWatcher)
+	if !ok {
+		return nil
+	}
+	exited := w.Exited()
+	if exited == nil {
+		return nil
+	}
+	r, ok := l.shared.(targets.Restarter)
+	if !ok {
+		return fmt.Errorf("the server under test exited between two checks, and cannot be started again: %w", exited)
+	}
+	if !l.down {
+		l.ExitedBetween = append(l.ExitedBetween, exited.Error())
+	}
+	restart := r.Restart
+	if rc, ok := r.(targets.ContextRestarter); ok && ctx != nil {
+		restart = func(crash bool, refs []string) error { return rc.RestartContext(ctx, crash, refs) }
+	}
+	if err := restart(true, l.firstRefs()); err != nil {
+		if l.down {
+			return fmt.Errorf("the server under test went down (a finding), and did not come back when started again: %w", err)
+		}
+		return fmt.Errorf("the server under test exited between two checks (%v), and did not come back when started again: %w", exited, err)
+	}
+	l.down = false
+	return nil
+}
+
+// firstRefs are the references a check starts the server's agent from:
+// its first source, or nil for a server that loads none from the fake
+// model (its command keeps what it has).
+func (l *Lab) firstRefs() []string {
+	if l.Profile.Agent == "" {
+		return nil
+	}
+	return targets.SourceRefs(l.fake.URL(), l.Profile.Agent, []string{targets.FirstSource})
 }
 
 // Output is the last lines the latest session's server wrote, "" if it
@@ -110,12 +167,20 @@ func (l *Lab) reuses() bool {
 }
 
 // Close stops the shared server, if any, and the fake model, and those
-// of the helpers.
+// of the helpers. A shared server found exited on its own is said in
+// ExitedBetween, not an error.
 func (l *Lab) Close() error {
 	var err error
 	if l.shared != nil {
-		if err = l.shared.Close(); err != nil {
-			err = fmt.Errorf("stop the server under test: %w", err)
+		if w, ok := l.shared.(targets.ServerWatcher); ok && !l.down {
+			if exited := w.Exited(); exited != nil {
+				// After the last check was looked at: as between two.
+				l.ExitedBetween, l.down = append(l.ExitedBetween, exited.Error()), true
+			}
+		}
+		// One that went down says so as it stops: no news.
+		if cerr := l.shared.Close(); cerr != nil && !l.down {
+			err = fmt.Errorf("stop the server under test: %w", cerr)
 		}
 	}
 	err = errors.Join(err, l.fake.Close())
@@ -129,6 +194,12 @@ func (l *Lab) Close() error {
 // the harness could restart.
 func (l *Lab) CanRestart() bool {
 	return l.restartable || slices.ContainsFunc(l.Helpers, (*Lab).CanRestart)
+}
+
+// CanWatch reports whether a session of l or of a helper had a server
+// whose process the harness watches: one that exits on its own is seen.
+func (l *Lab) CanWatch() bool {
+	return l.watched || slices.ContainsFunc(l.Helpers, (*Lab).CanWatch)
 }
 
 // Session is one check against a server under test, and what executing
@@ -164,6 +235,14 @@ type Session struct {
 	// answering, or the harness could not heal a link it broke.
 	unanswered int
 	Dead       error
+	// down says the server went down on its own (a crash finding, or
+	// one skipped) and was not started again: closing the session then
+	// starts a shared server again, and expects an own one stopped.
+	down bool
+	// Up counts the steps after which the server was seen up, watched or
+	// back from a restart the plan drew: what a verdict on the crash
+	// finding rests on.
+	Up int
 	// sources are the queries of the agent references the server loads.
 	sources []string
 
@@ -189,10 +268,8 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 			}
 			l.shared = s
 		}
-		if w, ok := l.shared.(targets.ServerWatcher); ok {
-			if err := w.Exited(); err != nil {
-				return nil, fmt.Errorf("the server under test died during the run: %w", err)
-			}
+		if err := l.revive(ctx); err != nil {
+			return nil, err
 		}
 		srv, ns = l.shared, fmt.Sprintf("%s-%d-", l.run, l.sessions)
 	} else {
@@ -206,6 +283,7 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 	// namespace, and the fake model records only calls that carry it.
 	l.fake.Reset(protocol.EpochTag(ns))
 	_, l.restartable = srv.(targets.Restarter)
+	_, l.watched = srv.(targets.ServerWatcher)
 	l.Last = srv
 	cl := protocol.NewClient(targets.URLs(srv), l.Profile, ns)
 	return &Session{
@@ -227,9 +305,11 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 
 // Step executes p, records its history, and checks it: the reference
 // model's chain check, then linearizability of the conversations a burst
-// touched. It returns the ops p came to and the first violation, or nil.
-// A violation of a skipped invariant is no violation: the conversations
-// of the Step are set aside, and the run goes on with the others.
+// touched, then whether the server is still up (a crash finding). It
+// returns the ops p came to and the first violation, or nil. A violation
+// of a skipped invariant is no violation: the conversations of the Step
+// are set aside, and the run goes on with the others; a server that went
+// down, once its crash is skipped, is started again and the run goes on.
 func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 	ops := s.Exec.execute(p)
 	s.Plans = append(s.Plans, p)
@@ -255,36 +335,60 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 			turns = append(turns, op.Turn)
 		}
 	}
-	if len(turns) == 0 && restart != nil {
-		return ops, s.restarted(p.Restart, *restart)
-	}
-	for _, send := range p.Sends {
-		if send.From != nil {
-			// A branch starts from its base as the step found it.
-			s.Ref.Fork(*send.From, send.Conv)
+	var v *model.Violation
+	if len(turns) > 0 || restart == nil {
+		for _, send := range p.Sends {
+			if send.From != nil {
+				// A branch starts from its base as the step found it.
+				s.Ref.Fork(*send.From, send.Conv)
+			}
+		}
+		v = s.Ref.ApplyStep(turns)
+		for _, op := range ops {
+			if op.Restart == nil && s.Aside[op.Turn.Conv] {
+				s.Ref.Touch(op.Turn.Conv)
+			}
+		}
+		if v == nil {
+			v = validate.CheckLinearizable(s.History, turns, s.lab.Profile.Eviction == targets.Forgets)
 		}
 	}
-	v := s.Ref.ApplyStep(turns)
-	for _, op := range ops {
-		if op.Restart == nil && s.Aside[op.Turn.Conv] {
-			s.Ref.Touch(op.Turn.Conv)
-		}
-	}
-	if v == nil {
-		v = validate.CheckLinearizable(s.History, turns, s.lab.Profile.Eviction == targets.Forgets)
-	}
-	if restart != nil {
+	down := s.wentDown(ops)
+	if restart != nil && down == nil {
 		// The turns ran up to the crash; the restart comes after them,
 		// and the model learns of it even when a turn broke a skipped
 		// invariant.
-		if rv := s.restarted(p.Restart, *restart); v == nil {
-			v = rv
-		}
+		s.restarted(p.Restart)
 	}
-	s.watch(ops)
+	if down == nil {
+		s.watch(ops)
+	}
+	if v = s.judge(v, ops, turns); v != nil {
+		return ops, v
+	}
+	if down == nil {
+		return ops, nil
+	}
+	if !slices.Contains(s.lab.Skip, model.Crash) {
+		return ops, down
+	}
+	s.Skipped[model.Crash]++
+	var drawn *plan.Restart
+	if restart != nil {
+		drawn = restart.Restart
+	}
+	s.recover(drawn)
+	return ops, nil
+}
+
+// judge sorts the violation v the step ops (of turns) came to: a finding,
+// returned, or one that sets its conversations aside (a consequence of
+// what a finding touched, a skipped invariant, a kind of wrong state
+// already found), counted, and nil returned.
+func (s *Session) judge(v *model.Violation, ops []history.Op, turns []model.Turn) *model.Violation {
 	switch {
 	case v == nil:
-		return ops, nil
+		return nil
 	case s.involvesAside(v, ops):
 		// One root cause, one finding: what a violation already found
 		// touched shows its consequences under other names.
@@ -297,7 +401,7 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 			s.Folded[v.Invariant] = *v
 		}
 	default:
-		return ops, v
+		return v
 	}
 	for _, t := range turns {
 		s.setAside(t.Conv)
@@ -305,7 +409,7 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 	if v.Conv != (model.ConversationRef{}) {
 		s.setAside(v.Conv)
 	}
-	return ops, nil
+	return nil
 }
 
 // setAside sets conversation ref aside, with every token sent on it so
@@ -356,11 +460,12 @@ const (
 )
 
 // watch follows the step's requests: tokens sent on set-aside
-// conversations, and a server that stopped answering.
+// conversations, and a server that stopped answering (one whose process
+// exited is a crash finding, wentDown's).
 func (s *Session) watch(ops []history.Op) {
 	for _, op := range ops {
 		if op.Restart != nil {
-			s.unanswered = 0 // a restart that did not come back is T7's, or an error
+			s.unanswered = 0 // it came back: wentDown judged it
 			continue
 		}
 		if s.Aside[op.Send.Conv] && op.Send.Token != "" {
@@ -385,31 +490,95 @@ func (s *Session) watch(ops []history.Op) {
 			s.unanswered = 0
 		}
 	}
-	if s.Dead != nil || s.unanswered == 0 {
+	if s.Dead != nil || s.unanswered < deadAfter {
 		return
-	}
-	w, watched := s.Server.(targets.ServerWatcher)
-	exited := error(nil)
-	if watched {
-		exited = w.Exited()
-	}
-	if exited == nil && s.unanswered < deadAfter {
-		return
-	}
-	for wait := time.Now(); watched && exited == nil && time.Since(wait) < exitWait; {
-		// A process that stopped answering is most likely dying: say so,
-		// with its last words, once it is seen to have exited.
-		time.Sleep(10 * time.Millisecond)
-		exited = w.Exited()
 	}
 	last := ops[len(ops)-1]
-	if exited != nil {
-		s.Dead = fmt.Errorf("the server under test died during the run: step %d got %s; its last answers before: %s\n%w",
-			last.Step, last.Response.Cause, s.lastAnswers(3), exited)
-		return
-	}
 	s.Dead = fmt.Errorf("the server under test stopped answering during the run: %d request(s) in a row, up to step %d, got %s; "+
 		"its last answers before: %s", s.unanswered, last.Step, last.Response.Cause, s.lastAnswers(3))
+}
+
+// wentDown says whether the server went down in the step that came to
+// ops without being told to (PROTOCOL.md, "A server stays up"): a restart
+// the plan drew that did not come back, or, for a server whose process
+// the harness watches, an exit. Its violation quotes what the server last
+// wrote. A step after which the server was seen up, watched or back from
+// a restart, counts as an evaluation of the finding (Up).
+func (s *Session) wentDown(ops []history.Op) *model.Violation {
+	step := s.Exec.steps
+	drawn := false
+	for _, op := range ops {
+		if op.Restart == nil {
+			continue
+		}
+		drawn = true
+		if op.Response.Outcome != model.OK {
+			s.down = true
+			return &model.Violation{Invariant: model.Crash,
+				Reason: fmt.Sprintf("step %d, %s: %s", step, op.Restart, op.Response.Detail)}
+		}
+	}
+	w, watched := s.Server.(targets.ServerWatcher)
+	if watched {
+		exited := w.Exited()
+		for wait := time.Now(); exited == nil && !drawn && dying(ops) && time.Since(wait) < exitWait; {
+			// A server that dropped its connections is most likely dying:
+			// its exit, once seen, is the finding of this step rather
+			// than the next. A later one is the next step's.
+			time.Sleep(10 * time.Millisecond)
+			exited = w.Exited()
+		}
+		if exited != nil {
+			s.down = true
+			return &model.Violation{Invariant: model.Crash,
+				Reason: fmt.Sprintf("the server exited without being told to, by the end of step %d: %v", step, exited)}
+		}
+	}
+	if watched || drawn {
+		s.Up++
+	}
+	return nil
+}
+
+// dying reports whether a request of ops, none of them a restart the
+// plan drew, ended as a server that dies ends one: no connection, a
+// connection dropped without an answer, or a stream cut short that no
+// fault the harness injected explains.
+func dying(ops []history.Op) bool {
+	return slices.ContainsFunc(ops, func(op history.Op) bool {
+		switch op.Response.Cause {
+		case protocol.CauseRefused, protocol.CauseNoAnswer:
+			return op.Net != history.NetBroken
+		case protocol.CauseNoDone, protocol.CauseNotCompleted:
+			return op.Net != history.NetBroken && op.Send.Fault.Kind == faults.None && !op.Send.Abort
+		}
+		return false
+	})
+}
+
+// End looks, once the session's last step is checked, at whether a
+// watched server is still up, after a quiet period: a server that dies
+// just after it answered the last step (a panic of a goroutine that
+// outlives the response) is the session's crash finding, with all its
+// steps. A crash skipped is counted, and the server is started again
+// when the session closes.
+func (s *Session) End() *model.Violation {
+	w, watched := s.Server.(targets.ServerWatcher)
+	if !watched || s.down || s.Dead != nil {
+		return nil
+	}
+	time.Sleep(quietPeriod)
+	exited := w.Exited()
+	if exited == nil {
+		return nil
+	}
+	s.down = true
+	if slices.Contains(s.lab.Skip, model.Crash) {
+		s.Skipped[model.Crash]++
+		return nil
+	}
+	return &model.Violation{Invariant: model.Crash,
+		Reason: fmt.Sprintf("the server exited without being told to, after the last step (%d) was answered: %v", s.Exec.steps, exited)}
 }
 
 // lastAnswers describes the last n answers the server gave, newest last:
@@ -446,18 +615,43 @@ func (s *Session) answers(n int) []string {
 }
 
 // restarted tells the reference model of a restart the server went
-// through. A server that declares it survives restarts, and did not come
-// back on its own data, has lost every committed turn (T7).
-func (s *Session) restarted(r *plan.Restart, op history.Op) *model.Violation {
-	if op.Response.Outcome != model.OK {
-		return &model.Violation{Invariant: model.T7, Reason: r.String() + ": " + op.Response.Detail}
-	}
+// through, and came back from.
+func (s *Session) restarted(r *plan.Restart) {
 	changed := r.Sources != nil && !slices.Equal(r.Sources, s.sources)
 	if r.Sources != nil {
 		s.sources = r.Sources
 	}
 	s.Ref.Restart(changed, len(s.sources) > 1)
-	return nil
+}
+
+// recover starts the server again after it went down on its own, its
+// crash skipped, so that the check goes on: with the agent sources of
+// the restart drawn, if one that did not come back was drawn. A server
+// that declares it survives a crash is then followed through it as
+// through a crash the harness drew (T7 judges what it still holds); for
+// any other, what it holds is unknowable, and every conversation so far
+// is set aside. A server that does not come back stops the run.
+func (s *Session) recover(drawn *plan.Restart) {
+	r := plan.Restart{Crash: true}
+	if drawn != nil && drawn.Replica == nil {
+		r.Sources = drawn.Sources
+	}
+	op := s.Exec.restart(plan.Plan{Action: "start again", Restart: &r}, s.Exec.steps, 0)
+	if op.Response.Outcome != model.OK {
+		s.Dead = fmt.Errorf("the server under test went down, and did not come back when the harness started it again "+
+			"(its crash is a finding already, or skipped): %s", cmp.Or(op.HarnessError, op.Response.Detail))
+		return
+	}
+	s.down = false
+	if s.Profile.Durability.Crash {
+		s.restarted(&r)
+		return
+	}
+	for _, op := range s.History {
+		if op.Restart == nil {
+			s.setAside(op.Send.Conv)
+		}
+	}
 }
 
 // Close stops the session's server, if it started it, and checks that a
@@ -475,18 +669,27 @@ func (s *Session) Close() error {
 		// The next check starts as this one did: the agent under its
 		// first reference, on a server that runs (a restart its check's
 		// bound cut short left none).
-		if s.Exec.cutRestart || !slices.Equal(s.sources, []string{targets.FirstSource}) {
+		if s.Exec.cutRestart || s.down || !slices.Equal(s.sources, []string{targets.FirstSource}) {
 			r, ok := s.Server.(targets.Restarter)
 			if ok {
-				refs := targets.SourceRefs(s.fake.URL(), s.Profile.Agent, []string{targets.FirstSource})
-				if err := r.Restart(false, refs); err != nil {
+				s.lab.down = s.down
+				err := r.Restart(s.down, s.lab.firstRefs())
+				switch {
+				case err == nil:
+					s.lab.down = false
+				case !s.down:
 					return fmt.Errorf("restart the server under test with its first agent source: %w", err)
 				}
+				// A server that went down and does not come back yet is
+				// started again by the next session, or stops the run
+				// there.
 			}
 		}
 		return nil // a shared server's death is found when the next session starts
 	}
-	if err := s.Server.Close(); err != nil {
+	if err := s.Server.Close(); err != nil && !s.down {
+		// A server that went down on its own is a finding, or skipped:
+		// that it was down when stopped says nothing more.
 		return fmt.Errorf("stop the server under test: %w", err)
 	}
 	return nil
@@ -510,6 +713,9 @@ func (l *Lab) Replay(ctx context.Context, plans []plan.Plan) ([]history.Op, *mod
 		if s.Dead != nil {
 			return s.History, nil, errors.Join(s.Dead, s.Close())
 		}
+	}
+	if v == nil && ctx.Err() == nil {
+		v = s.End()
 	}
 	return s.History, v, s.Close()
 }

@@ -158,7 +158,9 @@ func (c *Conformance) Text(p targets.Profile) string {
 func (c *Conformance) Table() string {
 	var b strings.Builder
 	for _, v := range c.Verdicts {
-		fmt.Fprintf(&b, "%-4s %-31s %-15s%s\n", v.Invariant, v.Invariant.Title(), strings.ToUpper(string(v.Status)), v.rests())
+		// A longer name (crash) takes from its title's column.
+		title := 31 - max(len(v.Invariant)-4, 0)
+		fmt.Fprintf(&b, "%-4s %-*s %-15s%s\n", v.Invariant, title, v.Invariant.Title(), strings.ToUpper(string(v.Status)), v.rests())
 	}
 	return b.String()
 }
@@ -254,6 +256,11 @@ const (
 	SameCause Status = "same cause"
 )
 
+// Judged lists what a run gives a verdict on, in the order of its
+// verdicts: the invariants T1 to T11, then whether the server stays up
+// (model.Crash), a finding of its own kind beside them.
+func Judged() []model.Invariant { return append(model.Invariants(), model.Crash) }
+
 // Exercises say, for each invariant, what one evaluation that counts is:
 // a PASS line says how many of them the run saw.
 var Exercises = map[model.Invariant]string{
@@ -268,6 +275,9 @@ var Exercises = map[model.Invariant]string{
 	model.T9:  "model request(s) carrying tool calls or results, all paired",
 	model.T10: "judgement(s) of a turn whose client disconnected mid-turn",
 	model.T11: "first request(s) compared across turns that failed",
+
+	// The crash finding: not an invariant of a conversation, beside them.
+	model.Crash: "step(s) after which the server was seen up: its process watched, or back from a restart drawn",
 }
 
 // Merge joins the verdicts of the shards of one run (Conformance.Shard,

@@ -278,7 +278,7 @@ func (s *Stats) Summary() string {
 		label  string
 		counts map[model.Invariant]int
 	}{
-		{"skipped invariants broken again (conversations set aside)", s.SetAside},
+		{"skipped invariants broken again (conversations set aside; a server that went down started again)", s.SetAside},
 		{"the same wrong state as a finding, under other names (one root cause)", s.SameCause},
 		{"also seen, as consequences of a violation already found (not counted as findings)", s.Consequences},
 	} {
@@ -311,10 +311,10 @@ func (s *Stats) Summary() string {
 var drawnShapes = map[string]string{"concurrency": "bursts", "tool-turn": "tool turns"}
 
 // invariantList renders counts by invariant in the contract's order (T1,
-// T2, ... T11), with titles if asked.
+// T2, ... T11, crash), with titles if asked.
 func invariantList(m map[model.Invariant]int, titled bool) string {
 	var parts []string
-	for _, inv := range model.Invariants() {
+	for _, inv := range Judged() {
 		if n, ok := m[inv]; ok {
 			name := string(inv)
 			if titled {

@@ -9,7 +9,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
@@ -162,7 +161,7 @@ type junitMessage struct {
 // was not exercised), passed otherwise.
 func (r *Report) WriteJUnit(w io.Writer) error {
 	s := junitSuite{Name: "turncheck " + r.Server.Kind, Time: fmt.Sprintf("%.3f", float64(r.ElapsedMS)/1000)}
-	for _, inv := range model.Invariants() {
+	for _, inv := range Judged() {
 		c := junitCase{Name: fmt.Sprintf("%s %s", inv, inv.Title()), ClassName: "turncheck." + r.Server.Kind}
 		switch {
 		case r.Failure != nil && r.Failure.Violation != nil && r.Failure.Violation.Invariant == inv:

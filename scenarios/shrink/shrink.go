@@ -61,6 +61,9 @@ type Shrinker struct {
 	// misses are the histories of the replays of the original steps that
 	// did not break the invariant: what differed, for a flaky failure.
 	misses [][]history.Op
+	// replayErr is the first error of a replay that could not be carried
+	// out (the server did not start, say).
+	replayErr error
 	// replayOn replays plans in a lab: (*execute.Lab).Replay, but for
 	// tests of the shrinker itself; freshOn replays them on a server
 	// started for the replay ((*execute.Lab).FreshReplay).
@@ -232,6 +235,11 @@ func (s *Shrinker) replay(cands [][]plan.Plan, replayOn replayFunc) []replayed {
 		})
 	}
 	wg.Wait()
+	for _, r := range out {
+		if r.err != nil && s.replayErr == nil && !s.done() {
+			s.replayErr = r.err
+		}
+	}
 	for range cands {
 		s.Runs++
 		if s.after != nil {
@@ -633,6 +641,16 @@ func Budget(parent context.Context, d time.Duration) (context.Context, context.C
 
 // errBound is why a shrink's context ended when its budget ran out.
 var errBound = errors.New("the shrink bound ran out")
+
+// Unreplayed says why a failure that did not reproduce could not be
+// replayed at all: the first replay's error, where no replay of its steps
+// came to an end; nil where one did (the failure then did not reproduce).
+func (s *Shrinker) Unreplayed() error {
+	if len(s.misses) > 0 {
+		return nil
+	}
+	return s.replayErr
+}
 
 // Differed says, for a failure that did not reproduce, where each replay
 // of its steps first went another way than the failing run: a person

@@ -203,3 +203,21 @@ func TestShrinkUndecidedIsPartlyShrunk(t *testing.T) {
 	assert.Equal(t, report.PartlyShrunk, state, note)
 	assert.Equal(t, "3 candidates tried; 1 of them given fewer tries than they needed", note)
 }
+
+// TestShrinkUnreplayedIsNoMiss: a failure none of whose replays could be
+// carried out (the server did not start again) neither reproduced nor
+// was shown not to: the shrinker says why its steps could not be
+// replayed, where replays that ran and broke nothing say nothing of it.
+func TestShrinkUnreplayedIsNoMiss(t *testing.T) {
+	down := errors.New("start the server under test: exited with status 1 before it was ready")
+	s := newShrinker(context.Background(), singleSteps(2), func(*execute.Lab, context.Context, []plan.Plan) ([]history.Op, *model.Violation, error) {
+		return nil, nil, down
+	})
+	require.False(t, s.run(singleSteps(2)))
+	assert.ErrorIs(t, s.Unreplayed(), down)
+
+	f := &fakeServer{at: model.UserToken(1), breaks: func([]plan.Plan, int) bool { return false }}
+	s = newShrinker(context.Background(), singleSteps(2), f.replay)
+	require.False(t, s.run(singleSteps(2)))
+	assert.NoError(t, s.Unreplayed(), "replays that ran and broke nothing: the failure did not reproduce")
+}

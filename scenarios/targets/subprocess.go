@@ -255,7 +255,7 @@ func (s *subprocessServer) URL() string { return s.p.URL() }
 func (s *subprocessServer) Exited() error {
 	select {
 	case <-s.p.Exited():
-		return fmt.Errorf("%s exited; its last output:\n%s", s.p, lastLines(s.p.Stderr(), 20))
+		return fmt.Errorf("%s %s; its last output:\n%s", s.p, cmp.Or(s.p.Ended(), "exited"), lastLines(s.p.Stderr(), 20))
 	default:
 		return nil
 	}
@@ -364,7 +364,7 @@ func (r *replicas) Exited() error {
 	for i, p := range r.procs {
 		select {
 		case <-p.Exited():
-			return fmt.Errorf("replica %d, %s, exited; its last output:\n%s", i, p, lastLines(p.Stderr(), 20))
+			return fmt.Errorf("replica %d, %s, %s; its last output:\n%s", i, p, cmp.Or(p.Ended(), "exited"), lastLines(p.Stderr(), 20))
 		default:
 		}
 	}

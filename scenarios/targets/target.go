@@ -432,8 +432,9 @@ type ModelAddresser interface {
 }
 
 // ServerWatcher is a Server that can tell that it died on its own (a
-// process that exited mid-run): the run then stops with an error that
-// says so, rather than reporting every later request as unanswered.
+// process that exited mid-run): that is then a crash finding
+// (model.Crash) with the server's last output, rather than every later
+// request reported as unanswered.
 type ServerWatcher interface {
 	Server
 	// Exited returns an error describing the exit if the server has

@@ -1,0 +1,225 @@
+// Package crashtest holds servers that go down, for the harness's own
+// tests of its crash finding (PROTOCOL.md, "A server stays up") and of
+// the setup errors a profile causes. Each is the reference server with
+// one defect: it panics after a streamed turn whose client went away, as
+// docker-agent's "send on closed channel" does; a kill -9 leaves a lock
+// behind that fails the next start once; or its command line takes one
+// agent reference only. A test binary whose TestMain calls Main first
+// plays one, re-executed with Env set (Profile writes the profile that
+// does so); Target runs the first in process.
+package crashtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/turncheck/turncheck/sut"
+)
+
+// Env names the mode a re-executed test binary plays (Main).
+const Env = "TURNCHECK_CRASHTEST"
+
+// Mode is one defect of the reference server.
+type Mode string
+
+// The modes.
+const (
+	// PanicOnAbort panics, in a goroutine of its own, once it has served
+	// a streamed turn whose client went away before the end: the process
+	// exits with status 2 and the runtime's "send on closed channel".
+	PanicOnAbort Mode = "panic-on-abort"
+	// StaleLock holds a lock file in its data dir while it runs and
+	// removes it when it is stopped: after a kill -9 the next start finds
+	// it, removes it and exits with status 1, so that a crash the harness
+	// draws does not come back, and the start after it does.
+	StaleLock Mode = "stale-lock"
+	// OneAgent takes exactly one agent reference on its command line, as
+	// docker-agent's serve api does: with two it exits with status 1 and
+	// a usage error before it serves.
+	OneAgent Mode = "one-agent"
+)
+
+// Main plays the server of the mode Env names, when it is set, and never
+// returns then: the test binary is re-executed with {addr}, {model_url},
+// {data_dir} and the agent references as its arguments. Call it first in
+// TestMain.
+func Main() {
+	mode := os.Getenv(Env)
+	if mode == "" {
+		return
+	}
+	os.Exit(serve(Mode(mode), os.Args[1:]))
+}
+
+// Profile writes a profile (YAML) that starts this test binary as the
+// server of mode m, and returns its path: durable across restarts and
+// crashes, with the agent helper for OneAgent (which does not say that it
+// loads one source at a time: that is the setup error it shows).
+func Profile(tb testing.TB, m Mode) string {
+	tb.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// A new conversation binds to the agent by its name, the model's
+	// default; without one, any model name serves.
+	agent, model := "", "\nmodel: turncheck"
+	if m == OneAgent {
+		agent, model = "\n  agent: helper", ""
+	}
+	yaml := fmt.Sprintf(`server:
+  command: [%q, "{addr}", "{model_url}", "{data_dir}", "{agents}"]
+  env: {%s: %s}%s
+  stop_grace: 2s
+  ready: {timeout: 30s}%s
+model_timeout: 1s
+policies:
+  durability: {restart: true, crash: true}
+`, exe, Env, m, agent, model)
+	path := filepath.Join(tb.TempDir(), string(m)+".yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return path
+}
+
+// lockFile is StaleLock's lock, in its data dir.
+const lockFile = "LOCK"
+
+// serve runs mode's server with args, and returns its exit status.
+func serve(mode Mode, args []string) int {
+	if len(args) < 3 {
+		fmt.Fprintf(os.Stderr, "crashtest: want addr, model URL, data dir and agent references; got %q\n", args)
+		return 2
+	}
+	addr, modelURL, dataDir, agents := args[0], args[1], args[2], args[3:]
+	switch mode {
+	case OneAgent:
+		if len(agents) != 1 {
+			fmt.Fprintf(os.Stderr, "Error: accepts 1 arg(s), received %d\nUsage:\n  crashtest AGENT [flags]\n", len(agents))
+			return 1
+		}
+	case StaleLock:
+		lock := filepath.Join(dataDir, lockFile)
+		if _, err := os.Stat(lock); err == nil {
+			// As a server that finds its store locked by a run that died:
+			// it clears the lock, and fails this start.
+			fmt.Fprintf(os.Stderr, "crashtest: the store is locked by an earlier run (%s); removed the stale lock, start again\n", lock)
+			_ = os.Remove(lock)
+			return 1
+		}
+		if err := os.WriteFile(lock, []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "crashtest:", err)
+			return 2
+		}
+	case PanicOnAbort:
+	default:
+		fmt.Fprintf(os.Stderr, "crashtest: unknown mode %q\n", mode)
+		return 2
+	}
+	srv, err := sut.New(sut.Config{ModelURL: modelURL, DataDir: dataDir, RequestTimeout: time.Second, Agents: agents})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crashtest:", err)
+		return 2
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crashtest:", err)
+		return 2
+	}
+	var h http.Handler = srv
+	if mode == PanicOnAbort {
+		h = panicOnAbort(srv)
+	}
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	go func() { _ = http.Serve(ln, h) }()
+	<-term
+	_ = ln.Close()
+	err = srv.Close()
+	_ = os.Remove(filepath.Join(dataDir, lockFile))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crashtest:", err)
+		return 1
+	}
+	return 0
+}
+
+// panicOnAbort serves h, and once it has served a streamed request whose
+// client went away before the stream ended, sends on a closed channel in
+// a goroutine of its own: the runtime's panic ends the process.
+func panicOnAbort(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		streamed := Streamed(r)
+		ended := &endWriter{ResponseWriter: w}
+		w = ended
+		defer func() {
+			if streamed && !ended.done && r.Context().Err() != nil {
+				go func() {
+					events := make(chan string)
+					close(events)
+					events <- "stream ended" // panics: send on closed channel
+				}()
+			}
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// endWriter is a ResponseWriter that notes whether what was written so
+// far ends a stream ("data: [DONE]"): a client gone after that left a
+// stream that ended, not one cut short.
+type endWriter struct {
+	http.ResponseWriter
+	done bool
+}
+
+func (e *endWriter) Write(b []byte) (int, error) {
+	e.done = bytes.HasSuffix(bytes.TrimRight(b, "\n"), []byte("data: [DONE]"))
+	return e.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController flush the stream.
+func (e *endWriter) Unwrap() http.ResponseWriter { return e.ResponseWriter }
+
+// Streamed reports whether r asks for a streamed answer ("stream": true
+// in its JSON body), leaving its body to be read again.
+func Streamed(r *http.Request) bool {
+	if r.Body == nil {
+		return false
+	}
+	body, err := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil {
+		return false
+	}
+	var req struct {
+		Stream bool `json:"stream"`
+	}
+	return json.Unmarshal(body, &req) == nil && req.Stream
+}
+
+// errDied is what an in-process server that died says it did.
+var errDied = errors.New("exited with status 2")
+
+// panicText is what an in-process server that dies writes last, as the Go
+// runtime would.
+var panicText = strings.Join([]string{
+	"panic: send on closed channel",
+	"",
+	"goroutine 41 [running]:",
+	"github.com/turncheck/turncheck/internal/crashtest.panicOnAbort.func1.1()",
+	"exit status 2",
+}, "\n")

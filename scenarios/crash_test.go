@@ -1,0 +1,179 @@
+//go:build unix
+
+package scenarios_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/internal/crashtest"
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/sut"
+)
+
+// These tests hold the crash finding (PROTOCOL.md, "A server stays up")
+// to its promise: a server that goes down without being told to is a
+// finding of its own, with the server's last words, shrunk and saved to
+// replay; the run goes on past it; a restart that does not come back is
+// that finding, never T7; and a profile that cannot express its server
+// is a setup error, never a verdict.
+
+// assertCrashFound checks that c found a crash, quoting want, with
+// steps that replay it against target, and broke nothing else.
+func assertCrashFound(t *testing.T, target scenarios.Target, c *scenarios.Conformance, want string) *scenarios.Failure {
+	t.Helper()
+	v := c.Verdict(model.Crash)
+	require.Equal(t, scenarios.Fail, v.Status, "%s", c.Text(scenarios.Profile{}))
+	f := v.Failure
+	require.NotNil(t, f)
+	require.NotNil(t, f.Violation)
+	assert.Equal(t, model.Crash, f.Violation.Invariant)
+	assert.Contains(t, f.Violation.Reason, want, "the server's last words are the evidence")
+	assert.NotEmpty(t, f.Plans, "a crash finding has its steps")
+	// Its replays ran (the server started again after each), and broke
+	// it again: it was shrunk, not left as it failed.
+	assert.False(t, f.Flaky, "the crash did not reproduce when shrinking: %s", f.ShrinkStats())
+	assert.NotContains(t, f.ShrinkNote, "could not be replayed")
+	assert.Positive(t, f.ShrinkRuns)
+	assert.Contains(t, c.Text(scenarios.Profile{}), "=== crash (the server stays up) ===")
+	for _, other := range c.Verdicts {
+		if other.Invariant != model.Crash && other.Status == scenarios.Fail {
+			t.Errorf("%s failed against a server whose only defect is that it goes down:\n%s", other.Invariant, other.Failure.Report)
+		}
+	}
+	t.Logf("crash: %s", f.ShrinkStats())
+	r, err := scenarios.ReplayFailureTries(context.Background(), target, f, 3)
+	require.NoError(t, err)
+	require.True(t, r.Reproduced, "the saved crash did not replay: %s", r.NotReproduced())
+	assert.Equal(t, model.Crash, r.Violation.Invariant)
+	assert.Contains(t, r.Violation.Reason, want)
+	return f
+}
+
+// TestCrashInProcess: a server in process that dies after a streamed turn
+// whose client went away is a crash finding, not an error: shrunk to the
+// turn that kills it, its panic quoted, replayed; and the run goes on
+// past it, restarting the server each time it dies again, to pass what
+// the server does right.
+func TestCrashInProcess(t *testing.T) {
+	t.Parallel()
+	target := crashtest.Target{}
+	c, err := scenarios.Conform(target, scenarios.Options{Checks: 12, Seed: 5, ShrinkTime: 30 * time.Second})
+	require.NoError(t, err)
+	f := assertCrashFound(t, target, c, "panic: send on closed channel")
+	if f.Shrink == scenarios.Shrunk { // a loaded machine may cut a shrink short
+		assert.LessOrEqual(t, len(f.Plans), 2, f.Report)
+	}
+	assert.Positive(t, c.Stats.SetAside[model.Crash], "the server died again after the finding, and the run went on")
+	for _, inv := range []model.Invariant{model.T1, model.T2, model.T4, model.T7} {
+		assert.Equal(t, scenarios.Pass, c.Verdict(inv).Status, "%s explored past the crash: %+v", inv, c.Verdict(inv))
+	}
+}
+
+// TestCrashThroughAProfile: the same defect in a process started from a
+// profile, a runtime panic that ends it: the crash finding with the panic
+// as its evidence, replayed against a fresh process.
+func TestCrashThroughAProfile(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
+	target, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.PanicOnAbort))
+	require.NoError(t, err)
+	c, err := scenarios.Conform(target, scenarios.Options{Checks: 8, Seed: 5, ShrinkTime: 60 * time.Second})
+	require.NoError(t, err)
+	f := assertCrashFound(t, target, c, "panic: send on closed channel")
+	assert.Contains(t, f.Violation.Reason, "exited with status 2")
+	assert.Equal(t, scenarios.Pass, c.Verdict(model.T2).Status, "the run went on past the crash: %+v", c.Verdict(model.T2))
+}
+
+// staleLock is the reference server whose start after a kill -9 fails
+// once (a lock the killed run left, which the failed start clears), as
+// StaleLock's process does.
+type staleLock struct{ reference.Target }
+
+func (s staleLock) Start(modelURL string) (scenarios.Server, error) {
+	srv, err := s.Target.Start(modelURL)
+	if err != nil {
+		return nil, err
+	}
+	return &staleLockServer{Instance: srv.(*sut.Instance)}, nil
+}
+
+type staleLockServer struct {
+	*sut.Instance
+	mu     sync.Mutex
+	locked bool
+}
+
+func (s *staleLockServer) Restart(crash bool, agents []string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.locked {
+		s.locked = false
+		return s.Instance.Restart(crash, agents)
+	}
+	if !crash {
+		return s.Instance.Restart(false, agents)
+	}
+	if err := s.Instance.Running.Crash(); err != nil {
+		return err
+	}
+	s.locked = true
+	return errors.New("server exited with status 1 before it was ready: the store is locked by an earlier run (stale lock)")
+}
+
+// TestRestartThatDoesNotComeBack: a crash the harness draws that the
+// server does not come back from is the crash finding, never T7 (which
+// judges what a server that came back still has), in process and through
+// a profile; the run starts the server again and goes on.
+func TestRestartThatDoesNotComeBack(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
+	fromProfile, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.StaleLock))
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name   string
+		target scenarios.Target
+		checks int
+	}{
+		{"in process", staleLock{}, 12},
+		{"profile", fromProfile, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := scenarios.Conform(tc.target, scenarios.Options{Checks: tc.checks, Seed: 5, ShrinkTime: 60 * time.Second})
+			require.NoError(t, err)
+			f := assertCrashFound(t, tc.target, c, "did not come back")
+			assert.Contains(t, f.Violation.Reason, "stale lock")
+			assert.Contains(t, f.Violation.Reason, "crash (kill -9) and restart")
+			assert.NotEqual(t, scenarios.Fail, c.Verdict(model.T7).Status, "a restart that did not come back judged as T7")
+			assert.Positive(t, c.Stats.SetAside[model.Crash], "the run went on past the finding, and met the crash again")
+		})
+	}
+}
+
+// TestOneSourceProfileIsASetupError: a profile that does not say its
+// server loads one agent source at a time, for a server whose command
+// takes one reference, is a setup error that names the field to set when
+// the first start with two fails: no verdict on the server.
+func TestOneSourceProfileIsASetupError(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
+	target, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.OneAgent))
+	require.NoError(t, err)
+	c, err := scenarios.Conform(target, scenarios.Options{Checks: 8, Seed: 5})
+	require.Error(t, err, "no restart with two sources drawn: pick a seed that draws one")
+	assert.Contains(t, err.Error(), "set server.one_source: true in the profile")
+	assert.Contains(t, err.Error(), "accepts 1 arg(s), received 2")
+	if c != nil {
+		for _, v := range c.Verdicts {
+			assert.NotEqual(t, scenarios.Fail, v.Status, "a setup error judged as the server's %s", v.Invariant)
+		}
+	}
+	assert.False(t, strings.Contains(err.Error(), "T7"), "a setup error named as T7: %v", err)
+}
