@@ -93,7 +93,8 @@ func Open(target targets.Target, skip []model.Invariant) (*Lab, error) {
 	if ma, ok := target.(targets.ModelAddresser); ok {
 		addr = ma.ModelAddr()
 	}
-	fake, err := faults.StartModel(faults.ModelConfig{Addr: addr, Clock: func() int64 { return l.clock.Load().Add(1) }})
+	fake, err := faults.StartModel(faults.ModelConfig{Addr: addr, Clock: func() int64 { return l.clock.Load().Add(1) },
+		AgentDefinition: l.Profile.AgentDefinition})
 	if err != nil {
 		return nil, err
 	}
@@ -205,6 +206,9 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 	_, l.restartable = srv.(targets.Restarter)
 	l.Last = srv
 	cl := protocol.NewClient(targets.URLs(srv), l.Profile, ns)
+	if l.Profile.Agent != "" {
+		cl.Loaded(l.Profile.SourceRefs(l.fake.URL(), []string{targets.FirstSource}))
+	}
 	return &Session{
 		lab:     l,
 		Profile: l.Profile,
@@ -466,7 +470,7 @@ func (s *Session) Close() error {
 		if s.Exec.cutRestart || !slices.Equal(s.sources, []string{targets.FirstSource}) {
 			r, ok := s.Server.(targets.Restarter)
 			if ok {
-				refs := targets.SourceRefs(s.fake.URL(), s.Profile.Agent, []string{targets.FirstSource})
+				refs := s.Profile.SourceRefs(s.fake.URL(), []string{targets.FirstSource})
 				if err := r.Restart(false, refs); err != nil {
 					return fmt.Errorf("restart the server under test with its first agent source: %w", err)
 				}
