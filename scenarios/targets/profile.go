@@ -384,8 +384,9 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 	if !slicesContainsAny(s.Command, "{addr}", "{port}") && s.Ready.Line == "" {
 		return nil, errors.New("server.command: no {addr} or {port}, and no ready.line that reports the address: the server cannot learn where to listen, nor the harness where it listens")
 	}
-	if !slicesContainsAny(s.Command, "{model_url}") && !hasPlaceholder(s.Env, "{model_url}") && !hasPlaceholder(s.Files, "{model_url}") {
-		return nil, errors.New("server.command: no {model_url} in the command, env or files: the server must call the fake model, at the URL the harness gives it")
+	if !slicesContainsAny(s.Command, "{model_url}") && !hasPlaceholder(s.Env, "{model_url}") && !hasPlaceholder(s.Files, "{model_url}") &&
+		!strings.Contains(s.AgentDef, "{model_url}") {
+		return nil, errors.New("server.command: no {model_url} in the command, env or files (nor in agent_definition): the server must call the fake model, at the URL the harness gives it")
 	}
 	for name, text := range s.Files {
 		if err := faults.CheckFilePath(name); err != nil {

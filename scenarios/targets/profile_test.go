@@ -241,3 +241,28 @@ func TestAgentSourceReachesTheProfile(t *testing.T) {
 		target.Profile().SourceRefs("http://127.0.0.1:4321/v1", []string{"tag=v1", "tag=v3"}), "no agent_host: the fake model's own address")
 	assert.Nil(t, target.Profile().SessionsAPI)
 }
+
+// TestDockerAgentProfiles: the example profiles for docker-agent read as
+// the servers they describe: serve api loads one agent source from
+// localhost, in docker-agent's own format, and names it per session; serve
+// chat reads its agent from a file the harness writes.
+func TestDockerAgentProfiles(t *testing.T) {
+	target, err := LoadProfile("../../examples/docker-agent/serve-api.yaml")
+	require.NoError(t, err)
+	api := target.(Subprocess).Profile()
+	assert.Equal(t, Sessions, api.Protocol)
+	assert.True(t, api.OneSource)
+	assert.Equal(t, "localhost", api.AgentHost)
+	assert.Contains(t, api.AgentDefinition, "base_url: {model_url}")
+	assert.Contains(t, api.AgentDefinition, "instruction: {instruction}")
+	assert.Equal(t, "/api/sessions/{session}/agent/{source}", api.SessionsAPI.Turn.Path)
+	assert.Equal(t, []string{"http://localhost:4321/agents/helper.yaml?tag=v1"}, api.SourceRefs("http://127.0.0.1:4321/v1", []string{FirstSource}))
+
+	target, err = LoadProfile("../../examples/docker-agent/serve-chat.yaml")
+	require.NoError(t, err)
+	chat := target.(Subprocess)
+	assert.Equal(t, Chat, chat.Profile().Protocol)
+	assert.Contains(t, chat.Files["agent.yaml"], "base_url: {model_url}")
+	assert.Empty(t, chat.Agent, "no agent source: a file")
+	assert.Equal(t, Forgets, chat.Profile().Eviction)
+}
