@@ -44,6 +44,11 @@ type ModelConfig struct {
 	// before the model looks at it, as a busy machine would (stall.go);
 	// 0 takes the pause StallModels sets, if any.
 	Stall time.Duration
+	// AgentDefinition, if set, is served at /agents/NAME.yaml in place of
+	// the model's own definition (AgentDefinition): a template in the
+	// server's own format, with AgentPlaceholders filled in, for a server
+	// that reads no other.
+	AgentDefinition string
 }
 
 // Model is a fake OpenAI-compatible model provider on loopback. It records
@@ -426,7 +431,8 @@ var agentPath = regexp.MustCompile(`^(?:/v1)?/agents/([A-Za-z0-9_-]+)\.yaml$`)
 // there is none), so that a server restarted with a changed query visibly
 // sends the model a different instruction. It is not a model call and is not
 // recorded as one. A NAME outside [A-Za-z0-9_-]+ is 404: nothing else in a
-// name can be echoed unquoted into a path.
+// name can be echoed unquoted into a path. With ModelConfig.AgentDefinition
+// the template is served instead, filled in for NAME and QUERY.
 func (m *Model) serveAgent(w http.ResponseWriter, r *http.Request) {
 	match := agentPath.FindStringSubmatch(r.URL.Path)
 	if match == nil {
@@ -439,16 +445,18 @@ func (m *Model) serveAgent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := match[1]
-	from := "/agents/" + name + ".yaml"
-	if r.URL.RawQuery != "" {
-		from += "?" + r.URL.RawQuery
-	}
-	// Marshalled, not formatted: the query is the client's and may hold
-	// anything YAML would read as syntax.
-	body, err := yaml.Marshal(AgentDefinition{Name: name, Instruction: "You are " + name + ", loaded from " + from + "."})
-	if err != nil {
-		openai.WriteError(w, http.StatusInternalServerError, "server_error", err.Error())
-		return
+	var body []byte
+	if m.cfg.AgentDefinition != "" {
+		body = []byte(agentText(m.cfg.AgentDefinition, m.URL(), name, r.URL.RawQuery))
+	} else {
+		// Marshalled, not formatted: the query is the client's and may
+		// hold anything YAML would read as syntax.
+		var err error
+		body, err = yaml.Marshal(AgentDefinition{Name: name, Instruction: agentInstruction(name, r.URL.RawQuery)})
+		if err != nil {
+			openai.WriteError(w, http.StatusInternalServerError, "server_error", err.Error())
+			return
+		}
 	}
 	if m.cfg.Log != nil {
 		m.logMu.Lock()

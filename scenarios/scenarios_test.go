@@ -100,8 +100,9 @@ const maxShrunkSteps = 3
 var longerShrunk = map[sut.Mutant]int{sut.AckBeforeDurable: 4, sut.ExactSourceKeyOnly: 6, sut.SessionExactSourceKey: 6, sut.LostOnEvict: 7, sut.ShallowClone: 4}
 
 // ports matches loopback addresses, which differ between runs of the same
-// steps (they show in error details).
-var ports = regexp.MustCompile(`127\.0\.0\.1:\d+`)
+// steps (they show in error details, and escaped in a session turn's path
+// that names its agent source).
+var ports = regexp.MustCompile(`127\.0\.0\.1(:|%3A)\d+`)
 
 // TestMutantsCaught proves that the harness bites: each mutant brings back
 // a real bug, and the state machine must find it, shrink it, and replay it

@@ -92,7 +92,10 @@ const (
 	// SessionExactSourceKey is ExactSourceKeyOnly for the turns of the
 	// sessions API alone (chat turns resume as they should): after a
 	// relaunch that loads the agent under another query, a session's
-	// resume fails with 500 "agent not found".
+	// resume fails with 500 "agent not found". A turn whose path names a
+	// source key is looked up by that key, as docker-agent did: a client
+	// that names the key its session was created under sees the bug, one
+	// that names the source loaded now does not.
 	SessionExactSourceKey Mutant = "session-exact-source-key"
 	// BranchMutatesBase appends each Responses API turn to the cached
 	// history of the response it chains from, in place, instead of to a
@@ -196,7 +199,7 @@ func Mutants() []MutantInfo {
 		{ResponseCrossKey, "PROTOCOL.md T5 (responses scoped per key)", "T5",
 			"previous_response_id is looked up without the API key's scope: another key chains from the response and the model sees its history", "", string(protoResponses), 0},
 		{SessionExactSourceKey, "docker-agent #3410", "T8",
-			"a session's resume looks up the exact source key the session recorded (chat turns resume correctly); relaunched under another query, a session turn fails with 500 \"agent not found\"", "", string(protoSessions), 0},
+			"a session's resume looks up an exact source key (the one the turn's path names, else the one the session recorded; chat turns resume correctly); relaunched under another query, a session turn naming its old key fails with 500 \"agent not found\"", "", string(protoSessions), 0},
 		{BranchMutatesBase, "PROTOCOL.md T4 (responses: branches stay apart)", "T4",
 			"a request chained from a response runs on that response's cached history in place, not on a copy: a second request chained from it sees the first one's input and reply", "", string(protoResponses), 0},
 		{ReplicaLocalLock, "openclaw #84575 across replicas", "T4",

@@ -828,7 +828,7 @@ func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, inp
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return false
 	}
-	agent, err := s.agentFor(base, model, s.exactSourceKeyOnly(t))
+	agent, err := s.agentFor(t, base, model)
 	if err != nil {
 		// Refused before any model call: nothing changes.
 		t.release()

@@ -233,3 +233,39 @@ func TestSessionAgents(t *testing.T) {
 	e = a.with(v2)
 	assert.Equal(t, toks("u1", "a1", "u2", "a2", "u4"), e.okSession(t, "", s, "helper", "tc-u4"))
 }
+
+// TestSessionResumeNamedBySourceKey: a session turn may name its agent by
+// the source key, as docker-agent's client does with the key its session
+// was created under. After a relaunch under another query the clean server
+// resumes a session whichever key its turn names; session-exact-source-key
+// looks the named key up exactly, as docker-agent did before #3410: the old
+// key is 500 "agent not found" and changes nothing, while the key loaded
+// now resumes, so only a client that keeps naming the old key sees the bug.
+func TestSessionResumeNamedBySourceKey(t *testing.T) {
+	for _, m := range []sut.Mutant{sut.Clean, sut.SessionExactSourceKey} {
+		t.Run(string(m), func(t *testing.T) {
+			a := newAgentEnv(t)
+			v1, v2 := a.am.ref("helper", "tag=v1"), a.am.ref("helper", "tag=v2")
+			e := a.start(sut.Config{Mutant: m, Agents: []string{v1}})
+			old, current := e.newSession(t, ""), e.newSession(t, "")
+			require.Equal(t, toks("u1"), e.okSession(t, "", old, v1, "tc-u1"))
+			require.Equal(t, toks("u2"), e.okSession(t, "", current, v1, "tc-u2"))
+			e = a.start(sut.Config{Mutant: m, Agents: []string{v2}})
+
+			assert.Equal(t, toks("u2", "a2", "u3"), e.okSession(t, "", current, v2, "tc-u3"), "named by the key loaded now")
+			assert.Equal(t, instruction("helper", "tag=v2"), a.am.lastSystem(t))
+			n := a.am.CallCount()
+			r := e.sessionTurn(t, "", old, v1, "tc-u4")
+			if m == sut.Clean {
+				_, last := sessionStream(t, r)
+				require.Equal(t, "stream_stopped", last.Type)
+				assert.Equal(t, toks("u1", "a1", "u4"), oneCall(t, a.am.Model, n, "tc-u4"), "named by the key it was created under")
+				assert.Equal(t, instruction("helper", "tag=v2"), a.am.lastSystem(t))
+				return
+			}
+			requireErrorBody(t, r, http.StatusInternalServerError, "server_error")
+			assert.Contains(t, string(r.body), "agent not found")
+			assert.Equal(t, n, a.am.CallCount(), "refused before any model call")
+		})
+	}
+}

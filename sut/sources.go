@@ -301,19 +301,24 @@ func keys(srcs []*agentSource) string {
 	return strings.Join(out, ", ")
 }
 
-// agentFor returns the agent source a turn on the committed conversation
+// agentFor returns the agent source turn t on the committed conversation
 // base runs with. A new conversation (nothing committed) binds by the
 // request's model; one with committed messages resumes with the source it
 // recorded, whatever the model says; one that recorded none (started with
-// no agents loaded) stays unbound (nil). With exactOnly, a resume takes
-// the exact recorded key or nothing (the mutants that bring docker-agent
-// #3410 back).
-func (s *Server) agentFor(base *conversation, model string, exactOnly bool) (*agentSource, error) {
+// no agents loaded) stays unbound (nil). Under the mutants that bring
+// docker-agent #3410 back, a resume takes an exact key or nothing: the
+// recorded one, or, for a session turn whose path names a source key
+// (docker-agent's shape), that one, as docker-agent looked it up.
+func (s *Server) agentFor(t *turn, base *conversation, model string) (*agentSource, error) {
 	if len(base.messages) == 0 {
 		return s.sources.bind(model)
 	}
 	if base.source == "" {
 		return nil, nil
+	}
+	exactOnly := s.exactSourceKeyOnly(t)
+	if exactOnly && s.cfg.Mutant == SessionExactSourceKey && strings.Contains(model, "://") {
+		return s.sources.resume(model, true)
 	}
 	return s.sources.resume(base.source, exactOnly)
 }

@@ -146,7 +146,7 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	}
 	var refs []string
 	if p.Restart.Sources != nil {
-		refs = targets.SourceRefs(e.fake.URL(), e.profile.Agent, p.Restart.Sources)
+		refs = e.profile.SourceRefs(e.fake.URL(), p.Restart.Sources)
 	}
 	restart := r.Restart
 	if rc, ok := e.srv.(targets.ContextRestarter); ok && e.ctx != nil {
@@ -177,6 +177,9 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 		return op
 	}
 	e.client.Rebase(targets.URLs(e.srv))
+	if refs != nil {
+		e.client.Loaded(refs)
+	}
 	return op
 }
 

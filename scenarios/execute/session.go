@@ -130,7 +130,7 @@ func (l *Lab) firstRefs() []string {
 	if l.Profile.Agent == "" {
 		return nil
 	}
-	return targets.SourceRefs(l.fake.URL(), l.Profile.Agent, []string{targets.FirstSource})
+	return l.Profile.SourceRefs(l.fake.URL(), []string{targets.FirstSource})
 }
 
 // Output is the last lines the latest session's server wrote, "" if it
@@ -150,7 +150,8 @@ func Open(target targets.Target, skip []model.Invariant) (*Lab, error) {
 	if ma, ok := target.(targets.ModelAddresser); ok {
 		addr = ma.ModelAddr()
 	}
-	fake, err := faults.StartModel(faults.ModelConfig{Addr: addr, Clock: func() int64 { return l.clock.Load().Add(1) }})
+	fake, err := faults.StartModel(faults.ModelConfig{Addr: addr, Clock: func() int64 { return l.clock.Load().Add(1) },
+		AgentDefinition: l.Profile.AgentDefinition})
 	if err != nil {
 		return nil, err
 	}
@@ -286,6 +287,9 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 	_, l.watched = srv.(targets.ServerWatcher)
 	l.Last = srv
 	cl := protocol.NewClient(targets.URLs(srv), l.Profile, ns)
+	if l.Profile.Agent != "" {
+		cl.Loaded(l.firstRefs())
+	}
 	return &Session{
 		lab:     l,
 		Profile: l.Profile,

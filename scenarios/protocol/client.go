@@ -13,7 +13,9 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -140,6 +142,9 @@ type Client struct {
 	ns   string
 	http *http.Client
 	wire wire
+	// sources are the agent references the server loads now (Loaded).
+	mu      sync.Mutex
+	sources []string
 }
 
 // A wire is one client protocol: the only code that knows how a turn is
@@ -195,6 +200,27 @@ func (c *Client) Rebase(bases []string) {
 	c.http.CloseIdleConnections()
 	c.bases = trimmed(bases)
 	c.wire.restarted()
+}
+
+// Loaded tells the client the agent references the server loads now, at
+// its start and after a restart that changed them: a session created from
+// now on names the first ({source}); one created before keeps naming the
+// reference it was created under, as a real client does.
+func (c *Client) Loaded(refs []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sources = slices.Clone(refs)
+}
+
+// source is the agent reference a session created now names, "" if the
+// server loads none.
+func (c *Client) source() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.sources) == 0 {
+		return ""
+	}
+	return c.sources[0]
 }
 
 // trimmed is bases without their trailing slashes.

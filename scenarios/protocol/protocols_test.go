@@ -142,6 +142,7 @@ type sessionServer struct {
 	created  int
 	turns    []string // path and body of each turn
 	auth     []string
+	creates  []string
 	answer   string
 	refusing bool
 }
@@ -157,6 +158,7 @@ func (s *sessionServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.created++
+		s.creates = append(s.creates, string(body))
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":"s%d"}`, s.created)
 		return
@@ -228,6 +230,43 @@ func TestSessionsAPI(t *testing.T) {
 	out = c.Send(context.Background(), req)
 	assert.Equal(t, model.Fail, out.Outcome, "a turn whose session was never made failed, and changed nothing")
 	assert.Equal(t, CauseUnsent, out.Cause)
+}
+
+// TestSessionsNameTheirSource: {source} names, per session, the agent
+// reference it was created under, escaped in a path as a query value is
+// (docker-agent's key for a URL source) and a JSON string in a body: after
+// the server loads another reference, a new session names the new one and
+// an old session keeps naming its own, as a client that keeps its
+// sessions does (docker-agent #3410 shows only to such a client).
+func TestSessionsNameTheirSource(t *testing.T) {
+	srv := &sessionServer{answer: "data: {\"type\":\"stream_stopped\"}\n\n"}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	p := sessionsProfile()
+	p.SessionsAPI.Create.Body = `{"agent":{source}}`
+	p.SessionsAPI.Turn.Path = "/api/sessions/{session}/agent/{source}"
+	c := NewClient([]string{hs.URL}, p, "")
+	defer c.Close()
+	old, current := model.ConversationRef{ID: "old"}, model.ConversationRef{ID: "new"}
+	turn := func(conv model.ConversationRef) Request {
+		req := c.NewRequest(context.Background(), plan.Send{Conv: conv, Messages: userMessage("hi")})
+		require.Empty(t, req.Unsent)
+		return req
+	}
+
+	assert.Contains(t, c.NewRequest(context.Background(), plan.Send{Conv: old, Messages: userMessage("hi")}).Unsent,
+		"the server loads none", "a session cannot name a source the server does not load")
+	v1, v2 := "http://localhost:4321/agents/helper.yaml?tag=v1", "http://localhost:4321/agents/helper.yaml?tag=v2"
+	c.Loaded([]string{v1})
+	assert.Equal(t, "/api/sessions/s1/agent/http%3A%2F%2Flocalhost%3A4321%2Fagents%2Fhelper.yaml%3Ftag%3Dv1", turn(old).Path)
+	c.Loaded([]string{v2, v1})
+	assert.Equal(t, "/api/sessions/s1/agent/http%3A%2F%2Flocalhost%3A4321%2Fagents%2Fhelper.yaml%3Ftag%3Dv1", turn(old).Path,
+		"an old session names the source it was created under")
+	assert.Equal(t, "/api/sessions/s2/agent/http%3A%2F%2Flocalhost%3A4321%2Fagents%2Fhelper.yaml%3Ftag%3Dv2", turn(current).Path,
+		"a new session names the first source loaded now")
+	other := turn(model.ConversationRef{Key: "key-b", ID: "old"})
+	assert.Equal(t, turn(old).Path, other.Path, "another key probes the first key's session under its source (T5)")
+	assert.Equal(t, []string{`{"agent":"` + v1 + `"}`, `{"agent":"` + v2 + `"}`}, srv.creates, "in a body, the reference as a JSON string")
 }
 
 // TestEventFields: an event's type, text and error may be nested in it, as

@@ -26,54 +26,63 @@ type sessions struct {
 	api *targets.SessionsAPI
 	mu  sync.Mutex
 	ids map[model.ConversationRef]string
+	// sources are, per session id, the agent reference it was created
+	// under: its turns name it ({source}) after a restart that loaded
+	// another, as a client that keeps its sessions does.
+	sources map[string]string
 }
 
 func newSessions(api *targets.SessionsAPI) *sessions {
-	return &sessions{api: api, ids: map[model.ConversationRef]string{}}
+	return &sessions{api: api, ids: map[model.ConversationRef]string{}, sources: map[string]string{}}
 }
 
 func (w *sessions) request(ctx context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
 	req := Request{Conv: s.Conv, Method: w.api.Turn.Method, Stream: true}
-	id, err := w.session(ctx, c, s.Conv, s.Replica)
+	id, source, err := w.session(ctx, c, s.Conv, s.Replica)
 	if err != nil {
 		req.Unsent = "its session could not be created: " + err.Error()
 		return req
 	}
 	req.Session = id
-	req.Path = expand(w.api.Turn.Path, pathValues(id, c.profile.Model))
-	req.Body = []byte(expand(w.api.Turn.Body, bodyValues(id, c.profile.Model, msgs)))
+	req.Path = expand(w.api.Turn.Path, pathValues(id, c.profile.Model, source))
+	req.Body = []byte(expand(w.api.Turn.Body, bodyValues(id, c.profile.Model, source, msgs)))
 	return req
 }
 
-// session is the id of conv's session, created now if conv has none. A
-// conversation with no session of its own whose id another key's
-// conversation has runs in that one's session: it must not be found
-// under this key (T5).
-func (w *sessions) session(ctx context.Context, c *Client, conv model.ConversationRef, replica int) (string, error) {
+// session is the id of conv's session, created now if conv has none, and
+// the agent reference it was created under. A conversation with no
+// session of its own whose id another key's conversation has runs in that
+// one's session: it must not be found under this key (T5).
+func (w *sessions) session(ctx context.Context, c *Client, conv model.ConversationRef, replica int) (id, source string, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if id, ok := w.ids[conv]; ok {
-		return id, nil
+		return id, w.sources[id], nil
 	}
 	if id, ok := otherKeys(w.ids, conv, func(string) bool { return true }); ok {
-		return id, nil
+		return id, w.sources[id], nil
 	}
-	id, err := w.create(ctx, c, conv.Key, replica)
+	source = c.source()
+	if source == "" && w.api.NamesSource() {
+		return "", "", errors.New("the profile names the agent source ({source}), and the server loads none")
+	}
+	id, err = w.create(ctx, c, conv.Key, replica, source)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	w.ids[conv] = id
-	return id, nil
+	w.ids[conv], w.sources[id] = id, source
+	return id, source, nil
 }
 
-// create creates a session under key, through replica, and returns its id.
-func (w *sessions) create(ctx context.Context, c *Client, key string, replica int) (string, error) {
+// create creates a session under key, through replica, naming the agent
+// reference source, and returns its id.
+func (w *sessions) create(ctx context.Context, c *Client, key string, replica int, source string) (string, error) {
 	call := w.api.Create
 	var body []byte
 	if call.Body != "" {
-		body = []byte(expand(call.Body, bodyValues("", c.profile.Model, nil)))
+		body = []byte(expand(call.Body, bodyValues("", c.profile.Model, source, nil)))
 	}
-	resp, out := c.do(ctx, replica, call.Method, expand(call.Path, pathValues("", c.profile.Model)), body, nil, key)
+	resp, out := c.do(ctx, replica, call.Method, expand(call.Path, pathValues("", c.profile.Model, source)), body, nil, key)
 	if resp == nil {
 		return "", errors.New(out.Detail)
 	}
@@ -160,13 +169,16 @@ func field(v any, path string) any {
 }
 
 // pathValues are the placeholders of a path: each value escaped as one
-// path segment.
-func pathValues(session, agent string) map[string]string {
-	return map[string]string{"{session}": url.PathEscape(session), "{agent}": url.PathEscape(agent)}
+// path segment. The agent reference is escaped as a query value is ("/"
+// as %2F, ":" as %3A): docker-agent keys a URL source so, and matches the
+// segment as it comes; a server that unescapes it gets the reference.
+func pathValues(session, agent, source string) map[string]string {
+	return map[string]string{"{session}": url.PathEscape(session), "{agent}": url.PathEscape(agent),
+		"{source}": url.QueryEscape(source)}
 }
 
 // bodyValues are the placeholders of a body: each value a JSON value.
-func bodyValues(session, agent string, msgs []openai.Message) map[string]string {
+func bodyValues(session, agent, source string, msgs []openai.Message) map[string]string {
 	type message struct {
 		Role    string `json:"role"`
 		Content string `json:"content"`
@@ -177,7 +189,7 @@ func bodyValues(session, agent string, msgs []openai.Message) map[string]string 
 		all[i] = message{Role: string(m.Role), Content: string(m.Content)}
 		last = string(m.Content)
 	}
-	return map[string]string{"{session}": jsonText(session), "{agent}": jsonText(agent),
+	return map[string]string{"{session}": jsonText(session), "{agent}": jsonText(agent), "{source}": jsonText(source),
 		"{message}": jsonText(last), "{messages}": jsonText(all)}
 }
 

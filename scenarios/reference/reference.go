@@ -54,13 +54,14 @@ type Target struct {
 
 // SessionsAPI is the reference server's session API, shaped as
 // docker-agent's serve api: POST /api/sessions creates a session, and POST
-// /api/sessions/{session}/agent/{agent} runs a turn in it, with the
+// /api/sessions/{session}/agent/{source} runs a turn in it, naming the
+// agent by the source key the session was created under, with the
 // messages as a JSON array, answering with an event stream.
 func SessionsAPI() *targets.SessionsAPI {
 	return &targets.SessionsAPI{
 		Create: targets.Call{Method: "POST", Path: "/api/sessions", Body: "{}"},
 		ID:     "id",
-		Turn:   targets.Call{Method: "POST", Path: "/api/sessions/{session}/agent/{agent}", Body: "{messages}"},
+		Turn:   targets.Call{Method: "POST", Path: "/api/sessions/{session}/agent/{source}", Body: "{messages}"},
 		Events: targets.EventRules{TypeField: "type", Text: "agent_choice", TextField: "content",
 			Done: []string{"stream_stopped"}, Failure: []string{"error"}, ErrorField: "error"},
 	}

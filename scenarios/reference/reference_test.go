@@ -2,12 +2,14 @@ package reference_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/scenarios/targets"
@@ -58,4 +60,39 @@ func TestProfilesPerProtocol(t *testing.T) {
 		assert.Equal(t, want.SessionsAPI, got.SessionsAPI, file)
 		assert.Equal(t, want.Keys, got.Keys, file)
 	}
+}
+
+// oneSource is the reference server reached as docker-agent's serve api
+// is: one agent source at a time, each session turn naming its agent by
+// the source key its session was created under ({source}).
+type oneSource struct{ reference.Target }
+
+// Profile is the reference server's, loading one source at a time.
+func (o oneSource) Profile() targets.Profile {
+	p := o.Target.Profile()
+	p.OneSource = true
+	return p
+}
+
+// TestSessionKeyAfterSourceChange: through that profile, docker-agent
+// #3410's mutant, which looks a session turn's agent up by the exact key
+// it names, is caught as T8, and the clean server passes. Only a client
+// that keeps naming the key a session was created under after a restart
+// that changed it sees the bug: one that named the key loaded now would
+// resume under the mutant too.
+func TestSessionKeyAfterSourceChange(t *testing.T) {
+	mutant := oneSource{reference.WithMutant(sut.SessionExactSourceKey)}
+	require.Contains(t, mutant.Profile().SessionsAPI.Turn.Path, "{source}")
+	res, err := scenarios.Check(mutant, scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: 10 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure, "not caught in %d checks", res.Checks)
+	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+	assert.Equal(t, model.T8, res.Failure.Violation.Invariant, res.Failure.Report)
+	assert.Contains(t, res.Failure.Report, "agent not found")
+	assert.NotContains(t, res.Failure.Report, "several loaded agent sources", "one source at a time: never two")
+
+	res, err = scenarios.Check(oneSource{reference.Target{Protocol: targets.Sessions}}, scenarios.Options{Checks: 30, Seed: 1})
+	require.NoError(t, err)
+	assert.Nil(t, res.Failure)
+	assert.Positive(t, res.Outcomes["ok"])
 }

@@ -85,6 +85,8 @@ type serverSection struct {
 	Env           map[string]string `yaml:"env"`
 	Files         map[string]string `yaml:"files"`
 	Agent         string            `yaml:"agent"`
+	AgentHost     string            `yaml:"agent_host"`
+	AgentDef      string            `yaml:"agent_definition"`
 	OneSource     bool              `yaml:"one_source"`
 	Ready         readySection      `yaml:"ready"`
 	StopGrace     time.Duration     `yaml:"stop_grace"`
@@ -270,9 +272,8 @@ func fieldList(t reflect.Type) string {
 func (f *profileFile) target() (Target, error) {
 	p := Profile{Header: f.ConversationHeader, Keys: f.Keys, Model: f.Model, ModelTimeout: f.ModelTimeout, ClientTimeout: f.ClientTimeout, Tools: f.Tools}
 	if f.Server != nil {
-		p.Agent, p.OneSource = f.Server.Agent, f.Server.OneSource
-		if p.OneSource && p.Agent == "" {
-			return nil, errors.New("server.one_source: the server loads no agent source (server.agent): nothing to load one of")
+		if err := f.Server.agentSource(&p, f.ModelAddr); err != nil {
+			return nil, err
 		}
 	}
 	if p.Model == "" {
@@ -304,6 +305,9 @@ func (f *profileFile) target() (Target, error) {
 	if err := f.protocol(&p); err != nil {
 		return nil, err
 	}
+	if p.SessionsAPI != nil && p.SessionsAPI.NamesSource() && p.Agent == "" {
+		return nil, errors.New("sessions: {source} names the agent source a session was started under, and the server loads none: say server.agent")
+	}
 	switch {
 	case f.Server != nil && f.URL != "":
 		return nil, errors.New("give either server (how to start it) or url (where it runs), not both")
@@ -327,6 +331,52 @@ func (f *profileFile) target() (Target, error) {
 	return nil, errors.New("no server: give server.command (how to start it) or url (where it runs)")
 }
 
+// agentSource sets p's agent source from the section: the agent, the host
+// its references name, the definition the fake model serves, and whether
+// the server loads one source at a time. modelAddr is where the fake model
+// listens ("" for 127.0.0.1 on a free port).
+func (s *serverSection) agentSource(p *Profile, modelAddr string) error {
+	p.Agent, p.AgentHost, p.AgentDefinition, p.OneSource = s.Agent, s.AgentHost, s.AgentDef, s.OneSource
+	if p.Agent != "" {
+		if err := checkAgentHost(p.AgentHost, modelAddr); err != nil {
+			return fmt.Errorf("server.agent_host: %w", err)
+		}
+		if p.AgentDefinition != "" {
+			if err := faults.CheckAgentDefinition(p.AgentDefinition); err != nil {
+				return fmt.Errorf("server.agent_definition: %w", err)
+			}
+		}
+		return nil
+	}
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"one_source", p.OneSource}, {"agent_host", p.AgentHost != ""}, {"agent_definition", p.AgentDefinition != ""}} {
+		if f.set {
+			return fmt.Errorf("server.%s: the server loads no agent source (server.agent): say which agent it loads", f.name)
+		}
+	}
+	return nil
+}
+
+// checkAgentHost says what is wrong with host as the host of the agent
+// references, nil if nothing: "" (the fake model's address), localhost
+// (for a server that loads plain-http sources only from localhost), or
+// the IP the fake model listens on.
+func checkAgentHost(host, modelAddr string) error {
+	listens := "127.0.0.1"
+	if modelAddr != "" {
+		listens, _, _ = net.SplitHostPort(modelAddr)
+	}
+	if host == "" || host == "localhost" || host == listens {
+		return nil
+	}
+	if ip, at := net.ParseIP(host), net.ParseIP(listens); ip != nil && at != nil && ip.Equal(at) {
+		return nil
+	}
+	return fmt.Errorf("%q: want localhost, or %s, where the fake model listens (model_addr)", host, listens)
+}
+
 func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) {
 	if len(s.Command) == 0 || s.Command[0] == "" {
 		return nil, errors.New("server.command: empty; give the command line as a list, e.g. [./myserver, --listen, \"{addr}\"]")
@@ -334,8 +384,9 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 	if !slicesContainsAny(s.Command, "{addr}", "{port}") && s.Ready.Line == "" {
 		return nil, errors.New("server.command: no {addr} or {port}, and no ready.line that reports the address: the server cannot learn where to listen, nor the harness where it listens")
 	}
-	if !slicesContainsAny(s.Command, "{model_url}") && !hasPlaceholder(s.Env, "{model_url}") && !hasPlaceholder(s.Files, "{model_url}") {
-		return nil, errors.New("server.command: no {model_url} in the command, env or files: the server must call the fake model, at the URL the harness gives it")
+	if !slicesContainsAny(s.Command, "{model_url}") && !hasPlaceholder(s.Env, "{model_url}") && !hasPlaceholder(s.Files, "{model_url}") &&
+		!strings.Contains(s.AgentDef, "{model_url}") {
+		return nil, errors.New("server.command: no {model_url} in the command, env or files (nor in agent_definition): the server must call the fake model, at the URL the harness gives it")
 	}
 	for name, text := range s.Files {
 		if err := faults.CheckFilePath(name); err != nil {

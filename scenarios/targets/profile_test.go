@@ -2,6 +2,7 @@ package targets
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -146,6 +147,17 @@ func TestProfileErrors(t *testing.T) {
 		front(`{url: "http://127.0.0.1:80", upstream: [127.0.0.1:1]}`):                                                   `unknown field "upstream" in server.front`,
 		front(`{url: "http://127.0.0.1:80", upstreams: [127.0.0.1:1, 127.0.0.1:2]}, parallel: 2`):                        "server.parallel",
 		"server: {command: [x, '{addr}', '{model_url}'], front: {url: 'http://127.0.0.1:80', upstreams: [127.0.0.1:1]}}": "two replicas or more",
+
+		// The agent source a server loads from the fake model.
+		"server: {command: [x, '{addr}', '{model_url}'], agent_host: localhost}":          "server.agent_host: the server loads no agent source",
+		"server: {command: [x, '{addr}', '{model_url}'], agent_definition: 'a: b'}":       "server.agent_definition: the server loads no agent source",
+		agent("agent_host: example.com"):                                                  `server.agent_host: "example.com": want localhost, or 127.0.0.1, where the fake model listens`,
+		agent("agent_host: 127.0.0.2"):                                                    `server.agent_host: "127.0.0.2"`,
+		agent("agent_host: 127.0.0.1") + "model_addr: '[::1]:9090'\n":                     `where the fake model listens`,
+		agent("agent_definition: ' '"):                                                    "server.agent_definition: empty",
+		agent("agent_definition: 'base_url: {model}'"):                                    "server.agent_definition: unknown placeholder {model} (known: {model_url}",
+		cmd + sessions(`turn: {path: '/s/{session}/agent/{source}', body: '{messages}'}`): "sessions: {source} names the agent source a session was started under, and the server loads none",
+		cmd + sessions(`create: {path: /s, body: '{"agent": {source}}'}`):                 "{source} names the agent source",
 	} {
 		_, err := ParseProfile([]byte(yaml))
 		require.Error(t, err, "%q", yaml)
@@ -159,6 +171,12 @@ func TestProfileErrors(t *testing.T) {
 	}
 	_, err := LoadProfile("no-such-profile.yaml")
 	assert.ErrorContains(t, err, "no-such-profile.yaml")
+}
+
+// agent is a server that loads the agent helper from the fake model, with
+// the fields of server in fields (a YAML flow mapping's, without braces).
+func agent(fields string) string {
+	return "server: {command: [x, '{addr}', '{model_url}', '{agents}'], agent: helper, " + fields + "}\n"
 }
 
 // front is a server of two replicas behind the front f (a YAML flow
@@ -194,4 +212,57 @@ func TestOneSourceReachesTheProfile(t *testing.T) {
 	target, err = ParseProfile([]byte("server: {command: [x, '{addr}', '{model_url}', '{agents}'], agent: helper}\n"))
 	require.NoError(t, err)
 	assert.False(t, target.Profile().OneSource)
+}
+
+// TestAgentSourceReachesTheProfile: server.agent_host and
+// server.agent_definition reach the profile; the references the harness
+// gives the server then name the host, with the port and the query the
+// fake model serves them under, and {source} in a session API's calls is
+// accepted for a server that loads an agent.
+func TestAgentSourceReachesTheProfile(t *testing.T) {
+	for _, host := range []string{"localhost", "127.0.0.1", "::1"} {
+		ma := ""
+		if host == "::1" {
+			ma = "model_addr: '[::1]:9090'\n"
+		}
+		def := "{providers: {p: {base_url: {model_url}}}, agents: {root: {instruction: {instruction}}}}"
+		target, err := ParseProfile([]byte(agent("agent_host: '"+host+"', agent_definition: '"+def+"'") + ma + sessions(`turn: {path: '/s/{session}/agent/{source}', body: '{messages}'}`)))
+		require.NoError(t, err, host)
+		p := target.Profile()
+		assert.Equal(t, host, p.AgentHost)
+		assert.Equal(t, def, p.AgentDefinition)
+		assert.True(t, p.SessionsAPI.NamesSource())
+		want := "http://" + net.JoinHostPort(host, "4321") + "/agents/helper.yaml?tag=v2"
+		assert.Equal(t, []string{want}, p.SourceRefs("http://127.0.0.1:4321/v1", []string{"tag=v2"}))
+	}
+	target, err := ParseProfile([]byte(agent("one_source: true")))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"http://127.0.0.1:4321/agents/helper.yaml?tag=v1", "http://127.0.0.1:4321/agents/helper.yaml?tag=v3"},
+		target.Profile().SourceRefs("http://127.0.0.1:4321/v1", []string{"tag=v1", "tag=v3"}), "no agent_host: the fake model's own address")
+	assert.Nil(t, target.Profile().SessionsAPI)
+}
+
+// TestDockerAgentProfiles: the example profiles for docker-agent read as
+// the servers they describe: serve api loads one agent source from
+// localhost, in docker-agent's own format, and names it per session; serve
+// chat reads its agent from a file the harness writes.
+func TestDockerAgentProfiles(t *testing.T) {
+	target, err := LoadProfile("../../examples/docker-agent/serve-api.yaml")
+	require.NoError(t, err)
+	api := target.(Subprocess).Profile()
+	assert.Equal(t, Sessions, api.Protocol)
+	assert.True(t, api.OneSource)
+	assert.Equal(t, "localhost", api.AgentHost)
+	assert.Contains(t, api.AgentDefinition, "base_url: {model_url}")
+	assert.Contains(t, api.AgentDefinition, "instruction: {instruction}")
+	assert.Equal(t, "/api/sessions/{session}/agent/{source}", api.SessionsAPI.Turn.Path)
+	assert.Equal(t, []string{"http://localhost:4321/agents/helper.yaml?tag=v1"}, api.SourceRefs("http://127.0.0.1:4321/v1", []string{FirstSource}))
+
+	target, err = LoadProfile("../../examples/docker-agent/serve-chat.yaml")
+	require.NoError(t, err)
+	chat := target.(Subprocess)
+	assert.Equal(t, Chat, chat.Profile().Protocol)
+	assert.Contains(t, chat.Files["agent.yaml"], "base_url: {model_url}")
+	assert.Empty(t, chat.Agent, "no agent source: a file")
+	assert.Equal(t, Forgets, chat.Profile().Eviction)
 }

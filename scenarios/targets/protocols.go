@@ -28,9 +28,12 @@ const (
 // SessionsAPI describes a session API: how a session is created, how a turn
 // runs in it, and how the turn's event stream says how it ended. Its
 // templates take {session} (the id the create call returned), {agent} (the
-// profile's model), {message} (the new user message's text, as a JSON
-// string) and {messages} (the turn's messages, as a JSON array of role and
-// content).
+// profile's model), {source} (the agent reference the session was created
+// under: the first the server loaded then, which a session keeps naming
+// after a restart that loads others; in a path it is escaped as a query
+// value is, the way docker-agent keys a URL source), {message} (the new
+// user message's text, as a JSON string) and {messages} (the turn's
+// messages, as a JSON array of role and content).
 type SessionsAPI struct {
 	// Create is the call that creates a session; ID is where the session's
 	// id is in its JSON answer (a top-level field name).
@@ -66,6 +69,17 @@ type EventRules struct {
 	Done       []string `yaml:"done"`
 	Failure    []string `yaml:"failure"`
 	ErrorField string   `yaml:"error_field"`
+}
+
+// NamesSource reports whether a call of the API names the agent source
+// ({source}).
+func (a *SessionsAPI) NamesSource() bool {
+	for _, t := range []string{a.Create.Path, a.Create.Body, a.Turn.Path, a.Turn.Body} {
+		if strings.Contains(t, "{source}") {
+			return true
+		}
+	}
+	return false
 }
 
 // check says what is wrong with the description, nil if nothing.

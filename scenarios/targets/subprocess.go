@@ -121,7 +121,9 @@ func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, 
 	}
 	var refs []string
 	if s.Agent != "" {
-		refs = SourceRefs(modelURL, s.Agent, []string{FirstSource})
+		p := s.Reaches
+		p.Agent = s.Agent
+		refs = p.SourceRefs(modelURL, []string{FirstSource})
 	}
 	st, err := s.openStore()
 	if err != nil {

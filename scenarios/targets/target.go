@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -83,6 +84,14 @@ type Profile struct {
 	// harness restarts such a server with the reference's query changed,
 	// and with two references sharing its stable key (T8).
 	Agent string
+	// AgentHost, if not "", is the host the agent references name in
+	// place of the fake model's IP: "localhost", for a server that loads
+	// plain-http sources only from there.
+	AgentHost string
+	// AgentDefinition, if not "", is the agent definition the fake model
+	// serves, in the server's own format: a template with
+	// faults.AgentPlaceholders (faults.ModelConfig.AgentDefinition).
+	AgentDefinition string
 	// OneSource says the server loads one agent source at a time (its
 	// command takes one reference): the harness never restarts it with
 	// two, and the half of T8 that needs two sharing a stable key is not
@@ -365,6 +374,19 @@ func SourceRefs(modelURL, agent string, queries []string) []string {
 		out[i] = base + "/agents/" + agent + ".yaml?" + q
 	}
 	return out
+}
+
+// SourceRefs are the references to p's agent that the fake model at
+// modelURL serves, one per query, naming p.AgentHost as their host if p
+// names one.
+func (p Profile) SourceRefs(modelURL string, queries []string) []string {
+	if p.AgentHost != "" {
+		if u, err := url.Parse(modelURL); err == nil {
+			u.Host = net.JoinHostPort(p.AgentHost, u.Port())
+			modelURL = u.String()
+		}
+	}
+	return SourceRefs(modelURL, p.Agent, queries)
 }
 
 // ServerSpec says which server a report is about, so that a replay can
