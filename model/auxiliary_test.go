@@ -113,3 +113,18 @@ func TestForgottenConversationStartsOver(t *testing.T) {
 	require.NotNil(t, v, "one other conversation is not a cache of two filled")
 	assert.Equal(t, model.T2, v.Invariant)
 }
+
+// TestFailedWith200IsNoUnstoredResponse: a turn that failed with an error
+// event under status 200 leaves a leftover of a failed turn, never one of
+// a response not stored.
+func TestFailedWith200IsNoUnstoredResponse(t *testing.T) {
+	const u1, u2 = model.Token("tc-u1"), model.Token("tc-u2")
+	m := model.New()
+	failed := fail(convA, u1, call(u1, u1))
+	failed.Status = 200
+	require.Nil(t, m.Apply(failed))
+	v := m.Apply(ok(convA, u2, call(u2, u1, u2)))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T1, v.Invariant)
+	assert.NotContains(t, v.Reason, "store: false")
+}

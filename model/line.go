@@ -441,8 +441,10 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 }
 
 // unstoredStatus is the status a turn that ended ok without being stored
-// (Turn.Unstored) is kept under among the failed turns: the 200 it got.
-const unstoredStatus = 200
+// (Turn.Unstored) is kept under among the failed turns: no HTTP status, so
+// that no failure that was answered (a 200 with an error event, say) is
+// taken for one.
+const unstoredStatus = 1000
 
 // withoutFailure returns fs without user's entry, copying only the entries
 // before it, and only if it has one: lines share their lists, so none is
