@@ -723,8 +723,13 @@ func capturedAddr(s string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%q is not host:port, :port or http://host:port", s)
 	}
-	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-		return "", fmt.Errorf("%q has no usable port (the server may have printed the address it was given, not the one it bound)", s)
+	n, err := strconv.ParseUint(port, 10, 16)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("%q: its port %q is not a number; the ready line's pattern must capture the address alone, "+
+			"host:port, :port or http://host:port, with nothing around it (a pattern such as ([0-9.]+:[0-9]+) does)", s, port)
+	case n == 0:
+		return "", fmt.Errorf("%q has port 0 (the server may have printed the address it was given, not the one it bound)", s)
 	}
 	switch {
 	case host == "":

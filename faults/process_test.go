@@ -501,7 +501,9 @@ func TestProcessTemplate(t *testing.T) {
 			{"0.0.0.0:41237", "not a loopback address"},
 			{"192.0.2.1:41237", "not a loopback address"},
 			{"example.com:41237", "not a loopback address"},
-			{"127.0.0.1:0", "no usable port"},
+			{"127.0.0.1:0", "has port 0"},
+			// A pattern that takes a comma with the address.
+			{"127.0.0.1:41237,", "the ready line's pattern must capture the address alone"},
 			{"41237", "is not host:port"},
 			{"https://127.0.0.1:41237", "is not host:port"},
 		} {

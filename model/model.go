@@ -1130,10 +1130,10 @@ func (m *Model) checkStopped(t Turn) *Violation {
 	m.checked.add(T10)
 	stop := func(what string, at int64, how string) *Violation {
 		return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User,
-			Reason: fmt.Sprintf("the client disconnected mid-turn, and the server started %s (at %d) %s; the server must stop the turn", what, at, how)}
+			Reason: fmt.Sprintf("the client disconnected mid-turn, and the server started %s (at tick %d) %s; the server must stop the turn", what, at, how)}
 	}
 	carried := "after it gave up on what the model held for the turn, with nothing of the turn answered since: it carried the turn on"
-	released := fmt.Sprintf("once the harness let go of what it waited on (at %d)", t.Released)
+	released := fmt.Sprintf("once the harness let go of what it waited on (at tick %d)", t.Released)
 	for _, c := range t.Calls {
 		switch {
 		case c.Turn != t.User:

@@ -278,13 +278,17 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		// No replay ran: nothing says the failure does not reproduce.
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 		f.Shrink, f.ShrinkNote = report.NotShrunk, "its steps could not be replayed: "+s.Unreplayed().Error()
-		f.Report = fmt.Sprintf("The failure's steps could not be replayed to shrink it (%v). This is the run that failed:\n\n", s.Unreplayed()) +
+		f.Report = fmt.Sprintf("The failure's steps could not be replayed to shrink it (%v).\nThis is the run that failed:\n\n", s.Unreplayed()) +
 			report.FormatFailure(f.Violation, f.History, profile)
 	default:
 		f.Flaky, f.Shrink = true, report.NotShrunk
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
+		other := ""
+		if n := f.ShrinkRuns - s.Misses(); n > 0 {
+			other = fmt.Sprintf("\n%d other replay(s) could not be carried out or were cut short.", n)
+		}
 		f.Report = fmt.Sprintf("The failure did not reproduce in %d replay(s) of its steps: the server does not\n"+
-			"behave the same way under the same steps.%s This is the run that failed:\n\n", f.ShrinkRuns, s.Differed(run.history)) +
+			"behave the same way under the same steps.%s%s\nThis is the run that failed:\n\n", s.Misses(), s.Differed(run.history), other) +
 			report.FormatFailure(f.Violation, f.History, profile)
 	}
 	return f

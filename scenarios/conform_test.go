@@ -306,3 +306,15 @@ func TestExitUnshownIsNoPass(t *testing.T) {
 	assert.False(t, c.Passed())
 	assert.Regexp(t, `(?m)^crash the server stays up +FAIL +the server exited`, c.Table())
 }
+
+// TestAssumedPolicyIsNamed: a finding judged by a policy the profile did
+// not declare says which it assumed, and what else the profile could say.
+func TestAssumedPolicyIsNamed(t *testing.T) {
+	v := &model.Violation{Invariant: model.T10, Conv: model.ConversationRef{ID: "c"}, Turn: "tc-u1", Reason: "kept"}
+	c := &report.Conformance{Verdicts: []report.Verdict{{Invariant: model.T10, Status: report.Fail,
+		Failure: &report.Failure{Violation: v, Report: v.Error()}}}}
+	p := targets.Profile{Assumed: map[string]string{"interruption": "the profile declares no interruption policy, so rollback was assumed; the others are keep-consistent and complete"}}
+	assert.Contains(t, c.Text(p), "Judged by a policy not declared: the profile declares no interruption policy, so rollback was assumed")
+	p.Assumed = nil
+	assert.NotContains(t, c.Text(p), "not declared")
+}

@@ -130,6 +130,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "merge":
 		return cmdMerge(ctx, rest, stdout, stderr)
 	case "version", "--version":
+		if len(rest) > 0 {
+			if rest[0] == "-h" || rest[0] == "-help" || rest[0] == "--help" {
+				fmt.Fprint(stdout, "Usage: turncheck version\n\nPrints turncheck's version and the Go toolchain it was built with.\n")
+				return exitOK
+			}
+			fmt.Fprintf(stderr, "turncheck version: takes no arguments, got %q\n", rest)
+			return exitUsage
+		}
 		fmt.Fprintln(stdout, version())
 		return exitOK
 	case "help", "-h", "-help", "--help":

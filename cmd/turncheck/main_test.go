@@ -108,6 +108,9 @@ func TestHelpTeaches(t *testing.T) {
 		assert.Contains(t, stdout, "Usage: turncheck "+cmd, cmd)
 		assert.Contains(t, stdout, "xample", cmd)
 	}
+	code, stdout, _ = runCLI(t, "version", "--help")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, stdout, "Usage: turncheck version", "version --help says what version does, not the version")
 }
 
 // TestSelfCheckIsCheck: self-check, the name that says which server it

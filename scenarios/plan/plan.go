@@ -490,5 +490,11 @@ func Burst(conv model.ConversationRef, first, n int, release ...int) Plan {
 	return p
 }
 
-// BurstAction names a burst of n requests.
-func BurstAction(n int) string { return fmt.Sprintf("burst of %d", n) }
+// BurstAction names a burst of n requests; a burst shrunk to one request
+// is no burst.
+func BurstAction(n int) string {
+	if n == 1 {
+		return "one request"
+	}
+	return fmt.Sprintf("burst of %d", n)
+}

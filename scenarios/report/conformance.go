@@ -149,10 +149,18 @@ func (c *Conformance) Text(p targets.Profile) string {
 	b.WriteString(c.Table())
 	for _, f := range c.Failures() {
 		b.WriteString("\n" + FindingText(f))
+		if f.Violation != nil {
+			if a := p.Assumed[policyOf[f.Violation.Invariant]]; a != "" {
+				fmt.Fprintf(&b, "Judged by a policy not declared: %s.\n", a)
+			}
+		}
 	}
 	b.WriteString("\n" + c.Closing())
 	return b.String()
 }
+
+// policyOf is, for each invariant a declared policy decides, that policy.
+var policyOf = map[model.Invariant]string{model.T4: "concurrency", model.T2: "eviction", model.T10: "interruption"}
 
 // Table is one line per invariant: its verdict, and what it rests on.
 func (c *Conformance) Table() string {

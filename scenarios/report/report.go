@@ -41,6 +41,10 @@ func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) 
 	}
 	b.WriteString("\nThe curl commands send each request again to the server at $TURNCHECK_URL; they do not\n" +
 		"inject the model's faults: replay the saved failure for those.\n")
+	if strings.Contains(b.String(), "tick ") {
+		b.WriteString("A tick numbers the run's events (requests sent and answered, model calls, tool runs) in the\n" +
+			"order the harness saw them: a later tick is a later event.\n")
+	}
 	return serverIDs(history).Replace(b.String())
 }
 
@@ -153,7 +157,7 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 		}
 	}
 	for _, r := range op.Turn.Runs {
-		fmt.Fprintf(b, "        tool run: %s (at %d)\n", r.ID, r.At)
+		fmt.Fprintf(b, "        tool run: %s (tick %d)\n", r.ID, r.At)
 	}
 	if op.Turn.Interrupted {
 		fmt.Fprintf(b, "        interrupted: %s\n", interruption(op.Turn))
@@ -418,10 +422,10 @@ func formatTools(events []model.ToolEvent) string {
 func interruption(t model.Turn) string {
 	s := "the client dropped the connection"
 	if t.Dropped != 0 {
-		s += fmt.Sprintf(" at %d, and from then the model answered nothing of the turn", t.Dropped)
+		s += fmt.Sprintf(" at tick %d, and from then the model answered nothing of the turn", t.Dropped)
 	}
 	if t.Released != 0 {
-		return s + fmt.Sprintf(" until the harness let go of what the server still waited on at %d", t.Released)
+		return s + fmt.Sprintf(" until the harness let go of what the server still waited on at tick %d", t.Released)
 	}
 	return s + "; the server gave up on all of it"
 }

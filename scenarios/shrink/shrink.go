@@ -652,6 +652,10 @@ func (s *Shrinker) Unreplayed() error {
 	return s.replayErr
 }
 
+// Misses is how many replays of the failure's own steps came to an end
+// without breaking the invariant: those Differed describes.
+func (s *Shrinker) Misses() int { return len(s.misses) }
+
 // Differed says, for a failure that did not reproduce, where each replay
 // of its steps first went another way than the failing run: a person
 // reads there what the server does not do the same way twice.

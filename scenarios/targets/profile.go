@@ -460,6 +460,22 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 }
 
 func (ps policySection) apply(p *Profile) error {
+	assume := func(policy, taken, others string) {
+		if p.Assumed == nil {
+			p.Assumed = map[string]string{}
+		}
+		p.Assumed[policy] = fmt.Sprintf("the profile declares no %s policy, so %s was assumed; %s", policy, taken, others)
+	}
+	if ps.Concurrency == "" {
+		assume("concurrency", "serialize", "declare reject for a server that refuses a request on a busy conversation with 409")
+	}
+	if ps.Eviction == "" {
+		assume("eviction", "durable", "declare forgets, with its capacity, for a cache-only server")
+	}
+	if ps.Interruption == "" {
+		assume("interruption", "rollback", "the others are keep-consistent (the user message and completed tool pairs may stay) "+
+			"and complete (the turn runs to its end whatever the client does)")
+	}
 	switch ps.Concurrency {
 	case "", "serialize":
 		p.Concurrency = model.Serialize

@@ -266,3 +266,17 @@ func TestDockerAgentProfiles(t *testing.T) {
 	assert.Empty(t, chat.Agent, "no agent source: a file")
 	assert.Equal(t, Forgets, chat.Profile().Eviction)
 }
+
+// TestPoliciesLeftOutAreAssumed: a profile that leaves a policy out is
+// judged by its default, and the profile says which, and what else it
+// could have declared.
+func TestPoliciesLeftOutAreAssumed(t *testing.T) {
+	target, err := ParseProfile([]byte("url: http://127.0.0.1:8080\nmodel_addr: 127.0.0.1:9090\npolicies:\n  concurrency: reject\n"))
+	require.NoError(t, err)
+	p := target.Profile()
+	assert.NotContains(t, p.Assumed, "concurrency", "declared")
+	assert.Contains(t, p.Assumed["interruption"], "rollback was assumed")
+	assert.Contains(t, p.Assumed["interruption"], "keep-consistent")
+	assert.Contains(t, p.Assumed["interruption"], "complete")
+	assert.Contains(t, p.Assumed["eviction"], "durable was assumed")
+}

@@ -75,6 +75,10 @@ type Profile struct {
 	// Interruption is what the server declares it does with an
 	// interrupted turn; "" means Rollback.
 	Interruption Interruption
+	// Assumed holds, for each policy the profile left out (concurrency,
+	// eviction, interruption), what was taken for it and what else it
+	// could have said: a finding judged by an assumed policy says so.
+	Assumed map[string]string
 	// Durability is what the server declares survives a restart and a
 	// crash; the harness restarts, or crashes, only a server that declares
 	// it survives that.
