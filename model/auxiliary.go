@@ -42,20 +42,26 @@ func answeredBy(text string) []int64 {
 	return out
 }
 
-// SplitAuxiliary moves t's auxiliary calls from Calls to Aux. Of the calls
-// that carry t's user token, the one whose reply reached the client (its
-// mark is in Reply) is the answer's; without one (the turn failed, or was
-// cut short), the one that showed the model the most, one that offered
-// tools before one that did not, the earliest of those. The calls that
-// lead to it share its instruction (Call.Prompt) and show the model a
-// prefix of what it showed (a tool loop grows its history; a retried
-// call shows the same): they are the turn's own. Any other call carrying
-// t's token was made beside the turn, and is auxiliary. A server that
+// SplitAuxiliary moves t's auxiliary calls from Calls to Aux, and returns
+// the instructions (Call.Prompt) it learned to be auxiliary calls'. known
+// reports those learned before (nil: none).
+//
+// Of the calls that carry t's user token, the one whose reply reached the
+// client (its mark is in Reply) is the answer's. Without one (the turn
+// failed, was cut, or its client left), a call with an instruction known
+// to be an auxiliary call's is one, and of the others the answer's call is
+// the one that showed the model the most, one that offered tools before
+// one that did not, the earliest of those. The calls that lead to the
+// answer's share its instruction and show the model a prefix of what it
+// showed (a tool loop grows its history; a retried call shows the same):
+// they are the turn's own. Any other call carrying t's token was made
+// beside the turn, and is auxiliary; where the answer's call was known by
+// its mark, the instruction of each such call is learned. A server that
 // lost the turn's history shows that loss in the answer's own call, which
 // stays the turn's.
-func (t *Turn) SplitAuxiliary() {
+func (t *Turn) SplitAuxiliary(known func(prompt uint32) bool) (learned []uint32) {
 	if !t.Usable {
-		return
+		return nil
 	}
 	anchor := -1
 	longer := func(c Call) bool {
@@ -69,25 +75,36 @@ func (t *Turn) SplitAuxiliary() {
 			}
 		}
 	}
-	if anchor < 0 {
+	marked := anchor >= 0
+	auxiliary := func(c Call) bool { return !marked && known != nil && known(c.Prompt) }
+	if !marked {
 		for i, c := range t.Calls {
-			if c.Turn == t.User && (anchor < 0 || longer(c)) {
+			if c.Turn == t.User && !auxiliary(c) && (anchor < 0 || longer(c)) {
 				anchor = i
 			}
 		}
 	}
-	if anchor < 0 {
-		return
-	}
-	a := t.Calls[anchor]
 	own := t.Calls[:0:0]
 	for i, c := range t.Calls {
-		if i == anchor || c.Turn != t.User ||
-			c.Prompt == a.Prompt && len(c.History) <= len(a.History) && slices.Equal(c.History, a.History[:len(c.History)]) {
+		switch {
+		case c.Turn != t.User:
 			own = append(own, c)
-			continue
+		case anchor < 0 || auxiliary(c):
+			t.Aux = append(t.Aux, c)
+		case i == anchor:
+			own = append(own, c)
+		default:
+			a := t.Calls[anchor]
+			if c.Prompt == a.Prompt && len(c.History) <= len(a.History) && slices.Equal(c.History, a.History[:len(c.History)]) {
+				own = append(own, c)
+				continue
+			}
+			t.Aux = append(t.Aux, c)
+			if marked && c.Prompt != a.Prompt && !slices.Contains(learned, c.Prompt) {
+				learned = append(learned, c.Prompt)
+			}
 		}
-		t.Aux = append(t.Aux, c)
 	}
 	t.Calls = own
+	return learned
 }

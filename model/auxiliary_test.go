@@ -28,9 +28,9 @@ func TestTitleCallsAreAuxiliary(t *testing.T) {
 	assert.Equal(t, model.T2, v.Invariant)
 
 	m = model.New()
-	first.SplitAuxiliary()
+	first.SplitAuxiliary(nil)
 	require.Nil(t, m.Apply(first), "on a new conversation, both calls show the same")
-	second.SplitAuxiliary()
+	second.SplitAuxiliary(nil)
 	require.Len(t, second.Aux, 1)
 	assert.Equal(t, int64(3), second.Aux[0].At, "the call whose reply did not reach the client")
 	assert.Nil(t, m.Apply(second))
@@ -49,7 +49,7 @@ func TestAuxiliarySplitKeepsTheTurnsLoss(t *testing.T) {
 		if answered != 0 {
 			lost.Reply += " " + model.CallMark(answered)
 		}
-		lost.SplitAuxiliary()
+		lost.SplitAuxiliary(nil)
 		assert.Empty(t, lost.Aux, "calls that show the same are the turn's own")
 		v := model.New()
 		require.Nil(t, v.Apply(ok(convA, u1, call(u1, u1))))
@@ -60,14 +60,14 @@ func TestAuxiliarySplitKeepsTheTurnsLoss(t *testing.T) {
 	// Without a mark (a failed turn), the call that showed the most is the
 	// turn's, and one that showed less beside it is auxiliary.
 	failed := fail(convA, u2, stamped(call(u2, u2), 5), stamped(call(u2, u1, u1.Reply(), u2), 6))
-	failed.SplitAuxiliary()
+	failed.SplitAuxiliary(nil)
 	require.Len(t, failed.Aux, 1)
 	assert.Equal(t, int64(5), failed.Aux[0].At)
 	// A tool loop's calls and a retry show prefixes of the answer's: own.
 	loop := ok(convA, u2, stamped(call(u2, u1, u1.Reply(), u2), 7), stamped(call(u2, u1, u1.Reply(), u2), 8),
 		stamped(call(u2, u1, u1.Reply(), u2, "tc-a77"), 9))
 	loop.Reply = "tc-a2 " + model.CallMark(9)
-	loop.SplitAuxiliary()
+	loop.SplitAuxiliary(nil)
 	assert.Empty(t, loop.Aux)
 	assert.Len(t, loop.Calls, 3)
 }
@@ -81,7 +81,7 @@ func TestAuxiliaryCallsAreCheckedForIsolation(t *testing.T) {
 	require.Nil(t, m.Apply(ok(convB, u2, call(u2, u2))))
 	leak := ok(convA, u3, stamped(call(u3, u2, u3), 3), stamped(call(u3, u1, u1.Reply(), u3), 4))
 	leak.Reply = "tc-a3 " + model.CallMark(4)
-	leak.SplitAuxiliary()
+	leak.SplitAuxiliary(nil)
 	require.Len(t, leak.Aux, 1)
 	v := m.Apply(leak)
 	require.NotNil(t, v)
@@ -127,4 +127,31 @@ func TestFailedWith200IsNoUnstoredResponse(t *testing.T) {
 	require.NotNil(t, v)
 	assert.Equal(t, model.T1, v.Invariant)
 	assert.NotContains(t, v.Reason, "store: false")
+}
+
+// TestAuxiliaryInstructionsAreLearned: where a turn's answer names its
+// call, the instruction of a call beside it is learned; a later turn whose
+// client left after only such a call has no call of its own to judge.
+func TestAuxiliaryInstructionsAreLearned(t *testing.T) {
+	const u1, u2, u3 = model.Token("tc-u1"), model.Token("tc-u2"), model.Token("tc-u3")
+	const agent, title = 11, 22
+	withPrompt := func(c model.Call, p uint32) model.Call { c.Prompt = p; return c }
+	m := model.New()
+	first := ok(convA, u1, stamped(withPrompt(call(u1, u1), agent), 1), stamped(withPrompt(call(u1, u1), title), 2))
+	first.Reply = "tc-a1 " + model.CallMark(1)
+	learned := first.SplitAuxiliary(nil)
+	assert.Equal(t, []uint32{title}, learned)
+	require.Nil(t, m.Apply(first))
+
+	// Its client left (a crash) after only the title call arrived.
+	cut := unknown(convA, u2, stamped(withPrompt(call(u2, u2), title), 3))
+	known := func(p uint32) bool { return p == title }
+	unjudged := cut
+	unjudged.SplitAuxiliary(nil)
+	require.Len(t, unjudged.Calls, 1, "without what was learned, the title call is taken for the turn's own")
+	cut.SplitAuxiliary(known)
+	assert.Empty(t, cut.Calls)
+	require.Len(t, cut.Aux, 1)
+	require.Nil(t, m.Apply(cut), "the title call shows nothing of the conversation's state")
+	require.Nil(t, m.Apply(ok(convA, u3, withPrompt(call(u3, u1, u1.Reply(), u3), agent))))
 }

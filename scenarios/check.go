@@ -241,7 +241,7 @@ func check(l *execute.Lab, opts Options) (*report.Result, error) {
 func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 	l := r.labs[0]
 	f := &report.Failure{Seed: checkSeed(opts.Seed, c.n), Check: c.n, FoundAfter: c.i + 1, FoundIn: c.foundIn, Skipped: slices.Clone(l.Skip),
-		SkippedKinds: slices.Clone(l.SkipKinds)}
+		SkippedKinds: slices.Clone(l.SkipKinds), AuxInstructions: l.Aux.List()}
 	profile := l.Profile
 	if c.failing == nil {
 		f.Report = c.broke

@@ -64,7 +64,7 @@ func ReplayFailure(target targets.Target, f *report.Failure) ([]history.Op, *mod
 	if err != nil {
 		return nil, nil, err
 	}
-	l.SkipKinds = f.SkippedKinds
+	l.SkipKinds, l.Aux = f.SkippedKinds, execute.NewAuxInstructions(f.AuxInstructions)
 	history, v, err := l.Replay(context.Background(), f.Plans)
 	return history, v, errors.Join(err, l.Close())
 }

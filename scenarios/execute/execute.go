@@ -46,6 +46,8 @@ type executor struct {
 	// cutRestart says a restart was cut short by ctx: the server may not
 	// run at all now.
 	cutRestart bool
+	// aux are the instructions of the server's auxiliary calls, its lab's.
+	aux *AuxInstructions
 }
 
 // timeSpent is where a run's wall time went, by what it waited on.
@@ -383,7 +385,7 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		ops[owner].Turn.Calls = append(ops[owner].Turn.Calls, c)
 	}
 	for i := range ops {
-		ops[i].Turn.SplitAuxiliary()
+		e.aux.add(ops[i].Turn.SplitAuxiliary(e.aux.has))
 	}
 	// A tool run belongs to the turn whose tool call it runs; the model
 	// names the turn in the call's id.

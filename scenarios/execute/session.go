@@ -48,6 +48,10 @@ type Lab struct {
 	Skip []model.Invariant
 	// Last is the server the latest session used, for its output.
 	Last targets.Server
+	// Aux are the instructions of the server's auxiliary calls learned so
+	// far, shared with the labs that shrink and replay what this one
+	// finds (Open gives a lab a set of its own).
+	Aux *AuxInstructions
 	// SkipKinds lists the kinds of wrong state already found: a violation
 	// of one, under whatever invariant, is the same root cause again, and
 	// sets its conversations aside as a skipped invariant's does.
@@ -144,7 +148,7 @@ func (l *Lab) Output() string {
 
 // Open starts the fake model a run's sessions share.
 func Open(target targets.Target, skip []model.Invariant) (*Lab, error) {
-	l := &Lab{Target: target, Profile: target.Profile(), Skip: skip}
+	l := &Lab{Target: target, Profile: target.Profile(), Skip: skip, Aux: &AuxInstructions{}}
 	l.clock.Store(&atomic.Int64{})
 	addr := ""
 	if ma, ok := target.(targets.ModelAddresser); ok {
@@ -297,7 +301,7 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 		own:     own,
 		fake:    l.fake,
 		client:  cl,
-		Exec:    &executor{srv: srv, fake: l.fake, client: cl, profile: l.Profile, clock: clock, ctx: ctx, spent: spent},
+		Exec:    &executor{srv: srv, fake: l.fake, client: cl, profile: l.Profile, clock: clock, ctx: ctx, spent: spent, aux: l.Aux},
 		Ref:     model.NewWith(l.Profile.Policies()),
 		Aside:   map[model.ConversationRef]bool{},
 		Skipped: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},
@@ -737,7 +741,7 @@ func (l *Lab) Workers(n int) ([]*Lab, error) {
 	}
 	out := []*Lab{l}
 	for _, h := range l.Helpers[:max(n-1, 0)] {
-		h.Skip, h.SkipKinds, h.Context = l.Skip, l.SkipKinds, l.Context
+		h.Skip, h.SkipKinds, h.Context, h.Aux = l.Skip, l.SkipKinds, l.Context, l.Aux
 		out = append(out, h)
 	}
 	return out, nil

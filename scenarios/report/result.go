@@ -66,6 +66,10 @@ type Failure struct {
 	// SkippedKinds are the kinds of wrong state the run had found before
 	// (model.Kind), set aside as Skipped is.
 	SkippedKinds []model.Kind `json:"skippedKinds,omitempty"`
+	// AuxInstructions are the instructions of the server's auxiliary
+	// model calls the run had learned (model.Turn.SplitAuxiliary): a
+	// replay sets apart what the run set apart.
+	AuxInstructions []uint32 `json:"auxInstructions,omitempty"`
 }
 
 // ShrinkState is how far a failure's shrinking got.
