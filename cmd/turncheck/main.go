@@ -28,6 +28,10 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+
+	// Profiles with replicas over a PostgreSQL of the harness's, or
+	// behind a front, run with the proxies and the database it brings.
+	_ "github.com/turncheck/turncheck/scenarios/fleet"
 )
 
 // version says which turncheck this is: the module version, or the

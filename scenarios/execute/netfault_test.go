@@ -15,6 +15,7 @@ import (
 	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
+	_ "github.com/turncheck/turncheck/scenarios/fleet"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"

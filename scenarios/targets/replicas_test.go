@@ -1,6 +1,6 @@
 //go:build unix
 
-package targets
+package targets_test
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/fronttest"
 	"github.com/turncheck/turncheck/internal/testbin"
+	_ "github.com/turncheck/turncheck/scenarios/fleet"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // TestReplicas: a Subprocess with Replicas starts that many processes on
@@ -26,7 +28,7 @@ func TestReplicas(t *testing.T) {
 	fake, err := faults.StartModel(faults.ModelConfig{})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, fake.Close()) }()
-	s := Subprocess{
+	s := targets.Subprocess{
 		Command:  []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}"},
 		Files:    map[string]string{"replica-{replica}.txt": "I am {replica}"},
 		Replicas: 2, StopGrace: 5 * time.Second,
@@ -39,12 +41,12 @@ func TestReplicas(t *testing.T) {
 			require.NoError(t, srv.Close())
 		}
 	}()
-	r, ok := srv.(Replicated)
-	require.True(t, ok, "a server of two replicas is Replicated")
+	r, ok := srv.(targets.Replicated)
+	require.True(t, ok, "a server of two replicas is targets.Replicated")
 	urls := r.URLs()
 	require.Len(t, urls, 2)
 	assert.NotEqual(t, urls[0], urls[1], "a port each")
-	assert.Equal(t, urls, URLs(srv))
+	assert.Equal(t, urls, targets.URLs(srv))
 	answers := func(url string) bool {
 		resp, err := http.Get(url + "/healthz")
 		if err != nil {
@@ -56,7 +58,7 @@ func TestReplicas(t *testing.T) {
 	for _, u := range urls {
 		assert.True(t, answers(u), u)
 	}
-	dir := srv.(*replicas).dir
+	dir := targets.ReplicasDir(srv)
 	for _, name := range []string{"replica-0.txt", "replica-1.txt"} {
 		text, err := os.ReadFile(filepath.Join(dir, name))
 		require.NoError(t, err, "one data dir, files written for each replica")
@@ -74,11 +76,11 @@ func TestReplicas(t *testing.T) {
 	_, err = os.Stat(dir)
 	assert.True(t, os.IsNotExist(err), "the data dir is removed with the replicas")
 
-	one, err := Subprocess{Command: s.Command, StopGrace: 5 * time.Second}.Start(fake.URL())
+	one, err := targets.Subprocess{Command: s.Command, StopGrace: 5 * time.Second}.Start(fake.URL())
 	require.NoError(t, err)
-	_, replicated := one.(Replicated)
+	_, replicated := one.(targets.Replicated)
 	assert.False(t, replicated, "a server of one process is not")
-	assert.Equal(t, []string{one.URL()}, URLs(one))
+	assert.Equal(t, []string{one.URL()}, targets.URLs(one))
 	require.NoError(t, one.Close())
 }
 
@@ -92,23 +94,23 @@ func TestFront(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, fake.Close()) }()
 	front := fronttest.Start(t, 2)
-	s := Subprocess{
+	s := targets.Subprocess{
 		Command: []string{bin, "serve", "--listen", "{addr}", "--model-url", "{model_url}", "--data-dir", "{data_dir}"},
 		// Each start on a port of the replica's choosing: a restarted
 		// replica listens elsewhere.
 		ReadyLine: `listening on (http://\S+)`,
 		Replicas:  2, StopGrace: 5 * time.Second,
-		Front: &Front{URL: front.URL, Upstreams: front.Upstreams},
+		Front: &targets.Front{URL: front.URL, Upstreams: front.Upstreams},
 	}
 	srv, err := s.Start(fake.URL())
 	require.NoError(t, err)
 	defer func() { require.NoError(t, srv.Close()) }()
-	assert.Equal(t, []string{front.URL}, URLs(srv))
-	assert.Equal(t, 2, Replicas(srv))
-	assert.True(t, Fronted(srv))
-	lb, ok := srv.(LinkBreaker)
+	assert.Equal(t, []string{front.URL}, targets.URLs(srv))
+	assert.Equal(t, 2, targets.Replicas(srv))
+	assert.True(t, targets.Fronted(srv))
+	lb, ok := srv.(targets.LinkBreaker)
 	require.True(t, ok, "the front's links to the replicas run through the harness")
-	assert.Equal(t, []Link{ClientLink}, lb.Links(), "no store link: the replicas share a data dir")
+	assert.Equal(t, []targets.Link{targets.ClientLink}, lb.Links(), "no store link: the replicas share a data dir")
 	get := func() {
 		t.Helper()
 		resp, err := http.Get(front.URL + "/healthz")
@@ -122,31 +124,10 @@ func TestFront(t *testing.T) {
 	}
 	served := front.Served()
 	assert.Equal(t, []int64{before[0] + 2, before[1] + 2}, served, "each replica answered its share")
-	port := srv.(*linkedReplicas).procs[1].URL()
-	require.NoError(t, srv.(Replicated).RestartReplica(context.Background(), 1, true))
-	require.NotEqual(t, port, srv.(*linkedReplicas).procs[1].URL(), "the replica moved")
+	port := targets.ReplicaProcessURL(srv, 1)
+	require.NoError(t, srv.(targets.Replicated).RestartReplica(context.Background(), 1, true))
+	require.NotEqual(t, port, targets.ReplicaProcessURL(srv, 1), "the replica moved")
 	get()
 	get()
 	assert.Equal(t, []int64{served[0] + 1, served[1] + 1}, front.Served(), "replica 1 answers at its upstream again")
-}
-
-// TestFrontNotRunning: a front that does not answer is an error that
-// says the harness does not start it, and where it must send.
-func TestFrontNotRunning(t *testing.T) {
-	f := Front{URL: "http://127.0.0.1:1", Upstreams: []string{"127.0.0.1:9701", "127.0.0.1:9702"}}
-	err := f.wait(context.Background(), 100*time.Millisecond, "/healthz")
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "turncheck starts the replicas, not the front")
-	assert.Contains(t, err.Error(), "replica 0 to 127.0.0.1:9701, replica 1 to 127.0.0.1:9702")
-}
-
-// TestSubprocessSaysHowItRuns: a report names the replicas, their store
-// (never its password) and their front.
-func TestSubprocessSaysHowItRuns(t *testing.T) {
-	s := Subprocess{Command: []string{"srv", "--port", "{port}"}}
-	assert.Equal(t, "srv --port {port}", s.String())
-	s.Replicas, s.Store = 3, "postgres"
-	assert.Equal(t, "srv --port {port} (3 replicas over a PostgreSQL of the harness's)", s.String())
-	s.Store, s.Front = "postgres://app:secret@127.0.0.1:5432/db", &Front{URL: "http://127.0.0.1:8080"}
-	assert.Equal(t, "srv --port {port} (3 replicas over the PostgreSQL at 127.0.0.1:5432, behind the front at http://127.0.0.1:8080)", s.String())
 }

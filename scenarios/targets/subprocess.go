@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/faults"
-	"github.com/turncheck/turncheck/internal/pgserver"
 )
 
 // Subprocess is a Target whose server is a process started from a command
@@ -141,12 +140,16 @@ func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, 
 		// Replicas over a store the network joins, or behind a front:
 		// their links run through the harness's proxies, which break them
 		// (LinkBreaker), and which listen where the front sends.
-		r.links = newProxies()
+		f, err := fleetOrErr()
+		if err != nil {
+			return nil, errors.Join(err, st.stop(), os.RemoveAll(dir))
+		}
+		r.links = f.NewProxies()
 	}
 	for i := range s.Replicas {
 		storeURL := st.url
 		if s.Store != "" {
-			if storeURL, err = r.links.addStore(i, st.url); err != nil {
+			if storeURL, err = r.links.AddStore(i, st.url); err != nil {
 				return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
 			}
 		}
@@ -162,7 +165,7 @@ func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, 
 		}
 		r.procs = append(r.procs, p)
 		if r.links != nil {
-			if err := r.links.addClient(i, s.upstream(i), p.URL()); err != nil {
+			if err := r.links.AddClient(i, s.upstream(i), p.URL()); err != nil {
 				return nil, errors.Join(fmt.Errorf("replica %d: %w", i, err), r.Close())
 			}
 		}
@@ -190,16 +193,16 @@ func (s Subprocess) upstream(i int) string {
 // store is the store a server of s keeps its data in, beside its data dir.
 type store struct {
 	url string
-	// pg is the PostgreSQL the harness started for it, if it did.
-	pg *pgserver.Server
+	// stopPG stops the PostgreSQL the harness started for it, if it did.
+	stopPG func() error
 }
 
 // stop stops the PostgreSQL the harness started, if any.
 func (st store) stop() error {
-	if st.pg == nil {
+	if st.stopPG == nil {
 		return nil
 	}
-	return st.pg.Stop()
+	return st.stopPG()
 }
 
 // openStore is the store s.Store names: a PostgreSQL started now for
@@ -208,18 +211,15 @@ func (s Subprocess) openStore() (store, error) {
 	if s.Store != "postgres" {
 		return store{url: s.Store}, nil
 	}
-	// The harness crashes the server's processes, never PostgreSQL: what
-	// PostgreSQL acknowledged survives them whether or not it reached
-	// the disk, so it need not wait for the disk.
-	pg, err := pgserver.Start("fsync=off", "full_page_writes=off")
+	f, err := fleetOrErr()
 	if err != nil {
 		return store{}, fmt.Errorf("store: postgres: %w", err)
 	}
-	url, err := pg.CreateDatabase("turncheck")
+	url, stop, err := f.StartPostgres()
 	if err != nil {
-		return store{}, errors.Join(fmt.Errorf("store: postgres: %w", err), pg.Stop())
+		return store{}, fmt.Errorf("store: postgres: %w", err)
 	}
-	return store{url: url, pg: pg}, nil
+	return store{url: url, stopPG: stop}, nil
 }
 
 // startReplica starts one process of s on dir, "{replica}" standing for
@@ -314,7 +314,7 @@ type replicas struct {
 	store store
 	// links, if not nil, are the proxies the client (or the front)
 	// reaches each replica through, and each replica its store.
-	links *proxies
+	links Proxies
 	// front, if not nil, is where every request goes.
 	front *Front
 }
@@ -325,11 +325,11 @@ type linkedReplicas struct{ *replicas }
 
 // Break applies f to replica i's link until heal is called.
 func (r linkedReplicas) Break(i int, f NetFault) (heal func() error, err error) {
-	return r.links.breakLink(i, f)
+	return r.links.Break(i, f)
 }
 
 // Links are the links of the replicas that run through the harness.
-func (r linkedReplicas) Links() []Link { return r.links.links() }
+func (r linkedReplicas) Links() []Link { return r.links.Links() }
 
 // URL is the front's, or the first replica's.
 func (r *replicas) URL() string { return r.URLs()[0] }
@@ -347,7 +347,7 @@ func (r *replicas) URLs() []string {
 	for i, p := range r.procs {
 		out[i] = p.URL()
 		if r.links != nil {
-			out[i] = r.links.url(i)
+			out[i] = r.links.URL(i)
 		}
 	}
 	return out
@@ -358,7 +358,7 @@ func (r *replicas) repoint(i int) error {
 	if r.links == nil {
 		return nil
 	}
-	return r.links.repoint(i, r.procs[i].URL(), r.front != nil)
+	return r.links.Repoint(i, r.procs[i].URL(), r.front != nil)
 }
 
 // Exited reports the first replica that exited on its own.
@@ -439,7 +439,7 @@ func (r *replicas) Close() error {
 		errs = append(errs, p.Stop())
 	}
 	if r.links != nil {
-		r.links.close()
+		r.links.Close()
 	}
 	return errors.Join(append(errs, r.store.stop(), os.RemoveAll(r.dir))...)
 }

@@ -1,4 +1,4 @@
-package targets
+package fleet
 
 import (
 	"bufio"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // echoServer answers each line on a connection with the same line, on
@@ -74,8 +76,8 @@ func echo(c net.Conn) error {
 func TestLinkFaults(t *testing.T) {
 	up := echoServer(t)
 	ps := newProxies()
-	defer ps.close()
-	require.NoError(t, ps.addClient(0, "127.0.0.1:0", "http://"+up))
+	defer ps.Close()
+	require.NoError(t, ps.AddClient(0, "127.0.0.1:0", "http://"+up))
 	addr := ps.client[0].Listen
 	host, _, err := net.SplitHostPort(addr)
 	require.NoError(t, err)
@@ -93,33 +95,33 @@ func TestLinkFaults(t *testing.T) {
 		require.NoError(t, echo(c), when)
 	}
 	healthy("before any fault")
-	for _, f := range []NetFault{
-		{Link: ClientLink, Kind: Latency, Millis: 50},
-		{Link: ClientLink, Kind: Reset},
-		{Link: ClientLink, Kind: Cut, Millis: 100},
-		{Link: ClientLink, Kind: Partition},
+	for _, f := range []targets.NetFault{
+		{Link: targets.ClientLink, Kind: targets.Latency, Millis: 50},
+		{Link: targets.ClientLink, Kind: targets.Reset},
+		{Link: targets.ClientLink, Kind: targets.Cut, Millis: 100},
+		{Link: targets.ClientLink, Kind: targets.Partition},
 	} {
 		open := dial()
 		require.NoError(t, echo(open))
-		heal, err := ps.breakLink(0, f)
+		heal, err := ps.Break(0, f)
 		require.NoError(t, err, "%s", f)
 		start := time.Now()
 		err = echo(open)
 		took := time.Since(start)
 		switch f.Kind {
-		case Latency:
+		case targets.Latency:
 			assert.NoError(t, err, "%s", f)
 			assert.GreaterOrEqual(t, took, 2*50*time.Millisecond, "a round trip through %s", f)
-		case Reset, Partition:
+		case targets.Reset, targets.Partition:
 			assert.Error(t, err, "%s: the open connection is closed", f)
-		case Cut:
+		case targets.Cut:
 			assert.Error(t, err, "%s: nothing comes back, then the connection closes", f)
 			assert.GreaterOrEqual(t, took, 100*time.Millisecond, "%s: dark first", f)
 		}
 		// A connection opened while the fault holds.
 		c, err := net.Dial("tcp", addr)
 		switch {
-		case f.Kind == Latency:
+		case f.Kind == targets.Latency:
 			require.NoError(t, err)
 			assert.NoError(t, echo(c), "%s", f)
 		default:
@@ -137,8 +139,8 @@ func TestLinkFaults(t *testing.T) {
 		require.NoError(t, heal(), "%s", f)
 		healthy("after " + f.String())
 	}
-	_, err = ps.breakLink(0, NetFault{Link: StoreLink, Kind: Reset})
+	_, err = ps.Break(0, targets.NetFault{Link: targets.StoreLink, Kind: targets.Reset})
 	assert.Error(t, err, "no store link through the harness")
-	_, err = ps.breakLink(0, NetFault{Link: ClientLink, Kind: Cut})
+	_, err = ps.Break(0, targets.NetFault{Link: targets.ClientLink, Kind: targets.Cut})
 	assert.Error(t, err, "a cut of no duration")
 }

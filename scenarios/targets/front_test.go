@@ -1,0 +1,31 @@
+package targets
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestFrontNotRunning: a front that does not answer is an error that
+// says the harness does not start it, and where it must send.
+func TestFrontNotRunning(t *testing.T) {
+	f := Front{URL: "http://127.0.0.1:1", Upstreams: []string{"127.0.0.1:9701", "127.0.0.1:9702"}}
+	err := f.wait(context.Background(), 100*time.Millisecond, "/healthz")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "turncheck starts the replicas, not the front")
+	assert.Contains(t, err.Error(), "replica 0 to 127.0.0.1:9701, replica 1 to 127.0.0.1:9702")
+}
+
+// TestSubprocessSaysHowItRuns: a report names the replicas, their store
+// (never its password) and their front.
+func TestSubprocessSaysHowItRuns(t *testing.T) {
+	s := Subprocess{Command: []string{"srv", "--port", "{port}"}}
+	assert.Equal(t, "srv --port {port}", s.String())
+	s.Replicas, s.Store = 3, "postgres"
+	assert.Equal(t, "srv --port {port} (3 replicas over a PostgreSQL of the harness's)", s.String())
+	s.Store, s.Front = "postgres://app:secret@127.0.0.1:5432/db", &Front{URL: "http://127.0.0.1:8080"}
+	assert.Equal(t, "srv --port {port} (3 replicas over the PostgreSQL at 127.0.0.1:5432, behind the front at http://127.0.0.1:8080)", s.String())
+}
