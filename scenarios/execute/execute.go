@@ -232,7 +232,18 @@ func (e *executor) breakLink(s plan.Send) (func() error, string) {
 // turn. A server that does not report its activity gets a quiet period.
 func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
 	ar, reports := e.srv.(targets.ActivityReporter)
-	defer e.spent.since(settlingKind(reports), time.Now())
+	// Only the quiet periods that ran out are quiet: the rest of the
+	// wait is the requests' own work.
+	start, quieted := time.Now(), false
+	defer func() {
+		waited := time.Since(start)
+		if quieted {
+			q := min(quietPeriod, waited)
+			e.spent[spentQuiet] += q
+			waited -= q
+		}
+		e.spent[spentSettling] += waited
+	}()
 	for {
 		resting := 0
 		for _, f := range flights {
@@ -248,6 +259,7 @@ func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
 			case <-wake:
 				continue
 			case <-time.After(quietPeriod):
+				quieted = true
 				return
 			}
 		}
@@ -289,14 +301,14 @@ func (e *executor) waitChange(wake <-chan struct{}, limit time.Duration) {
 // otherwise race it. A server that does not report its activity is not
 // waited for here (quiet is).
 func (e *executor) idle() {
-	ar, ok := e.srv.(targets.ActivityReporter)
-	if !ok {
+	working := workingOf(e.srv)
+	if working == nil {
 		return
 	}
-	defer e.spent.since(settlingKind(ok), time.Now())
+	defer e.spent.since(spentSettling, time.Now())
 	deadline := time.After(targets.ClientTimeout)
 	for {
-		working, _, changed := ar.Activity()
+		working, changed := working()
 		if working == 0 || working <= e.fake.Holding() {
 			return
 		}
@@ -309,15 +321,19 @@ func (e *executor) idle() {
 	}
 }
 
-// settlingKind is where the time a step waits for the server to come
-// to rest goes: a server that reports its activity is waited for, one
-// that does not is given quiet periods, which a user may want to know
-// cost their run.
-func settlingKind(reports bool) string {
-	if reports {
-		return spentSettling
+// workingOf is how srv says how many requests it is working on, nil if
+// it does not.
+func workingOf(srv targets.Server) func() (int, <-chan struct{}) {
+	switch s := srv.(type) {
+	case targets.ActivityReporter:
+		return func() (int, <-chan struct{}) {
+			working, _, changed := s.Activity()
+			return working, changed
+		}
+	case targets.WorkReporter:
+		return s.Working
 	}
-	return spentQuiet
+	return nil
 }
 
 // stopMargin is what stopBound adds to the server's model timeout.
@@ -331,7 +347,7 @@ const (
 // period (at most targets.ClientTimeout): what a server that does not report its
 // activity does once let go then falls in this step.
 func (e *executor) quiet() {
-	if _, ok := e.srv.(targets.ActivityReporter); ok {
+	if workingOf(e.srv) != nil {
 		return // idle has waited for it
 	}
 	defer e.spent.since(spentQuiet, time.Now())

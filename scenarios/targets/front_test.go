@@ -2,6 +2,7 @@ package targets
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -28,4 +29,37 @@ func TestSubprocessSaysHowItRuns(t *testing.T) {
 	assert.Equal(t, "srv --port {port} (3 replicas over a PostgreSQL of the harness's)", s.String())
 	s.Store, s.Front = "postgres://app:secret@127.0.0.1:5432/db", &Front{URL: "http://127.0.0.1:8080"}
 	assert.Equal(t, "srv --port {port} (3 replicas over the PostgreSQL at 127.0.0.1:5432, behind the front at http://127.0.0.1:8080)", s.String())
+}
+
+// TestHandlerCountsItsWork: a Handler's server says how many requests are
+// in the handler, and when that changes: the harness knows when it is
+// idle with no quiet period (WorkReporter).
+func TestHandlerCountsItsWork(t *testing.T) {
+	release := make(chan struct{})
+	target := Handler(Profile{}, func(string, string) (http.Handler, error) {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }), nil
+	})
+	srv, err := target.Start("http://127.0.0.1:1/v1")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, srv.Close()) }()
+	wr, ok := srv.(WorkReporter)
+	require.True(t, ok, "a Handler's server reports its work")
+	n, changed := wr.Working()
+	require.Zero(t, n)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.Get(srv.URL())
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-changed
+	n, changed = wr.Working()
+	assert.Equal(t, 1, n)
+	close(release)
+	<-changed
+	<-done
+	n, _ = wr.Working()
+	assert.Zero(t, n)
 }

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/turncheck/turncheck/internal/loopback"
@@ -189,6 +190,18 @@ type ActivityReporter interface {
 	Activity() (working, waiting int, changed <-chan struct{})
 }
 
+// WorkReporter is a Server that says how many requests it is working on,
+// though not which of them wait for their conversation's turn: a Handler,
+// whose requests the harness counts as they pass through it. The harness
+// then knows when the server is idle between steps, with no quiet period;
+// a burst's requests still get quiet periods to come to rest.
+type WorkReporter interface {
+	Server
+	// Working returns how many requests the server is working on, and a
+	// channel closed at the next change.
+	Working() (working int, changed <-chan struct{})
+}
+
 // DisconnectReporter is a Server that says when it is done with a
 // request: it saw the request's client go away, or answered it. The
 // harness tags each request with RequestTagHeader. From then on a server
@@ -317,8 +330,8 @@ func (h handlerTarget) Start(modelURL string) (Server, error) {
 	if err != nil {
 		return nil, errors.Join(err, closeHandler(handler), os.RemoveAll(dir))
 	}
-	s := &handlerServer{srv: &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}, ln: ln,
-		handler: handler, dir: dir, served: make(chan struct{})}
+	s := &handlerServer{ln: ln, handler: handler, dir: dir, served: make(chan struct{}), changed: make(chan struct{})}
+	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		defer close(s.served)
 		_ = s.srv.Serve(ln)
@@ -332,6 +345,35 @@ type handlerServer struct {
 	handler http.Handler
 	dir     string
 	served  chan struct{}
+
+	mu sync.Mutex
+	// working counts the requests in the handler; changed is closed, and
+	// made anew, at each change of it (WorkReporter).
+	working int
+	changed chan struct{}
+}
+
+// serve passes r to the handler, counting it while it is there.
+func (s *handlerServer) serve(w http.ResponseWriter, r *http.Request) {
+	s.count(1)
+	defer s.count(-1)
+	s.handler.ServeHTTP(w, r)
+}
+
+// count adds d to the requests in the handler, and says so.
+func (s *handlerServer) count(d int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.working += d
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Working says how many requests are in the handler.
+func (s *handlerServer) Working() (int, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.working, s.changed
 }
 
 func (s *handlerServer) URL() string { return "http://" + s.ln.Addr().String() }
