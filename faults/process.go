@@ -709,11 +709,8 @@ func handshake(ctx context.Context, r *run, h func(context.Context, StdioRun) er
 				return errExited
 			default:
 			}
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
 		}
-		return err
+		return err // the handshake's own words, the timeout's among them
 	case <-r.done:
 		cancel()
 		<-done
