@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"slices"
+	"strings"
 	"sync"
 
 	acp "github.com/coder/acp-go-sdk"
@@ -427,7 +427,9 @@ func requestToken(req Request) model.Token {
 func (*acpWire) headers(*Client, Request) map[string]string { return nil }
 
 // read is never called: ACP sends no HTTP (Client.Send calls send).
-func (*acpWire) read(_ context.Context, _ Request, _ *http.Response, out Response) Response { return out }
+func (*acpWire) read(_ context.Context, _ Request, _ *http.Response, out Response) Response {
+	return out
+}
 
 func (*acpWire) learn(Request, Response) {}
 

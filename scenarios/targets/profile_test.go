@@ -266,3 +266,37 @@ func TestDockerAgentProfiles(t *testing.T) {
 	assert.Empty(t, chat.Agent, "no agent source: a file")
 	assert.Equal(t, Forgets, chat.Profile().Eviction)
 }
+
+// TestACPProfiles: the ACP profiles (the reference server's, docker-agent's)
+// read as agents over stdio with the capabilities they advertise, and what
+// an agent over stdio cannot have is refused with the field named.
+func TestACPProfiles(t *testing.T) {
+	target, err := LoadProfile("../../profiles/reference-acp.yaml")
+	require.NoError(t, err)
+	ref := target.(Subprocess)
+	assert.Equal(t, ACP, ref.Profile().Protocol)
+	assert.Equal(t, ACPCapabilities{ReadTextFile: true}, ref.Profile().ACPCaps)
+	assert.True(t, ref.Profile().Durability.Restart)
+
+	target, err = LoadProfile("../../examples/docker-agent/serve-acp.yaml")
+	require.NoError(t, err)
+	da := target.(Subprocess).Profile()
+	assert.Equal(t, ACP, da.Protocol)
+	assert.False(t, da.Durability.Restart || da.Durability.Crash, "it does not advertise loadSession")
+
+	base := "protocol: acp\nserver:\n  command: [agent, \"{model_url}\"]\n"
+	for extra, want := range map[string]string{
+		"  ready:\n    line: ready\n": "server.ready",
+		"keys: [a]\n":                 "keys",
+		"conversation_header: X-C\n":  "conversation_header",
+		"  replicas: 2\n":             "server.replicas",
+		"acp:\n  client_capabilities:\n    terminal: true\n": "unknown field \"terminal\" in acp.client_capabilities",
+	} {
+		_, err := ParseProfile([]byte(base + extra))
+		require.Error(t, err, extra)
+		assert.Contains(t, err.Error(), want, extra)
+	}
+	_, err = ParseProfile([]byte("server:\n  command: [s, \"{addr}\", \"{model_url}\"]\nacp:\n  client_capabilities:\n    read_text_file: true\n"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "but the protocol is chat")
+}
