@@ -128,7 +128,7 @@ func TestProfileErrors(t *testing.T) {
 		"server: {command: [x, '{addr}', '{model_url}'], files: {/etc/c: x}}":       `server.files: "/etc/c": want a path relative`,
 		"server: {command: [x, '{addr}', '{model_url}'], files: {c: '{agents}'}}":   `server.files: "c": {agents} is for the command line`,
 		"server: {command: [x, '{addr}'], files: {c.json: '{addr}'}}":               "no {model_url} in the command, env or files",
-		cmd + "protocol: grpc":                                                                                           `protocol: "grpc"; want chat, responses or sessions`,
+		cmd + "protocol: grpc":                                                                                           `protocol: "grpc"; want chat, responses, sessions or acp`,
 		cmd + "protocol: sessions":                                                                                       "sessions: the sessions protocol needs the session API described",
 		cmd + "protocol: chat\nsessions: {id: id}":                                                                       "sessions: describes a session API, but the protocol is chat",
 		cmd + "protocol: sessions\nsessions: {bogus: 1}":                                                                 `unknown field "bogus" in sessions`,
