@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +27,10 @@ const (
 	CauseRPCError     = "JSON-RPC error"
 	CauseNotCancelled = "answered after session/cancel, not cancelled"
 )
+
+// endsWithMark matches a reply that ends with the mark of the model call
+// it answers (model.CallMark).
+var endsWithMark = regexp.MustCompile(`\[call \d+\]\s*$`)
 
 // acpWire is the Agent Client Protocol: a conversation is a session of
 // the agent (session/new, once, before its first turn), a turn is a
@@ -305,6 +310,11 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 	})
 	resp, err := conn.Conn().Prompt(wait, params.Params)
 	aborted := !stopWatch()
+	if wait.Err() != nil && !aborted {
+		// The client gives up on the prompt as an editor would: it
+		// cancels it, so that it does not run on into the next step.
+		_ = conn.Conn().Cancel(context.Background(), acp.CancelNotification{SessionId: acp.SessionId(s.id)})
+	}
 	if aborted {
 		<-cancelled
 	}
@@ -371,12 +381,14 @@ func readACP(out Response, req Request, err error, aborted, busy bool, conn *tar
 	}
 	switch acp.StopReason(out.StopReason) {
 	case acp.StopReasonEndTurn:
-		if tok != "" && (!slices.Contains(model.Tokens(out.Reply), tok.Reply()) || model.WithoutCallMarks(out.Reply) == out.Reply) {
+		if tok != "" && (!slices.Contains(model.Tokens(out.Reply), tok.Reply()) || !endsWithMark.MatchString(out.Reply)) {
 			// ACP has no stop reason for a turn that failed: an agent
 			// that reports a model error as text and end_turn failed it.
 			// The model's whole reply carries its token and, last, the
-			// mark of the call it answers; a part of it streamed before
-			// the model failed carries no mark.
+			// mark of the call it answers: a part of it streamed before
+			// the model failed carries no mark, and an agent that adds
+			// an error text after a reply whose stream then broke ends
+			// with that text.
 			out.Outcome, out.Status = model.Fail, http.StatusBadGateway
 			out.Detail, out.Cause = "end_turn, and the reply is not the model's: "+ClipText(out.Reply, 200), CauseNoModelReply
 			return out

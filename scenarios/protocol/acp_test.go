@@ -31,7 +31,8 @@ const scriptEnv = "TURNCHECK_ACP_SCRIPT"
 // "noinit" never answers initialize, "exit" exits mid-prompt, "callback"
 // calls back fs/read_text_file and terminal/create before it answers,
 // "ignorecancel" answers end_turn after session/cancel, "empty" answers
-// the prompt's reply without the model's call mark.
+// the prompt's reply without the model's call mark, "trailing" with an
+// error text after it.
 func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 	enc := json.NewEncoder(out)
 	send := func(v map[string]any) { v["jsonrpc"] = "2.0"; _ = enc.Encode(v) }
@@ -79,6 +80,8 @@ func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 				continue
 			case "empty":
 				reply = fmt.Sprintf("tc-a%s acknowl", n)
+			case "trailing":
+				reply += "\n\nError: the model's stream broke\n"
 			case "callback":
 				send(map[string]any{"id": 100, "method": "fs/read_text_file", "params": map[string]any{"sessionId": "s1", "path": "/etc/hostname"}})
 				send(map[string]any{"id": 101, "method": "terminal/create", "params": map[string]any{"sessionId": "s1", "command": "true"}})
@@ -93,7 +96,7 @@ func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 						codes = append(codes, r.Error.Code)
 					}
 				}
-				reply += fmt.Sprintf(" errors %v", codes)
+				reply = fmt.Sprintf("tc-a%s errors %v [call 1]", n, codes)
 			}
 			send(map[string]any{"method": "session/update", "params": map[string]any{"sessionId": "s1",
 				"update": map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": reply}}}})
@@ -149,11 +152,13 @@ func TestACPTurn(t *testing.T) {
 	assert.Contains(t, r.Reply, "tc-a7")
 	assert.Empty(t, r.Breaches)
 
-	_, cl, err = startScripted(t, "empty", 10*time.Second)
-	require.NoError(t, err)
-	r = prompt(cl, context.Background(), "tc-u8")
-	assert.Equal(t, model.Fail, r.Outcome)
-	assert.Equal(t, CauseNoModelReply, r.Cause)
+	for _, mode := range []string{"empty", "trailing"} {
+		_, cl, err = startScripted(t, mode, 10*time.Second)
+		require.NoError(t, err)
+		r = prompt(cl, context.Background(), "tc-u8")
+		assert.Equal(t, model.Fail, r.Outcome, mode)
+		assert.Equal(t, CauseNoModelReply, r.Cause, mode)
+	}
 }
 
 // TestACPLogsOnStdout: log lines and a malformed message on the agent's
