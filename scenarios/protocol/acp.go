@@ -29,8 +29,9 @@ const (
 )
 
 // endsWithMark matches a reply that ends with the mark of the model call
-// it answers (model.CallMark).
-var endsWithMark = regexp.MustCompile(`\[call \d+\]\s*$`)
+// it answers (model.CallMark), as the fake model ends each reply: the
+// mark, then a full stop.
+var endsWithMark = regexp.MustCompile(`\[call \d+\]\.?\s*$`)
 
 // acpWire is the Agent Client Protocol: a conversation is a session of
 // the agent (session/new, once, before its first turn), a turn is a

@@ -71,7 +71,7 @@ func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 			if m := userTok.FindStringSubmatch(text); m != nil {
 				n = m[1]
 			}
-			reply := fmt.Sprintf("tc-a%s acknowledges [call 1]", n)
+			reply := fmt.Sprintf("tc-a%s acknowledges [call 1].", n)
 			switch mode {
 			case "exit":
 				os.Exit(3)
@@ -96,7 +96,7 @@ func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 						codes = append(codes, r.Error.Code)
 					}
 				}
-				reply = fmt.Sprintf("tc-a%s errors %v [call 1]", n, codes)
+				reply = fmt.Sprintf("tc-a%s errors %v [call 1].", n, codes)
 			}
 			send(map[string]any{"method": "session/update", "params": map[string]any{"sessionId": "s1",
 				"update": map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": reply}}}})
