@@ -147,12 +147,35 @@ type ProcessConfig struct {
 	// StopGrace is how long Stop waits after SIGTERM before SIGKILL; 0
 	// means 5s.
 	StopGrace time.Duration
+	// Handshake, if set, makes the server one that speaks over its stdin
+	// and stdout (an ACP agent) rather than on a port: stdout is then a
+	// pipe of its own, apart from stderr, and the server is ready once
+	// Handshake, called with each run's pipes, returns nil (Ready and
+	// ReadyLine are ignored). It is bounded by StartTimeout, and by the
+	// run's exit. The pipes stay the handshake's for the whole run: it
+	// keeps them, and the harness closes them once the run has ended.
+	Handshake func(ctx context.Context, run StdioRun) error
 	// Context, if set, bounds every wait for the server to be ready, the
 	// first start's and each Restart's: once it ends, a start still
 	// waiting kills its run and returns an error that wraps the
 	// context's. A run's time bound then holds through a restart in
 	// flight on a server that takes long to start.
 	Context context.Context
+}
+
+// StdioRun is one run of a server that speaks over its stdin and stdout
+// (ProcessConfig.Handshake).
+type StdioRun struct {
+	// In is the run's stdin. A write to it may block while the server
+	// does not read: a caller that must never block queues its writes.
+	In io.Writer
+	// Out is the run's stdout; it ends (io.EOF) once the run has ended.
+	Out io.Reader
+	// Log keeps lines in the server's output (Stderr), beside what it
+	// writes to stderr: what the caller found on Out that was not for it.
+	Log io.Writer
+	// Exited is closed once the run has ended.
+	Exited <-chan struct{}
 }
 
 // Process is one server under test running as a subprocess, in a process
@@ -198,6 +221,8 @@ type run struct {
 	done  chan struct{} // closed once the run has exited, its group is dead and its output drained
 	err   error         // what cmd.Wait returned; read after done
 	watch *lineWatch    // finds the ReadyLine in this run's output; nil for the HTTP probe
+	// stdio is the run's stdin and stdout, for a Handshake; nil otherwise.
+	stdio *StdioRun
 }
 
 // StartProcess starts the server and returns once it answers at
@@ -496,7 +521,9 @@ func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err err
 	p.reported = false
 	p.mu.Unlock()
 
-	if r.watch != nil {
+	if p.cfg.Handshake != nil {
+		err = handshake(ctx, r, p.cfg.Handshake, p.cfg.StartTimeout)
+	} else if r.watch != nil {
 		var line, captured string
 		line, captured, err = waitLine(ctx, r, p.cfg.ReadyLine, p.cfg.StartTimeout)
 		if err == nil && p.capture {
@@ -514,6 +541,9 @@ func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err err
 	}
 	if err == nil {
 		return false, nil
+	}
+	if p.cfg.Handshake != nil && errors.Is(err, errExited) {
+		return false, fmt.Errorf("server %q %s before it answered the handshake%s", argv[0], exitString(r.err), quote(p.out.tail(r.mark, processErrorTail)))
 	}
 	select {
 	case <-r.done: // reaped already: its group id may belong to someone else now
@@ -545,15 +575,29 @@ func (p *Process) exec(argv, env []string) (*run, error) {
 	// when the server exits, not when the last holder of the pipe does.
 	cmd.Stdout = pw
 	cmd.Stderr = pw
+	var stdio stdioPipes
+	if p.cfg.Handshake != nil {
+		if stdio, err = newStdioPipes(); err != nil {
+			_ = pr.Close()
+			_ = pw.Close()
+			return nil, fmt.Errorf("start server: %w", err)
+		}
+		cmd.Stdin, cmd.Stdout = stdio.inR, stdio.outW
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	mark := p.out.len()
 	if err := cmd.Start(); err != nil {
 		_ = pr.Close()
 		_ = pw.Close()
+		stdio.closeAll()
 		return nil, fmt.Errorf("start server %q: %w", argv[0], err)
 	}
 	_ = pw.Close() // the children hold it now; EOF once they all let go
+	stdio.started()
 	r := &run{pid: cmd.Process.Pid, mark: mark, done: make(chan struct{})}
+	if stdio.outR != nil {
+		r.stdio = &StdioRun{In: stdio.inW, Out: closingReader{stdio.outR}, Log: p.out, Exited: r.done}
+	}
 	var out io.Writer = p.out
 	if p.readyLine != nil {
 		r.watch = newLineWatch(p.readyLine, p.capture)
@@ -578,9 +622,100 @@ func (p *Process) exec(argv, env []string) (*run, error) {
 		t.Stop()
 		_ = pr.Close() // unblocks the copy if a process outside the group holds the pipe
 		<-drained
+		// Whoever holds the run's stdio sees it end: a write fails, and
+		// a read ends once what the run wrote is read (at most
+		// drainGrace more, for a process that left the group).
+		stdio.ended(drainGrace)
 		close(r.done)
 	}()
 	return r, nil
+}
+
+// stdioPipes are a run's stdin and stdout for a Handshake: all nil for a
+// server that speaks on a port.
+type stdioPipes struct {
+	inR, inW, outR, outW *os.File
+}
+
+// newStdioPipes makes a run's stdin and stdout pipes.
+func newStdioPipes() (stdioPipes, error) {
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return stdioPipes{}, err
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		_ = inR.Close()
+		_ = inW.Close()
+		return stdioPipes{}, err
+	}
+	return stdioPipes{inR: inR, inW: inW, outR: outR, outW: outW}, nil
+}
+
+// started closes the ends the children hold now: a read of stdout then
+// ends once they all let go.
+func (s stdioPipes) started() {
+	if s.inR != nil {
+		_ = s.inR.Close()
+		_ = s.outW.Close()
+	}
+}
+
+// closeAll closes every end, for a start that failed.
+func (s stdioPipes) closeAll() {
+	for _, f := range []*os.File{s.inR, s.inW, s.outR, s.outW} {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+}
+
+// ended closes the harness's ends once the run's group is dead: stdin at
+// once (a write then fails rather than blocks), stdout after grace,
+// which leaves what the run wrote to be read, and cuts off a process
+// that left the group and holds the pipe.
+func (s stdioPipes) ended(grace time.Duration) {
+	if s.inW == nil {
+		return
+	}
+	_ = s.inW.Close()
+	_ = s.outR.SetReadDeadline(time.Now().Add(grace))
+}
+
+// closingReader closes its file once a read of it fails (io.EOF, or the
+// deadline ended set): nothing more can come of it.
+type closingReader struct{ f *os.File }
+
+func (c closingReader) Read(b []byte) (int, error) {
+	n, err := c.f.Read(b)
+	if err != nil {
+		_ = c.f.Close()
+	}
+	return n, err
+}
+
+// handshake waits until h, given the run's pipes, says the server is
+// ready, the run exits, timeout passes, or ctx ends.
+func handshake(ctx context.Context, r *run, h func(context.Context, StdioRun) error, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("no answer to the handshake within %v", timeout))
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- h(ctx, *r.stdio) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			select {
+			case <-r.done:
+				return errExited
+			default:
+			}
+		}
+		return err // the handshake's own words, the timeout's among them
+	case <-r.done:
+		cancel()
+		<-done
+		return errExited
+	}
 }
 
 // bothContexts is ctx, ended also when other ends (with other's cause);

@@ -34,6 +34,14 @@ const (
 // harness sees it, and gives it a verdict beside T1 to T11.
 const Crash Invariant = "crash"
 
+// Wire names the finding of an ACP agent that does what the protocol
+// does not allow it: it calls back a method the client did not
+// advertise, or answers a cancelled prompt otherwise than cancelled
+// (PROTOCOL.md, "The Agent Client Protocol"). It is no property of a
+// conversation's history, and this package never evaluates it: the
+// harness sees it on the wire.
+const Wire Invariant = "wire"
+
 // T9 to T11 are checked on the tool traffic of model requests (Call.Tools)
 // and on turns whose client disconnected (Turn.Interrupted).
 const (
@@ -56,6 +64,7 @@ var invariantTitles = map[Invariant]string{
 	T11: "no leaks from the working copy",
 
 	Crash: "the server stays up",
+	Wire:  "the agent keeps to the protocol",
 }
 
 // Title is the invariant's short name, as PROTOCOL.md gives it.
@@ -270,6 +279,19 @@ type Turn struct {
 	// connection to a replica or gives up on one: such a refusal says
 	// nothing of how the server orders turns (T4). It only ever excuses.
 	Gateway bool `json:"gateway,omitempty"`
+	// Replay, where Replayed, is the history the server showed the
+	// client before the turn, as tokens, on a second window beside the
+	// model's: an ACP agent's session/load replays its session so. It
+	// must be the conversation's committed history, each unknown turn
+	// whole or absent (T7), hold no failed turn (T1) and no other
+	// conversation's token (T5).
+	Replay   []Token `json:"replay,omitempty"`
+	Replayed bool    `json:"replayed,omitempty"`
+	// Preempted reports a turn the server gave up, unasked, once a later
+	// request of its conversation came, and ran that one instead: it
+	// neither queued the later request nor refused it (T4). An ACP agent
+	// that answers a running prompt cancelled when a second comes does.
+	Preempted bool `json:"preempted,omitempty"`
 }
 
 // overlaps reports whether t and o were in flight at the same time.
@@ -502,6 +524,16 @@ func (m *Model) ApplyStep(turns []Turn) *Violation { return m.ApplyStepKnown(tur
 // Step leads, so the outcome is ApplyStep's. Steps known from other lines,
 // or for other turns, are not used.
 func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
+	for _, t := range turns {
+		if t.Preempted {
+			// What the later turn then saw follows from this: the most
+			// specific finding comes first.
+			m.checked.add(T4)
+			return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User,
+				Reason: fmt.Sprintf("the server gave %s up, unasked, once a later request of the conversation came, and ran that one: "+
+					"a request on a busy conversation must wait its turn or be refused, as declared", t.User)}
+		}
+	}
 	// Each turn's conversation is looked up once, here, and each turn's
 	// RanAt found once, not at every comparison of the sort: it walks the
 	// turn's calls.
@@ -650,6 +682,58 @@ func (m *Model) Restart(changed, ambiguous bool) {
 	}
 }
 
+// checkReplay judges what the server replayed of t's conversation before
+// t (Turn.Replay): another conversation's token in it is T5's, a failed
+// turn's message T1's, and any other difference from the committed
+// history, each unknown turn whole or absent, T7's (a replay comes only
+// after a restart). The replay resolves nothing: the model's own window
+// does.
+func (m *Model) checkReplay(t Turn, cv *conv) *Violation {
+	if !t.Replayed {
+		return nil
+	}
+	m.checked.add(T7)
+	for _, tok := range t.Replay {
+		if owner, ok := m.ownerOf(tok); ok && !sameFamily(owner, cv) {
+			return &Violation{Invariant: T5, Conv: t.Conv, Turn: t.User, Observed: t.Replay,
+				Reason: fmt.Sprintf("the session's replay (session/load) shows %s, a token of another conversation", tok)}
+		}
+	}
+	if _, ok := cv.line.match(append(slices.Clone(t.Replay), replayEnd), replayEnd); ok {
+		return nil
+	}
+	for _, tok := range t.Replay {
+		if cv.line.holds(tok) {
+			continue
+		}
+		leftover := func(inv Invariant, kind Kind, what string) *Violation {
+			return &Violation{Invariant: inv, Conv: t.Conv, Turn: tok, Kind: kind, Observed: t.Replay, Expected: cv.line.Tokens(),
+				Reason: fmt.Sprintf("the session's replay (session/load) shows %s, %s", tok, what)}
+		}
+		switch {
+		case cv.line.failedWith(tok) != 0:
+			return leftover(T1, LeftoverFailed, "a turn that failed")
+		case cv.line.wasInterrupted(tok):
+			return leftover(T10, LeftoverInterrupted, "a turn whose client cancelled it, which the server dropped")
+		case slices.Contains(cv.line.dropped(), tok):
+			return leftover(T6, LeftoverUnknown, "a turn whose outcome the client never learned, shown not committed")
+		}
+	}
+	v := &Violation{Invariant: T7, Conv: t.Conv, Turn: t.User, Observed: t.Replay, Expected: cv.line.Tokens(),
+		Reason: "the session's replay (session/load) is not the committed history (each turn whose outcome the client never learned whole or absent)"}
+	for _, tok := range flatten(cv.line.segs(), false) {
+		if !slices.Contains(t.Replay, tok) {
+			v.Kind, v.Reason = Lost, fmt.Sprintf("the session's replay (session/load) lacks %s, of a committed turn", tok)
+			break
+		}
+	}
+	return v
+}
+
+// replayEnd closes a replay for Line.match, which matches a history
+// followed by a new user message: no token is empty.
+const replayEnd Token = ""
+
 // checkResume judges the first turns of a conversation after a restart:
 // one that was refused before any model call with 404 or a server error
 // did not resume (T8 after a source change, T7 otherwise), unless it was
@@ -733,6 +817,9 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		}
 	}
 	if v := m.checkStopped(t); v != nil {
+		return v
+	}
+	if v := m.checkReplay(t, cv); v != nil {
 		return v
 	}
 	for i, call := range slices.Concat(t.Calls, t.Aux) {

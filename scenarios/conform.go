@@ -176,7 +176,7 @@ func verdicts(p targets.Profile, target targets.Target, restartable, watched boo
 			v.Status, v.Reason = report.Skipped, fmt.Sprintf("left out as a known failure; broken again %d time(s)", s.SetAside[inv])
 		case v.Evaluations == 0:
 			v.Status, v.Reason = report.NotExercised, preconditions[inv]
-		case s.Steps > 0 && s.Outcomes["ok"] == 0 && inv != model.Crash:
+		case s.Steps > 0 && s.Outcomes["ok"] == 0 && inv != model.Crash && inv != model.Wire:
 			// Whatever was evaluated, it was evaluated on a server that
 			// committed nothing: no pass proves anything of its state.
 			v.Status, v.Reason = report.NotExercised, "no turn ended ok: the server committed nothing a check could judge"
@@ -188,8 +188,11 @@ func verdicts(p targets.Profile, target targets.Target, restartable, watched boo
 					v.Reason = fmt.Sprintf("no conversation was forgotten: the server never evicted one (capacity %d), so T2 across an eviction was not exercised", p.Capacity)
 				}
 			}
-			if inv == model.T8 && p.OneSource {
+			switch {
+			case inv == model.T8 && p.OneSource:
 				v.Reason = "two sources on one stable key not applicable: the server loads one agent source at a time (profile: server.one_source)"
+			case inv == model.T8 && p.Protocol == targets.ACP:
+				v.Reason = "two sources on one stable key not applicable: under ACP a refused session/load has no status that says the source is ambiguous"
 			}
 		}
 		out = append(out, v)
@@ -224,6 +227,7 @@ var preconditions = map[model.Invariant]string{
 	model.T11: "no turn failed between two turns of a conversation with committed tool calls that both reached the model",
 
 	model.Crash: "no step ran on a server whose process the harness watches, and no restart was drawn",
+	model.Wire:  "no prompt was answered",
 }
 
 // notApplicable says why the server's declared policies, or the way it
@@ -232,6 +236,9 @@ func notApplicable(p targets.Profile, target targets.Target, restartable, watche
 	if (inv == model.T9 || inv == model.T11) && !p.Tools {
 		// T10 stays: a disconnect mid-turn is judged on any server.
 		return "the server offers the model no tools (profile: tools)"
+	}
+	if inv == model.Wire && p.Protocol != targets.ACP {
+		return "only an ACP agent calls its client back (profile: protocol)"
 	}
 	_, remote := target.(targets.Remote)
 	if inv == model.Crash {

@@ -38,6 +38,11 @@ func TestConformCleanServer(t *testing.T) {
 			require.NoError(t, err)
 			st := statuses(c)
 			for _, inv := range report.Judged() {
+				if inv == model.Wire {
+					// Only an ACP agent calls its client back.
+					assert.Equal(t, report.NotApplicable, st[inv], "%+v", c.Verdict(inv))
+					continue
+				}
 				assert.Equal(t, report.Pass, st[inv], "%s: %+v", inv, c.Verdict(inv))
 				assert.Positive(t, c.Verdict(inv).Evaluations, "%s", inv)
 			}

@@ -231,6 +231,9 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 		if sess.Up > 0 {
 			s.Invariants[model.Crash] += sess.Up
 		}
+		if sess.Answered > 0 {
+			s.Invariants[model.Wire] += sess.Answered
+		}
 		for k, d := range sess.Exec.Spent() {
 			s.TimeMS[k] += d.Milliseconds()
 		}

@@ -389,6 +389,8 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		op.Turn.Reply = op.Response.Reply
 		op.Turn.TimedOut = op.Response.TimedOut
 		op.Turn.Open = op.Response.Open
+		op.Turn.Replay, op.Turn.Replayed = op.Request.Replay, op.Request.Replay != nil
+		op.Turn.Preempted = op.Response.Preempted
 	}
 	for _, c := range calls {
 		owner := 0

@@ -244,6 +244,9 @@ type Session struct {
 	// one skipped) and was not started again: closing the session then
 	// starts a shared server again, and expects an own one stopped.
 	down bool
+	// Answered counts the prompts an ACP agent answered (a response, or an
+	// error), each an evaluation of the wire finding (model.Wire).
+	Answered int
 	// Up counts the steps after which the server was seen up, watched or
 	// back from a restart the plan drew: what a verdict on the crash
 	// finding rests on.
@@ -291,6 +294,7 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 	_, l.watched = srv.(targets.ServerWatcher)
 	l.Last = srv
 	cl := protocol.NewClient(targets.URLs(srv), l.Profile, ns)
+	cl.Attach(srv)
 	if l.Profile.Agent != "" {
 		cl.Loaded(l.firstRefs())
 	}
@@ -361,6 +365,9 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 			v = validate.CheckLinearizable(s.History, turns, s.lab.Profile.Eviction == targets.Forgets)
 		}
 	}
+	if v == nil {
+		v = s.wire(ops)
+	}
 	down := s.wentDown(ops)
 	if restart != nil && down == nil {
 		// The turns ran up to the crash; the restart comes after them,
@@ -387,6 +394,28 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 	}
 	s.recover(drawn)
 	return ops, nil
+}
+
+// wire finds what an ACP agent did in the step ops that the protocol does
+// not allow it (protocol.Response.Breaches): the wire finding, on the
+// first such turn. Each prompt answered counts as an evaluation of it.
+func (s *Session) wire(ops []history.Op) *model.Violation {
+	if s.Profile.Protocol != targets.ACP {
+		return nil
+	}
+	for _, op := range ops {
+		if op.Restart != nil || s.Aside[op.Turn.Conv] {
+			continue
+		}
+		if len(op.Response.Breaches) > 0 {
+			return &model.Violation{Invariant: model.Wire, Conv: op.Turn.Conv, Turn: op.Turn.User,
+				Reason: strings.Join(op.Response.Breaches, "; ")}
+		}
+		if op.Response.StopReason != "" || op.Response.Cause == protocol.CauseRPCError {
+			s.Answered++
+		}
+	}
+	return nil
 }
 
 // judge sorts the violation v the step ops (of turns) came to: a finding,

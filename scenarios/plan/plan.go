@@ -120,6 +120,10 @@ type Send struct {
 	// and heals it once the request has ended: the turn is in flight when
 	// its replica loses its store, or its client, or both go slow.
 	Net *targets.NetFault `json:"net,omitempty"`
+	// Deny says that the client denies the permission requests the agent
+	// makes while the turn runs (ACP's session/request_permission), rather
+	// than granting them.
+	Deny bool `json:"deny,omitempty"`
 }
 
 // String says what the fake model does, and what is injected, for a

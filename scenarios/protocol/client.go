@@ -59,6 +59,15 @@ type Request struct {
 	// reports which client it saw go away names the request by it. It is
 	// the harness's, not the turn's, and is not saved.
 	Tag string `json:"-"`
+	// Replay is what the agent replayed of the conversation when the
+	// client loaded its session (ACP's session/load) before this request:
+	// the history it holds, as tokens; nil if there was no load.
+	Replay []model.Token `json:"replay,omitempty"`
+	// deny says to deny the agent's permission requests while the turn
+	// runs (ACP), and unsentStatus is the status a request not sent is
+	// read as failing with (0: none).
+	deny         bool
+	unsentStatus int
 	// noUser marks a request without a new user message, noStore one
 	// whose response is not to be stored, and inConversation one that
 	// names a Responses API conversation: none moves a chain.
@@ -93,6 +102,16 @@ type Response struct {
 	// Code is the error body's code, where it has one
 	// ("previous_response_not_found").
 	Code string `json:"code,omitempty"`
+	// StopReason is an ACP prompt's stopReason, "" without one.
+	StopReason string `json:"stopReason,omitempty"`
+	// Breaches are what an ACP agent did while the turn ran that the
+	// protocol does not allow it: a call back the client did not
+	// advertise, an answer other than cancelled after session/cancel.
+	Breaches []string `json:"breaches,omitempty"`
+	// Preempted reports a turn the server gave up (ACP: answered
+	// cancelled, not asked) once a later request of its conversation came:
+	// the later one was neither queued nor refused (T4).
+	Preempted bool `json:"preempted,omitempty"`
 }
 
 // CodeNotFound is the code of OpenAI's answer to a previous_response_id it
@@ -185,14 +204,30 @@ func NewClient(bases []string, p targets.Profile, ns string) *Client {
 		c.wire = newResponses()
 	case targets.Sessions:
 		c.wire = newSessions(p.SessionsAPI)
+	case targets.ACP:
+		c.wire = newACP()
 	default:
 		c.wire = chat{}
 	}
 	return c
 }
 
-// Close drops the client's idle connections.
-func (c *Client) Close() { c.http.CloseIdleConnections() }
+// Attach tells the client the server it talks to: an ACP agent is
+// reached through the server's own connection to it, not a URL.
+func (c *Client) Attach(srv targets.Server) {
+	if a, ok := c.wire.(*acpWire); ok {
+		a.attach(srv)
+	}
+}
+
+// Close drops the client's idle connections, and its routes of an ACP
+// agent's updates.
+func (c *Client) Close() {
+	c.http.CloseIdleConnections()
+	if a, ok := c.wire.(*acpWire); ok {
+		a.close()
+	}
+}
 
 // Rebase points the client at a server restarted at bases, dropping the
 // connections to the old one.
@@ -256,6 +291,9 @@ func (c *Client) NewRequest(ctx context.Context, s plan.Send) Request {
 // Send sends req and reads the outcome. Cancelling ctx aborts the request:
 // the client drops the connection, and the outcome is unknown.
 func (c *Client) Send(ctx context.Context, req Request) Response {
+	if a, ok := c.wire.(*acpWire); ok {
+		return a.send(ctx, c, req)
+	}
 	if req.Unsent != "" {
 		// Nothing of the turn reached the server: it failed before it
 		// began, and changed nothing.

@@ -1,12 +1,20 @@
 package protocol
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/turncheck/turncheck/internal/procs"
 )
 
 func TestMain(m *testing.M) {
-	// A leaked goroutine fails the tests.
-	goleak.VerifyTestMain(m)
+	if mode := os.Getenv(scriptEnv); mode != "" {
+		// This test binary, started again by a test: a scripted ACP agent.
+		os.Exit(scriptedAgent(mode, os.Stdin, os.Stdout))
+	}
+	// A leaked goroutine fails the tests, and so does an agent process
+	// that outlived them.
+	goleak.VerifyTestMain(procs.Checked(m))
 }

@@ -267,7 +267,7 @@ const (
 // Judged lists what a run gives a verdict on, in the order of its
 // verdicts: the invariants T1 to T11, then whether the server stays up
 // (model.Crash), a finding of its own kind beside them.
-func Judged() []model.Invariant { return append(model.Invariants(), model.Crash) }
+func Judged() []model.Invariant { return append(model.Invariants(), model.Crash, model.Wire) }
 
 // Exercises say, for each invariant, what one evaluation that counts is:
 // a PASS line says how many of them the run saw.
@@ -286,6 +286,7 @@ var Exercises = map[model.Invariant]string{
 
 	// The crash finding: not an invariant of a conversation, beside them.
 	model.Crash: "step(s) after which the server was seen up: its process watched, or back from a restart drawn",
+	model.Wire:  "prompt(s) answered by an ACP agent that called back only what the client advertised, and answered each cancelled prompt cancelled",
 }
 
 // Merge joins the verdicts of the shards of one run (Conformance.Shard,

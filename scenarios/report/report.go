@@ -39,8 +39,13 @@ func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) 
 		}
 		writeOp(&b, op, p, replicated)
 	}
-	b.WriteString("\nThe curl commands send each request again to the server at $TURNCHECK_URL; they do not\n" +
-		"inject the model's faults: replay the saved failure for those.\n")
+	if p.Protocol == targets.ACP {
+		b.WriteString("\nThe JSON-RPC lines are the prompts as written to the agent's stdin (after its initialize\n" +
+			"and session/new); they do not inject the model's faults: replay the saved failure for those.\n")
+	} else {
+		b.WriteString("\nThe curl commands send each request again to the server at $TURNCHECK_URL; they do not\n" +
+			"inject the model's faults: replay the saved failure for those.\n")
+	}
 	if strings.Contains(b.String(), "tick ") {
 		b.WriteString("A tick numbers the run's events (requests sent and answered, model calls, tool runs) in the\n" +
 			"order the harness saw them: a later tick is a later event.\n")
@@ -162,6 +167,12 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 	if op.Turn.Interrupted {
 		fmt.Fprintf(b, "        interrupted: %s\n", interruption(op.Turn))
 	}
+	if op.Request.Replay != nil {
+		fmt.Fprintf(b, "        session/load replayed: %s\n", model.FormatTokens(op.Request.Replay))
+	}
+	for _, br := range op.Response.Breaches {
+		fmt.Fprintf(b, "        breach: %s\n", br)
+	}
 	fmt.Fprintf(b, "        %s\n", curlCommand(op.Request, p))
 }
 
@@ -169,6 +180,10 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 func curlCommand(r protocol.Request, p targets.Profile) string {
 	if r.Unsent != "" {
 		return "(not sent: " + r.Unsent + ")"
+	}
+	if p.Protocol == targets.ACP {
+		// Stdio has no URL to send to: the line the agent was written.
+		return "-> agent: " + string(r.Body)
 	}
 	path, method := cmp.Or(r.Path, "/v1/chat/completions"), cmp.Or(r.Method, "POST")
 	parts := []string{`curl -sS -N "$TURNCHECK_URL` + path + `"`, "-H 'Content-Type: application/json'"}

@@ -71,6 +71,7 @@ type profileFile struct {
 
 	Protocol           string        `yaml:"protocol"`
 	Sessions           *SessionsAPI  `yaml:"sessions"`
+	ACP                *acpSection   `yaml:"acp"`
 	ConversationHeader string        `yaml:"conversation_header"`
 	Keys               []string      `yaml:"keys"`
 	Model              string        `yaml:"model"`
@@ -95,6 +96,11 @@ type serverSection struct {
 	Replicas      int               `yaml:"replicas"`
 	Store         string            `yaml:"store"`
 	Front         *frontSection     `yaml:"front"`
+}
+
+// acpSection is what the harness advertises to an ACP agent.
+type acpSection struct {
+	ClientCapabilities ACPCapabilities `yaml:"client_capabilities"`
 }
 
 type frontSection struct {
@@ -123,6 +129,15 @@ func (f *profileFile) protocol(p *Profile) error {
 		p.Protocol = Chat
 	case Responses:
 		p.Protocol = Responses
+	case ACP:
+		p.Protocol = ACP
+		if f.ACP != nil {
+			p.ACPCaps = f.ACP.ClientCapabilities
+		}
+		if f.Sessions != nil {
+			return errors.New("sessions: describes a session API, but the protocol is acp")
+		}
+		return f.acpFits()
 	case Sessions:
 		p.Protocol = Sessions
 		if f.Sessions == nil {
@@ -134,10 +149,36 @@ func (f *profileFile) protocol(p *Profile) error {
 		p.SessionsAPI = f.Sessions
 		return nil
 	default:
-		return fmt.Errorf("protocol: %q; want chat, responses or sessions", f.Protocol)
+		return fmt.Errorf("protocol: %q; want chat, responses, sessions or acp", f.Protocol)
+	}
+	if f.ACP != nil {
+		return fmt.Errorf("acp: says what the harness advertises to an ACP agent, but the protocol is %s", p.Protocol)
 	}
 	if f.Sessions != nil {
 		return fmt.Errorf("sessions: describes a session API, but the protocol is %s", p.Protocol)
+	}
+	return nil
+}
+
+// acpFits says what of the profile an agent over stdio cannot have: it is
+// started by the harness (no url), one process, reached through its
+// stdin and stdout (no address, no ready probe, no header, no keys).
+func (f *profileFile) acpFits() error {
+	switch {
+	case f.URL != "":
+		return errors.New("url: an ACP agent speaks over the stdio of a process the harness starts: give server.command")
+	case len(f.Keys) > 0:
+		return errors.New("keys: an ACP agent over stdio has one client, and no API keys")
+	case f.ConversationHeader != "":
+		return errors.New("conversation_header: an ACP agent names a conversation by its sessionId, not a header")
+	case f.Server == nil:
+		return nil
+	case f.Server.Ready.HTTP != "" || f.Server.Ready.Line != "":
+		return errors.New("server.ready: an ACP agent is ready once it answers initialize; give only server.ready.timeout")
+	case f.Server.Replicas > 1 || f.Server.Front != nil || f.Server.Store != "":
+		return errors.New("server.replicas, server.front and server.store: an ACP agent is one process over stdio")
+	case f.Policies.Eviction == string(Forgets):
+		return errors.New("policies.eviction: forgets is not checked over ACP (no session cache the harness can fill)")
 	}
 	return nil
 }
@@ -178,6 +219,8 @@ var sections = map[string]reflect.Type{
 	"sessions":                         reflect.TypeFor[SessionsAPI](),
 	"sessions.create or sessions.turn": reflect.TypeFor[Call](),
 	"sessions.events":                  reflect.TypeFor[EventRules](),
+	"acp":                              reflect.TypeFor[acpSection](),
+	"acp.client_capabilities":          reflect.TypeFor[ACPCapabilities](),
 }
 
 // LoadProfile reads a YAML profile (see profiles/README.md): how to start
@@ -381,7 +424,7 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 	if len(s.Command) == 0 || s.Command[0] == "" {
 		return nil, errors.New("server.command: empty; give the command line as a list, e.g. [./myserver, --listen, \"{addr}\"]")
 	}
-	if !slicesContainsAny(s.Command, "{addr}", "{port}") && s.Ready.Line == "" {
+	if !slicesContainsAny(s.Command, "{addr}", "{port}") && s.Ready.Line == "" && p.Protocol != ACP {
 		return nil, errors.New("server.command: no {addr} or {port}, and no ready.line that reports the address: the server cannot learn where to listen, nor the harness where it listens")
 	}
 	if !slicesContainsAny(s.Command, "{model_url}") && !hasPlaceholder(s.Env, "{model_url}") && !hasPlaceholder(s.Files, "{model_url}") &&

@@ -128,7 +128,7 @@ func TestProfileErrors(t *testing.T) {
 		"server: {command: [x, '{addr}', '{model_url}'], files: {/etc/c: x}}":       `server.files: "/etc/c": want a path relative`,
 		"server: {command: [x, '{addr}', '{model_url}'], files: {c: '{agents}'}}":   `server.files: "c": {agents} is for the command line`,
 		"server: {command: [x, '{addr}'], files: {c.json: '{addr}'}}":               "no {model_url} in the command, env or files",
-		cmd + "protocol: grpc":                                                                                           `protocol: "grpc"; want chat, responses or sessions`,
+		cmd + "protocol: grpc":                                                                                           `protocol: "grpc"; want chat, responses, sessions or acp`,
 		cmd + "protocol: sessions":                                                                                       "sessions: the sessions protocol needs the session API described",
 		cmd + "protocol: chat\nsessions: {id: id}":                                                                       "sessions: describes a session API, but the protocol is chat",
 		cmd + "protocol: sessions\nsessions: {bogus: 1}":                                                                 `unknown field "bogus" in sessions`,
@@ -279,4 +279,38 @@ func TestPoliciesLeftOutAreAssumed(t *testing.T) {
 	assert.Contains(t, p.Assumed["interruption"], "keep-consistent")
 	assert.Contains(t, p.Assumed["interruption"], "complete")
 	assert.Contains(t, p.Assumed["eviction"], "durable was assumed")
+}
+
+// TestACPProfiles: the ACP profiles (the reference server's, docker-agent's)
+// read as agents over stdio with the capabilities they advertise, and what
+// an agent over stdio cannot have is refused with the field named.
+func TestACPProfiles(t *testing.T) {
+	target, err := LoadProfile("../../profiles/reference-acp.yaml")
+	require.NoError(t, err)
+	ref := target.(Subprocess)
+	assert.Equal(t, ACP, ref.Profile().Protocol)
+	assert.Equal(t, ACPCapabilities{ReadTextFile: true}, ref.Profile().ACPCaps)
+	assert.True(t, ref.Profile().Durability.Restart)
+
+	target, err = LoadProfile("../../examples/docker-agent/serve-acp.yaml")
+	require.NoError(t, err)
+	da := target.(Subprocess).Profile()
+	assert.Equal(t, ACP, da.Protocol)
+	assert.False(t, da.Durability.Restart || da.Durability.Crash, "it does not advertise loadSession")
+
+	base := "protocol: acp\nserver:\n  command: [agent, \"{model_url}\"]\n"
+	for extra, want := range map[string]string{
+		"  ready:\n    line: ready\n": "server.ready",
+		"keys: [a]\n":                 "keys",
+		"conversation_header: X-C\n":  "conversation_header",
+		"  replicas: 2\n":             "server.replicas",
+		"acp:\n  client_capabilities:\n    terminal: true\n": "unknown field \"terminal\" in acp.client_capabilities",
+	} {
+		_, err := ParseProfile([]byte(base + extra))
+		require.Error(t, err, extra)
+		assert.Contains(t, err.Error(), want, extra)
+	}
+	_, err = ParseProfile([]byte("server:\n  command: [s, \"{addr}\", \"{model_url}\"]\nacp:\n  client_capabilities:\n    read_text_file: true\n"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "but the protocol is chat")
 }

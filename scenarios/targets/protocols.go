@@ -23,6 +23,11 @@ const (
 	// Sessions is a session API the profile describes (SessionsAPI): a
 	// session is created, then turns run in it.
 	Sessions Protocol = "sessions"
+	// ACP is the Agent Client Protocol: the server is an agent the
+	// harness starts as a child process and drives with JSON-RPC over its
+	// stdin and stdout; a conversation is a session (session/new), a turn
+	// a session/prompt.
+	ACP Protocol = "acp"
 )
 
 // SessionsAPI describes a session API: how a session is created, how a turn

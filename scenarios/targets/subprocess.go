@@ -114,15 +114,18 @@ func (s Subprocess) Start(modelURL string) (Server, error) {
 // StartContext is Start, with ctx bounding the waits for the server to be
 // ready: its first start's and every restart's.
 func (s Subprocess) StartContext(ctx context.Context, modelURL string) (Server, error) {
-	dir, err := os.MkdirTemp("", "turncheck-subprocess-*")
-	if err != nil {
-		return nil, err
-	}
 	var refs []string
 	if s.Agent != "" {
 		p := s.Reaches
 		p.Agent = s.Agent
 		refs = p.SourceRefs(modelURL, []string{FirstSource})
+	}
+	if s.Reaches.Protocol == ACP {
+		return s.startACP(ctx, modelURL, refs)
+	}
+	dir, err := os.MkdirTemp("", "turncheck-subprocess-*")
+	if err != nil {
+		return nil, err
 	}
 	st, err := s.openStore()
 	if err != nil {

@@ -45,6 +45,9 @@ type Profile struct {
 	// Chat. Sessions needs SessionsAPI.
 	Protocol    Protocol
 	SessionsAPI *SessionsAPI
+	// ACPCaps are what the harness advertises to an ACP agent (Protocol
+	// ACP).
+	ACPCaps ACPCapabilities
 	// Header names the conversation header; "" means X-Conversation-Id.
 	Header string
 	// Keys are API keys the server accepts. With two or more, the harness

@@ -114,8 +114,10 @@ func (m *Machine) restart(t *rapid.T) {
 		if len(m.sources) > 1 {
 			low = 1
 		}
-		if m.Profile.OneSource {
-			high = 1 // it cannot load two
+		if m.Profile.OneSource || m.Profile.Protocol == targets.ACP {
+			// It cannot load two; or, under ACP, a refused session/load
+			// has no status to say the source is ambiguous.
+			high = 1
 		}
 		switch rapid.IntRange(low, high).Draw(t, "sources") {
 		case 1:
@@ -284,6 +286,9 @@ func (m *Machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 		}
 	}
 	plan.DrawFaults(t, &s, sequential)
+	if m.Profile.Protocol == targets.ACP && m.Profile.Tools {
+		s.Deny = rapid.Bool().Draw(t, "deny permission")
+	}
 	return s
 }
 

@@ -1,0 +1,62 @@
+package model_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// replayed is t with what a session/load replayed before it.
+func replayed(t model.Turn, replay ...model.Token) model.Turn {
+	t.Replay, t.Replayed = append([]model.Token{}, replay...), true
+	return t
+}
+
+// TestReplayJudged: a session/load's replay (a second window into the
+// server's state, beside the model's) must be the committed history: a
+// committed turn missing is T7's, a failed turn's message T1's, another
+// conversation's token T5's; the committed history replayed whole passes
+// and counts as a T7 evaluation.
+func TestReplayJudged(t *testing.T) {
+	setup := func() *model.Model {
+		m := model.New()
+		require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+		require.Nil(t, m.Apply(failedBefore(convA, u(2), 500)))
+		require.Nil(t, m.Apply(ok(convB, u(3), call(u(3), u(3)))))
+		m.Restart(false, false)
+		return m
+	}
+	plain := setup()
+	require.Nil(t, plain.Apply(ok(convA, u(4), call(u(4), u(1), a(1), u(4)))))
+	m := setup()
+	require.Nil(t, m.Apply(replayed(ok(convA, u(4), call(u(4), u(1), a(1), u(4))), u(1), a(1))))
+	assert.Equal(t, plain.Checked()[model.T7]+1, m.Checked()[model.T7], "the replay counts beside the resume")
+
+	v := setup().Apply(replayed(ok(convA, u(4), call(u(4), u(1), a(1), u(4))), u(1)))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T7, v.Invariant)
+	assert.Equal(t, model.Lost, v.Kind)
+
+	v = setup().Apply(replayed(ok(convA, u(4), call(u(4), u(1), a(1), u(4))), u(1), a(1), u(2)))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T1, v.Invariant)
+
+	v = setup().Apply(replayed(ok(convA, u(4), call(u(4), u(1), a(1), u(4))), u(1), a(1), u(3)))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T5, v.Invariant)
+}
+
+// TestPreemptedIsT4: a turn the server gave up for a later request of its
+// conversation is T4's, before what the later turn saw of it.
+func TestPreemptedIsT4(t *testing.T) {
+	m := model.New()
+	first := failedBefore(convA, u(1), 500)
+	first.Preempted = true
+	v := m.ApplyStep([]model.Turn{first, ok(convA, u(2), call(u(2), u(1), u(2)))})
+	require.NotNil(t, v)
+	assert.Equal(t, model.T4, v.Invariant)
+	assert.Contains(t, v.Reason, "gave tc-u1 up")
+}

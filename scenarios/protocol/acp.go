@@ -1,0 +1,450 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+
+	acp "github.com/coder/acp-go-sdk"
+
+	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/targets"
+)
+
+// The causes of the Agent Client Protocol's outcomes.
+const (
+	CauseAgentExited  = "the agent exited mid-prompt"
+	CauseNoModelReply = "end_turn without the model's whole reply (failed in the model)"
+	CauseStopReason   = "stopReason "
+	CauseRPCError     = "JSON-RPC error"
+	CauseNotCancelled = "answered after session/cancel, not cancelled"
+)
+
+// endsWithMark matches a reply that ends with the mark of the model call
+// it answers (model.CallMark), as the fake model ends each reply: the
+// mark, then a full stop.
+var endsWithMark = regexp.MustCompile(`\[call \d+\]\.?\s*$`)
+
+// acpWire is the Agent Client Protocol: a conversation is a session of
+// the agent (session/new, once, before its first turn), a turn is a
+// session/prompt, its reply the agent_message_chunk updates streamed
+// before the prompt's response, and its outcome the response's
+// stopReason. After a restart a session comes back through session/load,
+// whose replay of the conversation is kept for the model to judge
+// (model.Turn.Replay).
+type acpWire struct {
+	mu  sync.Mutex
+	srv targets.ACPServer
+	// sessions are the conversations' sessions; a session made (or
+	// loaded) on an earlier run of the agent is loaded again before its
+	// next turn.
+	sessions map[model.ConversationRef]*acpSession
+}
+
+// acpSession is one session of the agent, and the prompts of it still
+// unanswered, oldest first: ACP does not say which prompt an update
+// belongs to, and an agent runs a session's prompts one at a time, so
+// each update goes to the oldest.
+type acpSession struct {
+	id   string
+	conn *targets.ACPConn
+	// stop ends the routing of the session's updates to it.
+	stop    func()
+	prompts []*acpPrompt
+	// loading collects a session/load's replay.
+	loading *acpReplay
+}
+
+// acpPrompt is one session/prompt in flight: its reply so far.
+type acpPrompt struct {
+	reply strings.Builder
+	deny  bool
+	// later says that another prompt of the session was sent while this
+	// one ran.
+	later bool
+}
+
+// acpReplay is what a session/load replayed: the text of each message,
+// one per run of chunks of a kind.
+type acpReplay struct {
+	texts []string
+	kind  string
+}
+
+func newACP() *acpWire { return &acpWire{sessions: map[model.ConversationRef]*acpSession{}} }
+
+// attach points the wire at the agent srv runs.
+func (w *acpWire) attach(srv targets.Server) {
+	if a, ok := srv.(targets.ACPServer); ok {
+		w.mu.Lock()
+		w.srv = a
+		w.mu.Unlock()
+	}
+}
+
+// update routes one session/update of s.
+func (w *acpWire) update(s *acpSession, u acp.SessionUpdate) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	kind, text := "", ""
+	switch {
+	case u.UserMessageChunk != nil:
+		kind, text = "user", blockText(u.UserMessageChunk.Content)
+	case u.AgentMessageChunk != nil:
+		kind, text = "agent", blockText(u.AgentMessageChunk.Content)
+	default:
+		return // thoughts, tool calls, plans: no token the harness follows
+	}
+	if r := s.loading; r != nil {
+		if kind != r.kind || len(r.texts) == 0 {
+			r.texts = append(r.texts, "")
+			r.kind = kind
+		}
+		r.texts[len(r.texts)-1] += text
+		return
+	}
+	if kind == "agent" && len(s.prompts) > 0 {
+		addReply(&s.prompts[0].reply, text)
+	}
+}
+
+// deny answers a permission request of s's as its oldest prompt drew.
+func (w *acpWire) deny(s *acpSession) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(s.prompts) > 0 && s.prompts[0].deny
+}
+
+// blockText is the text of a content block, "" for one without.
+func blockText(b acp.ContentBlock) string {
+	if b.Text != nil {
+		return b.Text.Text
+	}
+	return ""
+}
+
+// conn is the connection to the agent's current run, nil if there is none.
+func (w *acpWire) conn() *targets.ACPConn {
+	w.mu.Lock()
+	srv := w.srv
+	w.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	return srv.ACP()
+}
+
+func (w *acpWire) request(ctx context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
+	prompt := promptBlocks(msgs)
+	req := Request{Conv: s.Conv, Method: acp.AgentMethodSessionPrompt, Stream: true, deny: s.Deny}
+	id, replay, status, err := w.session(ctx, c, s.Conv)
+	req.Session, req.Replay = id, replay
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": acp.AgentMethodSessionPrompt,
+		"params": acp.PromptRequest{SessionId: acp.SessionId(id), Prompt: prompt}})
+	req.Body = body
+	if err != nil {
+		req.Unsent, req.unsentStatus = err.Error(), status
+	}
+	return req
+}
+
+// promptBlocks is the prompt of a turn: its last message's text if that is a
+// user message, blank or not, and none (an empty prompt) otherwise. ACP's
+// prompt carries only the user's content: the agent holds the rest.
+func promptBlocks(msgs []openai.Message) []acp.ContentBlock {
+	if len(msgs) == 0 || msgs[len(msgs)-1].Role != openai.RoleUser {
+		return []acp.ContentBlock{}
+	}
+	return []acp.ContentBlock{acp.TextBlock(string(msgs[len(msgs)-1].Content))}
+}
+
+// session is conv's session id, made now if conv has none, or loaded now
+// if it was made on an earlier run of the agent; replay is what a load
+// replayed. A session that cannot be made or loaded gives an error, and
+// the status the turn is read as failing with: 404 for a session the
+// agent no longer has (T7 judges whether it should have).
+func (w *acpWire) session(ctx context.Context, c *Client, conv model.ConversationRef) (id string, replay []model.Token, status int, err error) {
+	conn := w.conn()
+	if conn == nil {
+		return "", nil, 0, errors.New("no agent runs")
+	}
+	w.mu.Lock()
+	s := w.sessions[conv]
+	w.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, c.profile.RequestTimeout())
+	defer cancel()
+	if s != nil && s.conn == conn {
+		return s.id, nil, 0, nil
+	}
+	if s == nil {
+		resp, err := conn.Conn().NewSession(ctx, acp.NewSessionRequest{Cwd: conn.Dir, McpServers: []acp.McpServer{}})
+		if err != nil {
+			return "", nil, 0, fmt.Errorf("session/new: %w", rpcError(err))
+		}
+		s = &acpSession{id: string(resp.SessionId)}
+		w.watch(s, conn)
+		w.mu.Lock()
+		w.sessions[conv] = s
+		w.mu.Unlock()
+		return s.id, nil, 0, nil
+	}
+	// The agent restarted since the session was made: only session/load
+	// brings it back.
+	if !conn.LoadSession() {
+		return s.id, nil, http.StatusNotFound, errors.New("the agent restarted, and does not advertise loadSession: the session cannot come back")
+	}
+	r := &acpReplay{}
+	w.mu.Lock()
+	s.loading = r
+	w.mu.Unlock()
+	w.watch(s, conn)
+	_, err = conn.Conn().LoadSession(ctx, acp.LoadSessionRequest{SessionId: acp.SessionId(s.id), Cwd: conn.Dir, McpServers: []acp.McpServer{}})
+	w.mu.Lock()
+	s.loading = nil
+	w.mu.Unlock()
+	if err != nil {
+		return s.id, nil, http.StatusNotFound, fmt.Errorf("session/load: %w", rpcError(err))
+	}
+	replay = []model.Token{}
+	for _, text := range r.texts {
+		replay = append(replay, model.Tokens(text)...)
+	}
+	return s.id, replay, 0, nil
+}
+
+// close stops routing the agent's updates to the wire's sessions.
+func (w *acpWire) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, s := range w.sessions {
+		if s.stop != nil {
+			s.stop()
+		}
+	}
+}
+
+// watch routes s's updates on conn to it.
+func (w *acpWire) watch(s *acpSession, conn *targets.ACPConn) {
+	if s.stop != nil {
+		s.stop()
+	}
+	s.conn = conn
+	s.stop = conn.Watch(s.id, &targets.ACPWatch{
+		Update: func(u acp.SessionUpdate) { w.update(s, u) },
+		Deny:   func() bool { return w.deny(s) },
+	})
+}
+
+// rpcError is err in words: a JSON-RPC error's message and code.
+func rpcError(err error) error {
+	var re *acp.RequestError
+	if errors.As(err, &re) {
+		msg := re.Message
+		if re.Data != nil {
+			if data, jerr := json.Marshal(re.Data); jerr == nil {
+				msg += " " + ClipText(string(data), 200)
+			}
+		}
+		return fmt.Errorf("%s (code %d)", msg, re.Code)
+	}
+	return err
+}
+
+// send sends a session/prompt and reads what it came to. Cancelling ctx
+// is the client's abort: the harness sends session/cancel, and waits for
+// the prompt's response, which must be cancelled (T10), within the
+// client's time.
+func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
+	if req.Unsent != "" {
+		return Response{Outcome: model.Fail, Status: req.unsentStatus, Detail: req.Unsent, Cause: CauseUnsent}
+	}
+	conn := w.conn()
+	w.mu.Lock()
+	s := w.sessions[req.Conv]
+	w.mu.Unlock()
+	if conn == nil || s == nil || s.conn != conn {
+		// The agent restarted between the request's making and its
+		// sending: the session is not on this run.
+		return Response{Outcome: model.Unknown, Detail: "the agent restarted before the prompt was sent", Cause: CauseNoAnswer}
+	}
+	var params struct {
+		Params acp.PromptRequest `json:"params"`
+	}
+	if err := json.Unmarshal(req.Body, &params); err != nil {
+		return Response{Outcome: model.Fail, Detail: "the request's body: " + err.Error(), Cause: CauseUnsent}
+	}
+	p := &acpPrompt{deny: req.deny}
+	w.mu.Lock()
+	busy := len(s.prompts) > 0
+	for _, q := range s.prompts {
+		q.later = true
+	}
+	s.prompts = append(s.prompts, p)
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for i, q := range s.prompts {
+			if q == p {
+				s.prompts = append(s.prompts[:i], s.prompts[i+1:]...)
+				break
+			}
+		}
+	}()
+
+	wait, cancel := context.WithTimeout(context.Background(), c.profile.RequestTimeout())
+	defer cancel()
+	cancelled := make(chan struct{})
+	stopWatch := context.AfterFunc(ctx, func() {
+		// The client's abort: ACP's is a notification, and the prompt
+		// goes on to its answer.
+		_ = conn.Conn().Cancel(context.Background(), acp.CancelNotification{SessionId: acp.SessionId(s.id)})
+		close(cancelled)
+	})
+	resp, err := conn.Conn().Prompt(wait, params.Params)
+	aborted := !stopWatch()
+	if wait.Err() != nil && !aborted {
+		// The client gives up on the prompt as an editor would: it
+		// cancels it, so that it does not run on into the next step.
+		_ = conn.Conn().Cancel(context.Background(), acp.CancelNotification{SessionId: acp.SessionId(s.id)})
+	}
+	if aborted {
+		<-cancelled
+	}
+	w.mu.Lock()
+	out := Response{Reply: p.reply.String(), StopReason: string(resp.StopReason)}
+	later := p.later
+	w.mu.Unlock()
+	out.Breaches = conn.Breaches(s.id)
+	out = readACP(out, req, err, aborted, busy, conn, wait)
+	if later && err == nil && !aborted && resp.StopReason == acp.StopReasonCancelled {
+		// Given up for the prompt sent after it: the session neither
+		// queued that one nor refused it (T4).
+		out.Preempted = true
+		out.Detail = "stopReason cancelled, which the client did not ask for, once another prompt of the session was sent"
+	}
+	return out
+}
+
+// readACP reads what a prompt came to: its response (or err), whether the
+// client aborted it (sent session/cancel), whether another prompt of the
+// session was in flight when it was sent (busy).
+func readACP(out Response, req Request, err error, aborted, busy bool, conn *targets.ACPConn, wait context.Context) Response {
+	tok := requestToken(req)
+	switch {
+	case err != nil:
+		select {
+		case <-conn.Exited():
+			out.Outcome, out.Detail, out.Cause = model.Unknown, "the agent exited before it answered the prompt", CauseAgentExited
+			return out
+		default:
+		}
+		if wait.Err() != nil {
+			out.Outcome, out.TimedOut = model.Unknown, true
+			out.Detail, out.Cause = "no response to session/prompt within the client's time", CauseTimedOut
+			return out
+		}
+		var re *acp.RequestError
+		if !errors.As(err, &re) || re.Code == -32603 && strings.Contains(fmt.Sprint(re.Data), "peer disconnected") {
+			out.Outcome, out.Detail, out.Cause = model.Unknown, "no response: "+err.Error(), CauseAgentExited
+			return out
+		}
+		out.Outcome, out.Detail, out.Cause = model.Fail, rpcError(err).Error(), CauseRPCError
+		switch {
+		case aborted:
+			// An error after session/cancel: ACP wants cancelled, and an
+			// agent may end the prompt either way; what stays is judged.
+			out.Outcome = model.Unknown
+		case busy:
+			out.Status = http.StatusConflict
+		case re.Code == -32602 || re.Code == -32600:
+			out.Status = http.StatusBadRequest
+		default:
+			out.Status = http.StatusInternalServerError
+		}
+		return out
+	case aborted:
+		out.Outcome, out.Cause = model.Unknown, CauseAborted
+		out.Detail = "the client sent session/cancel; stopReason " + out.StopReason
+		if out.StopReason != string(acp.StopReasonCancelled) {
+			out.Cause = CauseNotCancelled
+			out.Breaches = append(out.Breaches, fmt.Sprintf("the prompt was answered %q after session/cancel; ACP wants cancelled", out.StopReason))
+		}
+		return out
+	}
+	switch acp.StopReason(out.StopReason) {
+	case acp.StopReasonEndTurn:
+		if tok != "" && (!slices.Contains(model.Tokens(out.Reply), tok.Reply()) || !endsWithMark.MatchString(out.Reply)) {
+			// ACP has no stop reason for a turn that failed: an agent
+			// that reports a model error as text and end_turn failed it.
+			// The model's whole reply carries its token and, last, the
+			// mark of the call it answers: a part of it streamed before
+			// the model failed carries no mark, and an agent that adds
+			// an error text after a reply whose stream then broke ends
+			// with that text.
+			out.Outcome, out.Status = model.Fail, http.StatusBadGateway
+			out.Detail, out.Cause = "end_turn, and the reply is not the model's: "+ClipText(out.Reply, 200), CauseNoModelReply
+			return out
+		}
+		out.Outcome = model.OK
+	case acp.StopReasonRefusal:
+		out.Outcome, out.Status = model.Fail, http.StatusBadRequest
+		out.Detail, out.Cause = "stopReason refusal", CauseStopReason+out.StopReason
+	case acp.StopReasonCancelled:
+		// Cancelled without the client's asking: the agent gave the
+		// turn up, for a newer prompt of the session if one came (a
+		// refusal of the busy session, T4), else on its own.
+		out.Outcome, out.Status = model.Fail, http.StatusInternalServerError
+		if busy {
+			out.Status = http.StatusConflict
+		}
+		out.Detail, out.Cause = "stopReason cancelled, which the client did not ask for", CauseStopReason+out.StopReason
+	default:
+		// max_tokens, max_turn_requests, or one ACP does not name: the
+		// turn stopped short, and ACP does not say what the agent keeps
+		// of it: whole or nothing, as an unknown outcome.
+		out.Outcome = model.Unknown
+		out.Detail, out.Cause = "stopReason "+out.StopReason, CauseStopReason+out.StopReason
+	}
+	return out
+}
+
+// requestToken is the token of the user message a request carries, "" for
+// none.
+func requestToken(req Request) model.Token {
+	var params struct {
+		Params struct {
+			Prompt []struct {
+				Text string `json:"text"`
+			} `json:"prompt"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(req.Body, &params) != nil || len(params.Params.Prompt) == 0 {
+		return ""
+	}
+	toks := model.Tokens(params.Params.Prompt[0].Text)
+	if len(toks) == 0 {
+		return ""
+	}
+	return toks[0]
+}
+
+func (*acpWire) headers(*Client, Request) map[string]string { return nil }
+
+// read is never called: ACP sends no HTTP (Client.Send calls send).
+func (*acpWire) read(_ context.Context, _ Request, _ *http.Response, out Response) Response {
+	return out
+}
+
+func (*acpWire) learn(Request, Response) {}
+
+// restarted keeps the sessions: each is loaded again before its next turn.
+func (*acpWire) restarted() {}
