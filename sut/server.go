@@ -890,6 +890,13 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 	case NoConversationLock:
 		t.overwrite = true
 		return s.convs.peek(ctx, t.key)
+	case ACPConcurrentPrompts:
+		if t.proto == protoACP {
+			// The bug: an ACP prompt runs at once, beside any other of
+			// its session, on the history committed when it came.
+			t.overwrite = true
+			return s.convs.peek(ctx, t.key)
+		}
 	case ForkNewSession:
 		// The bug: the conversation is resolved before its lane, and one
 		// with nothing committed yet is started outside it.
@@ -1137,6 +1144,14 @@ func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string,
 		s.answerError(w, o, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)
 		return
 	}
+	if r, ok := o.resp.(refusalResponder); ok && refusedByModel(err) {
+		// A protocol that tells a refusal from a failure (ACP's
+		// stopReason refusal) says so; the turn is rolled back all the
+		// same.
+		s.log.Info("model refused the prompt; turn rolled back", "conversation", t.key.id)
+		r.refused(o)
+		return
+	}
 	// The details are the operator's: the client gets the class alone.
 	attrs := []any{"conversation", t.key.id, "err", s.redact(err.Error())}
 	var upErr *upstreamError
@@ -1163,6 +1178,10 @@ func (s *Server) keepsFailed(t *turn, err error) bool {
 		// The bug: the response was minted, and its id told the client,
 		// before the turn ran; it is stored whatever became of the turn.
 		return t.chained
+	case ACPRefusalKeepsPrompt:
+		// The bug: the prompt went into the session before the model
+		// ran, and a refusal does not take it out.
+		return t.proto == protoACP && refusedByModel(err)
 	}
 	return false
 }
