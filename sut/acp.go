@@ -341,17 +341,13 @@ func (a *acpAgent) replay(id acp.SessionId, msgs []*message) error {
 			updates = append(updates, acp.UpdateUserMessageText(string(m.Content)))
 		case openai.RoleAssistant:
 			for _, c := range m.ToolCalls {
-				updates = append(updates, acp.StartToolCall(acp.ToolCallId(c.ID), c.Function.Name,
-					acp.WithStartKind(toolKind(c.Function.Name)), acp.WithStartStatus(acp.ToolCallStatusInProgress),
-					acp.WithStartRawInput(rawArguments(c.Function.Arguments))))
+				updates = append(updates, toolCallStarted(c))
 			}
 			if m.Content != "" {
 				updates = append(updates, acp.UpdateAgentMessageText(string(m.Content)))
 			}
 		case openai.RoleTool:
-			updates = append(updates, acp.UpdateToolCall(acp.ToolCallId(m.ToolCallID),
-				acp.WithUpdateStatus(acp.ToolCallStatusCompleted),
-				acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolContent(acp.TextBlock(string(m.Content)))})))
+			updates = append(updates, toolCallDone(m.ToolCallID, string(m.Content)))
 		}
 		for _, u := range updates {
 			if err := a.update(id, u); err != nil {
@@ -360,6 +356,21 @@ func (a *acpAgent) replay(id acp.SessionId, msgs []*message) error {
 		}
 	}
 	return nil
+}
+
+// toolCallStarted is the tool_call update of call: titled by its tool,
+// in_progress, its arguments as rawInput.
+func toolCallStarted(c openai.ToolCall) acp.SessionUpdate {
+	return acp.StartToolCall(acp.ToolCallId(c.ID), c.Function.Name,
+		acp.WithStartKind(toolKind(c.Function.Name)), acp.WithStartStatus(acp.ToolCallStatusInProgress),
+		acp.WithStartRawInput(rawArguments(c.Function.Arguments)))
+}
+
+// toolCallDone is the tool_call_update of call id's result: completed,
+// the result (an "error: " text for a tool that failed) as its content.
+func toolCallDone(id, result string) acp.SessionUpdate {
+	return acp.UpdateToolCall(acp.ToolCallId(id), acp.WithUpdateStatus(acp.ToolCallStatusCompleted),
+		acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolContent(acp.TextBlock(result))}))
 }
 
 // toolKind is the ACP kind of one of the server's tools.
@@ -522,7 +533,7 @@ func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, u
 		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", err.Error())
 	}
 	resp := &acpResponder{a: a, id: id}
-	t := &turn{key: acpKey(id), proto: protoACP}
+	t := &turn{key: acpKey(id), proto: protoACP, toolNotes: resp}
 	s.converse(w, r, t, userInput(user), a.agentRef(), resp)
 	return a.answer(run, resp, w)
 }
@@ -596,8 +607,8 @@ func (c *acpCapture) Write(b []byte) (int, error) {
 }
 
 // acpResponder is the responder of an ACP prompt: the reply streams as
-// agent_message_chunk notifications; success and refusal are recorded
-// for answer. It never opens an event stream, so every failure reaches
+// agent_message_chunk notifications, each tool call as tool_call and
+// tool_call_update; success and refusal are recorded for answer. It never opens an event stream, so every failure reaches
 // acpCapture as a status.
 type acpResponder struct {
 	a       *acpAgent
@@ -629,6 +640,22 @@ func (r *acpResponder) succeeded(*output, string) { r.ok = true }
 func (*acpResponder) failed(*output, string, string) {}
 
 func (r *acpResponder) refused(*output) { r.refusal = true }
+
+// toolCalls reports a tool round starting: a tool_call, in_progress, for
+// each of its calls, as replay shows them.
+func (r *acpResponder) toolCalls(calls []openai.ToolCall) {
+	for _, c := range calls {
+		// A client that does not take it is gone: the connection's
+		// writer breaks, and the server ends the prompt (serveACP).
+		_ = r.a.update(r.id, toolCallStarted(c))
+	}
+}
+
+// toolResult reports a call's result: a tool_call_update, completed, with
+// the result as its content.
+func (r *acpResponder) toolResult(call openai.ToolCall, result string) {
+	_ = r.a.update(r.id, toolCallDone(call.ID, result))
+}
 
 // refusalResponder is a responder whose protocol tells a turn the model
 // refused from one that failed: fail calls refused in place of answering

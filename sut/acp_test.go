@@ -574,8 +574,13 @@ func TestACPLoadReplaysAfterRestart(t *testing.T) {
 	s := e.c.newSession()
 	require.Equal(t, toks("u1"), e.ok(s, "tc-u1"))
 	e.model.ScriptReply("tc-u2", faults.Reply{Rounds: []faults.Round{{faults.ToolEcho, faults.ToolLookup}}})
+	mark := e.c.mark()
 	r := e.c.prompt(s, "tc-u2")
 	require.Equal(t, "end_turn", r.stopReason(), "%+v", r.Error)
+	var live []string
+	for _, u := range e.c.updates(mark, s) {
+		live = append(live, describe(u))
+	}
 	e.model.Script("tc-u3", faults.Fault{Kind: faults.Status, Status: 503})
 	require.NotNil(t, e.c.prompt(s, "tc-u3").Error)
 
@@ -584,7 +589,7 @@ func TestACPLoadReplaysAfterRestart(t *testing.T) {
 	require.NotNil(t, r.Error, "a session not loaded on this connection")
 	assert.Equal(t, -32002, r.Error.Code)
 
-	mark := e.c.mark()
+	mark = e.c.mark()
 	r = e.c.load(s)
 	require.Nil(t, r.Error, "%+v", r.Error)
 	assert.JSONEq(t, `{}`, string(r.Result))
@@ -596,25 +601,16 @@ func TestACPLoadReplaysAfterRestart(t *testing.T) {
 		var u update
 		require.NoError(t, json.Unmarshal(m.Params, &u))
 		require.Equal(t, s, u.SessionID)
-		line := u.Update.SessionUpdate
-		switch line {
-		case "user_message_chunk", "agent_message_chunk":
-			line += " " + strings.Join(tokStrings(model.Tokens(u.text())), ",")
-		case "tool_call":
-			line += " " + u.Update.ToolCallID + " " + u.Update.Title + " " + u.Update.Status
-		case "tool_call_update":
-			line += " " + u.Update.ToolCallID + " " + u.Update.Status
-		}
-		got = append(got, line)
+		got = append(got, describe(u))
 	}
 	k1, k2 := model.ToolCallID("tc-u2", 1, 1), model.ToolCallID("tc-u2", 1, 2)
-	assert.Equal(t, []string{
-		"user_message_chunk tc-u1", "agent_message_chunk tc-a1",
-		"user_message_chunk tc-u2",
+	turn2 := []string{
 		"tool_call " + k1 + " echo in_progress", "tool_call " + k2 + " lookup in_progress",
 		"tool_call_update " + k1 + " completed", "tool_call_update " + k2 + " completed",
 		"agent_message_chunk tc-a2",
-	}, got)
+	}
+	assert.Equal(t, append([]string{"user_message_chunk tc-u1", "agent_message_chunk tc-a1", "user_message_chunk tc-u2"}, turn2...), got)
+	assert.Equal(t, turn2, mergeChunks(live), "the tool turn, live, as it is replayed")
 
 	n := e.model.CallCount()
 	r = e.c.prompt(s, "tc-u4")
@@ -636,6 +632,33 @@ func turnCall(t testing.TB, m *faults.Model, n int, tok model.Token) model.Call 
 	}
 	require.Len(t, of, 1, "want exactly one model call of %s", tok)
 	return of[0]
+}
+
+// describe is an update in a line: its kind, and the tokens of a
+// message chunk, or a tool call's id, title and status.
+func describe(u update) string {
+	line := u.Update.SessionUpdate
+	switch line {
+	case "user_message_chunk", "agent_message_chunk":
+		line += " " + strings.Join(tokStrings(model.Tokens(u.text())), ",")
+	case "tool_call":
+		line += " " + u.Update.ToolCallID + " " + u.Update.Title + " " + u.Update.Status
+	case "tool_call_update":
+		line += " " + u.Update.ToolCallID + " " + u.Update.Status
+	}
+	return strings.TrimSpace(line)
+}
+
+// mergeChunks drops the lines of message chunks that carry no token: a
+// reply streams in several chunks, one of them with its token.
+func mergeChunks(lines []string) []string {
+	var out []string
+	for _, l := range lines {
+		if l != "agent_message_chunk" && l != "user_message_chunk" {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // tokStrings are toks as strings.

@@ -626,6 +626,9 @@ type turn struct {
 	// overwrite commits over whatever another turn committed meanwhile:
 	// set only by the mutants that run a turn without the lock.
 	overwrite bool
+	// toolNotes, if not nil, hears of the turn's tool rounds as they run:
+	// only a protocol that shows tools to its client sets it (ACP).
+	toolNotes toolObserver
 	// release gives up the conversation's lock; it may be called more than
 	// once. The turn calls it as soon as its outcome is decided, before
 	// the client hears that outcome, so that a client that sends its next
