@@ -917,3 +917,34 @@ func TestACPSubprocess(t *testing.T) {
 	require.NoError(t, p.cmd.Wait(), "stdin closing ends the server cleanly")
 	assert.Equal(t, 0, p.cmd.ProcessState.ExitCode())
 }
+
+// TestACPSessionsBindToTheAgentSource: a new session runs with the first
+// agent source loaded, and records it; after a relaunch that loads it
+// under another query it resumes with it (T8), and where two loaded
+// sources share its stable key its prompt is refused (409 in the error's
+// data), reaching no model.
+func TestACPSessionsBindToTheAgentSource(t *testing.T) {
+	am := startAgentModel(t)
+	e := &acpEnv{t: t, model: am.Model, cfg: sut.Config{ModelURL: am.URL(), DataDir: t.TempDir(),
+		Agents: []string{am.ref("helper", "tag=v1"), am.ref("other", "")}}}
+	e.start()
+	t.Cleanup(func() { _ = e.close() })
+	s := e.c.newSession()
+	require.Equal(t, toks("u1"), e.ok(s, "tc-u1"))
+	assert.Equal(t, instruction("helper", "tag=v1"), am.lastSystem(t))
+
+	e.cfg.Agents = []string{am.ref("helper", "tag=v2")}
+	e.restart()
+	require.Nil(t, e.c.load(s).Error)
+	require.Equal(t, toks("u1", "a1", "u2"), e.ok(s, "tc-u2"))
+	assert.Equal(t, instruction("helper", "tag=v2"), am.lastSystem(t))
+
+	e.cfg.Agents = []string{am.ref("helper", "tag=v3"), am.ref("helper", "tag=v4")}
+	e.restart()
+	require.Nil(t, e.c.load(s).Error)
+	n := e.model.CallCount()
+	r := e.c.prompt(s, "tc-u3")
+	require.NotNil(t, r.Error, "%s", r.Result)
+	assert.Equal(t, 409, r.status(), "%s", r.Error.Data)
+	assert.Equal(t, n, e.model.CallCount())
+}
