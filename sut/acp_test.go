@@ -948,3 +948,36 @@ func TestACPSessionsBindToTheAgentSource(t *testing.T) {
 	assert.Equal(t, 409, r.status(), "%s", r.Error.Data)
 	assert.Equal(t, n, e.model.CallCount())
 }
+
+// BenchmarkACPPrompt measures one prompt over ACP, in process: the
+// JSON-RPC round trip on pipes, the model call, the streamed reply and the
+// durable commit. A session takes 100 prompts, then a new one starts.
+func BenchmarkACPPrompt(b *testing.B) {
+	m, err := faults.StartModel(faults.ModelConfig{})
+	require.NoError(b, err)
+	defer m.Close()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- sut.ServeACP(context.Background(), sut.Config{ModelURL: m.URL(), DataDir: b.TempDir()}, inR, outW)
+		_ = outW.Close()
+	}()
+	c := newACPConn(b, inW, outR)
+	c.handshake()
+	session := ""
+	b.ResetTimer()
+	for i := range b.N {
+		if i%100 == 0 {
+			session = c.newSession()
+		}
+		r := c.call("session/prompt", promptParams(session, promptText(model.Token(fmt.Sprintf("tc-u%d", i+1)))))
+		if r.stopReason() != "end_turn" {
+			b.Fatalf("prompt %d: %+v", i, r.Error)
+		}
+	}
+	b.StopTimer()
+	_ = inW.Close()
+	require.NoError(b, <-done)
+	<-c.read
+}
