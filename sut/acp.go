@@ -65,6 +65,9 @@ func (s *Server) serveACP(ctx context.Context, in io.Reader, out io.Writer) erro
 	answers := &answerCount{w: w}
 	a.conn = acp.NewAgentSideConnection(a, answers, sdkIn)
 	a.conn.SetLogger(s.log)
+	// A client may wait for this line (on stderr, in 'turncheck serve
+	// acp') as a sign the store is open; initialize is the protocol's own.
+	s.log.Info("acp: serving the Agent Client Protocol on stdin and stdout", "protocol_version", acp.ProtocolVersionNumber)
 	go readLines(in, toSDK, w, s.cfg.MaxBodyBytes, answers.owe, func(reason string) {
 		s.log.Info("acp: a line that is no JSON-RPC message was answered with an error and skipped", "reason", reason)
 	})

@@ -15,7 +15,9 @@ const serveACPHelp = `Usage: turncheck serve acp --model-url URL (--data-dir DIR
 Runs the reference session server as an agent of the Agent Client Protocol
 (https://agentclientprotocol.com): an editor, or turncheck, starts it as a
 child process and speaks JSON-RPC 2.0 to it over its stdin and stdout, one
-message a line. Its log goes to stderr; stdout carries the protocol alone.
+message a line. Its log goes to stderr, starting with a line "acp: serving
+the Agent Client Protocol on stdin and stdout" once the store is open;
+stdout carries the protocol alone.
 It serves one client, with as many sessions as it asks for, and exits 0
 when its stdin closes (the prompts still running end as if their client
 disconnected: --interruption), or on Ctrl-C or SIGTERM (they are dropped,

@@ -85,6 +85,7 @@ func TestServeACPSpeaksOnStdio(t *testing.T) {
 	}
 	_, open := <-lines
 	assert.False(t, open, "nothing more on stdout")
+	assert.Contains(t, stderr.String(), "acp: serving the Agent Client Protocol on stdin and stdout")
 	assert.Contains(t, stderr.String(), "acp: the client closed its end")
 }
 
