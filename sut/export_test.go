@@ -33,3 +33,12 @@ func (r *Running) SetConnClock(now func() time.Time) {
 	defer r.conns.mu.Unlock()
 	r.conns.now = now
 }
+
+// SetACPWriteTimeout sets how long an ACP server waits for its client to
+// take a line of its output, for the servers started after it, until
+// restore.
+func SetACPWriteTimeout(d time.Duration) (restore func()) {
+	old := acpWriteTimeout
+	acpWriteTimeout = d
+	return func() { acpWriteTimeout = old }
+}

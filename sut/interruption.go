@@ -135,6 +135,12 @@ func (s *Server) interruptedKeeps(t *turn) *conversation {
 		// all in included: an assistant tool call without its result.
 		return t.work
 	}
+	if s.cfg.Mutant == ACPCancelCommitsPrompt && t.proto == protoACP {
+		// The bug (an agent that adds the prompt to its session before
+		// the run): the cancelled turn keeps its user message, and the
+		// tool rounds it completed.
+		return &conversation{messages: t.work.messages[:max(t.settled, t.own+1)], source: t.work.source}
+	}
 	if s.cfg.Interruption != KeepConsistent || t.settled == 0 {
 		return nil
 	}

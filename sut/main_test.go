@@ -1,6 +1,7 @@
 package sut_test
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -12,4 +13,13 @@ import (
 // server, fake model and HTTP client a test starts must be closed by it.
 // The PostgreSQL server of the replica tests, if they started it, is
 // stopped before.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Main(m)) }
+//
+// Run with TURNCHECK_SUT_ACP_CHILD set, the test binary is instead an ACP
+// server on its stdin and stdout (acp_test.go): the real subprocess the
+// ACP tests drive.
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(acpChildEnv); spec != "" {
+		os.Exit(serveACPChild(spec))
+	}
+	goleak.VerifyTestMain(pgtest.Main(m))
+}

@@ -132,6 +132,26 @@ const (
 	// turn on another replica, or on this one once its cache is checked
 	// against the store.
 	StoreErrorAcked Mutant = "store-error-acked"
+	// ACPRefusalKeepsPrompt keeps, in an ACP session, the prompt of a
+	// turn the model refused (stopReason refusal), as an agent that adds
+	// the user message to its session before it runs the model does:
+	// ACP says a refused prompt is not part of the next one, but the next
+	// turn's model call carries it.
+	ACPRefusalKeepsPrompt Mutant = "acp-refusal-keeps-prompt"
+	// ACPCancelCommitsPrompt commits, in an ACP session, the prompt of a
+	// turn that session/cancel ended, whatever the interruption policy:
+	// under rollback the next turn's model call carries it.
+	ACPCancelCommitsPrompt Mutant = "acp-cancel-commits-prompt"
+	// ACPConcurrentPrompts runs the prompts of one ACP session without the
+	// session's lock: a second session/prompt sent while the first runs
+	// starts on the same committed history, and the later commit
+	// overwrites the earlier.
+	ACPConcurrentPrompts Mutant = "acp-concurrent-prompts"
+	// ACPLoadDiffers replays, on session/load, the session's history
+	// without its last committed turn, while the model goes on being sent
+	// the whole history: what the client shows is not what the agent
+	// holds.
+	ACPLoadDiffers Mutant = "acp-load-differs"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -152,8 +172,9 @@ type MutantInfo struct {
 	// Protocol is the client protocol through which the harness catches
 	// the bug: "" for chat completions (POST /v1/chat/completions),
 	// "responses" for the Responses API (POST /v1/responses), "sessions"
-	// for the sessions API (POST /api/sessions). A bug of one protocol may
-	// not show through another.
+	// for the sessions API (POST /api/sessions), "acp" for the Agent
+	// Client Protocol over stdio ('turncheck serve acp'). A bug of one
+	// protocol may not show through another.
 	Protocol string
 	// Replicas is how many replicas of the server, over one PostgreSQL,
 	// the harness runs to catch the bug; 0 for one process on SQLite.
@@ -210,6 +231,14 @@ func Mutants() []MutantInfo {
 			"a turn's base is loaded, and the cache checked, under the replica's own lock, before the advisory lock the replicas share, and the commit writes over whatever is there: a turn that waited for another replica's turn runs on the base from before it, and its commit overwrites it", "", "", 3},
 		{StoreErrorAcked, "Gitlawb/zero #471 (session persistence errors discarded)", "T2",
 			"a commit's store write that fails is ignored and the turn acknowledged from the cache: when the network to the store breaks mid-turn, the acknowledged turn never reached the store, and the next turn, on any replica, runs without it", "", "", 3},
+		{ACPRefusalKeepsPrompt, "docker-agent #2890 (ACP: the prompt is added to the session before the model runs)", "T1",
+			"a prompt the model refused (stopReason refusal) stays in the session: the next turn's model call carries it, though ACP says a refused prompt is left out of the next one", "", string(protoACP), 0},
+		{ACPCancelCommitsPrompt, "docker-agent #2890 (a client abort keeps the prompt)", "T10",
+			"session/cancel ends the turn but commits its prompt, whatever the interruption policy: under rollback the next turn's model call carries the cancelled prompt", "", string(protoACP), 0},
+		{ACPConcurrentPrompts, "openclaw #84575 (ACP: two prompts on one session)", "T4",
+			"the prompts of one session run without the session's lock: a second session/prompt sent while the first runs starts on the same committed history, and the later commit overwrites the earlier", "", string(protoACP), 0},
+		{ACPLoadDiffers, "PROTOCOL.md T7 (ACP: session/load replays the conversation)", "T7",
+			"session/load replays the session without its last committed turn, while the model is sent the whole history: what the client is shown after a restart is not what the agent holds", "", string(protoACP), 0},
 	}
 }
 

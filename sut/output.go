@@ -25,6 +25,8 @@ const (
 	protoResponses protocol = "responses"
 	// protoSessions is the sessions API, POST /api/sessions (sessions.go).
 	protoSessions protocol = "sessions"
+	// protoACP is the Agent Client Protocol over stdio (acp.go).
+	protoACP protocol = "acp"
 )
 
 // A responder writes one turn's answer in its client's protocol. run

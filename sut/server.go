@@ -626,6 +626,9 @@ type turn struct {
 	// overwrite commits over whatever another turn committed meanwhile:
 	// set only by the mutants that run a turn without the lock.
 	overwrite bool
+	// toolNotes, if not nil, hears of the turn's tool rounds as they run:
+	// only a protocol that shows tools to its client sets it (ACP).
+	toolNotes toolObserver
 	// release gives up the conversation's lock; it may be called more than
 	// once. The turn calls it as soon as its outcome is decided, before
 	// the client hears that outcome, so that a client that sends its next
@@ -890,6 +893,13 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 	case NoConversationLock:
 		t.overwrite = true
 		return s.convs.peek(ctx, t.key)
+	case ACPConcurrentPrompts:
+		if t.proto == protoACP {
+			// The bug: an ACP prompt runs at once, beside any other of
+			// its session, on the history committed when it came.
+			t.overwrite = true
+			return s.convs.peek(ctx, t.key)
+		}
 	case ForkNewSession:
 		// The bug: the conversation is resolved before its lane, and one
 		// with nothing committed yet is started outside it.
@@ -1137,6 +1147,14 @@ func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string,
 		s.answerError(w, o, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)
 		return
 	}
+	if r, ok := o.resp.(refusalResponder); ok && refusedByModel(err) {
+		// A protocol that tells a refusal from a failure (ACP's
+		// stopReason refusal) says so; the turn is rolled back all the
+		// same.
+		s.log.Info("model refused the prompt; turn rolled back", "conversation", t.key.id)
+		r.refused(o)
+		return
+	}
 	// The details are the operator's: the client gets the class alone.
 	attrs := []any{"conversation", t.key.id, "err", s.redact(err.Error())}
 	var upErr *upstreamError
@@ -1163,6 +1181,10 @@ func (s *Server) keepsFailed(t *turn, err error) bool {
 		// The bug: the response was minted, and its id told the client,
 		// before the turn ran; it is stored whatever became of the turn.
 		return t.chained
+	case ACPRefusalKeepsPrompt:
+		// The bug: the prompt went into the session before the model
+		// ran, and a refusal does not take it out.
+		return t.proto == protoACP && refusedByModel(err)
 	}
 	return false
 }

@@ -917,6 +917,9 @@ func TestMutantsBite(t *testing.T) {
 	for _, rc := range replicaOnlyMutantCases {
 		covered[rc.mutant] = true // shown on replicas by TestReplicaOnlyMutantsBite
 	}
+	for _, mc := range acpMutantCases {
+		covered[mc.mutant] = true // shown over ACP by TestACPMutantsBite
+	}
 	for _, info := range sut.Mutants() {
 		assert.True(t, covered[info.Mutant], "mutant %s has no server-level test", info.Mutant)
 	}

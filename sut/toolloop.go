@@ -81,6 +81,9 @@ func (s *Server) callModel(ctx context.Context, t *turn, onStart func(), onDelta
 // prefix that the keep-consistent policy may keep.
 func (s *Server) runTools(ctx context.Context, t *turn, calls []openai.ToolCall) error {
 	t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, ToolCalls: calls}})
+	if t.toolNotes != nil {
+		t.toolNotes.toolCalls(calls)
+	}
 	toolCtx, checkEach := s.toolContext(ctx)
 	for _, call := range calls {
 		if checkEach && ctx.Err() != nil {
@@ -92,9 +95,19 @@ func (s *Server) runTools(ctx context.Context, t *turn, calls []openai.ToolCall)
 		}
 		t.work.messages = append(t.work.messages, &message{Message: openai.Message{
 			Role: openai.RoleTool, ToolCallID: call.ID, Content: openai.Content(result)}})
+		if t.toolNotes != nil {
+			t.toolNotes.toolResult(call, result)
+		}
 	}
 	t.settled = len(t.work.messages)
 	return nil
+}
+
+// toolObserver hears of a turn's tool rounds as they run (turn.toolNotes):
+// the calls of a round as it starts, then each call's result as it comes.
+type toolObserver interface {
+	toolCalls(calls []openai.ToolCall)
+	toolResult(call openai.ToolCall, result string)
 }
 
 // toolContext is the context a round's tools run under, and whether the

@@ -29,6 +29,9 @@ const maxReplyBytes = 4 << 20
 type upstreamError struct {
 	msg     string
 	started bool
+	// status is the model's HTTP status when it answered one other than
+	// 200; 0 otherwise.
+	status int
 	// cause is the underlying error, for the server's log only: it may
 	// name the model's host and addresses.
 	cause error
@@ -101,7 +104,7 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return answer{}, &upstreamError{msg: fmt.Sprintf("model answered %d: %s", resp.StatusCode, upstreamMessage(resp.Body))}
+		return answer{}, &upstreamError{msg: fmt.Sprintf("model answered %d: %s", resp.StatusCode, upstreamMessage(resp.Body)), status: resp.StatusCode}
 	}
 	onStart()
 

@@ -22,6 +22,7 @@ import (
 )
 
 const serveHelp = `Usage: turncheck serve --model-url URL (--data-dir DIR | --store URL) [flags]
+       turncheck serve acp --model-url URL (--data-dir DIR | --store URL) [flags]
 
 Runs the reference session server: POST /v1/chat/completions, with the
 conversation named by the X-Conversation-Id header kept server-side in a
@@ -164,6 +165,8 @@ Examples:
     -H 'Content-Type: application/json' \
     -d '{"model":"helper","messages":[{"role":"user","content":"hi tc-u2"}]}'
 
+  # the same server as an ACP agent on stdin and stdout: see 'turncheck serve acp --help'
+
   # the Responses API: the second turn chains from the first's id
   curl -sS http://127.0.0.1:8080/v1/responses -H 'Content-Type: application/json' \
     -d '{"model":"helper","input":"hi tc-u3"}'
@@ -212,6 +215,9 @@ func (r *repeated) Set(v string) error {
 const keysEnv = "TURNCHECK_KEYS"
 
 func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "acp" {
+		return cmdServeACP(ctx, args[1:], os.Stdin, stdout, stderr)
+	}
 	fs := newFlags("serve", serveHelp, stdout, stderr)
 	listen := fs.String("listen", "127.0.0.1:8080", "address to listen on (loopback by default)")
 	modelURL := fs.String("model-url", "", "the model provider's OpenAI-compatible base URL (required)")

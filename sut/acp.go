@@ -1,0 +1,714 @@
+package sut
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	acp "github.com/coder/acp-go-sdk"
+
+	"github.com/turncheck/turncheck/internal/openai"
+)
+
+// The Agent Client Protocol (https://agentclientprotocol.com): an editor
+// starts the agent as a child process and drives it with JSON-RPC 2.0 over
+// its stdin and stdout, one message a line. ServeACP is the reference
+// server speaking it, over the store and the turn machinery the HTTP
+// protocols use (run): a session is a conversation under a namespace of
+// its own (nsACP), a session/prompt is a turn with the conversation's
+// lock, concurrency policy, agent binding, tool loop and durability, and
+// session/cancel is its client going away (the interruption policy
+// decides what stays). The SDK (github.com/coder/acp-go-sdk) frames and
+// dispatches the messages; acpwire.go guards both ends of the pipe.
+
+// nsACP holds the sessions of ACP; see the namespaces in items.go.
+const nsACP = "\x1eacp:"
+
+// acpAgentName is the name the server gives itself in initialize.
+const acpAgentName = "turncheck-reference"
+
+// ServeACP opens a server with cfg and serves one ACP client on in (the
+// client's requests, the server's stdin) and out (the server's answers and
+// notifications, its stdout), until in ends, out fails (a write the client
+// does not take within StreamWriteTimeout), or ctx ends. It then closes the
+// server: when the client left (in ended, out failed), the prompts still
+// running are interrupted as an HTTP turn whose client disconnects is
+// (Config.Interruption); when ctx ended, they are dropped, as a stop
+// drops the turns still running, and each is answered with an error. It
+// returns once the store is closed. Config's HTTP-only fields (Keys,
+// ConversationHeader, the connection limits) play no part: a stdio client
+// is the process's parent, and its sessions are of no key.
+//
+// When ctx ends first, the goroutine reading in keeps waiting for its next
+// line until in ends; the caller owns in and closes it.
+func ServeACP(ctx context.Context, cfg Config, in io.Reader, out io.Writer) error {
+	s, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	return s.serveACP(ctx, in, out)
+}
+
+// serveACP serves one ACP client on in and out; see ServeACP.
+func (s *Server) serveACP(ctx context.Context, in io.Reader, out io.Writer) error {
+	w := newLineWriter(out, acpWriteTimeout)
+	sdkIn, toSDK := io.Pipe()
+	a := &acpAgent{s: s, sessions: map[acp.SessionId]*acpSession{}}
+	answers := &answerCount{w: w}
+	a.conn = acp.NewAgentSideConnection(a, answers, sdkIn)
+	a.conn.SetLogger(s.log)
+	// A client may wait for this line (on stderr, in 'turncheck serve
+	// acp') as a sign the store is open; initialize is the protocol's own.
+	s.log.Info("acp: serving the Agent Client Protocol on stdin and stdout", "protocol_version", acp.ProtocolVersionNumber)
+	go readLines(in, toSDK, w, s.cfg.MaxBodyBytes, answers.owe, func(reason string) {
+		s.log.Info("acp: a line that is no JSON-RPC message was answered with an error and skipped", "reason", reason)
+	})
+	select {
+	case <-a.conn.Done():
+		s.log.Info("acp: the client closed its end")
+		a.stop(true)
+	case <-w.broken:
+		s.log.Info("acp: the client stopped reading; taken for gone")
+		a.stop(true)
+	case <-ctx.Done():
+		s.log.Info("acp: stopping; the prompts in flight are dropped")
+		a.stop(false)
+		s.dropTurns(dropAnswerWait)
+	}
+	a.prompts.Wait()
+	// The SDK writes a request's answer once its handler has returned:
+	// the output stays open until every request read is answered, or the
+	// client stops reading.
+	answers.settle(dropAnswerWait)
+	// The SDK's reader ends with its pipe. The goroutine reading in ends
+	// when in does: it may be the caller's to close.
+	_ = sdkIn.CloseWithError(errors.New("the server is stopping"))
+	<-a.conn.Done()
+	w.close()
+	return s.Close()
+}
+
+// answerCount is the SDK's output: it counts the requests the server
+// read and has not answered yet (owe, at each request handed to the SDK;
+// each answer the SDK writes pays one back), so that the server answers
+// every request before it closes its output.
+type answerCount struct {
+	w    *lineWriter
+	mu   sync.Mutex
+	owed int
+}
+
+// owe counts one request more to answer.
+func (c *answerCount) owe() {
+	c.mu.Lock()
+	c.owed++
+	c.mu.Unlock()
+}
+
+// Write writes one line of the SDK's, and counts an answer (a message
+// with an id and no method) as paid once written.
+func (c *answerCount) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	var msg struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+	}
+	if json.Unmarshal(p, &msg) == nil && msg.ID != nil && msg.Method == "" {
+		c.mu.Lock()
+		c.owed--
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+// settle waits until every request read is answered, the output is
+// broken, or wait has passed: an answer is written the moment its
+// handler returns, so this takes no time unless the client stopped
+// reading.
+func (c *answerCount) settle(wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		c.mu.Lock()
+		owed := c.owed
+		c.mu.Unlock()
+		select {
+		case <-c.w.broken:
+			return
+		default:
+		}
+		if owed <= 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// acpAgent is the server's side of one ACP connection: the sessions the
+// client created or loaded on it, and their prompts in flight. It is safe
+// for concurrent use: the SDK runs every request in a goroutine of its own.
+type acpAgent struct {
+	s    *Server
+	conn *acp.AgentSideConnection
+	// prompts counts the prompt handlers running.
+	prompts sync.WaitGroup
+
+	mu       sync.Mutex
+	sessions map[acp.SessionId]*acpSession
+	// ending is set once the connection ends: no prompt starts after.
+	ending bool
+}
+
+// acpSession is a session the client created or loaded on this
+// connection, with its prompts in flight.
+type acpSession struct {
+	mu      sync.Mutex
+	running map[*acpPrompt]struct{}
+}
+
+// acpPrompt is one session/prompt in flight.
+type acpPrompt struct {
+	// cancel ends the prompt's turn as a client that goes away does.
+	cancel context.CancelFunc
+	// cancelled is set by session/cancel: the prompt's answer is then
+	// stopReason cancelled, whatever became of the turn.
+	cancelled atomic.Bool
+}
+
+// key is the conversation of session id.
+func acpKey(id acp.SessionId) convKey { return convKey{id: nsACP + string(id)} }
+
+// session returns session id if the client created or loaded it on this
+// connection.
+func (a *acpAgent) session(id acp.SessionId) (*acpSession, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if sess := a.sessions[id]; sess != nil {
+		return sess, nil
+	}
+	return nil, rpcErr(-32002, "Resource not found", http.StatusNotFound, "not_found",
+		fmt.Sprintf("no session %q on this connection: create one with session/new, or load it with session/load", id))
+}
+
+// open records session id on this connection.
+func (a *acpAgent) open(id acp.SessionId) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sessions[id] == nil {
+		a.sessions[id] = &acpSession{running: map[*acpPrompt]struct{}{}}
+	}
+}
+
+// stop refuses the prompts that come from now on; with clientGone, it
+// ends every prompt in flight as a client that went away does: each turn
+// settles by the interruption policy.
+func (a *acpAgent) stop(clientGone bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.ending = true
+	if !clientGone {
+		return
+	}
+	for _, sess := range a.sessions {
+		sess.cancelAll(false)
+	}
+}
+
+// cancelAll ends the session's prompts in flight; cancelled marks their
+// answers so (session/cancel).
+func (sess *acpSession) cancelAll(cancelled bool) {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	for p := range sess.running {
+		if cancelled {
+			p.cancelled.Store(true)
+		}
+		p.cancel()
+	}
+}
+
+// rpcErr is a JSON-RPC error whose data says what an HTTP client of the
+// server would have been answered: the status and the error type.
+func rpcErr(code int, message string, status int, typ, detail string) *acp.RequestError {
+	return &acp.RequestError{Code: code, Message: message, Data: map[string]any{"status": status, "type": typ, "detail": detail}}
+}
+
+// Initialize answers initialize: protocol version 1 (the only one), and
+// loadSession. The prompt takes text (and resource links, whose text is
+// not read); the client's capabilities are not used: the agent never
+// calls the client back.
+func (a *acpAgent) Initialize(_ context.Context, p acp.InitializeRequest) (acp.InitializeResponse, error) {
+	return acp.InitializeResponse{
+		ProtocolVersion:   acp.ProtocolVersionNumber,
+		AgentInfo:         &acp.Implementation{Name: acpAgentName, Version: "1"},
+		AgentCapabilities: acp.AgentCapabilities{LoadSession: true},
+		AuthMethods:       []acp.AuthMethod{},
+	}, nil
+}
+
+// NewSession answers session/new: a new empty session, stored durably
+// before its id is answered, so that it can be loaded after a restart.
+func (a *acpAgent) NewSession(_ context.Context, p acp.NewSessionRequest) (acp.NewSessionResponse, error) {
+	if err := checkCwd(p.Cwd); err != nil {
+		return acp.NewSessionResponse{}, err
+	}
+	if !a.s.enter() {
+		return acp.NewSessionResponse{}, errACPStopping()
+	}
+	defer a.s.active.Done()
+	id := acp.SessionId(newID("sess_"))
+	if err := a.s.store.createSession(acpKey(id)); err != nil {
+		a.s.log.Error("acp: create session", "err", err)
+		return acp.NewSessionResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", "the session could not be created")
+	}
+	a.open(id)
+	return acp.NewSessionResponse{SessionId: id}, nil
+}
+
+// checkCwd refuses a working directory that is not absolute, as ACP
+// requires; the server works in none.
+func checkCwd(cwd string) error {
+	if !filepath.IsAbs(cwd) {
+		return acp.NewInvalidParams(map[string]any{"detail": fmt.Sprintf("cwd %q: want an absolute path", cwd)})
+	}
+	return nil
+}
+
+// LoadSession answers session/load: it replays the session's committed
+// history as session/update notifications (replay), then answers, and
+// the session takes prompts on this connection from then on. A session
+// never created is -32002.
+func (a *acpAgent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.LoadSessionResponse, error) {
+	if err := checkCwd(p.Cwd); err != nil {
+		return acp.LoadSessionResponse{}, err
+	}
+	if !a.s.enter() {
+		return acp.LoadSessionResponse{}, errACPStopping()
+	}
+	defer a.s.active.Done()
+	key := acpKey(p.SessionId)
+	found, err := a.s.store.sessionExists(ctx, key)
+	if err == nil && !found {
+		return acp.LoadSessionResponse{}, rpcErr(-32002, "Resource not found", http.StatusNotFound, "not_found",
+			fmt.Sprintf("no session %q: create one with session/new", p.SessionId))
+	}
+	var conv *conversation
+	if err == nil {
+		conv, err = a.s.convs.peek(ctx, key)
+	}
+	if err != nil {
+		a.s.log.Error("acp: load session", "session", p.SessionId, "err", err)
+		return acp.LoadSessionResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", "cannot load the session")
+	}
+	msgs := conv.messages
+	if a.s.cfg.Mutant == ACPLoadDiffers {
+		// The bug: the replay stops before the last committed turn.
+		msgs = msgs[:lastUserIndex(msgs)]
+	}
+	if err := a.replay(p.SessionId, msgs); err != nil {
+		return acp.LoadSessionResponse{}, err
+	}
+	a.open(p.SessionId)
+	return acp.LoadSessionResponse{}, nil
+}
+
+// lastUserIndex is the index of the last user message of msgs: where the
+// last turn starts; 0 if there is none.
+func lastUserIndex(msgs []*message) int {
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role == openai.RoleUser {
+			return i
+		}
+	}
+	return 0
+}
+
+// replay sends msgs, a committed history, as session/update
+// notifications: a user message as user_message_chunk, a reply as
+// agent_message_chunk, each tool call as tool_call and its result as
+// tool_call_update (status completed, the result as its text content).
+// Tool rounds compaction hides from the model are replayed too: they are
+// part of the session.
+func (a *acpAgent) replay(id acp.SessionId, msgs []*message) error {
+	for _, m := range msgs {
+		var updates []acp.SessionUpdate
+		switch m.Role {
+		case openai.RoleUser:
+			updates = append(updates, acp.UpdateUserMessageText(string(m.Content)))
+		case openai.RoleAssistant:
+			for _, c := range m.ToolCalls {
+				updates = append(updates, toolCallStarted(c))
+			}
+			if m.Content != "" {
+				updates = append(updates, acp.UpdateAgentMessageText(string(m.Content)))
+			}
+		case openai.RoleTool:
+			updates = append(updates, toolCallDone(m.ToolCallID, string(m.Content)))
+		}
+		for _, u := range updates {
+			if err := a.update(id, u); err != nil {
+				return rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", "the replay could not be sent: "+err.Error())
+			}
+		}
+	}
+	return nil
+}
+
+// toolCallStarted is the tool_call update of call: titled by its tool,
+// in_progress, its arguments as rawInput.
+func toolCallStarted(c openai.ToolCall) acp.SessionUpdate {
+	return acp.StartToolCall(acp.ToolCallId(c.ID), c.Function.Name,
+		acp.WithStartKind(toolKind(c.Function.Name)), acp.WithStartStatus(acp.ToolCallStatusInProgress),
+		acp.WithStartRawInput(rawArguments(c.Function.Arguments)))
+}
+
+// toolCallDone is the tool_call_update of call id's result: completed,
+// the result (an "error: " text for a tool that failed) as its content.
+func toolCallDone(id, result string) acp.SessionUpdate {
+	return acp.UpdateToolCall(acp.ToolCallId(id), acp.WithUpdateStatus(acp.ToolCallStatusCompleted),
+		acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolContent(acp.TextBlock(result))}))
+}
+
+// toolKind is the ACP kind of one of the server's tools.
+func toolKind(name string) acp.ToolKind {
+	if name == ToolLookup {
+		return acp.ToolKindFetch
+	}
+	return acp.ToolKindOther
+}
+
+// rawArguments is a tool call's arguments as its rawInput: the JSON the
+// model wrote, or the text if it is no JSON.
+func rawArguments(args string) any {
+	if json.Valid([]byte(args)) {
+		return json.RawMessage(args)
+	}
+	return args
+}
+
+// update sends one session/update notification.
+func (a *acpAgent) update(id acp.SessionId, u acp.SessionUpdate) error {
+	// Not the request's context: a later prompt on the session ends the
+	// SDK's context of an earlier one. The write is bounded by the
+	// connection's (lineWriter).
+	return a.conn.SessionUpdate(context.Background(), acp.SessionNotification{SessionId: id, Update: u})
+}
+
+// Cancel handles session/cancel: every prompt of the session in flight
+// stops at once, as a turn whose client went away (the interruption
+// policy decides what stays), and is answered stopReason cancelled. A
+// session with nothing in flight, or unknown, is ignored: a notification
+// has no answer.
+func (a *acpAgent) Cancel(_ context.Context, p acp.CancelNotification) error {
+	a.mu.Lock()
+	sess := a.sessions[p.SessionId]
+	a.mu.Unlock()
+	if sess != nil {
+		sess.cancelAll(true)
+	}
+	return nil
+}
+
+// Prompt handles session/prompt: one turn of the session (turn), answered
+// with its stop reason.
+func (a *acpAgent) Prompt(_ context.Context, p acp.PromptRequest) (acp.PromptResponse, error) {
+	// The SDK's context is not the turn's: the SDK ends it when another
+	// prompt of the session arrives, where the server's concurrency
+	// policy decides. The turn ends on session/cancel, when the client
+	// goes, and when the server stops.
+	sess, err := a.session(p.SessionId)
+	if err != nil {
+		return acp.PromptResponse{}, err
+	}
+	text, err := promptText(p.Prompt)
+	if err != nil {
+		return acp.PromptResponse{}, err
+	}
+	user, err := a.s.newUserMessage([]openai.Message{{Role: openai.RoleUser, Content: openai.Content(text)}})
+	if err != nil {
+		return acp.PromptResponse{}, invalidPrompt("the prompt has no text: " + err.Error())
+	}
+	if len(text) > MaxContentBytes {
+		return acp.PromptResponse{}, invalidPrompt(fmt.Sprintf("the prompt's text is over %d bytes", MaxContentBytes))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	run := &acpPrompt{cancel: cancel}
+	if !a.begin(sess, run) {
+		return acp.PromptResponse{}, errACPStopping()
+	}
+	defer a.end(sess, run)
+	return a.turn(ctx, run, p.SessionId, user)
+}
+
+// begin counts prompt run in, on sess, unless the connection is ending.
+func (a *acpAgent) begin(sess *acpSession, run *acpPrompt) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ending {
+		return false
+	}
+	a.prompts.Add(1)
+	sess.mu.Lock()
+	sess.running[run] = struct{}{}
+	sess.mu.Unlock()
+	return true
+}
+
+// end counts prompt run out.
+func (a *acpAgent) end(sess *acpSession, run *acpPrompt) {
+	sess.mu.Lock()
+	delete(sess.running, run)
+	sess.mu.Unlock()
+	a.prompts.Done()
+}
+
+// invalidPrompt is the error of a prompt refused before any model call.
+func invalidPrompt(detail string) *acp.RequestError {
+	return rpcErr(-32602, "Invalid params", http.StatusBadRequest, "invalid_request_error", detail)
+}
+
+// promptText is the user message of a prompt: its text blocks, joined by
+// newlines; a resource link names a resource the server does not read,
+// and adds nothing. The server advertises no other kind of block.
+func promptText(blocks []acp.ContentBlock) (string, error) {
+	var parts []string
+	for i, b := range blocks {
+		switch {
+		case b.Text != nil:
+			parts = append(parts, b.Text.Text)
+		case b.ResourceLink != nil:
+		default:
+			return "", invalidPrompt(fmt.Sprintf("prompt[%d]: the agent takes text and resource_link blocks only (it advertises no image, audio or embedded context)", i))
+		}
+	}
+	return strings.Join(parts, "\n"), nil
+}
+
+// turn runs the prompt's turn through the server's turn machinery, as an
+// HTTP request would (ServeHTTP, admit): counted in, with a request slot
+// and its memory reserved, on a context that ends with the server, and
+// answers it: stopReason end_turn once the turn is committed, refusal if
+// the model refused it, cancelled after session/cancel, or the error an
+// HTTP client would have been answered, as a JSON-RPC error.
+func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, user openai.Message) (acp.PromptResponse, error) {
+	s := a.s
+	s.handling.Add(1)
+	defer s.handling.Add(-1)
+	s.cfg.Gauge.add(1, 0)
+	defer s.cfg.Gauge.add(-1, 0)
+	if !s.enter() {
+		return acp.PromptResponse{}, errACPStopping()
+	}
+	defer s.active.Done()
+	defer context.AfterFunc(s.life, run.cancel)()
+	defer context.AfterFunc(s.turns, run.cancel)()
+	mem := &reservation{b: s.mem}
+	defer mem.done()
+	ctx = context.WithValue(ctx, reservationKey{}, mem)
+	if d := s.cfg.TurnDelay; d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return a.answer(run, nil, &acpCapture{})
+		}
+	}
+	if !mem.grow(requestOverhead + bodyFactor*int64(len(user.Content))) {
+		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", http.StatusServiceUnavailable, "overloaded", s.overBudget())
+	}
+	if !s.slots.take() {
+		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", http.StatusServiceUnavailable, "overloaded",
+			fmt.Sprintf("the server is working on %d requests, its limit; nothing was changed: retry shortly", s.cfg.MaxRequests))
+	}
+	defer s.slots.give()
+	// The turn machinery answers an HTTP client: it gets one that records
+	// the answer, which becomes the JSON-RPC one.
+	w := &acpCapture{header: http.Header{}}
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "/acp/session/prompt", http.NoBody)
+	if err != nil {
+		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", err.Error())
+	}
+	resp := &acpResponder{a: a, id: id}
+	t := &turn{key: acpKey(id), proto: protoACP, toolNotes: resp}
+	s.converse(w, r, t, userInput(user), a.agentRef(), resp)
+	return a.answer(run, resp, w)
+}
+
+// agentRef is what a new session's first turn binds by: the first agent
+// source the server loaded, by its source key, as an ACP agent runs the
+// one agent it was started with. A session resumes with the source it
+// recorded (agentFor).
+func (a *acpAgent) agentRef() string {
+	if len(a.s.sources.list) == 0 {
+		return ""
+	}
+	return a.s.sources.list[0].key
+}
+
+// errACPStopping is the answer to a request that comes as the server
+// stops.
+func errACPStopping() *acp.RequestError {
+	return rpcErr(-32603, "Internal error", http.StatusServiceUnavailable, "unavailable", "the server is stopping")
+}
+
+// answer turns what the turn machinery answered into the prompt's answer.
+func (a *acpAgent) answer(run *acpPrompt, resp *acpResponder, w *acpCapture) (acp.PromptResponse, error) {
+	switch {
+	case run.cancelled.Load():
+		// ACP: the answer to a cancelled prompt is cancelled, whatever
+		// became of its turn (the interruption policy's to say).
+		return acp.PromptResponse{StopReason: acp.StopReasonCancelled}, nil
+	case resp != nil && resp.ok:
+		return acp.PromptResponse{StopReason: acp.StopReasonEndTurn}, nil
+	case resp != nil && resp.refusal:
+		return acp.PromptResponse{StopReason: acp.StopReasonRefusal}, nil
+	}
+	if w.status == 0 || w.status == http.StatusOK {
+		// Nothing answered: the client is gone, or stopped reading.
+		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", statusClientClosed, "client_closed_request",
+			"the client went away; the turn was rolled back")
+	}
+	var body openai.ErrorBody
+	_ = json.Unmarshal([]byte(w.body.String()), &body)
+	code, message := -32603, "Internal error"
+	switch w.status {
+	case http.StatusBadRequest:
+		code, message = -32602, "Invalid params"
+	case http.StatusNotFound:
+		code, message = -32002, "Resource not found"
+	}
+	return acp.PromptResponse{}, rpcErr(code, message, w.status, body.Error.Type, body.Error.Message)
+}
+
+// acpCapture is the http.ResponseWriter the turn machinery answers an
+// ACP prompt through: it records the status and body of an error (a
+// success is the responder's), which answer turns into a JSON-RPC error.
+type acpCapture struct {
+	header http.Header
+	status int
+	body   strings.Builder
+}
+
+func (c *acpCapture) Header() http.Header { return c.header }
+
+func (c *acpCapture) WriteHeader(status int) {
+	if c.status == 0 {
+		c.status = status
+	}
+}
+
+func (c *acpCapture) Write(b []byte) (int, error) {
+	c.WriteHeader(http.StatusOK)
+	return c.body.Write(b)
+}
+
+// acpResponder is the responder of an ACP prompt: the reply streams as
+// agent_message_chunk notifications, each tool call as tool_call and
+// tool_call_update; success and refusal are recorded for answer. It never opens an event stream, so every failure reaches
+// acpCapture as a status.
+type acpResponder struct {
+	a       *acpAgent
+	id      acp.SessionId
+	ok      bool
+	refusal bool
+}
+
+func (*acpResponder) begin(*output) {}
+
+func (*acpResponder) started(*output) {}
+
+func (r *acpResponder) delta(o *output, text string) {
+	if o.err != nil {
+		return
+	}
+	if err := r.a.update(r.id, acp.UpdateAgentMessageText(text)); err != nil {
+		// As a chunk an HTTP client does not take: the turn ends, unless
+		// it completes whatever its client does.
+		o.err = err
+		if !o.completes {
+			o.cancel()
+		}
+	}
+}
+
+func (r *acpResponder) succeeded(*output, string) { r.ok = true }
+
+func (*acpResponder) failed(*output, string, string) {}
+
+func (r *acpResponder) refused(*output) { r.refusal = true }
+
+// toolCalls reports a tool round starting: a tool_call, in_progress, for
+// each of its calls, as replay shows them.
+func (r *acpResponder) toolCalls(calls []openai.ToolCall) {
+	for _, c := range calls {
+		// A client that does not take it is gone: the connection's
+		// writer breaks, and the server ends the prompt (serveACP).
+		_ = r.a.update(r.id, toolCallStarted(c))
+	}
+}
+
+// toolResult reports a call's result: a tool_call_update, completed, with
+// the result as its content.
+func (r *acpResponder) toolResult(call openai.ToolCall, result string) {
+	_ = r.a.update(r.id, toolCallDone(call.ID, result))
+}
+
+// refusalResponder is a responder whose protocol tells a turn the model
+// refused from one that failed: fail calls refused in place of answering
+// an error.
+type refusalResponder interface {
+	refused(o *output)
+}
+
+// refusedByModel reports whether err is the model refusing the prompt: an
+// answer of 400, as Azure OpenAI answers a prompt its content filter
+// refuses. The fake model gives it for a Status fault of 400.
+func refusedByModel(err error) bool {
+	var upErr *upstreamError
+	return errors.As(err, &upErr) && upErr.status == http.StatusBadRequest
+}
+
+// The SDK's Agent has methods the server does not offer (it advertises
+// none of them): each is answered "method not found".
+
+// Authenticate is not offered: the server advertises no auth method.
+func (*acpAgent) Authenticate(context.Context, acp.AuthenticateRequest) (acp.AuthenticateResponse, error) {
+	return acp.AuthenticateResponse{}, acp.NewMethodNotFound(acp.AgentMethodAuthenticate)
+}
+
+// Logout is not offered.
+func (*acpAgent) Logout(context.Context, acp.LogoutRequest) (acp.LogoutResponse, error) {
+	return acp.LogoutResponse{}, acp.NewMethodNotFound(acp.AgentMethodLogout)
+}
+
+// CloseSession is not offered.
+func (*acpAgent) CloseSession(context.Context, acp.CloseSessionRequest) (acp.CloseSessionResponse, error) {
+	return acp.CloseSessionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionClose)
+}
+
+// ListSessions is not offered.
+func (*acpAgent) ListSessions(context.Context, acp.ListSessionsRequest) (acp.ListSessionsResponse, error) {
+	return acp.ListSessionsResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionList)
+}
+
+// ResumeSession is not offered: session/load is.
+func (*acpAgent) ResumeSession(context.Context, acp.ResumeSessionRequest) (acp.ResumeSessionResponse, error) {
+	return acp.ResumeSessionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionResume)
+}
+
+// SetSessionConfigOption is not offered.
+func (*acpAgent) SetSessionConfigOption(context.Context, acp.SetSessionConfigOptionRequest) (acp.SetSessionConfigOptionResponse, error) {
+	return acp.SetSessionConfigOptionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionSetConfigOption)
+}
+
+// SetSessionMode is not offered: the server has no modes.
+func (*acpAgent) SetSessionMode(context.Context, acp.SetSessionModeRequest) (acp.SetSessionModeResponse, error) {
+	return acp.SetSessionModeResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionSetMode)
+}
