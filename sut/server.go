@@ -30,8 +30,8 @@ package sut
 
 import (
 	"context"
-	"database/sql"
 	"crypto/subtle"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
