@@ -3,11 +3,9 @@ package sut
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/url"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/turncheck/turncheck/internal/openai"
 )
@@ -116,8 +114,8 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 // messages (decodeItems), in valid UTF-8, with nothing after it.
 func decodeSessionMessages(body []byte) ([]openai.Message, error) {
 	var raw json.RawMessage
-	if !utf8.Valid(body) || openai.DecodeObject(body, &raw) != nil {
-		return nil, errors.New(`the body must be a JSON array of {"role","content"} messages, the new user message last`)
+	if err := decodeStrict(body, &raw, `a JSON array of {"role","content"} messages, the new user message last`); err != nil {
+		return nil, err
 	}
 	return decodeItems(raw, "messages")
 }
