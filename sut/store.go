@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -360,14 +361,19 @@ func (s *store) writeMessages(ctx context.Context, conflict onConflict, k convKe
 
 // lostConnection reports whether a statement failed for want of a
 // connection to run on, not for what it said: PostgreSQL refused a new
-// one (storeFull), or the one it ran on broke. An error the database
-// answered a statement with is neither.
+// one (storeFull), the one it ran on broke, or the database ended its
+// session (a FATAL error: terminated by an administrator, the server
+// shutting down). Any other error the database answered a statement with
+// is neither.
 func lostConnection(err error) bool {
 	if storeFull(err) {
 		return true
 	}
 	var pgErr *pgconn.PgError
-	return !errors.As(err, &pgErr) && !errors.Is(err, context.DeadlineExceeded)
+	if errors.As(err, &pgErr) {
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || strings.HasPrefix(pgErr.Code, "08")
+	}
+	return !errors.Is(err, context.DeadlineExceeded)
 }
 
 // writeOnce is one try of writeMessages, on db.
