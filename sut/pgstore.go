@@ -247,20 +247,23 @@ func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy Concurrency,
 
 // connect returns a connection of the pool, trying again while the
 // database refuses new ones for want of room (storeFull) until deadline;
-// past it the error is errStoreBusy, with the database's.
+// past it the error is errStoreBusy, with the database's. It gives up
+// only once deadline has passed, never before: a turn on a busy
+// conversation is refused only after the wait the server declares.
 func (a *advisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.Conn, error) {
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
 		conn, err := a.db.Conn(ctx)
 		if err == nil || !storeFull(err) {
 			return conn, err
 		}
-		if time.Until(deadline) < pause {
+		left := time.Until(deadline)
+		if left <= 0 {
 			return nil, errors.Join(errStoreBusy, err)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(pause):
+		case <-time.After(min(pause, left)):
 		}
 	}
 }

@@ -351,11 +351,15 @@ func (s *store) writeMessages(ctx context.Context, conflict onConflict, k convKe
 			return err
 		}
 		deadline, _ := wctx.Deadline()
-		if time.Until(deadline) < pause {
+		left := time.Until(deadline)
+		if left <= 0 {
 			return err
 		}
 		db = s.db
-		time.Sleep(pause)
+		time.Sleep(min(pause, left))
+		if wctx.Err() != nil {
+			return err // why it failed, not that its time ran out
+		}
 	}
 }
 
