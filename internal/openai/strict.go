@@ -173,6 +173,7 @@ func DecodeStrict(body []byte, v any) error {
 // message is for the client as it is.
 type StrictError struct{ Err error }
 
+// Error returns the message of the error e wraps, as the client reads it.
 func (e *StrictError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the error e wraps.
