@@ -2,6 +2,7 @@ package sut
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -186,20 +187,22 @@ type convWaiter struct {
 // together. The wait is timed by the clock, not by the server's
 // Deadlines: those decide when a model call times out, and a harness that
 // holds them must not thereby hold every waiter forever. The unlock it
-// returns may be called more than once.
-func (l *convLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration) (unlock func(), err error) {
+// returns may be called more than once. With a shared store, conn is the
+// connection the store's lock is held on, which the turn does all its
+// work in the store on (withConn) until unlock; nil otherwise.
+func (l *convLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration) (conn *sql.Conn, unlock func(), err error) {
 	deadline := time.Now().Add(maxWait)
 	local, err := l.lockLocal(ctx, k, policy, maxWait)
 	if err != nil || l.shared == nil {
-		return local, err
+		return nil, local, err
 	}
-	shared, err := l.shared.lock(ctx, k, policy, time.Until(deadline), l.gauge)
+	conn, shared, err := l.shared.lock(ctx, k, policy, time.Until(deadline), l.gauge)
 	if err != nil {
 		local()
-		return nil, err
+		return nil, nil, err
 	}
 	var once sync.Once
-	return func() { once.Do(func() { shared(); local() }) }, nil
+	return conn, func() { once.Do(func() { shared(); local() }) }, nil
 }
 
 // lockLocal takes k's lock in this process: waiting in line under

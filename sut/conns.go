@@ -71,6 +71,9 @@ type connTracker struct {
 	mu sync.Mutex
 	// now is the clock stalls are judged by (read and set under mu).
 	now func() time.Time
+	// pending reports whether a connection has bytes received and not
+	// read yet (pendingInput; a test's own in tests).
+	pending func(net.Conn) bool
 	// open lists the connections counted in by phase, each in the order
 	// they entered it: the front of each has been in it longest.
 	open     [phases]*list.List // of *trackedConn
@@ -82,8 +85,13 @@ type connTracker struct {
 	live sync.WaitGroup
 }
 
+// maxIdleLooks bounds the idle connections a newcomer looks at for one
+// to take the place of, passing over those with a request unread: an
+// admission costs a few system calls at most.
+const maxIdleLooks = 8
+
 func newConnTracker(max int, log *slog.Logger) *connTracker {
-	t := &connTracker{max: max, log: log, now: time.Now, refusing: map[net.Conn]struct{}{}}
+	t := &connTracker{max: max, log: log, now: time.Now, pending: pendingInput, refusing: map[net.Conn]struct{}{}}
 	for p := range t.open {
 		t.open[p] = list.New()
 	}
@@ -126,6 +134,11 @@ type trackedConn struct {
 	handling atomic.Int32
 	closed   sync.Once
 
+	// isIdle is set while the connection is idle (leave), so that its
+	// reads and writes outside a handler (Read, Write) can tell, without
+	// the tracker's lock, that they end or follow its idleness.
+	isIdle atomic.Bool
+
 	// Under tracker.mu:
 	elem  *list.Element // in tracker.open[phase]; nil once counted out
 	phase phase
@@ -143,6 +156,7 @@ func (tc *trackedConn) moveLocked(p phase) {
 	t.open[tc.phase].Remove(tc.elem)
 	tc.phase, tc.since = p, t.now()
 	tc.elem = t.open[p].PushBack(tc)
+	tc.isIdle.Store(p == idle)
 }
 
 // listener wraps ln so that its connections are tracked.
@@ -205,12 +219,24 @@ func (t *connTracker) admit(c net.Conn) *trackedConn {
 // longest waiting for a head, idle, or reading a body, in that order; else
 // the oldest newcomer; nil if every connection has a request in. Each
 // phase's list is in the order its connections entered it, so only the
-// fronts are looked at.
+// fronts are looked at, but for idle ones: an idle connection whose next
+// request is in its socket buffer, unread (pendingInput), is not idle but
+// on a server too busy to read it yet, and is passed over, as are at most
+// maxIdleLooks of them. (One answered or reading its next request within
+// stallAfter is never at the front as stalled: Write and Read move it.)
 func (t *connTracker) victimLocked() *trackedConn {
 	now := t.now()
 	for _, p := range []phase{waiting, idle, reading} {
-		if e := t.open[p].Front(); e != nil {
-			if tc := e.Value.(*trackedConn); now.Sub(tc.since) >= stallAfter {
+		looks := 1
+		if p == idle {
+			looks = maxIdleLooks
+		}
+		for e := t.open[p].Front(); e != nil && looks > 0; e, looks = e.Next(), looks-1 {
+			tc := e.Value.(*trackedConn)
+			if now.Sub(tc.since) < stallAfter {
+				break
+			}
+			if p != idle || !t.pending(tc.Conn) {
 				return tc
 			}
 		}
@@ -402,6 +428,22 @@ func (tc *trackedConn) work() bool {
 	return true
 }
 
+// Read reads from the connection. The first bytes read on an idle one
+// are its next request coming, before its handler runs: from then on it
+// is reading, not idle, so that a server too busy to get to the handler
+// within stallAfter does not drop it for a newcomer as if idle.
+func (tc *trackedConn) Read(p []byte) (int, error) {
+	n, err := tc.Conn.Read(p)
+	if n > 0 && tc.isIdle.Load() {
+		tc.tracker.mu.Lock()
+		if tc.phase == idle {
+			tc.moveLocked(reading)
+		}
+		tc.tracker.mu.Unlock()
+	}
+	return n, err
+}
+
 // Close counts the connection out and closes it.
 func (tc *trackedConn) Close() error {
 	tc.tracker.mu.Lock()
@@ -424,7 +466,21 @@ func (tc *trackedConn) CloseWrite() error {
 // Write writes p, turning the plain-text error answers net/http writes
 // itself (malformed requests, headers too large) into the JSON error
 // shape. Those are written only when no handler runs on the connection.
+//
+// A write on an idle connection is the end of its answer, which net/http
+// flushes after its handler has returned (leave): the connection's
+// idleness is counted from then, so that one answered within stallAfter
+// is never dropped as idle.
 func (tc *trackedConn) Write(p []byte) (int, error) {
+	if tc.isIdle.Load() {
+		defer func() {
+			tc.tracker.mu.Lock()
+			if tc.phase == idle {
+				tc.moveLocked(idle)
+			}
+			tc.tracker.mu.Unlock()
+		}()
+	}
 	if bytes.HasPrefix(p, []byte("HTTP/1.1 ")) && tc.handling.Load() == 0 {
 		if j, ok := jsonHTTPError(p); ok {
 			if _, err := tc.Conn.Write(j); err != nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -124,4 +125,91 @@ func onTestClock(t *testing.T, n int, log io.Writer) (tr *connTracker, advance f
 		return tr.victimLocked()
 	}
 	return tr, advance, admit, evicted
+}
+
+// TestIdleConnectionWithItsNextRequestStays: a connection idle for
+// stallAfter is not dropped for a newcomer as idle if its next request is
+// in its socket buffer unread (a server with no CPU to read it), if its
+// last answer was flushed within stallAfter (net/http writes the end of an
+// answer after its handler returns), or if its next request has begun to
+// be read: the flood probe's keep-alive client lost turns so.
+func TestIdleConnectionWithItsNextRequestStays(t *testing.T) {
+	tr, advance, _, evicted := onTestClock(t, 8, io.Discard)
+	var conns []*trackedConn
+	for range 4 {
+		tc := tr.admit(&scriptedConn{in: []byte("POST / HTTP/1.1\r\n")})
+		require.NotNil(t, tc)
+		tc.enter()
+		tc.leave()
+		conns = append(conns, tc)
+	}
+	unread, answered, next, quiet := conns[0], conns[1], conns[2], conns[3]
+	pending := map[net.Conn]bool{unread.Conn: true}
+	tr.pending = func(c net.Conn) bool { return pending[c] }
+	advance(stallAfter)
+
+	assert.Same(t, answered, evicted(), "idle for stallAfter, its next request unread in its socket: passed over")
+	_, err := answered.Write([]byte("0\r\n\r\n"))
+	require.NoError(t, err)
+	assert.Same(t, next, evicted(), "the end of its answer written just now: not idle for stallAfter")
+	_, err = next.Read(make([]byte, 64))
+	require.NoError(t, err)
+	assert.Same(t, quiet, evicted(), "its next request being read: not idle")
+	pending[quiet.Conn] = true
+	assert.Nil(t, evicted(), "every one has a request coming, or an answer just written")
+	advance(stallAfter)
+	assert.Same(t, answered, evicted(), "answered stallAfter ago, and nothing since: idle, and it goes")
+	tr.mu.Lock()
+	tr.countOutLocked(answered)
+	tr.mu.Unlock()
+	assert.Same(t, next, evicted(), "a request head that stalls for stallAfter goes, as any")
+	tr.stop()
+}
+
+// scriptedConn is a connection whose reads return in, then EOF, and
+// whose writes all succeed.
+type scriptedConn struct {
+	net.Conn // nil: only what is below is called
+	in       []byte
+}
+
+func (c *scriptedConn) Read(p []byte) (int, error) {
+	if len(c.in) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, c.in)
+	c.in = c.in[n:]
+	return n, nil
+}
+
+func (c *scriptedConn) Write(p []byte) (int, error) { return len(p), nil }
+func (c *scriptedConn) Close() error                { return nil }
+
+// TestPendingInput: a connection's bytes received and not read yet are
+// seen where the system tells them (Linux), and none once read.
+func TestPendingInput(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("pendingInput knows of unread bytes on Linux alone")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer client.Close()
+	server, err := ln.Accept()
+	require.NoError(t, err)
+	defer server.Close()
+
+	assert.False(t, pendingInput(server), "nothing sent yet")
+	_, err = client.Write([]byte("GET / HTTP/1.1\r\n"))
+	require.NoError(t, err)
+	// Loopback delivers as the write returns; the loop is for a kernel
+	// that takes a moment, and ends as soon as it is seen.
+	for !pendingInput(server) {
+		time.Sleep(time.Millisecond)
+	}
+	_, err = io.ReadFull(server, make([]byte, len("GET / HTTP/1.1\r\n")))
+	require.NoError(t, err)
+	assert.False(t, pendingInput(server), "all read")
 }

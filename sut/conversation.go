@@ -243,7 +243,9 @@ func (cs *conversations) load(ctx context.Context, k convKey) (*conversation, er
 // since committedLen, and a clash fails the commit; with overwrite (the
 // mutants that run turns without the lock) the messages replace whatever
 // another turn committed at the same places, and the later commit wins.
-func (cs *conversations) commit(k convKey, committedLen int, hid []int, next *conversation, overwrite bool) error {
+// The store writes on the connection ctx carries (withConn), if any; ctx
+// does not end the commit.
+func (cs *conversations) commit(ctx context.Context, k convKey, committedLen int, hid []int, next *conversation, overwrite bool) error {
 	if cs.cacheCopies {
 		next = next.clone()
 	}
@@ -256,7 +258,7 @@ func (cs *conversations) commit(k convKey, committedLen int, hid []int, next *co
 			cs.cache.Add(k, next)
 			return nil
 		}
-		if err := cs.store.appendMessages(k, ch); err != nil && !cs.dropStoreErrors {
+		if err := cs.store.appendMessages(ctx, k, ch); err != nil && !cs.dropStoreErrors {
 			return err
 		}
 		cs.cache.Add(k, next)
@@ -264,7 +266,7 @@ func (cs *conversations) commit(k convKey, committedLen int, hid []int, next *co
 	}
 	cs.overwriting.Lock()
 	defer cs.overwriting.Unlock()
-	if err := cs.store.overwriteMessages(k, ch); err != nil {
+	if err := cs.store.overwriteMessages(ctx, k, ch); err != nil {
 		return err
 	}
 	cs.cache.Add(k, next)

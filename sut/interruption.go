@@ -113,7 +113,7 @@ func (s *Server) interrupt(t *turn) bool {
 		return false
 	}
 	s.stall(s.turns)
-	if err := s.convs.commit(t.key, t.committed, t.hid, keep, t.overwrite); err != nil {
+	if err := s.convs.commit(withConn(context.Background(), t.conn), t.key, t.committed, t.hid, keep, t.overwrite); err != nil {
 		s.log.Error("commit of an interrupted turn", "conversation", t.key.id, "err", err)
 		return false
 	}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"unicode/utf8"
 
 	"github.com/turncheck/turncheck/internal/openai"
 )
@@ -39,18 +38,34 @@ func newID(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-// decodeObject decodes body as one JSON object, in valid UTF-8 with
-// nothing after it, into its members. Unknown members are the caller's to
-// ignore; a name matched exactly, never by case, is the member.
+// decodeObject decodes body as one JSON object, read strictly as chat's
+// is (openai.DecodeStrict: valid UTF-8, no key twice in any object,
+// nothing after it), into its members. Unknown members are the caller's
+// to ignore; a name matched exactly, never by case, is the member.
 func decodeObject(body []byte, want string) (map[string]json.RawMessage, error) {
-	if !utf8.Valid(body) {
-		return nil, errors.New("the body is not valid UTF-8")
-	}
 	var top map[string]json.RawMessage
-	if err := openai.DecodeObject(body, &top); err != nil || top == nil {
+	if err := decodeStrict(body, &top, "a JSON object: "+want); err != nil {
+		return nil, err
+	}
+	if top == nil {
 		return nil, fmt.Errorf("the body must be a JSON object: %s", want)
 	}
 	return top, nil
+}
+
+// decodeStrict decodes a request's body into v by the one reading every
+// API of the server shares (openai.DecodeStrict): its error says what is
+// malformed, or that the body must be want.
+func decodeStrict(body []byte, v any, want string) error {
+	err := openai.DecodeStrict(body, v)
+	var strict *openai.StrictError
+	switch {
+	case errors.As(err, &strict):
+		return strict
+	case err != nil:
+		return fmt.Errorf("the body must be %s", want)
+	}
+	return nil
 }
 
 // member decodes top[name] into v unless it is missing or null, and

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,17 +29,18 @@ func isPostgresURL(store string) bool {
 	return strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://")
 }
 
-// pgIdleConns is how many connections a replica keeps open while unused:
-// each turn holds one for its lock, and a lock on a fresh connection
-// costs PostgreSQL a new backend.
-const pgIdleConns = 32
-
-// openPostgres opens the store in the PostgreSQL database at url. The
-// number of connections is not capped: a turn holds one for its lock
-// while its load and its commit take others, so a cap could leave every
-// connection to lock holders waiting for one more; MaxRequests bounds
-// the turns, and so the connections, at about two a turn.
-func openPostgres(url string) (*store, error) {
+// openPostgres opens the store in the PostgreSQL database at url, with at
+// most maxConns connections open at once (at least 2). A turn does all it
+// does in the store (its lock, its load, its commit) on one connection,
+// which it holds from its lock to its release (advisoryLocks.lock): it
+// never waits for a second one while it holds a lock on the first. Turns
+// may hold all of them but one (connBudget), which is left to what runs
+// on the pool (a session's creation, a chained response's load and
+// commit), so that those never wait for a model call to end.
+func openPostgres(url string, maxConns int) (*store, error) {
+	if maxConns < 2 {
+		return nil, fmt.Errorf("max store conns %d: want at least 2, one for turns and one for the rest", maxConns)
+	}
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		// pgx's error hides a password the URL may hold.
@@ -52,7 +54,12 @@ func openPostgres(url string) (*store, error) {
 	// pooled connection dies with it, and without the ping each would
 	// fail one request after the store is back.
 	db := stdlib.OpenDB(*cfg, stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return true }))
-	db.SetMaxIdleConns(pgIdleConns)
+	db.SetMaxOpenConns(maxConns)
+	// Every connection may stay open while in use now and then (a new
+	// one costs PostgreSQL a new backend), but one unused for a while is
+	// given back: the database's connections are shared by every replica.
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxIdleTime(pgIdleTime)
 	st, err := initStore(db, postgresDialect, where)
 	if err != nil {
 		return nil, err
@@ -62,8 +69,108 @@ func openPostgres(url string) (*store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store %s: %w", where, err)
 	}
-	st.shared = &advisoryLocks{db: db, schema: schema}
+	st.shared = &advisoryLocks{db: db, schema: schema, budget: newConnBudget(maxConns - 1)}
 	return st, nil
+}
+
+// pgIdleTime is how long an unused connection to PostgreSQL stays open.
+const pgIdleTime = time.Minute
+
+// DefaultMaxStoreConns is the default of Config.MaxStoreConns for a server
+// that works on at most maxRequests turns at once: a connection for every
+// 20 turns, and at least 8 (or one a turn and one more, where fewer turns
+// are allowed). A turn holds its connection for its model call, so the
+// turns past them wait their turn for one, first come first served. At
+// the default MaxRequests that is 26, and three replicas fit in the 97
+// connections an ordinary role gets of PostgreSQL's default 100, with
+// room for the operator's own.
+func DefaultMaxStoreConns(maxRequests int) int {
+	return max((maxRequests+19)/20, min(maxRequests+1, 8))
+}
+
+// errStoreBusy: no connection to the store came free, or the database
+// took no new one, before the turn's wait for it ended. The turn is
+// refused before any model call (503, Retry-After).
+var errStoreBusy = errors.New("every connection to the store is in use")
+
+// storeFull reports whether err is PostgreSQL refusing a connection for
+// want of room (too many clients, the slots left reserved, a server
+// starting or stopping): it may take one a moment later, and a turn
+// refused for it is refused for load, not for a fault.
+func storeFull(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return errors.Is(err, errStoreBusy)
+	}
+	switch pgErr.Code {
+	case "53300", // too_many_connections, and the reserved slots
+		"53000", // insufficient_resources
+		"57P03": // cannot_connect_now
+		return true
+	}
+	return false
+}
+
+// connBudget hands out the connections that turns may hold, first come
+// first served: database/sql hands a freed connection to a random waiter,
+// which under load leaves some turns waiting far longer than others.
+type connBudget struct {
+	mu    sync.Mutex
+	free  int
+	queue []chan struct{} // the waiters, in the order they came; closed when served
+}
+
+func newConnBudget(n int) *connBudget { return &connBudget{free: n} }
+
+// take takes a connection's place, waiting in line until one is free,
+// ctx ends (ctx's error) or deadline passes (errStoreBusy).
+func (b *connBudget) take(ctx context.Context, deadline time.Time) error {
+	b.mu.Lock()
+	if b.free > 0 && len(b.queue) == 0 {
+		b.free--
+		b.mu.Unlock()
+		return nil
+	}
+	granted := make(chan struct{})
+	b.queue = append(b.queue, granted)
+	b.mu.Unlock()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	var err error
+	select {
+	case <-granted:
+		return nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timer.C:
+		err = errStoreBusy
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-granted:
+		// Served while giving up: the place is ours, so pass it on.
+		b.giveLocked()
+	default:
+		b.queue = slices.DeleteFunc(b.queue, func(q chan struct{}) bool { return q == granted })
+	}
+	return err
+}
+
+// give gives a place back, to the first waiter if any.
+func (b *connBudget) give() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.giveLocked()
+}
+
+func (b *connBudget) giveLocked() {
+	if len(b.queue) == 0 {
+		b.free++
+		return
+	}
+	close(b.queue[0])
+	b.queue = slices.Delete(b.queue, 0, 1)
 }
 
 // advisoryLocks are conversation locks that hold across processes: a
@@ -76,6 +183,8 @@ type advisoryLocks struct {
 	// schema is the store's schema: advisory locks are the database's,
 	// and stores in other schemas of it are other servers.
 	schema string
+	// budget bounds the connections turns hold, one a turn.
+	budget *connBudget
 }
 
 // key is k's advisory lock key: a 64-bit FNV-1a hash of the store's
@@ -94,33 +203,69 @@ func (a *advisoryLocks) key(k convKey) int64 {
 // dropped, which gives it back too.
 const unlockTimeout = 5 * time.Second
 
-// lock takes k's advisory lock. A lock held elsewhere fails at once with
-// errConversationBusy under Reject; under Serialize the request waits,
-// counted on gauge as waiting, until it gets it, ctx ends (ctx's error)
-// or maxWait passes (errWaitTimedOut).
-func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration, gauge *Gauge) (unlock func(), err error) {
-	conn, err := a.db.Conn(ctx)
+// lock takes k's advisory lock, on a connection that it returns: the
+// turn's, for everything it does in the store until unlock. It first
+// waits in line for a connection (connBudget), then for the database to
+// take it (storeFull), both within maxWait, or fails with errStoreBusy. A
+// lock held elsewhere then fails at once with errConversationBusy under
+// Reject; under Serialize the request waits, counted on gauge as
+// waiting, until it gets it, ctx ends (ctx's error) or what is left of
+// maxWait passes (errWaitTimedOut).
+func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration, gauge *Gauge) (_ *sql.Conn, unlock func(), err error) {
+	deadline := time.Now().Add(maxWait)
+	if err := a.budget.take(ctx, deadline); err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			a.budget.give()
+		}
+	}()
+	conn, err := a.connect(ctx, deadline)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	key := a.key(k)
 	var got bool
 	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil {
-		return nil, errors.Join(err, drop(conn))
+		return nil, nil, errors.Join(err, drop(conn))
 	}
 	if !got {
 		if policy == Reject {
-			return nil, errors.Join(errConversationBusy, conn.Close())
+			return nil, nil, errors.Join(errConversationBusy, conn.Close())
 		}
 		gauge.add(0, 1)
-		err := wait(ctx, conn, key, maxWait)
+		err := wait(ctx, conn, key, time.Until(deadline))
 		gauge.add(0, -1)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	var once sync.Once
-	return func() { once.Do(func() { release(conn, key) }) }, nil
+	return conn, func() { once.Do(func() { release(conn, key); a.budget.give() }) }, nil
+}
+
+// connect returns a connection of the pool, trying again while the
+// database refuses new ones for want of room (storeFull) until deadline;
+// past it the error is errStoreBusy, with the database's. It gives up
+// only once deadline has passed, never before: a turn on a busy
+// conversation is refused only after the wait the server declares.
+func (a *advisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.Conn, error) {
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		conn, err := a.db.Conn(ctx)
+		if err == nil || !storeFull(err) {
+			return conn, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, errors.Join(errStoreBusy, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(min(pause, left)):
+		}
+	}
 }
 
 // wait blocks on conn until it holds lock key, for at most maxWait

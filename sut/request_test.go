@@ -237,3 +237,48 @@ func TestStreamChunksCarryTheBoundedModel(t *testing.T) {
 		}
 	}
 }
+
+// TestDuplicateKeysRefusedByEveryAPI: a JSON body with a key twice in
+// any object is refused with 400 by every API the server reads JSON
+// through (chat, Responses, a session's creation, a session's turn),
+// before any model call, saying so: encoding/json would keep the last
+// one, where a proxy or a log in front of the server may read the first.
+// What a well-formed body of each does is shown beside it.
+func TestDuplicateKeysRefusedByEveryAPI(t *testing.T) {
+	e := newEnv(t, sut.Config{})
+	session := e.newSession(t, "")
+	sessionURL := e.srv.URL() + "/api/sessions/" + session + "/agent/m"
+	for _, api := range []struct {
+		name, url, ok string
+		dups          map[string]string
+		status        int // of ok
+	}{
+		{"chat", e.srv.URL() + "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"tc-u1"}]}`, map[string]string{
+			"top":    `{"model":"m","messages":[{"role":"user","content":"tc-u9"}],"model":"n"}`,
+			"nested": `{"model":"m","messages":[{"role":"user","content":"tc-u9","content":"tc-u8"}]}`,
+		}, http.StatusOK},
+		{"responses", e.srv.URL() + "/v1/responses", `{"model":"m","input":"tc-u2"}`, map[string]string{
+			"top":     `{"model":"m","input":"tc-u9","input":"tc-u8"}`,
+			"escaped": `{"model":"m","input":"tc-u9","st\u006fre":false,"store":true}`,
+			"nested":  `{"model":"m","input":[{"role":"user","content":"tc-u9","role":"system"}]}`,
+			"unread":  `{"model":"m","input":"tc-u9","metadata":{"a":1,"a":2}}`,
+		}, http.StatusOK},
+		{"session creation", e.srv.URL() + "/api/sessions", `{"title":"t"}`, map[string]string{
+			"top": `{"title":"a","title":"b"}`,
+		}, http.StatusCreated},
+		{"session turn", sessionURL, `[{"role":"user","content":"tc-u3"}]`, map[string]string{
+			"nested": `[{"role":"user","content":"tc-u9","content":"tc-u8"}]`,
+		}, http.StatusOK},
+	} {
+		t.Run(api.name, func(t *testing.T) {
+			for name, body := range api.dups {
+				n := e.model.CallCount()
+				r := postURL(t, e.client, api.url, body, headers("", "c-"+api.name))
+				e.requireRefusal(t, r, http.StatusBadRequest, n)
+				assert.Contains(t, string(r.body), "duplicate key", "%s: %s", name, r.body)
+			}
+			r := postURL(t, e.client, api.url, api.ok, headers("", "c-"+api.name))
+			assert.Equal(t, api.status, r.status, "a well-formed body: %s", r.body)
+		})
+	}
+}

@@ -154,7 +154,7 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 	if req.previous != "" {
 		err = s.lockBase(r.Context(), t, req.previous)
 		if err == nil {
-			base, err = s.loadResponse(r.Context(), scope, req.previous)
+			base, err = s.loadResponse(withConn(r.Context(), t.conn), scope, req.previous)
 		}
 		if err != nil {
 			s.refuseResponse(w, r, t, req.previous, err)
@@ -243,10 +243,12 @@ func (s *Server) lockBase(ctx context.Context, t *turn, previous string) error {
 	if s.cfg.Mutant != BranchMutatesBase {
 		return nil
 	}
-	unlock, err := s.locks.lock(ctx, convKey{scope: t.key.scope, id: nsResponse + previous}, Serialize, s.cfg.RequestTimeout)
+	conn, unlock, err := s.locks.lock(ctx, convKey{scope: t.key.scope, id: nsResponse + previous}, Serialize, s.cfg.RequestTimeout)
 	if err != nil {
 		return err
 	}
+	// The turn loads and commits on the lock's connection.
+	t.conn = conn
 	var once sync.Once
 	t.release = func() {
 		once.Do(func() {

@@ -31,6 +31,7 @@ package sut
 import (
 	"context"
 	"crypto/subtle"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -143,6 +144,18 @@ type Config struct {
 	// conversation); past it 503 with Retry-After. It also sizes the pool
 	// of idle connections to the model.
 	MaxRequests int
+	// MaxStoreConns bounds the connections to PostgreSQL (Store) that the
+	// server opens; 0 means DefaultMaxStoreConns(MaxRequests), and it
+	// must be at least 2. A turn on a conversation does everything it does
+	// in the store on one, held from its conversation's lock to its end;
+	// all but one may be held so, the last is for what runs beside turns.
+	// A turn that finds none free waits its turn for one, first come first
+	// served, within RequestTimeout, and is otherwise refused before any
+	// model call (503 with Retry-After); so is one the database refuses a
+	// connection for want of room (too many clients) until then. Replicas
+	// on one database must fit in its max_connections together. Unused
+	// with SQLite (DataDir), which has one connection.
+	MaxStoreConns int
 	// MaxHistoryMessages bounds a conversation's messages: a turn that
 	// would take it past them, its reply included, is refused with 400
 	// and nothing changes (limits.go).
@@ -396,7 +409,11 @@ func New(cfg Config) (*Server, error) {
 // DataDir.
 func (cfg *Config) openStore() (*store, error) {
 	if cfg.Store != "" {
-		return openPostgres(cfg.Store)
+		st, err := openPostgres(cfg.Store, cfg.MaxStoreConns)
+		if err == nil {
+			st.commitWithin = cfg.RequestTimeout
+		}
+		return st, err
 	}
 	return openStore(cfg.DataDir)
 }
@@ -412,6 +429,7 @@ func (cfg *Config) setLimits() error {
 		orDefault("max history bytes", &cfg.MaxHistoryBytes, DefaultMaxHistoryBytes),
 		orDefault("max conns", &cfg.MaxConns, DefaultMaxConns),
 		orDefault("max requests", &cfg.MaxRequests, DefaultMaxRequests),
+		orDefault("max store conns", &cfg.MaxStoreConns, DefaultMaxStoreConns(max(cfg.MaxRequests, 1))),
 		orDefault("max history messages", &cfg.MaxHistoryMessages, DefaultMaxHistoryMessages),
 		orDefault("compact after", &cfg.CompactAfter, DefaultCompactAfter),
 	} {
@@ -634,6 +652,10 @@ type turn struct {
 	// the client hears that outcome, so that a client that sends its next
 	// turn the moment it has read this one's end finds the lock free.
 	release func()
+	// conn is the store connection the turn holds its conversation's
+	// shared lock on (PostgreSQL), until release: it loads and commits on
+	// it (withConn), never waiting for a second one. nil for none.
+	conn *sql.Conn
 }
 
 // refuseEarly answers a request refused before its body was read, and
@@ -912,10 +934,10 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 		// The bug: a request that finds the lane taken by the first turn
 		// of a conversation not yet committed is refused as busy, where
 		// it should wait its turn (or, under Reject, get 409).
-		unlock, err := s.locks.lock(ctx, t.key, Reject, 0)
+		conn, unlock, err := s.locks.lock(ctx, t.key, Reject, 0)
 		if err == nil {
-			t.release = unlock
-			return s.convs.get(ctx, t.key)
+			t.release, t.conn = unlock, conn
+			return s.convs.get(withConn(ctx, conn), t.key)
 		}
 		if !errors.Is(err, errConversationBusy) {
 			return nil, err
@@ -942,10 +964,10 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 			// serves its cached copy unchecked, committing over whatever
 			// another replica committed meanwhile. Only a turn that waited
 			// for another replica's checks its cache.
-			unlock, err := s.locks.lock(ctx, t.key, Reject, 0)
+			conn, unlock, err := s.locks.lock(ctx, t.key, Reject, 0)
 			if err == nil {
-				t.release, t.overwrite = unlock, true
-				return s.convs.getUnchecked(ctx, t.key)
+				t.release, t.overwrite, t.conn = unlock, true, conn
+				return s.convs.getUnchecked(withConn(ctx, conn), t.key)
 			}
 			if !errors.Is(err, errConversationBusy) {
 				return nil, err
@@ -954,12 +976,12 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 			return s.acquireBaseFirst(ctx, t)
 		}
 	}
-	unlock, err := s.locks.lock(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
+	conn, unlock, err := s.locks.lock(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
 	if err != nil {
 		return nil, err
 	}
-	t.release = unlock
-	return s.convs.get(ctx, t.key)
+	t.release, t.conn = unlock, conn
+	return s.convs.get(withConn(ctx, conn), t.key)
 }
 
 // sharedLocks is the cross-process lock of st for a server with mutant m:
@@ -990,13 +1012,14 @@ func (s *Server) acquireBaseFirst(ctx context.Context, t *turn) (*conversation, 
 		local()
 		return nil, err
 	}
-	shared, err := s.locks.shared.lock(ctx, t.key, s.cfg.Concurrency, time.Until(deadline), s.locks.gauge)
+	conn, shared, err := s.locks.shared.lock(ctx, t.key, s.cfg.Concurrency, time.Until(deadline), s.locks.gauge)
 	if err != nil {
 		local()
 		return nil, err
 	}
 	var once sync.Once
 	t.release = func() { once.Do(func() { shared(); local() }) }
+	t.conn = conn
 	t.overwrite = true
 	return base, nil
 }
@@ -1016,6 +1039,8 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 		w.Header().Set("Retry-After", "1")
 		openai.WriteError(w, http.StatusServiceUnavailable, "conversation_busy",
 			fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout))
+	case storeFull(err):
+		s.refuseStoreFull(w, t, err)
 	case errors.Is(err, errStopping):
 		s.answerDropped(w, nil)
 	case s.stopDropped(w, r, nil):
@@ -1025,6 +1050,17 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 		s.log.Error("load conversation", "conversation", t.key.id, "err", err)
 		openai.WriteError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
 	}
+}
+
+// refuseStoreFull answers a turn refused, before any model call, because
+// no connection to the store was to be had within its wait: the server's
+// own were all held by turns (MaxStoreConns), or the database took no
+// more. It is load, not a fault: 503 with Retry-After, nothing changed.
+func (s *Server) refuseStoreFull(w http.ResponseWriter, t *turn, err error) {
+	s.log.Warn("no connection to the store; turn refused", "conversation", t.key.id, "max_store_conns", s.cfg.MaxStoreConns, "err", err)
+	w.Header().Set("Retry-After", "1")
+	openai.WriteError(w, http.StatusServiceUnavailable, "overloaded",
+		"every connection to the server's store is in use; nothing was changed: retry shortly")
 }
 
 // run runs the turn's tool loop on its working copy, answers the client in
@@ -1101,7 +1137,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 		// Acknowledge only what is durable: commit before the client hears
 		// the turn ended ok.
 		s.stall(ctx)
-		err := s.convs.commit(t.key, t.committed, t.hid, t.work, t.overwrite)
+		err := s.convs.commit(withConn(ctx, t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
 		if err == nil {
 			// All of work is committed now: a release that takes back a
 			// turn that did not commit (branch-mutates-base's) keeps it.
@@ -1110,6 +1146,16 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 		t.release()
 		if err != nil {
 			s.log.Error("commit", "conversation", t.key.id, "err", err)
+			if storeFull(err) {
+				// No connection to commit on came within the commit's
+				// time: nothing of the turn is in the store.
+				if !o.streaming() {
+					w.Header().Set("Retry-After", "1")
+				}
+				s.answerError(w, o, http.StatusServiceUnavailable, "overloaded",
+					"the server's store took no connection to commit the turn on; nothing was changed: retry shortly")
+				return
+			}
 			s.answerError(w, o, http.StatusInternalServerError, "server_error", "the turn could not be committed")
 			return
 		}
@@ -1129,7 +1175,7 @@ func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string,
 		if partial != "" {
 			t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)}})
 		}
-		_ = s.convs.commit(t.key, t.committed, t.hid, t.work, t.overwrite)
+		_ = s.convs.commit(withConn(context.Background(), t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
 	}
 	// The turn is decided (rolled back, or committed by a mutant):
 	// release before the client hears of it.

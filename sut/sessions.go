@@ -3,11 +3,9 @@ package sut
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/url"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/turncheck/turncheck/internal/openai"
 )
@@ -45,6 +43,12 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 		id := newID("")
 		if err := s.store.createSession(convKey{scope: scope, id: nsSession + id}); err != nil {
+			if storeFull(err) {
+				w.Header().Set("Retry-After", "1")
+				openai.WriteError(w, http.StatusServiceUnavailable, "overloaded",
+					"the server's store takes no more connections; no session was created: retry shortly")
+				return
+			}
 			s.log.Error("create session", "err", err)
 			openai.WriteError(w, http.StatusInternalServerError, "server_error", "the session could not be created")
 			return
@@ -110,8 +114,8 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 // messages (decodeItems), in valid UTF-8, with nothing after it.
 func decodeSessionMessages(body []byte) ([]openai.Message, error) {
 	var raw json.RawMessage
-	if !utf8.Valid(body) || openai.DecodeObject(body, &raw) != nil {
-		return nil, errors.New(`the body must be a JSON array of {"role","content"} messages, the new user message last`)
+	if err := decodeStrict(body, &raw, `a JSON array of {"role","content"} messages, the new user message last`); err != nil {
+		return nil, err
 	}
 	return decodeItems(raw, "messages")
 }

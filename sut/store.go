@@ -10,6 +10,10 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/turncheck/turncheck/internal/openai"
 
@@ -29,6 +33,42 @@ type store struct {
 	// hold across every process on the database; nil for SQLite, whose
 	// store one process alone opens.
 	shared *advisoryLocks
+	// commitWithin bounds a commit on PostgreSQL, tries again included
+	// (writeMessages): the server's RequestTimeout.
+	commitWithin time.Duration
+}
+
+// dbtx is what the store's statements run on: the pool, or the one
+// connection a turn holds its conversation's lock on (withConn).
+type dbtx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// heldConn is the context key of the connection a turn holds.
+type heldConn struct{}
+
+// withConn is ctx carrying conn, the connection the turn holds its
+// conversation's lock on (convLocks.lock): the store's reads and commits
+// made under ctx run on it, not on the pool, so that a turn holding a
+// lock never waits for a second connection, and what it commits it
+// commits under its lock. A nil conn leaves ctx as it is.
+func withConn(ctx context.Context, conn *sql.Conn) context.Context {
+	if conn == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, heldConn{}, conn)
+}
+
+// on is what a statement made under ctx runs on: the connection ctx
+// carries (withConn), or the pool.
+func (s *store) on(ctx context.Context) dbtx {
+	if conn, ok := ctx.Value(heldConn{}).(*sql.Conn); ok {
+		return conn
+	}
+	return s.db
 }
 
 // The tables are dialect.schema's. A message's tool_calls are the JSON
@@ -230,7 +270,7 @@ func (s *store) load(ctx context.Context, k convKey) (*conversation, error) {
 		return nil, err
 	}
 	var source string
-	err = s.db.QueryRowContext(ctx, s.d.q(`SELECT source FROM sources WHERE scope = ? AND conversation = ?`), k.scope, k.id).Scan(&source)
+	err = s.on(ctx).QueryRowContext(ctx, s.d.q(`SELECT source FROM sources WHERE scope = ? AND conversation = ?`), k.scope, k.id).Scan(&source)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("load conversation: %w", err)
 	}
@@ -238,7 +278,7 @@ func (s *store) load(ctx context.Context, k convKey) (*conversation, error) {
 }
 
 func (s *store) loadMessages(ctx context.Context, k convKey) ([]*message, error) {
-	rows, err := s.db.QueryContext(ctx,
+	rows, err := s.on(ctx).QueryContext(ctx,
 		s.d.q(`SELECT role, content, tool_calls, tool_call_id, hidden FROM messages WHERE scope = ? AND conversation = ? ORDER BY seq`),
 		k.scope, k.id)
 	if err != nil {
@@ -270,27 +310,81 @@ func (s *store) loadMessages(ctx context.Context, k convKey) ([]*message, error)
 // on, its hidden marks, and the conversation's source key when ch.seq is 0
 // and it has one. A conflicting seq means the conversation moved on under
 // us, which per-conversation serialization rules out; it fails the commit.
-func (s *store) appendMessages(k convKey, ch change) error {
-	return s.writeMessages(conflictFails, k, ch)
+// It runs on the connection ctx carries (withConn), if any, and is not
+// ended by ctx.
+func (s *store) appendMessages(ctx context.Context, k convKey, ch change) error {
+	return s.writeMessages(ctx, conflictFails, k, ch)
 }
 
 // overwriteMessages commits ch, its messages replacing any already at
 // their places: the store of the mutants whose turns on one conversation
 // run at once from the same base, where the later commit wins.
-func (s *store) overwriteMessages(k convKey, ch change) error {
-	return s.writeMessages(conflictReplaces, k, ch)
+func (s *store) overwriteMessages(ctx context.Context, k convKey, ch change) error {
+	return s.writeMessages(ctx, conflictReplaces, k, ch)
 }
 
 // writeMessages writes ch, doing what conflict says with a taken place, in
-// one transaction:
-// a conversation is never found with its messages and without its source,
-// nor with a turn's messages and without the marks that turn set.
-func (s *store) writeMessages(conflict onConflict, k convKey, ch change) error {
+// one transaction: a conversation is never found with its messages and
+// without its source, nor with a turn's messages and without the marks
+// that turn set.
+//
+// The commit is not tied to the request's context: once a turn is
+// decided, a client that goes away must not leave it half-written. On
+// PostgreSQL, a commit that fails for want of a connection (the one the
+// turn holds broke, or the database takes no new one) is tried again on
+// the pool, for at most commitWithin: after the model answered, a turn
+// is failed only by what waiting cannot mend. A try again on the pool is
+// safe without the turn's lock: the messages' places are unique, so a
+// commit over a conversation that moved on fails (conflictFails); only a
+// commit that may have landed before its connection broke is then
+// reported failed, as a failed turn may be there or not.
+func (s *store) writeMessages(ctx context.Context, conflict onConflict, k convKey, ch change) error {
+	db := s.on(ctx)
+	if s.shared == nil {
+		return s.writeOnce(context.Background(), db, conflict, k, ch)
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.commitWithin)
+	defer cancel()
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		err := s.writeOnce(wctx, db, conflict, k, ch)
+		if err == nil || !lostConnection(err) {
+			return err
+		}
+		deadline, _ := wctx.Deadline()
+		left := time.Until(deadline)
+		if left <= 0 {
+			return err
+		}
+		db = s.db
+		time.Sleep(min(pause, left))
+		if wctx.Err() != nil {
+			return err // why it failed, not that its time ran out
+		}
+	}
+}
+
+// lostConnection reports whether a statement failed for want of a
+// connection to run on, not for what it said: PostgreSQL refused a new
+// one (storeFull), the one it ran on broke, or the database ended its
+// session (a FATAL error: terminated by an administrator, the server
+// shutting down). Any other error the database answered a statement with
+// is neither.
+func lostConnection(err error) bool {
+	if storeFull(err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || strings.HasPrefix(pgErr.Code, "08")
+	}
+	return !errors.Is(err, context.DeadlineExceeded)
+}
+
+// writeOnce is one try of writeMessages, on db.
+func (s *store) writeOnce(ctx context.Context, db dbtx, conflict onConflict, k convKey, ch change) error {
 	insertMessage := s.d.insert(conflict, "messages", 3,
 		"scope", "conversation", "seq", "role", "content", "tool_calls", "tool_call_id", "hidden")
-	// The commit is not tied to the request's context: once a turn is
-	// decided, a client that goes away must not leave it half-written.
-	tx, err := s.db.Begin()
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
@@ -386,7 +480,7 @@ func (s *store) scopeOf(ctx context.Context, id string) (string, bool, error) {
 // message) and only a commit adds any.
 func (s *store) length(ctx context.Context, k convKey) (int, error) {
 	var n int
-	err := s.db.QueryRowContext(ctx, s.d.q(`SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE scope = ? AND conversation = ?`),
+	err := s.on(ctx).QueryRowContext(ctx, s.d.q(`SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE scope = ? AND conversation = ?`),
 		k.scope, k.id).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("load conversation: %w", err)

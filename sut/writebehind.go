@@ -76,7 +76,7 @@ func (w *writeBehind) enqueue(k convKey, ch change) {
 // A write that fails is logged and lost: it was acknowledged long ago.
 func (w *writeBehind) flush() {
 	for _, p := range w.queue {
-		if err := w.store.appendMessages(p.k, p.ch); err != nil {
+		if err := w.store.appendMessages(context.Background(), p.k, p.ch); err != nil {
 			w.log.Error("write-behind flush", "conversation", p.k.id, "err", err)
 		}
 	}

@@ -81,6 +81,16 @@ Limits and timeouts (flag, default):
   --max-requests          512      chat requests worked on at once, from the end of
                                    their body (503 with Retry-After: 1); also the
                                    model connections kept idle for reuse
+  --max-store-conns       auto     connections to PostgreSQL (--store); auto: one for
+                                   every 20 --max-requests, at least 8 (26 at 512). A
+                                   turn does all it does in the store on one, held
+                                   from its conversation's lock to its end; one is
+                                   kept for the rest. A turn that gets none within
+                                   --request-timeout (all held: it waits its turn,
+                                   first come first served; or PostgreSQL has no
+                                   room): 503 with Retry-After: 1, before any model
+                                   call. Replicas on one database must fit in its
+                                   max_connections together
   --max-body-bytes        1048576  a request body (413; at once when Content-Length says so)
   --max-history-messages  2000     a conversation's messages, its next reply included
   --max-history-bytes     4194304  a conversation's text, its new message included
@@ -243,6 +253,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	idleTimeout := fs.Duration("idle-timeout", sut.DefaultIdleTimeout, "time a keep-alive connection may wait for its next request")
 	maxConns := fs.Int("max-conns", sut.DefaultMaxConns, "client connections open at once")
 	maxRequests := fs.Int("max-requests", sut.DefaultMaxRequests, "chat requests worked on at once, from the end of their body (503 past it)")
+	maxStoreConns := fs.Int("max-store-conns", 0, "connections to PostgreSQL (--store), at least 2; 0: auto, one for every 20 --max-requests, at least 8")
 	maxBody := fs.Int64("max-body-bytes", sut.DefaultMaxBodyBytes, "bytes of a request body (413 past it)")
 	maxHistMsgs := fs.Int("max-history-messages", sut.DefaultMaxHistoryMessages, "messages of a conversation (a turn past it: 400)")
 	maxHistBytes := fs.Int64("max-history-bytes", sut.DefaultMaxHistoryBytes, "bytes of a conversation's text (a turn past it: 400)")
@@ -271,6 +282,8 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(stderr, "serve", errors.New("--header-timeout, --body-timeout and --idle-timeout must be positive"))
 	case *maxConns <= 0 || *maxRequests <= 0 || *maxBody <= 0 || *maxHistMsgs <= 0 || *maxHistBytes <= 0:
 		return fail(stderr, "serve", errors.New("--max-conns, --max-requests, --max-body-bytes and --max-history-* must be positive"))
+	case *maxStoreConns < 0:
+		return fail(stderr, "serve", errors.New("--max-store-conns must not be negative (0: auto)"))
 	case *compactAfter <= 0:
 		return fail(stderr, "serve", errors.New("--compact-after must be positive"))
 	case *turnDelay < 0 || *stall < 0:
@@ -318,6 +331,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		IdleTimeout:        *idleTimeout,
 		MaxConns:           *maxConns,
 		MaxRequests:        *maxRequests,
+		MaxStoreConns:      *maxStoreConns,
 		MaxBodyBytes:       *maxBody,
 		MaxHistoryMessages: *maxHistMsgs,
 		MaxHistoryBytes:    *maxHistBytes,

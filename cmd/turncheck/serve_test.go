@@ -64,6 +64,13 @@ func TestServeHelpDocumentsEveryLimit(t *testing.T) {
 		assert.Equal(t, "auto", row[1])
 	}
 	assert.Regexp(t, `(?m)^  --max-memory bytes$`, help)
+	row = regexp.MustCompile(`(?m)^  --max-store-conns\s+(\S+)`).FindStringSubmatch(help)
+	if assert.NotNil(t, row, "the limits table has no row for --max-store-conns") {
+		assert.Equal(t, "auto", row[1])
+	}
+	assert.Regexp(t, `(?m)^  --max-store-conns int$`, help)
+	assert.Contains(t, help, "("+strconv.Itoa(sut.DefaultMaxStoreConns(sut.DefaultMaxRequests))+" at "+strconv.Itoa(sut.DefaultMaxRequests)+")",
+		"the table says what auto comes to at the default --max-requests")
 	assert.Contains(t, help, "1/"+strconv.Itoa(sut.MemoryShare)+" of the")
 	for _, fixed := range []int{sut.MaxHeaderBytes, sut.MaxModelBytes, sut.MaxContentBytes, sut.MaxMessages, sut.MaxConversationIDBytes} {
 		assert.Contains(t, help, strconv.Itoa(fixed))

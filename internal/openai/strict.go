@@ -20,9 +20,10 @@ const MaxRequestDepth = 64
 
 // DecodeChatRequest decodes a client's chat request strictly, so that the
 // server reads exactly what a proxy or a log in front of it reads:
-//   - the body is one JSON object in valid UTF-8, with nothing after it;
-//   - no object anywhere in it has the same key twice (encoding/json would
-//     silently keep the last one, another parser the first);
+//   - the body is read as every body is (DecodeStrict): one JSON object in
+//     valid UTF-8, with nothing after it, and no object anywhere in it
+//     with the same key twice (encoding/json would silently keep the last
+//     one, another parser the first);
 //   - keys match exactly: a key that differs from a field the server reads
 //     only by case ("MESSAGES", "Role") is refused, where encoding/json
 //     would take it for the field;
@@ -33,14 +34,13 @@ const MaxRequestDepth = 64
 // do. Every error says what is wrong in terms of the JSON, never of Go
 // types, as it goes to the client.
 func DecodeChatRequest(body []byte) (*ChatRequest, error) {
-	if !utf8.Valid(body) {
-		return nil, errors.New("the body is not valid UTF-8")
-	}
-	if err := checkJSON(body); err != nil {
-		return nil, err
-	}
 	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil || top == nil {
+	err := DecodeStrict(body, &top)
+	var strict *StrictError
+	if errors.As(err, &strict) {
+		return nil, strict
+	}
+	if err != nil || top == nil {
 		return nil, errors.New(`the body must be a JSON object: {"model","messages","stream"}`)
 	}
 	if err := checkKeys("", top, "model", "messages", "stream", "stream_options"); err != nil {
@@ -151,6 +151,33 @@ func decodeTextPart(raw json.RawMessage) (string, error) {
 	}
 	return text, nil
 }
+
+// DecodeStrict decodes body into v as every JSON body a server of this
+// project reads is read, whatever its API: one JSON value in valid UTF-8,
+// nested at most MaxRequestDepth deep, with no key twice in any object
+// (encoding/json would silently keep the last one, another parser the
+// first) and nothing after it. Its error says what is wrong in terms of
+// the JSON, for the client; one from decoding into v (a value of another
+// JSON type than v wants) is encoding/json's, for the caller to word.
+func DecodeStrict(body []byte, v any) error {
+	if !utf8.Valid(body) {
+		return &StrictError{errors.New("the body is not valid UTF-8")}
+	}
+	if err := checkJSON(body); err != nil {
+		return &StrictError{err}
+	}
+	return json.Unmarshal(body, v)
+}
+
+// StrictError is why DecodeStrict refused a body before decoding it: its
+// message is for the client as it is.
+type StrictError struct{ Err error }
+
+// Error returns the message of the error e wraps, as the client reads it.
+func (e *StrictError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the error e wraps.
+func (e *StrictError) Unwrap() error { return e.Err }
 
 // checkKeys refuses a key of obj that differs from one of known only by
 // case; where prefixes the error. Keys are looked at in order, so that the

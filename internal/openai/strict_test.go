@@ -2,6 +2,7 @@ package openai_test
 
 import (
 	"encoding/json"
+	"errors"
 	"regexp"
 	"strings"
 	"testing"
@@ -153,4 +154,31 @@ func FuzzDecodeChatRequest(f *testing.F) {
 			t.Fatalf("round trip changed %+v into %+v", req, back)
 		}
 	})
+}
+
+// TestDecodeStrict: the one reading of every body refuses, as a
+// StrictError for the client, what DecodeChatRequest's JSON checks refuse,
+// whatever v is; a body that is fine JSON but not what v wants is
+// encoding/json's error, for the caller to word.
+func TestDecodeStrict(t *testing.T) {
+	for name, body := range map[string]string{
+		"duplicate top":   `{"a":1,"a":2}`,
+		"duplicate deep":  `[{"x":[{"k":1,"k":2}]}]`,
+		"escaped twin":    `{"a":1,"\u0061":2}`,
+		"invalid UTF-8":   "{\"a\":\"\xff\"}",
+		"data after":      `{"a":1} {}`,
+		"empty":           ``,
+		"nested too deep": strings.Repeat("[", openai.MaxRequestDepth+1) + strings.Repeat("]", openai.MaxRequestDepth+1),
+	} {
+		var v any
+		var strict *openai.StrictError
+		require.ErrorAs(t, openai.DecodeStrict([]byte(body), &v), &strict, name)
+	}
+	var obj map[string]int
+	require.NoError(t, openai.DecodeStrict([]byte(`{"a":1,"b":2}`), &obj))
+	require.Equal(t, map[string]int{"a": 1, "b": 2}, obj)
+	err := openai.DecodeStrict([]byte(`[1]`), &obj)
+	var strict *openai.StrictError
+	require.Error(t, err)
+	require.False(t, errors.As(err, &strict), "well-formed JSON of another shape: %v", err)
 }
