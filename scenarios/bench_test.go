@@ -144,3 +144,28 @@ func BenchmarkCatchAndShrink(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHandlerDefaultRun is what a Go user's default check of one
+// correct handler costs: Check with no options (100 checks of 30 steps)
+// on the reference server as a Handler target, the way a handler's own
+// test starts it. It reports the wall time of a whole run and where it
+// went: quiet periods (a server that reports no activity) and held calls
+// waiting out the server's own model timeout.
+func BenchmarkHandlerDefaultRun(b *testing.B) {
+	target := scenarios.Handler(scenarios.Profile{Model: "turncheck", ModelTimeout: time.Second},
+		func(modelURL, dataDir string) (http.Handler, error) {
+			return sut.New(sut.Config{ModelURL: modelURL, DataDir: dataDir})
+		})
+	for b.Loop() {
+		start := time.Now()
+		res, err := scenarios.Check(target, scenarios.Options{})
+		require.NoError(b, err)
+		if res.Failure != nil {
+			b.Fatalf("clean server failed:\n%s", res.Failure.Report)
+		}
+		b.ReportMetric(time.Since(start).Seconds(), "s/run")
+		b.ReportMetric(float64(res.Stats.TimeMS["quiet periods (the server reports no activity)"])/1000, "quiet-s/run")
+		b.ReportMetric(float64(res.Stats.TimeMS["held calls waiting out the server's model timeout"])/1000, "timeout-s/run")
+		b.ReportMetric(float64(res.Steps), "steps/run")
+	}
+}
