@@ -80,10 +80,26 @@ func noteErr(notes []string) error {
 // context ends, or a round finds nothing more.
 func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[model.Invariant]*report.Failure) error {
 	nums := opts.numbers()
+	// done counts every check of the rounds before, the ones run again in
+	// a later round too, and last what this round has said so far: the
+	// progress said is their sum, which only ever grows.
+	done, last := report.NewStats(), report.NewStats()
 	for len(nums) > 0 {
 		o := opts
 		o.checks, o.Skip = nums, slices.Clone(l.Skip)
+		if opts.Progress != nil {
+			o.Progress = func(s report.Stats) {
+				last = &s
+				sum := report.NewStats()
+				sum.Add(*done)
+				sum.Add(s)
+				sum.Shrinking = s.Shrinking
+				opts.Progress(*sum)
+			}
+		}
 		res, err := check(l, o)
+		done.Add(*last)
+		last = report.NewStats()
 		if res != nil {
 			c.Stats.Add(res.Stats)
 		}
