@@ -44,6 +44,12 @@ func TestConformCleanServer(t *testing.T) {
 			assert.True(t, c.Passed())
 			assert.Empty(t, c.Stopped)
 			assert.Contains(t, c.Text(targets.Profile{}), "T4   one conversation, one line")
+			// A server that serves its turns gets the faults drawn for
+			// them: aborts (kept alive under complete) and model faults,
+			// the ones hitting a later call of the tool loop too.
+			for _, k := range []string{"client-abort", "model-error", "stream-cut"} {
+				assert.Positive(t, c.Stats.Faults[k], "%s injected: %v (not reached: %v)", k, c.Stats.Faults, c.Stats.Unreached)
+			}
 		})
 	}
 }
@@ -95,6 +101,16 @@ func TestNothingServedIsNoPass(t *testing.T) {
 		assert.Equal(t, report.NotExercised, st[inv], "%s", inv)
 		assert.NotEmpty(t, c.Verdict(inv).Reason)
 	}
+	// No turn reached the model: the faults drawn for its calls, and
+	// the aborts drawn for when it holds them, took no effect.
+	for k := range c.Stats.Faults {
+		// Bursts and tool turns are shapes of traffic, drawn, not faults.
+		assert.Contains(t, []string{"concurrency", "tool-turn"}, k, "a fault counted as injected")
+	}
+	assert.Positive(t, c.Stats.Unreached["client-abort"], "%v", c.Stats.Unreached)
+	summary := c.Stats.Summary()
+	assert.Contains(t, summary, "faults injected: none\n")
+	assert.Regexp(t, `faults drawn, not reached \(.*\): (.*, )?client-abort \d+`, summary)
 }
 
 // TestRunSubtests: Run reports a subtest per invariant, through the

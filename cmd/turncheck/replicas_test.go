@@ -57,7 +57,8 @@ func TestConformReplicasOverPostgres(t *testing.T) {
 		require.NotEqual(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 		// Their links to the client and to the store broke under turns
 		// in flight, and every invariant held across.
-		// (A fault drawn but never applied reads "not applied: ...".)
+		// (A fault drawn but never reached is counted on a line of its own,
+		// "faults drawn, not reached".)
 		assert.Regexp(t, `faults injected: (.*, )?network (reset|cut|partition) \(store link\)`, stdout)
 		assert.Regexp(t, `faults injected: (.*, )?network (reset|cut|partition) \(client link\)`, stdout)
 		for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11"} {

@@ -195,8 +195,13 @@ type Stats struct {
 	Checks int `json:"checks"`
 	// Steps is how many requests were sent.
 	Steps int `json:"steps"`
-	// Faults counts the injected faults by kind.
+	// Faults counts the injected faults by kind: those that took effect,
+	// the turn having got as far as the point each was drawn for.
 	Faults map[string]int `json:"faults"`
+	// Unreached counts by kind the faults drawn for turns that ended
+	// before the point each was drawn for (refused, or failed, before the
+	// model call it was to hit): drawn, never injected.
+	Unreached map[string]int `json:"unreached,omitempty"`
 	// Outcomes counts the turns' outcomes: ok, fail, unknown.
 	Outcomes map[string]int `json:"outcomes"`
 	// Invariants counts how often each invariant was evaluated.
@@ -246,7 +251,7 @@ const MaxFirstAnswers = 3
 
 // NewStats returns empty Stats, every count ready to add to.
 func NewStats() *Stats {
-	return &Stats{Faults: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{},
+	return &Stats{Faults: map[string]int{}, Unreached: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{},
 		SetAside: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},
 		Causes: map[string]int{}, TimeMS: map[string]int64{}}
 }
@@ -269,6 +274,10 @@ func (s *Stats) Summary() string {
 	}
 	b.WriteString("faults injected: ")
 	b.WriteString(countList(faults))
+	if len(s.Unreached) > 0 {
+		b.WriteString("\nfaults drawn, not reached (the turn ended before the point each was drawn for): ")
+		b.WriteString(countList(s.Unreached))
+	}
 	if len(shapes) > 0 {
 		b.WriteString("\nalso drawn: ")
 		b.WriteString(countList(shapes))
