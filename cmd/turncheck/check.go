@@ -374,7 +374,7 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 	}
 	interrupted := errors.Is(err, scenarios.ErrInterrupted)
 	if interrupted && res.Failure == nil {
-		fmt.Fprintf(stderr, "turncheck %s: interrupted after %d check(s), %d step(s), seed %d; no violation seen so far\n",
+		fmt.Fprintf(stderr, "turncheck %s: interrupted after %d check(s), %d request(s), seed %d; no violation seen so far\n",
 			cmd, res.Checks, res.Steps, res.Seed)
 		return exitUsage
 	}

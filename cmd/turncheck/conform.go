@@ -310,7 +310,7 @@ func progress(w io.Writer, live bool) func(scenarios.Stats) {
 			faults += n
 		}
 		elapsed := time.Since(start)
-		line := fmt.Sprintf("%d checks, %.0f steps/s, %d faults injected, %s", s.Checks,
+		line := fmt.Sprintf("%d checks, %.0f requests/s, %d faults injected, %s", s.Checks,
 			float64(s.Steps)/max(elapsed.Seconds(), 1e-3), faults, elapsed.Round(time.Second))
 		switch {
 		case s.Shrinking != "":

@@ -23,11 +23,7 @@ import (
 func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", v.Error())
-	steps := 0
-	if len(history) > 0 {
-		steps = history[len(history)-1].Step - history[0].Step + 1
-	}
-	fmt.Fprintf(&b, "%d step(s), %d request(s):\n", steps, len(history))
+	fmt.Fprintf(&b, "%s:\n", historySize(history))
 	// Where requests went to several replicas, each says which.
 	replicated := false
 	for _, op := range history {
@@ -46,6 +42,16 @@ func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) 
 			"order the harness saw them: a later tick is a later event.\n")
 	}
 	return serverIDs(history).Replace(b.String())
+}
+
+// historySize counts a failing run's steps and requests, as every
+// rendering of it says them: "2 step(s), 3 request(s)".
+func historySize(history []history.Op) string {
+	steps := 0
+	if len(history) > 0 {
+		steps = history[len(history)-1].Step - history[0].Step + 1
+	}
+	return fmt.Sprintf("%d step(s), %d request(s)", steps, len(history))
 }
 
 // serverIDs names the ids the server made in a history (response ids,
@@ -259,7 +265,7 @@ func NewStats() *Stats {
 // Summary renders the counts on a few lines.
 func (s *Stats) Summary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "checks: %d, steps: %d", s.Checks, s.Steps)
+	fmt.Fprintf(&b, "checks: %d, requests: %d", s.Checks, s.Steps)
 	// Turns that failed did so mostly as the faults drawn asked: not
 	// failures of the check.
 	fmt.Fprintf(&b, " (turns ok %d, answered with an error %d, outcome unknown %d)\n",
