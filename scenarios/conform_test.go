@@ -305,6 +305,22 @@ func TestOneSourceAtATime(t *testing.T) {
 	}
 }
 
+// TestNoRestarterSaysHow: a server that declares durability, on a target
+// the harness cannot restart, gets T7 and T8 as not applicable, and the
+// reason says what its target lacks and how to give it.
+func TestNoRestarterSaysHow(t *testing.T) {
+	p := targets.Profile{Agent: "helper", Durability: targets.Durability{Restart: true, Crash: true}}
+	for _, v := range verdicts(p, refuseAll{}, false, false, nil, *report.NewStats(), nil) {
+		if v.Invariant != model.T7 && v.Invariant != model.T8 {
+			continue
+		}
+		assert.Equal(t, report.NotApplicable, v.Status, "%s", v.Invariant)
+		for _, how := range []string{"Restart(crash bool, agents []string) error", "scenarios.Restarter", "same data dir", "From go test"} {
+			assert.Contains(t, v.Reason, how, "%s", v.Invariant)
+		}
+	}
+}
+
 // TestExitUnshownIsNoPass: a server that exited between two checks, no
 // step showing why, fails the crash verdict (the notes quote it), where it
 // would have passed: never a pass for a server seen down.
