@@ -359,3 +359,23 @@ func TestProgressOnlyCountsUp(t *testing.T) {
 	// after a failure count in both.
 	assert.GreaterOrEqual(t, seen[len(seen)-1].Checks, c.Stats.Checks)
 }
+
+// TestT3ShrinksToAReplay: a T3 failure found as a replay (a request
+// without a usable message after a committed turn of its conversation)
+// shrinks to a run that still shows the committed turn it replays, not to
+// one invalid request on a new conversation.
+func TestT3ShrinksToAReplay(t *testing.T) {
+	t.Parallel()
+	res, err := scenarios.Check(reference.WithMutant(sut.ReplayWithoutUser), scenarios.Options{Checks: 50, Seed: 1, ShrinkTime: 10 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure)
+	f := res.Failure
+	require.NotNil(t, f.Violation)
+	require.Equal(t, model.T3, f.Violation.Invariant)
+	last := f.History[len(f.History)-1]
+	committed := false
+	for _, op := range f.History {
+		committed = committed || op.Step < last.Step && op.Send.Conv == f.Violation.Conv && op.Response.Outcome == model.OK && op.Send.Token != ""
+	}
+	assert.True(t, committed, "no committed turn before the invalid request:\n%s", f.Report)
+}
