@@ -503,9 +503,22 @@ func (l Line) refuse(t Turn) *Violation {
 	}
 	if t.Outcome != Fail || t.Status != 400 {
 		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
-			Reason: fmt.Sprintf("a request without a usable new user message ended %s with status %d; want 400", t.Outcome, t.Status)}
+			Reason: fmt.Sprintf("a request without a usable new user message ended %s with status %d; want 400", t.Outcome, t.Status) +
+				replayed(t)}
 	}
 	return nil
+}
+
+// replayed says which earlier user message a turn without one of its own
+// sent the model as its new one, "" if none: what T3 forbids, a replay,
+// shown where the conversation had nothing committed for it to repeat.
+func replayed(t Turn) string {
+	for _, call := range t.Calls {
+		if call.Turn != "" {
+			return fmt.Sprintf("; the model was sent %s, an earlier user message, as the new one: a replay", call.Turn)
+		}
+	}
+	return ""
 }
 
 // committed reports whether the line holds a turn that ended ok.

@@ -807,6 +807,20 @@ func TestInvalidRequestCreatesNoConversation(t *testing.T) {
 	assert.Nil(t, m.Committed(convA))
 }
 
+// TestInvalidRequestNamesTheReplay: an invalid request answered as a turn,
+// on a conversation with nothing committed, names the earlier message the
+// model was sent as the new one: what T3 forbids shows in its reason.
+func TestInvalidRequestNamesTheReplay(t *testing.T) {
+	v := model.New().Apply(invalid(convA, "", model.OK, 200, call(u(3), u(3))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T3, v.Invariant)
+	assert.Contains(t, v.Reason, "; the model was sent tc-u3, an earlier user message, as the new one: a replay")
+	// Answered without the model, there is no replay to name.
+	v = model.New().Apply(invalid(convA, "", model.OK, 200))
+	require.NotNil(t, v)
+	assert.NotContains(t, v.Reason, "replay")
+}
+
 // The violation of a failed turn's duplicate names it, and the expected and
 // observed histories show it.
 func TestViolationHistories(t *testing.T) {

@@ -254,12 +254,9 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 	inv := run.violation.Invariant
 	after := func(steps int) {
 		r.stats.ShrinkRuns++
-		r.stats.Shrinking = fmt.Sprintf("the %s failure, at %d step(s)", inv, steps)
-		if r.progress != nil {
-			r.progress(*r.stats)
-		}
+		r.shrinking(fmt.Sprintf("the %s failure, at %d step(s)", inv, steps))
 	}
-	defer func() { r.stats.Shrinking = "" }()
+	defer r.shrinking("")
 	s, ok := shrink.Run(ctx, r.labs, run.plans, run.violation, after)
 	f.ShrinkRuns, f.ShrunkIn = s.Runs, time.Since(start)
 	r.stats.TimeMS[execute.SpentShrink] += f.ShrunkIn.Milliseconds()

@@ -68,6 +68,13 @@ func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
 	return c, runErr
 }
 
+// noRestarter says why a server the harness cannot restart is never
+// checked for durability, and how a Go target gives it restarts.
+const noRestarter = "the harness cannot restart this server: its target's Start returns a Server with no " +
+	"Restart(crash bool, agents []string) error method (scenarios.Restarter), as scenarios.Handler's do; " +
+	"to check T7 and T8, give Start a Server of your own that has one, stopping the server and starting it again " +
+	"on the same data dir (README, \"From go test\"), or check it from a profile, as a process"
+
 // noteErr is notes as an error, nil for none.
 func noteErr(notes []string) error {
 	if len(notes) == 0 {
@@ -80,10 +87,26 @@ func noteErr(notes []string) error {
 // context ends, or a round finds nothing more.
 func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[model.Invariant]*report.Failure) error {
 	nums := opts.numbers()
+	// done counts every check of the rounds before, the ones run again in
+	// a later round too, and last what this round has said so far: the
+	// progress said is their sum, which only ever grows.
+	done, last := report.NewStats(), report.NewStats()
 	for len(nums) > 0 {
 		o := opts
 		o.checks, o.Skip = nums, slices.Clone(l.Skip)
+		if opts.Progress != nil {
+			o.Progress = func(s report.Stats) {
+				last = &s
+				sum := report.NewStats()
+				sum.Add(*done)
+				sum.Add(s)
+				sum.Shrinking = s.Shrinking
+				opts.Progress(*sum)
+			}
+		}
 		res, err := check(l, o)
+		done.Add(*last)
+		last = report.NewStats()
 		if res != nil {
 			c.Stats.Add(res.Stats)
 		}
@@ -257,7 +280,7 @@ func notApplicable(p targets.Profile, target targets.Target, restartable, watche
 	case remote:
 		return "the server runs at a fixed URL: the harness cannot restart or crash it"
 	case !restartable:
-		return "the harness cannot restart this server (its target has no Restarter)"
+		return noRestarter
 	case !p.Durability.Restart && !p.Durability.Crash:
 		return "the profile declares no durability across restarts or crashes"
 	case inv == model.T8 && p.Agent == "":

@@ -49,6 +49,12 @@ func TestConformCleanServer(t *testing.T) {
 			assert.True(t, c.Passed())
 			assert.Empty(t, c.Stopped)
 			assert.Contains(t, c.Text(targets.Profile{}), "T4   one conversation, one line")
+			// A server that serves its turns gets the faults drawn for
+			// them: aborts (kept alive under complete) and model faults,
+			// the ones hitting a later call of the tool loop too.
+			for _, k := range []string{"client-abort", "model-error", "stream-cut"} {
+				assert.Positive(t, c.Stats.Faults[k], "%s injected: %v (not reached: %v)", k, c.Stats.Faults, c.Stats.Unreached)
+			}
 		})
 	}
 }
@@ -100,6 +106,16 @@ func TestNothingServedIsNoPass(t *testing.T) {
 		assert.Equal(t, report.NotExercised, st[inv], "%s", inv)
 		assert.NotEmpty(t, c.Verdict(inv).Reason)
 	}
+	// No turn reached the model: the faults drawn for its calls, and
+	// the aborts drawn for when it holds them, took no effect.
+	for k := range c.Stats.Faults {
+		// Bursts and tool turns are shapes of traffic, drawn, not faults.
+		assert.Contains(t, []string{"concurrency", "tool-turn"}, k, "a fault counted as injected")
+	}
+	assert.Positive(t, c.Stats.Unreached["client-abort"], "%v", c.Stats.Unreached)
+	summary := c.Stats.Summary()
+	assert.Contains(t, summary, "faults injected: none\n")
+	assert.Regexp(t, `faults drawn, not reached \(.*\): (.*, )?client-abort \d+`, summary)
 }
 
 // TestRunSubtests: Run reports a subtest per invariant, through the
@@ -291,6 +307,22 @@ func TestOneSourceAtATime(t *testing.T) {
 	assert.Contains(t, err.Error(), "accepts 1 arg(s), received 2")
 	for _, v := range c.Verdicts {
 		assert.NotEqual(t, report.Fail, v.Status, "a setup error judged as the server's %s: %+v", v.Invariant, v)
+	}
+}
+
+// TestNoRestarterSaysHow: a server that declares durability, on a target
+// the harness cannot restart, gets T7 and T8 as not applicable, and the
+// reason says what its target lacks and how to give it.
+func TestNoRestarterSaysHow(t *testing.T) {
+	p := targets.Profile{Agent: "helper", Durability: targets.Durability{Restart: true, Crash: true}}
+	for _, v := range verdicts(p, refuseAll{}, false, false, nil, *report.NewStats(), nil) {
+		if v.Invariant != model.T7 && v.Invariant != model.T8 {
+			continue
+		}
+		assert.Equal(t, report.NotApplicable, v.Status, "%s", v.Invariant)
+		for _, how := range []string{"Restart(crash bool, agents []string) error", "scenarios.Restarter", "same data dir", "From go test"} {
+			assert.Contains(t, v.Reason, how, "%s", v.Invariant)
+		}
 	}
 }
 

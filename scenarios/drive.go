@@ -146,6 +146,25 @@ func (r *runner) ended(c *checkRun) {
 	r.progress(*r.live)
 }
 
+// shrinking counts a shrink replay of what, for progress, on the counts
+// of every check that ran, the ones after the failing check too: the
+// progress line never counts back when a shrink starts. what is "" once
+// the shrink is over.
+func (r *runner) shrinking(what string) {
+	if r.progress == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if what == "" {
+		r.live.Shrinking = ""
+		return
+	}
+	r.live.ShrinkRuns++
+	r.live.Shrinking = what
+	r.progress(*r.live)
+}
+
 func (r *runner) context() context.Context {
 	if r.ctx == nil {
 		return context.Background()

@@ -323,3 +323,59 @@ func TestStepsPerRun(t *testing.T) {
 	assert.Less(t, perCheck[0], 10.0, "runs of 2 steps on average")
 	assert.Greater(t, perCheck[1], 20.0, "runs of 60 steps on average")
 }
+
+// TestProgressOnlyCountsUp: the progress a run says only ever grows, when
+// a failure starts to shrink after checks beyond it ran (at once, beside
+// it) and when the run goes on after it in a round of its own: what it
+// counts is what ran, not what the verdicts count.
+func TestProgressOnlyCountsUp(t *testing.T) {
+	t.Parallel()
+	var seen []scenarios.Stats
+	var mu sync.Mutex
+	c, err := scenarios.Conform(reference.WithMutant(sut.MutateBeforeRun), scenarios.Options{Checks: 12, Seed: 11, Parallel: 2,
+		ShrinkTime: 2 * time.Second,
+		Progress: func(s scenarios.Stats) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, scenarios.Stats{Checks: s.Checks, Steps: s.Steps, ShrinkRuns: s.ShrinkRuns, Shrinking: s.Shrinking})
+		}})
+	require.NoError(t, err)
+	require.Equal(t, scenarios.Fail, c.Verdict(model.T1).Status, "a failure found, shrunk, and the run went on")
+	shrinks := 0
+	for i, s := range seen {
+		if s.Shrinking != "" {
+			shrinks++
+		}
+		if i == 0 {
+			continue
+		}
+		prev := seen[i-1]
+		assert.GreaterOrEqual(t, s.Checks, prev.Checks, "checks counted back at %d: %+v after %+v", i, s, prev)
+		assert.GreaterOrEqual(t, s.Steps, prev.Steps, "steps counted back at %d: %+v after %+v", i, s, prev)
+		assert.GreaterOrEqual(t, s.ShrinkRuns, prev.ShrinkRuns, "shrink replays counted back at %d", i)
+	}
+	assert.Positive(t, shrinks, "progress said the shrink")
+	// What ran is at least what the verdicts count: checks run again
+	// after a failure count in both.
+	assert.GreaterOrEqual(t, seen[len(seen)-1].Checks, c.Stats.Checks)
+}
+
+// TestT3ShrinksToAReplay: a T3 failure found as a replay (a request
+// without a usable message after a committed turn of its conversation)
+// shrinks to a run that still shows the committed turn it replays, not to
+// one invalid request on a new conversation.
+func TestT3ShrinksToAReplay(t *testing.T) {
+	t.Parallel()
+	res, err := scenarios.Check(reference.WithMutant(sut.ReplayWithoutUser), scenarios.Options{Checks: 50, Seed: 1, ShrinkTime: 10 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure)
+	f := res.Failure
+	require.NotNil(t, f.Violation)
+	require.Equal(t, model.T3, f.Violation.Invariant)
+	last := f.History[len(f.History)-1]
+	committed := false
+	for _, op := range f.History {
+		committed = committed || op.Step < last.Step && op.Send.Conv == f.Violation.Conv && op.Response.Outcome == model.OK && op.Send.Token != ""
+	}
+	assert.True(t, committed, "no committed turn before the invalid request:\n%s", f.Report)
+}

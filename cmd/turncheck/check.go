@@ -56,6 +56,12 @@ is committed whole or not at all).
 sessions (its session API: a session is created, then turns run in it).
 A mutant whose bug lives in one protocol is reached through it.
 
+Ctrl-C stops the run cleanly after the step in flight.
+
+Exit status: 0 no invariant broken, 1 an invariant broken (or the server
+went down: a crash finding), 2 usage or setup error, or a run interrupted
+before it found anything.
+
 Examples:
   turncheck check --mutant commit-on-stream-error --checks 200
   turncheck check --protocol responses
@@ -69,11 +75,22 @@ const replayHelp = `Usage: turncheck replay FILE [--tries N] [--json F] [--junit
 
 With FILE, a failure that 'turncheck check' or 'turncheck conform' saved:
 re-executes exactly its steps against a fresh server of the kind it was
-found on (check's: the reference server, with the mutant and policies it
-was found with; conform's: the server its profile starts, through that
-profile, read again from where it was), without searching or shrinking,
-and prints the report of what they come to now: the same steps and, for a
-server that behaves the same way under them, the same verdict, every time.
+found on, without searching or shrinking, and prints the report of what
+they come to now: the same steps and, for a server that behaves the same
+way under them, the same verdict, every time.
+
+  check's    the reference server, with the mutant, policies and protocol
+             it was found with
+  conform's  the server its profile starts, through that profile, read
+             again from the path conform was given (keep it there, or the
+             replay says it cannot read it): replicas are started again
+             (over a fresh PostgreSQL for store: postgres, each request
+             sent to the replica it went to), and a profile's front must
+             be running again, as for conform; a profile with url reaches
+             that server again. A failure of 'conform --url' names no
+             profile: write one (url and model_addr) and conform through it
+  Go tests   a failure a Go test saved (scenarios.Run) replays from that
+             test: TURNCHECK_REPLAY=FILE go test -run ...
 
 A server that does not report its activity may not behave the same way:
 a burst may run in another interleaving, a front may route a request to
@@ -85,8 +102,9 @@ the replica that served, the order a burst's requests were answered in)
 and exits 3: try more (--tries 20), or, if the bug was fixed, that is what
 a fix looks like.
 
-With --seed, runs again the check that seed starts (as 'turncheck check'
-printed it), searching and shrinking as check does.
+With --seed, runs again the check that seed starts on the reference
+server (as 'turncheck check' printed it), searching and shrinking as check
+does; a conform run's seed runs again with 'turncheck conform --seed S'.
 
 Exit status: 0 no invariant broken (--seed), 1 an invariant broken, or
 the server went down, a crash finding (with FILE:
@@ -374,7 +392,7 @@ func checkAndReport(cmd string, rf runFlags, opts scenarios.Options, stdout, std
 	}
 	interrupted := errors.Is(err, scenarios.ErrInterrupted)
 	if interrupted && res.Failure == nil {
-		fmt.Fprintf(stderr, "turncheck %s: interrupted after %d check(s), %d step(s), seed %d; no violation seen so far\n",
+		fmt.Fprintf(stderr, "turncheck %s: interrupted after %d check(s), %d request(s), seed %d; no violation seen so far\n",
 			cmd, res.Checks, res.Steps, res.Seed)
 		return exitUsage
 	}

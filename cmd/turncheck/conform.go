@@ -50,6 +50,15 @@ whether the server offers the tool loop's tools (echo and lookup), and the
 policies it declares. One server serves the whole run; each
 check uses conversation ids of its own.
 
+The profile's protocol says how turns reach the server: chat (POST
+/v1/chat/completions under a conversation header, the default), responses
+(the OpenAI Responses API, chained by previous_response_id) or sessions (a
+session API the profile describes). server.replicas: N starts N processes
+over one store (server.store: postgres starts a throwaway PostgreSQL for
+them) and breaks their links to the store and to the client mid-turn;
+server.front names a load balancer you run in front of them. profiles/
+holds a ready profile of each shape, for the reference server.
+
 --url URL checks a server that already runs with the default profile (no
 keys, X-Conversation-Id, policy serialize). Start it with its model base URL
 set to http://MODEL-ADDR/v1 first.
@@ -310,7 +319,7 @@ func progress(w io.Writer, live bool) func(scenarios.Stats) {
 			faults += n
 		}
 		elapsed := time.Since(start)
-		line := fmt.Sprintf("%d checks, %.0f steps/s, %d faults injected, %s", s.Checks,
+		line := fmt.Sprintf("%d checks, %.0f requests/s, %d faults injected, %s", s.Checks,
 			float64(s.Steps)/max(elapsed.Seconds(), 1e-3), faults, elapsed.Round(time.Second))
 		switch {
 		case s.Shrinking != "":

@@ -65,9 +65,12 @@ const (
 	exitNotReproduced = 3
 )
 
-const usage = `turncheck checks that a session server keeps conversations transactional:
-a failed turn changes nothing, a committed turn stays, a request without a new
-user message is refused, and conversations never leak into each other.
+const usage = `turncheck checks that a server which keeps LLM conversations server-side keeps
+them transactional: a failed turn changes nothing, a committed turn stays, a
+request without a new user message is refused, and conversations never leak
+into each other. It reaches the server through chat completions under a
+conversation header, the OpenAI Responses API, or a session API, as one
+process, as replicas over one store, or behind a front (profiles/README.md).
 
 Usage:
   turncheck <command> [flags]

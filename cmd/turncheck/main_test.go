@@ -113,6 +113,31 @@ func TestHelpTeaches(t *testing.T) {
 	assert.Contains(t, stdout, "Usage: turncheck version", "version --help says what version does, not the version")
 }
 
+// TestHelpSaysWhatItDoes: each command's help says what the command does
+// today: the protocols and shapes of server conform reaches, check's exit
+// statuses, that the standalone model injects nothing (check and conform
+// run their own), where the mutants of replicas are caught.
+func TestHelpSaysWhatItDoes(t *testing.T) {
+	for cmd, wants := range map[string][]string{
+		"":        {"chat completions", "Responses API", "session API", "replicas", "front"},
+		"conform": {"responses\n(the OpenAI Responses API", "sessions (a\nsession API", "server.replicas: N", "server.front", "profiles/"},
+		"check":   {"Exit status: 0", "crash finding", "Ctrl-C"},
+		"model":   {"/tools/lookup", "injects no fault", "'turncheck conform'"},
+		"mutants": {"profiles/reference-replicas.yaml"},
+		"merge":   {"Exit status:"},
+	} {
+		args := []string{"--help"}
+		if cmd != "" {
+			args = []string{cmd, "--help"}
+		}
+		code, stdout, _ := runCLI(t, args...)
+		require.Equal(t, exitOK, code, cmd)
+		for _, want := range wants {
+			assert.Contains(t, stdout, want, "turncheck %s --help", cmd)
+		}
+	}
+}
+
 // TestSelfCheckIsCheck: self-check, the name that says which server it
 // checks, runs check.
 func TestSelfCheckIsCheck(t *testing.T) {

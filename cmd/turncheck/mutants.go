@@ -23,8 +23,9 @@ server, and prints a table: the mutant, the issue it reproduces, whether it
 was caught, how long catching and shrinking took, how short the failure
 shrank, and the invariant it broke. The mutants of replicas over one
 PostgreSQL are left out: one process does not show their bugs, and they
-are caught through a replicated profile. Exit status 0 only if every mutant was
-caught and the clean server passed.
+are caught through profiles/reference-replicas.yaml with "--mutant, NAME"
+added to its command. Exit status 0 only if every mutant was caught and
+the clean server passed.
 
 --list only lists the mutants and the bugs they bring back.
 
@@ -148,7 +149,7 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		_ = tw.Flush()
 	}
 	if len(replicated) > 0 {
-		fmt.Fprintf(stderr, "turncheck mutants: not run in process, caught on replicas over PostgreSQL through a replicated profile (see README.md): %s\n",
+		fmt.Fprintf(stderr, "turncheck mutants: not run in process, caught on replicas over PostgreSQL through profiles/reference-replicas.yaml, '--mutant, NAME' added to its command: %s\n",
 			strings.Join(replicated, ", "))
 	}
 	if !ok {

@@ -100,7 +100,7 @@ func TestReplayBreaksAnother(t *testing.T) {
 func TestReplayHelp(t *testing.T) {
 	code, stdout, _ := runCLI(t, "replay", "--help")
 	require.Equal(t, exitOK, code)
-	for _, want := range []string{"'turncheck conform' saved", "through that\nprofile", "--tries N", "exits 3",
+	for _, want := range []string{"'turncheck conform' saved", "through that profile", "conform --url", "TURNCHECK_REPLAY=FILE", "--tries N", "exits 3",
 		"Exit status: 0", "1 an invariant broken", "2 usage or setup error", "3 (with\nFILE)"} {
 		assert.Contains(t, stdout, want)
 	}

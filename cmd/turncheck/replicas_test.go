@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/fronttest"
 	"github.com/turncheck/turncheck/internal/pgserver"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // TestConformReplicasOverPostgres: the reference server, run as three
@@ -28,19 +28,28 @@ import (
 // front, with faults on both links, and TestReplicasShareNothingButTheStore
 // sends requests to replicas the plan draws: this run is the longer
 // campaign, behind -replicated.
+//
+// Without -replicated, one short check runs profiles/reference-replicas.yaml
+// as shipped: the profile starts, serves and breaks nothing.
 func TestConformReplicasOverPostgres(t *testing.T) {
-	if !*replicated {
-		t.Skip("a longer campaign: go test ./cmd/turncheck -run TestConformReplicasOverPostgres -replicated")
-	}
 	if err := pgserver.Installed(); errors.Is(err, pgserver.ErrNotInstalled) {
 		t.Skip(err)
 	}
 	onPath(t)
+	if !*replicated {
+		dir := t.TempDir()
+		code, stdout, stderr := runCLI(t, "conform", "--profile", replicasProfile, "--checks", "1", "--steps", "12", "--seed", "2",
+			"--parallel", "1", "--out", filepath.Join(dir, "out"))
+		require.NotEqual(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+		assert.NotContains(t, stdout, "FAIL", "stdout:\n%s", stdout)
+		assert.Regexp(t, `PASS +[1-9]\d* `, verdictLine(stdout, "T2"), "stdout:\n%s", stdout)
+		t.Log("the longer campaign: go test ./cmd/turncheck -run TestConformReplicasOverPostgres -replicated")
+		return
+	}
 	t.Run("three replicas", func(t *testing.T) {
 		t.Parallel() // it mostly waits on its servers
 		dir := t.TempDir()
-		profile := filepath.Join(dir, "replicas.yaml")
-		require.NoError(t, os.WriteFile(profile, []byte(replicatedProfile(t, 3)), 0o644))
+		profile := replicasProfile
 		// One check at a time: one PostgreSQL and one set of replicas
 		// and proxies, not one a core.
 		code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "4", "--steps", "20", "--seed", "2",
@@ -48,7 +57,8 @@ func TestConformReplicasOverPostgres(t *testing.T) {
 		require.NotEqual(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 		// Their links to the client and to the store broke under turns
 		// in flight, and every invariant held across.
-		// (A fault drawn but never applied reads "not applied: ...".)
+		// (A fault drawn but never reached is counted on a line of its own,
+		// "faults drawn, not reached".)
 		assert.Regexp(t, `faults injected: (.*, )?network (reset|cut|partition) \(store link\)`, stdout)
 		assert.Regexp(t, `faults injected: (.*, )?network (reset|cut|partition) \(client link\)`, stdout)
 		for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11"} {
@@ -88,14 +98,13 @@ func TestConformThroughAFront(t *testing.T) {
 		t.Run(cmp.Or(c.mutant, "clean"), func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
-			front := aFront(t, 3)
-			text := replicatedProfile(t, 3)
-			text = strings.Replace(text, "  store: postgres\n", fmt.Sprintf("  store: postgres\n  front: {url: %q, upstreams: [%s]}\n",
-				front.URL, strings.Join(front.Upstreams, ", ")), 1)
+			// The profile and nginx configuration as shipped, on ports
+			// of the test's own.
+			text, front := frontProfileOnFreePorts(t)
 			if c.mutant != "" {
 				text = strings.Replace(text, "--request-timeout, 1s]", "--request-timeout, 1s, --mutant, "+c.mutant+"]", 1)
+				require.Contains(t, text, "--mutant, "+c.mutant)
 			}
-			require.Contains(t, text, "front: ")
 			profile := filepath.Join(dir, "front.yaml")
 			require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
 			code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "3", "--steps", "20", "--seed", "2",
@@ -139,25 +148,36 @@ func TestConformThroughAFront(t *testing.T) {
 	}
 }
 
-// aFront is a front for n upstreams: nginx where it is installed (.ci/run
-// installs it), as an operator configures it, else the tests' own.
-func aFront(t *testing.T, n int) *fronttest.Front {
+// frontProfileOnFreePorts is profiles/reference-front.yaml, and the front
+// it names running: nginx started from profiles/nginx-front.conf where
+// nginx is installed (.ci/run installs it), else the tests' own front.
+// Both listen on free ports in place of the fixed ones the files name,
+// which the profile's text is rewritten to.
+func frontProfileOnFreePorts(t *testing.T) (string, *fronttest.Front) {
+	t.Helper()
+	b, err := os.ReadFile(frontProfile)
+	require.NoError(t, err)
+	target, err := targets.LoadProfile(frontProfile)
+	require.NoError(t, err, "the profile as shipped loads")
+	sub, ok := target.(targets.Subprocess)
+	require.True(t, ok, "a profile that starts its server: %T", target)
+	fixed := sub.Front
+	require.NotNil(t, fixed, "the profile names its front")
+	listen := strings.TrimPrefix(fixed.URL, "http://")
+	var front *fronttest.Front
 	if _, err := fronttest.NginxPath(); err != nil {
 		t.Logf("the tests' own front: %v", err)
-		return fronttest.Start(t, n)
+		front = fronttest.Start(t, len(fixed.Upstreams))
+	} else {
+		front = fronttest.NginxFile(t, frontConf, listen, fixed.Upstreams)
 	}
-	return fronttest.Nginx(t, n)
-}
-
-// replicatedProfile is the reference profile run as n replicas over one
-// PostgreSQL the harness starts.
-func replicatedProfile(t *testing.T, n int) string {
-	t.Helper()
-	base, err := os.ReadFile(referenceProfile)
-	require.NoError(t, err)
-	text := strings.Replace(string(base), `--data-dir, "{data_dir}",`, `--store, "{store_url}",`, 1)
-	text = strings.Replace(text, "  agent: helper\n", "  agent: helper\n  replicas: "+string(rune('0'+n))+"\n  store: postgres\n", 1)
-	require.NotEqual(t, string(base), text)
-	require.Contains(t, text, "{store_url}")
-	return text
+	pairs := []string{fixed.URL, front.URL}
+	for i, u := range fixed.Upstreams {
+		pairs = append(pairs, u, front.Upstreams[i])
+	}
+	text := strings.NewReplacer(pairs...).Replace(string(b))
+	for i := 0; i < len(pairs); i += 2 {
+		require.NotContains(t, text, pairs[i], "a fixed address left in the profile")
+	}
+	return text, front
 }

@@ -192,7 +192,10 @@ token of the request's last user message (tc-u7 -> tc-a7), and logs the
 tokens each request carried: what the server holds for the conversation.
 It also serves agent definitions, for 'turncheck serve --agent': GET
 /agents/NAME.yaml answers "name: NAME" and an instruction that echoes the
-request's query. Faults are injected only by 'turncheck check'.
+request's query; and the lookup tool's results, GET /tools/lookup?key=K.
+Standalone, it injects no fault: 'turncheck check' and 'turncheck conform'
+run a fake model of their own, which they script to fail, hold calls, cut
+streams and send malformed chunks.
 
 Example:
   turncheck model --listen 127.0.0.1:9090

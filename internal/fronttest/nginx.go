@@ -90,27 +90,93 @@ func Nginx(t testing.TB, n int) *Front {
 		f.Upstreams = append(f.Upstreams, addr)
 		fmt.Fprintf(&servers, "\t\tserver %s;\n", addr)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := ln.Addr().String()
-	ln.Close()
+	listen := freeListen(t)
 	f.URL = "http://" + listen
 	user := ""
 	if os.Geteuid() == 0 {
 		// Its worker writes into the test's directory, which is root's.
 		user = "user root;"
 	}
-	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, user, dir, servers.String(), listen), 0o644); err != nil {
+	runNginx(t, bin, dir, fmt.Appendf(nil, nginxConf, user, dir, servers.String(), listen), listen)
+	f.log = filepath.Join(dir, "access.log")
+	return f
+}
+
+// NginxFile starts nginx from an operator's configuration file (such as
+// profiles/nginx-front.conf), whose front listens on listen and sends to
+// upstreams: each of those addresses is replaced by a free loopback one
+// (the upstreams on ports below the range for outgoing connections, as
+// the harness requires), so that tests run at once never share a port.
+// The file's paths must be relative to nginx's prefix, a temporary
+// directory here, and its access log, access.log there, must log
+// "$upstream_addr|$upstream_status" for Served. nginx runs in the
+// foreground whatever the file says, and stops when t ends; the test
+// skips where no nginx is installed.
+func NginxFile(t testing.TB, path, listen string, upstreams []string) *Front {
+	t.Helper()
+	bin, err := NginxPath()
+	if err != nil {
+		t.Skip(err)
+	}
+	conf, err := os.ReadFile(path)
+	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if out, err := exec.Command(bin, "-t", "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log")).CombinedOutput(); err != nil {
+	text := string(conf)
+	f := &Front{}
+	pairs := []string{}
+	for _, old := range upstreams {
+		addr, err := freeAddr(len(f.Upstreams))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Upstreams = append(f.Upstreams, addr)
+		pairs = append(pairs, old, addr)
+	}
+	addr := freeListen(t)
+	f.URL = "http://" + addr
+	pairs = append(pairs, listen, addr, "daemon on;", "daemon off;")
+	for i := 0; i < len(pairs); i += 2 {
+		if !strings.Contains(text, pairs[i]) {
+			t.Fatalf("%s: no %q in it", path, pairs[i])
+		}
+	}
+	text = strings.NewReplacer(pairs...).Replace(text)
+	if os.Geteuid() == 0 {
+		// Its worker writes into the test's directory, which is root's.
+		text = "user root;\n" + text
+	}
+	dir := t.TempDir()
+	runNginx(t, bin, dir, []byte(text), addr)
+	f.log = filepath.Join(dir, "access.log")
+	return f
+}
+
+// freeListen is a loopback address free a moment ago, for a front to
+// listen on.
+func freeListen(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// runNginx runs nginx with conf, in the foreground, with prefix dir, until
+// it listens on listen; it stops when t ends.
+func runNginx(t testing.TB, bin, dir string, conf []byte, listen string) {
+	t.Helper()
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, conf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-p", dir, "-c", path, "-e", filepath.Join(dir, "error.log")}
+	if out, err := exec.Command(bin, append([]string{"-t"}, args...)...).CombinedOutput(); err != nil {
 		t.Fatalf("nginx -t: %v\n%s", err, out)
 	}
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +198,7 @@ func Nginx(t testing.TB, n int) *Front {
 	for start := time.Now(); ; {
 		if c, err := net.Dial("tcp", listen); err == nil {
 			c.Close()
-			break
+			return
 		}
 		select {
 		case <-done:
@@ -144,8 +210,6 @@ func Nginx(t testing.TB, n int) *Front {
 			t.Fatal("nginx did not listen within 10s")
 		}
 	}
-	f.log = filepath.Join(dir, "access.log")
-	return f
 }
 
 // nginxServed counts, from nginx's access log, the requests each

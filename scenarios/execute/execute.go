@@ -142,7 +142,7 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	op := history.Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: protocol.Response{Outcome: model.OK}}
 	r, ok := e.srv.(targets.Restarter)
 	if !ok {
-		op.HarnessError = "the step restarts a server the harness cannot restart (its target has no Restarter)"
+		op.HarnessError = "the step restarts a server the harness cannot restart: its target's Server has no Restart method (scenarios.Restarter)"
 		op.Response.Outcome, op.Response.Detail = model.Fail, op.HarnessError
 		return op
 	}

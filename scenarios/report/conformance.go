@@ -121,6 +121,10 @@ func (s *Stats) Add(o Stats) {
 	s.Auxiliary += o.Auxiliary
 	s.Evictions += o.Evictions
 	AddCounts(s.Faults, o.Faults)
+	if len(o.Unreached) > 0 && s.Unreached == nil {
+		s.Unreached = map[string]int{}
+	}
+	AddCounts(s.Unreached, o.Unreached)
 	AddCounts(s.Outcomes, o.Outcomes)
 	AddCounts(s.Causes, o.Causes)
 	AddCounts(s.TimeMS, o.TimeMS)

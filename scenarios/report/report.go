@@ -23,11 +23,7 @@ import (
 func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", v.Error())
-	steps := 0
-	if len(history) > 0 {
-		steps = history[len(history)-1].Step - history[0].Step + 1
-	}
-	fmt.Fprintf(&b, "%d step(s), %d request(s):\n", steps, len(history))
+	fmt.Fprintf(&b, "%s:\n", historySize(history))
 	// Where requests went to several replicas, each says which.
 	replicated := false
 	for _, op := range history {
@@ -51,6 +47,16 @@ func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) 
 			"order the harness saw them: a later tick is a later event.\n")
 	}
 	return serverIDs(history).Replace(b.String())
+}
+
+// historySize counts a failing run's steps and requests, as every
+// rendering of it says them: "2 step(s), 3 request(s)".
+func historySize(history []history.Op) string {
+	steps := 0
+	if len(history) > 0 {
+		steps = history[len(history)-1].Step - history[0].Step + 1
+	}
+	return fmt.Sprintf("%d step(s), %d request(s)", steps, len(history))
 }
 
 // serverIDs names the ids the server made in a history (response ids,
@@ -210,8 +216,13 @@ type Stats struct {
 	Checks int `json:"checks"`
 	// Steps is how many requests were sent.
 	Steps int `json:"steps"`
-	// Faults counts the injected faults by kind.
+	// Faults counts the injected faults by kind: those that took effect,
+	// the turn having got as far as the point each was drawn for.
 	Faults map[string]int `json:"faults"`
+	// Unreached counts by kind the faults drawn for turns that ended
+	// before the point each was drawn for (refused, or failed, before the
+	// model call it was to hit): drawn, never injected.
+	Unreached map[string]int `json:"unreached,omitempty"`
 	// Outcomes counts the turns' outcomes: ok, fail, unknown.
 	Outcomes map[string]int `json:"outcomes"`
 	// Invariants counts how often each invariant was evaluated.
@@ -261,7 +272,7 @@ const MaxFirstAnswers = 3
 
 // NewStats returns empty Stats, every count ready to add to.
 func NewStats() *Stats {
-	return &Stats{Faults: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{},
+	return &Stats{Faults: map[string]int{}, Unreached: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{},
 		SetAside: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},
 		Causes: map[string]int{}, TimeMS: map[string]int64{}}
 }
@@ -269,7 +280,7 @@ func NewStats() *Stats {
 // Summary renders the counts on a few lines.
 func (s *Stats) Summary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "checks: %d, steps: %d", s.Checks, s.Steps)
+	fmt.Fprintf(&b, "checks: %d, requests: %d", s.Checks, s.Steps)
 	// Turns that failed did so mostly as the faults drawn asked: not
 	// failures of the check.
 	fmt.Fprintf(&b, " (turns ok %d, answered with an error %d, outcome unknown %d)\n",
@@ -284,6 +295,10 @@ func (s *Stats) Summary() string {
 	}
 	b.WriteString("faults injected: ")
 	b.WriteString(countList(faults))
+	if len(s.Unreached) > 0 {
+		b.WriteString("\nfaults drawn, not reached (the turn ended before the point each was drawn for): ")
+		b.WriteString(countList(s.Unreached))
+	}
 	if len(shapes) > 0 {
 		b.WriteString("\nalso drawn: ")
 		b.WriteString(countList(shapes))

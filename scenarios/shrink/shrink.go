@@ -90,6 +90,12 @@ type Shrinker struct {
 	// the first run kept did not, on a fresh server; unreplayed that the
 	// replays to confirm it failed to run.
 	confirmed, unconfirmed, unreplayed bool
+	// replayShown says the failing run showed a T3 violation as a replay:
+	// the request without a usable message came after a committed turn
+	// of its conversation. A smaller candidate is kept only if it shows
+	// it too: one invalid request on a new conversation breaks T3 as
+	// well, but no longer shows what was replayed, nor from where.
+	replayShown bool
 }
 
 // foundRun is a failing run the shrinker kept; smaller says it is one of
@@ -174,6 +180,7 @@ func (s *Shrinker) reproduce(plans []plan.Plan) bool {
 	r, tries, ok := s.breaksAgain(plans, s.replayOn, func(miss replayed) { s.misses = append(s.misses, miss.history) })
 	if ok {
 		// The run itself, not a smaller one: nothing kept yet.
+		s.replayShown = s.want == model.T3 && showsReplay(r.history, r.v)
 		s.need = max(s.need, tries)
 		s.record(plans, r, false)
 	}
@@ -221,7 +228,26 @@ type replayed struct {
 
 // breaks reports whether r broke the invariant sought.
 func (s *Shrinker) breaks(r replayed) bool {
-	return r.err == nil && r.v != nil && r.v.Invariant == s.want
+	if r.err != nil || r.v == nil || r.v.Invariant != s.want {
+		return false
+	}
+	return !s.replayShown || showsReplay(r.history, r.v)
+}
+
+// showsReplay reports whether the violating request of a history (its
+// last step's) came after a turn of its conversation that was committed:
+// what a request without a usable message may replay is then shown.
+func showsReplay(ops []history.Op, v *model.Violation) bool {
+	if len(ops) == 0 {
+		return false
+	}
+	last := ops[len(ops)-1].Step
+	for _, op := range ops {
+		if op.Step < last && op.Send.Conv == v.Conv && op.Send.Token != "" && op.Response.Outcome == model.OK {
+			return true
+		}
+	}
+	return false
 }
 
 // replay replays the candidates, at most one per lab, at once.

@@ -301,9 +301,10 @@ func (s *subprocessServer) Close() error {
 	return errors.Join(s.p.Stop(), s.store.stop(), os.RemoveAll(s.dir))
 }
 
-// lastLines is the last n lines of out.
+// lastLines is the last n lines of out, with what the harness's client
+// aborts caused marked as such (markAborts).
 func lastLines(out string, n int) string {
-	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	lines := strings.Split(markAborts(strings.TrimRight(out, "\n")), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}

@@ -369,12 +369,14 @@ func (m *Machine) record(op history.Op) {
 		}
 	}
 	if k := op.Send.FaultKind(); k != "" {
-		// A network fault counts as injected only where its link broke
-		// while the turn was in flight, not where it was only drawn.
-		if op.Send.Net != nil && op.Net != history.NetBroken {
-			k = "not applied: " + k
+		// A fault counts as injected only where it took effect: the turn
+		// got as far as the point it was drawn for. A turn refused, or
+		// ended, before it got there only drew it.
+		if faultReached(op) {
+			m.stats.Faults[k]++
+		} else {
+			m.stats.Unreached[k]++
 		}
-		m.stats.Faults[k]++
 	}
 	if len(op.Send.Rounds) > 0 {
 		m.stats.Faults["tool-turn"]++
@@ -390,6 +392,41 @@ func (m *Machine) record(op history.Op) {
 	if op.Response.Outcome == model.Fail {
 		c.failed = append(c.failed, tok)
 	}
+}
+
+// faultReached reports whether op's fault took effect: a network fault
+// whose link broke while the turn was in flight, a client abort made
+// while the model held the turn at its point, a model fault on a turn
+// that made the model call of its tool loop the fault hits.
+func faultReached(op history.Op) bool {
+	switch s := op.Send; {
+	case s.Net != nil:
+		return op.Net == history.NetBroken
+	case s.Abort:
+		return op.Turn.Interrupted || op.Turn.Detached
+	case s.Fault.Kind != faults.None:
+		for _, c := range op.Turn.Calls {
+			if callRound(s.Token, c) >= s.Fault.Round {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// callRound is the call of turn tok's tool loop c is: how many of the
+// turn's tool rounds it carries results of (0 for the first call).
+func callRound(tok model.Token, c model.Call) int {
+	round := 0
+	for _, e := range c.Tools {
+		if e.Kind != model.ToolAnswered {
+			continue
+		}
+		if user, r, ok := model.ToolTurn(e.ID); ok && user == tok {
+			round = max(round, r)
+		}
+	}
+	return round
 }
 
 func (m *Machine) conv(ref model.ConversationRef) *conv {
