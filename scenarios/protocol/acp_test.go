@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,14 +33,18 @@ const scriptEnv = "TURNCHECK_ACP_SCRIPT"
 // calls back fs/read_text_file and terminal/create before it answers,
 // "ignorecancel" answers end_turn after session/cancel, "empty" answers
 // the prompt's reply without the model's call mark, "trailing" with an
-// error text after it.
+// error text after it, "outoforder" holds the first prompt until a second
+// comes and runs the second first, "errors" answers each prompt with a
+// JSON-RPC error, with an HTTP-like status in its data for an odd token
+// and none for an even one.
 func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 	enc := json.NewEncoder(out)
 	send := func(v map[string]any) { v["jsonrpc"] = "2.0"; _ = enc.Encode(v) }
 	userTok := regexp.MustCompile(`tc-u(\d+)`)
 	lines := bufio.NewScanner(in)
 	lines.Buffer(make([]byte, 1<<20), 1<<20)
-	var prompt map[string]any // the prompt waiting for session/cancel
+	var prompt map[string]any  // the prompt waiting for session/cancel
+	var first []map[string]any // outoforder: the first prompt's messages, held
 	for lines.Scan() {
 		var msg struct {
 			ID     json.RawMessage `json:"id"`
@@ -72,7 +77,29 @@ func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 				n = m[1]
 			}
 			reply := fmt.Sprintf("tc-a%s acknowledges [call 1].", n)
+			chunk := func(text string) map[string]any {
+				return map[string]any{"method": "session/update", "params": map[string]any{"sessionId": "s1",
+					"update": map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": text}}}}
+			}
 			switch mode {
+			case "outoforder":
+				msgs := []map[string]any{chunk(reply), {"id": msg.ID, "result": map[string]any{"stopReason": "end_turn"}}}
+				if first == nil {
+					first = msgs
+					continue
+				}
+				for _, m := range append(msgs, first...) {
+					send(m)
+				}
+				first = nil
+				continue
+			case "errors":
+				e := map[string]any{"code": -32603, "message": "Internal error"}
+				if n[len(n)-1]%2 == 1 {
+					e["data"] = map[string]any{"status": 502, "detail": "the model failed"}
+				}
+				send(map[string]any{"id": msg.ID, "error": e})
+				continue
 			case "exit":
 				os.Exit(3)
 			case "ignorecancel":
@@ -223,4 +250,50 @@ func TestACPCancel(t *testing.T) {
 	assert.Equal(t, CauseNotCancelled, r.Cause)
 	require.Len(t, r.Breaches, 1)
 	assert.Contains(t, r.Breaches[0], `"end_turn" after session/cancel`)
+}
+
+// TestACPRepliesOfPromptsRunOutOfOrder: two prompts of a session sent at
+// once, which the agent runs one at a time but the later first: each
+// prompt's reply is the text streamed before its own answer, not the
+// oldest prompt's.
+func TestACPRepliesOfPromptsRunOutOfOrder(t *testing.T) {
+	_, cl, err := startScripted(t, "outoforder", 10*time.Second)
+	require.NoError(t, err)
+	// The requests are made one after the other, as the harness makes a
+	// burst's (the first makes the session), and sent at once.
+	ctx := context.Background()
+	reqs := []Request{
+		cl.NewRequest(ctx, plan.TurnSend(model.ConversationRef{ID: "c"}, "tc-u1", true)),
+		cl.NewRequest(ctx, plan.TurnSend(model.ConversationRef{ID: "c"}, "tc-u2", true)),
+	}
+	rs := make([]Response, 2)
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rs[i] = cl.Send(ctx, req)
+		}()
+	}
+	wg.Wait()
+	for i, r := range rs {
+		assert.Equal(t, model.OK, r.Outcome, "prompt %d: %s", i+1, r.Detail)
+		assert.Equal(t, fmt.Sprintf("tc-a%d acknowledges [call 1].", i+1), r.Reply, "prompt %d", i+1)
+	}
+}
+
+// TestACPErrorStatus: a JSON-RPC error is read as the status its data
+// gives, where the agent gives one (the reference server's: 502 for a
+// model that failed), and as the client's own reading of its code
+// otherwise (500).
+func TestACPErrorStatus(t *testing.T) {
+	_, cl, err := startScripted(t, "errors", 10*time.Second)
+	require.NoError(t, err)
+	r := prompt(cl, context.Background(), "tc-u1")
+	assert.Equal(t, model.Fail, r.Outcome)
+	assert.Equal(t, 502, r.Status, r.Detail)
+	assert.Equal(t, CauseRPCError, r.Cause)
+	r = prompt(cl, context.Background(), "tc-u2")
+	assert.Equal(t, model.Fail, r.Outcome)
+	assert.Equal(t, 500, r.Status, r.Detail)
 }
