@@ -61,7 +61,10 @@ type acpWire struct {
 // the prompt answered second: the one that ran. A prompt answered
 // without running (refused, cancelled while it waited) is answered while
 // another may stream, and takes the text only if no other prompt of the
-// session is unanswered (take).
+// session is unanswered (take). A prompt takes the text once its answer
+// is read: text streamed for a later prompt before that would be taken
+// with it. The harness's model holds each call of a step's turns until
+// the answers before it were read, so none is.
 type acpSession struct {
 	id   string
 	conn *targets.ACPConn
@@ -222,10 +225,11 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 	}
 	w.mu.Lock()
 	s := w.sessions[conv]
+	current := s != nil && s.conn == conn
 	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, c.profile.RequestTimeout())
 	defer cancel()
-	if s != nil && s.conn == conn {
+	if current {
 		return s.id, nil, 0, nil
 	}
 	if s == nil {
@@ -255,6 +259,10 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 	s.loading = nil
 	w.mu.Unlock()
 	if err != nil {
+		// Not loaded on this run: an agent takes a prompt only on a
+		// session made or loaded on its connection, so the next turn
+		// loads it again rather than prompt it.
+		w.unwatch(s)
 		return s.id, nil, statusOf(err, http.StatusNotFound), fmt.Errorf("session/load: %w", rpcError(err))
 	}
 	replay = []model.Token{}
@@ -277,14 +285,25 @@ func (w *acpWire) close() {
 
 // watch routes s's updates on conn to it.
 func (w *acpWire) watch(s *acpSession, conn *targets.ACPConn) {
-	if s.stop != nil {
-		s.stop()
-	}
-	s.conn = conn
-	s.stop = conn.Watch(s.id, &targets.ACPWatch{
+	w.unwatch(s)
+	stop := conn.Watch(s.id, &targets.ACPWatch{
 		Update: func(u acp.SessionUpdate) { w.update(s, u) },
 		Deny:   func() bool { return w.deny(s) },
 	})
+	w.mu.Lock()
+	s.conn, s.stop = conn, stop
+	w.mu.Unlock()
+}
+
+// unwatch stops routing s's updates, and forgets the run s was on.
+func (w *acpWire) unwatch(s *acpSession) {
+	w.mu.Lock()
+	stop := s.stop
+	s.stop, s.conn = nil, nil
+	w.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // rpcError is err in words: a JSON-RPC error's message and code.
@@ -313,8 +332,9 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 	conn := w.conn()
 	w.mu.Lock()
 	s := w.sessions[req.Conv]
+	current := s != nil && s.conn == conn
 	w.mu.Unlock()
-	if conn == nil || s == nil || s.conn != conn {
+	if conn == nil || !current {
 		// The agent restarted between the request's making and its
 		// sending: the session is not on this run.
 		return Response{Outcome: model.Unknown, Detail: "the agent restarted before the prompt was sent", Cause: CauseNoAnswer}
@@ -442,6 +462,9 @@ func readACP(out Response, req Request, err error, aborted, busy bool, conn *tar
 			out.Status = http.StatusConflict
 		case re.Code == -32602 || re.Code == -32600:
 			out.Status = http.StatusBadRequest
+		case re.Code == -32002:
+			// ACP's "resource not found": the session is not the agent's.
+			out.Status = http.StatusNotFound
 		default:
 			out.Status = http.StatusInternalServerError
 		}
