@@ -16,6 +16,7 @@ import (
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/scenarios/targets"
@@ -78,6 +79,11 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	// Right until a network fault breaks a replica's link to the store,
 	// which the harness does only to replicas over a store.
 	sut.StoreErrorAcked: {model.T2},
+	// Through the Agent Client Protocol, the agent in process over pipes.
+	sut.ACPRefusalKeepsPrompt:  {model.T1},
+	sut.ACPCancelCommitsPrompt: {model.T10},
+	sut.ACPConcurrentPrompts:   {model.T4},
+	sut.ACPLoadDiffers:         {model.T7},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: the
@@ -201,6 +207,27 @@ func TestCleanResponsesPasses(t *testing.T) {
 	}
 	assert.Positive(t, res.Invariants[model.T3], "no continuation without a new user message was judged")
 	assert.Positive(t, res.Outcomes["ok"])
+}
+
+// TestCleanACPPasses: through the Agent Client Protocol, the clean
+// reference server as an agent in process conforms, and what is ACP's own
+// is exercised: prompts the model refused (stopReason refusal), each held
+// to T1; prompts cancelled with another of their session (session/cancel
+// is the session's), judged as interrupted (T10); session/load replays
+// after restarts (T7).
+func TestCleanACPPasses(t *testing.T) {
+	t.Parallel()
+	res, err := scenarios.Check(reference.Target{Protocol: targets.ACP}, scenarios.Options{Checks: 20, Seed: 1})
+	require.NoError(t, err)
+	if res.Failure != nil {
+		t.Fatalf("clean reference server failed through ACP (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
+	}
+	assert.Positive(t, res.Outcomes["ok"])
+	assert.Positive(t, res.Causes[protocol.CauseStopReason+"refusal"], "no prompt was refused: %v", res.Causes)
+	assert.Positive(t, res.Causes[protocol.CauseCancelledWith], "no prompt was cancelled with another: %v", res.Causes)
+	for _, inv := range []model.Invariant{model.T1, model.T4, model.T7, model.T10, model.Wire} {
+		assert.Positive(t, res.Invariants[inv], "%s not exercised", inv)
+	}
 }
 
 // TestResponsesConversationParameter: through the Responses API, turns

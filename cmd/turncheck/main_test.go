@@ -182,10 +182,24 @@ func TestTrackRecord(t *testing.T) {
 	require.Len(t, rows, inProcess+1)
 	assert.Contains(t, stderr, string(sut.ReplicaLocalLock))
 	assert.False(t, rows[0].Caught, "the clean server")
+	caught := map[string]trackRow{}
 	for _, r := range rows[1:] {
 		assert.True(t, r.Caught, r.Mutant)
 		assert.NotEmpty(t, r.Invariant, r.Mutant)
 		assert.Contains(t, r.Reproduce, "--mutant "+r.Mutant)
+		caught[r.Mutant] = r
+	}
+	// Each in-process mutant has its row, whatever its protocol (the
+	// ACP mutants' agent runs in process over pipes), caught as the
+	// invariant its bug breaks.
+	for _, m := range sut.Mutants() {
+		if m.Replicas > 0 {
+			continue
+		}
+		r, ok := caught[string(m.Mutant)]
+		if assert.True(t, ok, "no row for %s", m.Mutant) {
+			assert.Contains(t, namedAs(m), r.Invariant, m.Mutant)
+		}
 	}
 }
 

@@ -243,7 +243,12 @@ func (s *step) end() {
 	e.attribute(s.ops, e.fake.CallsAfter(s.start), e.fake.RunsAfter(s.start))
 	for i, f := range s.flights {
 		switch {
-		case !f.interrupted:
+		case !f.interrupted && !s.ops[i].Response.Cancelled:
+			// A turn the client cancelled itself (ACP's session/cancel,
+			// at the end of its time or with another prompt of the
+			// session) is interrupted as one the plan dropped is, though
+			// the model did not hold it for the cancel: from its cancel on
+			// nothing of it was to stay, whatever the agent answered.
 		case e.profile.Interruption == targets.Complete:
 			// The server runs the turn on: an unknown outcome, not a stop.
 			s.ops[i].Turn.Detached = true

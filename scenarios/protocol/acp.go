@@ -26,6 +26,9 @@ const (
 	CauseStopReason   = "stopReason "
 	CauseRPCError     = "JSON-RPC error"
 	CauseNotCancelled = "answered after session/cancel, not cancelled"
+	// CauseCancelledWith is a prompt the agent answered cancelled on the
+	// client's session/cancel for another prompt of its session.
+	CauseCancelledWith = "cancelled with another prompt of the session (session/cancel)"
 )
 
 // endsWithMark matches a reply that ends with the mark of the model call
@@ -49,27 +52,67 @@ type acpWire struct {
 	sessions map[model.ConversationRef]*acpSession
 }
 
-// acpSession is one session of the agent, and the prompts of it still
-// unanswered, oldest first: ACP does not say which prompt an update
-// belongs to, and an agent runs a session's prompts one at a time, so
-// each update goes to the oldest.
+// acpSession is one session of the agent, the prompts of it still
+// unanswered, oldest first, and the reply text streamed since a prompt
+// last took it. ACP does not say which prompt an update belongs to; an
+// agent runs a session's prompts one at a time, though not necessarily
+// in the order they were sent (two prompts sent at once race for the
+// session), so the text streamed between two answers is the reply of
+// the prompt answered second: the one that ran. A prompt answered
+// without running (refused, cancelled while it waited) is answered while
+// another may stream, and takes the text only if no other prompt of the
+// session is unanswered (take). A prompt takes the text once its answer
+// is read: text streamed for a later prompt before that would be taken
+// with it. The harness's model holds each call of a step's turns until
+// the answers before it were read, so none is.
 type acpSession struct {
 	id   string
 	conn *targets.ACPConn
 	// stop ends the routing of the session's updates to it.
 	stop    func()
 	prompts []*acpPrompt
+	// streamed is the reply text no prompt took yet; cut says a prompt
+	// was answered since its last chunk without taking it: what streams
+	// next may be another turn's, and is kept apart by a line break, so
+	// that the tokens of two replies never run together.
+	streamed strings.Builder
+	cut      bool
 	// loading collects a session/load's replay.
 	loading *acpReplay
 }
 
-// acpPrompt is one session/prompt in flight: its reply so far.
+// acpPrompt is one session/prompt in flight.
 type acpPrompt struct {
-	reply strings.Builder
-	deny  bool
+	deny bool
 	// later says that another prompt of the session was sent while this
 	// one ran.
 	later bool
+	// cancelled says the client sent session/cancel for the session
+	// while this prompt was unanswered: on its own abort, at the end of
+	// its time, or on another prompt's abort (the cancel is the
+	// session's, not a prompt's).
+	cancelled bool
+}
+
+// take is the reply of a prompt of s answered with an end_turn (ran) or
+// not, and ends the prompt's time among the unanswered: the text streamed
+// since a prompt last took it, if the prompt ran, or if no other prompt
+// of the session could have streamed it.
+func (s *acpSession) take(p *acpPrompt, ran bool) string {
+	for i, q := range s.prompts {
+		if q == p {
+			s.prompts = append(s.prompts[:i], s.prompts[i+1:]...)
+			break
+		}
+	}
+	if !ran && len(s.prompts) > 0 {
+		s.cut = s.cut || s.streamed.Len() > 0
+		return ""
+	}
+	reply := s.streamed.String()
+	s.streamed.Reset()
+	s.cut = false
+	return reply
 }
 
 // acpReplay is what a session/load replayed: the text of each message,
@@ -112,7 +155,11 @@ func (w *acpWire) update(s *acpSession, u acp.SessionUpdate) {
 		return
 	}
 	if kind == "agent" && len(s.prompts) > 0 {
-		addReply(&s.prompts[0].reply, text)
+		if s.cut {
+			addReply(&s.streamed, "\n")
+			s.cut = false
+		}
+		addReply(&s.streamed, text)
 	}
 }
 
@@ -178,16 +225,17 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 	}
 	w.mu.Lock()
 	s := w.sessions[conv]
+	current := s != nil && s.conn == conn
 	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, c.profile.RequestTimeout())
 	defer cancel()
-	if s != nil && s.conn == conn {
+	if current {
 		return s.id, nil, 0, nil
 	}
 	if s == nil {
 		resp, err := conn.Conn().NewSession(ctx, acp.NewSessionRequest{Cwd: conn.Dir, McpServers: []acp.McpServer{}})
 		if err != nil {
-			return "", nil, 0, fmt.Errorf("session/new: %w", rpcError(err))
+			return "", nil, statusOf(err, 0), fmt.Errorf("session/new: %w", rpcError(err))
 		}
 		s = &acpSession{id: string(resp.SessionId)}
 		w.watch(s, conn)
@@ -211,7 +259,11 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 	s.loading = nil
 	w.mu.Unlock()
 	if err != nil {
-		return s.id, nil, http.StatusNotFound, fmt.Errorf("session/load: %w", rpcError(err))
+		// Not loaded on this run: an agent takes a prompt only on a
+		// session made or loaded on its connection, so the next turn
+		// loads it again rather than prompt it.
+		w.unwatch(s)
+		return s.id, nil, statusOf(err, http.StatusNotFound), fmt.Errorf("session/load: %w", rpcError(err))
 	}
 	replay = []model.Token{}
 	for _, text := range r.texts {
@@ -233,14 +285,25 @@ func (w *acpWire) close() {
 
 // watch routes s's updates on conn to it.
 func (w *acpWire) watch(s *acpSession, conn *targets.ACPConn) {
-	if s.stop != nil {
-		s.stop()
-	}
-	s.conn = conn
-	s.stop = conn.Watch(s.id, &targets.ACPWatch{
+	w.unwatch(s)
+	stop := conn.Watch(s.id, &targets.ACPWatch{
 		Update: func(u acp.SessionUpdate) { w.update(s, u) },
 		Deny:   func() bool { return w.deny(s) },
 	})
+	w.mu.Lock()
+	s.conn, s.stop = conn, stop
+	w.mu.Unlock()
+}
+
+// unwatch stops routing s's updates, and forgets the run s was on.
+func (w *acpWire) unwatch(s *acpSession) {
+	w.mu.Lock()
+	stop := s.stop
+	s.stop, s.conn = nil, nil
+	w.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // rpcError is err in words: a JSON-RPC error's message and code.
@@ -269,8 +332,9 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 	conn := w.conn()
 	w.mu.Lock()
 	s := w.sessions[req.Conv]
+	current := s != nil && s.conn == conn
 	w.mu.Unlock()
-	if conn == nil || s == nil || s.conn != conn {
+	if conn == nil || !current {
 		// The agent restarted between the request's making and its
 		// sending: the session is not on this run.
 		return Response{Outcome: model.Unknown, Detail: "the agent restarted before the prompt was sent", Cause: CauseNoAnswer}
@@ -289,14 +353,12 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 	}
 	s.prompts = append(s.prompts, p)
 	w.mu.Unlock()
+	answered := false
 	defer func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		for i, q := range s.prompts {
-			if q == p {
-				s.prompts = append(s.prompts[:i], s.prompts[i+1:]...)
-				break
-			}
+		if !answered {
+			w.mu.Lock()
+			s.take(p, false)
+			w.mu.Unlock()
 		}
 	}()
 
@@ -306,7 +368,7 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 	stopWatch := context.AfterFunc(ctx, func() {
 		// The client's abort: ACP's is a notification, and the prompt
 		// goes on to its answer.
-		_ = conn.Conn().Cancel(context.Background(), acp.CancelNotification{SessionId: acp.SessionId(s.id)})
+		w.cancel(conn, s)
 		close(cancelled)
 	})
 	resp, err := conn.Conn().Prompt(wait, params.Params)
@@ -314,24 +376,51 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 	if wait.Err() != nil && !aborted {
 		// The client gives up on the prompt as an editor would: it
 		// cancels it, so that it does not run on into the next step.
-		_ = conn.Conn().Cancel(context.Background(), acp.CancelNotification{SessionId: acp.SessionId(s.id)})
+		w.cancel(conn, s)
 	}
 	if aborted {
 		<-cancelled
 	}
 	w.mu.Lock()
-	out := Response{Reply: p.reply.String(), StopReason: string(resp.StopReason)}
-	later := p.later
+	answered = true
+	ran := err == nil && resp.StopReason == acp.StopReasonEndTurn
+	out := Response{Reply: s.take(p, ran), StopReason: string(resp.StopReason)}
+	later, cancelledBy := p.later, p.cancelled
 	w.mu.Unlock()
 	out.Breaches = conn.Breaches(s.id)
 	out = readACP(out, req, err, aborted, busy, conn, wait)
-	if later && err == nil && !aborted && resp.StopReason == acp.StopReasonCancelled {
+	switch {
+	case aborted || out.TimedOut && cancelledBy:
+		// The client cancelled the prompt itself: an interrupted turn,
+		// whatever the agent answered (T10).
+		out.Cancelled = true
+	case cancelledBy && err == nil && resp.StopReason == acp.StopReasonCancelled:
+		// Cancelled by the client's session/cancel for another prompt
+		// of the session: ACP's cancel is the session's, so the client
+		// asked for this too.
+		out.Outcome, out.Status, out.Cancelled = model.Unknown, 0, true
+		out.Cause = CauseCancelledWith
+		out.Detail = "stopReason cancelled: the client sent session/cancel for another prompt of the session while this one was unanswered"
+	case later && err == nil && resp.StopReason == acp.StopReasonCancelled:
 		// Given up for the prompt sent after it: the session neither
 		// queued that one nor refused it (T4).
 		out.Preempted = true
 		out.Detail = "stopReason cancelled, which the client did not ask for, once another prompt of the session was sent"
 	}
 	return out
+}
+
+// cancel sends session/cancel for s, the client's abort of its prompt,
+// and marks every prompt of s unanswered as cancelled by the client: ACP
+// cancels a session's prompt turn, not one request, so an agent may end
+// them all.
+func (w *acpWire) cancel(conn *targets.ACPConn, s *acpSession) {
+	w.mu.Lock()
+	for _, q := range s.prompts {
+		q.cancelled = true
+	}
+	w.mu.Unlock()
+	_ = conn.Conn().Cancel(context.Background(), acp.CancelNotification{SessionId: acp.SessionId(s.id)})
 }
 
 // readACP reads what a prompt came to: its response (or err), whether the
@@ -358,15 +447,24 @@ func readACP(out Response, req Request, err error, aborted, busy bool, conn *tar
 			return out
 		}
 		out.Outcome, out.Detail, out.Cause = model.Fail, rpcError(err).Error(), CauseRPCError
+		status, given := dataStatus(re)
 		switch {
 		case aborted:
 			// An error after session/cancel: ACP wants cancelled, and an
 			// agent may end the prompt either way; what stays is judged.
 			out.Outcome = model.Unknown
+		case given:
+			// The agent says what the failure was, as an HTTP server of
+			// the same turns would have answered (the reference server
+			// does): a model that failed is not a busy session.
+			out.Status = status
 		case busy:
 			out.Status = http.StatusConflict
 		case re.Code == -32602 || re.Code == -32600:
 			out.Status = http.StatusBadRequest
+		case re.Code == -32002:
+			// ACP's "resource not found": the session is not the agent's.
+			out.Status = http.StatusNotFound
 		default:
 			out.Status = http.StatusInternalServerError
 		}
@@ -415,6 +513,49 @@ func readACP(out Response, req Request, err error, aborted, busy bool, conn *tar
 		out.Detail, out.Cause = "stopReason "+out.StopReason, CauseStopReason+out.StopReason
 	}
 	return out
+}
+
+// statusOf is the status err's data gives (dataStatus), else fallback.
+func statusOf(err error, fallback int) int {
+	var re *acp.RequestError
+	if errors.As(err, &re) {
+		if status, ok := dataStatus(re); ok {
+			return status
+		}
+	}
+	return fallback
+}
+
+// dataStatus is the HTTP-like status a JSON-RPC error's data gives as
+// "status" (the reference server's: 502 for a model that failed, 409 for
+// a busy session refused, 404 for an unknown session, ...), if it gives
+// one from 400 up. ACP itself has no such field: an agent without it is
+// read by the error's code and whether the session was busy.
+func dataStatus(re *acp.RequestError) (int, bool) {
+	data, ok := re.Data.(map[string]any)
+	if !ok {
+		return 0, false
+	}
+	var status int
+	switch v := data["status"].(type) {
+	case float64:
+		status = int(v)
+		if float64(status) != v {
+			return 0, false
+		}
+	case json.Number:
+		n, err := v.Int64()
+		if err != nil {
+			return 0, false
+		}
+		status = int(n)
+	default:
+		return 0, false
+	}
+	if status < 400 || status > 599 {
+		return 0, false
+	}
+	return status, true
 }
 
 // requestToken is the token of the user message a request carries, "" for

@@ -112,6 +112,12 @@ type Response struct {
 	// cancelled, not asked) once a later request of its conversation came:
 	// the later one was neither queued nor refused (T4).
 	Preempted bool `json:"preempted,omitempty"`
+	// Cancelled reports a turn the client cancelled itself (ACP's
+	// session/cancel): its abort, the end of its time, or an abort of
+	// another prompt of the session, ACP's cancel being the session's.
+	// Its outcome is unknown, and it is judged as an interrupted turn
+	// (T10), whether or not the plan drew an abort of it.
+	Cancelled bool `json:"cancelled,omitempty"`
 }
 
 // CodeNotFound is the code of OpenAI's answer to a previous_response_id it

@@ -34,7 +34,8 @@ type Target struct {
 	// disconnects; "" means rollback.
 	Interruption sut.Interruption
 	// Protocol is the client protocol the harness reaches it through; ""
-	// means chat. The server serves all of them.
+	// means chat. The server serves all of them: ACP as an agent in
+	// process, over pipes that stand for its stdin and stdout.
 	Protocol targets.Protocol
 	// Replicas, if above 1, serves the server as that many replicas over
 	// one PostgreSQL store (targets.Replicated), each request sent to the
@@ -110,8 +111,14 @@ func (r Target) Profile() targets.Profile {
 		p.Interruption = targets.Interruption(r.Interruption)
 	}
 	p.Protocol = cmp.Or(r.Protocol, targets.Chat)
-	if p.Protocol == targets.Sessions {
+	switch p.Protocol {
+	case targets.Sessions:
 		p.SessionsAPI = SessionsAPI()
+	case targets.ACP:
+		// One client over stdio, with no keys; it advertises reads, as
+		// profiles/reference-acp.yaml does (the agent calls nothing back).
+		p.Keys = nil
+		p.ACPCaps = targets.ACPCapabilities{ReadTextFile: true}
 	}
 	return p
 }
@@ -132,6 +139,11 @@ func (r Target) Start(modelURL string) (targets.Server, error) {
 		Agents:           targets.AgentRefs(modelURL, agent),
 		Stall:            r.Stall,
 		Titles:           r.Titles,
+	}
+	if r.Protocol == targets.ACP {
+		// An ACP agent serves one client, its parent: no keys.
+		cfg.Keys = nil
+		return startACP(cfg, r.Profile().ACPCaps)
 	}
 	if r.Replicas <= 1 {
 		return sut.StartInstance(cfg)

@@ -171,7 +171,7 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 		fmt.Fprintf(b, "        tool run: %s (tick %d)\n", r.ID, r.At)
 	}
 	if op.Turn.Interrupted {
-		fmt.Fprintf(b, "        interrupted: %s\n", interruption(op.Turn))
+		fmt.Fprintf(b, "        interrupted: %s\n", interruption(op))
 	}
 	if op.Request.Replay != nil {
 		fmt.Fprintf(b, "        session/load replayed: %s\n", model.FormatTokens(op.Request.Replay))
@@ -449,7 +449,11 @@ func formatTools(events []model.ToolEvent) string {
 // interruption says what became of what the server waited on for a turn
 // whose client dropped the connection: the model held it, unanswered,
 // until the server gave up on it or the harness let go of it.
-func interruption(t model.Turn) string {
+func interruption(op history.Op) string {
+	t := op.Turn
+	if !op.Send.Abort && op.Response.Cancelled {
+		return "the client cancelled the prompt (session/cancel) at the end of its time, or with another prompt of the session; the model did not hold the turn for it"
+	}
 	s := "the client dropped the connection"
 	if t.Dropped != 0 {
 		s += fmt.Sprintf(" at tick %d, and from then the model answered nothing of the turn", t.Dropped)

@@ -6,6 +6,7 @@ package traffic
 
 import (
 	"fmt"
+	"net/http"
 	"slices"
 
 	"pgregory.net/rapid"
@@ -286,6 +287,14 @@ func (m *Machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 		}
 	}
 	plan.DrawFaults(t, &s, sequential)
+	if m.Profile.Protocol == targets.ACP && s.Fault.Kind == faults.Status && rapid.Bool().Draw(t, "refused") {
+		// ACP tells a refusal from a failure (stopReason refusal): one
+		// model error in two is the model refusing the prompt, 400 (as
+		// a content filter answers), so that a refused turn is drawn and
+		// held to nothing kept (T1) as a failed one is. Drawn under ACP
+		// alone: the other protocols' draws stay as they were.
+		s.Fault.Status = http.StatusBadRequest
+	}
 	if m.Profile.Protocol == targets.ACP && m.Profile.Tools {
 		s.Deny = rapid.Bool().Draw(t, "deny permission")
 	}
