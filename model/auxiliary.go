@@ -16,8 +16,9 @@ import (
 // received; the others are auxiliary, checked for isolation (T5) and tool
 // pairs (T9), never as the turn's history.
 
-// markPattern matches a call's mark (CallMark) in a reply.
-var markPattern = regexp.MustCompile(`\[call ([0-9]+)\]`)
+// markPattern matches a call's mark (CallMark) in a reply, with the space
+// before it.
+var markPattern = regexp.MustCompile(` ?\[call ([0-9]+)\]`)
 
 // CallMark is the mark the fake model writes in its reply to the call that
 // reached it at at (Call.At): the harness reads it in the answer the
@@ -26,10 +27,7 @@ func CallMark(at int64) string { return "[call " + strconv.FormatInt(at, 10) + "
 
 // WithoutCallMarks is text without the call marks in it (CallMark), nor
 // the space before each: what a reply says, whichever call wrote it.
-func WithoutCallMarks(text string) string { return markedPattern.ReplaceAllString(text, "") }
-
-// markedPattern matches a call's mark with the space before it.
-var markedPattern = regexp.MustCompile(` ?\[call [0-9]+\]`)
+func WithoutCallMarks(text string) string { return markPattern.ReplaceAllString(text, "") }
 
 // answeredBy is when the calls whose marks text carries reached the model.
 func answeredBy(text string) []int64 {
