@@ -94,8 +94,9 @@ func TestConformEachProtocol(t *testing.T) {
 	onPath(t)
 	// Checks from seed 1 until every invariant is exercised: T11 (a failed
 	// turn between two with committed tools) comes in the tenth under the
-	// Responses API, in the sixth under the session API.
-	for protocol, checks := range map[string]string{"responses": "10", "sessions": "8"} {
+	// Responses API, in the sixth under the session API; the reference ACP
+	// agent, through profiles/reference-acp.yaml, exercises all in eight.
+	for protocol, checks := range map[string]string{"responses": "10", "sessions": "8", "acp": "8"} {
 		t.Run(protocol, func(t *testing.T) {
 			t.Parallel() // each run mostly waits on its server
 			save := t.TempDir()
@@ -123,7 +124,7 @@ func TestConformEachProtocol(t *testing.T) {
 // auxiliary, never judged as a turn's history.
 func TestConformTitlesThroughProfile(t *testing.T) {
 	onPath(t)
-	for _, protocol := range []string{"", "responses", "sessions"} {
+	for _, protocol := range []string{"", "responses", "sessions", "acp"} {
 		t.Run(cmp.Or(protocol, "chat"), func(t *testing.T) {
 			t.Parallel() // each run mostly waits on its server
 			base, err := os.ReadFile(protocolProfile(protocol))
