@@ -219,10 +219,7 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 				continue
 			}
 		}
-		profile := filepath.Join(r.dir, "profile.yaml")
-		base, err := os.ReadFile(protocolProfile(m.Protocol))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(profile, []byte(mutantProfile(t, string(base), m)), 0o644))
+		profile := writeMutantProfile(t, r.dir, m)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
