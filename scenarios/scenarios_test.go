@@ -82,8 +82,9 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	// Through the Agent Client Protocol, the agent in process over pipes.
 	sut.ACPRefusalKeepsPrompt:  {model.T1},
 	sut.ACPCancelCommitsPrompt: {model.T10},
-	sut.ACPConcurrentPrompts:   {model.T4},
-	sut.ACPLoadDiffers:         {model.T7},
+	// A cancel meets a prompt that committed beside the cancelled one.
+	sut.ACPConcurrentPrompts: {model.T4, model.T10},
+	sut.ACPLoadDiffers:       {model.T7},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: the

@@ -296,6 +296,12 @@ func namedAs(m sut.MutantInfo) []string {
 		// An interrupted tool turn kept shows as its message (T10) or
 		// as the tool call it left without a result (T9): one leftover.
 		return []string{"T1", "T10", "T6", "T9"}
+	case sut.ACPConcurrentPrompts:
+		// Prompts run at once on one history (T4); and a session/cancel
+		// for one of them meets another that committed already, answered
+		// cancelled all the same: an interrupted turn kept (T10), a
+		// trigger of its own (a cancel).
+		return []string{"T4", "T10"}
 	}
 	return []string{m.Breaks}
 }

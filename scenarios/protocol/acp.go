@@ -388,7 +388,7 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 	later, cancelledBy := p.later, p.cancelled
 	w.mu.Unlock()
 	out.Breaches = conn.Breaches(s.id)
-	out = readACP(out, req, err, aborted, busy, conn, wait)
+	out = readACP(out, req, err, aborted, busy, busy || later, conn, wait)
 	switch {
 	case aborted || out.TimedOut && cancelledBy:
 		// The client cancelled the prompt itself: an interrupted turn,
@@ -426,7 +426,7 @@ func (w *acpWire) cancel(conn *targets.ACPConn, s *acpSession) {
 // readACP reads what a prompt came to: its response (or err), whether the
 // client aborted it (sent session/cancel), whether another prompt of the
 // session was in flight when it was sent (busy).
-func readACP(out Response, req Request, err error, aborted, busy bool, conn *targets.ACPConn, wait context.Context) Response {
+func readACP(out Response, req Request, err error, aborted, busy, overlapped bool, conn *targets.ACPConn, wait context.Context) Response {
 	tok := requestToken(req)
 	switch {
 	case err != nil:
@@ -480,6 +480,15 @@ func readACP(out Response, req Request, err error, aborted, busy bool, conn *tar
 	}
 	switch acp.StopReason(out.StopReason) {
 	case acp.StopReasonEndTurn:
+		if tok != "" && (!slices.Contains(model.Tokens(out.Reply), tok.Reply()) || !endsWithMark.MatchString(out.Reply)) && overlapped {
+			// Another prompt of the session ran beside this one: the
+			// updates of both name only the session, and which text was
+			// this prompt's reply cannot be told. Whether it committed,
+			// later turns show (two prompts run at once are T4's).
+			out.Outcome = model.Unknown
+			out.Detail, out.Cause = "end_turn while another prompt of the session ran: its reply cannot be told from the other's", CauseNoModelReply
+			return out
+		}
 		if tok != "" && (!slices.Contains(model.Tokens(out.Reply), tok.Reply()) || !endsWithMark.MatchString(out.Reply)) {
 			// ACP has no stop reason for a turn that failed: an agent
 			// that reports a model error as text and end_turn failed it.
