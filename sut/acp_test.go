@@ -770,15 +770,28 @@ var acpMutantCases = []struct {
 	{sut.ACPConcurrentPrompts, func(t *testing.T, e *acpEnv) bool {
 		s := e.c.newSession()
 		require.Equal(t, toks("u1"), e.ok(s, "tc-u1"))
-		g := e.model.Gate("tc-u2")
+		g, g3 := e.model.Gate("tc-u2"), e.model.Gate("tc-u3")
 		first := e.c.start("session/prompt", promptParams(s, promptText("tc-u2")))
 		<-g.Arrived()
 		n := e.model.CallCount()
 		second := e.c.start("session/prompt", promptParams(s, promptText("tc-u3")))
-		// The clean server holds the second prompt behind the first;
-		// the mutant runs it at once. Either way it ends once the first
-		// is let go.
+		// The clean server holds the second prompt behind the first; the
+		// mutant runs it at once. The first is let go only once the
+		// second has come to rest either way, queued or at the model, so
+		// that the mutant's second prompt starts on what the first found.
+		for queued := false; !queued; {
+			_, waiting, changed := e.cfg.Gauge.Read()
+			if queued = waiting > 0; queued {
+				break
+			}
+			select {
+			case <-g3.Arrived():
+				queued = true
+			case <-changed:
+			}
+		}
 		g.Release()
+		g3.Release()
 		require.Equal(t, "end_turn", e.c.wait(first).stopReason())
 		require.Equal(t, "end_turn", e.c.wait(second).stopReason())
 		var third []model.Token
@@ -811,10 +824,10 @@ func TestACPMutantsBite(t *testing.T) {
 	for _, mc := range acpMutantCases {
 		t.Run(string(mc.mutant), func(t *testing.T) {
 			t.Run("mutant", func(t *testing.T) {
-				assert.True(t, mc.run(t, startACP(t, sut.Config{Mutant: mc.mutant})), "the mutant's bug must show")
+				assert.True(t, mc.run(t, startACP(t, sut.Config{Mutant: mc.mutant, Gauge: &sut.Gauge{}})), "the mutant's bug must show")
 			})
 			t.Run("clean", func(t *testing.T) {
-				assert.False(t, mc.run(t, startACP(t, sut.Config{})), "the clean server must not have the bug")
+				assert.False(t, mc.run(t, startACP(t, sut.Config{Gauge: &sut.Gauge{}})), "the clean server must not have the bug")
 			})
 		})
 	}
