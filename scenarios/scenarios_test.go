@@ -82,8 +82,10 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	// Through the Agent Client Protocol, the agent in process over pipes.
 	sut.ACPRefusalKeepsPrompt:  {model.T1},
 	sut.ACPCancelCommitsPrompt: {model.T10},
-	// A cancel meets a prompt that committed beside the cancelled one.
-	sut.ACPConcurrentPrompts: {model.T4, model.T10},
+	// A cancel meets a prompt that committed beside the cancelled one
+	// (T10); prompts whose replies cannot be told apart are unknown, and
+	// the fork shows as one of them gone, then back (T6).
+	sut.ACPConcurrentPrompts: {model.T4, model.T10, model.T6},
 	sut.ACPLoadDiffers:       {model.T7},
 }
 
