@@ -810,10 +810,13 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 // apply applies t, a turn of step, on its conversation cv; k, if not nil,
 // is a step known ahead for it.
 func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
-	for _, call := range slices.Concat(t.Calls, t.Aux) {
-		// Whatever a request is for, its tool calls and results must pair.
-		if v, id := m.checkToolPairs(t, call); v != nil {
-			return m.leftoverCall(t, cv, v, id)
+	for _, calls := range [2][]Call{t.Calls, t.Aux} {
+		for _, call := range calls {
+			// Whatever a request is for, its tool calls and results must
+			// pair.
+			if v, id := m.checkToolPairs(t, call); v != nil {
+				return m.leftoverCall(t, cv, v, id)
+			}
 		}
 	}
 	if v := m.checkStopped(t); v != nil {
@@ -822,14 +825,16 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	if v := m.checkReplay(t, cv); v != nil {
 		return v
 	}
-	for i, call := range slices.Concat(t.Calls, t.Aux) {
-		if t.Usable && call.Turn == t.User && i < len(t.Calls) {
-			continue // the turn's own calls: below
-		}
-		// An auxiliary call (a title, a summary), or what a refused request
-		// set off: it may not mix conversations.
-		if v := m.checkMixed(t, call); v != nil {
-			return v
+	for k, calls := range [2][]Call{t.Calls, t.Aux} {
+		for _, call := range calls {
+			if k == 0 && t.Usable && call.Turn == t.User {
+				continue // the turn's own calls: below
+			}
+			// An auxiliary call (a title, a summary), or what a refused
+			// request set off: it may not mix conversations.
+			if v := m.checkMixed(t, call); v != nil {
+				return v
+			}
 		}
 	}
 	if t.Usable && (cv.resume != "" || cv.ambiguous) {
