@@ -1,6 +1,7 @@
 package sut
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -117,6 +118,12 @@ func (c *answerCount) owe() {
 // with an id and no method) as paid once written.
 func (c *answerCount) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
+	if bytes.HasPrefix(p, notificationPrefix) {
+		// A notification or a call (the SDK writes its method right after
+		// the version): no answer, and most lines are these, one for each
+		// chunk of a reply.
+		return n, err
+	}
 	var msg struct {
 		ID     json.RawMessage `json:"id"`
 		Method string          `json:"method"`
@@ -128,6 +135,9 @@ func (c *answerCount) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// notificationPrefix begins every line of the SDK's that has a method.
+var notificationPrefix = []byte(`{"jsonrpc":"2.0","method"`)
 
 // settle waits until every request read is answered, the output is
 // broken, or wait has passed: an answer is written the moment its

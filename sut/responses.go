@@ -174,6 +174,9 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 // left without its output. A model must never be sent a tool result
 // without its call, nor a call without its result (T9).
 func checkToolInput(history []*message, input []openai.Message) error {
+	if !slices.ContainsFunc(input, func(m openai.Message) bool { return m.Role == openai.RoleTool || len(m.ToolCalls) > 0 }) {
+		return nil // nothing to pair: the history's calls are paired already
+	}
 	open := map[string]bool{} // calls not answered yet
 	for _, m := range history {
 		for _, c := range m.ToolCalls {

@@ -912,13 +912,11 @@ func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
 // lock of a conversation with nothing committed taken.
 func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 	switch s.cfg.Mutant {
-	case NoConversationLock:
-		t.overwrite = true
-		return s.convs.peek(ctx, t.key)
-	case ACPConcurrentPrompts:
-		if t.proto == protoACP {
-			// The bug: an ACP prompt runs at once, beside any other of
-			// its session, on the history committed when it came.
+	case NoConversationLock, ACPConcurrentPrompts:
+		if s.cfg.Mutant == NoConversationLock || t.proto == protoACP {
+			// The bug: the turn runs at once, beside any other of its
+			// conversation (or, under acp-concurrent-prompts, of its ACP
+			// session), on the history committed when it came.
 			t.overwrite = true
 			return s.convs.peek(ctx, t.key)
 		}

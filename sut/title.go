@@ -23,8 +23,8 @@ func (s *Server) title(ctx context.Context, t *turn) (start, end func()) {
 		return func() {}, func() {}
 	}
 	var users []string
-	for _, m := range t.work.visible() {
-		if m.Role == openai.RoleUser {
+	for _, m := range t.work.messages {
+		if !m.hidden && m.Role == openai.RoleUser {
 			users = append(users, string(m.Content))
 		}
 	}
