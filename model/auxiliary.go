@@ -29,6 +29,16 @@ func CallMark(at int64) string { return "[call " + strconv.FormatInt(at, 10) + "
 // the space before each: what a reply says, whichever call wrote it.
 func WithoutCallMarks(text string) string { return markPattern.ReplaceAllString(text, "") }
 
+// endsWithMark matches text that ends with a call's mark, as the fake
+// model ends each reply: the mark, then a full stop.
+var endsWithMark = regexp.MustCompile(`\[call [0-9]+\]\.?\s*$`)
+
+// EndsWithCallMark reports whether text ends as a whole reply of the fake
+// model does: with the mark of the call it answers (CallMark). A reply cut
+// short has no mark, and one an agent added an error text after does not
+// end with it.
+func EndsWithCallMark(text string) bool { return endsWithMark.MatchString(text) }
+
 // answeredBy is when the calls whose marks text carries reached the model.
 func answeredBy(text string) []int64 {
 	var out []int64

@@ -605,39 +605,29 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		user := tok.User()
 		status := l.failedWith(user)
 		switch {
-		case l.wasInterrupted(user):
-			v.Kind = LeftoverInterrupted
-		case slices.Contains(l.dropped(), user) || slices.Contains(dropped, user):
-			v.Kind = LeftoverUnknown
-		case status == 409:
-			v.Kind = LeftoverRefused
-		case status != 0:
-			v.Kind = LeftoverFailed
-		}
-		switch {
 		case l.wasInterrupted(user) && !tok.IsUser():
-			v.Invariant = T10
+			v.Invariant, v.Kind = T10, LeftoverInterrupted
 			v.Reason = fmt.Sprintf("%s, the reply of a turn whose client disconnected mid-turn, reached the model in a later turn: "+
 				"an interrupted turn is rolled back, or keeps at most its user message and completed tool pairs", tok)
 		case l.wasInterrupted(user):
-			v.Invariant = T10
+			v.Invariant, v.Kind = T10, LeftoverInterrupted
 			v.Reason = fmt.Sprintf("%s, of a turn whose client disconnected mid-turn, appears %d times, or again after an earlier history "+
 				"showed it rolled back: an interrupted turn is rolled back, or kept once as a consistent prefix", tok, seen[tok])
 		case slices.Contains(l.dropped(), user) || slices.Contains(dropped, user):
-			v.Invariant = T6
+			v.Invariant, v.Kind = T6, LeftoverUnknown
 			v.Reason = fmt.Sprintf("%s belongs to a turn with an unknown outcome that an earlier history showed was not committed; it may not appear later", tok)
 		case status == unstoredStatus:
-			v.Invariant = T1
+			v.Invariant, v.Kind = T1, LeftoverFailed
 			v.Reason = fmt.Sprintf("%s, of a response the client asked not to store (store: false), reached the model in a later turn: "+
 				"such a response is no one's base", tok)
 		case status == 409:
-			v.Invariant = T4
+			v.Invariant, v.Kind = T4, LeftoverRefused
 			v.Reason = fmt.Sprintf("%s, of a turn refused with 409, reached the model in a later turn: a refused concurrent request must change nothing", tok)
 		case status != 0 && seen[tok] > 1:
-			v.Invariant = T1
+			v.Invariant, v.Kind = T1, LeftoverFailed
 			v.Reason = fmt.Sprintf("%s, of a turn that failed, appears %d times: a retry must see the last committed history, with no duplicate", tok, seen[tok])
 		case status != 0:
-			v.Invariant = T1
+			v.Invariant, v.Kind = T1, LeftoverFailed
 			v.Reason = fmt.Sprintf("%s, of a turn that failed, reached the model in a later turn: a failed turn must leave the conversation as it was", tok)
 		case pendingIn(segs, user):
 			v.Invariant = T6

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -30,11 +29,6 @@ const (
 	// client's session/cancel for another prompt of its session.
 	CauseCancelledWith = "cancelled with another prompt of the session (session/cancel)"
 )
-
-// endsWithMark matches a reply that ends with the mark of the model call
-// it answers (model.CallMark), as the fake model ends each reply: the
-// mark, then a full stop.
-var endsWithMark = regexp.MustCompile(`\[call \d+\]\.?\s*$`)
 
 // acpWire is the Agent Client Protocol: a conversation is a session of
 // the agent (session/new, once, before its first turn), a turn is a
@@ -480,7 +474,8 @@ func readACP(out Response, req Request, err error, aborted, busy, overlapped boo
 	}
 	switch acp.StopReason(out.StopReason) {
 	case acp.StopReasonEndTurn:
-		if tok != "" && (!slices.Contains(model.Tokens(out.Reply), tok.Reply()) || !endsWithMark.MatchString(out.Reply)) && overlapped {
+		whole := tok == "" || slices.Contains(model.Tokens(out.Reply), tok.Reply()) && model.EndsWithCallMark(out.Reply)
+		if !whole && overlapped {
 			// Another prompt of the session ran beside this one: the
 			// updates of both name only the session, and which text was
 			// this prompt's reply cannot be told. Whether it committed,
@@ -489,7 +484,7 @@ func readACP(out Response, req Request, err error, aborted, busy, overlapped boo
 			out.Detail, out.Cause = "end_turn while another prompt of the session ran: its reply cannot be told from the other's", CauseNoModelReply
 			return out
 		}
-		if tok != "" && (!slices.Contains(model.Tokens(out.Reply), tok.Reply()) || !endsWithMark.MatchString(out.Reply)) {
+		if !whole {
 			// ACP has no stop reason for a turn that failed: an agent
 			// that reports a model error as text and end_turn failed it.
 			// The model's whole reply carries its token and, last, the
