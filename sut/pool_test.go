@@ -24,14 +24,18 @@ import (
 // poolReplica starts one replica over a new schema, connecting as a role
 // of its own that PostgreSQL lets open at most roleConns connections at
 // once (CONNECTION LIMIT), in front of a gate model. The superuser's
-// connection to the schema's database is returned too.
-func poolReplica(t *testing.T, role string, roleConns int, cfg sut.Config) (*raceEnv, *sql.DB) {
+// connection to the schema's database is returned too, and the role's
+// name.
+func poolReplica(t *testing.T, role string, roleConns int, cfg sut.Config) (*raceEnv, *sql.DB, string) {
 	t.Helper()
 	url := pgtest.Start(t)
 	admin, err := sql.Open("pgx", url)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = admin.Close() })
 	schema := url[strings.LastIndex(url, "=")+1:]
+	// A role is the cluster's, which every test of the binary shares:
+	// one of the schema's own, so that no run meets another's.
+	role += "_" + schema
 	for _, stmt := range []string{
 		"CREATE ROLE " + role + " LOGIN CONNECTION LIMIT " + itoa(roleConns),
 		"GRANT ALL ON SCHEMA " + schema + " TO " + role,
@@ -42,7 +46,7 @@ func poolReplica(t *testing.T, role string, roleConns int, cfg sut.Config) (*rac
 	m := startGateModel(t)
 	cfg.Store, cfg.ModelURL, cfg.DataDir = strings.Replace(url, "postgres@", role+"@", 1), m.URL(), "unused"
 	cfg.Gauge = &sut.Gauge{}
-	return &raceEnv{model: m, srv: startServer(t, nil, cfg), gauge: cfg.Gauge, client: newClient(t)}, admin
+	return &raceEnv{model: m, srv: startServer(t, nil, cfg), gauge: cfg.Gauge, client: newClient(t)}, admin, role
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
@@ -57,7 +61,7 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // so is a session's creation then.
 func TestATurnNeedsOneStoreConnection(t *testing.T) {
 	t.Parallel()
-	a, _ := poolReplica(t, "one_conn", 1, sut.Config{MaxStoreConns: 3, RequestTimeout: 200 * time.Millisecond, Deadlines: &sut.ManualDeadlines{}})
+	a, _, _ := poolReplica(t, "one_conn", 1, sut.Config{MaxStoreConns: 3, RequestTimeout: 2 * time.Second, Deadlines: &sut.ManualDeadlines{}})
 	assert.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
 	assert.Equal(t, hist("u1", "a1", "u2"), a.ok(t, "c1", "tc-u2", true))
 
@@ -84,7 +88,7 @@ func TestATurnNeedsOneStoreConnection(t *testing.T) {
 // call, though PostgreSQL would take more; the two held are answered.
 func TestStoreConnectionsAreBounded(t *testing.T) {
 	t.Parallel()
-	a, _ := poolReplica(t, "three_conns", 9, sut.Config{MaxStoreConns: 3, RequestTimeout: 200 * time.Millisecond, Deadlines: &sut.ManualDeadlines{}})
+	a, _, _ := poolReplica(t, "three_conns", 9, sut.Config{MaxStoreConns: 3, RequestTimeout: 2 * time.Second, Deadlines: &sut.ManualDeadlines{}})
 	h1, h2 := a.model.hold("tc-u1"), a.model.hold("tc-u2")
 	r1 := a.send(t, "c1", "tc-u1", false)
 	arrive(t, h1, "tc-u1")
@@ -107,7 +111,7 @@ func TestStoreConnectionsAreBounded(t *testing.T) {
 // conversation is still free, so nothing is overwritten.
 func TestCommitOutlivesItsConnection(t *testing.T) {
 	t.Parallel()
-	a, admin := poolReplica(t, "cut_conn", 9, sut.Config{})
+	a, admin, role := poolReplica(t, "cut_conn", 9, sut.Config{})
 	assert.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
 	held := a.model.hold("tc-u2")
 	r2 := a.send(t, "c1", "tc-u2", false)
@@ -115,7 +119,7 @@ func TestCommitOutlivesItsConnection(t *testing.T) {
 	// The turn's connection is the one holding an advisory lock.
 	var cut int
 	require.NoError(t, admin.QueryRow(`SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
-		JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND a.usename = 'cut_conn'`).Scan(&cut))
+		JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND a.usename = $1`, role).Scan(&cut))
 	require.Equal(t, 1, cut, "one connection holds the turn's lock")
 	held.open()
 	requireOK(t, r2.wait(t), false)
