@@ -358,6 +358,9 @@ var rejected = &Violation{Reason: "rejected (not explained)"}
 
 // step is Step, and Next when why is false.
 func (l Line) step(t *Turn, why bool) (Line, *Violation) {
+	if t.Unsent {
+		return l, nil // it never reached the server
+	}
 	if !t.Usable {
 		return l, l.refuse(*t)
 	}

@@ -292,6 +292,14 @@ type Turn struct {
 	// neither queued the later request nor refused it (T4). An ACP agent
 	// that answers a running prompt cancelled when a second comes does.
 	Preempted bool `json:"preempted,omitempty"`
+	// Unsent reports a request that never reached the server: the
+	// protocol's call before it failed (a session's creation, an ACP
+	// session/load), or no server ran to send it to. It is evidence of
+	// nothing, and changes nothing. Status, if not 0, is the status the
+	// call before it was refused with: a refused session/load after a
+	// restart is judged as the resume it was (T7, T8), never as the
+	// outcome of the turn that was to follow.
+	Unsent bool `json:"unsent,omitempty"`
 }
 
 // overlaps reports whether t and o were in flight at the same time.
@@ -810,6 +818,13 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 // apply applies t, a turn of step, on its conversation cv; k, if not nil,
 // is a step known ahead for it.
 func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
+	if t.Unsent {
+		if cv.resume != "" && t.Status != 0 {
+			v, _ := m.checkResume(t, cv, step)
+			return v
+		}
+		return nil
+	}
 	for _, calls := range [2][]Call{t.Calls, t.Aux} {
 		for _, call := range calls {
 			// Whatever a request is for, its tool calls and results must

@@ -1242,3 +1242,36 @@ func TestRestartEdges(t *testing.T) {
 	require.Nil(t, m.Apply(unknown(convA, u(2))))
 	assert.Zero(t, m.Checked()[model.T7])
 }
+
+// TestUnsentIsNoEvidence: a request that never reached the server (the
+// protocol's call before it failed, or no server ran) is judged by no
+// invariant, whatever it would have been; a refused session/load of a
+// durable conversation after a restart is judged as the resume it was
+// (T7), never as the outcome of the prompt that was to follow.
+func TestUnsentIsNoEvidence(t *testing.T) {
+	unsent := func(tr model.Turn, status int) model.Turn {
+		tr.Unsent, tr.Status, tr.Calls = true, status, nil
+		return tr
+	}
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	// An empty prompt never sent: no T3 (it was not refused with 400).
+	require.Nil(t, m.Apply(unsent(invalid(convA, "", model.Fail, 0), 0)))
+	assert.Zero(t, m.Checked()[model.T3])
+	m.Restart(false, false)
+	// Its load not sent either (the agent was down): nothing judged.
+	require.Nil(t, m.Apply(unsent(fail(convA, u(2)), 0)))
+	assert.Zero(t, m.Checked()[model.T7])
+	// An empty prompt whose load was refused: the load is T7's.
+	v := m.Apply(unsent(invalid(convA, "", model.Fail, 0), 404))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T7, v.Invariant)
+	assert.Contains(t, v.Reason, "did not resume")
+
+	// The turn it was to carry is no failed turn: its token may come
+	// later, and its message is no leftover (T1).
+	m = model.New()
+	require.Nil(t, m.Apply(unsent(fail(convA, u(1)), 0)))
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	assert.Zero(t, m.Checked()[model.T1])
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/turncheck/turncheck/internal/crashtest"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/reference"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -176,4 +177,22 @@ func TestOneSourceProfileIsASetupError(t *testing.T) {
 		}
 	}
 	assert.False(t, strings.Contains(err.Error(), "T7"), "a setup error named as T7: %v", err)
+}
+
+// TestACPAgentThatExitsOnOneInput: an ACP agent that exits when sent an
+// empty prompt is the crash finding, and nothing else: it is started again
+// before the run goes on, so no later prompt is judged by what a dead
+// agent could not answer, and no request the harness could not send (a
+// session/new or session/load to the dead process) is evidence of
+// anything.
+func TestACPAgentThatExitsOnOneInput(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
+	target, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.ACPExitOnEmpty))
+	require.NoError(t, err)
+	c, err := scenarios.Conform(target, scenarios.Options{Checks: 10, Seed: 3, ShrinkTime: 60 * time.Second})
+	require.NoError(t, err)
+	f := assertCrashFound(t, target, c, "an empty prompt")
+	assert.Contains(t, f.Violation.Reason, "exited with status 3")
+	assert.Positive(t, c.Stats.SetAside[model.Crash], "the agent exited again after the finding, and the run went on")
+	assert.Zero(t, c.Stats.Causes[protocol.CauseUnsent], "requests to a dead agent: %v", c.Stats.Causes)
 }

@@ -10,7 +10,9 @@
 package crashtest
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,6 +51,12 @@ const (
 	// docker-agent's serve api does: with two it exits with status 1 and
 	// a usage error before it serves.
 	OneAgent Mode = "one-agent"
+	// ACPExitOnEmpty is the reference server as an ACP agent (stdio,
+	// loadSession advertised, durable) that exits with status 3 when it is
+	// sent a session/prompt with no text in it, as an agent that
+	// dereferences the prompt's first block does: the harness must restart
+	// it before the run goes on, and judge nothing it could not send.
+	ACPExitOnEmpty Mode = "acp-exit-on-empty"
 )
 
 // Main plays the server of the mode Env names, when it is set, and never
@@ -79,6 +87,21 @@ func Profile(tb testing.TB, m Mode) string {
 	if m == OneAgent {
 		agent, model = "\n  agent: helper", ""
 	}
+	if m == ACPExitOnEmpty {
+		yaml := fmt.Sprintf(`server:
+  command: [%q, acp, "{model_url}", "{data_dir}", "{agents}"]
+  env: {%s: %s}
+  agent: helper
+  stop_grace: 2s
+  ready: {timeout: 30s}
+protocol: acp
+model_timeout: 1s
+policies:
+  interruption: rollback
+  durability: {restart: true, crash: true}
+`, exe, Env, m)
+		return writeProfile(tb, m, yaml)
+	}
 	yaml := fmt.Sprintf(`server:
   command: [%q, "{addr}", "{model_url}", "{data_dir}", "{agents}"]
   env: {%s: %s}%s
@@ -88,6 +111,12 @@ model_timeout: 1s
 policies:
   durability: {restart: true, crash: true}
 `, exe, Env, m, agent, model)
+	return writeProfile(tb, m, yaml)
+}
+
+// writeProfile writes yaml as mode m's profile in a temp dir of tb's.
+func writeProfile(tb testing.TB, m Mode, yaml string) string {
+	tb.Helper()
 	path := filepath.Join(tb.TempDir(), string(m)+".yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 		tb.Fatal(err)
@@ -125,6 +154,8 @@ func serve(mode Mode, args []string) int {
 			return 2
 		}
 	case PanicOnAbort:
+	case ACPExitOnEmpty:
+		return serveACP(modelURL, dataDir, agents)
 	default:
 		fmt.Fprintf(os.Stderr, "crashtest: unknown mode %q\n", mode)
 		return 2
@@ -223,3 +254,55 @@ var panicText = strings.Join([]string{
 	"github.com/turncheck/turncheck/internal/crashtest.panicOnAbort.func1.1()",
 	"exit status 2",
 }, "\n")
+
+// serveACP plays ACPExitOnEmpty: the reference ACP agent on stdin and
+// stdout, behind a reader that exits the process when a session/prompt
+// carries no text.
+func serveACP(modelURL, dataDir string, agents []string) int {
+	in, toAgent := io.Pipe()
+	go func() {
+		rd := bufio.NewReader(os.Stdin)
+		for {
+			line, err := rd.ReadBytes('\n')
+			if emptyPrompt(line) {
+				fmt.Fprintln(os.Stderr, "panic: runtime error: index out of range [0] with length 0 (an empty prompt)")
+				os.Exit(3)
+			}
+			if _, werr := toAgent.Write(line); werr != nil || err != nil {
+				_ = toAgent.CloseWithError(err)
+				return
+			}
+		}
+	}()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	err := sut.ServeACP(ctx, sut.Config{ModelURL: modelURL, DataDir: dataDir, RequestTimeout: time.Second, Agents: agents,
+		Interruption: sut.Rollback}, in, os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crashtest:", err)
+		return 1
+	}
+	return 0
+}
+
+// emptyPrompt reports whether line is a session/prompt whose prompt holds
+// no text.
+func emptyPrompt(line []byte) bool {
+	var msg struct {
+		Method string `json:"method"`
+		Params struct {
+			Prompt []struct {
+				Text string `json:"text"`
+			} `json:"prompt"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(line, &msg) != nil || msg.Method != "session/prompt" {
+		return false
+	}
+	for _, b := range msg.Params.Prompt {
+		if strings.TrimSpace(b.Text) != "" {
+			return false
+		}
+	}
+	return true
+}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -391,9 +392,12 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		op.Turn.Open = op.Response.Open
 		op.Turn.Replay, op.Turn.Replayed = op.Request.Replay, op.Request.Replay != nil
 		op.Turn.Preempted = op.Response.Preempted
+		op.Turn.Unsent = op.Response.Cause == protocol.CauseUnsent
 	}
+	// A call of no request's goes with the first request that was sent.
+	first := max(slices.IndexFunc(ops, func(op history.Op) bool { return !op.Turn.Unsent }), 0)
 	for _, c := range calls {
-		owner := 0
+		owner := first
 		for i := range ops {
 			if ops[i].Send.Token != "" && ops[i].Send.Token == c.Turn {
 				owner = i

@@ -584,8 +584,12 @@ func (s *Session) wentDown(ops []history.Op) *model.Violation {
 func dying(ops []history.Op) bool {
 	return slices.ContainsFunc(ops, func(op history.Op) bool {
 		switch op.Response.Cause {
-		case protocol.CauseRefused, protocol.CauseNoAnswer:
+		case protocol.CauseRefused, protocol.CauseNoAnswer, protocol.CauseAgentExited:
 			return op.Net != history.NetBroken
+		case protocol.CauseUnsent:
+			// The call before it got no answer at all (a refusal has a
+			// status): no server ran to send it to.
+			return op.Response.Status == 0
 		case protocol.CauseNoDone, protocol.CauseNotCompleted:
 			return op.Net != history.NetBroken && op.Send.Fault.Kind == faults.None && !op.Send.Abort
 		}

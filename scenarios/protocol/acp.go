@@ -229,7 +229,7 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 	if s == nil {
 		resp, err := conn.Conn().NewSession(ctx, acp.NewSessionRequest{Cwd: conn.Dir, McpServers: []acp.McpServer{}})
 		if err != nil {
-			return "", nil, statusOf(err, 0), fmt.Errorf("session/new: %w", rpcError(err))
+			return "", nil, refusal(conn, err, 0), fmt.Errorf("session/new: %w", rpcError(err))
 		}
 		s = &acpSession{id: string(resp.SessionId)}
 		w.watch(s, conn)
@@ -257,7 +257,7 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 		// session made or loaded on its connection, so the next turn
 		// loads it again rather than prompt it.
 		w.unwatch(s)
-		return s.id, nil, statusOf(err, http.StatusNotFound), fmt.Errorf("session/load: %w", rpcError(err))
+		return s.id, nil, refusal(conn, err, http.StatusNotFound), fmt.Errorf("session/load: %w", rpcError(err))
 	}
 	replay = []model.Token{}
 	for _, text := range r.texts {
@@ -517,6 +517,32 @@ func readACP(out Response, req Request, err error, aborted, busy, overlapped boo
 		out.Detail, out.Cause = "stopReason "+out.StopReason, CauseStopReason+out.StopReason
 	}
 	return out
+}
+
+// refusal is the status the agent on conn refused a call with, err its
+// answer (statusOf, with fallback), or 0 where err is no answer of the
+// agent's: its run ended (it exited, its pipe closed) before or as the
+// call was made, and the call is no evidence of anything. An agent that
+// answered and then exited is taken for one that did not answer: that can
+// only lose evidence, never make any.
+func refusal(conn *targets.ACPConn, err error, fallback int) int {
+	select {
+	case <-conn.Exited():
+		return 0
+	case <-conn.Conn().Done():
+		return 0
+	default:
+	}
+	var re *acp.RequestError
+	if !errors.As(err, &re) {
+		return 0
+	}
+	if data, ok := re.Data.(map[string]any); ok && re.Code == -32603 {
+		if why, _ := data["error"].(string); strings.HasPrefix(why, "peer disconnected") {
+			return 0 // the SDK's word for a run that ended with the call open
+		}
+	}
+	return statusOf(err, fallback)
 }
 
 // statusOf is the status err's data gives (dataStatus), else fallback.
