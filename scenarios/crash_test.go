@@ -13,11 +13,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/internal/crashtest"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/reference"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -195,4 +197,28 @@ func TestACPAgentThatExitsOnOneInput(t *testing.T) {
 	assert.Contains(t, f.Violation.Reason, "exited with status 3")
 	assert.Positive(t, c.Stats.SetAside[model.Crash], "the agent exited again after the finding, and the run went on")
 	assert.Zero(t, c.Stats.Causes[protocol.CauseUnsent], "requests to a dead agent: %v", c.Stats.Causes)
+}
+
+// TestNoProcessIsNoExit: a server whose start failed (here a restart
+// after kill -9 that finds a stale lock) has no process: that is no exit
+// of its own, and no crash to report between two checks. Its start's
+// failure is said where it happened; "exited" needs a process that
+// ended, with its status or signal.
+func TestNoProcessIsNoExit(t *testing.T) {
+	t.Parallel()
+	target, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.StaleLock))
+	require.NoError(t, err)
+	fake, err := faults.StartModel(faults.ModelConfig{})
+	require.NoError(t, err)
+	defer fake.Close()
+	srv, err := target.Start(fake.URL())
+	require.NoError(t, err)
+	defer srv.Close()
+	w, ok := srv.(targets.ServerWatcher)
+	require.True(t, ok)
+	require.NoError(t, w.Exited())
+	require.Error(t, srv.(targets.Restarter).Restart(true, nil), "the start after kill -9 finds the lock")
+	assert.NoError(t, w.Exited(), "a start that failed is no exit")
+	require.NoError(t, srv.(targets.Restarter).Restart(true, nil), "the next start comes back")
+	assert.NoError(t, w.Exited())
 }

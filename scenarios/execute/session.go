@@ -103,9 +103,12 @@ func (l *Lab) revive(ctx context.Context) error {
 		return nil
 	}
 	exited := w.Exited()
-	if exited == nil {
+	if exited == nil && !l.down {
 		return nil
 	}
+	// A server that went down in the session before, and did not come
+	// back when it closed, is started again whether or not a process of
+	// it is left to have exited.
 	r, ok := l.shared.(targets.Restarter)
 	if !ok {
 		return fmt.Errorf("the server under test exited between two checks, and cannot be started again: %w", exited)
@@ -678,6 +681,11 @@ func (s *Session) recover(drawn *plan.Restart) {
 		r.Sources = drawn.Sources
 	}
 	op := s.Exec.restart(plan.Plan{Action: "start again", Restart: &r}, s.Exec.steps, 0)
+	if ctx := s.Exec.ctx; op.Response.Outcome != model.OK && ctx != nil && ctx.Err() != nil {
+		// The run's end cut the start short (the executor says so,
+		// cutRestart): no finding, and no error.
+		return
+	}
 	if op.Response.Outcome != model.OK {
 		s.Dead = fmt.Errorf("the server under test went down, and did not come back when the harness started it again "+
 			"(its crash is a finding already, or skipped): %s", cmp.Or(op.HarnessError, op.Response.Detail))

@@ -256,11 +256,25 @@ type subprocessServer struct {
 
 func (s *subprocessServer) URL() string { return s.p.URL() }
 
-// Exited reports a process that exited on its own, with its last output.
+// Exited reports a process that exited on its own, with its last output
+// and how it ended (an exit status, or a signal). No current process (a
+// start that failed, or that the run's end cut short) is no exit: where
+// it failed said so.
 func (s *subprocessServer) Exited() error {
+	return exited(s.p, "")
+}
+
+// exited reports p's current run if it has ended, with how and its last
+// output, prefixed by who ("replica 1, "); nil while it runs or where
+// there is no current run.
+func exited(p *faults.Process, who string) error {
 	select {
-	case <-s.p.Exited():
-		return fmt.Errorf("%s %s; its last output:\n%s", s.p, cmp.Or(s.p.Ended(), "exited"), lastLines(s.p.Stderr(), 20))
+	case <-p.Exited():
+		how := p.Ended()
+		if how == "" {
+			return nil
+		}
+		return fmt.Errorf("%s%s %s; its last output:\n%s", who, p, how, lastLines(p.Stderr(), 20))
 	default:
 		return nil
 	}
@@ -368,10 +382,8 @@ func (r *replicas) repoint(i int) error {
 // Exited reports the first replica that exited on its own.
 func (r *replicas) Exited() error {
 	for i, p := range r.procs {
-		select {
-		case <-p.Exited():
-			return fmt.Errorf("replica %d, %s, %s; its last output:\n%s", i, p, cmp.Or(p.Ended(), "exited"), lastLines(p.Stderr(), 20))
-		default:
+		if err := exited(p, fmt.Sprintf("replica %d, ", i)); err != nil {
+			return err
 		}
 	}
 	return nil
