@@ -387,7 +387,10 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", "malformed request: "+err.Error())
 		return
 	}
-	call := readCall(req.Messages)
+	m.mu.Lock()
+	epoch := m.epoch
+	m.mu.Unlock()
+	call := readCall(req.Messages, epoch)
 	call.Offers = len(req.Tools) > 0
 	if !m.ofEpoch(req.Messages) {
 		m.answer(w, r, req, call, plan{})
@@ -687,8 +690,16 @@ func decodeRequest(body io.Reader) (*openai.ChatRequest, error) {
 // token of the last user message; and its tool traffic. A tool loop's
 // later calls end in assistant and tool messages after the user's, which
 // leave the turn as it is.
-func readCall(msgs []openai.Message) model.Call {
+//
+// With an epoch (Reset), a user message that carries another epoch's tag
+// is of another check's conversation: its tokens, and the replies to
+// them, are the call's Foreign tokens, not its history. They reach this
+// check only through a server that leaks one conversation into another
+// (T5), and a token of another check must never be read as one of this
+// check's with the same number.
+func readCall(msgs []openai.Message, epoch string) model.Call {
 	var call model.Call
+	var foreign map[model.Token]bool
 	prevUser := false
 	var events []model.ToolEvent
 	tooled := false
@@ -710,8 +721,19 @@ func readCall(msgs []openai.Message) model.Call {
 			events = append(events, model.ToolEvent{Kind: model.UserMessage})
 		}
 		toks := model.Tokens(string(msg.Content))
-		call.History = append(call.History, toks...)
 		isUser := msg.Role == openai.RoleUser
+		if epoch != "" && len(toks) > 0 && (isUser && otherEpoch(string(msg.Content), epoch) || !isUser && foreign[toks[0].User()]) {
+			if foreign == nil {
+				foreign = map[model.Token]bool{}
+			}
+			for _, t := range toks {
+				foreign[t.User()] = true
+			}
+			call.Foreign = append(call.Foreign, toks...)
+			prevUser = isUser
+			continue
+		}
+		call.History = append(call.History, toks...)
 		if isUser && !prevUser {
 			// A new run of user messages: the call's turn is read from the
 			// last run. Within it, a server may have merged the user's
@@ -744,6 +766,17 @@ func readCall(msgs []openai.Message) model.Call {
 		call.Tools = events
 	}
 	return call
+}
+
+// epochTag matches an epoch's tag as the harness's client writes it in
+// each user message on a shared server: "(tc" and six hex digits, a
+// dash, the check's number, ")".
+var epochTag = regexp.MustCompile(`\(tc[0-9a-f]{6}-[0-9]+\)`)
+
+// otherEpoch reports whether text carries an epoch's tag other than
+// epoch, and not epoch's own.
+func otherEpoch(text, epoch string) bool {
+	return !strings.Contains(text, epoch) && epochTag.MatchString(text)
 }
 
 // answered reports whether call's last user token is followed, in its

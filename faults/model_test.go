@@ -1170,6 +1170,24 @@ func TestResetEpoch(t *testing.T) {
 	assert.Equal(t, 1, f.m.CallCount())
 }
 
+// TestForeignTokens: on a shared server, a call of this check that also
+// carries a message of an earlier check's conversation (a server that
+// leaks one into another) has that message's tokens, and its reply's, as
+// Foreign, not as its history: tc-u6 of another check is never read as
+// this check's tc-u6.
+func TestForeignTokens(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	f.m.Reset("(tc0a1b2c-2)")
+	resp, _ := f.post(false, user("tc-u6 (tc0a1b2c-1)"), msg(openai.RoleAssistant, "tc-a6 [call 3]"),
+		user("tc-u1 (tc0a1b2c-2)"))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	calls := f.m.CallsAfter(0)
+	require.Len(t, calls, 1)
+	assert.Equal(t, []model.Token{"tc-u1"}, calls[0].History)
+	assert.Equal(t, []model.Token{"tc-u6", "tc-a6"}, calls[0].Foreign)
+	assert.Equal(t, model.Token("tc-u1"), calls[0].Turn)
+}
+
 // waitFor waits until cond holds, at most guard: what it waits for is
 // the model's own doing, which nothing announces.
 func waitFor(t *testing.T, cond func() bool, what string) {

@@ -827,6 +827,12 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	}
 	for _, calls := range [2][]Call{t.Calls, t.Aux} {
 		for _, call := range calls {
+			if len(call.Foreign) > 0 {
+				// First: what else the call shows may follow from it.
+				return &Violation{Invariant: T5, Conv: t.Conv, Turn: t.User, Observed: call.Foreign,
+					Reason: fmt.Sprintf("a model request of this conversation carried %s, of a conversation of an earlier check on the same server: "+
+						"conversations leak into each other", FormatTokens(call.Foreign))}
+			}
 			// Whatever a request is for, its tool calls and results must
 			// pair.
 			if v, id := m.checkToolPairs(t, call); v != nil {

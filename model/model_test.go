@@ -1275,3 +1275,17 @@ func TestUnsentIsNoEvidence(t *testing.T) {
 	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
 	assert.Zero(t, m.Checked()[model.T1])
 }
+
+// TestForeignTokensAreALeak: a token of another check's conversation in a
+// model request is a leak between conversations (T5), never a leftover of
+// this check's turns (T1): its number may be one this check uses too.
+func TestForeignTokensAreALeak(t *testing.T) {
+	m := model.New()
+	require.Nil(t, m.Apply(fail(convA, u(6))))
+	c := call(u(7), u(7))
+	c.Foreign = h(u(6), a(6))
+	v := m.Apply(ok(convA, u(7), c))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T5, v.Invariant)
+	assert.Contains(t, v.Reason, "earlier check")
+}

@@ -182,6 +182,11 @@ type Call struct {
 	// each user message as a boundary between them (T9). Nil when the
 	// request carried no tool call and no tool result.
 	Tools []ToolEvent `json:"tools,omitempty"`
+	// Foreign are tokens the request carried of another check's
+	// conversations (on a server shared by several checks, each user
+	// message names its check), left out of History: they can reach this
+	// check only through a leak between conversations (T5).
+	Foreign []Token `json:"foreign,omitempty"`
 }
 
 // ToolEventKind is what a ToolEvent marks.
