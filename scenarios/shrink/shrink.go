@@ -227,11 +227,26 @@ type replayed struct {
 }
 
 // breaks reports whether r broke the invariant sought.
+//
+// A committed turn lost after a restart (T7) that a candidate shows lost
+// with no restart (T2, the same kind) breaks it too, and from then on the
+// loss is T2's: one loss gets the name its simplest failing run shows,
+// whichever the seed met first (PROTOCOL.md, "One root cause, one
+// finding").
 func (s *Shrinker) breaks(r replayed) bool {
-	if r.err != nil || r.v == nil || r.v.Invariant != s.want {
+	if r.err != nil || r.v == nil {
+		return false
+	}
+	if r.v.Invariant != s.want && !lostWithoutRestart(s.want, r.v) {
 		return false
 	}
 	return !s.replayShown || showsReplay(r.history, r.v)
+}
+
+// lostWithoutRestart reports whether v, sought as want, is a loss seen
+// without a restart where want is the same loss seen after one.
+func lostWithoutRestart(want model.Invariant, v *model.Violation) bool {
+	return want == model.T7 && v.Invariant == model.T2 && v.Kind == model.Lost
 }
 
 // showsReplay reports whether the violating request of a history (its
@@ -279,7 +294,7 @@ func (s *Shrinker) replay(cands [][]plan.Plan, replayOn replayFunc) []replayed {
 // the smallest failing run so far.
 func (s *Shrinker) record(plans []plan.Plan, r replayed, smaller bool) {
 	s.Plans = slices.Clone(plans[:r.history[len(r.history)-1].Step])
-	s.History, s.Violation = r.history, r.v
+	s.History, s.Violation, s.want = r.history, r.v, r.v.Invariant
 	s.found = append(s.found, foundRun{s.Plans, s.History, s.Violation, smaller})
 }
 
