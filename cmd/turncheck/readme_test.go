@@ -231,3 +231,24 @@ func TestREADMEProfiles(t *testing.T) {
 	}
 	assert.Positive(t, n, "the README shows a profile")
 }
+
+// TestCIRunsTheREADMETestCommand: the test command the README gives a
+// newcomer is the one CI runs, as it stands: a line of .ci/run of its own.
+func TestCIRunsTheREADMETestCommand(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	require.NoError(t, err)
+	var commands []string
+	for _, m := range fence.FindAllStringSubmatch(string(b), -1) {
+		for _, line := range strings.Split(m[2], "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "go test") {
+				commands = append(commands, strings.TrimSpace(line))
+			}
+		}
+	}
+	require.Len(t, commands, 1, "the README gives one test command")
+	ci, err := os.ReadFile(filepath.Join(repoRoot, ".ci", "run"))
+	require.NoError(t, err)
+	lines := strings.Split(string(ci), "\n")
+	assert.True(t, slices.ContainsFunc(lines, func(l string) bool { return strings.TrimSpace(l) == commands[0] }),
+		".ci/run does not run the README's test command %q as a line of its own", commands[0])
+}
