@@ -128,6 +128,11 @@ type Violation struct {
 	// invariant names its forms (Leftover, Lost): one root cause, shown
 	// again under another name, is still one finding.
 	Kind Kind `json:"kind,omitempty"`
+	// Also are the other invariants the same request breaks by the same
+	// trigger (Kind): an interrupted turn's orphaned tool call (T9) whose
+	// request also carries the turn's message, which rollback was to drop
+	// (T10). They are this finding's SAME CAUSE, never a pass.
+	Also []Invariant `json:"also,omitempty"`
 }
 
 // Kind is a wrong state that several invariants name, each for its own
@@ -836,7 +841,7 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 			// Whatever a request is for, its tool calls and results must
 			// pair.
 			if v, id := m.checkToolPairs(t, call); v != nil {
-				return m.leftoverCall(t, cv, v, id)
+				return m.leftoverCall(t, cv, v, id, call)
 			}
 		}
 	}
@@ -1213,16 +1218,24 @@ func (m *Model) checkToolPairs(t Turn, call Call) (v *Violation, id string) {
 // name, T9, the most specific (TestOrphanOfInterruptedTurnIsT9). Under
 // keep-consistent an interrupted turn may leave its completed rounds, and
 // a round cut short is T9's alone (goose #7785).
-func (m *Model) leftoverCall(t Turn, cv *conv, v *Violation, id string) *Violation {
+//
+// Where call, the request, also carries that turn's message, it breaks
+// the turn's own invariant too (T10 for an interrupted turn, T1 for a
+// failed one), by the same trigger: Violation.Also says so.
+func (m *Model) leftoverCall(t Turn, cv *conv, v *Violation, id string, call Call) *Violation {
 	user, _, ok := ToolTurn(id)
 	if !ok || user == t.User || cv == nil {
 		return v
 	}
+	also := Invariant("")
 	switch {
 	case cv.line.wasInterrupted(user) && !m.policies.KeepConsistent:
-		v.Kind = LeftoverInterrupted
+		v.Kind, also = LeftoverInterrupted, T10
 	case cv.line.failedWith(user) != 0:
-		v.Kind = LeftoverFailed
+		v.Kind, also = LeftoverFailed, T1
+	}
+	if also != "" && slices.Contains(call.History, user) {
+		v.Also = append(v.Also, also)
 	}
 	return v
 }

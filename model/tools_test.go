@@ -898,6 +898,32 @@ func TestOrphanOfInterruptedTurnIsT9(t *testing.T) {
 	})
 }
 
+// TestOrphanAlsoBreaksT10: the orphaned tool call of an interrupted turn
+// is T9's finding; where the same request also carries the turn's message,
+// which rollback was to drop, it breaks T10 by the same trigger, and says
+// so (Also): T10 is then that finding's SAME CAUSE, never a pass. Under
+// keep-consistent the message may stay, and nothing else is broken.
+func TestOrphanAlsoBreaksT10(t *testing.T) {
+	k2 := tk(2, 1, 1)
+	orphan := ok(convA, u(3), tools(call(u(3), u(1), a(1), u(2), u(3)),
+		userMsg(), userMsg(), asks(k2), userMsg()))
+	for _, tc := range []struct {
+		p    model.Policies
+		also []model.Invariant
+	}{{rollback, []model.Invariant{model.T10}}, {keep, nil}} {
+		t.Run(policyName(tc.p), func(t *testing.T) {
+			m := model.NewWith(tc.p)
+			for _, s := range interrupted2() {
+				require.Nil(t, m.Apply(s.turn))
+			}
+			v := m.Apply(orphan)
+			require.NotNil(t, v)
+			assert.Equal(t, model.T9, v.Invariant)
+			assert.Equal(t, tc.also, v.Also)
+		})
+	}
+}
+
 // ---------------------------------------------------------------------------
 // T11: no leaks from the working copy
 

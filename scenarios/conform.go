@@ -91,7 +91,11 @@ func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[mo
 	// a later round too, and last what this round has said so far: the
 	// progress said is their sum, which only ever grows.
 	done, last := report.NewStats(), report.NewStats()
+	// A round's check counts its findings from the round's start; a
+	// finding says how far into the whole run it came (Failure.FoundAfter).
+	all, begin := len(nums), time.Now()
 	for len(nums) > 0 {
+		round := time.Now()
 		o := opts
 		o.checks, o.Skip = nums, slices.Clone(l.Skip)
 		if opts.Progress != nil {
@@ -112,6 +116,9 @@ func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[mo
 		}
 		if res != nil && res.Failure != nil && res.Failure.Violation != nil {
 			f := res.Failure
+			inRound := f.FoundAfter
+			f.FoundAfter += all - len(nums)
+			f.FoundIn += round.Sub(begin)
 			found[f.Violation.Invariant] = f
 			if opts.Found != nil {
 				opts.Found(f, c.Stats)
@@ -121,7 +128,7 @@ func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[mo
 				l.SkipKinds = append(l.SkipKinds, k)
 			}
 			// The checks after it go on, each from its own seed.
-			nums = nums[min(max(f.FoundAfter, 1), len(nums)):]
+			nums = nums[min(max(inRound, 1), len(nums)):]
 		}
 		if err != nil && !errors.Is(err, ErrInterrupted) {
 			// A server that stopped untidily after serving the checks is a
@@ -193,6 +200,11 @@ func verdicts(p targets.Profile, target targets.Target, restartable, watched boo
 			if ex, ok := s.Folded[inv]; ok {
 				v.Reason += fmt.Sprintf("; the first: on conversation %s, turn %s: %s", ex.Conv, ex.Turn, ex.Reason)
 			}
+		case alsoBroken(found, inv) != nil:
+			f := alsoBroken(found, inv)
+			v.Status = report.SameCause
+			v.Reason = fmt.Sprintf("broken by the very request of the finding of %s (%s), by the same trigger: one root cause, reported there",
+				f.Violation.Invariant, f.Violation.Kind)
 		case notApplicable(p, target, restartable, watched, inv) != "":
 			v.Status, v.Reason = report.NotApplicable, notApplicable(p, target, restartable, watched, inv)
 		case slices.Contains(skip, inv):
@@ -221,6 +233,17 @@ func verdicts(p targets.Profile, target targets.Target, restartable, watched boo
 		out = append(out, v)
 	}
 	return out
+}
+
+// alsoBroken is the finding whose violating request breaks inv too
+// (model.Violation.Also), nil if none does.
+func alsoBroken(found map[model.Invariant]*report.Failure, inv model.Invariant) *report.Failure {
+	for _, i := range report.Judged() {
+		if f := found[i]; f != nil && f.Violation != nil && slices.Contains(f.Violation.Also, inv) {
+			return f
+		}
+	}
+	return nil
 }
 
 // kindFinding names the findings that have a kind of wrong state.

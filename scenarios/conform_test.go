@@ -237,6 +237,23 @@ func TestSameCauseIsNotAPass(t *testing.T) {
 	assert.Contains(t, junit.String(), `<skipped message="same cause: broken 2 time(s)`)
 }
 
+// TestAlsoBrokenIsSameCause: a finding whose very request breaks another
+// invariant by the same trigger (an interrupted turn's orphaned tool call,
+// T9, in a request that also carries the turn's message, T10's) leaves
+// that invariant SAME CAUSE, never a pass.
+func TestAlsoBrokenIsSameCause(t *testing.T) {
+	s := report.NewStats()
+	s.Invariants[model.T9], s.Invariants[model.T10] = 5, 1040
+	found := map[model.Invariant]*report.Failure{model.T9: {Violation: &model.Violation{Invariant: model.T9,
+		Kind: model.LeftoverInterrupted, Also: []model.Invariant{model.T10}, Reason: "orphan"}}}
+	vs := verdicts(targets.Profile{Tools: true}, refuseAll{}, false, false, nil, *s, found)
+	c := &report.Conformance{Stats: *s, Verdicts: vs}
+	v := c.Verdict(model.T10)
+	assert.Equal(t, report.SameCause, v.Status, "%+v", v)
+	assert.Contains(t, v.Reason, "T9 (leftover of an interrupted turn)")
+	assert.Equal(t, report.Fail, c.Verdict(model.T9).Status)
+}
+
 // TestCutShortIsNoPass: a run the time bound ended before the checks asked
 // ran has not passed, though nothing broke in what it ran.
 func TestCutShortIsNoPass(t *testing.T) {
