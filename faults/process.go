@@ -155,6 +155,12 @@ type ProcessConfig struct {
 	// run's exit. The pipes stay the handshake's for the whole run: it
 	// keeps them, and the harness closes them once the run has ended.
 	Handshake func(ctx context.Context, run StdioRun) error
+	// Started, if set, is called with the command line of each run once
+	// it is ready, the first and every restart's: its placeholders
+	// filled, what was actually run (not a try on a port that was taken),
+	// for a person to read or run again. It is called while the Process
+	// starts the run: it must not call the Process back.
+	Started func(argv []string)
 	// Context, if set, bounds every wait for the server to be ready, the
 	// first start's and each Restart's: once it ends, a start still
 	// waiting kills its run and returns an error that wraps the
@@ -361,9 +367,11 @@ func (p *Process) Stderr() string { return p.out.tail(0, MaxProcessOutput) }
 // SIGKILL to the group if the server has not exited within StopGrace. It
 // returns once the server has exited, every process left in its group is
 // dead and its output is drained. The error reports a server that did not
-// stop gracefully: one that needed SIGKILL, exited with a failure status
-// after SIGTERM, or had already exited on its own before Stop. Stop is
-// idempotent: once the server is down it does nothing and returns nil.
+// stop gracefully: a *StopError for one that exited with a failure status
+// after SIGTERM or needed SIGKILL (it is down, and what it served stands),
+// another error for one that had already exited on its own before Stop
+// or could not be signalled. Stop is idempotent: once the server is down
+// it does nothing and returns nil.
 func (p *Process) Stop() error {
 	p.life.Lock()
 	defer p.life.Unlock()
@@ -396,13 +404,14 @@ func (p *Process) stop() error {
 	}
 	_ = syscall.Kill(-r.pid, syscall.SIGKILL)
 	<-r.done
-	return fmt.Errorf("server did not exit within %v of SIGTERM; killed%s", p.cfg.StopGrace, p.outputSince(r.mark))
+	// Killed, it is down all the same: a StopError, as an untidy exit is.
+	return &StopError{msg: fmt.Sprintf("server did not exit within %v of SIGTERM; killed%s", p.cfg.StopGrace, p.outputSince(r.mark))}
 }
 
-// StopError is Stop's error for a server that did exit on SIGTERM, in
-// time, but with a failure status: it stopped, untidily. What it served
-// before stands; a harness reports this beside its verdicts, not instead
-// of them.
+// StopError is Stop's error for a server that was asked to stop and is
+// down, but not tidily: it exited on SIGTERM with a failure status, or
+// it outlived StopGrace and was killed. What it served before stands; a
+// harness reports this beside its verdicts, not instead of them.
 type StopError struct{ msg string }
 
 func (e *StopError) Error() string { return e.msg }
@@ -540,6 +549,9 @@ func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err err
 		err = waitReady(ctx, r, "http://"+addr+p.cfg.Ready, p.cfg.StartTimeout)
 	}
 	if err == nil {
+		if p.cfg.Started != nil {
+			p.cfg.Started(slices.Clone(argv))
+		}
 		return false, nil
 	}
 	if p.cfg.Handshake != nil && errors.Is(err, errExited) {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -151,6 +152,8 @@ func TestProcess(t *testing.T) {
 		err := p.Stop()
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "did not exit within 300ms of SIGTERM; killed")
+		var stopErr *faults.StopError
+		assert.ErrorAs(t, err, &stopErr, "killed, it is down all the same: an untidy stop, which a harness notes beside its verdicts")
 		assert.Contains(t, err.Error(), "served", "the error quotes the output")
 		assert.GreaterOrEqual(t, time.Since(began), 300*time.Millisecond)
 		assert.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH)
@@ -383,6 +386,32 @@ func TestProcessTemplate(t *testing.T) {
 		assert.Equal(t, "127.0.0.1", host)
 		assert.NotEqual(t, "0", port)
 		assert.Equal(t, "addr="+hostport+" port="+port+"\nready\n", p.Stderr())
+	})
+
+	t.Run("Started is told each run's command line, placeholders filled", func(t *testing.T) {
+		t.Parallel()
+		var mu sync.Mutex
+		var started [][]string
+		p := procStart(t, faults.ProcessConfig{
+			Command:   shCommand(`echo ready; exec sleep 60`, "{addr}", "{model_url}", "{data_dir}", "--agent={agents}"),
+			ModelURL:  "http://127.0.0.1:9/v1",
+			DataDir:   "/tmp/d",
+			Agents:    []string{"a1"},
+			ReadyLine: `^ready$`,
+			Started: func(argv []string) {
+				mu.Lock()
+				defer mu.Unlock()
+				started = append(started, argv)
+			},
+		})
+		first := strings.TrimPrefix(p.URL(), "http://")
+		require.NoError(t, p.Restart())
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, started, 2, "the first start and the restart")
+		want := shCommand(`echo ready; exec sleep 60`, first, "http://127.0.0.1:9/v1", "/tmp/d", "--agent=a1")
+		assert.Equal(t, want, started[0], "what was run, not its template")
+		assert.NotContains(t, strings.Join(started[1], " "), "{", "a restart's command is filled too")
 	})
 
 	t.Run("placeholders in the environment", func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/turncheck/turncheck/scenarios"
@@ -252,6 +253,9 @@ func replayFile(ctx context.Context, path string, tries int, rf runFlags, stdout
 	if err != nil {
 		return fail(stderr, "replay", fmt.Errorf("%s: %w", path, err))
 	}
+	// How the server was started, as first run: said under the header.
+	var started atomic.Pointer[string]
+	target = onStart(target, func(cmd string) { started.Store(&cmd) })
 	start := time.Now()
 	r, err := scenarios.ReplayFailureTries(ctx, target, saved.Failure, tries)
 	if r != nil {
@@ -272,6 +276,9 @@ func replayFile(ctx context.Context, path string, tries int, rf runFlags, stdout
 	// The replay's own counts: the run of the saved steps reported.
 	res := &scenarios.Result{Seed: saved.Seed, Elapsed: time.Since(start), Stats: replayStats(r.History)}
 	fmt.Fprintf(stdout, "turncheck replay: %s against %s\n", path, what)
+	if cmd := started.Load(); cmd != nil {
+		fmt.Fprintf(stdout, "the server started as: %s\n", *cmd)
+	}
 	// How to try more, where the tries did not show the saved failure.
 	more := fmt.Sprintf("To try more: %s replay %s --tries %d\n", self(), absPath(path), max(10, 4*tries))
 	v, sv := r.Violation, saved.Failure.Violation

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/turncheck/turncheck/model"
@@ -91,7 +92,8 @@ restart, is a crash finding (shrunk and saved, with its last output),
 and the run starts it again and goes on; one that stops answering (8
 requests in a row get no connection or no answer) ends the run with exit
 2, never a pass. One that exits with a failure status on SIGTERM at the
-end is a note beside the verdicts.
+end, or outlives its stop_grace and is killed, is a note beside the
+verdicts.
 
 Exit status: 0 when every applicable invariant that turncheck checks was
 exercised and passed (skipped ones aside) in every check asked, and the
@@ -192,6 +194,8 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stdout)
 	}
 	fmt.Fprintf(stdout, "turncheck conform: %s\n", describe(target))
+	// Said once the server runs: the command as run, not its template.
+	target = onStart(target, func(cmd string) { fmt.Fprintf(stdout, "the server started as: %s\n", cmd) })
 	if r, ok := target.(scenarios.Remote); ok {
 		fmt.Fprintf(stdout, "the fake model listens at http://%s/v1: the server must be configured to call it there\n", r.ModelAt)
 	}
@@ -261,9 +265,40 @@ func describe(t scenarios.Target) string {
 	case scenarios.Remote:
 		return "the server at " + t.URL
 	case scenarios.Subprocess:
-		return "the server started as: " + t.String()
+		// The template: how it was started, placeholders filled, is said
+		// once it is (onStart).
+		return "the server the profile's command starts: " + t.String()
 	}
 	return fmt.Sprintf("%T", t)
+}
+
+// onStart makes t, where it is a Subprocess, call said with the command
+// line of its first start, its placeholders filled and quoted for a
+// shell: what was actually run, once, whatever restarts, replicas and
+// parallel checks start after it. Another target is returned as it is.
+func onStart(t scenarios.Target, said func(cmd string)) scenarios.Target {
+	s, ok := t.(scenarios.Subprocess)
+	if !ok {
+		return t
+	}
+	var once sync.Once
+	s.Started = func(argv []string) { once.Do(func() { said(shellLine(argv)) }) }
+	return s
+}
+
+// shellLine is argv as a shell command line: each argument that a shell
+// would split or expand in single quotes.
+func shellLine(argv []string) string {
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		out[i] = a
+		if a == "" || strings.ContainsFunc(a, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("@%+=:,./_-", r))
+		}) {
+			out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 // shardFlag is --shard K/N.

@@ -151,12 +151,16 @@ func AddCounts[K comparable, N int | int64](to, from map[K]N) {
 func (c *Conformance) Text(p targets.Profile) string {
 	var b strings.Builder
 	b.WriteString(c.Table())
-	for _, f := range c.Failures() {
-		b.WriteString("\n" + FindingText(f))
-		if f.Violation != nil {
-			if a := p.Assumed[policyOf[f.Violation.Invariant]]; a != "" {
-				fmt.Fprintf(&b, "Judged by a policy not declared: %s.\n", a)
-			}
+	for _, v := range c.Verdicts {
+		f := v.Failure
+		if f == nil {
+			// A FAIL with no failure (a crash between two checks) is said
+			// whole by its line of the table and the notes.
+			continue
+		}
+		b.WriteString("\n" + findingText(v.Invariant, f))
+		if a := p.Assumed[policyOf[v.Invariant]]; a != "" {
+			fmt.Fprintf(&b, "Judged by a policy not declared: %s.\n", a)
 		}
 	}
 	b.WriteString("\n" + c.Closing())
@@ -186,10 +190,26 @@ func (v Verdict) rests() string {
 		return fmt.Sprintf("%d %s; %s", v.Evaluations, Exercises[v.Invariant], v.Reason)
 	case v.Status == Pass:
 		return fmt.Sprintf("%d %s", v.Evaluations, Exercises[v.Invariant])
-	case v.Failure != nil:
-		return firstLine(v.Failure.Violation.Error())
+	case v.Status == Fail || v.Failure != nil:
+		return firstLine(v.message())
 	}
 	return v.Reason
+}
+
+// message says why a FAIL failed: its violation; else its reason (a crash
+// seen between two checks has no failure, as no step shows it, only a
+// reason); else the first line of its failure's report (a failure that
+// names no violation). Never "": a FAIL always says something.
+func (v Verdict) message() string {
+	switch {
+	case v.Failure != nil && v.Failure.Violation != nil:
+		return v.Failure.Violation.Error()
+	case v.Reason != "":
+		return v.Reason
+	case v.Failure != nil && strings.TrimSpace(v.Failure.Report) != "":
+		return firstLine(strings.TrimSpace(v.Failure.Report))
+	}
+	return "broken; nothing was kept to say how"
 }
 
 // Outcome is the run's verdict in a word or three: CONFORMS, DOES NOT
@@ -208,10 +228,28 @@ func (c *Conformance) Outcome() string {
 }
 
 // FindingText renders one failure for a person: the broken invariant, the
-// shrunk steps, and how it was found and shrunk.
+// shrunk steps, and how it was found and shrunk. A failure that names no
+// violation is the harness's own, and says so.
 func FindingText(f *Failure) string {
+	var inv model.Invariant
+	if f.Violation != nil {
+		inv = f.Violation.Invariant
+	}
+	return findingText(inv, f)
+}
+
+// findingText is FindingText of a failure found of inv: the verdict's
+// invariant names it even where the failure names no violation.
+func findingText(inv model.Invariant, f *Failure) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "=== %s (%s) ===\n", f.Violation.Invariant, f.Violation.Invariant.Title())
+	if f.Violation != nil {
+		inv = f.Violation.Invariant
+	}
+	if inv == "" {
+		b.WriteString("=== the harness failed, not the server ===\n")
+	} else {
+		fmt.Fprintf(&b, "=== %s (%s) ===\n", inv, inv.Title())
+	}
 	if f.Flaky {
 		b.WriteString("(broken once, but the same steps did not break it again: the server does not behave the same way under the same steps)\n")
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/turncheck/turncheck/scenarios/targets"
@@ -126,10 +128,13 @@ func (r *Report) Text(p targets.Profile) string {
 	if r.Failure == nil {
 		return "PASS: no invariant broken\n" + r.Stats.Summary() + "\n"
 	}
-	if r.Failure.Report == "" && r.Failure.Violation != nil {
+	switch {
+	case r.Failure.Report != "":
+		return r.Failure.Report
+	case r.Failure.Violation != nil:
 		return FormatFailure(r.Failure.Violation, r.Failure.History, p)
 	}
-	return r.Failure.Report
+	return "the harness failed, not the server; nothing was kept to say how\n"
 }
 
 // junitSuite is the JUnit XML a CI dashboard reads.
@@ -161,7 +166,13 @@ type junitMessage struct {
 // was not exercised), passed otherwise.
 func (r *Report) WriteJUnit(w io.Writer) error {
 	s := junitSuite{Name: "turncheck " + r.Server.Kind, Time: fmt.Sprintf("%.3f", float64(r.ElapsedMS)/1000)}
-	for _, inv := range Judged() {
+	invs := Judged()
+	if f := r.Failure; f != nil && f.Violation != nil && !slices.Contains(invs, f.Violation.Invariant) {
+		// An invariant this build does not judge (a report saved by
+		// another): its failure still gets a case, never lost.
+		invs = append(invs, f.Violation.Invariant)
+	}
+	for _, inv := range invs {
 		c := junitCase{Name: fmt.Sprintf("%s %s", inv, inv.Title()), ClassName: "turncheck." + r.Server.Kind}
 		switch {
 		case r.Failure != nil && r.Failure.Violation != nil && r.Failure.Violation.Invariant == inv:
@@ -235,7 +246,14 @@ func (c *Conformance) WriteJUnit(w io.Writer) error {
 		tc := junitCase{Name: fmt.Sprintf("%s %s", v.Invariant, v.Invariant.Title()), ClassName: "turncheck.conform"}
 		switch v.Status {
 		case Fail:
-			tc.Failure = &junitMessage{Message: v.Failure.Violation.Error(), Text: v.Failure.Report}
+			tc.Failure = &junitMessage{Message: v.message()}
+			if v.Failure != nil {
+				tc.Failure.Text = v.Failure.Report
+			} else {
+				// No step shows it (a crash between two checks): the notes
+				// say what was seen.
+				tc.Failure.Text = strings.Join(c.Notes, "\n")
+			}
 			s.Failures++
 		case NotExercised:
 			tc.Failure = &junitMessage{Message: "not exercised: " + v.Reason}
@@ -280,6 +298,7 @@ func (f *Failure) ShrinkStats() string {
 		// kept a failure from being shrunk.
 		how += " (the shrink bound, --shrink-time, ran out first)"
 	}
-	return fmt.Sprintf("found after %d check(s) in %s; %s in %d replay(s), %s, to %d step(s)",
+	// Counted from the run's start, whatever was found before it.
+	return fmt.Sprintf("found after %d check(s) of the run, %s into it; %s in %d replay(s), %s, to %d step(s)",
 		f.FoundAfter, f.FoundIn.Round(time.Millisecond), how, f.ShrinkRuns, f.ShrunkIn.Round(time.Millisecond), len(f.Plans))
 }

@@ -194,14 +194,19 @@ func (c *Conformance) WriteHTML(w io.Writer, server targets.ServerSpec) error {
 		}
 		data.Rows = append(data.Rows, row{v.Invariant, v.Invariant.Title(), strings.ToUpper(string(v.Status)), v.rests(), class})
 	}
-	for _, f := range c.Failures() {
+	for _, vd := range c.Verdicts {
+		f := vd.Failure
+		if f == nil {
+			// A FAIL with no failure (a crash between two checks) is said
+			// by its row and the notes.
+			continue
+		}
 		// Shown inline, whole, as its own page shows it.
 		v, err := view(f)
 		if err != nil {
 			return err
 		}
-		inv := f.Violation.Invariant
-		data.Failures = append(data.Failures, failure{inv, inv.Title(), f.ShrinkStats(), v})
+		data.Failures = append(data.Failures, failure{vd.Invariant, vd.Invariant.Title(), f.ShrinkStats(), v})
 	}
 	return runPage.Execute(w, data)
 }

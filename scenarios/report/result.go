@@ -35,8 +35,10 @@ type Failure struct {
 	// Check is the number of the check that failed, from 1, in the whole
 	// run (its shards share the numbers).
 	Check int `json:"check,omitempty"`
-	// FoundAfter is how many checks ran until the first violation, that one
-	// included, and FoundIn how long that took; the rest of the run shrank it.
+	// FoundAfter is how many checks of the run ran until the violation,
+	// that one included, and FoundIn how long that took: both count from
+	// the run's start, so that in a Conform a later finding counts the
+	// checks, and the shrinking, of the findings before it too.
 	FoundAfter int           `json:"foundAfterChecks"`
 	FoundIn    time.Duration `json:"-"` // foundInMs in JSON
 	// ShrinkRuns is how many candidate runs the shrinker replayed, and

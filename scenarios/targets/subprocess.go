@@ -75,6 +75,11 @@ type Subprocess struct {
 	ModelAt string
 	// Reaches is how to talk to the servers.
 	Reaches Profile
+	// Started, if set, is called with the command line of each process
+	// once it is ready (each replica's, each restart's): its placeholders
+	// filled, what was actually run, where String gives the template. It
+	// must not block: a start waits for it.
+	Started func(argv []string)
 }
 
 // Profile returns s.Reaches.
@@ -245,7 +250,7 @@ func (s Subprocess) startReplica(ctx context.Context, modelURL, dir string, refs
 	}
 	return faults.StartProcess(faults.ProcessConfig{Command: expand(s.Command), ModelURL: modelURL, DataDir: dir,
 		Env: expand(s.Env), Files: files, Agents: refs, Ready: s.Ready, ReadyLine: s.ReadyLine,
-		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace, Context: ctx})
+		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace, Context: ctx, Started: s.Started})
 }
 
 type subprocessServer struct {
