@@ -208,6 +208,9 @@ type Process struct {
 	// one; once its done is closed it has ended and been reaped. Written
 	// under life and mu, read under either.
 	cur *run
+	// last is the latest run that started, kept after a failed start
+	// that followed it: what String names.
+	last *run
 	// reported is set once cur has been stopped or killed, or its own exit
 	// reported by Stop: a later Stop then has nothing to say, which keeps
 	// it idempotent.
@@ -229,6 +232,9 @@ type run struct {
 	watch *lineWatch    // finds the ReadyLine in this run's output; nil for the HTTP probe
 	// stdio is the run's stdin and stdout, for a Handshake; nil otherwise.
 	stdio *StdioRun
+	// argv is the command line the run was started with, placeholders
+	// filled.
+	argv []string
 }
 
 // StartProcess starts the server and returns once it answers at
@@ -526,7 +532,7 @@ func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err err
 	if !p.capture {
 		p.addr = addr
 	}
-	p.cur = r
+	p.cur, p.last = r, r
 	p.reported = false
 	p.mu.Unlock()
 
@@ -606,7 +612,7 @@ func (p *Process) exec(argv, env []string) (*run, error) {
 	}
 	_ = pw.Close() // the children hold it now; EOF once they all let go
 	stdio.started()
-	r := &run{pid: cmd.Process.Pid, mark: mark, done: make(chan struct{})}
+	r := &run{pid: cmd.Process.Pid, mark: mark, done: make(chan struct{}), argv: argv}
 	if stdio.outR != nil {
 		r.stdio = &StdioRun{In: stdio.inW, Out: closingReader{stdio.outR}, Log: p.out, Exited: r.done}
 	}
@@ -1090,6 +1096,21 @@ func (r *ring) tail(mark int64, max int) string {
 }
 
 // String names the server for logs: its command template and URL.
+//
+// It names the command as the latest run was started (placeholders
+// filled), or as configured before any run; and the address only of a
+// server that listens on one: an agent driven over stdio (a Handshake)
+// has none.
 func (p *Process) String() string {
-	return "server " + strconv.Quote(strings.Join(p.cfg.Command, " ")) + " at " + p.URL()
+	p.mu.Lock()
+	argv := p.cfg.Command
+	if p.last != nil {
+		argv = p.last.argv
+	}
+	p.mu.Unlock()
+	s := "server " + strconv.Quote(strings.Join(argv, " "))
+	if p.cfg.Handshake != nil {
+		return s
+	}
+	return s + " at " + p.URL()
 }

@@ -195,6 +195,9 @@ func TestACPAgentThatExitsOnOneInput(t *testing.T) {
 	require.NoError(t, err)
 	f := assertCrashFound(t, target, c, "an empty prompt")
 	assert.Contains(t, f.Violation.Reason, "exited with status 3")
+	assert.NotContains(t, f.Violation.Reason, "\" at http://", "a stdio agent has no address")
+	assert.NotContains(t, f.Violation.Reason, "{model_url}", "the command as it ran, placeholders filled")
+	assert.NotContains(t, f.ShrinkNote, "could not be replayed", "a stdio agent's steps replay on a fresh agent")
 	assert.Positive(t, c.Stats.SetAside[model.Crash], "the agent exited again after the finding, and the run went on")
 	assert.Zero(t, c.Stats.Causes[protocol.CauseUnsent], "requests to a dead agent: %v", c.Stats.Causes)
 }

@@ -265,6 +265,26 @@ func showsReplay(ops []history.Op, v *model.Violation) bool {
 	return false
 }
 
+// withoutUntidyStop is err without a replay's server stopped untidily (an
+// exit status on SIGTERM, or killed past its grace): that says nothing of
+// the steps, which ran and were judged. Any other error of err stays.
+func withoutUntidyStop(err error) error {
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		var rest []error
+		for _, e := range joined.Unwrap() {
+			if e = withoutUntidyStop(e); e != nil {
+				rest = append(rest, e)
+			}
+		}
+		return errors.Join(rest...)
+	}
+	var untidy *faults.StopError
+	if errors.As(err, &untidy) {
+		return nil
+	}
+	return err
+}
+
 // replay replays the candidates, at most one per lab, at once.
 func (s *Shrinker) replay(cands [][]plan.Plan, replayOn replayFunc) []replayed {
 	out := make([]replayed, len(cands))
@@ -272,7 +292,7 @@ func (s *Shrinker) replay(cands [][]plan.Plan, replayOn replayFunc) []replayed {
 	for i, plans := range cands {
 		wg.Go(func() {
 			h, v, err := replayOn(s.labs[i], s.ctx, plans)
-			out[i] = replayed{history: h, v: v, err: err}
+			out[i] = replayed{history: h, v: v, err: withoutUntidyStop(err)}
 		})
 	}
 	wg.Wait()
