@@ -68,6 +68,10 @@ type connTracker struct {
 	logged                     atomic.Int64
 	loggedEvicted, loggedRefus atomic.Int64
 
+	// crashed is set when a crash begins (crash): every write on a
+	// connection fails from then on, as if it were closed already.
+	crashed atomic.Bool
+
 	mu sync.Mutex
 	// now is the clock stalls are judged by (read and set under mu).
 	now func() time.Time
@@ -306,11 +310,26 @@ func (t *connTracker) refuse(c net.Conn) {
 // which no turn runs: a graceful stop need not wait for a client that is
 // idle or still sending its request, which has cost nothing yet. It does
 // not wait; see wait.
-func (t *connTracker) stop() {
+func (t *connTracker) stop() { t.drop(working) }
+
+// crash is stop for a kill -9: from the moment it is called nothing more
+// is written on any connection (Write fails), and it closes every one,
+// those on which a turn runs too. The closes come one after another, and
+// a turn may end as soon as its own connection goes: the turn waiting
+// behind it then starts, or is refused, and without the gate could answer
+// on a connection not closed yet. It does not wait; see wait.
+func (t *connTracker) crash() {
+	t.crashed.Store(true)
+	t.drop(phases)
+}
+
+// drop refuses every new connection from now on and closes every one in
+// a phase before upTo, and every one being refused.
+func (t *connTracker) drop(upTo phase) {
 	t.mu.Lock()
 	t.stopping = true
 	var drop []net.Conn
-	for p := range working {
+	for p := range upTo {
 		for e := t.open[p].Front(); e != nil; {
 			next := e.Next()
 			tc := e.Value.(*trackedConn)
@@ -466,12 +485,17 @@ func (tc *trackedConn) CloseWrite() error {
 // Write writes p, turning the plain-text error answers net/http writes
 // itself (malformed requests, headers too large) into the JSON error
 // shape. Those are written only when no handler runs on the connection.
+// Once a crash has begun it writes nothing (connTracker.crash).
 //
 // A write on an idle connection is the end of its answer, which net/http
 // flushes after its handler has returned (leave): the connection's
 // idleness is counted from then, so that one answered within stallAfter
 // is never dropped as idle.
 func (tc *trackedConn) Write(p []byte) (int, error) {
+	if tc.tracker.crashed.Load() {
+		// A killed process writes nothing more.
+		return 0, net.ErrClosed
+	}
 	if tc.isIdle.Load() {
 		defer func() {
 			tc.tracker.mu.Lock()

@@ -75,11 +75,7 @@ func (s *Server) turnContext(r *http.Request, t *turn) (ctx context.Context, can
 func (s *Server) dropped(w http.ResponseWriter, r *http.Request, ctx context.Context, t *turn, o *output, err error) bool {
 	switch {
 	case s.crashing.Load() || s.life.Err() != nil:
-		t.release()
-		s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.id)
-		if !o.streaming() {
-			clientGone(w, false)
-		}
+		s.crashedUnder(w, t, o)
 		return true
 	case err != nil && ctx.Err() != nil:
 		t.release()
@@ -113,6 +109,12 @@ func (s *Server) interrupt(t *turn) bool {
 		return false
 	}
 	s.stall(s.turns)
+	if s.crashing.Load() {
+		// The crash was ordered while the turn waited to commit: a
+		// killed process commits nothing more.
+		s.log.Info("server stopped under the interrupted turn; turn rolled back", "conversation", t.key.id)
+		return false
+	}
 	if err := s.convs.commit(withConn(context.Background(), t.conn), t.key, t.committed, t.hid, keep, t.overwrite); err != nil {
 		s.log.Error("commit of an interrupted turn", "conversation", t.key.id, "err", err)
 		return false

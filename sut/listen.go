@@ -103,8 +103,10 @@ func (r *Running) Crash() error {
 	// The turns in flight die with the process: none may take its
 	// dropped connection for a client that disconnected, and commit.
 	r.Server.crashing.Store(true)
-	// The connections go first: from here on no reply reaches a client.
-	r.conns.stop()
+	// The connections go first: from here on nothing is written on any
+	// of them, and each is closed (those with a turn running too), so no
+	// reply reaches a client.
+	r.conns.crash()
 	err := r.hs.Close()
 	crashed, serr := r.Server.crash()
 	<-r.serving

@@ -802,7 +802,16 @@ func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, input
 	t.stateful = true
 	t.release = func() {}
 	base, err := s.acquire(r.Context(), t)
-	if err == nil && s.dropping.Load() {
+	switch {
+	case err == nil && s.crashing.Load():
+		// The server is crashing, and this turn got its conversation
+		// only now (the turn ahead of it died with the process, or let
+		// go just as the crash began): it dies with the process too,
+		// unstarted. Its own context ends only once net/http sees its
+		// connection closed, or s.life ends, both after the turn ahead
+		// let go: that is no sign it may run.
+		err = errCrashing
+	case err == nil && s.dropping.Load():
 		// A stop dropped the turns still running just as this one got
 		// its conversation (a turn ahead of it let go): it must not
 		// start, though its own context may not have ended yet.
@@ -1039,6 +1048,9 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 			fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout))
 	case storeFull(err):
 		s.refuseStoreFull(w, t, err)
+	case errors.Is(err, errCrashing):
+		s.log.Info("server crashing: turn dropped before it started", "conversation", t.key.id)
+		clientGone(w, false)
 	case errors.Is(err, errStopping):
 		s.answerDropped(w, nil)
 	case s.stopDropped(w, r, nil):
@@ -1118,13 +1130,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 			clientGone(w, kept)
 		}
 		return
-	case r.Context().Err() != nil:
-		// The server crashed under the turn: it commits nothing.
-		t.release()
-		s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.id)
-		if !o.streaming() {
-			clientGone(w, false)
-		}
+	case s.crashing.Load() || r.Context().Err() != nil:
+		// The server crashed under the turn: it commits nothing. Its
+		// request's context may not have ended yet (net/http notices a
+		// closed connection, and s.life's end reaches the request, each
+		// on a goroutine of its own), but crashing is set before
+		// anything of the crash is done.
+		s.crashedUnder(w, t, o)
 		return
 	case err != nil:
 		s.fail(w, t, o, reply, err)
@@ -1135,6 +1147,12 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 		// Acknowledge only what is durable: commit before the client hears
 		// the turn ended ok.
 		s.stall(ctx)
+		if s.crashing.Load() {
+			// The crash was ordered while the turn waited to commit: a
+			// killed process commits nothing more.
+			s.crashedUnder(w, t, o)
+			return
+		}
 		err := s.convs.commit(withConn(ctx, t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
 		if err == nil {
 			// All of work is committed now: a release that takes back a
@@ -1256,6 +1274,22 @@ func (s *Server) stopDropped(w http.ResponseWriter, r *http.Request, o *output) 
 
 // errStopping is a turn refused because a stop is dropping the turns.
 var errStopping = errors.New("the server is stopping")
+
+// errCrashing is a turn refused because the server is crashing: it got
+// its conversation only after the crash was ordered.
+var errCrashing = errors.New("the server is crashing")
+
+// crashedUnder settles a turn the server crashed under before it
+// committed: it commits nothing, as a killed process does, and releases
+// the lock. Nobody hears the answer (the connections are dropped), but
+// the handler must not end without one: net/http would send a 200.
+func (s *Server) crashedUnder(w http.ResponseWriter, t *turn, o *output) {
+	t.release()
+	s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.id)
+	if !o.streaming() {
+		clientGone(w, false)
+	}
+}
 
 // answerDropped answers a turn a stop dropped: 503, or on a stream a
 // failure.
