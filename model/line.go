@@ -507,18 +507,25 @@ func (l Line) refuse(t Turn) *Violation {
 	if t.Outcome != Fail || t.Status != 400 {
 		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
 			Reason: fmt.Sprintf("a request without a usable new user message ended %s with status %d; want 400", t.Outcome, t.Status) +
-				replayed(t)}
+				l.replayed(t)}
 	}
 	return nil
 }
 
-// replayed says which earlier user message a turn without one of its own
-// sent the model as its new one, "" if none: what T3 forbids, a replay,
-// shown where the conversation had nothing committed for it to repeat.
-func replayed(t Turn) string {
+// replayed says which user message a turn without one of its own sent the
+// model as its new one, "" if none: what T3 forbids, shown where the
+// conversation had nothing committed for it to repeat. A message the
+// conversation holds is a replay of an earlier turn; any other (an earlier
+// element of the request itself) is no earlier message of the
+// conversation, and is not called one.
+func (l Line) replayed(t Turn) string {
 	for _, call := range t.Calls {
-		if call.Turn != "" {
-			return fmt.Sprintf("; the model was sent %s, an earlier user message, as the new one: a replay", call.Turn)
+		switch {
+		case call.Turn == "":
+		case l.holds(call.Turn):
+			return fmt.Sprintf("; the model was sent %s, an earlier user message of the conversation, as the new one: a replay", call.Turn)
+		default:
+			return fmt.Sprintf("; the model was sent %s as the new user message, though the request did not send it as one", call.Turn)
 		}
 	}
 	return ""

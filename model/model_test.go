@@ -808,13 +808,15 @@ func TestInvalidRequestCreatesNoConversation(t *testing.T) {
 }
 
 // TestInvalidRequestNamesTheReplay: an invalid request answered as a turn,
-// on a conversation with nothing committed, names the earlier message the
-// model was sent as the new one: what T3 forbids shows in its reason.
+// on a conversation with nothing committed, names the message the model
+// was sent as the new one: what T3 forbids shows in its reason. A message
+// the conversation never held is not called an earlier one, nor a replay.
 func TestInvalidRequestNamesTheReplay(t *testing.T) {
 	v := model.New().Apply(invalid(convA, "", model.OK, 200, call(u(3), u(3))))
 	require.NotNil(t, v)
 	assert.Equal(t, model.T3, v.Invariant)
-	assert.Contains(t, v.Reason, "; the model was sent tc-u3, an earlier user message, as the new one: a replay")
+	assert.Contains(t, v.Reason, "; the model was sent tc-u3 as the new user message, though the request did not send it as one")
+	assert.NotContains(t, v.Reason, "earlier")
 	// Answered without the model, there is no replay to name.
 	v = model.New().Apply(invalid(convA, "", model.OK, 200))
 	require.NotNil(t, v)
