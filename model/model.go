@@ -598,6 +598,15 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 			m.checked.add(T4)
 		}
 	}
+	for _, r := range order {
+		// A replay (an ACP session/load) was shown before any turn of the
+		// step was sent: it is judged against the history the step began
+		// with, whatever order the server then ran the turns in. Judged
+		// at its turn's place, it would miss a turn the server ran first.
+		if v := m.checkReplay(turns[r.i], r.cv); v != nil {
+			return v
+		}
+	}
 	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Compare(a.at, b.at) })
 	for _, r := range order {
 		var k *Known
@@ -846,9 +855,6 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		}
 	}
 	if v := m.checkStopped(t); v != nil {
-		return v
-	}
-	if v := m.checkReplay(t, cv); v != nil {
 		return v
 	}
 	for k, calls := range [2][]Call{t.Calls, t.Aux} {

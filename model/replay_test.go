@@ -60,3 +60,29 @@ func TestPreemptedIsT4(t *testing.T) {
 	assert.Equal(t, model.T4, v.Invariant)
 	assert.Contains(t, v.Reason, "gave tc-u1 up")
 }
+
+// TestReplayJudgedAsOfTheStep: a session/load's replay is shown before
+// any turn of its step is sent, so it is judged against the history the
+// step began with: where the agent ran a later prompt of the burst first
+// (a serializing agent need not keep the order they were sent in), the
+// replay lacks that prompt's turn, and that is no loss.
+func TestReplayJudgedAsOfTheStep(t *testing.T) {
+	setup := func() *model.Model {
+		m := model.New()
+		require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+		m.Restart(false, false)
+		return m
+	}
+	first := replayed(ok(convA, u(2), model.Call{History: h(u(1), a(1), u(3), a(3), u(2)), Turn: u(2), At: 20}), u(1), a(1))
+	first.Invoke, first.Return = 1, 30
+	second := ok(convA, u(3), model.Call{History: h(u(1), a(1), u(3)), Turn: u(3), At: 10})
+	second.Invoke, second.Return = 2, 25
+	assert.Nil(t, setup().ApplyStep([]model.Turn{first, second}))
+
+	// A replay that lacks a turn committed before the step is still T7's.
+	lacking := replayed(first, u(1))
+	v := setup().ApplyStep([]model.Turn{lacking, second})
+	require.NotNil(t, v)
+	assert.Equal(t, model.T7, v.Invariant)
+	assert.Equal(t, model.Lost, v.Kind)
+}

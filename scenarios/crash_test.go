@@ -225,3 +225,23 @@ func TestNoProcessIsNoExit(t *testing.T) {
 	require.NoError(t, srv.(targets.Restarter).Restart(true, nil), "the next start comes back")
 	assert.NoError(t, w.Exited())
 }
+
+// TestSharedHistoryIsOneLeak: a server whose conversations share one
+// history leaks each into every other, and, its process shared by the
+// run's checks, into every later check: one finding, T5, after the first
+// finding too. A token of an earlier check's conversation is never read
+// as this check's token of the same number (T1, T2, T6).
+func TestSharedHistoryIsOneLeak(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
+	target, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.SharedHistory))
+	require.NoError(t, err)
+	c, err := scenarios.Conform(target, scenarios.Options{Checks: 12, Seed: 1, ShrinkTime: 20 * time.Second})
+	require.NoError(t, err)
+	require.Equal(t, scenarios.Fail, c.Verdict(model.T5).Status, "%s", c.Text(scenarios.Profile{}))
+	for _, v := range c.Verdicts {
+		if v.Invariant != model.T5 {
+			assert.NotEqual(t, scenarios.Fail, v.Status, "%s: %s", v.Invariant, c.Text(scenarios.Profile{}))
+		}
+	}
+	assert.Positive(t, c.Stats.SetAside[model.T5]+c.Stats.Consequences[model.T5], "the leak was met again after the finding")
+}

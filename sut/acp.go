@@ -421,7 +421,10 @@ func (a *acpAgent) Cancel(_ context.Context, p acp.CancelNotification) error {
 	sess := a.sessions[p.SessionId]
 	a.mu.Unlock()
 	if sess != nil {
-		sess.cancelAll(true)
+		// The acp-cancel-answers-error mutant stops the prompts all the
+		// same, but does not mark them cancelled: each is answered with
+		// the error of a turn whose client went away.
+		sess.cancelAll(a.s.cfg.Mutant != ACPCancelAnswersError)
 	}
 	return nil
 }

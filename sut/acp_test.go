@@ -767,6 +767,19 @@ var acpMutantCases = []struct {
 		got := e.ok(s, "tc-u3")
 		return assert.ObjectsAreEqual(toks("u1", "a1", "u2", "u3"), got)
 	}},
+	{sut.ACPCancelAnswersError, func(t *testing.T, e *acpEnv) bool {
+		s := e.c.newSession()
+		require.Equal(t, toks("u1"), e.ok(s, "tc-u1"))
+		g := e.model.Gate("tc-u2")
+		answer := e.c.start("session/prompt", promptParams(s, promptText("tc-u2")))
+		<-g.Arrived()
+		e.c.notify("session/cancel", map[string]any{"sessionId": s})
+		r := e.c.wait(answer)
+		g.Release()
+		// The turn stops either way: nothing of it stays (rollback).
+		require.Equal(t, toks("u1", "a1", "u3"), e.ok(s, "tc-u3"))
+		return r.Error != nil && r.stopReason() == ""
+	}},
 	{sut.ACPConcurrentPrompts, func(t *testing.T, e *acpEnv) bool {
 		s := e.c.newSession()
 		require.Equal(t, toks("u1"), e.ok(s, "tc-u1"))

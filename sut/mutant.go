@@ -152,6 +152,15 @@ const (
 	// the whole history: what the client shows is not what the agent
 	// holds.
 	ACPLoadDiffers Mutant = "acp-load-differs"
+	// ACPCancelAnswersError ends, on session/cancel, the session's
+	// prompts in flight as the clean server does, but answers each with
+	// the JSON-RPC error of a turn whose client went away, not stopReason
+	// cancelled: the error the abort raised reaches the prompt's answer,
+	// which ACP says an agent must catch. The client sees what it sees of
+	// an agent that ignores the cancel and answers the prompt with an
+	// error when its own timeout passes (issue 36): a JSON-RPC error to a
+	// prompt it cancelled.
+	ACPCancelAnswersError Mutant = "acp-cancel-answers-error"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -160,7 +169,9 @@ type MutantInfo struct {
 	Mutant Mutant
 	// Issue is the real report the bug comes from.
 	Issue string
-	// Breaks is the invariant a correct harness reports.
+	// Breaks is the invariant a correct harness reports, or, for a bug
+	// that two triggers set off, the invariants ("T1, T10"), each a
+	// finding of its own.
 	Breaks string
 	// Bug says what the server gets wrong.
 	Bug string
@@ -184,8 +195,8 @@ type MutantInfo struct {
 // Mutants lists every mutant, in a stable order.
 func Mutants() []MutantInfo {
 	return []MutantInfo{
-		{MutateBeforeRun, "docker-agent #2890", "T1",
-			"a continuation appends its user message to the cached conversation before the run; a failed turn stays and a retry sees it twice", "", "", 0},
+		{MutateBeforeRun, "docker-agent #2890", "T1, T10",
+			"a continuation appends its user message to the cached conversation before the run: a failed turn stays and a retry sees it twice (T1), and so does the message of a turn whose client disconnected (T10), a trigger of its own", "", "", 0},
 		{ReplayWithoutUser, "docker-agent #2947", "T3",
 			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400", "", "", 0},
 		{ReplayOnToolOutput, "docker-agent #2947 (responses: a continuation with tool outputs only)", "T3",
@@ -239,6 +250,8 @@ func Mutants() []MutantInfo {
 			"the prompts of one session run without the session's lock: a second session/prompt sent while the first runs starts on the same committed history, and the later commit overwrites the earlier", "", string(protoACP), 0},
 		{ACPLoadDiffers, "PROTOCOL.md T7 (ACP: session/load replays the conversation)", "T7",
 			"session/load replays the session without its last committed turn, while the model is sent the whole history: what the client is shown after a restart is not what the agent holds", "", string(protoACP), 0},
+		{ACPCancelAnswersError, "issue 36 (an ACP agent answers a cancelled prompt with a JSON-RPC error)", "wire",
+			"a prompt the client cancelled (session/cancel) is stopped, but answered with a JSON-RPC error, the one its abort raised, where ACP wants stopReason cancelled", "", string(protoACP), 0},
 	}
 }
 

@@ -1,6 +1,8 @@
 // Package crashtest holds servers that go down, for the harness's own
 // tests of its crash finding (PROTOCOL.md, "A server stays up") and of
-// the setup errors a profile causes. Each is the reference server with
+// the setup errors a profile causes, and one that stays up but shares
+// one history among its conversations, for what the harness says after
+// a first finding (PROTOCOL.md, "One root cause, one finding"). Each is the reference server with
 // one defect: it panics after a streamed turn whose client went away, as
 // docker-agent's "send on closed channel" does; a kill -9 leaves a lock
 // behind that fails the next start once; or its command line takes one
@@ -57,6 +59,11 @@ const (
 	// dereferences the prompt's first block does: the harness must restart
 	// it before the run goes on, and judge nothing it could not send.
 	ACPExitOnEmpty Mode = "acp-exit-on-empty"
+	// SharedHistory keeps every conversation in one history, as a server
+	// whose sessions share one list does: it stays up, and leaks each
+	// conversation into every other (T5), across the checks of a run
+	// too, which share the process.
+	SharedHistory Mode = "shared-history"
 )
 
 // Main plays the server of the mode Env names, when it is set, and never
@@ -153,7 +160,7 @@ func serve(mode Mode, args []string) int {
 			fmt.Fprintln(os.Stderr, "crashtest:", err)
 			return 2
 		}
-	case PanicOnAbort:
+	case PanicOnAbort, SharedHistory:
 	case ACPExitOnEmpty:
 		return serveACP(modelURL, dataDir, agents)
 	default:
@@ -171,8 +178,16 @@ func serve(mode Mode, args []string) int {
 		return 2
 	}
 	var h http.Handler = srv
-	if mode == PanicOnAbort {
+	switch mode {
+	case PanicOnAbort:
 		h = panicOnAbort(srv)
+	case SharedHistory:
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("X-Conversation-Id") != "" {
+				r.Header.Set("X-Conversation-Id", "shared")
+			}
+			srv.ServeHTTP(w, r)
+		})
 	}
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)

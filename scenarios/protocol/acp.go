@@ -24,9 +24,13 @@ const (
 	CauseNoModelReply = "end_turn without the model's whole reply (failed in the model)"
 	CauseStopReason   = "stopReason "
 	CauseRPCError     = "JSON-RPC error"
+	// CauseNotCancelled is a prompt the client sent session/cancel for,
+	// answered otherwise than cancelled: another stop reason, or a
+	// JSON-RPC error (a wire finding).
 	CauseNotCancelled = "answered after session/cancel, not cancelled"
-	// CauseCancelledWith is a prompt the agent answered cancelled on the
-	// client's session/cancel for another prompt of its session.
+	// CauseCancelledWith is a prompt the agent answered cancelled, or with
+	// a JSON-RPC error, on the client's session/cancel for another prompt
+	// of its session.
 	CauseCancelledWith = "cancelled with another prompt of the session (session/cancel)"
 )
 
@@ -60,8 +64,14 @@ type acpWire struct {
 // with it. The harness's model holds each call of a step's turns until
 // the answers before it were read, so none is.
 type acpSession struct {
-	id   string
+	id string
+	// conn is the run of the agent the session is made or loaded on, nil
+	// while it is on none.
 	conn *targets.ACPConn
+	// setup is the session/new or session/load of the session in flight,
+	// nil if none is: every turn that wants the session on that run waits
+	// for its answer.
+	setup *acpSetup
 	// stop ends the routing of the session's updates to it.
 	stop    func()
 	prompts []*acpPrompt
@@ -73,6 +83,30 @@ type acpSession struct {
 	cut      bool
 	// loading collects a session/load's replay.
 	loading *acpReplay
+}
+
+// acpSetup is a session/new or session/load in flight on the run conn,
+// and, once done is closed, what it came to: the status and error a turn
+// that waited on it is read as failing with, if it failed. A session is
+// on a run only once its setup there has answered: a prompt sent before
+// would reach an agent that does not have the session yet, and what it
+// streamed would be read as the load's replay.
+type acpSetup struct {
+	conn   *targets.ACPConn
+	done   chan struct{}
+	status int
+	err    error
+}
+
+// wait waits until the setup has answered, or ctx ends first, and returns
+// what it came to.
+func (op *acpSetup) wait(ctx context.Context, what string) (status int, err error) {
+	select {
+	case <-op.done:
+		return op.status, op.err
+	case <-ctx.Done():
+		return 0, fmt.Errorf("%s (another prompt of the session's) was not answered within the client's time", what)
+	}
 }
 
 // acpPrompt is one session/prompt in flight.
@@ -209,61 +243,111 @@ func promptBlocks(msgs []openai.Message) []acp.ContentBlock {
 
 // session is conv's session id, made now if conv has none, or loaded now
 // if it was made on an earlier run of the agent; replay is what a load
-// replayed. A session that cannot be made or loaded gives an error, and
+// replayed. A turn that finds the session being made or loaded on the
+// run by another turn's request waits for that call's answer, and shares
+// its failure, but not its replay, which the turn that loaded it
+// carries. A session that cannot be made or loaded gives an error, and
 // the status the turn is read as failing with: 404 for a session the
-// agent no longer has (T7 judges whether it should have).
+// agent no longer has (T7 judges whether it should have), 0 for a call
+// the agent did not answer (it exited, or the client's time passed): no
+// answer is no refusal.
 func (w *acpWire) session(ctx context.Context, c *Client, conv model.ConversationRef) (id string, replay []model.Token, status int, err error) {
 	conn := w.conn()
 	if conn == nil {
 		return "", nil, 0, errors.New("no agent runs")
 	}
-	w.mu.Lock()
-	s := w.sessions[conv]
-	current := s != nil && s.conn == conn
-	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, c.profile.RequestTimeout())
 	defer cancel()
-	if current {
+	w.mu.Lock()
+	s := w.sessions[conv]
+	switch {
+	case s != nil && s.conn == conn:
+		w.mu.Unlock()
 		return s.id, nil, 0, nil
+	case s != nil && s.setup != nil && s.setup.conn == conn:
+		op := s.setup
+		what := "session/load"
+		if s.id == "" {
+			what = "session/new"
+		}
+		w.mu.Unlock()
+		status, err := op.wait(ctx, what)
+		w.mu.Lock()
+		id := s.id
+		w.mu.Unlock()
+		return id, nil, status, err
 	}
+	op := &acpSetup{conn: conn, done: make(chan struct{})}
+	defer close(op.done)
 	if s == nil {
+		s = &acpSession{setup: op}
+		w.sessions[conv] = s
+		w.mu.Unlock()
 		resp, err := conn.Conn().NewSession(ctx, acp.NewSessionRequest{Cwd: conn.Dir, McpServers: []acp.McpServer{}})
 		if err != nil {
-			return "", nil, refusal(conn, err, 0), fmt.Errorf("session/new: %w", rpcError(err))
+			op.status, op.err = setupFailed(ctx, conn, "session/new", err, 0)
+			w.mu.Lock()
+			// Not made: the next turn makes one.
+			s.setup = nil
+			if w.sessions[conv] == s {
+				delete(w.sessions, conv)
+			}
+			w.mu.Unlock()
+			return "", nil, op.status, op.err
 		}
-		s = &acpSession{id: string(resp.SessionId)}
+		w.mu.Lock()
+		s.id = string(resp.SessionId)
+		w.mu.Unlock()
 		w.watch(s, conn)
 		w.mu.Lock()
-		w.sessions[conv] = s
+		s.conn, s.setup = conn, nil
 		w.mu.Unlock()
 		return s.id, nil, 0, nil
 	}
 	// The agent restarted since the session was made: only session/load
 	// brings it back.
 	if !conn.LoadSession() {
+		w.mu.Unlock()
 		return s.id, nil, http.StatusNotFound, errors.New("the agent restarted, and does not advertise loadSession: the session cannot come back")
 	}
 	r := &acpReplay{}
-	w.mu.Lock()
-	s.loading = r
+	s.setup, s.loading = op, r
 	w.mu.Unlock()
+	// The replay streams before the load's answer: its updates are routed
+	// to the session from now on.
 	w.watch(s, conn)
 	_, err = conn.Conn().LoadSession(ctx, acp.LoadSessionRequest{SessionId: acp.SessionId(s.id), Cwd: conn.Dir, McpServers: []acp.McpServer{}})
 	w.mu.Lock()
-	s.loading = nil
+	s.loading, s.setup = nil, nil
+	if err == nil {
+		s.conn = conn
+	}
 	w.mu.Unlock()
 	if err != nil {
 		// Not loaded on this run: an agent takes a prompt only on a
 		// session made or loaded on its connection, so the next turn
 		// loads it again rather than prompt it.
 		w.unwatch(s)
-		return s.id, nil, refusal(conn, err, http.StatusNotFound), fmt.Errorf("session/load: %w", rpcError(err))
+		op.status, op.err = setupFailed(ctx, conn, "session/load", err, http.StatusNotFound)
+		return s.id, nil, op.status, op.err
 	}
 	replay = []model.Token{}
 	for _, text := range r.texts {
 		replay = append(replay, model.Tokens(text)...)
 	}
 	return s.id, replay, 0, nil
+}
+
+// setupFailed is the status and error of a session/new or session/load
+// (what) that failed with err: no status when the agent did not answer,
+// its run having ended (refusal) or the client's time passed (the SDK
+// then gives an error of its own, which is no refusal either), else the
+// status the refusal gives, refused without one.
+func setupFailed(ctx context.Context, conn *targets.ACPConn, what string, err error, refused int) (int, error) {
+	if ctx.Err() != nil {
+		return 0, fmt.Errorf("%s: no answer within the client's time", what)
+	}
+	return refusal(conn, err, refused), fmt.Errorf("%s: %w", what, rpcError(err))
 }
 
 // close stops routing the agent's updates to the wire's sessions.
@@ -277,7 +361,8 @@ func (w *acpWire) close() {
 	}
 }
 
-// watch routes s's updates on conn to it.
+// watch routes s's updates on conn to it, and no longer those of the run
+// it was on. The session is on conn only once its setup there answered.
 func (w *acpWire) watch(s *acpSession, conn *targets.ACPConn) {
 	w.unwatch(s)
 	stop := conn.Watch(s.id, &targets.ACPWatch{
@@ -285,7 +370,7 @@ func (w *acpWire) watch(s *acpSession, conn *targets.ACPConn) {
 		Deny:   func() bool { return w.deny(s) },
 	})
 	w.mu.Lock()
-	s.conn, s.stop = conn, stop
+	s.stop = stop
 	w.mu.Unlock()
 }
 
@@ -317,8 +402,8 @@ func rpcError(err error) error {
 
 // send sends a session/prompt and reads what it came to. Cancelling ctx
 // is the client's abort: the harness sends session/cancel, and waits for
-// the prompt's response, which must be cancelled (T10), within the
-// client's time.
+// the prompt's response, which must be cancelled (any other answer, a
+// JSON-RPC error included, is a breach: wire), within the client's time.
 func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 	if req.Unsent != "" {
 		return Response{Outcome: model.Fail, Status: req.unsentStatus, Detail: req.Unsent, Cause: CauseUnsent}
@@ -395,6 +480,16 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 		out.Outcome, out.Status, out.Cancelled = model.Unknown, 0, true
 		out.Cause = CauseCancelledWith
 		out.Detail = "stopReason cancelled: the client sent session/cancel for another prompt of the session while this one was unanswered"
+	case cancelledBy && out.Cause == CauseRPCError:
+		// An error, once the client's session/cancel for another prompt
+		// of the session asked this one cancelled too: ACP wants the
+		// cancelled prompt turn answered cancelled, but says nothing of
+		// a prompt that waited behind it. No breach, and no refusal
+		// either: what stays of a turn the client cancelled is the
+		// interruption policy's (T10).
+		out.Outcome, out.Status, out.Cancelled = model.Unknown, 0, true
+		out.Cause = CauseCancelledWith
+		out.Detail = "a JSON-RPC error after the client sent session/cancel for another prompt of the session while this one was unanswered: " + out.Detail
 	case later && err == nil && resp.StopReason == acp.StopReasonCancelled:
 		// Given up for the prompt sent after it: the session neither
 		// queued that one nor refused it (T4).
@@ -444,9 +539,14 @@ func readACP(out Response, req Request, err error, aborted, busy, overlapped boo
 		status, given := dataStatus(re)
 		switch {
 		case aborted:
-			// An error after session/cancel: ACP wants cancelled, and an
-			// agent may end the prompt either way; what stays is judged.
-			out.Outcome = model.Unknown
+			// An error after the client cancelled the prompt: ACP wants
+			// the prompt turn answered cancelled, never an error (an
+			// agent must catch what its abort raises). What stays is
+			// judged all the same, as of an interrupted turn.
+			out.Outcome, out.Cause = model.Unknown, CauseNotCancelled
+			out.Detail = "the client sent session/cancel; " + out.Detail
+			out.Breaches = append(out.Breaches, fmt.Sprintf("the prompt was answered with a JSON-RPC error after session/cancel (%s); ACP wants stopReason cancelled",
+				ClipText(rpcError(err).Error(), 200)))
 		case given:
 			// The agent says what the failure was, as an HTTP server of
 			// the same turns would have answered (the reference server

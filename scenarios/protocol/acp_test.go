@@ -32,32 +32,49 @@ const scriptEnv = "TURNCHECK_ACP_SCRIPT"
 // knows, across its restarts, that it refused a load already.
 const loadEnv = "TURNCHECK_ACP_LOADED"
 
+// heldLoadEnv names the file a scripted agent playing "heldload" writes
+// when it holds a session/load's answer.
+const heldLoadEnv = "TURNCHECK_ACP_HELD_LOAD"
+
 // scriptedAgent plays an ACP agent as mode says, one JSON-RPC message a
-// line: "ok" answers each prompt with the model's reply, "logs" writes
-// log lines and a malformed message on stdout among its messages,
-// "noinit" never answers initialize, "exit" exits mid-prompt, "callback"
-// calls back fs/read_text_file and terminal/create before it answers,
-// "ignorecancel" answers end_turn after session/cancel, "empty" answers
-// the prompt's reply without the model's call mark, "trailing" with an
-// error text after it, "outoforder" holds the first prompt until a second
-// comes, runs the second, and runs the first at the next session/new (as
-// the harness's model holds a call until it has read the answers before
-// it), "errors" answers each prompt with a
-// JSON-RPC error, with an HTTP-like status in its data for an odd token
-// and none for an even one, "loadonce" advertises loadSession, refuses the
-// first session/load (503, as a server still starting might) and takes
-// a prompt only on a session made or loaded on its connection (-32002
-// otherwise), as ACP's agents do; the file named by loadEnv says a load
-// was refused already.
+// line: "ok" answers each prompt with the model's reply, "logs" writes log
+// lines and a malformed message on stdout among its messages, "noinit"
+// never answers initialize, "exit" exits mid-prompt, "callback" calls back
+// fs/read_text_file and terminal/create before it answers, "ignorecancel"
+// answers end_turn after session/cancel, "errorcancel" ignores
+// session/cancel and answers each prompt with a JSON-RPC error (no status
+// in its data) when its own timeout, half a second, passes, "empty"
+// answers the prompt's reply without the model's call mark, "trailing"
+// with an error text after it, "outoforder" holds the first prompt until a
+// second comes, runs the second, and runs the first at the next
+// session/new (as the harness's model holds a call until it has read the
+// answers before it), "errors" answers each prompt with a JSON-RPC error,
+// with an HTTP-like status in its data for an odd token and none for an
+// even one, "loadonce" advertises loadSession, refuses the first
+// session/load (503, as a server still starting might) and takes a prompt
+// only on a session made or loaded on its connection (-32002 otherwise),
+// as ACP's agents do; the file named by loadEnv says a load was refused
+// already; "heldload" advertises loadSession, replays tc-u1 and its reply
+// on session/load, writes the file heldLoadEnv names, and holds the load's
+// answer until the next session/new, which answers it (refused with 503 if
+// that session/new's cwd is "/refuse"), and takes a prompt only on a
+// session made or loaded on its connection, as "loadonce" does.
 func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 	enc := json.NewEncoder(out)
-	send := func(v map[string]any) { v["jsonrpc"] = "2.0"; _ = enc.Encode(v) }
+	var mu sync.Mutex // errorcancel answers on timers of its own
+	send := func(v map[string]any) {
+		mu.Lock()
+		defer mu.Unlock()
+		v["jsonrpc"] = "2.0"
+		_ = enc.Encode(v)
+	}
 	userTok := regexp.MustCompile(`tc-u(\d+)`)
 	lines := bufio.NewScanner(in)
 	lines.Buffer(make([]byte, 1<<20), 1<<20)
-	var prompt map[string]any  // the prompt waiting for session/cancel
-	var first []map[string]any // outoforder: the first prompt's messages, held
-	open := map[string]bool{}  // loadonce: the sessions made or loaded on this connection
+	var prompt map[string]any    // the prompt waiting for session/cancel
+	var first []map[string]any   // outoforder: the first prompt's messages, held
+	open := map[string]bool{}    // loadonce: the sessions made or loaded on this connection
+	var heldLoad json.RawMessage // heldload: the id of the load whose answer is held
 	for lines.Scan() {
 		var msg struct {
 			ID     json.RawMessage `json:"id"`
@@ -80,8 +97,24 @@ func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 				continue
 			}
 			send(map[string]any{"id": msg.ID, "result": map[string]any{"protocolVersion": 1,
-				"agentCapabilities": map[string]any{"loadSession": mode == "loadonce"}, "authMethods": []any{}}})
+				"agentCapabilities": map[string]any{"loadSession": mode == "loadonce" || mode == "heldload"}, "authMethods": []any{}}})
 		case "session/new":
+			if heldLoad != nil {
+				var p struct {
+					Cwd string `json:"cwd"`
+				}
+				_ = json.Unmarshal(msg.Params, &p)
+				if p.Cwd == "/refuse" {
+					send(map[string]any{"id": heldLoad, "error": map[string]any{"code": -32603, "message": "Internal error",
+						"data": map[string]any{"status": 503, "detail": "starting"}}})
+				} else {
+					open["s1"] = true
+					send(map[string]any{"id": heldLoad, "result": map[string]any{}})
+				}
+				heldLoad = nil
+				send(map[string]any{"id": msg.ID, "result": map[string]any{"sessionId": "s9"}})
+				continue
+			}
 			for _, m := range first {
 				send(m)
 			}
@@ -89,6 +122,15 @@ func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 			open["s1"] = true
 			send(map[string]any{"id": msg.ID, "result": map[string]any{"sessionId": "s1"}})
 		case "session/load":
+			if mode == "heldload" {
+				for _, u := range [][2]string{{"user_message_chunk", "Please remember tc-u1."}, {"agent_message_chunk", "tc-a1 acknowledges [call 1]."}} {
+					send(map[string]any{"method": "session/update", "params": map[string]any{"sessionId": "s1",
+						"update": map[string]any{"sessionUpdate": u[0], "content": map[string]any{"type": "text", "text": u[1]}}}})
+				}
+				heldLoad = msg.ID
+				_ = os.WriteFile(os.Getenv(heldLoadEnv), nil, 0o600)
+				continue
+			}
 			if f := os.Getenv(loadEnv); f != "" {
 				if _, err := os.Stat(f); err != nil {
 					_ = os.WriteFile(f, nil, 0o600)
@@ -110,7 +152,7 @@ func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 				return map[string]any{"method": "session/update", "params": map[string]any{"sessionId": "s1",
 					"update": map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": text}}}}
 			}
-			if mode == "loadonce" && !open["s1"] {
+			if (mode == "loadonce" || mode == "heldload") && !open["s1"] {
 				send(map[string]any{"id": msg.ID, "error": map[string]any{"code": -32002, "message": "Resource not found"}})
 				continue
 			}
@@ -136,6 +178,13 @@ func scriptedAgent(mode string, in io.Reader, out io.Writer) int {
 				os.Exit(3)
 			case "ignorecancel":
 				prompt = map[string]any{"id": msg.ID, "result": map[string]any{"stopReason": "end_turn"}}
+				continue
+			case "errorcancel":
+				id := msg.ID
+				time.AfterFunc(500*time.Millisecond, func() {
+					send(map[string]any{"id": id, "error": map[string]any{"code": -32603, "message": "Internal error",
+						"data": map[string]any{"detail": "the model did not answer in time"}}})
+				})
 				continue
 			case "empty":
 				reply = fmt.Sprintf("tc-a%s acknowl", n)
@@ -284,6 +333,46 @@ func TestACPCancel(t *testing.T) {
 	assert.Contains(t, r.Breaches[0], `"end_turn" after session/cancel`)
 }
 
+// TestACPCancelAnsweredWithAnError: ACP wants the prompt turn the client
+// cancelled answered stopReason cancelled, never an error: an agent that
+// ignores session/cancel and answers the prompt with a JSON-RPC error when
+// its own timeout passes breaches the protocol (wire), and the turn is an
+// interrupted one. A prompt that waited behind it, which the client's
+// cancel (the session's) asked cancelled too, answered with an error is
+// an interrupted turn as well, and no breach: ACP does not say what
+// becomes of a prompt waiting behind the cancelled turn.
+func TestACPCancelAnsweredWithAnError(t *testing.T) {
+	_, cl, err := startScripted(t, "errorcancel", 10*time.Second)
+	require.NoError(t, err)
+	conv := model.ConversationRef{ID: "c"}
+	ctx := context.Background()
+	first := cl.NewRequest(ctx, plan.TurnSend(conv, "tc-u1", true))
+	waiting := cl.NewRequest(ctx, plan.TurnSend(conv, "tc-u2", true))
+	answered := make(chan Response, 1)
+	go func() { answered <- cl.Send(ctx, waiting) }()
+	w := cl.wire.(*acpWire)
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.sessions[conv].prompts) == 1
+	}, 10*time.Second, time.Millisecond, "the waiting prompt was never sent")
+	// The client's abort comes at once; the agent pays it no heed.
+	aborted, abort := context.WithCancel(ctx)
+	abort()
+	r := cl.Send(aborted, first)
+	assert.Equal(t, model.Unknown, r.Outcome, r.Detail)
+	assert.True(t, r.Cancelled)
+	assert.Equal(t, CauseNotCancelled, r.Cause, r.Detail)
+	require.Len(t, r.Breaches, 1)
+	assert.Contains(t, r.Breaches[0], "a JSON-RPC error after session/cancel")
+
+	q := <-answered
+	assert.Equal(t, model.Unknown, q.Outcome, q.Detail)
+	assert.True(t, q.Cancelled, q.Detail)
+	assert.Equal(t, CauseCancelledWith, q.Cause, q.Detail)
+	assert.Empty(t, q.Breaches)
+}
+
 // TestACPRepliesOfPromptsRunOutOfOrder: two prompts of a session sent at
 // once, which the agent runs one at a time but the later first: each
 // prompt's reply is the text streamed before its own answer, not the
@@ -353,4 +442,87 @@ func TestACPLoadAgainAfterRefusal(t *testing.T) {
 	assert.Contains(t, r.Detail, "session/load")
 	r = prompt(cl, context.Background(), "tc-u3")
 	assert.Equal(t, model.OK, r.Outcome, r.Detail)
+}
+
+// TestACPPromptsWaitForTheLoad: after a restart, two prompts of one
+// session made at once both want the session loaded. The one that finds
+// the other's session/load in flight waits for its answer: it is never
+// sent to an agent that does not have the session yet (which refuses it,
+// -32002, read as a session not found: a false T7), and it shares the
+// load's refusal, if the agent refuses it. The replay goes with the
+// prompt that loaded the session. A load the agent never answers is no
+// refusal: the prompt is not sent, and no status is read.
+func TestACPPromptsWaitForTheLoad(t *testing.T) {
+	conv := model.ConversationRef{ID: "c"}
+	for _, refuse := range []bool{false, true} {
+		t.Run(map[bool]string{false: "loaded", true: "refused"}[refuse], func(t *testing.T) {
+			held := filepath.Join(t.TempDir(), "held")
+			t.Setenv(heldLoadEnv, held)
+			srv, cl, err := startScripted(t, "heldload", 10*time.Second)
+			require.NoError(t, err)
+			ctx := context.Background()
+			require.Equal(t, model.OK, prompt(cl, ctx, "tc-u1").Outcome)
+			require.NoError(t, srv.(targets.Restarter).Restart(false, nil))
+
+			reqs := make([]Request, 2)
+			made := make(chan int, 2)
+			newRequest := func(i int, tok model.Token) {
+				reqs[i] = cl.NewRequest(ctx, plan.TurnSend(conv, tok, true))
+				made <- i
+			}
+			go newRequest(0, "tc-u2")
+			require.Eventually(t, func() bool { _, err := os.Stat(held); return err == nil }, 10*time.Second, 5*time.Millisecond,
+				"the agent got no session/load")
+			go newRequest(1, "tc-u3")
+			// The agent holds the load's answer. A request made meanwhile
+			// that did not wait for it is sent now, as the harness sends a
+			// burst's; one that waits is not made yet.
+			rs := make([]Response, 2)
+			left := 2
+			select {
+			case i := <-made:
+				rs[i] = cl.Send(ctx, reqs[i])
+				left--
+			case <-time.After(300 * time.Millisecond):
+			}
+			cwd := "/"
+			if refuse {
+				cwd = "/refuse"
+			}
+			_, err = srv.(targets.ACPServer).ACP().Conn().NewSession(ctx, acp.NewSessionRequest{Cwd: cwd, McpServers: []acp.McpServer{}})
+			require.NoError(t, err)
+			for ; left > 0; left-- {
+				i := <-made
+				rs[i] = cl.Send(ctx, reqs[i])
+			}
+			for i, r := range rs {
+				if refuse {
+					assert.Equal(t, model.Fail, r.Outcome, "prompt %d", i+1)
+					assert.Equal(t, 503, r.Status, "prompt %d, the load's refusal: %s", i+1, r.Detail)
+					assert.Contains(t, reqs[i].Unsent, "session/load", "prompt %d", i+1)
+					continue
+				}
+				assert.Equal(t, model.OK, r.Outcome, "prompt %d: %s", i+1, r.Detail)
+			}
+			if !refuse {
+				assert.Equal(t, []model.Token{"tc-u1", "tc-a1"}, reqs[0].Replay, "the replay goes with the prompt that loaded the session")
+				assert.Nil(t, reqs[1].Replay)
+			}
+		})
+	}
+	t.Run("unanswered", func(t *testing.T) {
+		t.Setenv(heldLoadEnv, filepath.Join(t.TempDir(), "held"))
+		srv, cl, err := startScripted(t, "heldload", 10*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, model.OK, prompt(cl, context.Background(), "tc-u1").Outcome)
+		require.NoError(t, srv.(targets.Restarter).Restart(false, nil))
+		// The client's time, cut short: the agent holds the load.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		req := cl.NewRequest(ctx, plan.TurnSend(conv, "tc-u2", true))
+		r := cl.Send(ctx, req)
+		assert.Equal(t, model.Fail, r.Outcome)
+		assert.Zero(t, r.Status, "no answer is no refusal: %s", r.Detail)
+		assert.Contains(t, req.Unsent, "session/load: no answer within the client's time")
+	})
 }
