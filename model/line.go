@@ -505,9 +505,14 @@ func (l Line) refuse(t Turn) *Violation {
 		return nil
 	}
 	if t.Outcome != Fail || t.Status != 400 {
+		how := fmt.Sprintf("ended %s with status %d; want 400", t.Outcome, t.Status)
+		if t.Status == 0 {
+			// No HTTP status: an ACP prompt, answered end_turn or with an
+			// error that gives none.
+			how = fmt.Sprintf("ended %s, with no status; want it refused (400, or an ACP agent's error or refusal)", t.Outcome)
+		}
 		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
-			Reason: fmt.Sprintf("a request without a usable new user message ended %s with status %d; want 400", t.Outcome, t.Status) +
-				l.replayed(t)}
+			Reason: "a request without a usable new user message " + how + l.replayed(t)}
 	}
 	return nil
 }

@@ -3,6 +3,8 @@
 package scenarios_test
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,4 +87,39 @@ func TestACPClientCancelIsInterruption(t *testing.T) {
 	require.NotNil(t, v, "the cancelled prompt kept was not seen")
 	assert.Equal(t, model.T10, v.Invariant, v.Reason)
 	assert.Equal(t, model.LeftoverInterrupted, v.Kind, v.Reason)
+}
+
+// TestACPReportInItsOwnWords: a report of an ACP run speaks ACP: every
+// JSON-RPC message the harness wrote for a turn (session/new, a
+// session/load after a restart, the prompt, session/cancel), each valid
+// JSON; a prompt, not a stream; a cancel, not a dropped connection; and no
+// address for an agent on stdio.
+func TestACPReportInItsOwnWords(t *testing.T) {
+	t.Parallel()
+	target := reference.Target{Protocol: targets.ACP, Mutant: sut.ACPCancelCommitsPrompt}
+	res, err := scenarios.Check(target, scenarios.Options{Checks: 50, Seed: 2, ShrinkTime: 10 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure)
+	r := res.Failure.Report
+	methods := map[string]bool{}
+	for _, line := range strings.Split(r, "\n") {
+		_, msg, ok := strings.Cut(line, "-> agent: ")
+		if !ok {
+			continue
+		}
+		var rpc struct {
+			JSONRPC string `json:"jsonrpc"`
+			Method  string `json:"method"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(msg), &rpc), "not JSON: %s", msg)
+		assert.Equal(t, "2.0", rpc.JSONRPC, msg)
+		methods[rpc.Method] = true
+	}
+	for _, m := range []string{"session/new", "session/prompt", "session/cancel"} {
+		assert.True(t, methods[m], "%s not shown:\n%s", m, r)
+	}
+	for _, word := range []string{"streamed", "dropped the connection", "curl", "http://"} {
+		assert.NotContains(t, r, word, r)
+	}
+	assert.Contains(t, r, "the client cancelled the prompt (session/cancel)", r)
 }

@@ -53,8 +53,10 @@ check uses conversation ids of its own.
 
 The profile's protocol says how turns reach the server: chat (POST
 /v1/chat/completions under a conversation header, the default), responses
-(the OpenAI Responses API, chained by previous_response_id) or sessions (a
-session API the profile describes). server.replicas: N starts N processes
+(the OpenAI Responses API, chained by previous_response_id), sessions (a
+session API the profile describes) or acp (the Agent Client Protocol: an
+agent started as a child process and driven over its stdin and stdout).
+server.replicas: N starts N processes
 over one store (server.store: postgres starts a throwaway PostgreSQL for
 them) and breaks their links to the store and to the client mid-turn;
 server.front names a load balancer you run in front of them. profiles/

@@ -69,8 +69,9 @@ const usage = `turncheck checks that a server which keeps LLM conversations serv
 them transactional: a failed turn changes nothing, a committed turn stays, a
 request without a new user message is refused, and conversations never leak
 into each other. It reaches the server through chat completions under a
-conversation header, the OpenAI Responses API, or a session API, as one
-process, as replicas over one store, or behind a front (profiles/README.md).
+conversation header, the OpenAI Responses API, a session API, or the Agent
+Client Protocol (an agent on stdio, as editors drive one), as one process,
+as replicas over one store, or behind a front (profiles/README.md).
 
 Usage:
   turncheck <command> [flags]

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -220,11 +221,9 @@ func (w *acpWire) conn() *targets.ACPConn {
 func (w *acpWire) request(ctx context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
 	prompt := promptBlocks(msgs)
 	req := Request{Conv: s.Conv, Method: acp.AgentMethodSessionPrompt, Stream: true, deny: s.Deny}
-	id, replay, status, err := w.session(ctx, c, s.Conv)
+	id, replay, status, err := w.session(ctx, c, s.Conv, &req.Setup)
 	req.Session, req.Replay = id, replay
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": acp.AgentMethodSessionPrompt,
-		"params": acp.PromptRequest{SessionId: acp.SessionId(id), Prompt: prompt}})
-	req.Body = body
+	req.Body = RPCLine(acp.AgentMethodSessionPrompt, acp.PromptRequest{SessionId: acp.SessionId(id), Prompt: prompt})
 	if err != nil {
 		req.Unsent, req.unsentStatus = err.Error(), status
 	}
@@ -251,7 +250,8 @@ func promptBlocks(msgs []openai.Message) []acp.ContentBlock {
 // agent no longer has (T7 judges whether it should have), 0 for a call
 // the agent did not answer (it exited, or the client's time passed): no
 // answer is no refusal.
-func (w *acpWire) session(ctx context.Context, c *Client, conv model.ConversationRef) (id string, replay []model.Token, status int, err error) {
+// The calls it makes are added to setup, as written to the agent.
+func (w *acpWire) session(ctx context.Context, c *Client, conv model.ConversationRef, setup *[]json.RawMessage) (id string, replay []model.Token, status int, err error) {
 	conn := w.conn()
 	if conn == nil {
 		return "", nil, 0, errors.New("no agent runs")
@@ -283,7 +283,9 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 		s = &acpSession{setup: op}
 		w.sessions[conv] = s
 		w.mu.Unlock()
-		resp, err := conn.Conn().NewSession(ctx, acp.NewSessionRequest{Cwd: conn.Dir, McpServers: []acp.McpServer{}})
+		params := acp.NewSessionRequest{Cwd: conn.Dir, McpServers: []acp.McpServer{}}
+		*setup = append(*setup, RPCLine(acp.AgentMethodSessionNew, params))
+		resp, err := conn.Conn().NewSession(ctx, params)
 		if err != nil {
 			op.status, op.err = setupFailed(ctx, conn, "session/new", err, 0)
 			w.mu.Lock()
@@ -316,7 +318,9 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 	// The replay streams before the load's answer: its updates are routed
 	// to the session from now on.
 	w.watch(s, conn)
-	_, err = conn.Conn().LoadSession(ctx, acp.LoadSessionRequest{SessionId: acp.SessionId(s.id), Cwd: conn.Dir, McpServers: []acp.McpServer{}})
+	params := acp.LoadSessionRequest{SessionId: acp.SessionId(s.id), Cwd: conn.Dir, McpServers: []acp.McpServer{}}
+	*setup = append(*setup, RPCLine(acp.AgentMethodSessionLoad, params))
+	_, err = conn.Conn().LoadSession(ctx, params)
 	w.mu.Lock()
 	s.loading, s.setup = nil, nil
 	if err == nil {
@@ -336,6 +340,21 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 		replay = append(replay, model.Tokens(text)...)
 	}
 	return s.id, replay, 0, nil
+}
+
+// RPCLine is a JSON-RPC 2.0 message of method with params, as the client
+// writes it to an ACP agent, without the id the connection gives a
+// request: what a report shows.
+func RPCLine(method string, params any) json.RawMessage {
+	b, err := json.Marshal(struct {
+		JSONRPC string `json:"jsonrpc"`
+		Method  string `json:"method"`
+		Params  any    `json:"params"`
+	}{"2.0", method, params})
+	if err != nil {
+		return json.RawMessage(`{"jsonrpc":"2.0","method":` + strconv.Quote(method) + `}`)
+	}
+	return b
 }
 
 // setupFailed is the status and error of a session/new or session/load

@@ -59,6 +59,11 @@ type Request struct {
 	// reports which client it saw go away names the request by it. It is
 	// the harness's, not the turn's, and is not saved.
 	Tag string `json:"-"`
+	// Setup are the JSON-RPC messages an ACP request's session took
+	// before its prompt (session/new, or session/load after a restart),
+	// each as written to the agent, its id aside (the connection's):
+	// what a report shows beside the prompt, Body.
+	Setup []json.RawMessage `json:"setup,omitempty"`
 	// Replay is what the agent replayed of the conversation when the
 	// client loaded its session (ACP's session/load) before this request:
 	// the history it holds, as tokens; nil if there was no load.

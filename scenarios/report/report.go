@@ -75,7 +75,12 @@ func serverIDs(history []history.Op) *strings.Replacer {
 	for _, op := range history {
 		label := fmt.Sprintf("%d%s", op.Step, letters(op.Index + 1)[op.Index])
 		name(op.Response.ID, "<response of "+label+">")
-		name(op.Request.Session, "<session of "+op.Request.Conv.String()+">")
+		// No quotes in a name: it stands inside a JSON body too.
+		session := "<session of " + op.Request.Conv.ID
+		if op.Request.Conv.Key != "" {
+			session += ", key " + op.Request.Conv.Key
+		}
+		name(op.Request.Session, session+">")
 		name(op.Request.ChainedFrom, fmt.Sprintf("<response #%d>", len(pairs)/2+1))
 	}
 	return strings.NewReplacer(pairs...)
@@ -127,7 +132,11 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 	if op.Send.Token != "" {
 		fmt.Fprintf(b, ", message %s", op.Send.Token)
 	}
-	if op.Request.Stream {
+	acp := p.Protocol == targets.ACP
+	switch {
+	case acp:
+		b.WriteString(", a prompt") // ACP's turns all stream: it says nothing
+	case op.Request.Stream:
 		b.WriteString(", streamed")
 	}
 	switch {
@@ -158,14 +167,17 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 		fmt.Fprintf(b, ": reply %q", model.WithoutCallMarks(op.Response.Reply))
 	}
 	b.WriteString("\n")
-	if len(op.Turn.Calls) == 0 {
-		b.WriteString("        model saw: no call\n")
+	if len(op.Turn.Calls)+len(op.Turn.Aux) == 0 {
+		b.WriteString("        model saw: " + noCall(op) + "\n")
 	}
 	for _, c := range op.Turn.Calls {
 		fmt.Fprintf(b, "        model saw: %s\n", model.FormatTokens(c.History))
 		if len(c.Tools) > 0 {
 			fmt.Fprintf(b, "          tool traffic: %s\n", formatTools(c.Tools))
 		}
+	}
+	for _, c := range op.Turn.Aux {
+		fmt.Fprintf(b, "        model saw, beside the turn (a title, a summary): %s\n", model.FormatTokens(c.History))
 	}
 	for _, r := range op.Turn.Runs {
 		fmt.Fprintf(b, "        tool run: %s (tick %d)\n", r.ID, r.At)
@@ -179,7 +191,25 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 	for _, br := range op.Response.Breaches {
 		fmt.Fprintf(b, "        breach: %s\n", br)
 	}
+	if acp {
+		for _, line := range op.Request.Setup {
+			fmt.Fprintf(b, "        -> agent: %s\n", line)
+		}
+	}
 	fmt.Fprintf(b, "        %s\n", curlCommand(op.Request, p))
+	if acp && op.Response.Cancelled && op.Request.Session != "" {
+		fmt.Fprintf(b, "        -> agent: %s\n", protocol.RPCLine("session/cancel", map[string]string{"sessionId": op.Request.Session}))
+	}
+}
+
+// noCall says that the model received no call of op's turn: none at
+// all, or, where the reply the client got names a call of the model's
+// ([call N]), one that carried none of the check's messages.
+func noCall(op history.Op) string {
+	if strings.Contains(op.Response.Reply, "[call ") {
+		return "no call that carried this check's messages (the reply names a call of the model's: one that carried none of them)"
+	}
+	return "no call"
 }
 
 // curlCommand is a shell command that sends r.
@@ -455,6 +485,9 @@ func interruption(op history.Op) string {
 		return "the client cancelled the prompt (session/cancel) at the end of its time, or with another prompt of the session; the model did not hold the turn for it"
 	}
 	s := "the client dropped the connection"
+	if op.Request.Method == "session/prompt" {
+		s = "the client cancelled the prompt (session/cancel)"
+	}
 	if t.Dropped != 0 {
 		s += fmt.Sprintf(" at tick %d, and from then the model answered nothing of the turn", t.Dropped)
 	}

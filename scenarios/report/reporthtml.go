@@ -40,10 +40,10 @@ const failureTemplate = `{{define "failure"}}
 <h3>Timeline: <span id="size">{{.Size}}</span></h3>
 {{range .Steps}}<div class="step"><b>{{.N}}. {{.Action}}</b>
 {{range .Ops}}{{if .Op.Restart}}<div class="op">server: {{.Op.Restart}}{{with .Op.Response.Detail}}: {{.}}{{end}}</div>{{else}}<div class="op{{if .Violating}} violating{{end}}"{{if .Violating}} id="violating-step"{{end}}>
-<b>{{letter .Op.Index}})</b> {{.Op.Send.Conv}}{{with .Op.Send.Token}}, message <code>{{.}}</code>{{end}}{{if .Op.Send.Stream}}, streamed{{end}}<br>
+<b>{{letter .Op.Index}})</b> {{.Op.Send.Conv}}{{with .Op.Send.Token}}, message <code>{{.}}</code>{{end}}{{if eq .Op.Request.Method "session/prompt"}}, a prompt{{else if .Op.Send.Stream}}, streamed{{end}}<br>
 fault: {{.Op.Send}}<br>
 outcome: {{.Op.Response.Outcome}}{{with .Op.Response.Status}} (status {{.}}){{end}}{{with .Op.Response.Detail}}: {{.}}{{end}}<br>
-{{range .Op.Turn.Calls}}model saw: <code>{{tokens .History}}</code><br>{{else}}model saw: no call<br>{{end}}
+{{range .Op.Turn.Calls}}model saw: <code>{{tokens .History}}</code><br>{{end}}{{range .Op.Turn.Aux}}model saw, beside the turn: <code>{{tokens .History}}</code><br>{{end}}{{if not (or .Op.Turn.Calls .Op.Turn.Aux)}}model saw: {{noCall .Op}}<br>{{end}}
 </div>{{end}}{{end}}</div>{{end}}
 <h3>Linearizability</h3>
 <p class="muted">Each conversation's turns as intervals per client, and how far they linearize (porcupine).</p>
@@ -59,6 +59,7 @@ iframe.chart{width:100%;height:32em;border:1px solid #ccc}`
 var htmlFuncs = template.FuncMap{
 	"tokens": model.FormatTokens,
 	"letter": func(i int) string { return string(rune('a' + i)) },
+	"noCall": noCall,
 }
 
 // htmlPage is the HTML report: the verdict, what the run counted (as the
