@@ -1,6 +1,6 @@
 //go:build unix
 
-package scenarios_test
+package misbehaving_test
 
 import (
 	"bytes"

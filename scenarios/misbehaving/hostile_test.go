@@ -1,6 +1,6 @@
 //go:build unix
 
-package scenarios_test
+package misbehaving_test
 
 import (
 	"bufio"
@@ -23,7 +23,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/turncheck/turncheck/internal/crashtest"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/sut"
@@ -38,13 +37,6 @@ import (
 // hostileEnv, in a re-executed test binary, names the hostile server it
 // plays (see runHostileChild).
 const hostileEnv = "TURNCHECK_HOSTILE"
-
-func init() {
-	hostileMain = func() {
-		runHostileChild()
-		crashtest.Main()
-	}
-}
 
 const (
 	// hostileSeed fixes the steps of every run here.
