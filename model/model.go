@@ -1076,7 +1076,11 @@ func (m *Model) checkConflict(t Turn, cv *conv, step []Turn) *Violation {
 // (WaitedOut: a server may bound the wait), or is a front's (Gateway). A
 // 409 is checkConflict's.
 func (m *Model) checkWaited(t Turn, cv *conv, step []Turn) *Violation {
-	if m.policies.Concurrency != Serialize || !t.Usable || t.Outcome != Fail || t.Status <= 409 || t.WaitedOut || t.Gateway ||
+	// A refusal is a status past 409, or a failure streamed after a 200
+	// (an error chunk, a failure event) before any model call: the same
+	// refusal in another form (openclaw #84575's streamed one).
+	streamed := t.Status >= 200 && t.Status <= 299
+	if m.policies.Concurrency != Serialize || !t.Usable || t.Outcome != Fail || t.Status <= 409 && !streamed || t.WaitedOut || t.Gateway ||
 		cv.ambiguous || m.ambiguous && !cv.committed || t.reached() {
 		return nil
 	}
@@ -1092,10 +1096,14 @@ func (m *Model) checkWaited(t Turn, cv *conv, step []Turn) *Violation {
 		return nil
 	}
 	m.checked.add(T4)
+	got := fmt.Sprint(t.Status)
+	if streamed {
+		got = fmt.Sprintf("%d and a failure in its stream", t.Status)
+	}
 	return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User,
-		Reason: fmt.Sprintf("refused instead of waiting its turn: the request got %d before any model call while turn %s of the conversation was running; "+
+		Reason: fmt.Sprintf("refused instead of waiting its turn: the request got %s before any model call while turn %s of the conversation was running; "+
 			"the server declares the serialize policy, so it must wait (a bounded wait may end in a refusal only once the model timeout has passed)",
-			t.Status, ahead.User)}
+			got, ahead.User)}
 }
 
 // ownerOf is the conversation tok was sent on or written for, if any:

@@ -34,6 +34,13 @@ func TestRefusedInsteadOfWaiting(t *testing.T) {
 		requireViolation(t, v, model.T4, r)
 		assert.Contains(t, v.Reason, "refused instead of waiting")
 	})
+	t.Run("serialize: a 200 whose stream fails before any model call (openclaw #84575's streamed refusal)", func(t *testing.T) {
+		m := model.New()
+		r := span(refused(convA, u(2), 200), 2, 3)
+		v := m.ApplyStep([]model.Turn{running, r})
+		requireViolation(t, v, model.T4, r)
+		assert.Contains(t, v.Reason, "got 200 and a failure in its stream before any model call")
+	})
 	t.Run("serialize: the refusal came after the model timeout (a bounded wait)", func(t *testing.T) {
 		m := model.New()
 		r := span(refused(convA, u(2), 503), 2, 3)
