@@ -235,7 +235,7 @@ func TestSharedHistoryIsOneLeak(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
 	target, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.SharedHistory))
 	require.NoError(t, err)
-	c, err := scenarios.Conform(target, scenarios.Options{Checks: 12, Seed: 1, ShrinkTime: 20 * time.Second})
+	c, err := scenarios.Conform(target, scenarios.Options{Checks: 6, Seed: 1, ShrinkTime: 10 * time.Second})
 	require.NoError(t, err)
 	require.Equal(t, scenarios.Fail, c.Verdict(model.T5).Status, "%s", c.Text(scenarios.Profile{}))
 	for _, v := range c.Verdicts {
