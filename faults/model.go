@@ -722,7 +722,7 @@ func readCall(msgs []openai.Message, epoch string) model.Call {
 		}
 		toks := model.Tokens(string(msg.Content))
 		isUser := msg.Role == openai.RoleUser
-		if epoch != "" && len(toks) > 0 && (isUser && otherEpoch(string(msg.Content), epoch) || !isUser && foreign[toks[0].User()]) {
+		if epoch != "" && len(toks) > 0 && (isUser && model.OfAnotherCheck(string(msg.Content), epoch) || !isUser && foreign[toks[0].User()]) {
 			if foreign == nil {
 				foreign = map[model.Token]bool{}
 			}
@@ -766,17 +766,6 @@ func readCall(msgs []openai.Message, epoch string) model.Call {
 		call.Tools = events
 	}
 	return call
-}
-
-// epochTag matches an epoch's tag as the harness's client writes it in
-// each user message on a shared server: "(tc" and six hex digits, a
-// dash, the check's number, ")".
-var epochTag = regexp.MustCompile(`\(tc[0-9a-f]{6}-[0-9]+\)`)
-
-// otherEpoch reports whether text carries an epoch's tag other than
-// epoch, and not epoch's own.
-func otherEpoch(text, epoch string) bool {
-	return !strings.Contains(text, epoch) && epochTag.MatchString(text)
 }
 
 // answered reports whether call's last user token is followed, in its

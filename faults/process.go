@@ -560,18 +560,20 @@ func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err err
 		}
 		return false, nil
 	}
-	if p.cfg.Handshake != nil && errors.Is(err, errExited) {
-		return false, fmt.Errorf("server %q %s before it answered the handshake%s", argv[0], exitString(r.err), quote(p.out.tail(r.mark, processErrorTail)))
-	}
 	select {
 	case <-r.done: // reaped already: its group id may belong to someone else now
 	default:
 		_ = syscall.Kill(-r.pid, syscall.SIGKILL)
 		<-r.done
 	}
+	// No current run: a start that failed is no exit of a server that
+	// ran (Exited, Ended).
 	p.mu.Lock()
 	p.cur = nil
 	p.mu.Unlock()
+	if p.cfg.Handshake != nil && errors.Is(err, errExited) {
+		return false, fmt.Errorf("server %q %s before it answered the handshake%s", argv[0], exitString(r.err), quote(p.out.tail(r.mark, processErrorTail)))
+	}
 	out := p.out.tail(r.mark, processErrorTail)
 	if errors.Is(err, errExited) {
 		return suggestsInUse(out), fmt.Errorf("server %q on %s %s before it was ready%s", argv[0], addr, exitString(r.err), quote(out))

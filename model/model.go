@@ -292,6 +292,10 @@ type Turn struct {
 	// conversation's token (T5).
 	Replay   []Token `json:"replay,omitempty"`
 	Replayed bool    `json:"replayed,omitempty"`
+	// ReplayForeign are tokens the replay showed of another check's
+	// conversations, left out of Replay: a leak (T5), as a model call's
+	// Foreign tokens are.
+	ReplayForeign []Token `json:"replayForeign,omitempty"`
 	// Preempted reports a turn the server gave up, unasked, once a later
 	// request of its conversation came, and ran that one instead: it
 	// neither queued the later request nor refused it (T4). An ACP agent
@@ -715,6 +719,11 @@ func (m *Model) checkReplay(t Turn, cv *conv) *Violation {
 		return nil
 	}
 	m.checked.add(T7)
+	if len(t.ReplayForeign) > 0 {
+		return &Violation{Invariant: T5, Conv: t.Conv, Turn: t.User, Observed: t.ReplayForeign,
+			Reason: fmt.Sprintf("the session's replay (session/load) shows %s, of a conversation of an earlier check on the same agent: "+
+				"conversations leak into each other", FormatTokens(t.ReplayForeign))}
+	}
 	for _, tok := range t.Replay {
 		if owner, ok := m.ownerOf(tok); ok && !sameFamily(owner, cv) {
 			return &Violation{Invariant: T5, Conv: t.Conv, Turn: t.User, Observed: t.Replay,

@@ -86,3 +86,18 @@ func TestReplayJudgedAsOfTheStep(t *testing.T) {
 	assert.Equal(t, model.T7, v.Invariant)
 	assert.Equal(t, model.Lost, v.Kind)
 }
+
+// TestReplayOfAnotherCheckIsALeak: a session/load replay that shows a
+// conversation of an earlier check on the same agent has leaked it (T5),
+// never lost or kept a turn of this one's (T7, T1).
+func TestReplayOfAnotherCheckIsALeak(t *testing.T) {
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	r := replayed(ok(convA, u(2), call(u(2), u(1), a(1), u(2))), u(1), a(1))
+	r.ReplayForeign = h(u(1), a(1))
+	v := m.Apply(r)
+	require.NotNil(t, v)
+	assert.Equal(t, model.T5, v.Invariant)
+	assert.Contains(t, v.Reason, "earlier check")
+}

@@ -22,6 +22,19 @@ type Token string
 
 var tokenPattern = regexp.MustCompile(`\btc-[ua][0-9]+\b`)
 
+// checkTag matches the tag the client writes in each user message it
+// sends to a server shared by several checks: "(tc", six hex digits, a
+// dash, the check's number, ")".
+var checkTag = regexp.MustCompile(`\(tc[0-9a-f]{6}-[0-9]+\)`)
+
+// OfAnotherCheck reports whether text carries a check's tag other than
+// tag, the current check's, and not tag itself: a message of another
+// check's conversation, which can reach this check only through a leak
+// (T5).
+func OfAnotherCheck(text, tag string) bool {
+	return tag != "" && !strings.Contains(text, tag) && checkTag.MatchString(text)
+}
+
 // UserToken returns the n-th user token.
 func UserToken(n int) Token { return Token("tc-u" + strconv.Itoa(n)) }
 

@@ -391,6 +391,7 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		op.Turn.TimedOut = op.Response.TimedOut
 		op.Turn.Open = op.Response.Open
 		op.Turn.Replay, op.Turn.Replayed = op.Request.Replay, op.Request.Replay != nil
+		op.Turn.ReplayForeign = op.Request.ReplayForeign
 		op.Turn.Preempted = op.Response.Preempted
 		op.Turn.Unsent = op.Response.Cause == protocol.CauseUnsent
 	}

@@ -111,7 +111,8 @@ func (l *Lab) revive(ctx context.Context) error {
 	// it is left to have exited.
 	r, ok := l.shared.(targets.Restarter)
 	if !ok {
-		return fmt.Errorf("the server under test exited between two checks, and cannot be started again: %w", exited)
+		return fmt.Errorf("the server under test exited between two checks, and cannot be started again: %w",
+			cmp.Or(exited, errors.New("it is down")))
 	}
 	if !l.down {
 		l.ExitedBetween = append(l.ExitedBetween, exited.Error())
@@ -590,9 +591,10 @@ func dying(ops []history.Op) bool {
 		case protocol.CauseRefused, protocol.CauseNoAnswer, protocol.CauseAgentExited:
 			return op.Net != history.NetBroken
 		case protocol.CauseUnsent:
-			// The call before it got no answer at all (a refusal has a
-			// status): no server ran to send it to.
-			return op.Response.Status == 0
+			// An ACP prompt whose session/new or load got no answer at all
+			// (the agent's refusal has a status): no agent ran to send it
+			// to. A session API's creation refused says nothing of that.
+			return op.Response.Status == 0 && op.Request.Method == "session/prompt"
 		case protocol.CauseNoDone, protocol.CauseNotCompleted:
 			return op.Net != history.NetBroken && op.Send.Fault.Kind == faults.None && !op.Send.Abort
 		}

@@ -148,6 +148,8 @@ func (s *acpSession) take(p *acpPrompt, ran bool) string {
 // one per run of chunks of a kind.
 type acpReplay struct {
 	texts []string
+	// kinds are the texts' kinds ("user", "agent"); kind the last one's.
+	kinds []string
 	kind  string
 }
 
@@ -177,7 +179,7 @@ func (w *acpWire) update(s *acpSession, u acp.SessionUpdate) {
 	}
 	if r := s.loading; r != nil {
 		if kind != r.kind || len(r.texts) == 0 {
-			r.texts = append(r.texts, "")
+			r.texts, r.kinds = append(r.texts, ""), append(r.kinds, kind)
 			r.kind = kind
 		}
 		r.texts[len(r.texts)-1] += text
@@ -221,8 +223,8 @@ func (w *acpWire) conn() *targets.ACPConn {
 func (w *acpWire) request(ctx context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
 	prompt := promptBlocks(msgs)
 	req := Request{Conv: s.Conv, Method: acp.AgentMethodSessionPrompt, Stream: true, deny: s.Deny}
-	id, replay, status, err := w.session(ctx, c, s.Conv, &req.Setup)
-	req.Session, req.Replay = id, replay
+	id, status, err := w.session(ctx, c, s.Conv, &req)
+	req.Session = id
 	req.Body = RPCLine(acp.AgentMethodSessionPrompt, acp.PromptRequest{SessionId: acp.SessionId(id), Prompt: prompt})
 	if err != nil {
 		req.Unsent, req.unsentStatus = err.Error(), status
@@ -250,11 +252,14 @@ func promptBlocks(msgs []openai.Message) []acp.ContentBlock {
 // agent no longer has (T7 judges whether it should have), 0 for a call
 // the agent did not answer (it exited, or the client's time passed): no
 // answer is no refusal.
-// The calls it makes are added to setup, as written to the agent.
-func (w *acpWire) session(ctx context.Context, c *Client, conv model.ConversationRef, setup *[]json.RawMessage) (id string, replay []model.Token, status int, err error) {
+// The calls it makes are added to req's Setup, as written to the agent,
+// and what a load replayed is req's Replay (ReplayForeign: what of it is
+// another check's).
+func (w *acpWire) session(ctx context.Context, c *Client, conv model.ConversationRef, req *Request) (id string, status int, err error) {
+	setup := &req.Setup
 	conn := w.conn()
 	if conn == nil {
-		return "", nil, 0, errors.New("no agent runs")
+		return "", 0, errors.New("no agent runs")
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.profile.RequestTimeout())
 	defer cancel()
@@ -263,7 +268,7 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 	switch {
 	case s != nil && s.conn == conn:
 		w.mu.Unlock()
-		return s.id, nil, 0, nil
+		return s.id, 0, nil
 	case s != nil && s.setup != nil && s.setup.conn == conn:
 		op := s.setup
 		what := "session/load"
@@ -275,7 +280,7 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 		w.mu.Lock()
 		id := s.id
 		w.mu.Unlock()
-		return id, nil, status, err
+		return id, status, err
 	}
 	op := &acpSetup{conn: conn, done: make(chan struct{})}
 	defer close(op.done)
@@ -295,7 +300,7 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 				delete(w.sessions, conv)
 			}
 			w.mu.Unlock()
-			return "", nil, op.status, op.err
+			return "", op.status, op.err
 		}
 		w.mu.Lock()
 		s.id = string(resp.SessionId)
@@ -304,13 +309,13 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 		w.mu.Lock()
 		s.conn, s.setup = conn, nil
 		w.mu.Unlock()
-		return s.id, nil, 0, nil
+		return s.id, 0, nil
 	}
 	// The agent restarted since the session was made: only session/load
 	// brings it back.
 	if !conn.LoadSession() {
 		w.mu.Unlock()
-		return s.id, nil, http.StatusNotFound, errors.New("the agent restarted, and does not advertise loadSession: the session cannot come back")
+		return s.id, http.StatusNotFound, errors.New("the agent restarted, and does not advertise loadSession: the session cannot come back")
 	}
 	r := &acpReplay{}
 	s.setup, s.loading = op, r
@@ -333,13 +338,32 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 		// loads it again rather than prompt it.
 		w.unwatch(s)
 		op.status, op.err = setupFailed(ctx, conn, "session/load", err, http.StatusNotFound)
-		return s.id, nil, op.status, op.err
+		return s.id, op.status, op.err
 	}
-	replay = []model.Token{}
-	for _, text := range r.texts {
-		replay = append(replay, model.Tokens(text)...)
+	req.Replay, req.ReplayForeign = r.tokens(EpochTag(c.ns))
+	return s.id, 0, nil
+}
+
+// tokens are the tokens the replay showed, in order: of this check's
+// (tag's) conversations, and, apart, of another check's (a user message
+// with another check's tag, and the agent's reply after it), which reach
+// this session only through a leak (T5).
+func (r *acpReplay) tokens(tag string) (own, foreign []model.Token) {
+	own = []model.Token{}
+	leaked := map[model.Token]bool{}
+	for i, text := range r.texts {
+		toks := model.Tokens(text)
+		user := r.kinds[i] == "user"
+		if len(toks) > 0 && (user && model.OfAnotherCheck(text, tag) || !user && leaked[toks[0].User()]) {
+			for _, t := range toks {
+				leaked[t.User()] = true
+			}
+			foreign = append(foreign, toks...)
+			continue
+		}
+		own = append(own, toks...)
 	}
-	return s.id, replay, 0, nil
+	return own, foreign
 }
 
 // RPCLine is a JSON-RPC 2.0 message of method with params, as the client

@@ -68,6 +68,10 @@ type Request struct {
 	// client loaded its session (ACP's session/load) before this request:
 	// the history it holds, as tokens; nil if there was no load.
 	Replay []model.Token `json:"replay,omitempty"`
+	// ReplayForeign are the tokens a load replayed of another check's
+	// conversations (a user message with another check's tag, and the
+	// reply after it), left out of Replay.
+	ReplayForeign []model.Token `json:"replayForeign,omitempty"`
 	// deny says to deny the agent's permission requests while the turn
 	// runs (ACP), and unsentStatus is the status a request not sent is
 	// read as failing with (0: none).

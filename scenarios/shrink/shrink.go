@@ -237,16 +237,18 @@ func (s *Shrinker) breaks(r replayed) bool {
 	if r.err != nil || r.v == nil {
 		return false
 	}
-	if r.v.Invariant != s.want && !lostWithoutRestart(s.want, r.v) {
+	if r.v.Invariant != s.want && !lostWithoutRestart(s.Violation, r.v) {
 		return false
 	}
 	return !s.replayShown || showsReplay(r.history, r.v)
 }
 
-// lostWithoutRestart reports whether v, sought as want, is a loss seen
-// without a restart where want is the same loss seen after one.
-func lostWithoutRestart(want model.Invariant, v *model.Violation) bool {
-	return want == model.T7 && v.Invariant == model.T2 && v.Kind == model.Lost
+// lostWithoutRestart reports whether v is a loss seen without a restart
+// where sought is the same kind of loss seen after one (T7's other
+// findings, a resume refused, a replay unlike the history, are not).
+func lostWithoutRestart(sought, v *model.Violation) bool {
+	return sought != nil && sought.Invariant == model.T7 && sought.Kind == model.Lost &&
+		v.Invariant == model.T2 && v.Kind == model.Lost
 }
 
 // showsReplay reports whether the violating request of a history (its
@@ -269,18 +271,21 @@ func showsReplay(ops []history.Op, v *model.Violation) bool {
 // exit status on SIGTERM, or killed past its grace): that says nothing of
 // the steps, which ran and were judged. Any other error of err stays.
 func withoutUntidyStop(err error) error {
-	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+	switch e := err.(type) {
+	case nil, *faults.StopError:
+		return nil
+	case interface{ Unwrap() []error }:
 		var rest []error
-		for _, e := range joined.Unwrap() {
-			if e = withoutUntidyStop(e); e != nil {
-				rest = append(rest, e)
+		for _, x := range e.Unwrap() {
+			if x = withoutUntidyStop(x); x != nil {
+				rest = append(rest, x)
 			}
 		}
 		return errors.Join(rest...)
-	}
-	var untidy *faults.StopError
-	if errors.As(err, &untidy) {
-		return nil
+	case interface{ Unwrap() error }:
+		if withoutUntidyStop(e.Unwrap()) == nil {
+			return nil
+		}
 	}
 	return err
 }
@@ -365,7 +370,9 @@ func (s *Shrinker) confirm() {
 		s.found = s.found[:len(s.found)-1]
 		s.Dropped++
 		next := s.found[len(s.found)-1]
-		s.Plans, s.History, s.Violation = next.plans, next.history, next.violation
+		// Back to that run's name too: a loss it showed after a restart
+		// (T7) is sought as such again.
+		s.Plans, s.History, s.Violation, s.want = next.plans, next.history, next.violation, next.violation.Invariant
 	}
 }
 
