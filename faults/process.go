@@ -147,6 +147,10 @@ type ProcessConfig struct {
 	// StopGrace is how long Stop waits after SIGTERM before SIGKILL; 0
 	// means 5s.
 	StopGrace time.Duration
+	// StopStatus are exit statuses the server gives on SIGTERM as its
+	// ordinary stop (docker-agent exits 1): Stop reads them as a tidy
+	// exit, as it does 0, death by the signal, and 143.
+	StopStatus []int
 	// Handshake, if set, makes the server one that speaks over its stdin
 	// and stdout (an ACP agent) rather than on a port: stdout is then a
 	// pipe of its own, apart from stderr, and the server is ready once
@@ -402,7 +406,7 @@ func (p *Process) stop() error {
 	defer grace.Stop()
 	select {
 	case <-r.done:
-		if !cleanAfterTerm(r.err) {
+		if !cleanAfterTerm(r.err, p.cfg.StopStatus) {
 			return &StopError{msg: fmt.Sprintf("server %s after SIGTERM%s", exitString(r.err), p.outputSince(r.mark))}
 		}
 		return nil
@@ -923,8 +927,9 @@ func suggestsInUse(out string) bool {
 
 // cleanAfterTerm reports whether an exit after SIGTERM is a graceful one:
 // status 0, death by the SIGTERM itself, or 143 (128+15, how shells and
-// several runtimes report it).
-func cleanAfterTerm(err error) bool {
+// several runtimes report it), or a status of also (the server's own,
+// ProcessConfig.StopStatus).
+func cleanAfterTerm(err error, also []int) bool {
 	if err == nil {
 		return true
 	}
@@ -936,7 +941,8 @@ func cleanAfterTerm(err error) bool {
 	if !ok {
 		return false
 	}
-	return (ws.Signaled() && ws.Signal() == syscall.SIGTERM) || (ws.Exited() && ws.ExitStatus() == 128+int(syscall.SIGTERM))
+	return (ws.Signaled() && ws.Signal() == syscall.SIGTERM) ||
+		(ws.Exited() && (ws.ExitStatus() == 128+int(syscall.SIGTERM) || slices.Contains(also, ws.ExitStatus())))
 }
 
 // exitString says how a run ended: "exited with status 2", "died of

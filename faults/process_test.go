@@ -160,6 +160,31 @@ func TestProcess(t *testing.T) {
 		assert.NoError(t, p.Stop(), "a second Stop has nothing more to say")
 	})
 
+	t.Run("an exit status on SIGTERM the server declares is a tidy stop", func(t *testing.T) {
+		t.Parallel()
+		m := procModel(t)
+		// As docker-agent does: status 1 after SIGTERM, its ordinary stop.
+		script := `trap "" TERM; "$0" serve --listen "$1" --model-url "$2" --data-dir "$3"; exit 1`
+		for _, declared := range []bool{false, true} {
+			cfg := faults.ProcessConfig{
+				Command:  []string{"sh", "-c", script, bin, "{addr}", "{model_url}", "{data_dir}"},
+				ModelURL: m.URL(),
+				DataDir:  t.TempDir(),
+			}
+			if declared {
+				cfg.StopStatus = []int{1}
+			}
+			err := procStart(t, cfg).Stop()
+			if !declared {
+				var stopErr *faults.StopError
+				require.ErrorAs(t, err, &stopErr)
+				assert.Contains(t, err.Error(), "exited with status 1 after SIGTERM")
+				continue
+			}
+			assert.NoError(t, err, "declared: no note")
+		}
+	})
+
 	t.Run("a restart after kill -9 keeps the conversation", func(t *testing.T) {
 		t.Parallel()
 		m := procModel(t)

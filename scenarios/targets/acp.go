@@ -455,7 +455,7 @@ func (s Subprocess) startACP(ctx context.Context, modelURL string, refs []string
 	}
 	p, err := faults.StartProcess(faults.ProcessConfig{Command: s.Command, ModelURL: modelURL, DataDir: dir,
 		Env: s.Env, Files: s.Files, Agents: refs, Handshake: handshake,
-		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace, Context: ctx, Started: s.Started})
+		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace, StopStatus: s.StopStatus, Context: ctx, Started: s.Started})
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
 	}

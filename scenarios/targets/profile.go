@@ -91,6 +91,7 @@ type serverSection struct {
 	OneSource     bool              `yaml:"one_source"`
 	Ready         readySection      `yaml:"ready"`
 	StopGrace     time.Duration     `yaml:"stop_grace"`
+	StopStatus    []int             `yaml:"stop_status"`
 	FreshPerCheck bool              `yaml:"fresh_per_check"`
 	Parallel      int               `yaml:"parallel"`
 	Replicas      int               `yaml:"replicas"`
@@ -450,6 +451,11 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 	if s.Ready.Timeout < 0 || s.StopGrace < 0 || s.Parallel < 0 || s.Replicas < 0 {
 		return nil, errors.New("server.ready.timeout, server.stop_grace, server.parallel and server.replicas must not be negative")
 	}
+	for _, st := range s.StopStatus {
+		if st < 1 || st > 255 {
+			return nil, fmt.Errorf("server.stop_status: %d is no exit status a server can give (1 to 255; 0 is always tidy)", st)
+		}
+	}
 	if s.Agent != "" && !agentName.MatchString(s.Agent) {
 		return nil, fmt.Errorf("server.agent: %q is not an agent name (letters, digits, - and _)", s.Agent)
 	}
@@ -492,6 +498,7 @@ func (s *serverSection) subprocess(p Profile, modelAddr string) (Target, error) 
 		ReadyLine:     s.Ready.Line,
 		StartTimeout:  s.Ready.Timeout,
 		StopGrace:     s.StopGrace,
+		StopStatus:    s.StopStatus,
 		FreshPerCheck: s.FreshPerCheck,
 		MaxParallel:   s.Parallel,
 		Replicas:      s.Replicas,

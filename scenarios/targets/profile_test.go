@@ -265,6 +265,10 @@ func TestDockerAgentProfiles(t *testing.T) {
 	assert.Contains(t, chat.Files["agent.yaml"], "base_url: {model_url}")
 	assert.Empty(t, chat.Agent, "no agent source: a file")
 	assert.Equal(t, Forgets, chat.Profile().Eviction)
+	assert.Equal(t, []int{1}, chat.StopStatus, "docker-agent's exit status on SIGTERM is its ordinary stop")
+
+	_, err = ParseProfile([]byte("server:\n  command: [srv, \"{addr}\", \"{model_url}\"]\n  stop_status: [0]\n"))
+	assert.ErrorContains(t, err, "server.stop_status: 0 is no exit status")
 }
 
 // TestPoliciesLeftOutAreAssumed: a profile that leaves a policy out is

@@ -49,6 +49,9 @@ type Subprocess struct {
 	// StartTimeout bounds a start (0: 15s); StopGrace is how long a stop
 	// waits after SIGTERM before SIGKILL (0: 5s).
 	StartTimeout, StopGrace time.Duration
+	// StopStatus are exit statuses the server gives on SIGTERM as its
+	// ordinary stop: no note (faults.ProcessConfig.StopStatus).
+	StopStatus []int
 	// FreshPerCheck starts a fresh server for every check rather than one
 	// for the whole run: slower, but no check can see another's traces.
 	FreshPerCheck bool
@@ -250,7 +253,7 @@ func (s Subprocess) startReplica(ctx context.Context, modelURL, dir string, refs
 	}
 	return faults.StartProcess(faults.ProcessConfig{Command: expand(s.Command), ModelURL: modelURL, DataDir: dir,
 		Env: expand(s.Env), Files: files, Agents: refs, Ready: s.Ready, ReadyLine: s.ReadyLine,
-		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace, Context: ctx, Started: s.Started})
+		StartTimeout: s.StartTimeout, StopGrace: s.StopGrace, StopStatus: s.StopStatus, Context: ctx, Started: s.Started})
 }
 
 type subprocessServer struct {
