@@ -59,6 +59,12 @@ const (
 	// dereferences the prompt's first block does: the harness must restart
 	// it before the run goes on, and judge nothing it could not send.
 	ACPExitOnEmpty Mode = "acp-exit-on-empty"
+	// ACPForgets is the reference ACP agent that advertises loadSession
+	// but keeps its sessions in a directory of its own run, new at each
+	// start: after a restart, session/load is refused (not found), as an
+	// agent that keeps sessions in memory refuses it. Its profile declares
+	// it durable: T7, and nothing else, is its finding.
+	ACPForgets Mode = "acp-forgets"
 	// SharedHistory keeps every conversation in one history, as a server
 	// whose sessions share one list does: it stays up, and leaks each
 	// conversation into every other (T5), across the checks of a run
@@ -94,7 +100,7 @@ func Profile(tb testing.TB, m Mode) string {
 	if m == OneAgent {
 		agent, model = "\n  agent: helper", ""
 	}
-	if m == ACPExitOnEmpty {
+	if m == ACPExitOnEmpty || m == ACPForgets {
 		yaml := fmt.Sprintf(`server:
   command: [%q, acp, "{model_url}", "{data_dir}", "{agents}"]
   env: {%s: %s}
@@ -162,7 +168,16 @@ func serve(mode Mode, args []string) int {
 		}
 	case PanicOnAbort, SharedHistory:
 	case ACPExitOnEmpty:
-		return serveACP(modelURL, dataDir, agents)
+		return serveACP(modelURL, dataDir, agents, true)
+	case ACPForgets:
+		// A directory of this run's own, in the data dir the harness
+		// removes: a kill -9 leaves nothing behind elsewhere.
+		own := filepath.Join(dataDir, fmt.Sprintf("run-%d", os.Getpid()))
+		if err := os.Mkdir(own, 0o700); err != nil {
+			fmt.Fprintln(os.Stderr, "crashtest:", err)
+			return 2
+		}
+		return serveACP(modelURL, own, agents, false)
 	default:
 		fmt.Fprintf(os.Stderr, "crashtest: unknown mode %q\n", mode)
 		return 2
@@ -270,16 +285,16 @@ var panicText = strings.Join([]string{
 	"exit status 2",
 }, "\n")
 
-// serveACP plays ACPExitOnEmpty: the reference ACP agent on stdin and
-// stdout, behind a reader that exits the process when a session/prompt
-// carries no text.
-func serveACP(modelURL, dataDir string, agents []string) int {
+// serveACP plays the reference ACP agent on stdin and stdout, on
+// dataDir; where exitOnEmpty (ACPExitOnEmpty), behind a reader that exits
+// the process when a session/prompt carries no text.
+func serveACP(modelURL, dataDir string, agents []string, exitOnEmpty bool) int {
 	in, toAgent := io.Pipe()
 	go func() {
 		rd := bufio.NewReader(os.Stdin)
 		for {
 			line, err := rd.ReadBytes('\n')
-			if emptyPrompt(line) {
+			if exitOnEmpty && emptyPrompt(line) {
 				fmt.Fprintln(os.Stderr, "panic: runtime error: index out of range [0] with length 0 (an empty prompt)")
 				os.Exit(3)
 			}

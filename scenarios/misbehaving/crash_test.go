@@ -245,3 +245,23 @@ func TestSharedHistoryIsOneLeak(t *testing.T) {
 	}
 	assert.Positive(t, c.Stats.SetAside[model.T5]+c.Stats.Consequences[model.T5], "the leak was met again after the finding")
 }
+
+// TestACPAgentThatForgetsItsSessions: an ACP agent that advertises
+// loadSession but loses its sessions at a restart, declared durable, is
+// T7's finding alone: a refused session/load is judged as the resume it
+// was, never as the outcome of the prompt that was to follow (an empty
+// one, say, which the agent never got: no T3).
+func TestACPAgentThatForgetsItsSessions(t *testing.T) {
+	t.Parallel() // it mostly waits on servers and bounds
+	target, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.ACPForgets))
+	require.NoError(t, err)
+	c, err := scenarios.Conform(target, scenarios.Options{Checks: 8, Seed: 1, ShrinkTime: 10 * time.Second})
+	require.NoError(t, err)
+	require.Equal(t, scenarios.Fail, c.Verdict(model.T7).Status, "%s", c.Text(scenarios.Profile{}))
+	assert.Contains(t, c.Verdict(model.T7).Failure.Violation.Reason, "did not resume")
+	for _, v := range c.Verdicts {
+		if v.Invariant != model.T7 {
+			assert.NotEqual(t, scenarios.Fail, v.Status, "%s: %s", v.Invariant, c.Text(scenarios.Profile{}))
+		}
+	}
+}
