@@ -504,12 +504,13 @@ func (l Line) refuse(t Turn) *Violation {
 		// server that answers everything so, nothing to judge at all.
 		return nil
 	}
-	if t.Outcome != Fail || t.Status != 400 {
+	if t.Outcome != Fail || t.Status != 400 && !t.AnyRefusal {
 		how := fmt.Sprintf("ended %s with status %d; want 400", t.Outcome, t.Status)
-		if t.Status == 0 {
-			// No HTTP status: an ACP prompt, answered end_turn or with an
-			// error that gives none.
-			how = fmt.Sprintf("ended %s, with no status; want it refused (400, or an ACP agent's error or refusal)", t.Outcome)
+		switch {
+		case t.AnyRefusal:
+			how = fmt.Sprintf("ended %s; want it refused (a JSON-RPC error, or stopReason refusal)", t.Outcome)
+		case t.Status == 0:
+			how = fmt.Sprintf("ended %s, with no status; want 400", t.Outcome)
 		}
 		return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
 			Reason: "a request without a usable new user message " + how + l.replayed(t)}

@@ -301,6 +301,11 @@ type Turn struct {
 	// neither queued the later request nor refused it (T4). An ACP agent
 	// that answers a running prompt cancelled when a second comes does.
 	Preempted bool `json:"preempted,omitempty"`
+	// AnyRefusal reports a protocol whose refusals carry no HTTP status
+	// (ACP: a JSON-RPC error, or stopReason refusal): any failure of a
+	// request without a usable message, before any model call, refuses it
+	// (T3), whatever status it was read as.
+	AnyRefusal bool `json:"anyRefusal,omitempty"`
 	// Unsent reports a request that never reached the server: the
 	// protocol's call before it failed (a session's creation, an ACP
 	// session/load), or no server ran to send it to. It is evidence of

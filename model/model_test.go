@@ -1291,3 +1291,22 @@ func TestForeignTokensAreALeak(t *testing.T) {
 	assert.Equal(t, model.T5, v.Invariant)
 	assert.Contains(t, v.Reason, "earlier check")
 }
+
+// TestAnyRefusalUnderACP: where refusals carry no HTTP status (ACP), any
+// error before a model call refuses a request without a usable message,
+// whatever status it was read as; one the agent ran is T3's, in ACP's
+// words.
+func TestAnyRefusalUnderACP(t *testing.T) {
+	acp := func(tr model.Turn) model.Turn {
+		tr.AnyRefusal = true
+		return tr
+	}
+	m := model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	require.Nil(t, m.Apply(acp(invalid(convA, "", model.Fail, 500))), "a JSON-RPC error read as 500 refuses it")
+	v := m.Apply(acp(invalid(convA, "", model.OK, 0)))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T3, v.Invariant)
+	assert.Contains(t, v.Reason, "ended ok; want it refused (a JSON-RPC error, or stopReason refusal)")
+	assert.NotContains(t, v.Reason, "status")
+}

@@ -394,6 +394,7 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		op.Turn.ReplayForeign = op.Request.ReplayForeign
 		op.Turn.Preempted = op.Response.Preempted
 		op.Turn.Unsent = op.Response.Cause == protocol.CauseUnsent
+		op.Turn.AnyRefusal = e.profile.Protocol == targets.ACP
 	}
 	// A call of no request's goes with the first request that was sent.
 	first := max(slices.IndexFunc(ops, func(op history.Op) bool { return !op.Turn.Unsent }), 0)
