@@ -378,7 +378,7 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		op.Turn.Conv = op.Send.Conv
 		op.Turn.User = op.Send.Token
 		op.Turn.Usable = op.Send.Token != ""
-		op.Turn.Appends = e.profile.Protocol == targets.Responses
+		op.Turn.Appends = e.profile.AppendsInput()
 		op.Turn.Unstored = op.Send.NoStore
 		op.Turn.Outcome = op.Response.Outcome
 		op.Turn.Status = op.Response.Status

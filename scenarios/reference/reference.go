@@ -65,6 +65,9 @@ func SessionsAPI() *targets.SessionsAPI {
 		Turn:   targets.Call{Method: "POST", Path: "/api/sessions/{session}/agent/{source}", Body: "{messages}"},
 		Events: targets.EventRules{TypeField: "type", Text: "agent_choice", TextField: "content",
 			Done: []string{"stream_stopped"}, Failure: []string{"error"}, ErrorField: "error"},
+		// The reference server takes the last message as the new one, as
+		// under chat, and refuses a turn without one.
+		Input: targets.InputLast,
 	}
 }
 

@@ -203,6 +203,23 @@ func sessions(override string) string {
 	return out
 }
 
+// TestSessionsInput: a session API appends a turn's messages unless its
+// profile says the last is the new one; either way the client sends the
+// continuations without a new user message that such a server must take
+// (AppendsInput), and anything else is an error that names the values.
+func TestSessionsInput(t *testing.T) {
+	cmd := "server: {command: [x, '{addr}', '{model_url}']}\n"
+	for input, appends := range map[string]bool{"": true, "\n  input: appended": true, "\n  input: last": false} {
+		target, err := ParseProfile([]byte(cmd + strings.TrimSuffix(sessions(""), "\n") + input + "\n"))
+		require.NoError(t, err, input)
+		assert.Equal(t, appends, target.Profile().AppendsInput(), "input %q", input)
+	}
+	_, err := ParseProfile([]byte(cmd + strings.TrimSuffix(sessions(""), "\n") + "\n  input: first\n"))
+	assert.ErrorContains(t, err, `input: "first"; want appended`)
+	assert.True(t, Profile{Protocol: Responses}.AppendsInput())
+	assert.False(t, Profile{Protocol: Chat}.AppendsInput())
+}
+
 // TestOneSourceReachesTheProfile: server.one_source says the server loads
 // one agent source at a time.
 func TestOneSourceReachesTheProfile(t *testing.T) {

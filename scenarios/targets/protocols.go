@@ -48,7 +48,19 @@ type SessionsAPI struct {
 	Turn Call `yaml:"turn"`
 	// Events says how the turn's event stream is read.
 	Events EventRules `yaml:"events"`
+	// Input says what the server makes of a turn's messages: "appended"
+	// (every one is appended to the session, as docker-agent's serve api
+	// does; the default) or "last" (the last is the new user message and
+	// the rest are ignored, as under chat). It decides the continuations
+	// without a new user message the client sends (T3).
+	Input string `yaml:"input"`
 }
+
+// The values of SessionsAPI.Input.
+const (
+	InputAppended = "appended"
+	InputLast     = "last"
+)
 
 // Call is one HTTP call of a session API.
 type Call struct {
@@ -114,6 +126,14 @@ func (a *SessionsAPI) check() error {
 	}
 	if a.Events.TypeField == "" {
 		a.Events.TypeField = "type"
+	}
+	switch a.Input {
+	case "":
+		a.Input = InputAppended
+	case InputAppended, InputLast:
+	default:
+		return fmt.Errorf("input: %q; want %s (every message of a turn is appended to the session) or %s (only the last is the new user message)",
+			a.Input, InputAppended, InputLast)
 	}
 	return nil
 }

@@ -113,6 +113,16 @@ type Profile struct {
 	Tools bool
 }
 
+// AppendsInput reports whether the server appends a turn's input whole to
+// the history it continues (the Responses API; a session API whose input
+// is "appended"), rather than taking its last message as the new one:
+// a continuation without a new user message is then sent in the shapes
+// such a server appends as they stand, and judged by what the model is
+// made to see (T3).
+func (p Profile) AppendsInput() bool {
+	return p.Protocol == Responses || p.Protocol == Sessions && p.SessionsAPI != nil && p.SessionsAPI.Input != InputLast
+}
+
 // Policies are the Policies p declares, as the reference model takes
 // them.
 func (p Profile) Policies() model.Policies {

@@ -221,9 +221,10 @@ func (m *Machine) invalidContinuation(t *rapid.T) {
 	}
 	c := newest(t, m.convs, "conversation")
 	shapes := plan.InvalidShapes
-	if m.Profile.Protocol == targets.Responses {
-		// The input is appended whole (OpenAI's semantics): what is judged
-		// is that no committed user message is run again as new (T3).
+	if m.Profile.AppendsInput() {
+		// The input is appended whole (OpenAI's semantics, a session API
+		// such as docker-agent's): what is judged is that no committed
+		// user message is run again as new (T3).
 		shapes = plan.AppendedShapes
 	}
 	if c.inConv {
