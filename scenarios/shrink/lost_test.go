@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/history"
@@ -80,4 +81,29 @@ func TestNoLossIsNotRenamed(t *testing.T) {
 		Violation: &model.Violation{Invariant: model.T7}, replayOn: fake, freshOn: fake}
 	require.True(t, s.run(singleSteps(4)))
 	assert.Equal(t, model.T7, s.Violation.Invariant, "a T7 that is no loss is not renamed T2")
+}
+
+// TestOnlySent: a shrunk run's invalid continuation quotes, as its earlier
+// user message, only one its steps send before it on its conversation:
+// the latest such, or none.
+func TestOnlySent(t *testing.T) {
+	conv := model.ConversationRef{ID: "c"}
+	user := func(tok string) openai.Message {
+		return openai.Message{Role: openai.RoleUser, Content: openai.Content("Please remember " + tok + ".")}
+	}
+	turn := func(n int) plan.Plan {
+		tok := model.UserToken(n)
+		return plan.Single("turn", plan.Send{Conv: conv, Token: tok, Messages: []openai.Message{user(string(tok))}})
+	}
+	invalid := plan.Single("invalid continuation: last message a system message",
+		plan.Send{Conv: conv, Messages: []openai.Message{user("tc-u4"), {Role: openai.RoleSystem, Content: "Be brief."}}})
+	full := []plan.Plan{turn(1), turn(4), invalid}
+	assert.Equal(t, full, onlySent(full), "every message it quotes is sent: unchanged")
+
+	got := onlySent([]plan.Plan{turn(1), invalid})
+	assert.Equal(t, []openai.Message{user("tc-u1"), {Role: openai.RoleSystem, Content: "Be brief."}}, got[1].Sends[0].Messages)
+	assert.Equal(t, user("tc-u4"), invalid.Sends[0].Messages[0], "the plans it was given are left as they were")
+
+	got = onlySent([]plan.Plan{invalid})
+	assert.Equal(t, []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}}, got[0].Sends[0].Messages)
 }

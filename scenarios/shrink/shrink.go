@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/history"
@@ -384,6 +385,9 @@ func (s *Shrinker) confirm() {
 // fewer tries than it needed, left undecided (State).
 func (s *Shrinker) tryFirst(cands [][]plan.Plan) bool {
 	cands = slices.DeleteFunc(slices.Clone(cands), func(c []plan.Plan) bool { return len(c) == 0 })
+	for i, c := range cands {
+		cands[i] = onlySent(c)
+	}
 	if s.tryRounds(cands) {
 		return true
 	}
@@ -679,6 +683,62 @@ func cloneRounds(rounds []faults.Round) []faults.Round {
 	}
 	if len(out) == 0 {
 		return nil
+	}
+	return out
+}
+
+// onlySent is plans, with each request that carries no message of its
+// own (an invalid continuation) rebuilt from its conversation's state as
+// plans leave it: an earlier user message it quotes, where plans no
+// longer send that message before it, is the conversation's latest one
+// sent before it instead, or is left out where there is none. A shrunk
+// failure then never quotes a message its steps do not send, nor calls
+// it an earlier one (T3). Plans needing no change are returned as they
+// are, shared.
+func onlySent(plans []plan.Plan) []plan.Plan {
+	latest := map[model.ConversationRef]openai.Message{}
+	sent := map[model.Token]bool{}
+	var out []plan.Plan // a copy, once a plan changes
+	for i, p := range plans {
+		cloned := false
+		for k, send := range p.Sends {
+			if send.Token != "" {
+				continue
+			}
+			msgs, changed := make([]openai.Message, 0, len(send.Messages)), false
+			for _, m := range send.Messages {
+				toks := model.Tokens(string(m.Content))
+				if m.Role != openai.RoleUser || len(toks) == 0 || sent[toks[0]] {
+					msgs = append(msgs, m)
+					continue
+				}
+				changed = true
+				if last, ok := latest[send.Conv]; ok {
+					msgs = append(msgs, last)
+				}
+			}
+			if !changed {
+				continue
+			}
+			if out == nil {
+				out = slices.Clone(plans)
+			}
+			if !cloned {
+				out[i], cloned = clonePlan(p), true
+			}
+			out[i].Sends[k].Messages = msgs
+		}
+		for _, send := range p.Sends {
+			if send.Token != "" {
+				sent[send.Token] = true
+				if n := len(send.Messages); n > 0 {
+					latest[send.Conv] = send.Messages[n-1]
+				}
+			}
+		}
+	}
+	if out == nil {
+		return plans
 	}
 	return out
 }
