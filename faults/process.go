@@ -575,6 +575,12 @@ func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err err
 	p.mu.Lock()
 	p.cur = nil
 	p.mu.Unlock()
+	if ctx.Err() != nil {
+		// What the server wrote as it was stopped mid-start ("context
+		// canceled", say) is the harness's doing: said so where its last
+		// output is quoted.
+		_, _ = fmt.Fprintf(p.out, "[turncheck: the start above was cut short by the harness (%v): its last lines are no fault of the server's]\n", context.Cause(ctx))
+	}
 	if p.cfg.Handshake != nil && errors.Is(err, errExited) {
 		return false, fmt.Errorf("server %q %s before it answered the handshake%s", argv[0], exitString(r.err), quote(p.out.tail(r.mark, processErrorTail)))
 	}

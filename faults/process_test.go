@@ -286,6 +286,8 @@ func TestProcess(t *testing.T) {
 		second := readPID(t, filepath.Join(dir, "again"))
 		assert.Eventually(t, func() bool { return procGone(first) && procGone(second) }, guard, 10*time.Millisecond,
 			"no run is left")
+		assert.Contains(t, p.Stderr(), "waiting\n[turncheck: the start above was cut short by the harness (context canceled)",
+			"the output of a start the harness cut short says so")
 		_, err := faults.StartProcess(faults.ProcessConfig{Command: []string{"sleep", "60"}, StartTimeout: time.Minute, Context: ctx})
 		require.ErrorIs(t, err, context.Canceled, "a start under an ended context does not wait")
 	})
