@@ -165,7 +165,12 @@ func (w *responses) learn(req Request, out Response) {
 		h.failed = "" // probed once
 	}
 	switch {
-	case out.NotFound() && h.unknown && req.ChainedFrom == h.id:
+	case (out.NotFound() || out.Outcome == model.Fail && out.Status == http.StatusBadRequest && !req.noUser) && h.unknown && req.ChainedFrom == h.id:
+		// The response it chained from was not kept: refused as not
+		// found, or a turn refused with a plain 400 (its input is a
+		// plain user message: the chain is what is refused), the chain
+		// goes on from the last one that completed, so that later turns
+		// still reach the server.
 		h = chainHead{id: h.done, done: h.done}
 	case req.noUser:
 		return
