@@ -392,7 +392,7 @@ func (m *Model) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.mu.Unlock()
 	call := readCall(req.Messages, epoch)
 	call.Offers = len(req.Tools) > 0
-	if !m.ofEpoch(req.Messages) {
+	if !ofEpoch(req.Messages, epoch) {
 		m.answer(w, r, req, call, plan{})
 		return
 	}
@@ -646,11 +646,9 @@ func (m *Model) holdCall(r *http.Request, p plan, lo, hi int) bool {
 	}
 }
 
-// ofEpoch reports whether a request carries the current epoch (see Reset).
-func (m *Model) ofEpoch(msgs []openai.Message) bool {
-	m.mu.Lock()
-	epoch := m.epoch
-	m.mu.Unlock()
+// ofEpoch reports whether a request carries epoch, the model's current
+// one (see Reset).
+func ofEpoch(msgs []openai.Message, epoch string) bool {
 	if epoch == "" {
 		return true
 	}
@@ -699,7 +697,7 @@ func decodeRequest(body io.Reader) (*openai.ChatRequest, error) {
 // check's with the same number.
 func readCall(msgs []openai.Message, epoch string) model.Call {
 	var call model.Call
-	var foreign map[model.Token]bool
+	leaks := model.Leaks{Tag: epoch}
 	prevUser := false
 	var events []model.ToolEvent
 	tooled := false
@@ -722,13 +720,7 @@ func readCall(msgs []openai.Message, epoch string) model.Call {
 		}
 		toks := model.Tokens(string(msg.Content))
 		isUser := msg.Role == openai.RoleUser
-		if epoch != "" && len(toks) > 0 && (isUser && model.OfAnotherCheck(string(msg.Content), epoch) || !isUser && foreign[toks[0].User()]) {
-			if foreign == nil {
-				foreign = map[model.Token]bool{}
-			}
-			for _, t := range toks {
-				foreign[t.User()] = true
-			}
+		if leaks.Foreign(string(msg.Content), toks, isUser) {
 			call.Foreign = append(call.Foreign, toks...)
 			prevUser = isUser
 			continue

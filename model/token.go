@@ -35,6 +35,35 @@ func OfAnotherCheck(text, tag string) bool {
 	return tag != "" && !strings.Contains(text, tag) && checkTag.MatchString(text)
 }
 
+// Leaks tells, message by message in the order a history holds them, which
+// are of another check's conversation, on a server shared by several
+// checks whose current check's tag is Tag: a user message that carries
+// another check's tag (OfAnotherCheck), and each reply after it to one of
+// its tokens. With no Tag it tells none. A model request's and an ACP
+// session/load replay's messages are read so. Not safe for concurrent use.
+type Leaks struct {
+	Tag    string
+	leaked map[Token]bool
+}
+
+// Foreign reports whether the message with text, whose tokens are toks,
+// a user's (user) or a reply, is another check's.
+func (l *Leaks) Foreign(text string, toks []Token, user bool) bool {
+	if l.Tag == "" || len(toks) == 0 {
+		return false
+	}
+	if user && !OfAnotherCheck(text, l.Tag) || !user && !l.leaked[toks[0].User()] {
+		return false
+	}
+	if l.leaked == nil {
+		l.leaked = map[Token]bool{}
+	}
+	for _, t := range toks {
+		l.leaked[t.User()] = true
+	}
+	return true
+}
+
 // UserToken returns the n-th user token.
 func UserToken(n int) Token { return Token("tc-u" + strconv.Itoa(n)) }
 

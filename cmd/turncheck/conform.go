@@ -297,7 +297,7 @@ func shellLine(argv []string) string {
 		if a == "" || strings.ContainsFunc(a, func(r rune) bool {
 			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("@%+=:,./_-", r))
 		}) {
-			out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+			out[i] = report.ShellQuote(a)
 		}
 	}
 	return strings.Join(out, " ")

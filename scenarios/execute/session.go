@@ -594,7 +594,7 @@ func dying(ops []history.Op) bool {
 			// An ACP prompt whose session/new or load got no answer at all
 			// (the agent's refusal has a status): no agent ran to send it
 			// to. A session API's creation refused says nothing of that.
-			return op.Response.Status == 0 && op.Request.Method == "session/prompt"
+			return op.Response.Status == 0 && op.Request.ACP()
 		case protocol.CauseNoDone, protocol.CauseNotCompleted:
 			return op.Net != history.NetBroken && op.Send.Fault.Kind == faults.None && !op.Send.Abort
 		}

@@ -48,11 +48,7 @@ func assertCrashFound(t *testing.T, target scenarios.Target, c *scenarios.Confor
 	assert.NotContains(t, f.ShrinkNote, "could not be replayed")
 	assert.Positive(t, f.ShrinkRuns)
 	assert.Contains(t, c.Text(scenarios.Profile{}), "=== crash (the server stays up) ===")
-	for _, other := range c.Verdicts {
-		if other.Invariant != model.Crash && other.Status == scenarios.Fail {
-			t.Errorf("%s failed against a server whose only defect is that it goes down:\n%s", other.Invariant, other.Failure.Report)
-		}
-	}
+	assertOnlyFinding(t, c, model.Crash)
 	t.Logf("crash: %s", f.ShrinkStats())
 	r, err := scenarios.ReplayFailureTries(context.Background(), target, f, 3)
 	require.NoError(t, err)
@@ -60,6 +56,30 @@ func assertCrashFound(t *testing.T, target scenarios.Target, c *scenarios.Confor
 	assert.Equal(t, model.Crash, r.Violation.Invariant)
 	assert.Contains(t, r.Violation.Reason, want)
 	return f
+}
+
+// assertOnlyFinding asserts that c fails inv and nothing else: one root
+// cause, one finding.
+func assertOnlyFinding(t *testing.T, c *scenarios.Conformance, inv model.Invariant) {
+	t.Helper()
+	require.Equal(t, scenarios.Fail, c.Verdict(inv).Status, "%s", c.Text(scenarios.Profile{}))
+	for _, v := range c.Verdicts {
+		if v.Invariant != inv {
+			assert.NotEqual(t, scenarios.Fail, v.Status, "%s failed against a server whose one defect is %s's:\n%s",
+				v.Invariant, inv, c.Text(scenarios.Profile{}))
+		}
+	}
+}
+
+// conformMode runs Conform with o against crashtest's server of mode m,
+// through its profile.
+func conformMode(t *testing.T, m crashtest.Mode, o scenarios.Options) (scenarios.Target, *scenarios.Conformance) {
+	t.Helper()
+	target, err := scenarios.LoadProfile(crashtest.Profile(t, m))
+	require.NoError(t, err)
+	c, err := scenarios.Conform(target, o)
+	require.NoError(t, err)
+	return target, c
 }
 
 // TestCrashInProcess: a server in process that dies after a streamed turn
@@ -189,10 +209,7 @@ func TestOneSourceProfileIsASetupError(t *testing.T) {
 // anything.
 func TestACPAgentThatExitsOnOneInput(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
-	target, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.ACPExitOnEmpty))
-	require.NoError(t, err)
-	c, err := scenarios.Conform(target, scenarios.Options{Checks: 10, Seed: 3, ShrinkTime: 60 * time.Second})
-	require.NoError(t, err)
+	target, c := conformMode(t, crashtest.ACPExitOnEmpty, scenarios.Options{Checks: 10, Seed: 3, ShrinkTime: 60 * time.Second})
 	f := assertCrashFound(t, target, c, "an empty prompt")
 	assert.Contains(t, f.Violation.Reason, "exited with status 3")
 	assert.NotContains(t, f.Violation.Reason, "\" at http://", "a stdio agent has no address")
@@ -233,16 +250,8 @@ func TestNoProcessIsNoExit(t *testing.T) {
 // as this check's token of the same number (T1, T2, T6).
 func TestSharedHistoryIsOneLeak(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
-	target, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.SharedHistory))
-	require.NoError(t, err)
-	c, err := scenarios.Conform(target, scenarios.Options{Checks: 6, Seed: 1, ShrinkTime: 10 * time.Second})
-	require.NoError(t, err)
-	require.Equal(t, scenarios.Fail, c.Verdict(model.T5).Status, "%s", c.Text(scenarios.Profile{}))
-	for _, v := range c.Verdicts {
-		if v.Invariant != model.T5 {
-			assert.NotEqual(t, scenarios.Fail, v.Status, "%s: %s", v.Invariant, c.Text(scenarios.Profile{}))
-		}
-	}
+	_, c := conformMode(t, crashtest.SharedHistory, scenarios.Options{Checks: 6, Seed: 1, ShrinkTime: 10 * time.Second})
+	assertOnlyFinding(t, c, model.T5)
 	assert.Positive(t, c.Stats.SetAside[model.T5]+c.Stats.Consequences[model.T5], "the leak was met again after the finding")
 }
 
@@ -253,15 +262,7 @@ func TestSharedHistoryIsOneLeak(t *testing.T) {
 // one, say, which the agent never got: no T3).
 func TestACPAgentThatForgetsItsSessions(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
-	target, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.ACPForgets))
-	require.NoError(t, err)
-	c, err := scenarios.Conform(target, scenarios.Options{Checks: 8, Seed: 1, ShrinkTime: 10 * time.Second})
-	require.NoError(t, err)
-	require.Equal(t, scenarios.Fail, c.Verdict(model.T7).Status, "%s", c.Text(scenarios.Profile{}))
+	_, c := conformMode(t, crashtest.ACPForgets, scenarios.Options{Checks: 8, Seed: 1, ShrinkTime: 10 * time.Second})
+	assertOnlyFinding(t, c, model.T7)
 	assert.Contains(t, c.Verdict(model.T7).Failure.Violation.Reason, "did not resume")
-	for _, v := range c.Verdicts {
-		if v.Invariant != model.T7 {
-			assert.NotEqual(t, scenarios.Fail, v.Status, "%s: %s", v.Invariant, c.Text(scenarios.Profile{}))
-		}
-	}
 }

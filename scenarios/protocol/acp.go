@@ -243,8 +243,7 @@ func promptBlocks(msgs []openai.Message) []acp.ContentBlock {
 }
 
 // session is conv's session id, made now if conv has none, or loaded now
-// if it was made on an earlier run of the agent; replay is what a load
-// replayed. A turn that finds the session being made or loaded on the
+// if it was made on an earlier run of the agent. A turn that finds the session being made or loaded on the
 // run by another turn's request waits for that call's answer, and shares
 // its failure, but not its replay, which the turn that loaded it
 // carries. A session that cannot be made or loaded gives an error, and
@@ -252,6 +251,7 @@ func promptBlocks(msgs []openai.Message) []acp.ContentBlock {
 // agent no longer has (T7 judges whether it should have), 0 for a call
 // the agent did not answer (it exited, or the client's time passed): no
 // answer is no refusal.
+//
 // The calls it makes are added to req's Setup, as written to the agent,
 // and what a load replayed is req's Replay (ReplayForeign: what of it is
 // another check's).
@@ -350,14 +350,10 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 // this session only through a leak (T5).
 func (r *acpReplay) tokens(tag string) (own, foreign []model.Token) {
 	own = []model.Token{}
-	leaked := map[model.Token]bool{}
+	leaks := model.Leaks{Tag: tag}
 	for i, text := range r.texts {
 		toks := model.Tokens(text)
-		user := r.kinds[i] == "user"
-		if len(toks) > 0 && (user && model.OfAnotherCheck(text, tag) || !user && leaked[toks[0].User()]) {
-			for _, t := range toks {
-				leaked[t.User()] = true
-			}
+		if leaks.Foreign(text, toks, r.kinds[i] == "user") {
 			foreign = append(foreign, toks...)
 			continue
 		}
@@ -365,6 +361,10 @@ func (r *acpReplay) tokens(tag string) (own, foreign []model.Token) {
 	}
 	return own, foreign
 }
+
+// ACP reports whether r is an ACP prompt (session/prompt), sent to an
+// agent on its stdin rather than over HTTP.
+func (r Request) ACP() bool { return r.Method == acp.AgentMethodSessionPrompt }
 
 // RPCLine is a JSON-RPC 2.0 message of method with params, as the client
 // writes it to an ACP agent, without the id the connection gives a

@@ -227,16 +227,18 @@ func curlCommand(r protocol.Request, p targets.Profile) string {
 		parts = append(parts, "-X "+method)
 	}
 	if r.Conv.ID != "" && r.Path == "" {
-		parts = append(parts, "-H "+shellQuote(p.HeaderName()+": "+r.Conv.ID))
+		parts = append(parts, "-H "+ShellQuote(p.HeaderName()+": "+r.Conv.ID))
 	}
 	if r.Conv.Key != "" {
-		parts = append(parts, "-H "+shellQuote("Authorization: Bearer "+r.Conv.Key))
+		parts = append(parts, "-H "+ShellQuote("Authorization: Bearer "+r.Conv.Key))
 	}
-	parts = append(parts, "-d "+shellQuote(string(r.Body)))
+	parts = append(parts, "-d "+ShellQuote(string(r.Body)))
 	return strings.Join(parts, " ")
 }
 
-func shellQuote(s string) string {
+// ShellQuote is s as one word of a POSIX shell command line, in single
+// quotes.
+func ShellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
@@ -485,7 +487,7 @@ func interruption(op history.Op) string {
 		return "the client cancelled the prompt (session/cancel) at the end of its time, or with another prompt of the session; the model did not hold the turn for it"
 	}
 	s := "the client dropped the connection"
-	if op.Request.Method == "session/prompt" {
+	if op.Request.ACP() {
 		s = "the client cancelled the prompt (session/cancel)"
 	}
 	if t.Dropped != 0 {

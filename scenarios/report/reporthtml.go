@@ -40,7 +40,7 @@ const failureTemplate = `{{define "failure"}}
 <h3>Timeline: <span id="size">{{.Size}}</span></h3>
 {{range .Steps}}<div class="step"><b>{{.N}}. {{.Action}}</b>
 {{range .Ops}}{{if .Op.Restart}}<div class="op">server: {{.Op.Restart}}{{with .Op.Response.Detail}}: {{.}}{{end}}</div>{{else}}<div class="op{{if .Violating}} violating{{end}}"{{if .Violating}} id="violating-step"{{end}}>
-<b>{{letter .Op.Index}})</b> {{.Op.Send.Conv}}{{with .Op.Send.Token}}, message <code>{{.}}</code>{{end}}{{if eq .Op.Request.Method "session/prompt"}}, a prompt{{else if .Op.Send.Stream}}, streamed{{end}}<br>
+<b>{{letter .Op.Index}})</b> {{.Op.Send.Conv}}{{with .Op.Send.Token}}, message <code>{{.}}</code>{{end}}{{if .Op.Request.ACP}}, a prompt{{else if .Op.Send.Stream}}, streamed{{end}}<br>
 fault: {{.Op.Send}}<br>
 outcome: {{.Op.Response.Outcome}}{{with .Op.Response.Status}} (status {{.}}){{end}}{{with .Op.Response.Detail}}: {{.}}{{end}}<br>
 {{range .Op.Turn.Calls}}model saw: <code>{{tokens .History}}</code><br>{{end}}{{range .Op.Turn.Aux}}model saw, beside the turn: <code>{{tokens .History}}</code><br>{{end}}{{if not (or .Op.Turn.Calls .Op.Turn.Aux)}}model saw: {{noCall .Op}}<br>{{end}}
