@@ -107,3 +107,49 @@ func TestOnlySent(t *testing.T) {
 	got = onlySent([]plan.Plan{invalid})
 	assert.Equal(t, []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}}, got[0].Sends[0].Messages)
 }
+
+// TestShrunkRunQuotesOnlyWhatItSends: whatever steps the shrinker removes,
+// the run it keeps quotes, in an invalid continuation, no user message
+// those steps do not send.
+func TestShrunkRunQuotesOnlyWhatItSends(t *testing.T) {
+	conv := model.ConversationRef{ID: "c"}
+	user := func(tok string) openai.Message {
+		return openai.Message{Role: openai.RoleUser, Content: openai.Content("Please remember " + tok + ".")}
+	}
+	turn := func(n int) plan.Plan {
+		tok := model.UserToken(n)
+		return plan.Single("turn", plan.Send{Conv: conv, Token: tok, Messages: []openai.Message{user(string(tok))}})
+	}
+	invalid := plan.Single("invalid continuation: last message a system message",
+		plan.Send{Conv: conv, Messages: []openai.Message{user("tc-u4"), {Role: openai.RoleSystem, Content: "Be brief."}}})
+	// Any run that ends in the invalid request breaks T3.
+	breaks := func(_ *execute.Lab, _ context.Context, ps []plan.Plan) ([]history.Op, *model.Violation, error) {
+		ops := make([]history.Op, len(ps))
+		for i := range ops {
+			ops[i] = history.Op{Step: i + 1}
+		}
+		if len(ps) > 0 && ps[len(ps)-1].Action == invalid.Action {
+			return ops, &model.Violation{Invariant: model.T3, Conv: conv}, nil
+		}
+		return ops, nil, nil
+	}
+	plans := []plan.Plan{turn(1), turn(4), invalid}
+	s := &Shrinker{labs: []*execute.Lab{{}}, want: model.T3, ctx: context.Background(), from: len(plans), Plans: plans,
+		Violation: &model.Violation{Invariant: model.T3, Conv: conv}, replayOn: breaks, freshOn: breaks}
+	require.True(t, s.run(plans))
+	sent := map[model.Token]bool{}
+	for _, p := range s.Plans {
+		for _, send := range p.Sends {
+			for _, m := range send.Messages {
+				for _, tok := range model.Tokens(string(m.Content)) {
+					if send.Token == "" {
+						assert.True(t, sent[tok], "the shrunk run quotes %s, which it never sends: %+v", tok, s.Plans)
+					}
+				}
+			}
+			if send.Token != "" {
+				sent[send.Token] = true
+			}
+		}
+	}
+}
