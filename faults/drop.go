@@ -1,6 +1,10 @@
 package faults
 
-import "github.com/turncheck/turncheck/model"
+import (
+	"slices"
+
+	"github.com/turncheck/turncheck/model"
+)
 
 // A turn whose client went away is judged by what its server does, never
 // by how fast it does it (PROTOCOL.md, T10 and "Time"). From the moment
@@ -14,7 +18,11 @@ import "github.com/turncheck/turncheck/model"
 // the turn on (CarriedOn). A call or lookup that arrives after the drop
 // with the held ones still waited on is one the server had on its way
 // (a round's lookups run at once, a title call): it is held, and judged
-// by nothing but what follows.
+// by nothing but what follows. Which arrivals the server had given up on
+// is kept with CarriedOn: one that gave up only on a call made beside the
+// turn (a title) may have had the turn's own call on its way, and the
+// harness learns which calls are such only once the turn is over
+// (model.Turn.SplitAuxiliary).
 
 // drop is what the model holds of a turn whose client went away.
 type drop struct {
@@ -22,10 +30,12 @@ type drop struct {
 	released bool
 	// gates hold the arrivals since the drop.
 	gates []*Gate
-	// abandoned: the server gave up on a call or lookup held for the
-	// turn; carriedOn is when the first one arrived after that, 0 if none.
-	abandoned bool
-	carriedOn int64
+	// gaveUpOn are when the calls and lookups held for the turn that the
+	// server gave up on arrived; carriedOn is when the first arrival after
+	// a give-up came, 0 if none, and carriedAfter the give-ups before it.
+	gaveUpOn     []int64
+	carriedOn    int64
+	carriedAfter []int64
 }
 
 // connKey is the context key of a request's connection (ConnContext).
@@ -74,24 +84,29 @@ func (m *Model) dropGateLocked(tok model.Token, at int64) *Gate {
 	if d == nil || d.released || tok == "" {
 		return nil
 	}
-	if d.carriedOn == 0 && (d.abandoned || m.heldClosedLocked(tok)) {
-		d.carriedOn = at
+	if d.carriedOn == 0 {
+		if gaveUp := append(slices.Clone(d.gaveUpOn), m.heldClosedLocked(tok)...); len(gaveUp) > 0 {
+			slices.Sort(gaveUp)
+			d.carriedOn, d.carriedAfter = at, slices.Compact(gaveUp)
+		}
 	}
 	g := newGate(tok)
+	g.at = at
 	d.gates = append(d.gates, g)
 	m.holding[g] = true
 	return g
 }
 
-// heldClosedLocked reports whether the server closed the connection of a
-// call or lookup of tok the model holds; m.mu is held.
-func (m *Model) heldClosedLocked(tok model.Token) bool {
+// heldClosedLocked is when the calls and lookups of tok the model holds
+// whose connection the server closed arrived; m.mu is held.
+func (m *Model) heldClosedLocked(tok model.Token) []int64 {
+	var out []int64
 	for g := range m.holding {
 		if g.tok == tok && g.conn != nil && peerClosed(g.conn) {
-			return true
+			out = append(out, g.at)
 		}
 	}
-	return false
+	return out
 }
 
 // gaveUp notes that the server gave up on what g held.
@@ -99,21 +114,22 @@ func (m *Model) gaveUp(g *Gate) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if d := m.dropped[g.tok]; d != nil {
-		d.abandoned = true
+		d.gaveUpOn = append(d.gaveUpOn, g.at)
 	}
 }
 
 // CarriedOn is when, on the model's timeline, the first call or lookup of
 // tok's turn arrived after the server gave up on one the model held for it
-// since Drop(tok), with nothing of the turn answered in between; ok is
-// false if none did.
-func (m *Model) CarriedOn(tok model.Token) (at int64, ok bool) {
+// since Drop(tok), with nothing of the turn answered in between, and
+// after, when the ones it had given up on by then arrived; ok is false if
+// none did.
+func (m *Model) CarriedOn(tok model.Token) (at int64, after []int64, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if d := m.dropped[tok]; d != nil && d.carriedOn != 0 {
-		return d.carriedOn, true
+		return d.carriedOn, slices.Clone(d.carriedAfter), true
 	}
-	return 0, false
+	return 0, nil, false
 }
 
 // HoldingTurn is how many calls and lookups of tok's turn the model holds

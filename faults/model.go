@@ -44,6 +44,13 @@ type ModelConfig struct {
 	// before the model looks at it, as a busy machine would (stall.go);
 	// 0 takes the pause StallModels sets, if any.
 	Stall time.Duration
+	// Auxiliary, if set, reports whether a call's instruction
+	// (model.Call.Prompt) is known to be that of a call a server makes
+	// beside its turns (a title, a summary): such a call is never held at
+	// a gate, so that a client drawn to leave at a turn's model call
+	// leaves at one of the turn's own (PROTOCOL.md, "Auxiliary model
+	// calls"). It is still held once its turn's client went away (Drop).
+	Auxiliary func(prompt uint32) bool
 	// AgentDefinition, if set, is served at /agents/NAME.yaml in place of
 	// the model's own definition (AgentDefinition): a template in the
 	// server's own format, with AgentPlaceholders filled in, for a server
@@ -107,8 +114,12 @@ type script struct {
 type Gate struct {
 	// tok is the turn whose call or lookup the gate holds, and conn the
 	// connection of the request it holds (set under Model.mu).
-	tok     model.Token
-	conn    net.Conn
+	tok  model.Token
+	conn net.Conn
+	// at is when what the gate holds arrived, on the model's timeline
+	// (model.Call.At, model.ToolRun.At): which of a turn's arrivals its
+	// server gave up on (drop.go).
+	at      int64
 	arrived chan struct{}
 	release chan struct{}
 	once    sync.Once
@@ -495,6 +506,11 @@ type plan struct {
 	// first is the gate the call is held at before it is answered, taken
 	// as it is recorded: when its arrival shows, so does its hold.
 	first *Gate
+	// at is when the call arrived (model.Call.At).
+	at int64
+	// auxiliary: the call's instruction is known to be an auxiliary
+	// call's (ModelConfig.Auxiliary); no gate holds it.
+	auxiliary bool
 }
 
 // record stamps and appends call and returns how to answer it, and, if this
@@ -509,16 +525,19 @@ func (m *Model) record(call *model.Call, req *openai.ChatRequest) (plan, chan st
 	// held first (Drop).
 	dropGate := m.dropGateLocked(call.Turn, call.At)
 	if s == nil || call.Turn == "" {
-		return plan{first: dropGate}, nil
+		return plan{first: dropGate, at: call.At}, nil
 	}
-	p := plan{s: s, round: completedRounds(call.Turn, s.reply.Rounds, req.Messages), epoch: m.epoch}
+	p := plan{s: s, round: completedRounds(call.Turn, s.reply.Rounds, req.Messages), epoch: m.epoch, at: call.At,
+		auxiliary: m.cfg.Auxiliary != nil && m.cfg.Auxiliary(call.Prompt)}
 	if p.round < len(s.reply.Rounds) && offers(req.Tools, s.reply.Rounds[p.round]) {
 		p.ask = s.reply.Rounds[p.round]
 	}
 	arrived := s.arrived
 	s.arrived = nil
-	if p.first = dropGate; p.first == nil {
-		p.first = m.takeGateLocked(s, p.gatesAt(0, firstHold(req.Stream)))
+	if p.first = dropGate; p.first == nil && !p.auxiliary {
+		if p.first = m.takeGateLocked(s, p.gatesAt(0, firstHold(req.Stream))); p.first != nil {
+			p.first.at = call.At
+		}
 	}
 	if f := s.reply.Fault; f.Round == p.round {
 		s.calls++
@@ -635,11 +654,17 @@ func firstHold(stream bool) int {
 // holdCall holds a call of p at its gates for chunk counts from lo to hi,
 // in order; false if the server gave up on it meanwhile.
 func (m *Model) holdCall(r *http.Request, p plan, lo, hi int) bool {
+	if p.auxiliary {
+		return true
+	}
 	for {
 		g := m.takeGate(p.s, p.gatesAt(lo, hi))
 		if g == nil {
 			return true
 		}
+		m.mu.Lock()
+		g.at = p.at
+		m.mu.Unlock()
 		if !m.hold(r, g) {
 			return false
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"strings"
@@ -1232,6 +1233,40 @@ func TestGateHoldsACallBesideTheTurns(t *testing.T) {
 	// Once released, the point holds nothing more.
 	resp, _ := f.post(false, user("tc-u1"))
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// TestGatePassesKnownAuxiliaryCalls: a call whose instruction the
+// harness knows to be a title call's (ModelConfig.Auxiliary) is never held
+// at a gate, however early it comes: the gate holds the turn's own call,
+// so that a client drawn to leave at the turn's first model call leaves
+// at one of the turn's own. Once the client went away (Drop), it is held
+// as every arrival of the turn is.
+func TestGatePassesKnownAuxiliaryCalls(t *testing.T) {
+	const titlePrompt = "Write a title."
+	f := start(t, faults.ModelConfig{Auxiliary: func(p uint32) bool {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(titlePrompt))
+		return p == h.Sum32()
+	}})
+	g := f.m.Gate("tc-u1")
+	first := f.goDo(context.Background(), body(t, false, msg(openai.RoleSystem, titlePrompt), user("tc-u1")))
+	select {
+	case r := <-first:
+		assert.Equal(t, http.StatusOK, r.status, "the title call is answered, not held")
+	case <-g.Arrived():
+		g.Release()
+		t.Fatal("the gate took the title call")
+	}
+	turn := f.goDo(context.Background(), body(t, true, msg(openai.RoleSystem, "Be brief."), user("tc-u1")))
+	<-g.Arrived()
+	assert.Equal(t, 1, f.m.HoldingTurn("tc-u1"), "the turn's own call is held")
+	f.m.Drop("tc-u1")
+	title := f.goDo(context.Background(), body(t, false, msg(openai.RoleSystem, titlePrompt), user("tc-u1")))
+	waitFor(t, func() bool { return f.m.HoldingTurn("tc-u1") == 2 }, "a title call after the drop held")
+	g.Release()
+	f.m.ReleaseDrop("tc-u1")
+	assert.Equal(t, http.StatusOK, waitResult(t, turn).status)
+	assert.Equal(t, http.StatusOK, waitResult(t, title).status)
 }
 
 // TestReplyNamesItsCall: each reply names the call it answers

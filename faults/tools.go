@@ -225,6 +225,7 @@ func (m *Model) recordRun(id, tag string, tok model.Token, at Point) (bool, *Gat
 	if g != nil {
 		delete(s.gates, at)
 		m.holding[g] = true
+		g.at = when
 	}
 	return true, g
 }

@@ -55,6 +55,11 @@ type segment struct {
 	// partial marks a pending segment of an interrupted turn: it resolves
 	// to nothing, or to its user message alone, never to a reply (T10).
 	partial bool
+	// abandoned marks a segment of a turn whose client gave up waiting
+	// (Turn.Abandoned): pending, it resolves to the whole turn, to
+	// nothing, or to its user message alone, which only the rollback
+	// policy forbids (checkKept); kept, a loss of it later is T10's.
+	abandoned bool
 	// detached marks a pending segment of a turn whose client disconnected
 	// from a server that runs such a turn to its end (the complete
 	// policy): whole or nothing, as any unknown turn, and a part of it is
@@ -348,7 +353,7 @@ func (k *Known) knows(l Line, t *Turn) bool {
 	// step reads, with the calls, histories included, compared by identity.
 	o := k.turn
 	return t.User == o.User && t.Usable == o.Usable && t.Appends == o.Appends && t.Unstored == o.Unstored && t.Outcome == o.Outcome && t.Status == o.Status && t.TimedOut == o.TimedOut &&
-		t.Interrupted == o.Interrupted &&
+		t.Interrupted == o.Interrupted && t.Abandoned == o.Abandoned &&
 		t.Return == o.Return && t.Reply == o.Reply && sameSlice(t.Calls, o.Calls)
 }
 
@@ -436,6 +441,9 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 			// Whole or nothing, as any unknown turn (T6); only a part of
 			// it is T10's.
 			s.detached = true
+		case t.Abandoned:
+			// Whole, nothing, or its user message alone (see match).
+			s.abandoned = true
 		}
 		next = next.appended(s)
 		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
@@ -673,7 +681,7 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 				// kept, and is gone now.
 				v.Invariant = T6
 				what := "whose outcome was unknown"
-				if l.wasInterrupted(s.user) {
+				if l.wasInterrupted(s.user) || s.abandoned {
 					v.Invariant = T10
 					what = "whose client disconnected mid-turn"
 				}
@@ -695,13 +703,21 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		}
 	}
 	for _, s := range segs {
-		if s.pending && !s.partial && (seen[s.user] > 0) != (seen[s.reply] > 0) {
+		// A turn whose client gave up waiting may stand as its user
+		// message alone: the policy's to judge (checkKept), not a part.
+		keptUser := s.abandoned && seen[s.user] > 0
+		if s.pending && !s.partial && !keptUser && (seen[s.user] > 0) != (seen[s.reply] > 0) {
 			v.Invariant = T6
 			v.Reason = fmt.Sprintf("the turn %s, whose outcome was unknown, appears in part: it must be committed whole or not at all", s.user)
-			if s.detached {
+			switch {
+			case s.detached:
 				v.Invariant = T10
 				v.Reason = fmt.Sprintf("the turn %s, whose client disconnected mid-turn, appears in part: the server declares the complete policy, "+
 					"so the turn runs to its end and is committed whole or not at all", s.user)
+			case s.abandoned:
+				v.Invariant = T10
+				v.Reason = fmt.Sprintf("the turn %s, whose client gave up waiting and left, appears in part: it is kept whole (committed before "+
+					"the server saw the client go), or as the interruption policy leaves an interrupted turn", s.user)
 			}
 			return v
 		}
@@ -754,19 +770,25 @@ func (l Line) match(history []Token, user Token) (Line, bool) {
 		if nd.pend == 0 && base == nil {
 			base = nd
 		}
-		var whole bool
+		var whole, user bool
 		if nd.reply == "" {
 			whole = i >= 1 && history[i-1] == nd.user
 		} else {
 			whole = i >= 2 && history[i-2] == nd.user && history[i-1] == nd.reply
+			// A turn whose client gave up waiting may have been stopped
+			// with its user message kept (keep-consistent).
+			user = !whole && nd.pending && nd.abandoned && i >= 1 && history[i-1] == nd.user
 		}
 		switch {
-		case !whole && !nd.pending:
+		case !whole && !user && !nd.pending:
 			return l, false
-		case whole:
-			i -= nd.size()
+		case whole, user:
+			s := nd.segment
+			if user {
+				s.reply = ""
+			}
+			i -= s.size()
 			if base == nil {
-				s := nd.segment
 				s.unsure = s.unsure || s.pending
 				s.pending, s.partial, s.detached = false, false, false
 				kept = append(kept, s)

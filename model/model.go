@@ -262,6 +262,12 @@ type Turn struct {
 	// server went on with the turn without what it had waited for (T10).
 	// 0 if none did.
 	CarriedOn int64 `json:"carriedOn,omitempty"`
+	// CarriedAfter are when the arrivals the server had given up on by
+	// CarriedOn arrived. Only a give-up on one of the turn's own calls or
+	// tool runs makes CarriedOn evidence: a server that gave up only on a
+	// call made beside the turn (a title) may have had the turn's own
+	// call on its way when it saw the disconnect.
+	CarriedAfter []int64 `json:"carriedAfter,omitempty"`
 	// Runs are the tool runs of the turn the harness saw start.
 	Runs []ToolRun `json:"runs,omitempty"`
 	// Detached reports that the client disconnected mid-turn from a
@@ -269,14 +275,25 @@ type Turn struct {
 	// end, and is committed whole or not at all, as an unknown turn is
 	// (T6); a part of it kept is T10. Its Outcome is Unknown.
 	Detached bool `json:"detached,omitempty"`
+	// Abandoned reports that the client gave up waiting (its own time ran
+	// out, TimedOut) and closed the connection, under a server that stops
+	// a turn whose client left: an interruption at a point the harness
+	// did not choose. The server may have committed the turn whole before
+	// it saw the client go, or stopped it as its interruption policy
+	// says: nothing, or (keep-consistent) its user message. A part of it
+	// kept otherwise is T10, as of any interrupted turn; no stop is
+	// judged, since nothing held the turn (PROTOCOL.md, T10). Its Outcome
+	// is Unknown.
+	Abandoned bool `json:"abandoned,omitempty"`
 	// Open reports that the client stopped reading the response before
 	// the server ended it (after an error chunk, say): the server may
 	// still be finishing the turn, and a 409 to the next request is no
 	// deviation.
 	Open bool `json:"open,omitempty"`
 	// WaitedOut reports that the answer came only after the server's
-	// declared model timeout had passed since the request was sent: a
-	// refusal then may be a serializing server's bounded wait ending,
+	// declared bound on a serialized turn's wait (its queue timeout, by
+	// default its model timeout) had passed since the request was sent:
+	// a refusal then may be a serializing server's bounded wait ending,
 	// not a refusal to wait (T4). It only ever excuses.
 	WaitedOut bool `json:"waitedOut,omitempty"`
 	// Gateway reports a failure whose status (502, 504) a front in front
@@ -1010,7 +1027,7 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 			cv.live = true
 			m.live++
 		}
-		cv.interrupted = cv.interrupted || t.Interrupted || t.Detached
+		cv.interrupted = cv.interrupted || t.Interrupted || t.Detached || t.Abandoned
 		for _, c := range t.Calls {
 			if c.Turn == t.User {
 				cv.restarted = false // a call showed the history whole
@@ -1288,10 +1305,14 @@ func (m *Model) checkStopped(t Turn) *Violation {
 	}
 	carried := "after it gave up on what the model held for the turn, with nothing of the turn answered since: it carried the turn on"
 	released := fmt.Sprintf("once the harness let go of what it waited on (at tick %d)", t.Released)
+	carriedOn := t.CarriedOn
+	if !t.gaveUpOnOwn() {
+		carriedOn = 0
+	}
 	for _, c := range t.Calls {
 		switch {
 		case c.Turn != t.User:
-		case t.CarriedOn != 0 && c.At == t.CarriedOn:
+		case carriedOn != 0 && c.At == carriedOn:
 			return stop("a model call of the turn", c.At, carried)
 		case t.Released != 0 && c.At > t.Released:
 			return stop("a model call of the turn", c.At, released)
@@ -1299,13 +1320,27 @@ func (m *Model) checkStopped(t Turn) *Violation {
 	}
 	for _, r := range t.Runs {
 		switch {
-		case t.CarriedOn != 0 && r.At == t.CarriedOn:
+		case carriedOn != 0 && r.At == carriedOn:
 			return stop("the tool call "+r.ID, r.At, carried)
 		case t.Released != 0 && r.At > t.Released:
 			return stop("the tool call "+r.ID, r.At, released)
 		}
 	}
 	return nil
+}
+
+// gaveUpOnOwn reports whether, by CarriedOn, the server had given up on
+// one of t's own calls or tool runs (CarriedAfter), not only on calls
+// made beside the turn: only then was the turn's next arrival started
+// after the server stopped waiting on the turn.
+func (t Turn) gaveUpOnOwn() bool {
+	for _, at := range t.CarriedAfter {
+		if slices.ContainsFunc(t.Calls, func(c Call) bool { return c.At == at && c.Turn == t.User }) ||
+			slices.ContainsFunc(t.Runs, func(r ToolRun) bool { return r.At == at }) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkKept judges what a step's call showed of interrupted turns under

@@ -593,14 +593,31 @@ func TestInterruptedTurnStops(t *testing.T) {
 		{
 			name: "a tool run after the server gave up on the held one",
 			turn: carriedOn(withRuns(interrupted(convA, u(2), released, timed(call(u(2), u(1), a(1), u(2)), 5)),
-				model.ToolRun{ID: k2, At: 6}, model.ToolRun{ID: tk(2, 1, 2), At: 9}), 9),
+				model.ToolRun{ID: k2, At: 6}, model.ToolRun{ID: tk(2, 1, 2), At: 9}), 9, 6),
+			want: model.T10,
+		},
+		{
+			// docker-agent's title call: the client left at it, the
+			// server gave it up, and the turn's own call, on its way
+			// beside it, arrived after: nothing says it started after
+			// the server saw the disconnect.
+			name: "the turn's own call after the server gave up only on a title call beside it",
+			turn: beside(carriedOn(interrupted(convA, u(2), 0, timed(call(u(2), u(1), a(1), u(2)), 7)), 7, 5),
+				timed(call(u(2), u(2)), 5)),
+		},
+		{
+			name: "the turn's own call after the server gave up on a title call and on one of the turn's",
+			turn: beside(carriedOn(interrupted(convA, u(2), 0,
+				timed(call(u(2), u(1), a(1), u(2)), 6),
+				timed(carrying(u(2), h(u(1), a(1), u(2)), k2), 9)), 9, 5, 6),
+				timed(call(u(2), u(2)), 5)),
 			want: model.T10,
 		},
 		{
 			name: "a model call after the server gave up on the held one, never released",
 			turn: carriedOn(interrupted(convA, u(2), 0,
 				timed(call(u(2), u(1), a(1), u(2)), 5),
-				timed(carrying(u(2), h(u(1), a(1), u(2)), k2), 9)), 9),
+				timed(carrying(u(2), h(u(1), a(1), u(2)), k2), 9)), 9, 5),
 			want: model.T10,
 		},
 		{
@@ -638,9 +655,15 @@ func dropped(tt model.Turn, at int64) model.Turn {
 }
 
 // carriedOn is tt with a call or run of it at tick at arrived after its
-// server gave up on one the model held for it.
-func carriedOn(tt model.Turn, at int64) model.Turn {
-	tt.CarriedOn = at
+// server gave up on those the model held for it that arrived at after.
+func carriedOn(tt model.Turn, at int64, after ...int64) model.Turn {
+	tt.CarriedOn, tt.CarriedAfter = at, after
+	return tt
+}
+
+// beside is tt with calls made beside it (a title): its Aux.
+func beside(tt model.Turn, calls ...model.Call) model.Turn {
+	tt.Aux = append(tt.Aux, calls...)
 	return tt
 }
 
@@ -1077,5 +1100,63 @@ func TestOrphanOfATurnThatLeavesNothingIsItsLeftover(t *testing.T) {
 		require.NotNil(t, v)
 		assert.Equal(t, model.T9, v.Invariant)
 		assert.Equal(t, kind, v.Kind, "%+v", policies)
+	}
+}
+
+// abandoned2 is turn 1 ok, then turn 2 whose client gave up waiting after
+// its first call (model.Turn.Abandoned): nothing held it, so nothing of
+// when it stopped is judged.
+func abandoned2() []step {
+	t2 := unknown(convA, u(2), timed(call(u(2), u(1), a(1), u(2)), 5))
+	t2.TimedOut, t2.Abandoned = true, true
+	return []step{
+		{turn: ok(convA, u(1), call(u(1), u(1)))},
+		{turn: t2},
+	}
+}
+
+// TestAbandonedTurn: a turn whose client's own time ran out is an
+// interruption at a point the harness did not choose (docker-agent's
+// session API kept the user message of such a turn, which keep-consistent
+// allows: no T6). It may have committed whole before the server saw the
+// client go, or have been stopped as the policy says; a part of it kept
+// otherwise is T10, never T6.
+func TestAbandonedTurn(t *testing.T) {
+	tests := []struct {
+		name      string
+		next      model.Turn
+		committed []model.Token
+		want      map[string]model.Invariant // by policy name; absent: none
+	}{
+		{
+			name:      "committed whole before the server saw the client go",
+			next:      ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3))),
+			committed: h(u(1), a(1), u(2), a(2), u(3), a(3)),
+		},
+		{
+			name:      "rolled back",
+			next:      ok(convA, u(3), call(u(3), u(1), a(1), u(3))),
+			committed: h(u(1), a(1), u(3), a(3)),
+		},
+		{
+			name: "its user message kept",
+			next: ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))),
+			want: map[string]model.Invariant{"rollback": model.T10},
+		},
+		{
+			name: "its reply kept without its user message",
+			next: ok(convA, u(3), call(u(3), u(1), a(1), a(2), u(3))),
+			want: map[string]model.Invariant{"rollback": model.T10, "keep-consistent": model.T10},
+		},
+	}
+	for _, policy := range []model.Policies{rollback, keep} {
+		for _, tt := range tests {
+			t.Run(policyName(policy)+"/"+tt.name, func(t *testing.T) {
+				m := runWith(t, policy, withSteps(abandoned2(), step{turn: tt.next, want: tt.want[policyName(policy)]}))
+				if tt.committed != nil {
+					assert.Equal(t, tt.committed, m.Committed(convA))
+				}
+			})
+		}
 	}
 }

@@ -1094,8 +1094,8 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 	}
 	defer func() { _ = o.rc.SetWriteDeadline(time.Time{}) }() // the connection lives on
 	resp.begin(o)
-	startTitle, endTitle := s.title(ctx, t)
-	reply, err := s.loop(ctx, t, func() { startTitle(); resp.started(o) }, func(text string) { resp.delta(o, text) })
+	endTitle := s.title(ctx, t)
+	reply, err := s.loop(ctx, t, func() { resp.started(o) }, func(text string) { resp.delta(o, text) })
 	endTitle()
 	switch {
 	case completes:

@@ -3,7 +3,6 @@ package sut
 import (
 	"context"
 	"strings"
-	"sync"
 
 	"github.com/turncheck/turncheck/internal/openai"
 )
@@ -11,16 +10,17 @@ import (
 // titlePrompt is the instruction of a title call.
 const titlePrompt = "Write a short title for a conversation whose user wrote the messages below."
 
-// title returns what starts the turn's title call (Config.Titles) and what
-// ends it. The call runs beside the turn's tool loop, as a server naming
-// its conversations does, once the turn's first model call has answered:
-// it carries the conversation's user messages only, this turn's last. Its
-// answer is not kept: a title is not conversation state, and a failed one
-// changes nothing. end cancels the call if it is still running and waits
-// for it, so that it never outlives its turn.
-func (s *Server) title(ctx context.Context, t *turn) (start, end func()) {
+// title starts the turn's title call (Config.Titles) and returns what
+// ends it. The call runs beside the turn's tool loop from its start, as
+// docker-agent's session API names its sessions: it carries the
+// conversation's user messages only, this turn's last, and races the
+// turn's own first call to the model. Its answer is not kept: a title is
+// not conversation state, and a failed one changes nothing. end cancels
+// the call if it is still running and waits for it, so that it never
+// outlives its turn.
+func (s *Server) title(ctx context.Context, t *turn) (end func()) {
 	if !s.cfg.Titles {
-		return func() {}, func() {}
+		return func() {}
 	}
 	var users []string
 	for _, m := range t.work.messages {
@@ -33,22 +33,13 @@ func (s *Server) title(ctx context.Context, t *turn) (start, end func()) {
 		{Role: openai.RoleUser, Content: openai.Content(strings.Join(users, "\n"))},
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	var (
-		once sync.Once
-		done = make(chan struct{})
-	)
-	start = func() {
-		once.Do(func() {
-			go func() {
-				defer close(done)
-				_, _ = s.up.complete(ctx, history, nil, reservationOf(ctx), func() {}, func(string) {})
-			}()
-		})
-	}
-	end = func() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = s.up.complete(ctx, history, nil, reservationOf(ctx), func() {}, func(string) {})
+	}()
+	return func() {
 		cancel()
-		once.Do(func() { close(done) })
 		<-done
 	}
-	return start, end
 }

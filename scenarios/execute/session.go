@@ -159,7 +159,10 @@ func Open(target targets.Target, skip []model.Invariant) (*Lab, error) {
 		addr = ma.ModelAddr()
 	}
 	fake, err := faults.StartModel(faults.ModelConfig{Addr: addr, Clock: func() int64 { return l.clock.Load().Add(1) },
-		AgentDefinition: l.Profile.AgentDefinition})
+		AgentDefinition: l.Profile.AgentDefinition,
+		// Read at each call: a replay sets the instructions of its saved
+		// failure after Open.
+		Auxiliary: func(prompt uint32) bool { return l.Aux.has(prompt) }})
 	if err != nil {
 		return nil, err
 	}

@@ -141,7 +141,7 @@ func (s *step) send() {
 			op.Turn.Return = e.tick()
 			// Wall time only ever excuses: a refusal after this long may
 			// be a bounded wait ending (T4).
-			op.Turn.WaitedOut = time.Since(sent) >= e.profile.ModelTimeoutOrDefault()
+			op.Turn.WaitedOut = time.Since(sent) >= e.profile.QueueTimeoutOrDefault()
 			f.ended = time.Now()
 			close(f.done)
 			s.poke() // after done: a wake-up must find the change it announces
@@ -243,6 +243,18 @@ func (s *step) end() {
 	e.attribute(s.ops, e.fake.CallsAfter(s.start), e.fake.RunsAfter(s.start))
 	for i, f := range s.flights {
 		switch {
+		case !f.interrupted && !s.ops[i].Response.Cancelled && s.ops[i].Response.TimedOut && e.profile.Protocol != targets.ACP:
+			// The client's own time ran out, and it closed the connection
+			// (an ACP client cancels its prompt instead, below): the
+			// server saw its client go, at a point the harness did not
+			// choose. It stops the turn as it stops any (T10), or, under
+			// complete, runs it on; either way it may have committed the
+			// turn before it saw the client go.
+			if e.profile.Interruption == targets.Complete {
+				s.ops[i].Turn.Detached = true
+			} else {
+				s.ops[i].Turn.Abandoned = true
+			}
 		case !f.interrupted && !s.ops[i].Response.Cancelled:
 			// A turn the client cancelled itself (ACP's session/cancel,
 			// at the end of its time or with another prompt of the
@@ -255,8 +267,8 @@ func (s *step) end() {
 		default:
 			s.ops[i].Turn.Interrupted = true
 			s.ops[i].Turn.Dropped, s.ops[i].Turn.Released = f.dropped, f.released
-			if at, ok := e.fake.CarriedOn(f.tok); ok {
-				s.ops[i].Turn.CarriedOn = at
+			if at, after, ok := e.fake.CarriedOn(f.tok); ok {
+				s.ops[i].Turn.CarriedOn, s.ops[i].Turn.CarriedAfter = at, after
 			}
 		}
 	}

@@ -116,11 +116,12 @@ type readySection struct {
 }
 
 type policySection struct {
-	Concurrency  string     `yaml:"concurrency"`
-	Eviction     string     `yaml:"eviction"`
-	Capacity     int        `yaml:"capacity"`
-	Interruption string     `yaml:"interruption"`
-	Durability   Durability `yaml:"durability"`
+	Concurrency  string        `yaml:"concurrency"`
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	Eviction     string        `yaml:"eviction"`
+	Capacity     int           `yaml:"capacity"`
+	Interruption string        `yaml:"interruption"`
+	Durability   Durability    `yaml:"durability"`
 }
 
 // protocol sets p's protocol from the profile's.
@@ -534,6 +535,13 @@ func (ps policySection) apply(p *Profile) error {
 	default:
 		return fmt.Errorf("concurrency: %q; want serialize or reject", ps.Concurrency)
 	}
+	switch {
+	case ps.QueueTimeout < 0:
+		return errors.New("queue_timeout: must not be negative")
+	case ps.QueueTimeout > 0 && p.Concurrency != model.Serialize:
+		return errors.New("queue_timeout: bounds how long a serialized turn waits; a server that rejects a request on a busy conversation makes none wait")
+	}
+	p.QueueTimeout = ps.QueueTimeout
 	switch Eviction(ps.Eviction) {
 	case "", Durable:
 		p.Eviction = Durable

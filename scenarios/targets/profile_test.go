@@ -75,6 +75,16 @@ policies:
 		ModelTimeout: 3 * time.Second, ClientTimeout: 3 * time.Minute, Eviction: Forgets, Capacity: 10, Interruption: KeepConsistent,
 		Agent: "helper", Tools: true}, p)
 	assert.Equal(t, 3*time.Minute, p.RequestTimeout(), "the client waits as long as declared, apart from the model timeout")
+	assert.Equal(t, 3*time.Second, p.QueueTimeoutOrDefault(), "a serialized wait is bounded as a model call is, unless declared apart")
+
+	// The bound on a serialized turn's wait, apart from the model
+	// timeout: openclaw's real model timeout is long, and its refusals of
+	// a concurrent first request (#84575) come at once.
+	target, err = ParseProfile([]byte("server: {command: [./srv, '{addr}', '{model_url}']}\nmodel_timeout: 2m\npolicies: {queue_timeout: 10m}\n"))
+	require.NoError(t, err)
+	p = target.Profile()
+	assert.Equal(t, 2*time.Minute, p.ModelTimeoutOrDefault())
+	assert.Equal(t, 10*time.Minute, p.QueueTimeoutOrDefault())
 
 	target, err = ParseProfile([]byte(front(`{url: "http://127.0.0.1:8080", upstreams: ["127.0.0.1:9701", "[::1]:9702"]}`)))
 	require.NoError(t, err)
@@ -96,23 +106,25 @@ policies:
 func TestProfileErrors(t *testing.T) {
 	cmd := "server: {command: [./srv, '{addr}', '{model_url}']}\n"
 	for yaml, want := range map[string]string{
-		"":                                            "empty profile",
-		"serverr: {}\n":                               `unknown field "serverr" in the profile`,
-		"server: {comand: [x]}\n":                     `unknown field "comand" in server (known: command, env`,
-		cmd + "policies: {concurency: reject}":        `unknown field "concurency" in policies`,
-		"server: {ready: {htp: /h}}\n":                `unknown field "htp" in server.ready`,
-		cmd + "policies: {concurrency: maybe}":        `policies.concurrency: "maybe"`,
-		cmd + "policies: {eviction: forgets}":         "policies.capacity",
-		cmd + "policies: {interruption: x}":           "policies.interruption",
-		cmd + "model_timeout: soon":                   "line 2",
-		cmd + "model_timeout: 5s\nclient_timeout: 5s": "client_timeout: must be longer",
-		cmd + "keys: ['a b']":                         "keys[0]",
-		cmd + "conversation_header: 'a b'":            "conversation_header",
-		cmd + "url: http://127.0.0.1:1":               "not both",
-		"server: {command: []}\n":                     "server.command: empty",
-		"server: {command: [./srv, '{model_url}']}\n": "no {addr} or {port}",
-		"server: {command: [./srv, '{addr}']}\n":      "no {model_url}",
-		cmd + "server: {command: [x]}":                "",
+		"":                                                                    "empty profile",
+		"serverr: {}\n":                                                       `unknown field "serverr" in the profile`,
+		"server: {comand: [x]}\n":                                             `unknown field "comand" in server (known: command, env`,
+		cmd + "policies: {concurency: reject}":                                `unknown field "concurency" in policies`,
+		"server: {ready: {htp: /h}}\n":                                        `unknown field "htp" in server.ready`,
+		cmd + "policies: {concurrency: maybe}":                                `policies.concurrency: "maybe"`,
+		cmd + "policies: {eviction: forgets}":                                 "policies.capacity",
+		cmd + "policies: {interruption: x}":                                   "policies.interruption",
+		cmd + "model_timeout: soon":                                           "line 2",
+		cmd + "model_timeout: 5s\nclient_timeout: 5s":                         "client_timeout: must be longer",
+		cmd + "policies: {queue_timeout: -1s}":                                "queue_timeout: must not be negative",
+		cmd + "policies: {concurrency: reject, queue_timeout: 5s}":            "queue_timeout: bounds how long a serialized turn waits",
+		cmd + "keys: ['a b']":                                                 "keys[0]",
+		cmd + "conversation_header: 'a b'":                                    "conversation_header",
+		cmd + "url: http://127.0.0.1:1":                                       "not both",
+		"server: {command: []}\n":                                             "server.command: empty",
+		"server: {command: [./srv, '{model_url}']}\n":                         "no {addr} or {port}",
+		"server: {command: [./srv, '{addr}']}\n":                              "no {model_url}",
+		cmd + "server: {command: [x]}":                                        "",
 		"server: {command: [x, '{addr}', '{model_url}'], ready: {line: '('}}": "server.ready.line",
 		"url: http://127.0.0.1:8080\n":                                        "model_addr",
 		"url: http://example.com\nmodel_addr: 127.0.0.1:1\n":                  "this machine only",

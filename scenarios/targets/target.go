@@ -69,6 +69,11 @@ type Profile struct {
 	// 10s. A server whose first turn after a start takes minutes needs a
 	// long one, without a long ModelTimeout slowing every held call.
 	ClientTimeout time.Duration
+	// QueueTimeout is the longest a turn serialized behind another of its
+	// conversation waits before the server refuses it (a bounded wait):
+	// only a refusal after it passed may be one (T4). 0 means the model
+	// timeout, for a server that bounds the wait as it bounds a call.
+	QueueTimeout time.Duration
 	// Eviction is what the server declares becomes of an evicted
 	// conversation; "" means Durable. Capacity is how many conversations
 	// its cache holds (0: not declared). A server that forgets is given at
@@ -153,6 +158,15 @@ func (p Profile) ModelTimeoutOrDefault() time.Duration {
 		return DefaultModelTimeout
 	}
 	return p.ModelTimeout
+}
+
+// QueueTimeoutOrDefault is the bound p declares on a serialized turn's
+// wait, or the one it is taken to declare: its model timeout.
+func (p Profile) QueueTimeoutOrDefault() time.Duration {
+	if p.QueueTimeout > 0 {
+		return p.QueueTimeout
+	}
+	return p.ModelTimeoutOrDefault()
 }
 
 // HeaderName is the conversation header p names, or the default one.
