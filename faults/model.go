@@ -751,6 +751,7 @@ func readCall(msgs []openai.Message, epoch string) model.Call {
 			continue
 		}
 		call.History = append(call.History, toks...)
+		call.Trailing = len(toks) == 0
 		if isUser && !prevUser {
 			// A new run of user messages: the call's turn is read from the
 			// last run. Within it, a server may have merged the user's

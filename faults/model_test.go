@@ -260,17 +260,22 @@ func TestRecordsContentParts(t *testing.T) {
 // TestTurnIsTheLastUserToken: a call belongs to the last user token of its
 // last run of user messages, whether the server merged the user's
 // messages or appended a tokenless one after them (Tail says so).
+// Trailing says that any tokenless message comes after the last token:
+// a history run as it stands, ending in its reply, has none.
 func TestTurnIsTheLastUserToken(t *testing.T) {
 	for name, tc := range map[string]struct {
-		msgs []openai.Message
-		turn model.Token
-		tail bool
+		msgs           []openai.Message
+		turn           model.Token
+		tail, trailing bool
 	}{
-		"plain":             {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u2")}, "tc-u2", false},
-		"merged":            {[]openai.Message{user("tc-u1 and then tc-u2")}, "tc-u2", false},
-		"appended context":  {[]openai.Message{user("tc-u2"), user("<context>the time is 12:00</context>")}, "tc-u2", true},
-		"blank passed on":   {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("  ")}, "", true},
-		"context then user": {[]openai.Message{user("<context/>"), user("tc-u3")}, "tc-u3", false},
+		"plain":             {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("tc-u2")}, "tc-u2", false, false},
+		"merged":            {[]openai.Message{user("tc-u1 and then tc-u2")}, "tc-u2", false, false},
+		"appended context":  {[]openai.Message{user("tc-u2"), user("<context>the time is 12:00</context>")}, "tc-u2", true, true},
+		"blank passed on":   {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("  ")}, "", true, true},
+		"context then user": {[]openai.Message{user("<context/>"), user("tc-u3")}, "tc-u3", false, false},
+		"run as it stands":  {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1")}, "tc-u1", false, false},
+		"assistant appended": {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), msg(openai.RoleAssistant, "Noted.")},
+			"tc-u1", false, true},
 	} {
 		f := start(t, faults.ModelConfig{})
 		resp, got := f.post(false, tc.msgs...)
@@ -279,6 +284,7 @@ func TestTurnIsTheLastUserToken(t *testing.T) {
 		require.Len(t, calls, 1, name)
 		assert.Equal(t, tc.turn, calls[0].Turn, name)
 		assert.Equal(t, tc.tail, calls[0].Tail, name)
+		assert.Equal(t, tc.trailing, calls[0].Trailing, name)
 	}
 }
 

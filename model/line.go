@@ -559,8 +559,9 @@ func (l Line) committed() bool {
 // auxiliary one (a title, a summary, another conversation's background
 // work): it carries the line, then either an earlier message of this
 // conversation replayed as the new one, or, if blank, a message with no
-// token (the blank one passed on). It returns how, or "" for an
-// auxiliary call.
+// token (the blank one passed on), or the line as it stands with nothing
+// after it (the conversation run with no input: its last user message is
+// the newest again). It returns how, or "" for an auxiliary call.
 func (l Line) turnShaped(call Call, blank bool) string {
 	if l.last == nil || len(call.History) == 0 {
 		return ""
@@ -568,6 +569,12 @@ func (l Line) turnShaped(call Call, blank bool) string {
 	if l.sent(call.Turn) {
 		if _, ok := l.match(call.History, call.Turn); ok {
 			return fmt.Sprintf("replaying %s as the new message", call.Turn)
+		}
+		const none = Token("tc-u-none") // stands for the input it lacks
+		if !call.Trailing {
+			if _, ok := l.match(append(slices.Clone(call.History), none), none); ok {
+				return fmt.Sprintf("running the conversation as it stands with nothing appended, so that its last user message, %s, is the newest again", call.Turn)
+			}
 		}
 	}
 	if blank && (call.Turn == "" || call.Tail) {

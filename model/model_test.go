@@ -68,6 +68,14 @@ func appended(t model.Turn) model.Turn {
 	return t
 }
 
+// clientTool is c with a client tool's call and output after its last
+// user message: what a server appends of an input that holds only those.
+func clientTool(c model.Call) model.Call {
+	c = tools(c, userMsg(), asks("call_client"), answers("call_client"))
+	c.Trailing = true
+	return c
+}
+
 // unstored is t sent with store: false.
 func unstored(t model.Turn) model.Turn {
 	t.Unstored = true
@@ -517,7 +525,9 @@ func TestApply(t *testing.T) {
 			name: "appended input without a user message runs on the history, answered 200",
 			steps: []step{
 				{turn: ok(convA, u(1), call(u(1), u(1)))},
-				{turn: appended(invalid(convA, "", model.OK, 200, call(u(1), u(1), a(1))))},
+				// A client tool's call and output, appended after the
+				// history: the model sees them after the reply.
+				{turn: appended(invalid(convA, "", model.OK, 200, clientTool(call(u(1), u(1), a(1)))))},
 				{turn: appended(invalid(convA, "", model.OK, 200, model.Call{History: []model.Token{u(1), a(1)}, Tail: true}))},
 				{turn: ok(convA, u(2), call(u(2), u(1), a(1), u(2)))},
 			},
@@ -529,9 +539,18 @@ func TestApply(t *testing.T) {
 				{turn: ok(convA, u(1), call(u(1), u(1)))},
 				{turn: appended(invalid(convA, "", model.Fail, 400))},
 				{turn: appended(invalid(convA, "", model.Fail, 404))},
-				{turn: appended(invalid(convA, "", model.Unknown, 0, call(u(1), u(1), a(1))))},
+				{turn: appended(invalid(convA, "", model.Unknown, 0, clientTool(call(u(1), u(1), a(1)))))},
 			},
 			committed: h(u(1), a(1)),
+		},
+		{
+			// docker-agent's session API, sent an empty list: nothing is
+			// appended, and the model runs on the session as it is.
+			name: "appended input without anything runs the conversation as it stands",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: appended(invalid(convA, "", model.OK, 200, call(u(1), u(1), a(1)))), want: model.T3},
+			},
 		},
 		{
 			name: "appended input without a user message replays the last committed one",

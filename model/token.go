@@ -209,6 +209,11 @@ type Call struct {
 	// (or, with no Turn, that there is one): a server's appended context,
 	// or a blank message passed on as if it were the new one.
 	Tail bool `json:"tail,omitempty"`
+	// Trailing reports that a message carrying no token comes after the
+	// last one that carries one (an assistant message, a tool's output, a
+	// blank user message): something the call appended after the history
+	// its tokens show.
+	Trailing bool `json:"trailing,omitempty"`
 	// At is when the call reached the model, on the run's timeline (the
 	// one Turn.Invoke and Turn.Return count on).
 	At int64 `json:"at"`

@@ -161,6 +161,11 @@ const (
 	// error when its own timeout passes (issue 36): a JSON-RPC error to a
 	// prompt it cancelled.
 	ACPCancelAnswersError Mutant = "acp-cancel-answers-error"
+	// SessionEmptyRuns runs a session turn whose messages hold no usable
+	// user message (none at all, or blank ones only) on the session as it
+	// is, as docker-agent's session API does: the model is sent the last
+	// committed user message as the newest, and that turn runs again.
+	SessionEmptyRuns Mutant = "session-empty-runs"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -250,6 +255,8 @@ func Mutants() []MutantInfo {
 			"the prompts of one session run without the session's lock: a second session/prompt sent while the first runs starts on the same committed history, and the later commit overwrites the earlier", "", string(protoACP), 0},
 		{ACPLoadDiffers, "PROTOCOL.md T7 (ACP: session/load replays the conversation)", "T7",
 			"session/load replays the session without its last committed turn, while the model is sent the whole history: what the client is shown after a restart is not what the agent holds", "", string(protoACP), 0},
+		{SessionEmptyRuns, "docker-agent #2947 (serve api: a turn with no message runs the session as it is)", "T3",
+			"a session turn whose messages are empty, or blank only, appends nothing and runs the model on the session as it is: the last committed user message is sent as the newest, and its turn runs again", "", string(protoSessions), 0},
 		{ACPCancelAnswersError, "issue 36 (an ACP agent answers a cancelled prompt with a JSON-RPC error)", "wire",
 			"a prompt the client cancelled (session/cancel) is stopped, but answered with a JSON-RPC error, the one its abort raised, where ACP wants stopReason cancelled", "", string(protoACP), 0},
 	}

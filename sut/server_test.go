@@ -784,6 +784,27 @@ type mutantCase struct {
 
 var mutantCases = []mutantCase{
 	{
+		// docker-agent's serve api, sent an empty list: the session runs
+		// as it is, and its last user message is the newest again.
+		mutant: sut.SessionEmptyRuns,
+		run: func(t *testing.T, e *env) bool {
+			s := e.newSession(t, "")
+			require.Equal(t, toks("u1"), e.okSession(t, "", s, "root", "tc-u1"))
+			n := e.model.CallCount()
+			r := postURL(t, e.client, e.srv.URL()+"/api/sessions/"+s+"/agent/root", `[]`, nil)
+			if r.status == http.StatusBadRequest {
+				require.Equal(t, n, e.model.CallCount(), "a refused turn reaches no model")
+				return false
+			}
+			_, last := sessionStream(t, r)
+			require.Equal(t, "stream_stopped", last.Type, "%+v", last)
+			calls := e.model.CallsAfter(0)[n:]
+			require.Len(t, calls, 1)
+			assert.Equal(t, toks("u1", "a1"), calls[0].History, "the session as it stands")
+			return true
+		},
+	},
+	{
 		mutant: sut.MutateBeforeRun,
 		run: func(t *testing.T, e *env) bool {
 			require.Equal(t, toks("u1"), e.ok(t, "", "c1", "tc-u1"))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/turncheck/turncheck/internal/openai"
@@ -92,7 +93,13 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 			return
 		}
 		user, err := s.newUserMessage(msgs)
-		if err != nil {
+		input := userInput(user)
+		switch {
+		case err != nil && s.cfg.Mutant == SessionEmptyRuns && !slices.ContainsFunc(msgs, usable):
+			// The bug: no usable message appends nothing, and the turn
+			// runs on the session as it is.
+			input = nil
+		case err != nil:
 			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return
 		}
@@ -106,7 +113,7 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 			openai.WriteError(w, http.StatusNotFound, "not_found", "no such session: create one with POST "+sessionsPath)
 			return
 		}
-		s.converse(w, r, t, userInput(user), agent, sessionResponder{})
+		s.converse(w, r, t, input, agent, sessionResponder{})
 	})
 }
 

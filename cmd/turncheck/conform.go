@@ -33,6 +33,8 @@ back from every restart and crash drawn:
   SKIPPED         left out with --skip as a known failure
   SAME CAUSE      broken only in the way another invariant's finding was
                   (one root cause, reported once, there): not a pass
+  KNOWN           broken, as the --baseline lists: shown, and no failure
+  FIXED           the --baseline lists a finding of it, and it passed
 
 A broken invariant does not end the run (unless --fail-fast): it is
 shrunk, printed and saved at once, and the checks go on for the others, with what it touched set aside: its later
@@ -73,6 +75,12 @@ verdicts.txt (what the run printed), verdicts.json, junit.xml, index.html
 the counts and the server's last output), and failures/, each failure as
 a file for 'turncheck replay FILE' and as a page.
 
+--baseline FILE (or the profile's baseline field) gates on new findings
+only: a finding the file lists, by its signature, is KNOWN, and fails
+nothing; any other FAILs; a listed finding whose invariant passed is
+FIXED. Every run saves its findings as baseline.json in its results dir;
+'turncheck baseline' writes one from a run.
+
 Off a terminal (a CI log, a file), progress is a line on stderr every 30s.
 
 --parallel N runs N checks at once, each on a server and fake model of its
@@ -98,7 +106,7 @@ end, or outlives its stop_grace and is killed, is a note beside the
 verdicts.
 
 Exit status: 0 when every applicable invariant that turncheck checks was
-exercised and passed (skipped ones aside) in every check asked, and the
+exercised and passed (skipped and known ones aside) in every check asked, and the
 server stayed up, 1 otherwise (a run --timeout cut short says
 INCOMPLETE), 2 when the run could not be carried out (bad profile, a
 profile that cannot express the server, server did not start, stopped
@@ -130,6 +138,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	parallel := fs.Int("parallel", 0, "checks run at once, each on a server of its own; 0: one per core, as the profile allows (server.parallel); a --url server runs one")
 	var shard shardFlag
 	fs.Var(&shard, "shard", "run only the K-th of N shares of the run's checks, as K/N (the same --seed and --checks on every shard); 'turncheck merge' joins their verdicts")
+	baselinePath := fs.String("baseline", "", "a baseline of known findings ('turncheck baseline', or baseline.json of an earlier run's results): they are KNOWN, not FAIL; default: the profile's baseline")
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
@@ -158,12 +167,27 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		abs, _ := filepath.Abs(*profile)
 		target, spec = t, scenarios.ServerSpec{Kind: "profile", Profile: abs}
+		if b := t.Profile().Baseline; *baselinePath == "" && b != "" {
+			// A profile's baseline lies beside it.
+			*baselinePath = b
+			if !filepath.IsAbs(b) {
+				*baselinePath = filepath.Join(filepath.Dir(*profile), b)
+			}
+		}
 	default:
 		t, err := scenarios.ParseProfile(fmt.Appendf(nil, "url: %q\nmodel_addr: %q\n", *url, *modelAddr))
 		if err != nil {
 			return fail(stderr, "conform", err)
 		}
 		target, spec = t, scenarios.ServerSpec{Kind: "url", URL: *url}
+	}
+	var baseline *report.Baseline
+	if *baselinePath != "" {
+		b, err := report.ReadBaseline(*baselinePath)
+		if err != nil {
+			return fail(stderr, "conform", err)
+		}
+		baseline = &b
 	}
 	res, err := openResults(*out, *save, time.Now())
 	if err != nil {
@@ -192,6 +216,9 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		printed++
 		fmt.Fprint(stdout, report.FindingText(f))
+		if baseline.Lists(f) {
+			fmt.Fprintf(stdout, "KNOWN: the baseline %s lists this finding; it fails nothing.\n", *baselinePath)
+		}
 		saveFinding(f, stats)
 		fmt.Fprintln(stdout)
 	}
@@ -213,6 +240,9 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		res.writeText("conform", "verdicts.txt", &text, stderr)
 		return exitUsage
 	}
+	if baseline != nil {
+		c.ApplyBaseline(*baseline, *baselinePath)
+	}
 	// What was found before an error is printed and saved all the same.
 	fmt.Fprint(stdout, c.Table())
 	if printed > 0 {
@@ -225,6 +255,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	res.writeText("conform", "verdicts.txt", &text, stderr)
 	res.write("conform", "verdicts.json", c.WriteJSON, stderr)
 	res.write("conform", "junit.xml", c.WriteJUnit, stderr)
+	res.write("conform", report.BaselineFile, c.Baseline().Write, stderr)
 	res.write("conform", "index.html", func(w io.Writer) error { return c.WriteHTML(w, spec) }, stderr)
 	res.closing(stdout)
 	return code
@@ -244,6 +275,9 @@ func conclude(cmd string, c *report.Conformance, err error, jsonPath, junitPath 
 	case c.Stopped == "interrupted":
 		fmt.Fprintln(stdout, "INTERRUPTED: the verdicts above cover the checks run so far")
 		return exitUsage
+	case c.Passed() && c.Outcome() != "CONFORMS":
+		fmt.Fprintf(stdout, "%s: no new finding; the known ones are in the baseline %s\n", c.Outcome(), c.BaselineFrom)
+		return exitOK
 	case c.Passed():
 		fmt.Fprintln(stdout, "CONFORMS: every applicable invariant turncheck checks was exercised and passed")
 		return exitOK

@@ -83,6 +83,7 @@ Commands:
             bug brought back); also called self-check
   replay    re-execute a saved failure (or a seed) and explain what it finds
   merge     join the verdicts of the shards of one run (conform --shard K/N)
+  baseline  write a run's findings as known ones, for conform --baseline
   serve     run the reference session server
   model     run the fake model provider standalone
   mutants   the track record: check every mutant (a real bug brought back) and the clean server
@@ -137,6 +138,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdMutants(ctx, rest, stdout, stderr)
 	case "merge":
 		return cmdMerge(ctx, rest, stdout, stderr)
+	case "baseline":
+		return cmdBaseline(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		if len(rest) > 0 {
 			if rest[0] == "-h" || rest[0] == "-help" || rest[0] == "--help" {

@@ -49,6 +49,9 @@ type Conformance struct {
 	// Notes are said beside the verdicts and change none: a server that
 	// exited untidily on SIGTERM after the run, say.
 	Notes []string `json:"notes,omitempty"`
+	// BaselineFrom names the baseline the verdicts were judged against
+	// (ApplyBaseline), "" for none.
+	BaselineFrom string `json:"baselineFrom,omitempty"`
 	// ServerOutput is the last lines the server wrote, kept when an
 	// invariant failed or none passed: its tracebacks often say why.
 	ServerOutput string `json:"serverOutput,omitempty"`
@@ -159,6 +162,9 @@ func (c *Conformance) Text(p targets.Profile) string {
 			continue
 		}
 		b.WriteString("\n" + findingText(v.Invariant, f))
+		if v.Status == Known {
+			fmt.Fprintf(&b, "KNOWN: the baseline %s lists this finding; it fails nothing.\n", c.BaselineFrom)
+		}
 		if a := p.Assumed[policyOf[v.Invariant]]; a != "" {
 			fmt.Fprintf(&b, "Judged by a policy not declared: %s.\n", a)
 		}
@@ -190,6 +196,10 @@ func (v Verdict) rests() string {
 		return fmt.Sprintf("%d %s; %s", v.Evaluations, Exercises[v.Invariant], v.Reason)
 	case v.Status == Pass:
 		return fmt.Sprintf("%d %s", v.Evaluations, Exercises[v.Invariant])
+	case v.Status == Known:
+		return "in the baseline: " + firstLine(v.message())
+	case v.Status == Fixed:
+		return fmt.Sprintf("%d %s; %s", v.Evaluations, Exercises[v.Invariant], v.Reason)
 	case v.Status == Fail || v.Failure != nil:
 		return firstLine(v.message())
 	}
@@ -219,6 +229,8 @@ func (c *Conformance) Outcome() string {
 	switch {
 	case c.Stopped == "interrupted":
 		return "INTERRUPTED"
+	case c.Passed() && c.knownCount() > 0:
+		return fmt.Sprintf("CONFORMS, BUT FOR %d KNOWN FINDING(S)", c.knownCount())
 	case c.Passed():
 		return "CONFORMS"
 	case c.CutShort():
@@ -439,7 +451,7 @@ func checkShards(shards []*Conformance) error {
 // exercised; not applicable and skipped are the profile's, the same in
 // every shard), its evaluations summed.
 func mergeVerdicts(shards []*Conformance, i int) (Verdict, error) {
-	rank := map[Status]int{Fail: 0, SameCause: 1, Pass: 2, NotExercised: 3, NotApplicable: 4, Skipped: 5}
+	rank := map[Status]int{Fail: 0, Known: 1, SameCause: 2, Fixed: 3, Pass: 4, NotExercised: 5, NotApplicable: 6, Skipped: 7}
 	out := shards[0].Verdicts[i]
 	out.Evaluations = 0
 	for _, s := range shards {

@@ -258,7 +258,14 @@ func (c *Conformance) WriteJUnit(w io.Writer) error {
 		case NotExercised:
 			tc.Failure = &junitMessage{Message: "not exercised: " + v.Reason}
 			s.Failures++
-		case Pass:
+		case Pass, Fixed:
+		case Known:
+			// Listed, not failed: a CI gate fails on new findings only.
+			tc.Skipped = &junitMessage{Message: "known finding, in the baseline " + c.BaselineFrom + ": " + v.message()}
+			if v.Failure != nil {
+				tc.Skipped.Text = v.Failure.Report
+			}
+			s.Skipped++
 		default:
 			tc.Skipped = &junitMessage{Message: string(v.Status) + ": " + v.Reason}
 			s.Skipped++

@@ -188,7 +188,7 @@ func (c *Conformance) WriteHTML(w io.Writer, server targets.ServerSpec) error {
 	for _, v := range c.Verdicts {
 		class := "other"
 		switch v.Status {
-		case Pass:
+		case Pass, Fixed:
 			class = "pass"
 		case Fail, NotExercised:
 			class = "fail"

@@ -23,7 +23,7 @@ import (
 )
 
 // statuses are every status a verdict can have.
-var statuses = []report.Status{report.Pass, report.Fail, report.NotApplicable, report.NotExercised, report.Skipped, report.SameCause}
+var statuses = []report.Status{report.Pass, report.Fail, report.NotApplicable, report.NotExercised, report.Skipped, report.SameCause, report.Known, report.Fixed}
 
 // drawText is a short text, empty at times, with what a report must
 // escape in XML and HTML now and then.
@@ -232,6 +232,21 @@ func TestConformanceWritersNeverFail(t *testing.T) {
 
 		var page bytes.Buffer
 		require.NoError(t, c.WriteHTML(&page, targets.ServerSpec{Kind: "profile"}))
+
+		// Its baseline lists every FAIL and KNOWN, and reads back.
+		var b bytes.Buffer
+		require.NoError(t, c.Baseline().Write(&b))
+		bpath := filepath.Join(dir, report.BaselineFile)
+		require.NoError(t, os.WriteFile(bpath, b.Bytes(), 0o644))
+		known, err := report.ReadBaseline(bpath)
+		require.NoError(t, err, b.String())
+		want := 0
+		for _, v := range c.Verdicts {
+			if v.Status == report.Fail || v.Status == report.Known {
+				want++
+			}
+		}
+		assert.Len(t, known.Findings, want)
 	})
 }
 

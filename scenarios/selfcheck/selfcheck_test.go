@@ -70,6 +70,7 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.StoreFalseKept:          {model.T1},
 	sut.ResponseCrossKey:        {model.T5},
 	sut.SessionExactSourceKey:   {model.T8},
+	sut.SessionEmptyRuns:        {model.T3},
 	sut.BranchMutatesBase:       {model.T4},
 	// Bugs of replicas over one PostgreSQL.
 	sut.ReplicaLocalLock:      {model.T4},
@@ -245,4 +246,43 @@ func TestResponsesConversationParameter(t *testing.T) {
 	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
 	assert.Equal(t, model.T4, res.Failure.Violation.Invariant, res.Failure.Report)
 	assert.Contains(t, res.Failure.Report, `"conversation":`, "the failure's requests name their conversation")
+}
+
+// appendedSessions is the reference server's session API declared as
+// docker-agent's is: every message of a turn's body appended
+// (sessions.input: appended), so that the harness sends its invalid
+// continuations in the appended shapes, an empty list and blank content.
+// The reference server refuses both with 400, which that input allows.
+type appendedSessions struct{ reference.Target }
+
+func (a appendedSessions) Profile() targets.Profile {
+	p := a.Target.Profile()
+	api := *p.SessionsAPI
+	api.Input = targets.InputAppended
+	p.SessionsAPI = &api
+	return p
+}
+
+// TestSessionsAppendedShapes: under appended input, a session API that
+// runs the model on the session as it is for an empty or blank-only
+// body, as docker-agent's serve api does, is caught as T3 with an
+// example that sends such a body; the clean server, which refuses it,
+// passes T3 in the same shapes.
+func TestSessionsAppendedShapes(t *testing.T) {
+	t.Parallel()
+	clean, err := scenarios.Check(appendedSessions{reference.Target{Protocol: targets.Sessions}}, scenarios.Options{Checks: 20, Seed: 1})
+	require.NoError(t, err)
+	if clean.Failure != nil {
+		t.Fatalf("clean reference sessions under appended input failed (seed %d):\n%s", clean.Failure.Seed, clean.Failure.Report)
+	}
+	assert.Positive(t, clean.Invariants[model.T3], "no continuation without a new user message was judged")
+
+	mutant := reference.WithMutant(sut.SessionEmptyRuns)
+	res, err := scenarios.Check(appendedSessions{mutant}, scenarios.Options{Checks: 20, Seed: 1, ShrinkTime: 30 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, res.Failure, "session-empty-runs not caught under appended input")
+	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+	assert.Equal(t, model.T3, res.Failure.Violation.Invariant, res.Failure.Report)
+	assert.Contains(t, res.Failure.Violation.Reason, "with nothing appended", res.Failure.Report)
+	assert.Contains(t, res.Failure.Report, "invalid continuation", "the example sends a body without a user message")
 }

@@ -79,6 +79,7 @@ type profileFile struct {
 	ClientTimeout      time.Duration `yaml:"client_timeout"`
 	Tools              bool          `yaml:"tools"`
 	Policies           policySection `yaml:"policies"`
+	Baseline           string        `yaml:"baseline"`
 }
 
 type serverSection struct {
@@ -315,7 +316,8 @@ func fieldList(t reflect.Type) string {
 
 // target checks the profile's values and builds its Target.
 func (f *profileFile) target() (Target, error) {
-	p := Profile{Header: f.ConversationHeader, Keys: f.Keys, Model: f.Model, ModelTimeout: f.ModelTimeout, ClientTimeout: f.ClientTimeout, Tools: f.Tools}
+	p := Profile{Header: f.ConversationHeader, Keys: f.Keys, Model: f.Model, ModelTimeout: f.ModelTimeout, ClientTimeout: f.ClientTimeout, Tools: f.Tools,
+		Baseline: f.Baseline}
 	if f.Server != nil {
 		if err := f.Server.agentSource(&p, f.ModelAddr); err != nil {
 			return nil, err

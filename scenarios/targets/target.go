@@ -69,6 +69,10 @@ type Profile struct {
 	// 10s. A server whose first turn after a start takes minutes needs a
 	// long one, without a long ModelTimeout slowing every held call.
 	ClientTimeout time.Duration
+	// Baseline is the file of known findings a run takes (conform
+	// --baseline), as the profile names it: relative to the profile's
+	// directory. "" for none.
+	Baseline string
 	// QueueTimeout is the longest a turn serialized behind another of its
 	// conversation waits before the server refuses it (a bounded wait):
 	// only a refusal after it passed may be one (T4). 0 means the model

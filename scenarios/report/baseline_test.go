@@ -1,0 +1,90 @@
+package report
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+)
+
+// failed is a FAIL verdict of inv whose violation says reason.
+func failed(inv model.Invariant, kind model.Kind, reason string) Verdict {
+	return Verdict{Invariant: inv, Status: Fail, Failure: &Failure{Violation: &model.Violation{Invariant: inv, Kind: kind, Reason: reason,
+		Conv: model.ConversationRef{Key: "key-a", ID: "conv-3"}}}}
+}
+
+// TestSignature: one finding has one signature whatever the run's own
+// names (tokens, tool calls, conversations, ticks, counts, a server's
+// quoted text); an HTTP status, a kind or an invariant makes another.
+func TestSignature(t *testing.T) {
+	same := []Verdict{
+		failed(model.T3, "", "a request without a usable new user message reached the model, replaying tc-u3 as the new message; it must be refused with 400"),
+		failed(model.T3, "", "a request without a usable new user message reached the model, replaying tc-u17 as the new message; it must be refused with 400"),
+	}
+	assert.Equal(t, Signature(same[0]), Signature(same[1]))
+	assert.Equal(t, "T3: a request without a usable new user message reached the model, replaying tc-uN as the new message; it must be refused with 400", Signature(same[0]))
+	assert.Equal(t,
+		Signature(failed(model.T8, "", `the resume got 500 "agent not found: http://127.0.0.1:41665/agents/helper.yaml?tag=v1" at tick 12 on conv-2`)),
+		Signature(failed(model.T8, "", `the resume got 500 "agent not found: http://127.0.0.1:39001/agents/helper.yaml?tag=v1" at tick 230 on conv-9`)))
+	apart := []Verdict{
+		failed(model.T4, "", "refused with 409 while another turn ran"),
+		failed(model.T4, "", "refused with 500 while another turn ran"),
+		failed(model.T1, "", "refused with 500 while another turn ran"),
+		failed(model.T1, model.LeftoverFailed, "refused with 500 while another turn ran"),
+	}
+	seen := map[string]bool{}
+	for _, v := range apart {
+		seen[Signature(v)] = true
+	}
+	assert.Len(t, seen, len(apart), "%v", seen)
+	// A FAIL with no failure (a crash between two checks) is signed by
+	// its reason.
+	assert.Equal(t, "crash: the server exited by the end of step N", Signature(Verdict{Invariant: model.Crash, Status: Fail, Reason: "the server exited by the end of step 4"}))
+}
+
+// TestApplyBaseline: a listed finding is KNOWN, an unlisted one FAILs, a
+// listed one whose invariant passed is FIXED, and one the run could not
+// look for is a note; the run passes with known findings only.
+func TestApplyBaseline(t *testing.T) {
+	t3 := failed(model.T3, "", "replaying tc-u3 as the new message")
+	t1 := failed(model.T1, model.LeftoverFailed, "tc-u2, of a turn that failed, reached the model in a later turn")
+	c := &Conformance{Verdicts: []Verdict{t1, t3, {Invariant: model.T4, Status: Pass, Evaluations: 5}, {Invariant: model.T7, Status: NotApplicable}}}
+	b := Baseline{Schema: BaselineSchema, Findings: []KnownFinding{
+		{Invariant: model.T3, Signature: Signature(failed(model.T3, "", "replaying tc-u9 as the new message"))},
+		{Invariant: model.T4, Signature: "T4: refused with 409"},
+		{Invariant: model.T7, Signature: "T7: lost"},
+		{Invariant: model.T1, Signature: "T1: another way"},
+	}}
+	c.ApplyBaseline(b, "b.json")
+	assert.Equal(t, Fail, c.Verdicts[0].Status, "T1 broken another way: new")
+	assert.Equal(t, Known, c.Verdicts[1].Status)
+	assert.Equal(t, Fixed, c.Verdicts[2].Status)
+	assert.Contains(t, c.Verdicts[2].Reason, "T4: refused with 409")
+	assert.Equal(t, NotApplicable, c.Verdicts[3].Status)
+	assert.Len(t, c.Notes, 2, "%v", c.Notes)
+	assert.False(t, c.Passed())
+
+	c.Verdicts = c.Verdicts[1:]
+	assert.True(t, c.Passed(), "known findings fail nothing")
+	assert.Equal(t, "CONFORMS, BUT FOR 1 KNOWN FINDING(S)", c.Outcome())
+	got := c.Baseline()
+	require.Len(t, got.Findings, 1, "a known finding stays in the run's baseline")
+	assert.Equal(t, b.Findings[0].Signature, got.Findings[0].Signature)
+
+	// Written, and read back.
+	var buf bytes.Buffer
+	require.NoError(t, got.Write(&buf))
+	path := filepath.Join(t.TempDir(), BaselineFile)
+	require.NoError(t, os.WriteFile(path, buf.Bytes(), 0o644))
+	back, err := ReadBaseline(path)
+	require.NoError(t, err)
+	assert.Equal(t, got, back)
+	require.NoError(t, os.WriteFile(path, []byte(`{"schema":"turncheck/baseline/v1","findings":[{"invariant":"T99","signature":"x"}]}`), 0o644))
+	_, err = ReadBaseline(path)
+	assert.ErrorContains(t, err, "findings[0]")
+}
