@@ -451,6 +451,12 @@ func (a *acpAgent) Prompt(_ context.Context, p acp.PromptRequest) (acp.PromptRes
 	if len(text) > MaxContentBytes {
 		return acp.PromptResponse{}, invalidPrompt(fmt.Sprintf("the prompt's text is over %d bytes", MaxContentBytes))
 	}
+	if a.s.cfg.Concurrency == Supersede {
+		// The new prompt replaces the running one: that one is
+		// cancelled as session/cancel would, and this one waits for
+		// it to be done (the session's lock).
+		sess.cancelAll(true)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	run := &acpPrompt{cancel: cancel}

@@ -22,6 +22,12 @@ const (
 	// Reject answers the request 409 conflict at once, before any model
 	// call; nothing changes.
 	Reject Concurrency = "reject"
+	// Supersede, for an ACP prompt, cancels the session's running prompt
+	// (answered stopReason cancelled, its turn ended as one whose client
+	// sent session/cancel: the interruption policy decides what stays),
+	// then runs the new one once it is done, as docker-agent's and
+	// openclaw's agents do. Other protocols serialize.
+	Supersede Concurrency = "supersede"
 )
 
 // ParseConcurrency returns the policy named s ("" for Serialize), or an
@@ -30,10 +36,10 @@ func ParseConcurrency(s string) (Concurrency, error) {
 	switch c := Concurrency(s); c {
 	case "":
 		return Serialize, nil
-	case Serialize, Reject:
+	case Serialize, Reject, Supersede:
 		return c, nil
 	}
-	return "", fmt.Errorf("unknown concurrency policy %q (want %s or %s)", s, Serialize, Reject)
+	return "", fmt.Errorf("unknown concurrency policy %q (want %s, %s or %s)", s, Serialize, Reject, Supersede)
 }
 
 // Gauge counts the requests a server is working on and, of those, the ones

@@ -28,6 +28,8 @@ const (
 	nsResponseConversation = "\x1econversation:"
 	// nsSession holds the sessions of the sessions API.
 	nsSession = "\x1esession:"
+	// nsResponseLine holds the lines of responses under Config.ResponsesLine.
+	nsResponseLine = "\x1eline:"
 )
 
 // newID returns prefix and 16 random bytes in hex: an id that no client can

@@ -34,6 +34,10 @@ type responsesRequest struct {
 	store        bool
 	stream       bool
 	conversation string
+	// user names the end user; under Config.ResponsesLine, a request
+	// that names no response runs on that user's conversation, as
+	// openclaw's session key.
+	user string
 }
 
 // responsesShape is what a Responses request looks like, for errors.
@@ -58,6 +62,7 @@ func decodeResponsesRequest(body []byte) (*responsesRequest, error) {
 		{"store", &req.store, "true or false"},
 		{"stream", &req.stream, "true or false"},
 		{"conversation", &req.conversation, "a string: the conversation's id"},
+		{"user", &req.user, "a string"},
 	} {
 		if _, err := member(top, m.name, m.v, m.want); err != nil {
 			return nil, err
@@ -142,6 +147,26 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 		s.converse(w, r, t, req.input, req.model, resp)
 		return
 	}
+	if s.cfg.ResponsesLine {
+		// The line of the response named, or the user's, or a new one;
+		// the response this turn makes is of the same line.
+		line, ok := lineOf(req.previous)
+		key := nsResponseLine + s.lineEpoch + line
+		switch {
+		case ok:
+		case req.previous == "" && req.user != "" && checkID(`"user"`, req.user) == nil && !strings.Contains(req.user, "_"):
+			line = "user-" + req.user
+			key = nsResponseLine + line
+		default:
+			line = newID("")
+			key = nsResponseLine + s.lineEpoch + line
+		}
+		resp.obj.ID = lineResponseID(line)
+		resp.obj.Store = true // store: false is ignored
+		t := &turn{key: convKey{scope: scope, id: key}, proto: protoResponses}
+		s.converse(w, r, t, req.input, req.model, resp)
+		return
+	}
 	// A response of its own: no lock, as nothing but this turn can ever
 	// write its id, and the response it chains from never changes.
 	t := &turn{key: convKey{scope: scope, id: nsResponse + resp.obj.ID}, proto: protoResponses, chained: true,
@@ -165,6 +190,18 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 		return
 	}
 	s.run(w, r, t, resp)
+}
+
+// lineResponseID is a new id of a response of line (Config.ResponsesLine):
+// resp_LINE_RANDOM.
+func lineResponseID(line string) string { return newID("resp_" + line + "_") }
+
+// lineOf is the line a response id of lineResponseID names; false for an
+// id of no line.
+func lineOf(id string) (string, bool) {
+	rest, ok := strings.CutPrefix(id, "resp_")
+	line, _, found := strings.Cut(rest, "_")
+	return line, ok && found && line != ""
 }
 
 // checkToolInput refuses a Responses request's input whose client tool

@@ -237,6 +237,16 @@ type Config struct {
 	// correct server may make and which the contract never judges as the
 	// turn's history (PROTOCOL.md, "Auxiliary model calls").
 	Titles bool
+	// ResponsesLine runs the Responses API as openclaw documents its own:
+	// previous_response_id names the conversation line the response
+	// belongs to, and a turn chained from any response of it runs on the
+	// line as it stands (its lock, its concurrency policy), as a
+	// conversation does; a request that names no response runs on the
+	// line of its user field, if any; an id it does not know starts a
+	// new line (200), and store: false is ignored. Response ids name
+	// nothing after a restart (openclaw keeps them in memory); lines
+	// named by user outlive it.
+	ResponsesLine bool
 }
 
 // Server is the reference session server. It is an http.Handler.
@@ -250,8 +260,13 @@ type Server struct {
 	tools   *toolbox
 	log     *slog.Logger
 	ids     atomic.Int64
-	slots   requestSlots
-	mem     *memBudget
+	// lineEpoch is new at each start: under Config.ResponsesLine, a line
+	// named by response ids is kept under it, so that, as openclaw's
+	// ids (kept in memory), those ids name nothing after a restart;
+	// lines named by user outlive it.
+	lineEpoch string
+	slots     requestSlots
+	mem       *memBudget
 	// redact hides credentials in what the server logs of a model failure.
 	redact func(string) string
 	// allowedHosts are cfg.AllowedHosts, normalized.
@@ -383,6 +398,7 @@ func New(cfg Config) (*Server, error) {
 	turns, endTurns := context.WithCancel(life)
 	up := newUpstream(modelURL, cfg.ModelName, cfg.MaxRequests)
 	s := &Server{
+		lineEpoch:    newID("")[:8],
 		sources:      srcs,
 		life:         life,
 		kill:         kill,

@@ -263,6 +263,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	maxMemory := &byteSize{}
 	fs.Var(maxMemory, "max-memory", "the memory budget, in `bytes`, of the cache, request bodies and turns in flight (auto: 1/4 of the machine's or the cgroup's memory; units KiB, MiB, GiB)")
 	turnDelay := fs.Duration("turn-delay", 0, "wait this long before working on each chat request: a deliberately slow server, to measure what checking one costs")
+	responsesLine := fs.Bool("responses-line", false, "run the Responses API as openclaw does: previous_response_id names the conversation line its response belongs to, and a turn runs on that line as it stands; an unknown id starts a new line, and store: false is ignored")
 	titles := fs.Bool("titles", false, "make a title model call beside each turn, carrying the conversation's user messages, as servers that name their conversations do: an auxiliary call, never judged as the turn's history")
 	stall := fs.Duration("stall", 0, "pause a random 0..this before each model call, each commit and each write to a client: a machine made slow, to show that a check's verdicts do not depend on its speed")
 	if code := fs.parse(args); code >= 0 {
@@ -305,6 +306,9 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(stderr, "serve", err)
 	}
 	policy, err := sut.ParseConcurrency(*concurrency)
+	if err == nil && policy == sut.Supersede {
+		err = errors.New("supersede is an ACP agent's policy ('turncheck serve acp'): over HTTP, serialize or reject")
+	}
 	if err != nil {
 		return fail(stderr, "serve", fmt.Errorf("--concurrency: %w", err))
 	}
@@ -341,6 +345,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		TurnDelay:          *turnDelay,
 		Stall:              *stall,
 		Titles:             *titles,
+		ResponsesLine:      *responsesLine,
 	}, *listen)
 	if err != nil {
 		return fail(stderr, "serve", err)

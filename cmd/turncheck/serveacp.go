@@ -46,8 +46,9 @@ and a prompt is a turn.
   session/cancel   stops the session's prompts at once, each answered
                    cancelled; what stays is --interruption's
 
-A prompt on a busy session waits its turn (--concurrency serialize) or
-gets an error at once (reject). An error's data names what the HTTP server
+A prompt on a busy session waits its turn (--concurrency serialize),
+gets an error at once (reject), or cancels the running prompt, answered
+cancelled as after session/cancel, and runs after it (supersede). An error's data names what the HTTP server
 would have answered: {"status": 409, "type": "conflict", "detail": ...}.
 Codes: -32602 a prompt refused before any model call (blank, too long, a
 block other than text or resource_link), -32002 an unknown session, -32603
@@ -79,7 +80,7 @@ func cmdServeACP(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	mutant := fs.String("mutant", "", "switch on a mutant (see 'turncheck mutants')")
 	convMax := fs.Int("conversations-max", sut.DefaultConversationsMax, "conversations kept in the in-memory cache")
 	timeout := fs.Duration("request-timeout", sut.DefaultRequestTimeout, "deadline of each model call, and of each wait for a busy session under serialize")
-	concurrency := fs.String("concurrency", string(sut.Serialize), "what a prompt on a busy session gets: serialize (wait its turn) or reject (an error)")
+	concurrency := fs.String("concurrency", string(sut.Serialize), "what a prompt on a busy session gets: serialize (wait its turn), reject (an error) or supersede (the running prompt is cancelled, and the new one runs after it)")
 	interruption := fs.String("interruption", string(sut.Rollback), "what a cancelled prompt leaves: rollback (nothing), keep-consistent (its completed tool rounds) or complete (it runs to its end, then commits whole or nothing)")
 	compactAfter := fs.Int("compact-after", sut.DefaultCompactAfter, "messages a turn may show the model before earlier turns' tool rounds are hidden from it")
 	agents := &repeated{what: "an agent reference"}

@@ -356,10 +356,11 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 	}
 	var v *model.Violation
 	if len(turns) > 0 || restart == nil {
-		for _, send := range p.Sends {
-			if send.From != nil {
-				// A branch starts from its base as the step found it.
-				s.Ref.Fork(*send.From, send.Conv)
+		for _, op := range ops {
+			if op.Send.From != nil {
+				// A branch starts from its base as the step found it
+				// (the send as it went: protocol.Client.Resolve).
+				s.Ref.Fork(*op.Send.From, op.Send.Conv)
 			}
 		}
 		v = s.Ref.ApplyStep(turns)

@@ -121,6 +121,7 @@ func (s *step) send() {
 	e := s.e
 	for i, send := range s.p.Sends {
 		f := s.flights[i]
+		send = e.client.Resolve(send)
 		base := cmp.Or(e.ctx, context.Background())
 		ctx, cancel := context.WithCancel(base)
 		f.cancel = cancel
@@ -254,6 +255,16 @@ func (s *step) end() {
 				s.ops[i].Turn.Detached = true
 			} else {
 				s.ops[i].Turn.Abandoned = true
+			}
+		case !f.interrupted && !s.ops[i].Response.Cancelled && s.ops[i].Response.Preempted && e.profile.Supersede:
+			// Superseded by the next prompt of its session, as the agent
+			// declares it does: an interruption the agent chose, judged by
+			// the interruption policy (T10), with no stop to judge.
+			s.ops[i].Turn.Preempted = false
+			if e.profile.Interruption == targets.Complete {
+				s.ops[i].Turn.Detached = true
+			} else {
+				s.ops[i].Turn.Interrupted = true
 			}
 		case !f.interrupted && !s.ops[i].Response.Cancelled:
 			// A turn the client cancelled itself (ACP's session/cancel,

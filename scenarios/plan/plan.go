@@ -421,25 +421,25 @@ func DrawNet(t *rapid.T, s *Send, links []targets.Link) {
 // where it can, as a naive client resending history would.
 var InvalidShapes = []struct {
 	Name  string
-	Build func(prev openai.Message) []openai.Message
+	Build func(prev openai.Message, n int) []openai.Message
 }{
-	{"empty messages array", func(openai.Message) []openai.Message { return []openai.Message{} }},
-	{"last message from the assistant", func(p openai.Message) []openai.Message {
+	{"empty messages array", func(openai.Message, int) []openai.Message { return []openai.Message{} }},
+	{"last message from the assistant", func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleAssistant, Content: "Noted."}}
 	}},
-	{"last message a system message", func(p openai.Message) []openai.Message {
+	{"last message a system message", func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleSystem, Content: "Be brief."}}
 	}},
-	{"last message a tool result", func(p openai.Message) []openai.Message {
+	{"last message a tool result", func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleTool, Content: "42"}}
 	}},
-	{"blank last user message", func(p openai.Message) []openai.Message {
+	{"blank last user message", func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleUser, Content: ""}}
 	}},
-	{"whitespace-only last user message", func(p openai.Message) []openai.Message {
+	{"whitespace-only last user message", func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleUser, Content: " \n\t "}}
 	}},
-	{"only an earlier user message, then a blank one", func(p openai.Message) []openai.Message {
+	{"only an earlier user message, then a blank one", func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}, p, {Role: openai.RoleAssistant, Content: "Noted."}, {Role: openai.RoleUser, Content: "   "}}
 	}},
 }
@@ -450,36 +450,39 @@ var InvalidShapes = []struct {
 // a client that runs a tool of its own sends them; an output that answers
 // no call (OpenAI refuses it with 400); a blank user message; a system
 // message; an assistant message. None carries an earlier user message:
-// such a server appends that one too, as the client asked.
+// such a server appends that one too, as the client asked. Build takes
+// the n-th such continuation of the run: a client tool's call has an id
+// of its own each time (ClientCallID), as a client's calls do, for a
+// server whose chain keeps it (a line, an appending session API).
 var AppendedShapes = []struct {
 	Name  string
-	Build func(prev openai.Message) []openai.Message
+	Build func(prev openai.Message, n int) []openai.Message
 }{
-	{"a client tool's call and its output", func(openai.Message) []openai.Message {
+	{"a client tool's call and its output", func(_ openai.Message, n int) []openai.Message {
 		return []openai.Message{
-			{Role: openai.RoleAssistant, ToolCalls: []openai.ToolCall{{ID: ClientCallID, Type: openai.TypeFunction,
+			{Role: openai.RoleAssistant, ToolCalls: []openai.ToolCall{{ID: ClientCallID(n), Type: openai.TypeFunction,
 				Function: openai.FunctionCall{Name: "clock", Arguments: "{}"}}}},
-			{Role: openai.RoleTool, ToolCallID: ClientCallID, Content: "noon"},
+			{Role: openai.RoleTool, ToolCallID: ClientCallID(n), Content: "noon"},
 		}
 	}},
-	{"a client tool's output answering no call", func(openai.Message) []openai.Message {
-		return []openai.Message{{Role: openai.RoleTool, ToolCallID: ClientCallID, Content: "noon"}}
+	{"a client tool's output answering no call", func(_ openai.Message, n int) []openai.Message {
+		return []openai.Message{{Role: openai.RoleTool, ToolCallID: ClientCallID(n), Content: "noon"}}
 	}},
-	{"a blank user message", func(openai.Message) []openai.Message {
+	{"a blank user message", func(openai.Message, int) []openai.Message {
 		return []openai.Message{{Role: openai.RoleUser, Content: " \n\t "}}
 	}},
-	{"a system message", func(openai.Message) []openai.Message {
+	{"a system message", func(openai.Message, int) []openai.Message {
 		return []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}}
 	}},
-	{"an assistant message", func(openai.Message) []openai.Message {
+	{"an assistant message", func(openai.Message, int) []openai.Message {
 		return []openai.Message{{Role: openai.RoleAssistant, Content: "Noted."}}
 	}},
 }
 
-// ClientCallID is the id of the tool call a client of the Responses API
-// ran itself, in AppendedShapes: not one the fake model gives
+// ClientCallID is the id of the n-th tool call a client of the Responses
+// API ran itself, in AppendedShapes: not one the fake model gives
 // (model.ToolCallID), so no turn owns it.
-const ClientCallID = "call_client_1"
+func ClientCallID(n int) string { return fmt.Sprintf("call_client_%d", n) }
 
 // UserText is the text of the user message carrying tok.
 func UserText(tok model.Token) string { return fmt.Sprintf("Please remember %s.", tok) }

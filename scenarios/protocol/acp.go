@@ -533,6 +533,12 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 		out.Outcome, out.Status, out.Cancelled = model.Unknown, 0, true
 		out.Cause = CauseCancelledWith
 		out.Detail = "a JSON-RPC error after the client sent session/cancel for another prompt of the session while this one was unanswered: " + out.Detail
+	case later && err == nil && resp.StopReason == acp.StopReasonCancelled && c.profile.Supersede:
+		// Superseded by the prompt sent after it, as the agent declares
+		// it does: an interrupted turn, whose outcome the interruption
+		// policy decides (T10).
+		out.Outcome, out.Status, out.Preempted = model.Unknown, 0, true
+		out.Detail = "stopReason cancelled: superseded by the next prompt of the session, as the agent declares (supersede)"
 	case later && err == nil && resp.StopReason == acp.StopReasonCancelled:
 		// Given up for the prompt sent after it: the session neither
 		// queued that one nor refused it (T4).

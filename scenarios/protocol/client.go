@@ -216,7 +216,7 @@ func NewClient(bases []string, p targets.Profile, ns string) *Client {
 	}
 	switch p.Protocol {
 	case targets.Responses:
-		c.wire = newResponses()
+		c.wire = newResponses(p.ResponsesAPI)
 	case targets.Sessions:
 		c.wire = newSessions(p.SessionsAPI)
 	case targets.ACP:
@@ -301,6 +301,21 @@ func (c *Client) NewRequest(ctx context.Context, s plan.Send) Request {
 	req := c.wire.request(ctx, c, s, msgs)
 	req.Replica = s.Replica
 	return req
+}
+
+// Resolve is what send s is on the wire as it stands now: under the
+// Responses API, a branch drawn on a server whose chains run on one line
+// (targets.ResponsesAPI.Branches) is no branch where its base has a
+// response to chain from: chained from it, it runs on the base's line,
+// and is a turn of the base's conversation. A base with none yet starts a
+// new line: the branch stays a conversation of its own. Decided as the
+// step is sent, so that a shrunk run, whose bases may have no response,
+// is judged by what it sends.
+func (c *Client) Resolve(s plan.Send) plan.Send {
+	if w, ok := c.wire.(*responses); ok && s.From != nil && !w.api.Branches() && w.chained(*s.From) {
+		s.Conv, s.From = *s.From, nil
+	}
+	return s
 }
 
 // Send sends req and reads the outcome. Cancelling ctx aborts the request:

@@ -13,6 +13,7 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // responsesPath is where the Responses API takes a turn.
@@ -24,6 +25,8 @@ const responsesPath = "/v1/responses"
 // history. A conversation of the harness is one chain: the wire keeps the
 // response each conversation's next turn chains from.
 type responses struct {
+	// api is what the server declares of its semantics (nil: OpenAI's).
+	api   *targets.ResponsesAPI
 	mu    sync.Mutex
 	heads map[model.ConversationRef]chainHead
 }
@@ -44,8 +47,8 @@ type chainHead struct {
 	failed string
 }
 
-func newResponses() *responses {
-	return &responses{heads: map[model.ConversationRef]chainHead{}}
+func newResponses(api *targets.ResponsesAPI) *responses {
+	return &responses{api: api, heads: map[model.ConversationRef]chainHead{}}
 }
 
 // responsesRequest is the body of a turn.
@@ -54,6 +57,7 @@ type responsesRequest struct {
 	Input              []any  `json:"input"`
 	PreviousResponseID string `json:"previous_response_id,omitempty"`
 	Conversation       string `json:"conversation,omitempty"`
+	User               string `json:"user,omitempty"`
 	Store              bool   `json:"store"`
 	Stream             bool   `json:"stream"`
 }
@@ -103,9 +107,16 @@ func (w *responses) request(_ context.Context, c *Client, s plan.Send, msgs []op
 	probe := s.Token == ""
 	body := responsesRequest{Model: c.profile.Model, Input: inputItems(msgs), Store: !s.NoStore, Stream: s.Stream}
 	if s.InConversation {
-		// A conversation of the server's, named as chat names one: no
-		// chain to follow.
-		body.Conversation = c.ns + s.Conv.ID
+		// A conversation of the server's, named as chat names one, as
+		// the profile declares (the conversation parameter, the user
+		// field, or a header): no chain to follow.
+		switch w.api.Naming() {
+		case targets.NamedByUser:
+			body.User = c.ns + s.Conv.ID
+		case targets.NamedByHeader:
+		default:
+			body.Conversation = c.ns + s.Conv.ID
+		}
 	} else {
 		body.PreviousResponseID = w.chainFrom(s.Conv, s.From, probe)
 	}
@@ -144,7 +155,21 @@ func (w *responses) chainFrom(conv model.ConversationRef, from *model.Conversati
 	return h.id
 }
 
-func (*responses) headers(*Client, Request) map[string]string { return nil }
+// chained reports whether conv has a response its next turn chains from.
+func (w *responses) chained(conv model.ConversationRef) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.heads[conv].id != ""
+}
+
+// headers name a conversation of the server's by the header the profile
+// declares, where it names conversations so.
+func (w *responses) headers(c *Client, req Request) map[string]string {
+	if !req.inConversation || w.api.Naming() != targets.NamedByHeader {
+		return nil
+	}
+	return map[string]string{w.api.Header: c.ns + req.Conv.ID}
+}
 
 // learn moves conv's chain on: to a response that ended ok, or whose
 // outcome the client never learned (the next turn shows whether the
@@ -173,6 +198,13 @@ func (w *responses) learn(req Request, out Response) {
 		// still reach the server.
 		h = chainHead{id: h.done, done: h.done}
 	case req.noUser:
+		return
+	case !w.api.ChainsFromAny() && (out.Outcome != model.OK || req.noStore):
+		// A server that answers an id it does not hold with a new, empty
+		// conversation: a turn chained from a response it may not hold
+		// (unknown, failed, not stored) would run on nothing, as if the
+		// conversation were lost. The chain goes on from the last
+		// response that completed.
 		return
 	case req.noStore && out.Outcome != model.Unknown && out.ID != "":
 		h.failed = out.ID

@@ -51,6 +51,9 @@ type Target struct {
 	// Titles makes the server call the model for a title beside each turn
 	// (sut.Config.Titles): an auxiliary call.
 	Titles bool
+	// Line runs its Responses API as openclaw does (sut.Config.
+	// ResponsesLine), and its profile declares so (LineResponsesAPI).
+	Line bool
 }
 
 // SessionsAPI is the reference server's session API, shaped as
@@ -69,6 +72,28 @@ func SessionsAPI() *targets.SessionsAPI {
 		// under chat, and refuses a turn without one.
 		Input: targets.InputLast,
 	}
+}
+
+// ResponsesAPI is what the reference server declares of its Responses
+// API: OpenAI's semantics (a chain is a tree, an id it does not hold is
+// not found, store: false honoured, ids kept across restarts), and a
+// conversation may also be named by the conversation parameter.
+func ResponsesAPI() *targets.ResponsesAPI {
+	return &targets.ResponsesAPI{Chain: targets.ChainTree, NamedBy: targets.NamedByConv, UnknownPrevious: targets.UnknownNotFound,
+		StoreFalse: targets.StoreHonoured}
+}
+
+// LineResponsesAPI is what the reference server declares of its Responses
+// API when it runs it as openclaw does (Target.Line): a chain is the line
+// of the response named, a conversation may be named by the user field,
+// an id it does not hold starts a new one, and store: false is ignored.
+// It declares, as openclaw does, that response ids do not survive a
+// restart: its own do, which the declaration lets it do (the client only
+// goes on with the conversations named by user after one).
+func LineResponsesAPI() *targets.ResponsesAPI {
+	survive := false
+	return &targets.ResponsesAPI{Chain: targets.ChainLine, NamedBy: targets.NamedByUser, UnknownPrevious: targets.UnknownNew,
+		StoreFalse: targets.StoreIgnored, IDsSurvive: &survive}
 }
 
 // CompactAfter is the reference server's compaction threshold
@@ -107,14 +132,22 @@ const agent = "helper"
 func (r Target) Profile() targets.Profile {
 	p := targets.Profile{Keys: keys, Model: agent, Agent: agent, Tools: true,
 		Durability: targets.Durability{Restart: true, Crash: true}, Interruption: targets.Rollback}
-	if r.Concurrency == sut.Reject {
+	switch r.Concurrency {
+	case sut.Reject:
 		p.Concurrency = model.Reject
+	case sut.Supersede:
+		p.Supersede = true
 	}
 	if r.Interruption != "" {
 		p.Interruption = targets.Interruption(r.Interruption)
 	}
 	p.Protocol = cmp.Or(r.Protocol, targets.Chat)
 	switch p.Protocol {
+	case targets.Responses:
+		p.ResponsesAPI = ResponsesAPI()
+		if r.Line {
+			p.ResponsesAPI = LineResponsesAPI()
+		}
 	case targets.Sessions:
 		p.SessionsAPI = SessionsAPI()
 	case targets.ACP:
@@ -142,6 +175,7 @@ func (r Target) Start(modelURL string) (targets.Server, error) {
 		Agents:           targets.AgentRefs(modelURL, agent),
 		Stall:            r.Stall,
 		Titles:           r.Titles,
+		ResponsesLine:    r.Line,
 	}
 	if r.Protocol == targets.ACP {
 		// An ACP agent serves one client, its parent: no keys.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -87,4 +88,33 @@ func TestApplyBaseline(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(`{"schema":"turncheck/baseline/v1","findings":[{"invariant":"T99","signature":"x"}]}`), 0o644))
 	_, err = ReadBaseline(path)
 	assert.ErrorContains(t, err, "findings[0]")
+}
+
+// TestWarningsNameWhatFailedTurns: a cause the harness did not inject that
+// failed a tenth of the turns or more is named, with what the server said
+// and the profile field that would change it; a rarer one is not.
+func TestWarningsNameWhatFailedTurns(t *testing.T) {
+	s := NewStats()
+	s.Steps = 100
+	for range 25 {
+		s.CountUninjected("status 400", `Unrecognized key(s) in object: 'conversation'`)
+	}
+	for range 12 {
+		s.CountUninjected("stopReason cancelled", "stopReason cancelled, which the client did not ask for, once another prompt of the session was sent")
+	}
+	for range 9 {
+		s.CountUninjected("status 502", "bad gateway")
+	}
+	w := strings.Join(s.Warnings(), "\n")
+	assert.Contains(t, w, "25 of 100 turns did not end ok for a cause the harness did not inject: status 400 (\"Unrecognized key(s) in object: 'conversation'\"); a server that does not take the conversation parameter declares no responses.named_by: conversation")
+	assert.Contains(t, w, "12 of 100 turns did not end ok for a cause the harness did not inject: stopReason cancelled")
+	assert.Contains(t, w, "policies.concurrency: supersede")
+	assert.NotContains(t, w, "status 502", "under a tenth of the turns")
+
+	// Counts of shards add up, the first detail kept.
+	all := NewStats()
+	all.Add(*s)
+	all.Add(*s)
+	assert.Equal(t, 50, all.Uninjected["status 400"])
+	assert.Equal(t, s.UninjectedSaid["status 400"], all.UninjectedSaid["status 400"])
 }

@@ -135,6 +135,11 @@ func (s *Stats) Add(o Stats) {
 		{s.SetAside, o.SetAside}, {s.Consequences, o.Consequences}, {s.SameCause, o.SameCause}} {
 		AddCounts(m.to, m.from)
 	}
+	for c, n := range o.Uninjected {
+		for range n {
+			s.CountUninjected(c, o.UninjectedSaid[c])
+		}
+	}
 	for _, a := range o.FirstAnswers {
 		if len(s.FirstAnswers) < MaxFirstAnswers {
 			s.FirstAnswers = append(s.FirstAnswers, a)

@@ -182,7 +182,7 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 	for _, r := range op.Turn.Runs {
 		fmt.Fprintf(b, "        tool run: %s (tick %d)\n", r.ID, r.At)
 	}
-	if op.Turn.Interrupted {
+	if op.Turn.Interrupted || op.Turn.Abandoned {
 		fmt.Fprintf(b, "        interrupted: %s\n", interruption(op))
 	}
 	if op.Request.Replay != nil {
@@ -297,6 +297,25 @@ type Stats struct {
 	// ok and not a fault the harness injected, for a run where nothing
 	// works.
 	FirstAnswers []string `json:"firstAnswers,omitempty"`
+	// Uninjected counts the turns with a user message that did not end ok
+	// for a cause the harness did not inject (no fault drawn took effect,
+	// no abort, no broken link), by cause; UninjectedSaid keeps the first
+	// detail the server gave for each: what failed the run's turns
+	// (Warnings).
+	Uninjected     map[string]int    `json:"uninjected,omitempty"`
+	UninjectedSaid map[string]string `json:"uninjectedSaid,omitempty"`
+}
+
+// CountUninjected counts a turn not ended ok for cause, which the harness
+// did not inject, the server saying detail.
+func (s *Stats) CountUninjected(cause, detail string) {
+	if s.Uninjected == nil {
+		s.Uninjected, s.UninjectedSaid = map[string]int{}, map[string]string{}
+	}
+	s.Uninjected[cause]++
+	if _, ok := s.UninjectedSaid[cause]; !ok && detail != "" && detail != cause {
+		s.UninjectedSaid[cause] = protocol.ClipText(detail, 160)
+	}
 }
 
 // MaxFirstAnswers bounds Stats.FirstAnswers.
@@ -446,7 +465,45 @@ func (s *Stats) Warnings() []string {
 			out = append(out, fmt.Sprintf("%d of %d turns were refused with %s: check the keys, the model name and the conversation header the profile gives", n, s.Steps, c))
 		}
 	}
+	// Every cause the harness did not inject that failed a large share
+	// (a tenth) of the turns, with what the server said, and the profile
+	// field that would change it, where one does.
+	for _, c := range slices.Sorted(maps.Keys(s.Uninjected)) {
+		n := s.Uninjected[c]
+		if n*10 < s.Steps || weakCauses[c] != "" {
+			continue
+		}
+		w := fmt.Sprintf("%d of %d turns did not end ok for a cause the harness did not inject: %s", n, s.Steps, c)
+		if said := s.UninjectedSaid[c]; said != "" {
+			w += fmt.Sprintf(" (%q)", said)
+		}
+		if hint := profileHint(c, s.UninjectedSaid[c]); hint != "" {
+			w += "; " + hint
+		}
+		out = append(out, w)
+	}
 	return out
+}
+
+// profileHint names the profile field that would change what failed
+// turns for cause, the server saying said, where one does.
+func profileHint(cause, said string) string {
+	lower := strings.ToLower(said)
+	switch {
+	case strings.Contains(lower, "conversation") && (strings.Contains(lower, "unrecognized") || strings.Contains(lower, "unknown")):
+		return "a server that does not take the conversation parameter declares no responses.named_by: conversation"
+	case strings.Contains(lower, "store"):
+		return "a server that ignores store: false declares responses.store_false: ignored"
+	case strings.Contains(lower, "superseded") || strings.Contains(cause, "stopReason cancelled"):
+		return "an agent that cancels the running prompt for the next one by design declares policies.concurrency: supersede"
+	case cause == "status 409":
+		return "a server that refuses a request on a busy conversation by design declares policies.concurrency: reject"
+	case strings.Contains(lower, "previous") && strings.Contains(lower, "not found"):
+		return "a server whose response ids do not outlive a restart declares responses.ids_survive_restart: false"
+	case cause == "status 401" || cause == "status 403":
+		return "check keys"
+	}
+	return ""
 }
 
 func countList(m map[string]int) string {
@@ -483,6 +540,12 @@ func formatTools(events []model.ToolEvent) string {
 // until the server gave up on it or the harness let go of it.
 func interruption(op history.Op) string {
 	t := op.Turn
+	if op.Response.Preempted {
+		return "the agent cancelled the prompt itself when the next prompt of the session came, as it declares it does (supersede)"
+	}
+	if t.Abandoned {
+		return "the client's own time ran out, and it closed the connection, at no point the harness chose"
+	}
 	if !op.Send.Abort && op.Response.Cancelled {
 		return "the client cancelled the prompt (session/cancel) at the end of its time, or with another prompt of the session; the model did not hold the turn for it"
 	}

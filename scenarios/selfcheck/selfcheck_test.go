@@ -286,3 +286,86 @@ func TestSessionsAppendedShapes(t *testing.T) {
 	assert.Contains(t, res.Failure.Violation.Reason, "with nothing appended", res.Failure.Report)
 	assert.Contains(t, res.Failure.Report, "invalid continuation", "the example sends a body without a user message")
 }
+
+// treeAsLine is the reference server, whose chains are trees, declared as
+// one whose chains run on one line, all else as it is: a wrong
+// declaration.
+type treeAsLine struct{ reference.Target }
+
+func (a treeAsLine) Profile() targets.Profile {
+	p := a.Target.Profile()
+	api := *reference.ResponsesAPI()
+	api.Chain = targets.ChainLine
+	p.ResponsesAPI = &api
+	return p
+}
+
+// TestResponsesDeclaredLine: a Responses API server that declares
+// openclaw's documented semantics (a turn chained from any response runs
+// on that response's session; a conversation named by the user field; an
+// unknown id starts a new one; store: false ignored; response ids lost at
+// a restart) is judged by them, as strictly as by the default: the
+// reference server run so conforms, turns chained at once from one
+// response judged as turns of one conversation (T4), the conversations
+// named by user resumed after restarts (T7); the same server run as a
+// tree of responses, declared a line, forks it (T4).
+func TestResponsesDeclaredLine(t *testing.T) {
+	t.Parallel()
+	line := reference.Target{Protocol: targets.Responses, Line: true}
+	res, err := scenarios.Check(line, scenarios.Options{Checks: 20, Seed: 1})
+	require.NoError(t, err)
+	if res.Failure != nil {
+		t.Fatalf("the reference server run as a line failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
+	}
+	for _, inv := range []model.Invariant{model.T1, model.T2, model.T4, model.T6, model.T7} {
+		assert.Positive(t, res.Invariants[inv], "%s not exercised", inv)
+	}
+
+	tree, err := scenarios.Check(treeAsLine{reference.Target{Protocol: targets.Responses}}, scenarios.Options{Checks: 20, Seed: 1})
+	require.NoError(t, err)
+	require.NotNil(t, tree.Failure, "a tree declared a line is not caught")
+	require.NotNil(t, tree.Failure.Violation, tree.Failure.Report)
+	assert.Equal(t, model.T4, tree.Failure.Violation.Invariant, tree.Failure.Report)
+}
+
+// supersedeAsSerialize is the reference ACP agent run with supersede,
+// declared as one that serializes: a wrong declaration.
+type supersedeAsSerialize struct{ reference.Target }
+
+func (a supersedeAsSerialize) Profile() targets.Profile {
+	p := a.Target.Profile()
+	p.Supersede = false
+	return p
+}
+
+// TestACPSupersede: an ACP agent that declares supersede (a prompt on a
+// busy session cancels the running one, answered cancelled, and runs
+// after it, as docker-agent's and openclaw's agents do) conforms when it
+// does so cleanly: each prompt superseded is an interrupted turn (T10),
+// and the next starts from what the interruption policy leaves. Declared
+// serialize, the same agent gives up turns unasked (T4); and one that
+// commits a cancelled prompt is caught under supersede too (T10).
+func TestACPSupersede(t *testing.T) {
+	t.Parallel()
+	agent := reference.Target{Protocol: targets.ACP, Concurrency: sut.Supersede}
+	res, err := scenarios.Check(agent, scenarios.Options{Checks: 20, Seed: 1})
+	require.NoError(t, err)
+	if res.Failure != nil {
+		t.Fatalf("the reference ACP agent with supersede failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
+	}
+	assert.Positive(t, res.Invariants[model.T4], "no prompts overlapped")
+	assert.Positive(t, res.Invariants[model.T10], "no interrupted prompt was judged")
+
+	wrong, err := scenarios.Check(supersedeAsSerialize{agent}, scenarios.Options{Checks: 20, Seed: 1})
+	require.NoError(t, err)
+	require.NotNil(t, wrong.Failure, "an agent that supersedes, declared serialize, is not caught")
+	require.NotNil(t, wrong.Failure.Violation, wrong.Failure.Report)
+	assert.Equal(t, model.T4, wrong.Failure.Violation.Invariant, wrong.Failure.Report)
+
+	commits := reference.Target{Protocol: targets.ACP, Concurrency: sut.Supersede, Mutant: sut.ACPCancelCommitsPrompt}
+	bug, err := scenarios.Check(commits, scenarios.Options{Checks: 40, Seed: 1})
+	require.NoError(t, err)
+	require.NotNil(t, bug.Failure, "a superseded prompt committed under rollback is not caught")
+	require.NotNil(t, bug.Failure.Violation, bug.Failure.Report)
+	assert.Equal(t, model.T10, bug.Failure.Violation.Invariant, bug.Failure.Report)
+}

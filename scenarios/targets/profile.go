@@ -7,6 +7,7 @@ package targets
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -71,6 +72,7 @@ type profileFile struct {
 
 	Protocol           string        `yaml:"protocol"`
 	Sessions           *SessionsAPI  `yaml:"sessions"`
+	Responses          *ResponsesAPI `yaml:"responses"`
 	ACP                *acpSection   `yaml:"acp"`
 	ConversationHeader string        `yaml:"conversation_header"`
 	Keys               []string      `yaml:"keys"`
@@ -127,11 +129,20 @@ type policySection struct {
 
 // protocol sets p's protocol from the profile's.
 func (f *profileFile) protocol(p *Profile) error {
+	if f.Responses != nil && Protocol(f.Protocol) != Responses {
+		return fmt.Errorf("responses: declares a Responses API server's semantics, but the protocol is %s", cmp.Or(f.Protocol, string(Chat)))
+	}
 	switch Protocol(f.Protocol) {
 	case "", Chat:
 		p.Protocol = Chat
 	case Responses:
 		p.Protocol = Responses
+		if f.Responses != nil {
+			if err := f.Responses.check(); err != nil {
+				return fmt.Errorf("responses.%w", err)
+			}
+			p.ResponsesAPI = f.Responses
+		}
 	case ACP:
 		p.Protocol = ACP
 		if f.ACP != nil {
@@ -157,6 +168,7 @@ func (f *profileFile) protocol(p *Profile) error {
 	if f.ACP != nil {
 		return fmt.Errorf("acp: says what the harness advertises to an ACP agent, but the protocol is %s", p.Protocol)
 	}
+
 	if f.Sessions != nil {
 		return fmt.Errorf("sessions: describes a session API, but the protocol is %s", p.Protocol)
 	}
@@ -220,6 +232,7 @@ var sections = map[string]reflect.Type{
 	"policies":                         reflect.TypeFor[policySection](),
 	"policies.durability":              reflect.TypeFor[Durability](),
 	"sessions":                         reflect.TypeFor[SessionsAPI](),
+	"responses":                        reflect.TypeFor[ResponsesAPI](),
 	"sessions.create or sessions.turn": reflect.TypeFor[Call](),
 	"sessions.events":                  reflect.TypeFor[EventRules](),
 	"acp":                              reflect.TypeFor[acpSection](),
@@ -346,11 +359,13 @@ func (f *profileFile) target() (Target, error) {
 			return nil, fmt.Errorf("keys[%d]: a key is a non-empty token without spaces", i)
 		}
 	}
-	if err := f.Policies.apply(&p); err != nil {
-		return nil, fmt.Errorf("policies.%w", err)
-	}
 	if err := f.protocol(&p); err != nil {
 		return nil, err
+	}
+	// After the protocol: which policies a server may declare depends on
+	// it.
+	if err := f.Policies.apply(&p); err != nil {
+		return nil, fmt.Errorf("policies.%w", err)
 	}
 	if p.SessionsAPI != nil && p.SessionsAPI.NamesSource() && p.Agent == "" {
 		return nil, errors.New("sessions: {source} names the agent source a session was started under, and the server loads none: say server.agent")
@@ -534,8 +549,15 @@ func (ps policySection) apply(p *Profile) error {
 		p.Concurrency = model.Serialize
 	case "reject":
 		p.Concurrency = model.Reject
+	case "supersede":
+		if p.Protocol != ACP {
+			return errors.New("concurrency: supersede (a new prompt cancels the running one) is an ACP agent's policy; want serialize or reject")
+		}
+		// Judged as serialize, but for the prompt superseded: an
+		// interrupted turn (T10), not a turn given up unasked (T4).
+		p.Concurrency, p.Supersede = model.Serialize, true
 	default:
-		return fmt.Errorf("concurrency: %q; want serialize or reject", ps.Concurrency)
+		return fmt.Errorf("concurrency: %q; want serialize, reject or (ACP) supersede", ps.Concurrency)
 	}
 	switch {
 	case ps.QueueTimeout < 0:

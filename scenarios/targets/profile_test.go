@@ -347,3 +347,53 @@ func TestACPProfiles(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "but the protocol is chat")
 }
+
+// TestResponsesSemantics: a Responses API server declares where its
+// semantics differ from OpenAI's (openclaw's, below); the defaults are
+// OpenAI's, and a value it does not know is an error that names the
+// values, as is the section under another protocol.
+func TestResponsesSemantics(t *testing.T) {
+	cmd := "server: {command: [./srv, '{addr}', '{model_url}']}\nprotocol: responses\n"
+	target, err := ParseProfile([]byte(cmd))
+	require.NoError(t, err)
+	var none *ResponsesAPI
+	assert.Equal(t, none, target.Profile().ResponsesAPI)
+	assert.True(t, none.Branches())
+	assert.True(t, none.ChainsFromAny())
+	assert.False(t, none.StoresAll())
+	assert.True(t, none.IDsSurviveRestart())
+	assert.Empty(t, none.Naming(), "the conversation parameter is sent only where declared")
+
+	target, err = ParseProfile([]byte(cmd + `responses:
+  chain: line
+  named_by: header
+  header: x-openclaw-session-key
+  unknown_previous: new
+  store_false: ignored
+  ids_survive_restart: false
+`))
+	require.NoError(t, err)
+	api := target.Profile().ResponsesAPI
+	require.NotNil(t, api)
+	assert.False(t, api.Branches())
+	assert.False(t, api.ChainsFromAny())
+	assert.True(t, api.StoresAll())
+	assert.False(t, api.IDsSurviveRestart())
+	assert.Equal(t, NamedByHeader, api.Naming())
+	assert.Equal(t, "x-openclaw-session-key", api.Header)
+
+	for yaml, want := range map[string]string{
+		cmd + "responses: {chain: forest}":                                                `responses.chain: "forest"; want tree or line`,
+		cmd + "responses: {named_by: cookie}":                                             `responses.named_by: "cookie"`,
+		cmd + "responses: {named_by: header}":                                             "responses.header",
+		cmd + "responses: {named_by: user, header: x-a}":                                  "say named_by: header",
+		cmd + "responses: {unknown_previous: maybe}":                                      "responses.unknown_previous",
+		cmd + "responses: {store_false: sometimes}":                                       "responses.store_false",
+		cmd + "responses: {chian: line}":                                                  `unknown field "chian" in responses`,
+		"server: {command: [./srv, '{addr}', '{model_url}']}\nresponses: {chain: line}\n": "the protocol is chat",
+	} {
+		_, err := ParseProfile([]byte(yaml))
+		require.Error(t, err, yaml)
+		assert.Contains(t, err.Error(), want, yaml)
+	}
+}

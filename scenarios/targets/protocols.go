@@ -137,3 +137,114 @@ func (a *SessionsAPI) check() error {
 	}
 	return nil
 }
+
+// ResponsesAPI is what a Responses API server declares of its semantics,
+// where servers differ (profiles/README.md, "responses"): each is judged
+// as strictly as the default.
+type ResponsesAPI struct {
+	// Chain says how a turn chained by previous_response_id continues:
+	// "tree" (the default, OpenAI's: from the response named, so that two
+	// turns chained from one response start two branches) or "line" (on
+	// the conversation line the response named belongs to, as openclaw
+	// reuses the response's session: turns chained from one response run
+	// on one line, judged as a chat conversation's, by the concurrency
+	// policy).
+	Chain string `yaml:"chain"`
+	// NamedBy is how a conversation may be named apart from chaining, one
+	// conversation in four then named so: "conversation" (the
+	// conversation parameter), "user" (the user field), "header" (the
+	// header Header names); "" for none: chaining only.
+	NamedBy string `yaml:"named_by"`
+	Header  string `yaml:"header"`
+	// UnknownPrevious is what a previous_response_id the server does not
+	// hold gets: "not-found" (the default: 404, or 400
+	// previous_response_not_found) or "new" (a new, empty conversation,
+	// answered 200). Under new, a turn that chains from a response the
+	// server may not hold (one whose outcome the client never learned, a
+	// failed one, one not stored) would run on nothing, which cannot be
+	// told from a conversation lost: the client chains only from
+	// responses that completed.
+	UnknownPrevious string `yaml:"unknown_previous"`
+	// StoreFalse is what store: false does: "honoured" (the default: the
+	// response is no base) or "ignored" (it is stored all the same, as
+	// openclaw documents): the client then never sends it.
+	StoreFalse string `yaml:"store_false"`
+	// IDsSurvive says whether response ids survive a restart, apart from
+	// the conversations (nil: they do; openclaw keeps them in memory).
+	// Without, a conversation only chained is over at a restart: the
+	// client goes on only with those it names (NamedBy).
+	IDsSurvive *bool `yaml:"ids_survive_restart"`
+}
+
+// The values of the ResponsesAPI fields.
+const (
+	ChainTree       = "tree"
+	ChainLine       = "line"
+	NamedByConv     = "conversation"
+	NamedByUser     = "user"
+	NamedByHeader   = "header"
+	UnknownNotFound = "not-found"
+	UnknownNew      = "new"
+	StoreHonoured   = "honoured"
+	StoreIgnored    = "ignored"
+)
+
+// check fills in a's defaults and says what is wrong with it, nil if
+// nothing.
+func (a *ResponsesAPI) check() error {
+	pick := func(field string, v *string, values ...string) error {
+		if *v == "" {
+			*v = values[0]
+		}
+		if !slices.Contains(values, *v) {
+			return fmt.Errorf("%s: %q; want %s", field, *v, strings.Join(values, " or "))
+		}
+		return nil
+	}
+	if err := errors.Join(
+		pick("chain", &a.Chain, ChainTree, ChainLine),
+		pick("unknown_previous", &a.UnknownPrevious, UnknownNotFound, UnknownNew),
+		pick("store_false", &a.StoreFalse, StoreHonoured, StoreIgnored),
+	); err != nil {
+		return err
+	}
+	switch a.NamedBy {
+	case "", NamedByConv, NamedByUser:
+		if a.Header != "" {
+			return errors.New("header: names the header a conversation is named by; say named_by: header")
+		}
+	case NamedByHeader:
+		if !validHeader(a.Header) {
+			return fmt.Errorf("header: %q; named_by: header needs the header's name", a.Header)
+		}
+	default:
+		return fmt.Errorf("named_by: %q; want conversation, user or header, or nothing (chaining only)", a.NamedBy)
+	}
+	return nil
+}
+
+// Branches reports whether turns chained from one response start branches
+// (the tree a chain is by default).
+func (a *ResponsesAPI) Branches() bool { return a == nil || a.Chain != ChainLine }
+
+// ChainsFromAny reports whether the client may chain from a response the
+// server may not hold (its outcome unknown, failed, not stored).
+func (a *ResponsesAPI) ChainsFromAny() bool { return a == nil || a.UnknownPrevious != UnknownNew }
+
+// StoresAll reports whether the server stores a response whose request
+// said store: false.
+func (a *ResponsesAPI) StoresAll() bool { return a != nil && a.StoreFalse == StoreIgnored }
+
+// IDsSurviveRestart reports whether response ids outlive a restart.
+func (a *ResponsesAPI) IDsSurviveRestart() bool {
+	return a == nil || a.IDsSurvive == nil || *a.IDsSurvive
+}
+
+// Naming is how a conversation may be named apart from chaining, "" for
+// none.
+func (a *ResponsesAPI) Naming() string {
+	if a == nil {
+		return ""
+	}
+	return a.NamedBy
+}

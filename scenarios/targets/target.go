@@ -45,6 +45,9 @@ type Profile struct {
 	// Chat. Sessions needs SessionsAPI.
 	Protocol    Protocol
 	SessionsAPI *SessionsAPI
+	// ResponsesAPI is what a Responses API server declares of its
+	// semantics; nil takes the defaults (OpenAI's).
+	ResponsesAPI *ResponsesAPI
 	// ACPCaps are what the harness advertises to an ACP agent (Protocol
 	// ACP).
 	ACPCaps ACPCapabilities
@@ -73,6 +76,11 @@ type Profile struct {
 	// --baseline), as the profile names it: relative to the profile's
 	// directory. "" for none.
 	Baseline string
+	// Supersede is an ACP agent's concurrency policy, beside Serialize: a
+	// prompt on a busy session cancels the running one (answered
+	// cancelled), which is then an interrupted turn judged by the
+	// interruption policy (T10), and runs after it.
+	Supersede bool
 	// QueueTimeout is the longest a turn serialized behind another of its
 	// conversation waits before the server refuses it (a bounded wait):
 	// only a refusal after it passed may be one (T4). 0 means the model

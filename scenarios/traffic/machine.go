@@ -30,9 +30,14 @@ type conv struct {
 	lastUser openai.Message
 	// failed are user tokens whose latest attempt failed: retry candidates.
 	failed []model.Token
-	// inConv names it, under the Responses API, with the conversation
-	// parameter rather than as a chain of responses.
+	// inConv names it, under the Responses API, as the server declares a
+	// conversation is named (the conversation parameter, the user field,
+	// a header) rather than as a chain of responses.
 	inConv bool
+	// over marks a conversation that cannot go on by design: a chain of
+	// response ids that a restart took, on a server whose ids do not
+	// survive one. Nothing more is sent on it.
+	over bool
 }
 
 // Machine is one check's state machine. Its actions only draw plans (every
@@ -52,6 +57,8 @@ type Machine struct {
 	committed bool
 	ids       int
 	tokens    int
+	// invalid counts the invalid continuations drawn (plan.AppendedShapes).
+	invalid int
 	// sources are the queries of the references to the profile's agent the
 	// server loads now, and tags counts the queries drawn so far.
 	sources []string
@@ -84,7 +91,9 @@ func (m *Machine) Actions() map[string]func(*rapid.T) {
 	if len(m.Profile.Keys) >= 2 {
 		a["same id, other key"] = m.otherKey
 	}
-	if m.Profile.Protocol == targets.Responses {
+	if m.Profile.Protocol == targets.Responses && !m.Profile.ResponsesAPI.StoresAll() {
+		// A server that stores every response (store: false ignored, as
+		// declared) is sent none that asks not to be.
 		a["unstored turn"] = m.unstoredTurn
 	}
 	if _, ok := m.Server.(targets.Restarter); ok && (m.Profile.Durability.Restart || m.Profile.Durability.Crash) {
@@ -140,15 +149,23 @@ func (m *Machine) restart(t *rapid.T) {
 		action = "crash"
 	}
 	p := plan.Plan{Action: action, Restart: &r}
-	if r.Crash && len(m.convs) > 0 && rapid.Bool().Draw(t, "turn in flight") {
+	if live := m.live(); r.Crash && len(live) > 0 && rapid.Bool().Draw(t, "turn in flight") {
 		// The server dies while a turn's model call is held: the turn's
 		// outcome is unknown, and it is committed whole or not at all (T6).
-		c := newest(t, m.convs, "conversation")
+		c := newest(t, live, "conversation")
 		s := plan.TurnSend(c.ref, m.newToken(), rapid.Bool().Draw(t, "stream"))
 		s.InConversation = c.inConv
 		p = plan.Plan{Action: "crash mid-turn", Restart: &r, Release: []int{0}, Sends: []plan.Send{s}}
 	}
 	m.step(t, p)
+	if m.Profile.Protocol == targets.Responses && !m.Profile.ResponsesAPI.IDsSurviveRestart() {
+		// Response ids are gone, as declared: a conversation that is
+		// only a chain of them is over, and nothing of it is judged
+		// again. Those the server names otherwise go on.
+		for _, c := range m.convs {
+			c.over = c.over || !c.inConv
+		}
+	}
 }
 
 func (m *Machine) newTag() string {
@@ -162,16 +179,17 @@ func (m *Machine) newConversation(t *rapid.T) {
 }
 
 func (m *Machine) continueConversation(t *rapid.T) {
-	if len(m.convs) == 0 {
+	live := m.live()
+	if len(live) == 0 {
 		t.Skip("no conversation yet")
 	}
-	c := newest(t, m.convs, "conversation")
+	c := newest(t, live, "conversation")
 	m.step(t, plan.Single("continue", m.drawTurn(t, c, m.newToken(), true)))
 }
 
 func (m *Machine) retryFailed(t *rapid.T) {
 	var candidates []*conv
-	for _, c := range m.convs {
+	for _, c := range m.live() {
 		if len(c.failed) > 0 {
 			candidates = append(candidates, c)
 		}
@@ -187,13 +205,17 @@ func (m *Machine) retryFailed(t *rapid.T) {
 // otherKey continues a conversation id under another API key: a different
 // conversation, which must see nothing of the first (T5).
 func (m *Machine) otherKey(t *rapid.T) {
-	if len(m.convs) == 0 {
+	live := m.live()
+	if len(live) == 0 {
 		t.Skip("no conversation yet")
 	}
-	src := newest(t, m.convs, "conversation")
+	src := newest(t, live, "conversation")
 	others := slices.DeleteFunc(slices.Clone(m.Profile.Keys), func(k string) bool { return k == src.ref.Key })
 	key := rapid.SampledFrom(others).Draw(t, "other key")
 	c := m.conv(model.ConversationRef{Key: key, ID: src.ref.ID})
+	if c.over {
+		t.Skip("that key's conversation with this id is over")
+	}
 	c.inConv = src.inConv // the same id, named the same way
 	m.step(t, plan.Single("same id, other key", m.drawTurn(t, c, m.newToken(), true)))
 }
@@ -203,10 +225,11 @@ func (m *Machine) otherKey(t *rapid.T) {
 // from it once, and must find it not found or see nothing of it, and the
 // conversation goes on without it (T1).
 func (m *Machine) unstoredTurn(t *rapid.T) {
-	if len(m.convs) == 0 {
+	live := m.live()
+	if len(live) == 0 {
 		t.Skip("no conversation yet")
 	}
-	c := newest(t, m.convs, "conversation")
+	c := newest(t, live, "conversation")
 	if c.inConv {
 		t.Skip("a conversation of the server's keeps what it is sent")
 	}
@@ -216,10 +239,11 @@ func (m *Machine) unstoredTurn(t *rapid.T) {
 }
 
 func (m *Machine) invalidContinuation(t *rapid.T) {
-	if len(m.convs) == 0 {
+	live := m.live()
+	if len(live) == 0 {
 		t.Skip("no conversation yet")
 	}
-	c := newest(t, m.convs, "conversation")
+	c := newest(t, live, "conversation")
 	shapes := plan.InvalidShapes
 	if m.Profile.AppendsInput() {
 		// The input is appended whole (OpenAI's semantics, a session API
@@ -233,7 +257,8 @@ func (m *Machine) invalidContinuation(t *rapid.T) {
 		t.Skip("a conversation of the server's keeps what it is sent")
 	}
 	shape := shapes[rapid.IntRange(0, len(shapes)-1).Draw(t, "shape")]
-	s := plan.Send{Conv: c.ref, Messages: shape.Build(c.lastUser), Stream: rapid.Bool().Draw(t, "stream")}
+	m.invalid++
+	s := plan.Send{Conv: c.ref, Messages: shape.Build(c.lastUser, m.invalid), Stream: rapid.Bool().Draw(t, "stream")}
 	m.step(t, plan.Single("invalid continuation: "+shape.Name, s))
 }
 
@@ -242,22 +267,26 @@ func (m *Machine) invalidContinuation(t *rapid.T) {
 // every call and lets them go in a drawn order.
 func (m *Machine) burst(t *rapid.T) {
 	var c *conv
-	if len(m.convs) == 0 || rapid.Bool().Draw(t, "new id") {
+	if live := m.live(); len(live) == 0 || rapid.Bool().Draw(t, "new id") {
 		c = m.newConv(t)
 	} else {
-		c = newest(t, m.convs, "conversation")
+		c = newest(t, live, "conversation")
 	}
 	n := rapid.IntRange(2, 6).Draw(t, "requests")
 	p := plan.Plan{Action: plan.BurstAction(n)}
 	// Turns chained from one response branch by design: under the
 	// Responses API, the second turn of a burst on one conversation, and
 	// every one after, starts a branch of it, a conversation of its own.
+	// On a server that declares that a chain runs on one line (openclaw
+	// reuses the response's session), a branch whose base has a response
+	// is sent as a turn of the base's conversation, judged by the
+	// concurrency policy (protocol.Client.Resolve).
 	branches := m.Profile.Protocol == targets.Responses
 	sent := map[*conv]bool{}
 	for range n {
 		on := c
-		if len(m.convs) > 1 && rapid.IntRange(0, 4).Draw(t, "on another conversation") == 4 {
-			on = newest(t, m.convs, "other conversation")
+		if live := m.live(); len(live) > 1 && rapid.IntRange(0, 4).Draw(t, "on another conversation") == 4 {
+			on = newest(t, live, "other conversation")
 		}
 		var from *model.ConversationRef
 		if branches && sent[on] && !on.inConv {
@@ -316,9 +345,12 @@ func (m *Machine) newConv(t *rapid.T) *conv {
 	}
 	m.ids++
 	c := m.conv(model.ConversationRef{Key: key, ID: fmt.Sprintf("conv-%d", m.ids)})
-	// Under the Responses API, one conversation in four is the server's
-	// own (the conversation parameter), the others chains of responses.
-	c.inConv = m.Profile.Protocol == targets.Responses && rapid.IntRange(0, 3).Draw(t, "conversation parameter") == 3
+	// Under the Responses API, where the server declares a way to name a
+	// conversation (the conversation parameter, the user field, a
+	// header), one conversation in four is named so, the others chains
+	// of responses.
+	c.inConv = m.Profile.Protocol == targets.Responses && m.Profile.ResponsesAPI.Naming() != "" &&
+		rapid.IntRange(0, 3).Draw(t, "conversation parameter") == 3
 	return c
 }
 
@@ -370,6 +402,13 @@ func (m *Machine) record(op history.Op) {
 	if r := op.Response; r.Outcome != model.OK {
 		m.stats.Causes[r.Cause]++
 		injected := r.Cause == protocol.CauseAborted || op.Send.Fault.Kind != faults.None || op.Net == history.NetBroken || op.Send.Token == ""
+		// What the server's declared policies call for (a 409 under
+		// reject, a prompt superseded under supersede) is no surprise;
+		// what a crash drawn mid-turn ends is injected.
+		declared := r.Status == http.StatusConflict && m.Profile.Concurrency == model.Reject || r.Preempted && m.Profile.Supersede
+		if !injected && !declared && op.Restart == nil && op.Action != "crash mid-turn" && !op.Send.Abort && !op.Turn.Unsent && !r.Cancelled {
+			m.stats.CountUninjected(r.Cause, r.Detail)
+		}
 		if !injected && len(m.stats.FirstAnswers) < report.MaxFirstAnswers {
 			a := r.Cause
 			if r.Detail != "" && r.Detail != r.Cause {
@@ -437,6 +476,15 @@ func callRound(tok model.Token, c model.Call) int {
 		}
 	}
 	return round
+}
+
+// live are the conversations that may go on.
+func (m *Machine) live() []*conv {
+	live := m.convs
+	if slices.ContainsFunc(m.convs, func(c *conv) bool { return c.over }) {
+		live = slices.DeleteFunc(slices.Clone(m.convs), func(c *conv) bool { return c.over })
+	}
+	return live
 }
 
 func (m *Machine) conv(ref model.ConversationRef) *conv {
