@@ -906,7 +906,7 @@ type answerText struct {
 func replyAnswer(tok model.Token, at int64) answerText {
 	chunks := ReplyChunks(tok)
 	if tok == "" {
-		chunks = []string{"no new user message with a turn token to reply to"}
+		chunks = []string{model.NoTokenReply}
 	}
 	if at != 0 {
 		last := len(chunks) - 1

@@ -25,6 +25,11 @@ var markPattern = regexp.MustCompile(` ?\[call ([0-9]+)\]`)
 // client received, to tell which call's reply that was.
 func CallMark(at int64) string { return "[call " + strconv.FormatInt(at, 10) + "]" }
 
+// NoTokenReply is what the fake model answers a call that carries no
+// turn token: a reply the harness can tell in an answer even where the
+// call was not recorded (it carried no message of the check's).
+const NoTokenReply = "no new user message with a turn token to reply to"
+
 // WithoutCallMarks is text without the call marks in it (CallMark), nor
 // the space before each: what a reply says, whichever call wrote it.
 func WithoutCallMarks(text string) string { return markPattern.ReplaceAllString(text, "") }

@@ -566,7 +566,10 @@ func (l Line) turnShaped(call Call, blank bool) string {
 	if l.last == nil || len(call.History) == 0 {
 		return ""
 	}
-	if l.sent(call.Turn) {
+	// Under appended input (blank false), a tokenless user message after
+	// the call's last token (Tail) is the input appended, the newest
+	// message: the earlier one is not run again as new.
+	if l.sent(call.Turn) && (blank || !call.Tail) {
 		if _, ok := l.match(call.History, call.Turn); ok {
 			return fmt.Sprintf("replaying %s as the new message", call.Turn)
 		}

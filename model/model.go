@@ -979,10 +979,13 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	if t.reached() || t.Outcome == OK {
 		cv.lastUse = m.steps
 	}
-	if v != nil && v.Invariant == T2 && cv.restarted {
+	if v != nil && v.Invariant == T2 && v.Kind == Lost && cv.restarted {
 		// A committed turn went missing across a restart: durability,
 		// whether or not the restart also changed the agent's source (T8
-		// is about resuming at all, T7 about what a resume finds).
+		// is about resuming at all, T7 about what a resume finds). A
+		// committed turn shown twice, or out of order, stays T2's: a
+		// server that does so without a restart too is one finding, not
+		// two.
 		v.Invariant = T7
 		v.Reason = "after a restart of the server, " + v.Reason
 	}

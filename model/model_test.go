@@ -1094,6 +1094,16 @@ func TestRestartDurability(t *testing.T) {
 	v = m.Apply(failedBefore(convA, u(2), 500))
 	require.NotNil(t, v)
 	assert.Equal(t, model.T7, v.Invariant)
+
+	// A committed turn shown twice after a restart is T2's, as it is
+	// without one (docker-agent's serve api stores a reply again as a
+	// user message): one finding, not one per restart.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	v = m.Apply(ok(convA, u(2), call(u(2), u(1), a(1), a(1), u(2))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T2, v.Invariant, v.Reason)
 }
 
 func TestRestartSourceChange(t *testing.T) {

@@ -1160,3 +1160,16 @@ func TestAbandonedTurn(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendedAfterKeptInterrupted: docker-agent's session API keeps an
+// interrupted turn's message (keep-consistent), then appends a client
+// tool's output as a user message without a token: that message is the
+// newest, and the kept one is not run again as new (no T3). The same
+// call with nothing after the kept message would be a replay.
+func TestAppendedAfterKeptInterrupted(t *testing.T) {
+	kept := interrupted(convA, u(5), 0, timed(call(u(5), u(5)), 3))
+	runWith(t, keep, []step{{turn: kept},
+		{turn: appended(invalid(convA, "", model.OK, 200, model.Call{History: h(u(5)), Turn: u(5), Tail: true, Trailing: true}))}})
+	runWith(t, keep, []step{{turn: kept},
+		{turn: appended(invalid(convA, "", model.OK, 200, model.Call{History: h(u(5)), Turn: u(5)})), want: model.T3}})
+}

@@ -1,6 +1,7 @@
 package execute
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -44,20 +45,29 @@ func (i impatient) Start(modelURL string) (targets.Server, error) {
 // never as an unknown outcome (T6). Under keep-consistent, the server
 // keeps the turn's user message and its completed tool round, and the
 // next turn shows them: no violation.
+//
+// Streamed, the time runs out after the answer began (200, the stream
+// open): the same (docker-agent's serve api, whose event stream opens at
+// once).
 func TestClientTimeoutIsAnInterruption(t *testing.T) {
-	s := newSession(t, impatient{reference.Target{Interruption: sut.KeepConsistent}})
-	conv := model.ConversationRef{Key: "key-a", ID: "c"}
-	send := plan.TurnSend(conv, model.UserToken(10), false)
-	send.Rounds = []faults.Round{{sut.ToolLookup}}
-	send.Fault = faults.Fault{Kind: faults.Hold, Round: 1}
-	ops, v := s.Step(plan.Single("outlives its client", send))
-	require.Nil(t, v, "%+v", ops)
-	require.Len(t, ops, 1)
-	require.True(t, ops[0].Response.TimedOut, "%+v", ops[0].Response)
-	assert.True(t, ops[0].Turn.Abandoned, "a client's own timeout is an interruption")
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%t", stream), func(t *testing.T) {
+			t.Parallel()
+			s := newSession(t, impatient{reference.Target{Interruption: sut.KeepConsistent}})
+			conv := model.ConversationRef{Key: "key-a", ID: "c"}
+			send := plan.TurnSend(conv, model.UserToken(10), stream)
+			send.Rounds = []faults.Round{{sut.ToolLookup}}
+			send.Fault = faults.Fault{Kind: faults.Hold, Round: 1}
+			ops, v := s.Step(plan.Single("outlives its client", send))
+			require.Nil(t, v, "%+v", ops)
+			require.Len(t, ops, 1)
+			require.True(t, ops[0].Response.TimedOut, "%+v", ops[0].Response)
+			assert.True(t, ops[0].Turn.Abandoned, "a client's own timeout is an interruption")
 
-	ops, v = s.Step(plan.Single("next", plan.TurnSend(conv, model.UserToken(11), false)))
-	require.Nil(t, v, "the user message and completed round kept under keep-consistent: %+v", ops)
-	require.Equal(t, model.OK, ops[0].Response.Outcome, ops[0].Response.Detail)
-	assert.Contains(t, firstCall(t, ops[0]), model.UserToken(10), "the server kept the turn's user message")
+			ops, v = s.Step(plan.Single("next", plan.TurnSend(conv, model.UserToken(11), false)))
+			require.Nil(t, v, "the user message and completed round kept under keep-consistent: %+v", ops)
+			require.Equal(t, model.OK, ops[0].Response.Outcome, ops[0].Response.Detail)
+			assert.Contains(t, firstCall(t, ops[0]), model.UserToken(10), "the server kept the turn's user message")
+		})
+	}
 }

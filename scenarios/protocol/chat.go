@@ -70,6 +70,10 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 				out.Outcome = model.Unknown
 				out.Detail, out.Cause = "[DONE] without a chunk finishing with stop", CauseNoStop
 			}
+			// The response ends with its body, not with [DONE]: a server
+			// may release the conversation in between (docker-agent's
+			// serve chat does), and the next request must not race it.
+			out.Open = !drain(events, closer, false)
 			return out
 		}
 		var c openai.Completion
@@ -80,7 +84,7 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 			out.Reply = reply.String()
 			out.Outcome = model.Fail
 			out.Detail, out.Cause = "error chunk: "+c.Error.Message, CauseChunk
-			out.Open = !drain(events, closer)
+			out.Open = !drain(events, closer, true)
 			return out
 		}
 		addReply(&reply, c.Text())
@@ -90,18 +94,28 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 	}
 }
 
-// drain reads events until the server ends the response, for at most
-// ErrorDrain; it reports whether the server ended it in time.
-func drain(events *sse.Reader, closer io.Closer) bool {
+// drain reads events until the server ends the response (the end of the
+// body, or, atDone, [DONE]), for at most ErrorDrain; it reports whether
+// the server ended it in time. closer, if not nil, ends a read that takes
+// longer; without one, the read is not waited for.
+func drain(events *sse.Reader, closer io.Closer, atDone bool) bool {
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
 		for {
-			if data, err := events.Next(); err != nil || data == openai.DoneSentinel {
+			if data, err := events.Next(); err != nil || atDone && data == openai.DoneSentinel {
 				return
 			}
 		}
 	}()
+	if closer == nil {
+		select {
+		case <-ended:
+			return true
+		default:
+			return false
+		}
+	}
 	timer := time.NewTimer(ErrorDrain)
 	defer timer.Stop()
 	select {

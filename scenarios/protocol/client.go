@@ -480,7 +480,9 @@ func streamEnded(ctx context.Context, err error, reply, ended, cause string, out
 		case ctx.Err() != nil:
 			out.Cause = CauseAborted
 		case errors.As(err, &timeout) && timeout.Timeout():
-			out.Cause = "stream never ended within the client's time"
+			// The client's own time ran out mid-stream: it closes the
+			// connection, as it does before any answer.
+			out.Cause, out.TimedOut = "stream never ended within the client's time", true
 		}
 	}
 	return out
@@ -520,11 +522,11 @@ func malformed(reply, what string, out Response) Response {
 // eachEvent reads a stream of JSON events, each decoded into an E and
 // handed to on with the reply text so far, until on says the event ended
 // the turn (and set its outcome); a stream that ends first leaves the
-// outcome unknown, ended saying so. After an event that failed the turn,
-// the rest of the stream is read, as after an error chunk under chat (a
-// server may release the conversation only once it ends the response),
-// for at most ErrorDrain; closer, if not nil, ends the read then, and a
-// response still open is Open.
+// outcome unknown, ended saying so. After the event that ended the turn,
+// the rest of the stream is read, as after [DONE] under chat (a server
+// may release the conversation only once it ends the response), for at
+// most ErrorDrain; closer, if not nil, ends the read then, and a response
+// still open is Open.
 func eachEvent[E any](ctx context.Context, body io.Reader, closer io.Closer, ended string, out Response, on func(ev E, reply *strings.Builder, out *Response) bool) Response {
 	var reply strings.Builder
 	events := sse.NewReader(body)
@@ -538,9 +540,14 @@ func eachEvent[E any](ctx context.Context, body io.Reader, closer io.Closer, end
 			return malformed(reply.String(), "event", out)
 		}
 		if on(ev, &reply, &out) {
+			// The response ends with its body, not with the event that
+			// ended the turn: a server may release the conversation in
+			// between (docker-agent's serve api releases its session
+			// after stream_stopped), and the next request must not race
+			// it.
 			out.Reply = reply.String()
-			if out.Outcome == model.Fail && closer != nil {
-				out.Open = !drain(events, closer)
+			if closer != nil {
+				out.Open = !drain(events, closer, false)
 			}
 			return out
 		}

@@ -99,3 +99,35 @@ func TestFailureEventReadToTheEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestDoneReadToTheEnd: a turn ends ok with [DONE] (chat) or its done
+// event (a session API), but its response ends with its body: the client
+// reads on until then, as after an error chunk, so that the next request
+// does not race a server that releases its conversation in between
+// (docker-agent's serve chat and serve api do); a response that does not
+// end in time is marked open.
+func TestDoneReadToTheEnd(t *testing.T) {
+	t.Parallel() // it mostly waits on bounds
+	stop := `data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tc-a1"},"finish_reason":"stop"}]}` + "\n\n"
+	r := readStream(context.Background(), strings.NewReader(stop+"data: [DONE]\n\n"), io.NopCloser(nil), Response{Status: 200})
+	assert.Equal(t, model.OK, r.Outcome, r.Detail)
+	assert.False(t, r.Open, "the server ended the response")
+
+	pr, pw := io.Pipe()
+	go func() { _, _ = pw.Write([]byte(stop + "data: [DONE]\n\n")) }() // and never ends
+	r = readStream(context.Background(), pr, pr, Response{Status: 200})
+	assert.Equal(t, model.OK, r.Outcome, r.Detail)
+	assert.True(t, r.Open, "the server never ended the response after [DONE]")
+	_ = pw.Close()
+
+	sessions := &sessions{api: &targets.SessionsAPI{Events: targets.EventRules{TypeField: "type", Text: "agent_choice", TextField: "content",
+		Done: []string{"stream_stopped"}}}}
+	pr, pw = io.Pipe()
+	go func() {
+		_, _ = pw.Write([]byte(`data: {"type":"agent_choice","content":"tc-a1"}` + "\n\n" + `data: {"type":"stream_stopped"}` + "\n\n"))
+	}()
+	r = sessions.readEvents(context.Background(), pr, pr, Response{Status: 200})
+	assert.Equal(t, model.OK, r.Outcome, r.Detail)
+	assert.True(t, r.Open, "the server never ended the response after stream_stopped")
+	_ = pw.Close()
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/history"
 )
 
 // failed is a FAIL verdict of inv whose violation says reason.
@@ -117,4 +118,16 @@ func TestWarningsNameWhatFailedTurns(t *testing.T) {
 	all.Add(*s)
 	assert.Equal(t, 50, all.Uninjected["status 400"])
 	assert.Equal(t, s.UninjectedSaid["status 400"], all.UninjectedSaid["status 400"])
+}
+
+// TestNoCallSaysWhatWasSeen: a turn with no call of the check's recorded
+// says so, and where its reply is the model's own text says that a call
+// was made all the same, one that carried none of the check's messages.
+func TestNoCallSaysWhatWasSeen(t *testing.T) {
+	op := history.Op{}
+	assert.Equal(t, "no call", noCall(op))
+	op.Response.Reply = model.NoTokenReply + "."
+	assert.Contains(t, noCall(op), "one was made")
+	op.Response.Reply = "tc-a1 acknowledges your message [call 4]."
+	assert.Contains(t, noCall(op), "the reply names a call of the model's")
 }

@@ -206,8 +206,11 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 // all, or, where the reply the client got names a call of the model's
 // ([call N]), one that carried none of the check's messages.
 func noCall(op history.Op) string {
-	if strings.Contains(op.Response.Reply, "[call ") {
+	switch {
+	case strings.Contains(op.Response.Reply, "[call "):
 		return "no call that carried this check's messages (the reply names a call of the model's: one that carried none of them)"
+	case strings.Contains(op.Response.Reply, model.NoTokenReply):
+		return "no call that carried this check's messages (the reply is the model's answer to a call that carried no message with a token: one was made)"
 	}
 	return "no call"
 }

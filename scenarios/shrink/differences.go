@@ -87,6 +87,7 @@ func howEnded(op history.Op) string {
 		what string
 	}{
 		{t.Interrupted, "was dropped by its client while the model held it"},
+		{t.Abandoned, "was left by its client when the client's time ran out"},
 		{t.Detached, "ran on after its client left"},
 		{t.TimedOut, "got no answer within the client's time"},
 		{t.Open, "was left open by the server"},

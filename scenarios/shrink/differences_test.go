@@ -35,7 +35,7 @@ func TestDifferencesSayEachKind(t *testing.T) {
 	replay[0].Turn.TimedOut, replay[0].Turn.Calls = true, nil
 	replay[1].Net = history.NetBroken
 	assert.Equal(t, []string{
-		"at step 2, request 1 (c, tc-u1): the failing run got ok 200, the replay unknown (no response within the client's time)",
+		"at step 2, request 1 (c, tc-u1): the failing run got ok 200, the replay unknown with no status (no response within the client's time)",
 		"at step 2, request 1 (c, tc-u1): the request reached the model 1 time(s) in the failing run, 0 in the replay",
 		"at step 2, request 1 (c, tc-u1): the turn ended plainly in the failing run, got no answer within the client's time in the replay",
 		"at step 2, request 2 (c, tc-u2): served by replica 1 in the failing run, by replica 2 in the replay",

@@ -803,7 +803,14 @@ func (s *Shrinker) Differed(failing []history.Op) string {
 func answer(op history.Op) string {
 	r := op.Response
 	a := r.Outcome.String()
-	if r.Status != 0 {
+	switch {
+	case r.Outcome == model.Unknown && r.Status != 0:
+		// Its answer began, then ended unknown: that it began is what
+		// tells it from one with no answer at all.
+		a += fmt.Sprintf(" after status %d", r.Status)
+	case r.Outcome == model.Unknown:
+		a += " with no status"
+	case r.Status != 0:
 		a += fmt.Sprintf(" %d", r.Status)
 	}
 	if r.Cause != "" && !strings.HasPrefix(r.Cause, "status ") {

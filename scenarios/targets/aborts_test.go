@@ -1,6 +1,7 @@
 package targets
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -63,4 +64,19 @@ func TestMarkAborts(t *testing.T) {
 	// Where the output's start was cut off, the traceback's last line is
 	// marked still; lastLines keeps the last lines after folding.
 	assert.Equal(t, "  x\n  BrokenPipeError: [Errno 32] Broken pipe  "+abortNote, lastLines("    self.wfile.write(b)\nx\nBrokenPipeError: [Errno 32] Broken pipe\n", 2))
+}
+
+// TestRepeatedLinesFolded: the lines each start of a server writes (the
+// address it listens on) fold into one, with how many they were, so that
+// a run's restarts do not push what came before them out of view.
+func TestRepeatedLinesFolded(t *testing.T) {
+	out := "panic: send on closed channel\ngoroutine 7 [running]:\n"
+	for port := 40000; port < 40019; port++ {
+		out += fmt.Sprintf("Listening on 127.0.0.1:%d\n", port)
+	}
+	got := lastLines(out, 20)
+	assert.Contains(t, got, "panic: send on closed channel", "the traceback stays in view")
+	assert.Contains(t, got, "Listening on 127.0.0.1:40018  [turncheck: 19 such lines, one after another, folded into the last]")
+	assert.Equal(t, 3, strings.Count(got, "\n")+1)
+	assert.Equal(t, "  a\n  b", lastLines("a\nb\n", 20), "lines that differ in more than numbers stay")
 }

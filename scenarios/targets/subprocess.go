@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -326,11 +327,36 @@ func (s *subprocessServer) Close() error {
 // lastLines is the last n lines of out, with what the harness's client
 // aborts caused marked as such (markAborts).
 func lastLines(out string, n int) string {
-	lines := strings.Split(markAborts(strings.TrimRight(out, "\n")), "\n")
+	lines := foldRepeats(strings.Split(markAborts(strings.TrimRight(out, "\n")), "\n"))
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
 	return "  " + strings.Join(lines, "\n  ")
+}
+
+// digits matches the numbers in a line, which differ between the starts
+// of one server (a port, a pid, a time).
+var digits = regexp.MustCompile(`[0-9]+`)
+
+// foldRepeats folds a run of lines that differ only in their numbers (a
+// server's "Listening on 127.0.0.1:PORT" at each of a run's starts) into
+// its last line, and says how many it stood for: the lines before them,
+// a crash's traceback, stay in view.
+func foldRepeats(lines []string) []string {
+	out := make([]string, 0, len(lines))
+	for i := 0; i < len(lines); {
+		j := i + 1
+		for j < len(lines) && lines[j] != "" && digits.ReplaceAllString(lines[j], "N") == digits.ReplaceAllString(lines[i], "N") {
+			j++
+		}
+		line := lines[j-1]
+		if j-i > 1 {
+			line += fmt.Sprintf("  [turncheck: %d such lines, one after another, folded into the last]", j-i)
+		}
+		out = append(out, line)
+		i = j
+	}
+	return out
 }
 
 // replicas is a server of several processes over one data dir.
