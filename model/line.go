@@ -478,8 +478,11 @@ func withoutFailure(fs *failure, user Token) *failure {
 // input whole (Turn.Appends), make the model see no committed user
 // message again as new, whatever it is answered.
 func (l Line) refuse(t Turn) *Violation {
+	// A request refused with 400 ran no turn: a call carrying the line as
+	// it stands then is another's (a summary of the conversation).
+	ran := !(t.Outcome == Fail && t.Status == 400)
 	for _, call := range t.Calls {
-		reason := l.turnShaped(call, !t.Appends)
+		reason := l.turnShaped(call, !t.Appends, ran)
 		switch {
 		case reason == "":
 		case t.Appends:
@@ -559,10 +562,11 @@ func (l Line) committed() bool {
 // auxiliary one (a title, a summary, another conversation's background
 // work): it carries the line, then either an earlier message of this
 // conversation replayed as the new one, or, if blank, a message with no
-// token (the blank one passed on), or the line as it stands with nothing
-// after it (the conversation run with no input: its last user message is
-// the newest again). It returns how, or "" for an auxiliary call.
-func (l Line) turnShaped(call Call, blank bool) string {
+// token (the blank one passed on), or, where the request ran (was not
+// refused with 400), the line as it stands with nothing after it (the
+// conversation run with no input: its last user message is the newest
+// again). It returns how, or "" for an auxiliary call.
+func (l Line) turnShaped(call Call, blank, ran bool) string {
 	if l.last == nil || len(call.History) == 0 {
 		return ""
 	}
@@ -574,7 +578,7 @@ func (l Line) turnShaped(call Call, blank bool) string {
 			return fmt.Sprintf("replaying %s as the new message", call.Turn)
 		}
 		const none = Token("tc-u-none") // stands for the input it lacks
-		if !call.Trailing {
+		if ran && !call.Trailing {
 			if _, ok := l.match(append(slices.Clone(call.History), none), none); ok {
 				return fmt.Sprintf("running the conversation as it stands with nothing appended, so that its last user message, %s, is the newest again", call.Turn)
 			}

@@ -544,6 +544,17 @@ func TestApply(t *testing.T) {
 			committed: h(u(1), a(1)),
 		},
 		{
+			// A request refused with 400 ran no turn: a call beside it
+			// that carries the conversation as it stands (a summary) is
+			// not the request's.
+			name: "a refused request beside a call that carries the conversation as it stands",
+			steps: []step{
+				{turn: ok(convA, u(1), call(u(1), u(1)))},
+				{turn: appended(invalid(convA, "", model.Fail, 400, call(u(1), u(1), a(1))))},
+			},
+			committed: h(u(1), a(1)),
+		},
+		{
 			// docker-agent's session API, sent an empty list: nothing is
 			// appended, and the model runs on the session as it is.
 			name: "appended input without anything runs the conversation as it stands",
