@@ -770,11 +770,12 @@ func readCall(msgs []openai.Message, epoch string) model.Call {
 				call.Turn, tokened = t, true
 			}
 		}
-		if !tokened {
-			call.Tail = true
-		} else {
-			call.Tail = false
-		}
+		// A tokenless message the server merged into the user's (its
+		// client merges consecutive user messages, as docker-agent's
+		// does) follows it in the same message: text after the harness's
+		// own counts as one after it.
+		call.Tail = !tokened || mergedAfter(string(msg.Content))
+		call.Trailing = call.Trailing || call.Tail
 	}
 	if call.History == nil {
 		call.History = []model.Token{}
@@ -784,6 +785,18 @@ func readCall(msgs []openai.Message, epoch string) model.Call {
 		call.Tools = events
 	}
 	return call
+}
+
+// harnessMessage matches a user message as the harness sends it
+// (plan.UserText, then the check's epoch tag on a shared server), at the
+// start of a message's text.
+var harnessMessage = regexp.MustCompile(`^Please remember tc-u[0-9]+\.(?: \(tc[0-9a-f]+(?:-[0-9]+)?\))?`)
+
+// mergedAfter reports whether content is a user message of the harness's
+// with text after it: a later message the server merged into it.
+func mergedAfter(content string) bool {
+	loc := harnessMessage.FindStringIndex(content)
+	return loc != nil && strings.TrimSpace(content[loc[1]:]) != ""
 }
 
 // answered reports whether call's last user token is followed, in its

@@ -274,6 +274,9 @@ func TestTurnIsTheLastUserToken(t *testing.T) {
 		"blank passed on":   {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), user("  ")}, "", true, true},
 		"context then user": {[]openai.Message{user("<context/>"), user("tc-u3")}, "tc-u3", false, false},
 		"run as it stands":  {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1")}, "tc-u1", false, false},
+		"the harness's own": {[]openai.Message{user("Please remember tc-u2. (tcab12cd-3)")}, "tc-u2", false, false},
+		"merged into it": {[]openai.Message{user("Please remember tc-u2. (tcab12cd-3)\nnoon")},
+			"tc-u2", true, true},
 		"assistant appended": {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), msg(openai.RoleAssistant, "Noted.")},
 			"tc-u1", false, true},
 	} {

@@ -206,8 +206,10 @@ type Call struct {
 	// none; a call belongs to the turn whose user token this is.
 	Turn Token `json:"turn,omitempty"`
 	// Tail reports that a user message without a token comes after Turn's
-	// (or, with no Turn, that there is one): a server's appended context,
-	// or a blank message passed on as if it were the new one.
+	// (or, with no Turn, that there is one), on its own or merged into
+	// Turn's message after the harness's text: a server's appended
+	// context, a blank message passed on as if it were the new one, or
+	// appended input a client merged into the message before it.
 	Tail bool `json:"tail,omitempty"`
 	// Trailing reports that a message carrying no token comes after the
 	// last one that carries one (an assistant message, a tool's output, a

@@ -510,7 +510,11 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 	later, cancelledBy := p.later, p.cancelled
 	w.mu.Unlock()
 	out.Breaches = conn.Breaches(s.id)
-	out = readACP(out, req, err, aborted, busy, busy || later, conn, wait)
+	// Under supersede, the prompts in flight when this one was sent were
+	// cancelled for it: what the session says from then on is this
+	// prompt's, not theirs.
+	overlapped := busy && !c.profile.Supersede || later
+	out = readACP(out, req, err, aborted, busy, overlapped, conn, wait)
 	switch {
 	case aborted || out.TimedOut && cancelledBy:
 		// The client cancelled the prompt itself: an interrupted turn,

@@ -49,10 +49,11 @@ func readWhole(ctx context.Context, body io.Reader, out Response) Response {
 // error, a chunk finished with "stop", and [DONE] closed the stream; an
 // error chunk fails the turn whatever follows it (PROTOCOL.md).
 //
-// After an error chunk it reads on, within ErrorDrain, until the server
-// ends the response ([DONE] or the end of the body): a server that sends
-// [DONE] after an error chunk may release the conversation only then, and
-// the next request must not race it. closer ends a read that takes longer.
+// After an error chunk, and after [DONE], it reads on, within ErrorDrain,
+// until the server ends the response (the end of the body): a server may
+// release the conversation only then (docker-agent's serve chat commits
+// and releases it after [DONE]), and the next request must not race it.
+// closer ends a read that takes longer.
 func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Response) Response {
 	var reply strings.Builder
 	stopped := false
@@ -73,7 +74,7 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 			// The response ends with its body, not with [DONE]: a server
 			// may release the conversation in between (docker-agent's
 			// serve chat does), and the next request must not race it.
-			out.Open = !drain(events, closer, false)
+			out.Open = !drain(events, closer)
 			return out
 		}
 		var c openai.Completion
@@ -84,7 +85,7 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 			out.Reply = reply.String()
 			out.Outcome = model.Fail
 			out.Detail, out.Cause = "error chunk: "+c.Error.Message, CauseChunk
-			out.Open = !drain(events, closer, true)
+			out.Open = !drain(events, closer)
 			return out
 		}
 		addReply(&reply, c.Text())
@@ -94,16 +95,16 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 	}
 }
 
-// drain reads events until the server ends the response (the end of the
-// body, or, atDone, [DONE]), for at most ErrorDrain; it reports whether
-// the server ended it in time. closer, if not nil, ends a read that takes
-// longer; without one, the read is not waited for.
-func drain(events *sse.Reader, closer io.Closer, atDone bool) bool {
+// drain reads events until the server ends the response (the end of its
+// body), for at most ErrorDrain; it reports whether the server ended it in
+// time. closer, if not nil, ends a read that takes longer; without one,
+// the read is not waited for.
+func drain(events *sse.Reader, closer io.Closer) bool {
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
 		for {
-			if data, err := events.Next(); err != nil || atDone && data == openai.DoneSentinel {
+			if _, err := events.Next(); err != nil {
 				return
 			}
 		}

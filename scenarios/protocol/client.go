@@ -547,7 +547,7 @@ func eachEvent[E any](ctx context.Context, body io.Reader, closer io.Closer, end
 			// it.
 			out.Reply = reply.String()
 			if closer != nil {
-				out.Open = !drain(events, closer, false)
+				out.Open = !drain(events, closer)
 			}
 			return out
 		}

@@ -63,6 +63,16 @@ func TestErrorChunkReadToTheEnd(t *testing.T) {
 	assert.Equal(t, model.Fail, r.Outcome)
 	assert.True(t, r.Open, "the server never ended the response")
 	_ = pw.Close()
+
+	// docker-agent's serve chat writes [DONE] after the error chunk, and
+	// commits and releases the conversation only then: [DONE] is not the
+	// end of the response, its body's end is.
+	pr, pw = io.Pipe()
+	go func() { _, _ = pw.Write([]byte(errChunk + "data: [DONE]\n\n")) }() // and never ends
+	r = readStream(context.Background(), pr, pr, Response{Status: 200})
+	assert.Equal(t, model.Fail, r.Outcome)
+	assert.True(t, r.Open, "the server never ended the response after [DONE]")
+	_ = pw.Close()
 }
 
 // TestFailureEventReadToTheEnd: under the Responses API and a session API
