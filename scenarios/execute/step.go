@@ -256,10 +256,12 @@ func (s *step) end() {
 			} else {
 				s.ops[i].Turn.Abandoned = true
 			}
-		case !f.interrupted && !s.ops[i].Response.Cancelled && s.ops[i].Response.Preempted && e.profile.Supersede:
-			// Superseded by the next prompt of its session, as the agent
+		case s.ops[i].Response.Preempted && e.profile.Supersede:
+			// Superseded by another prompt of its session, as the agent
 			// declares it does: an interruption the agent chose, judged by
-			// the interruption policy (T10), with no stop to judge.
+			// the interruption policy (T10), with no stop to judge; also
+			// where the harness was about to drop it, and the agent
+			// answered first.
 			s.ops[i].Turn.Preempted = false
 			if e.profile.Interruption == targets.Complete {
 				s.ops[i].Turn.Detached = true

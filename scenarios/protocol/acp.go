@@ -510,9 +510,11 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 	later, cancelledBy := p.later, p.cancelled
 	w.mu.Unlock()
 	out.Breaches = conn.Breaches(s.id)
-	// Under supersede, the prompts in flight when this one was sent were
-	// cancelled for it: what the session says from then on is this
-	// prompt's, not theirs.
+	// Under supersede, a prompt answered end_turn with only earlier
+	// prompts in flight beside it outlasted them: whichever order the
+	// agent took them in, each of those was cancelled (had it superseded
+	// this one, this one would be answered cancelled), and what the
+	// session said is this prompt's.
 	overlapped := busy && !c.profile.Supersede || later
 	out = readACP(out, req, err, aborted, busy, overlapped, conn, wait)
 	switch {
@@ -537,10 +539,12 @@ func (w *acpWire) send(ctx context.Context, c *Client, req Request) Response {
 		out.Outcome, out.Status, out.Cancelled = model.Unknown, 0, true
 		out.Cause = CauseCancelledWith
 		out.Detail = "a JSON-RPC error after the client sent session/cancel for another prompt of the session while this one was unanswered: " + out.Detail
-	case later && err == nil && resp.StopReason == acp.StopReasonCancelled && c.profile.Supersede:
-		// Superseded by the prompt sent after it, as the agent declares
-		// it does: an interrupted turn, whose outcome the interruption
-		// policy decides (T10).
+	case (later || busy) && err == nil && resp.StopReason == acp.StopReasonCancelled && c.profile.Supersede:
+		// Superseded by another prompt of its session, as the agent
+		// declares it does: an interrupted turn, whose outcome the
+		// interruption policy decides (T10). By one sent before it too:
+		// an agent may take prompts sent at once in another order
+		// (docker-agent's SDK serves each in a goroutine of its own).
 		out.Outcome, out.Status, out.Preempted = model.Unknown, 0, true
 		out.Detail = "stopReason cancelled: superseded by the next prompt of the session, as the agent declares (supersede)"
 	case later && err == nil && resp.StopReason == acp.StopReasonCancelled:

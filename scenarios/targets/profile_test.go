@@ -330,6 +330,7 @@ func TestACPProfiles(t *testing.T) {
 	da := target.(Subprocess).Profile()
 	assert.Equal(t, ACP, da.Protocol)
 	assert.False(t, da.Durability.Restart || da.Durability.Crash, "it does not advertise loadSession")
+	assert.True(t, da.Supersede, "a new prompt cancels the running one, by design")
 
 	base := "protocol: acp\nserver:\n  command: [agent, \"{model_url}\"]\n"
 	for extra, want := range map[string]string{
