@@ -1023,9 +1023,15 @@ func (w *lineWatch) scan(b []byte) {
 	}
 }
 
-// match tries the current line and, if it matches, publishes it.
+// ansiEscape matches a terminal's colour and cursor codes (CSI
+// sequences), which a server that colours its log writes into a pipe too
+// (openclaw's "[gateway] ready", where TERM says a terminal).
+var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]`)
+
+// match tries the current line, without its colour codes, and, if it
+// matches, publishes it.
 func (w *lineWatch) match() {
-	line := bytes.TrimSuffix(w.buf, []byte{'\r'})
+	line := ansiEscape.ReplaceAll(bytes.TrimSuffix(w.buf, []byte{'\r'}), nil)
 	m := w.re.FindSubmatchIndex(line)
 	if m == nil {
 		return

@@ -415,6 +415,17 @@ func TestProcessTemplate(t *testing.T) {
 		assert.Equal(t, "addr="+hostport+" port="+port+"\nready\n", p.Stderr())
 	})
 
+	t.Run("a ReadyLine matches a line whose words are coloured", func(t *testing.T) {
+		t.Parallel()
+		// openclaw colours its log where TERM names a terminal, pipe or
+		// not: the codes are not the line's words.
+		p := procStart(t, faults.ProcessConfig{
+			Command:   shCommand(`printf '\033[36m[gateway]\033[39m \033[1mready\033[0m\n'; exec sleep 60`, "{addr}"),
+			ReadyLine: `^\[gateway\] ready$`,
+		})
+		assert.Contains(t, p.Stderr(), "ready")
+	})
+
 	t.Run("Started is told each run's command line, placeholders filled", func(t *testing.T) {
 		t.Parallel()
 		var mu sync.Mutex

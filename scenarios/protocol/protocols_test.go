@@ -318,3 +318,33 @@ func TestErrorCode(t *testing.T) {
 	assert.True(t, Response{Outcome: model.Fail, Status: 404}.NotFound())
 	assert.False(t, Response{Outcome: model.Fail, Status: 400}.NotFound())
 }
+
+// TestResponsesNamedBy: a conversation of the server's is named as the
+// profile declares (the conversation parameter, the user field, or a
+// header, which the request keeps as sent for a report's curl), never
+// with previous_response_id; a profile that declares no way names none.
+func TestResponsesNamedBy(t *testing.T) {
+	conv := model.ConversationRef{Key: "key-a", ID: "conv-3"}
+	send := plan.Send{Conv: conv, Token: "tc-u1", Messages: userMessage("tc-u1"), InConversation: true}
+	for _, tc := range []struct {
+		api        *targets.ResponsesAPI
+		body, head string
+	}{
+		{&targets.ResponsesAPI{NamedBy: targets.NamedByConv}, `"conversation":"ns-conv-3"`, ""},
+		{&targets.ResponsesAPI{NamedBy: targets.NamedByUser}, `"user":"ns-conv-3"`, ""},
+		{&targets.ResponsesAPI{NamedBy: targets.NamedByHeader, Header: "x-openclaw-session-key"}, "", "x-openclaw-session-key"},
+	} {
+		c := NewClient([]string{"http://127.0.0.1:1"}, targets.Profile{Protocol: targets.Responses, Model: "m", ResponsesAPI: tc.api}, "ns-")
+		req := c.NewRequest(context.Background(), send)
+		assert.NotContains(t, string(req.Body), "previous_response_id", tc.api.NamedBy)
+		if tc.body != "" {
+			assert.Contains(t, string(req.Body), tc.body, tc.api.NamedBy)
+			assert.Empty(t, req.Named)
+		}
+		if tc.head != "" {
+			assert.Equal(t, map[string]string{tc.head: "ns-conv-3"}, req.Named)
+			assert.Equal(t, req.Named, c.wire.headers(c, req), "what is sent is what is kept")
+			assert.NotContains(t, string(req.Body), `"conversation"`)
+		}
+	}
+}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/history"
+	"github.com/turncheck/turncheck/scenarios/protocol"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // failed is a FAIL verdict of inv whose violation says reason.
@@ -130,4 +132,16 @@ func TestNoCallSaysWhatWasSeen(t *testing.T) {
 	assert.Contains(t, noCall(op), "one was made")
 	op.Response.Reply = "tc-a1 acknowledges your message [call 4]."
 	assert.Contains(t, noCall(op), "the reply names a call of the model's")
+}
+
+// TestCurlSendsTheNamingHeader: the curl of a Responses API request that
+// named the server's conversation by a header (openclaw's session key)
+// sends that header, as the request went, so that it reaches the same
+// conversation.
+func TestCurlSendsTheNamingHeader(t *testing.T) {
+	r := protocol.Request{Conv: model.ConversationRef{Key: "k", ID: "conv-3"}, Path: "/v1/responses", Body: []byte(`{"input":"x"}`),
+		Named: map[string]string{"x-openclaw-session-key": "tcab12-1-conv-3"}}
+	got := curlCommand(r, targets.Profile{Protocol: targets.Responses})
+	assert.Contains(t, got, `-H 'x-openclaw-session-key: tcab12-1-conv-3'`)
+	assert.Contains(t, got, `-H 'Authorization: Bearer k'`)
 }

@@ -232,6 +232,10 @@ func curlCommand(r protocol.Request, p targets.Profile) string {
 	if r.Conv.ID != "" && r.Path == "" {
 		parts = append(parts, "-H "+ShellQuote(p.HeaderName()+": "+r.Conv.ID))
 	}
+	for _, h := range slices.Sorted(maps.Keys(r.Named)) {
+		// The header that named the server's conversation, as sent.
+		parts = append(parts, "-H "+ShellQuote(h+": "+r.Named[h]))
+	}
 	if r.Conv.Key != "" {
 		parts = append(parts, "-H "+ShellQuote("Authorization: Bearer "+r.Conv.Key))
 	}
