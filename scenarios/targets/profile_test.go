@@ -325,6 +325,16 @@ func TestACPProfiles(t *testing.T) {
 	assert.Equal(t, ACPCapabilities{ReadTextFile: true}, ref.Profile().ACPCaps)
 	assert.True(t, ref.Profile().Durability.Restart)
 
+	target, err = LoadProfile("../../examples/openclaw/responses.yaml")
+	require.NoError(t, err)
+	oc := target.(Subprocess).Profile()
+	require.NotNil(t, oc.ResponsesAPI)
+	assert.False(t, oc.ResponsesAPI.Branches(), "previous_response_id reuses the response's session")
+	assert.Equal(t, NamedByHeader, oc.ResponsesAPI.Naming())
+	assert.False(t, oc.ResponsesAPI.ChainsFromAny())
+	assert.True(t, oc.ResponsesAPI.StoresAll())
+	assert.False(t, oc.ResponsesAPI.IDsSurviveRestart())
+
 	target, err = LoadProfile("../../examples/docker-agent/serve-acp.yaml")
 	require.NoError(t, err)
 	da := target.(Subprocess).Profile()
