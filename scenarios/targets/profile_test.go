@@ -325,16 +325,6 @@ func TestACPProfiles(t *testing.T) {
 	assert.Equal(t, ACPCapabilities{ReadTextFile: true}, ref.Profile().ACPCaps)
 	assert.True(t, ref.Profile().Durability.Restart)
 
-	target, err = LoadProfile("../../examples/openclaw/responses.yaml")
-	require.NoError(t, err)
-	oc := target.(Subprocess).Profile()
-	require.NotNil(t, oc.ResponsesAPI)
-	assert.False(t, oc.ResponsesAPI.Branches(), "previous_response_id reuses the response's session")
-	assert.Equal(t, NamedByHeader, oc.ResponsesAPI.Naming())
-	assert.False(t, oc.ResponsesAPI.ChainsFromAny())
-	assert.True(t, oc.ResponsesAPI.StoresAll())
-	assert.False(t, oc.ResponsesAPI.IDsSurviveRestart())
-
 	target, err = LoadProfile("../../examples/docker-agent/serve-acp.yaml")
 	require.NoError(t, err)
 	da := target.(Subprocess).Profile()
@@ -407,4 +397,20 @@ func TestResponsesSemantics(t *testing.T) {
 		require.Error(t, err, yaml)
 		assert.Contains(t, err.Error(), want, yaml)
 	}
+}
+
+// TestOpenclawProfile: the shipped openclaw profile loads, and declares
+// openclaw's documented Responses semantics.
+func TestOpenclawProfile(t *testing.T) {
+	target, err := LoadProfile("../../examples/openclaw/responses.yaml")
+	require.NoError(t, err)
+	oc := target.(Subprocess).Profile()
+	require.NotNil(t, oc.ResponsesAPI)
+	assert.False(t, oc.ResponsesAPI.Branches(), "previous_response_id reuses the response's session")
+	assert.Equal(t, NamedByHeader, oc.ResponsesAPI.Naming())
+	assert.Equal(t, "x-openclaw-session-key", oc.ResponsesAPI.Header)
+	assert.False(t, oc.ResponsesAPI.ChainsFromAny())
+	assert.True(t, oc.ResponsesAPI.StoresAll())
+	assert.False(t, oc.ResponsesAPI.IDsSurviveRestart())
+	assert.True(t, oc.Durability.Restart && oc.Durability.Crash)
 }
