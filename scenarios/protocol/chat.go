@@ -97,8 +97,7 @@ func readStream(ctx context.Context, body io.Reader, closer io.Closer, out Respo
 
 // drain reads events until the server ends the response (the end of its
 // body), for at most ErrorDrain; it reports whether the server ended it in
-// time. closer, if not nil, ends a read that takes longer; without one,
-// the read is not waited for.
+// time. closer ends a read that takes longer.
 func drain(events *sse.Reader, closer io.Closer) bool {
 	ended := make(chan struct{})
 	go func() {
@@ -109,14 +108,6 @@ func drain(events *sse.Reader, closer io.Closer) bool {
 			}
 		}
 	}()
-	if closer == nil {
-		select {
-		case <-ended:
-			return true
-		default:
-			return false
-		}
-	}
 	timer := time.NewTimer(ErrorDrain)
 	defer timer.Stop()
 	select {

@@ -71,11 +71,13 @@ var (
 // part (a token, a conversation, a tick, quoted text, a count) replaced.
 // An HTTP status stays: a 409 and a 500 are two findings.
 func Signature(v Verdict) string {
-	said := firstLine(v.message())
 	// The violation's own text, without the invariant and conversation
-	// Error() puts before it.
+	// Error() puts before it; else what the verdict says.
+	var said string
 	if v.Failure != nil && v.Failure.Violation != nil {
 		said = firstLine(v.Failure.Violation.Reason)
+	} else {
+		said = firstLine(v.message())
 	}
 	said = sigTokens.ReplaceAllString(said, "tc-${1}N")
 	said = sigConv.ReplaceAllString(said, "C")

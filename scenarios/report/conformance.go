@@ -136,9 +136,8 @@ func (s *Stats) Add(o Stats) {
 		AddCounts(m.to, m.from)
 	}
 	for c, n := range o.Uninjected {
-		for range n {
-			s.CountUninjected(c, o.UninjectedSaid[c])
-		}
+		s.CountUninjected(c, o.UninjectedSaid[c])
+		s.Uninjected[c] += n - 1
 	}
 	for _, a := range o.FirstAnswers {
 		if len(s.FirstAnswers) < MaxFirstAnswers {
