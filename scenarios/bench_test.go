@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/examples/memserver"
 	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/reference"
@@ -145,20 +146,18 @@ func BenchmarkCatchAndShrink(b *testing.B) {
 	}
 }
 
-// BenchmarkHandlerDefaultRun is what a Go user's default check of one
-// correct handler costs: Check with no options (100 checks of 30 steps)
-// on the reference server as a Handler target, the way a handler's own
-// test starts it. It reports the wall time of a whole run and where it
-// went: quiet periods (a server that reports no activity) and held calls
-// waiting out the server's own model timeout.
+// BenchmarkHandlerDefaultRun is what a Go user's check of one correct
+// handler costs: the README's snippet, Options{Checks: 20, Seed: 1}, on
+// examples/memserver, a whole in-memory server of 150 lines. It reports
+// the wall time of a run and where it went: quiet periods (none: a
+// handler's bursts are known at rest by their goroutines) and held calls
+// waiting out the handler's own model timeout.
 func BenchmarkHandlerDefaultRun(b *testing.B) {
-	target := scenarios.Handler(scenarios.Profile{Model: "turncheck", ModelTimeout: time.Second},
-		func(modelURL, dataDir string) (http.Handler, error) {
-			return sut.New(sut.Config{ModelURL: modelURL, DataDir: dataDir})
-		})
+	target := scenarios.Handler(scenarios.Profile{Model: "my-agent"},
+		func(modelURL, dataDir string) (http.Handler, error) { return memserver.New(modelURL), nil })
 	for b.Loop() {
 		start := time.Now()
-		res, err := scenarios.Check(target, scenarios.Options{})
+		res, err := scenarios.Check(target, scenarios.Options{Checks: 20, Seed: 1})
 		require.NoError(b, err)
 		if res.Failure != nil {
 			b.Fatalf("clean server failed:\n%s", res.Failure.Report)

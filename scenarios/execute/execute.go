@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/internal/goroutines"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/history"
 	"github.com/turncheck/turncheck/scenarios/plan"
@@ -230,8 +231,12 @@ func (e *executor) breakLink(s plan.Send) (func() error, string) {
 
 // settle waits until every request in flights has come to rest: answered,
 // held by the model, or (as the server reports it) queued behind another
-// turn. A server that does not report its activity gets a quiet period.
+// turn, or parked. A server that reports neither gets a quiet period.
 func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
+	if pr, ok := e.srv.(targets.ParkReporter); ok {
+		e.settleParked(pr, flights, wake)
+		return
+	}
 	ar, reports := e.srv.(targets.ActivityReporter)
 	// Only the quiet periods that ran out are quiet: the rest of the
 	// wait is the requests' own work.
@@ -278,6 +283,52 @@ func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
 		select {
 		case <-wake:
 		case <-changed:
+		}
+	}
+}
+
+// settleParked waits until every request in flights is answered, held by
+// the model, or parked in the server. Nothing announces that a goroutine
+// parked, so the server is looked at whenever a while passes with no
+// request answered or held, a short while at first, then up to
+// pollInterval: how soon it parks never decides whether it has, and a
+// look, which costs the process a stop, is spared a request on its way to
+// the model. A request asleep on a timer (a lock polled, a backoff) waits
+// for what no look can see: once nothing has changed for a quiet period,
+// it is taken to be at rest, as a server that reports nothing is.
+func (e *executor) settleParked(pr targets.ParkReporter, flights []*flight, wake <-chan struct{}) {
+	start, wait, changed := time.Now(), pollInterval/4, time.Now()
+	quieted := false
+	defer func() {
+		if quieted {
+			e.spent[spentQuiet] += quietPeriod
+			start = start.Add(quietPeriod)
+		}
+		e.spent.since(spentSettling, start)
+	}()
+	for {
+		var tags []string
+		for _, f := range flights {
+			if !f.finished() && !f.held() {
+				tags = append(tags, f.tag)
+			}
+		}
+		if len(tags) == 0 {
+			return
+		}
+		select {
+		case <-wake:
+			changed = time.Now()
+			continue
+		case <-time.After(wait):
+			wait = min(2*wait, pollInterval)
+		}
+		switch least := slices.Min(pr.Parked(tags)); {
+		case least == goroutines.Parked:
+			return
+		case least == goroutines.Asleep && time.Since(changed) >= quietPeriod:
+			quieted = true
+			return
 		}
 	}
 }

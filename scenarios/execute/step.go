@@ -96,9 +96,10 @@ func (s *step) watch(f *flight) {
 func (s *step) script() {
 	e := s.e
 	_, reportsGone := e.srv.(targets.DisconnectReporter)
+	_, reportsParked := e.srv.(targets.ParkReporter)
 	for i, send := range s.p.Sends {
 		f := &flight{done: make(chan struct{}), tok: send.Token}
-		if reportsGone {
+		if reportsGone || reportsParked {
 			f.tag = fmt.Sprintf("%d-%d", e.steps, i)
 		}
 		s.flights[i] = f

@@ -76,8 +76,8 @@ type Shrinker struct {
 	// need is how many tries the failing run took to break the invariant
 	// again: a candidate is not rejected after fewer.
 	need int
-	// reports says the labs' servers report their activity
-	// (targets.ActivityReporter): a burst then comes to rest, replay
+	// reports says the labs' servers say when a burst is at rest
+	// (targets.KnowsRest): it then comes to rest, replay
 	// after replay, in the interleaving its plan draws.
 	reports bool
 	// fresh says the run shared one server across its checks: what is
@@ -131,10 +131,7 @@ func Run(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.V
 // used report their activity: all of a target's servers do, or none.
 // Read before any replay, which changes them.
 func reportsActivity(labs []*execute.Lab) bool {
-	return slices.ContainsFunc(labs, func(l *execute.Lab) bool {
-		_, ok := l.Last.(targets.ActivityReporter)
-		return ok
-	})
+	return slices.ContainsFunc(labs, func(l *execute.Lab) bool { return targets.KnowsRest(l.Last) })
 }
 
 // run shrinks plans, and reports whether they broke the invariant again.

@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/turncheck/turncheck/internal/goroutines"
 	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/model"
 )
@@ -231,14 +233,41 @@ type ActivityReporter interface {
 
 // WorkReporter is a Server that says how many requests it is working on,
 // though not which of them wait for their conversation's turn: a Handler,
-// whose requests the harness counts as they pass through it. The harness
-// then knows when the server is idle between steps, with no quiet period;
-// a burst's requests still get quiet periods to come to rest.
+// whose requests the harness counts as they pass through it, and a front.
+// The harness then knows when the server is idle between steps, with no
+// quiet period; a burst's requests come to rest by a quiet period unless
+// it is a ParkReporter too.
 type WorkReporter interface {
 	Server
 	// Working returns how many requests the server is working on, and a
 	// channel closed at the next change.
 	Working() (working int, changed <-chan struct{})
+}
+
+// ParkReporter is a Server that says of each request whether it is
+// parked: in the server, with every goroutine working on it waiting on a
+// lock, a channel or a read, none running and none waiting for the answer
+// to a call of its own (the model's). A burst whose requests are each
+// answered, held by the model or parked is at rest, known without a timer.
+// A Handler is one: its requests' goroutines run in the harness's own
+// process, labelled with their request's tag (RequestTagHeader), and
+// every goroutine they start inherits the label.
+type ParkReporter interface {
+	Server
+	// Parked says, of each request tagged tags, what its goroutines are
+	// doing (Working for one not in the server).
+	Parked(tags []string) []goroutines.State
+}
+
+// KnowsRest reports whether srv says when a burst's requests have come to
+// rest (an ActivityReporter or a ParkReporter): a burst then replays in
+// the interleaving its plan draws, with no quiet period.
+func KnowsRest(srv Server) bool {
+	switch srv.(type) {
+	case ActivityReporter, ParkReporter:
+		return true
+	}
+	return false
 }
 
 // DisconnectReporter is a Server that says when it is done with a
@@ -257,7 +286,8 @@ type DisconnectReporter interface {
 }
 
 // RequestTagHeader is the header the harness tags each request with for
-// a DisconnectReporter (the reference server's sut.RequestTagHeader).
+// a DisconnectReporter (the reference server's sut.RequestTagHeader) or a
+// ParkReporter.
 const RequestTagHeader = "Turncheck-Request"
 
 // Specifier is a Target that says how a saved report names it, so that
@@ -369,7 +399,7 @@ func (h handlerTarget) Start(modelURL string) (Server, error) {
 	if err != nil {
 		return nil, errors.Join(err, closeHandler(handler), os.RemoveAll(dir))
 	}
-	s := &handlerServer{ln: ln, handler: handler, dir: dir, served: make(chan struct{}), changed: make(chan struct{})}
+	s := &handlerServer{ln: ln, handler: handler, dir: dir, served: make(chan struct{}), changed: make(chan struct{}), in: map[string]int{}}
 	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		defer close(s.served)
@@ -390,22 +420,65 @@ type handlerServer struct {
 	// made anew, at each change of it (WorkReporter).
 	working int
 	changed chan struct{}
+	// in are the tags of the requests in the handler (ParkReporter).
+	in map[string]int
 }
 
-// serve passes r to the handler, counting it while it is there.
+// requestLabel is the pprof label each request's goroutines carry: its
+// tag.
+const requestLabel = "turncheck-request"
+
+// serve passes r to the handler, counting it while it is there, its
+// goroutine labelled with its tag: every goroutine the handler starts for
+// it carries the label too (ParkReporter).
 func (s *handlerServer) serve(w http.ResponseWriter, r *http.Request) {
-	s.count(1)
-	defer s.count(-1)
-	s.handler.ServeHTTP(w, r)
+	tag := r.Header.Get(RequestTagHeader)
+	s.count(1, tag)
+	defer s.count(-1, tag)
+	if tag == "" {
+		s.handler.ServeHTTP(w, r)
+		return
+	}
+	pprof.Do(r.Context(), pprof.Labels(requestLabel, s.label(tag)), func(context.Context) { s.handler.ServeHTTP(w, r) })
 }
+
+// label is the label of the request tagged tag: tags are the harness's
+// step and request numbers, and every check in the process has them, so
+// the label names the handler's address too.
+func (s *handlerServer) label(tag string) string { return s.ln.Addr().String() + " " + tag }
 
 // count adds d to the requests in the handler, and says so.
-func (s *handlerServer) count(d int) {
+func (s *handlerServer) count(d int, tag string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.working += d
+	if tag != "" {
+		if s.in[tag] += d; s.in[tag] == 0 {
+			delete(s.in, tag)
+		}
+	}
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// Parked says, of each request tagged tags, what its goroutines are doing
+// in the handler. The goroutines are looked at first: a request in the
+// handler after the look was there during it, for its label is set after
+// it is counted in and taken off before it is counted out.
+func (s *handlerServer) Parked(tags []string) []goroutines.State {
+	labels := make([]string, len(tags))
+	for i, t := range tags {
+		labels[i] = s.label(t)
+	}
+	states := goroutines.States(goroutines.Snapshot(), requestLabel, labels)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, t := range tags {
+		if s.in[t] == 0 {
+			states[i] = goroutines.Working
+		}
+	}
+	return states
 }
 
 // Working says how many requests are in the handler.
