@@ -3,9 +3,12 @@
 package scenarios_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/internal/testbin"
+	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -35,6 +39,7 @@ func slowStartTarget(tb testing.TB, bin string, delay time.Duration, starts stri
 		run = fmt.Sprintf(`sh, -c, 'echo start >> "%s"; sleep %g; exec "$0" "$@"', %s,`, starts, delay.Seconds(), bin)
 	}
 	text := strings.Replace(string(base), "command: [turncheck,", "command: ["+run, 1)
+	text = strings.Replace(text, "timeout: 15s", fmt.Sprintf("timeout: %s", delay+15*time.Second), 1)
 	for _, arg := range extra {
 		text = strings.Replace(text, "--request-timeout, 1s]", "--request-timeout, 1s, "+arg+"]", 1)
 	}
@@ -116,5 +121,50 @@ func BenchmarkFirstFailThroughProfile(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkSlowServerCoverage is how long a slow server takes to have
+// every applicable invariant exercised: the reference profile, the
+// server waiting 15 s before each start and 3 s before each turn, checked
+// with conform's defaults for at most 10 minutes. It reports the time to
+// full coverage (the end of the first check after which nothing
+// applicable is NOT EXERCISED), or 600 s and what was left, and the
+// run's pace line.
+func BenchmarkSlowServerCoverage(b *testing.B) {
+	bin := testbin.Turncheck(b)
+	starts := filepath.Join(b.TempDir(), "starts")
+	target := slowStartTarget(b, bin, 15*time.Second, starts, "--turn-delay, 3s")
+	// The reference profile offers tools, two keys, an agent source and
+	// durability across restarts and crashes: all but the ACP wire.
+	applicable := []model.Invariant{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11", "crash"}
+	for b.Loop() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		start := time.Now()
+		var covered time.Duration
+		var last scenarios.Stats
+		_, err := scenarios.Conform(target, scenarios.Options{Seed: 1, Context: ctx, Progress: func(s scenarios.Stats) {
+			last = s
+			if covered == 0 && !slices.ContainsFunc(applicable, func(inv model.Invariant) bool { return s.Invariants[inv] == 0 }) {
+				covered = time.Since(start)
+				cancel()
+			}
+		}})
+		cancel()
+		if err != nil && !errors.Is(err, scenarios.ErrInterrupted) {
+			b.Fatal(err)
+		}
+		var left []model.Invariant
+		for _, inv := range applicable {
+			if last.Invariants[inv] == 0 {
+				left = append(left, inv)
+			}
+		}
+		if covered == 0 {
+			covered = 10 * time.Minute
+		}
+		b.Logf("covered in %s after %d check(s), %d step(s); not exercised: %v\n%s", covered.Round(time.Second), last.Checks, last.Steps, left, last.Summary())
+		b.ReportMetric(covered.Seconds(), "s-to-coverage")
+		b.ReportMetric(float64(len(left)), "not-exercised")
 	}
 }

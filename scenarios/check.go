@@ -60,7 +60,8 @@ type Options struct {
 	// Seed starts the run; the same seed replays the same runs. 0 draws one.
 	Seed uint64
 	// ShrinkTime bounds the minimisation of a failure, a hard wall-clock
-	// bound; 0 means 30s.
+	// bound; 0 counts it in replays: shrink.ShrinkReplays replays of the
+	// failing run at the speed it ran, within 30s and 10m.
 	ShrinkTime time.Duration
 	// Progress, if set, is called after every state-machine run.
 	Progress func(report.Stats)
@@ -174,9 +175,6 @@ func check(l *execute.Lab, opts Options) (*report.Result, error) {
 	if opts.Steps <= 0 {
 		opts.Steps = 30
 	}
-	if opts.ShrinkTime <= 0 {
-		opts.ShrinkTime = 30 * time.Second
-	}
 	if opts.Seed == 0 {
 		opts.Seed = randomSeed()
 	}
@@ -248,7 +246,11 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		return f
 	}
 	run := c.failing
-	ctx, cancel := shrink.Budget(opts.Context, opts.ShrinkTime)
+	bound, said := opts.ShrinkTime, "--shrink-time "+opts.ShrinkTime.String()
+	if bound <= 0 {
+		bound, said = shrink.ReplayBound(c.took)
+	}
+	ctx, cancel := shrink.Budget(opts.Context, bound, said)
 	defer cancel()
 	start := time.Now()
 	inv := run.violation.Invariant

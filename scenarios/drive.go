@@ -56,6 +56,9 @@ type checkRun struct {
 	// failing is the check's violation, with its steps.
 	failing *failingRun
 	foundIn time.Duration
+	// took is how long the check ran, from its start to its failure:
+	// what a replay of it costs, about.
+	took time.Duration
 	// broke is what stopped the check when it was no violation: the
 	// harness failed (a panic), said in words.
 	broke string
@@ -230,6 +233,7 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 		}
 	}
 	stopIfDone(t)
+	began := time.Now()
 	sess, err := l.Session(ctx)
 	if err != nil {
 		c.setupErr = err
@@ -237,7 +241,7 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 	}
 	t.Cleanup(func() { c.teardownErr = sess.Close() })
 	m := traffic.New(sess, c.stats, func(v *model.Violation, plans []plan.Plan, ops []history.Op) {
-		c.failing, c.foundIn = &failingRun{plans: plans, history: ops, violation: v}, time.Since(r.start)
+		c.failing, c.foundIn, c.took = &failingRun{plans: plans, history: ops, violation: v}, time.Since(r.start), time.Since(began)
 	}, func(err error) { c.setupErr = err })
 	t.Cleanup(func() {
 		s := c.stats
@@ -273,7 +277,7 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 	if v := sess.End(); v != nil {
 		// The server died once it had answered the last step: the
 		// check's steps are the finding's.
-		c.failing, c.foundIn = &failingRun{plans: slices.Clone(sess.Plans), history: slices.Clone(sess.History), violation: v}, time.Since(r.start)
+		c.failing, c.foundIn, c.took = &failingRun{plans: slices.Clone(sess.Plans), history: slices.Clone(sess.History), violation: v}, time.Since(r.start), time.Since(began)
 		t.Fatalf("%s", v.Error())
 	}
 }

@@ -203,6 +203,6 @@ func TestShrinkCutShortSaysSo(t *testing.T) {
 	require.NotNil(t, res.Failure)
 	f := res.Failure
 	assert.NotEqual(t, scenarios.Shrunk, f.Shrink)
-	assert.Contains(t, f.ShrinkStats(), "ran out")
+	assert.Contains(t, f.ShrinkStats(), "the shrink bound, --shrink-time 1ms, ran out")
 	assert.NotContains(t, f.ShrinkStats(), "; shrunk in")
 }

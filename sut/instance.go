@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/turncheck/turncheck/internal/loopback"
 )
@@ -48,6 +49,7 @@ func startInstance(cfg Config, deadlines *ManualDeadlines, gauge *Gauge) (*Insta
 // serve starts the server on the instance's config, on a fresh loopback
 // port whose connections reset on close: the harness starts thousands.
 func (in *Instance) serve() error {
+	time.Sleep(in.cfg.StartDelay)
 	ln, err := loopback.Listen("")
 	if err != nil {
 		return err

@@ -226,6 +226,10 @@ type Config struct {
 	// (of any client protocol) is worked on: a deliberately slow server, to measure what checking
 	// one costs. It changes no behaviour but time.
 	TurnDelay time.Duration
+	// StartDelay, if not 0, is waited before an Instance listens, at each
+	// start and restart: a server slow to start, as those that load a
+	// runtime or a model catalogue are. It changes no behaviour but time.
+	StartDelay time.Duration
 	// Stall, if not 0, pauses for a random 0..Stall before each model
 	// call, before each commit and before each write to a client (a chunk
 	// of a stream, or a whole answer): a machine made slow, to show that

@@ -127,7 +127,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	steps := fs.Int("steps", 30, "average steps per run")
 	seed := fs.Uint64("seed", 0, "seed of the first run; 0 draws one")
 	timeout := fs.Duration("timeout", 10*time.Minute, "wall-clock bound on the whole run, shrinking included")
-	shrink := fs.Duration("shrink-time", 30*time.Second, "time limit for shrinking each failure (a hard bound)")
+	shrink := fs.Duration("shrink-time", 0, "time limit for shrinking each failure, a hard bound; 0 counts it in replays: 100 replays of the failing run at the speed it ran, within 30s and 10m")
 	var skip skipFlag
 	fs.Var(&skip, "skip", "leave out a known failure, e.g. T3, or crash (repeatable)")
 	out := fs.String("out", "", "directory for the run's results (verdicts as text, JSON and JUnit, index.html, each failure); default "+resultsRoot+"/TIME, with "+resultsRoot+"/latest naming the newest")
@@ -142,8 +142,8 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
-	if *checks <= 0 || *steps <= 0 || *timeout <= 0 || *shrink <= 0 || *parallel < 0 {
-		return fail(stderr, "conform", errors.New("--checks, --steps, --timeout and --shrink-time must be positive, --parallel not negative"))
+	if *checks <= 0 || *steps <= 0 || *timeout <= 0 || *shrink < 0 || *parallel < 0 {
+		return fail(stderr, "conform", errors.New("--checks, --steps and --timeout must be positive, --shrink-time and --parallel not negative"))
 	}
 	if shard.N > 0 && *seed == 0 {
 		return fail(stderr, "conform", errors.New("--shard needs --seed: the shards of one run must start from one seed"))

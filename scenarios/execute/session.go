@@ -56,6 +56,9 @@ type Lab struct {
 	// of one, under whatever invariant, is the same root cause again, and
 	// sets its conversations aside as a skipped invariant's does.
 	SkipKinds []model.Kind
+	// Pace is what the server costs, as the run's labs measure it, shared
+	// with the workers.
+	Pace *Pace
 	// Helpers are the labs that run checks and replays beside this one
 	// (workers), closed with it.
 	Helpers []*Lab
@@ -83,14 +86,18 @@ type Lab struct {
 // start starts a server of l's target, cut short when ctx (if not nil)
 // ends.
 func (l *Lab) start(ctx context.Context) (targets.Server, error) {
-	cs, ok := l.Target.(targets.ContextStarter)
-	if !ok {
-		return l.Target.Start(l.fake.URL())
+	began := time.Now()
+	var srv targets.Server
+	var err error
+	if cs, ok := l.Target.(targets.ContextStarter); ok {
+		srv, err = cs.StartContext(cmp.Or(ctx, context.Background()), l.fake.URL())
+	} else {
+		srv, err = l.Target.Start(l.fake.URL())
 	}
-	if ctx == nil {
-		ctx = context.Background()
+	if err == nil {
+		l.Pace.started(time.Since(began))
 	}
-	return cs.StartContext(ctx, l.fake.URL())
+	return srv, err
 }
 
 // revive starts the shared server again if it exited after the last
@@ -152,7 +159,7 @@ func (l *Lab) Output() string {
 
 // Open starts the fake model a run's sessions share.
 func Open(target targets.Target, skip []model.Invariant) (*Lab, error) {
-	l := &Lab{Target: target, Profile: target.Profile(), Skip: skip, Aux: &AuxInstructions{}}
+	l := &Lab{Target: target, Profile: target.Profile(), Skip: skip, Aux: &AuxInstructions{}, Pace: &Pace{}}
 	l.clock.Store(&atomic.Int64{})
 	addr := ""
 	if ma, ok := target.(targets.ModelAddresser); ok {
@@ -322,6 +329,9 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 	}, nil
 }
 
+// Pace is what the session's server costs, as its run measures it.
+func (s *Session) Pace() *Pace { return s.lab.Pace }
+
 // Step executes p, records its history, and checks it: the reference
 // model's chain check, then linearizability of the conversations a burst
 // touched, then whether the server is still up (a crash finding). It
@@ -330,7 +340,9 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 // are set aside, and the run goes on with the others; a server that went
 // down, once its crash is skipped, is started again and the run goes on.
 func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
+	began := time.Now()
 	ops := s.Exec.execute(p)
+	s.lab.Pace.stepped(p.Restart != nil, time.Since(began))
 	s.Plans = append(s.Plans, p)
 	s.History = append(s.History, ops...)
 	for _, op := range ops {
@@ -788,7 +800,7 @@ func (l *Lab) Workers(n int) ([]*Lab, error) {
 	}
 	out := []*Lab{l}
 	for _, h := range l.Helpers[:max(n-1, 0)] {
-		h.Skip, h.SkipKinds, h.Context, h.Aux = l.Skip, l.SkipKinds, l.Context, l.Aux
+		h.Skip, h.SkipKinds, h.Context, h.Aux, h.Pace = l.Skip, l.SkipKinds, l.Context, l.Aux, l.Pace
 		out = append(out, h)
 	}
 	return out, nil

@@ -48,6 +48,9 @@ type Target struct {
 	// (sut.Config.Stall): a random pause of up to it before each model
 	// call, commit and write, and before a turn sees its client gone.
 	Stall time.Duration
+	// StartDelay makes each start and restart of the server wait that
+	// long first (sut.Config.StartDelay): a server slow to start.
+	StartDelay time.Duration
 	// Titles makes the server call the model for a title beside each turn
 	// (sut.Config.Titles): an auxiliary call.
 	Titles bool
@@ -174,6 +177,7 @@ func (r Target) Start(modelURL string) (targets.Server, error) {
 		CompactAfter:     CompactAfter,
 		Agents:           targets.AgentRefs(modelURL, agent),
 		Stall:            r.Stall,
+		StartDelay:       r.StartDelay,
 		Titles:           r.Titles,
 		ResponsesLine:    r.Line,
 	}

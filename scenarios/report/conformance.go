@@ -123,6 +123,13 @@ func (s *Stats) Add(o Stats) {
 	s.KeepFolded(o.Folded)
 	s.Auxiliary += o.Auxiliary
 	s.Evictions += o.Evictions
+	s.Rationed += o.Rationed
+	s.Steered += o.Steered
+	if o.Pace != "" {
+		// The latest measure, with the most behind it.
+		s.Pace, s.RestartShare = o.Pace, o.RestartShare
+	}
+	s.Ration = max(s.Ration, o.Ration)
 	AddCounts(s.Faults, o.Faults)
 	if len(o.Unreached) > 0 && s.Unreached == nil {
 		s.Unreached = map[string]int{}

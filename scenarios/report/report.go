@@ -311,6 +311,18 @@ type Stats struct {
 	// (Warnings).
 	Uninjected     map[string]int    `json:"uninjected,omitempty"`
 	UninjectedSaid map[string]string `json:"uninjectedSaid,omitempty"`
+	// Pace says what the server cost, as measured (execute.Pace), where
+	// a start, restart or step cost a second or more: then the run spent
+	// its time by it. Ration is the most a check rationed its restarts
+	// (1 in Ration carried out), RestartShare the share of the run's time
+	// that was aimed at; Rationed counts the restarts drawn that gave way
+	// to a turn, and Steered the steps drawn that gave way to one that
+	// exercises what its check had not yet.
+	Pace         string  `json:"pace,omitempty"`
+	Ration       int     `json:"ration,omitempty"`
+	RestartShare float64 `json:"restartShare,omitempty"`
+	Rationed     int     `json:"rationed,omitempty"`
+	Steered      int     `json:"steered,omitempty"`
 }
 
 // CountUninjected counts a turn not ended ok for cause, which the harness
@@ -391,6 +403,14 @@ func (s *Stats) Summary() string {
 			parts = append(parts, fmt.Sprintf("%s %s", k, (time.Duration(s.TimeMS[k])*time.Millisecond).Round(10*time.Millisecond)))
 		}
 		b.WriteString(strings.Join(parts, ", "))
+	}
+	if s.Pace != "" {
+		b.WriteString("\npace: " + s.Pace)
+		if s.Ration > 1 {
+			fmt.Fprintf(&b, "; restarts and crashes carried out 1 in %d times drawn, to keep them to about %.0f%% of the run's time (server.restart_share), %d given way to a turn",
+				s.Ration, 100*s.RestartShare, s.Rationed)
+		}
+		fmt.Fprintf(&b, "; %d step(s) steered towards what their check had not exercised yet", s.Steered)
 	}
 	for _, w := range s.Warnings() {
 		b.WriteString("\nWARNING: " + w)

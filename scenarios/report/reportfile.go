@@ -303,7 +303,7 @@ func (f *Failure) ShrinkStats() string {
 	case state != Shrunk:
 		// A report saved before the note was kept: then only the bound
 		// kept a failure from being shrunk.
-		how += " (the shrink bound, --shrink-time, ran out first)"
+		how += " (the shrink bound ran out first)"
 	}
 	// Counted from the run's start, whatever was found before it.
 	return fmt.Sprintf("found after %d check(s) of the run, %s into it; %s in %d replay(s), %s, to %d step(s)",

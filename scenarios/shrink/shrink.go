@@ -754,18 +754,38 @@ func firstConv(plans []plan.Plan) model.ConversationRef {
 	return model.ConversationRef{}
 }
 
-// Budget is the context a shrink runs in: ShrinkTime from now, or
-// until the run's own context ends. Its end, when the time ran out, has
-// errBound for cause: the report tells the bound from a run stopped.
-func Budget(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+// Budget is the context a shrink runs in: d from now, or until the run's
+// own context ends. Its end, when the time ran out, has a boundError for
+// cause, which says the bound as said: the report tells the bound from a
+// run stopped.
+func Budget(parent context.Context, d time.Duration, said string) (context.Context, context.CancelFunc) {
 	if parent == nil {
 		parent = context.Background()
 	}
-	return context.WithTimeoutCause(parent, d, errBound)
+	return context.WithTimeoutCause(parent, d, boundError{said})
 }
 
-// errBound is why a shrink's context ended when its budget ran out.
-var errBound = errors.New("the shrink bound ran out")
+// boundError is why a shrink's context ended when its budget ran out.
+type boundError struct{ said string }
+
+func (e boundError) Error() string { return "the shrink bound, " + e.said + ", ran out" }
+
+// The bound of a shrink no Options.ShrinkTime bounds: ShrinkReplays
+// replays of the failing run, at the speed it ran, within MinShrink and
+// MaxShrink. A slow server's failure gets the replays a fast one's does.
+const (
+	ShrinkReplays = 100
+	MinShrink     = 30 * time.Second
+	MaxShrink     = 10 * time.Minute
+)
+
+// ReplayBound is the bound of a shrink of a failing run that took took,
+// and how it is said.
+func ReplayBound(took time.Duration) (time.Duration, string) {
+	d := min(max(ShrinkReplays*took, MinShrink), MaxShrink)
+	return d, fmt.Sprintf("%s: %d replays of the failing run at the %s it took, within %s and %s",
+		d.Round(time.Second), ShrinkReplays, took.Round(10*time.Millisecond), MinShrink, MaxShrink)
+}
 
 // Unreplayed says why a failure that did not reproduce could not be
 // replayed at all: the first replay's error, where no replay of its steps

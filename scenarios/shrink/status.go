@@ -47,8 +47,8 @@ func (s *Shrinker) State() (report.ShrinkState, string) {
 			what = "the failing run's steps broke it again"
 		}
 		ended := "the run was stopped before " + what
-		if errors.Is(context.Cause(s.ctx), errBound) {
-			ended = "the shrink bound, --shrink-time, ran out before " + what
+		if b := (boundError{}); errors.As(context.Cause(s.ctx), &b) {
+			ended = b.Error() + " before " + what
 		}
 		notes = append(notes, ended)
 	}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"html"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,7 +28,7 @@ func TestShrinkStateInEveryReport(t *testing.T) {
 	defer cancel(nil)
 	f.onReplay = func(n int) {
 		if n == 7 {
-			cancel(errBound)
+			cancel(boundError{"--shrink-time 3s"})
 		}
 	}
 	s := newShrinker(ctx, singleSteps(4), f.replay)
@@ -48,4 +50,19 @@ func TestShrinkStateInEveryReport(t *testing.T) {
 	var page bytes.Buffer
 	require.NoError(t, rep.WriteHTML(&page))
 	assert.Contains(t, html.UnescapeString(page.String()), `<p class="muted" id="shrink">`+text+`</p>`)
+}
+
+// TestReplayBound: with no bound in time, a shrink gets ShrinkReplays
+// replays of the failing run at the speed it ran, never under MinShrink
+// nor over MaxShrink, and says so.
+func TestReplayBound(t *testing.T) {
+	for took, want := range map[time.Duration]time.Duration{
+		100 * time.Millisecond: MinShrink,
+		time.Second:            100 * time.Second,
+		20 * time.Second:       MaxShrink,
+	} {
+		d, said := ReplayBound(took)
+		assert.Equal(t, want, d, "took %s", took)
+		assert.Contains(t, said, fmt.Sprintf("%d replays of the failing run at the %s it took", ShrinkReplays, took))
+	}
 }

@@ -148,7 +148,7 @@ func TestShrinkTriesABurstTwice(t *testing.T) {
 // many candidates were tried how often, that one had fewer tries than it
 // needed, and why the search stopped; a run stopped otherwise says so.
 func TestShrinkCutShortIsPartlyShrunk(t *testing.T) {
-	for _, cause := range []error{errBound, context.Canceled} {
+	for _, cause := range []error{boundError{"1m40s: 100 replays of the failing run at the 1s it took, within 30s and 10m0s"}, context.Canceled} {
 		t.Run(cause.Error(), func(t *testing.T) {
 			tok := model.UserToken(3)
 			ctx, cancel := context.WithCancelCause(context.Background())
@@ -168,8 +168,8 @@ func TestShrinkCutShortIsPartlyShrunk(t *testing.T) {
 			state, note := s.State()
 			assert.Equal(t, report.PartlyShrunk, state)
 			assert.Contains(t, note, "3 candidates tried, 1 of them twice; 1 of them given fewer tries than they needed; ")
-			if errors.Is(cause, errBound) {
-				assert.Contains(t, note, "the shrink bound, --shrink-time, ran out before the search ended")
+			if errors.As(cause, new(boundError)) {
+				assert.Contains(t, note, "the shrink bound, 1m40s: 100 replays of the failing run at the 1s it took, within 30s and 10m0s, ran out before the search ended")
 			} else {
 				assert.Contains(t, note, "the run was stopped before the search ended")
 			}

@@ -97,6 +97,7 @@ type serverSection struct {
 	StopStatus    []int             `yaml:"stop_status"`
 	FreshPerCheck bool              `yaml:"fresh_per_check"`
 	Parallel      int               `yaml:"parallel"`
+	RestartShare  float64           `yaml:"restart_share"`
 	Replicas      int               `yaml:"replicas"`
 	Store         string            `yaml:"store"`
 	Front         *frontSection     `yaml:"front"`
@@ -335,6 +336,10 @@ func (f *profileFile) target() (Target, error) {
 		if err := f.Server.agentSource(&p, f.ModelAddr); err != nil {
 			return nil, err
 		}
+		if r := f.Server.RestartShare; r < 0 || r > 1 {
+			return nil, fmt.Errorf("server.restart_share: %v is no share of a run's time: give one from 0 (excluded) to 1 (restarts never rationed)", r)
+		}
+		p.RestartShare = f.Server.RestartShare
 	}
 	if p.Model == "" {
 		p.Model = "turncheck"

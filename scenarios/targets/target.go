@@ -106,6 +106,11 @@ type Profile struct {
 	// crash; the harness restarts, or crashes, only a server that declares
 	// it survives that.
 	Durability Durability
+	// RestartShare is the share of a run's time restarts and crashes may
+	// take, on a server whose restart costs a second or more
+	// (execute.Pace.Ration); 0 means DefaultRestartShare, 1 never
+	// rations them.
+	RestartShare float64
 	// Agent names the agent the server loads from the fake model, at
 	// http://MODEL/agents/AGENT.yaml?QUERY; "" if it loads none. The
 	// harness restarts such a server with the reference's query changed,
@@ -518,6 +523,18 @@ func closeHandler(h http.Handler) error {
 // answers, and the model's held calls are released by the server's own
 // deadline or by an abort at a known point, never by this timer.
 const ClientTimeout = 30 * time.Second
+
+// DefaultRestartShare is the share of a run's time restarts and crashes
+// take at most, where the profile says none (Profile.RestartShare).
+const DefaultRestartShare = 0.25
+
+// RestartShareOrDefault is the share p declares, or DefaultRestartShare.
+func (p Profile) RestartShareOrDefault() float64 {
+	if p.RestartShare <= 0 {
+		return DefaultRestartShare
+	}
+	return p.RestartShare
+}
 
 // DefaultModelTimeout is the model-call timeout a profile is taken to
 // declare when it declares none; clientTimeout leaves a margin over it.

@@ -63,6 +63,8 @@ type Machine struct {
 	// server loads now, and tags counts the queries drawn so far.
 	sources []string
 	tags    int
+	// budget is how the check spends a slow server's time (budget.go).
+	budget budget
 	// replicas is how many replicas serve the server (1 for one process),
 	// and routes how many URLs the client has to them: one per replica, a
 	// request going to the replica drawn for it, or one, a front's, that
@@ -99,7 +101,16 @@ func (m *Machine) Actions() map[string]func(*rapid.T) {
 	if _, ok := m.Server.(targets.Restarter); ok && (m.Profile.Durability.Restart || m.Profile.Durability.Crash) {
 		a["restart"] = m.restart
 	}
-	return a
+	// Each action first fixes the check's budget and, on a slow server,
+	// may give way to one the check needs more (budget.go).
+	drawn := make(map[string]func(*rapid.T), len(a))
+	for name := range a {
+		drawn[name] = func(t *rapid.T) {
+			m.pace(len(a))
+			m.steer(t, name, a)(t)
+		}
+	}
+	return drawn
 }
 
 // restart stops the server, gracefully or by a crash (as its profile
@@ -112,8 +123,15 @@ func (m *Machine) restart(t *rapid.T) {
 		// on a slow server it is the costliest step there is.
 		t.Skip("nothing committed to lose yet")
 	}
+	if m.rationed(t) {
+		m.continueConversation(t)
+		return
+	}
 	d := m.Profile.Durability
-	r := plan.Restart{Crash: !d.Restart || (d.Crash && rapid.Bool().Draw(t, "crash"))}
+	// Steered to while its check has judged no durability: a crash where
+	// one is declared, with a turn in flight, shows the most (T6, T7).
+	forced := m.budget.steered && d.Crash
+	r := plan.Restart{Crash: !d.Restart || forced || (d.Crash && rapid.Bool().Draw(t, "crash"))}
 	if m.Profile.Agent != "" && m.Ref.Survived() {
 		// Only once a conversation has resumed after a plain restart: a
 		// server that keeps none across one is durability's finding (T7),
@@ -149,7 +167,7 @@ func (m *Machine) restart(t *rapid.T) {
 		action = "crash"
 	}
 	p := plan.Plan{Action: action, Restart: &r}
-	if live := m.live(); r.Crash && len(live) > 0 && rapid.Bool().Draw(t, "turn in flight") {
+	if live := m.live(); r.Crash && len(live) > 0 && (forced || rapid.Bool().Draw(t, "turn in flight")) {
 		// The server dies while a turn's model call is held: the turn's
 		// outcome is unknown, and it is committed whole or not at all (T6).
 		c := newest(t, live, "conversation")
@@ -157,6 +175,7 @@ func (m *Machine) restart(t *rapid.T) {
 		s.InConversation = c.inConv
 		p = plan.Plan{Action: "crash mid-turn", Restart: &r, Release: []int{0}, Sends: []plan.Send{s}}
 	}
+	m.budget.restarts++
 	m.step(t, p)
 	if m.Profile.Protocol == targets.Responses && !m.Profile.ResponsesAPI.IDsSurviveRestart() {
 		// Response ids are gone, as declared: a conversation that is
@@ -406,6 +425,9 @@ func (m *Machine) record(op history.Op) {
 		// reject, a prompt superseded under supersede) is no surprise;
 		// what a crash drawn mid-turn ends is injected.
 		declared := r.Status == http.StatusConflict && m.Profile.Concurrency == model.Reject || r.Preempted && m.Profile.Supersede
+		// A 409 while the server loads two sources sharing one stable key
+		// is the refusal the harness drew them for (T8).
+		declared = declared || r.Status == http.StatusConflict && len(m.sources) > 1
 		if !injected && !declared && op.Restart == nil && op.Action != "crash mid-turn" && !op.Send.Abort && !op.Turn.Unsent && !r.Cancelled {
 			m.stats.CountUninjected(r.Cause, r.Detail)
 		}

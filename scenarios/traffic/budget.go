@@ -1,0 +1,115 @@
+package traffic
+
+import (
+	"slices"
+
+	"pgregory.net/rapid"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/execute"
+)
+
+// A slow server (a restart costing execute.RationFloor or more, and many
+// steps) affords few steps: its run spends them where they buy coverage.
+// Its restarts are rationed to a share of the run's time, and each of its
+// checks steers its draws towards the invariants it has not exercised
+// yet, the way coverage-guided generation steers towards code not yet
+// run. Every choice is a rapid draw, or follows from the check's own
+// steps and the pace measured when the check first needed it; a server
+// whose restarts are not rationed (a fast one, or one whose profile says
+// restart_share: 1) draws as its seeds always have.
+
+// budget is how a check spends a slow server's time.
+type budget struct {
+	// known says slow and ration are set: at the first step drawn once
+	// the pace of a step was measured, then fixed for the check; slow
+	// says restarts are rationed, and draws steered.
+	known bool
+	slow  bool
+	// ration: a restart drawn is carried out 1 time in ration.
+	ration int
+	// steered says the action running now was steered to: a restart so
+	// drawn is not rationed.
+	steered bool
+	// restarts counts the restarts of the check carried out.
+	restarts int
+}
+
+// pace fixes the check's budget from the run's pace, once a step of it is
+// measured.
+func (m *Machine) pace(actions int) {
+	if m.budget.known {
+		return
+	}
+	p := m.Pace()
+	start, restart, step := p.Costs()
+	if step == 0 {
+		return
+	}
+	m.budget.known = true
+	share := m.Profile.RestartShareOrDefault()
+	m.budget.ration = p.Ration(share, actions)
+	// Restarts rationed, a check's own draws no longer reach all it could:
+	// it steers them. A server whose restarts are not rationed draws as
+	// its seeds always have, whatever the machine's speed.
+	m.budget.slow = m.budget.ration > 1
+	if max(start, restart, step) >= execute.RationFloor {
+		m.stats.Pace, m.stats.RestartShare = p.String(), share
+	}
+	m.stats.Ration = max(m.stats.Ration, m.budget.ration)
+}
+
+// rationed draws whether a restart drawn gives way to a turn.
+func (m *Machine) rationed(t *rapid.T) bool {
+	if m.budget.steered || m.budget.ration <= 1 {
+		return false
+	}
+	if rapid.IntRange(0, m.budget.ration-1).Draw(t, "restart rationed") == 0 {
+		return false
+	}
+	m.stats.Rationed++
+	return true
+}
+
+// wanted are the actions that would exercise an invariant the check has
+// not exercised yet and can run now, in a fixed order.
+func (m *Machine) wanted(actions map[string]func(*rapid.T)) []string {
+	done := m.Ref.Checked()
+	live := m.live()
+	var out []string
+	want := func(name string, inv model.Invariant, can bool) {
+		if _, ok := actions[name]; ok && can && done[inv] == 0 {
+			out = append(out, name)
+		}
+	}
+	want("retry failed turn", model.T2, slices.ContainsFunc(live, func(c *conv) bool { return len(c.failed) > 0 }))
+	want("invalid continuation", model.T3, slices.ContainsFunc(live, func(c *conv) bool { return !c.inConv }))
+	want("burst", model.T4, true)
+	// T5 is judged on a call made while another conversation exists.
+	want("new conversation", model.T5, len(live) < 2)
+	want("same id, other key", model.T5, len(live) > 0)
+	// One restart a check, while the durability it shows is not judged.
+	want("restart", model.T7, m.committed && m.budget.restarts == 0)
+	return out
+}
+
+// steer draws, on a slow server, whether the action drawn, name, gives
+// way to one that exercises what the check has not: the drawn one keeps
+// its turn 1 time in len(wanted)+1. It returns the action to run.
+func (m *Machine) steer(t *rapid.T, name string, actions map[string]func(*rapid.T)) func(*rapid.T) {
+	m.budget.steered = false
+	if !m.budget.slow {
+		return actions[name]
+	}
+	wanted := m.wanted(actions)
+	if len(wanted) == 0 || slices.Contains(wanted, name) {
+		return actions[name]
+	}
+	i := rapid.IntRange(0, len(wanted)).Draw(t, "steer")
+	if i == len(wanted) {
+		return actions[name]
+	}
+	m.stats.Steered++
+	m.budget.steered = true
+	return actions[wanted[i]]
+}
