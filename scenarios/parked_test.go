@@ -1,7 +1,9 @@
 package scenarios_test
 
 import (
+	"context"
 	"net/http"
+	"runtime/pprof"
 	"sync"
 	"testing"
 	"time"
@@ -81,4 +83,45 @@ func TestHandlerAsleepRestsAfterAQuietPeriod(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, res.Failure, "a correct handler failed")
 	assert.Positive(t, res.TimeMS["quiet periods (the server reports no activity)"], "no request was seen asleep")
+}
+
+// labelling is a handler that labels its requests' goroutines for its own
+// profiles, as a server with profiling middleware does: from the
+// request's context (pprof.Do), or anew from none (wipe).
+type labelling struct {
+	next http.Handler
+	wipe bool
+}
+
+func (l labelling) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if l.wipe {
+		pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("route", r.URL.Path)))
+		l.next.ServeHTTP(w, r)
+		return
+	}
+	pprof.Do(r.Context(), pprof.Labels("route", r.URL.Path), func(ctx context.Context) { l.next.ServeHTTP(w, r.WithContext(ctx)) })
+}
+
+// TestHandlerThatLabelsItsGoroutines: a handler that labels its goroutines
+// from the request's context keeps the harness's label, and its bursts
+// come to rest with no quiet period; one that labels them anew hides
+// them, and gets quiet periods, the check going on all the same.
+func TestHandlerThatLabelsItsGoroutines(t *testing.T) {
+	t.Parallel() // it mostly waits on the model
+	for _, wipe := range []bool{false, true} {
+		target := scenarios.Handler(scenarios.Profile{Model: "turncheck", ModelTimeout: time.Second},
+			func(modelURL, dataDir string) (http.Handler, error) {
+				return labelling{next: memserver.New(modelURL), wipe: wipe}, nil
+			})
+		res, err := scenarios.Check(target, scenarios.Options{Checks: 3, Seed: 1, Steps: 20})
+		require.NoError(t, err)
+		require.Nil(t, res.Failure, "a correct handler failed")
+		require.Positive(t, res.Invariants[model.T4], "no burst was judged")
+		quiet := res.TimeMS["quiet periods (the server reports no activity)"]
+		if wipe {
+			assert.Positive(t, quiet, "a handler whose goroutines cannot be seen")
+		} else {
+			assert.Zero(t, quiet, "a handler that keeps the label")
+		}
+	}
 }

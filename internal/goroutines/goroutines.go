@@ -95,9 +95,11 @@ type State int
 
 // The states, from the least at rest to the most.
 const (
+	// None: no goroutine carries the label.
+	None State = iota
 	// Working: running, runnable, or waiting for the answer to a call of
 	// its own.
-	Working State = iota
+	Working
 	// Asleep: waiting on a timer (time.Sleep), for something no one
 	// announces, such as a lock polled or a backoff.
 	Asleep
@@ -125,7 +127,7 @@ func (g G) State() State {
 }
 
 // States says, of each value, what the goroutines of gs carrying the label
-// key=value are doing: the least at rest of them, Working if none does.
+// key=value are doing: the least at rest of them, None if none does.
 func States(gs []G, key string, values []string) []State {
 	least := map[string]State{}
 	for _, g := range gs {
@@ -140,7 +142,7 @@ func States(gs []G, key string, values []string) []State {
 	}
 	out := make([]State, len(values))
 	for i, v := range values {
-		out[i] = least[v] // Working if unseen
+		out[i] = least[v] // None if unseen
 	}
 	return out
 }

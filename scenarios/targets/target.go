@@ -260,7 +260,8 @@ type WorkReporter interface {
 type ParkReporter interface {
 	Server
 	// Parked says, of each request tagged tags, what its goroutines are
-	// doing (Working for one not in the server).
+	// doing (Working for one not in the server, Asleep for one whose
+	// goroutines cannot be seen).
 	Parked(tags []string) []goroutines.State
 }
 
@@ -444,7 +445,11 @@ func (s *handlerServer) serve(w http.ResponseWriter, r *http.Request) {
 		s.handler.ServeHTTP(w, r)
 		return
 	}
-	pprof.Do(r.Context(), pprof.Labels(requestLabel, s.label(tag)), func(context.Context) { s.handler.ServeHTTP(w, r) })
+	// The handler gets the labelled context: one that labels its own
+	// goroutines from it (pprof.Do) keeps the label.
+	pprof.Do(r.Context(), pprof.Labels(requestLabel, s.label(tag)), func(ctx context.Context) {
+		s.handler.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // label is the label of the request tagged tag: tags are the harness's
@@ -479,8 +484,14 @@ func (s *handlerServer) Parked(tags []string) []goroutines.State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, t := range tags {
-		if s.in[t] == 0 {
-			states[i] = goroutines.Working
+		switch {
+		case s.in[t] == 0:
+			states[i] = goroutines.Working // not in the handler yet, or any more
+		case states[i] == goroutines.None:
+			// In the handler with no goroutine carrying its label: it
+			// labelled them anew. What it does cannot be seen, as what a
+			// sleeper waits for cannot: a quiet period decides.
+			states[i] = goroutines.Asleep
 		}
 	}
 	return states
