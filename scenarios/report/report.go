@@ -407,10 +407,9 @@ func (s *Stats) Summary() string {
 	if s.Pace != "" {
 		b.WriteString("\npace: " + s.Pace)
 		if s.Ration > 1 {
-			fmt.Fprintf(&b, "; restarts and crashes carried out 1 in %d times drawn, to keep them to about %.0f%% of the run's time (server.restart_share), %d given way to a turn",
-				s.Ration, 100*s.RestartShare, s.Rationed)
+			fmt.Fprintf(&b, "; restarts and crashes carried out 1 in %d times drawn, to keep them to about %.0f%% of the run's time (server.restart_share), %d given way to a turn; %d step(s) steered towards what their check had not exercised yet",
+				s.Ration, 100*s.RestartShare, s.Rationed, s.Steered)
 		}
-		fmt.Fprintf(&b, "; %d step(s) steered towards what their check had not exercised yet", s.Steered)
 	}
 	for _, w := range s.Warnings() {
 		b.WriteString("\nWARNING: " + w)
