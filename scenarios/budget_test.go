@@ -36,7 +36,7 @@ func TestSlowServerSpendsItsTime(t *testing.T) {
 // blames the server for it.
 func TestCleanRunFailsNoTurnUnasked(t *testing.T) {
 	t.Parallel()
-	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 40, Seed: 1})
+	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 15, Seed: 1})
 	require.NoError(t, err)
 	require.Nil(t, res.Failure, "clean server failed")
 	require.Positive(t, res.Invariants[model.T8], "no resume after a source change was drawn")

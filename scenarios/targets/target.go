@@ -438,16 +438,19 @@ const requestLabel = "turncheck-request"
 // goroutine labelled with its tag: every goroutine the handler starts for
 // it carries the label too (ParkReporter).
 func (s *handlerServer) serve(w http.ResponseWriter, r *http.Request) {
+	s.count(1, "")
+	defer s.count(-1, "")
 	tag := r.Header.Get(RequestTagHeader)
-	s.count(1, tag)
-	defer s.count(-1, tag)
 	if tag == "" {
 		s.handler.ServeHTTP(w, r)
 		return
 	}
 	// The handler gets the labelled context: one that labels its own
-	// goroutines from it (pprof.Do) keeps the label.
+	// goroutines from it (pprof.Do) keeps the label. The request is in
+	// (Parked) only while its goroutine carries the label.
 	pprof.Do(r.Context(), pprof.Labels(requestLabel, s.label(tag)), func(ctx context.Context) {
+		s.count(0, tag)
+		defer s.leave(tag)
 		s.handler.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
@@ -457,36 +460,46 @@ func (s *handlerServer) serve(w http.ResponseWriter, r *http.Request) {
 // the label names the handler's address too.
 func (s *handlerServer) label(tag string) string { return s.ln.Addr().String() + " " + tag }
 
-// count adds d to the requests in the handler, and says so.
+// count adds d to the requests in the handler, and says so; a tag, if
+// not "", is in.
 func (s *handlerServer) count(d int, tag string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.working += d
 	if tag != "" {
-		if s.in[tag] += d; s.in[tag] == 0 {
-			delete(s.in, tag)
-		}
+		s.in[tag]++
 	}
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
 
+// leave takes tag out.
+func (s *handlerServer) leave(tag string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.in[tag]--; s.in[tag] <= 0 {
+		delete(s.in, tag)
+	}
+}
+
 // Parked says, of each request tagged tags, what its goroutines are doing
-// in the handler. The goroutines are looked at first: a request in the
-// handler after the look was there during it, for its label is set after
-// it is counted in and taken off before it is counted out.
+// in the handler. A request is in while its goroutine carries its label;
+// one in both before and after the look was in during it.
 func (s *handlerServer) Parked(tags []string) []goroutines.State {
 	labels := make([]string, len(tags))
+	before := make([]bool, len(tags))
+	s.mu.Lock()
 	for i, t := range tags {
-		labels[i] = s.label(t)
+		labels[i], before[i] = s.label(t), s.in[t] > 0
 	}
+	s.mu.Unlock()
 	states := goroutines.States(goroutines.Snapshot(), requestLabel, labels)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, t := range tags {
 		switch {
-		case s.in[t] == 0:
-			states[i] = goroutines.Working // not in the handler yet, or any more
+		case !before[i] || s.in[t] == 0:
+			states[i] = goroutines.Working // not in the handler throughout the look
 		case states[i] == goroutines.None:
 			// In the handler with no goroutine carrying its label: it
 			// labelled them anew. What it does cannot be seen, as what a
