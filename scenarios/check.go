@@ -61,7 +61,8 @@ type Options struct {
 	Seed uint64
 	// ShrinkTime bounds the minimisation of a failure, a hard wall-clock
 	// bound; 0 counts it in replays: shrink.ShrinkReplays replays of the
-	// failing run at the speed it ran, within 30s and 10m.
+	// failing run at the speed it ran, within 30s and 10m, and at most half
+	// the time Context leaves the run.
 	ShrinkTime time.Duration
 	// Progress, if set, is called after every state-machine run.
 	Progress func(report.Stats)
@@ -248,7 +249,13 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 	run := c.failing
 	bound, said := opts.ShrinkTime, "--shrink-time "+opts.ShrinkTime.String()
 	if bound <= 0 {
-		bound, said = shrink.ReplayBound(c.took)
+		var left time.Duration
+		if opts.Context != nil {
+			if end, ok := opts.Context.Deadline(); ok {
+				left = max(time.Until(end), time.Millisecond)
+			}
+		}
+		bound, said = shrink.ReplayBound(c.took, left)
 	}
 	ctx, cancel := shrink.Budget(opts.Context, bound, said)
 	defer cancel()

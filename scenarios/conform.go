@@ -209,6 +209,10 @@ func verdicts(p targets.Profile, target targets.Target, restartable, watched boo
 			v.Status, v.Reason = report.NotApplicable, notApplicable(p, target, restartable, watched, inv)
 		case slices.Contains(skip, inv):
 			v.Status, v.Reason = report.Skipped, fmt.Sprintf("left out as a known failure; broken again %d time(s)", s.SetAside[inv])
+		case v.Evaluations == 0 && inv == model.T4 && p.Supersede && s.Faults["concurrency"] > 0:
+			// Bursts were sent, and each prompt cancelled the one before
+			// it: none overlapped another on the model.
+			v.Status, v.Reason = report.NotExercised, fmt.Sprintf("%d burst(s) sent, but no two prompts of one session both reached the model: under supersede (profile: policies.concurrency) each cancelled the one running, which is judged as an interruption (T10)", s.Faults["concurrency"])
 		case v.Evaluations == 0:
 			v.Status, v.Reason = report.NotExercised, preconditions[inv]
 		case s.Steps > 0 && s.Outcomes["ok"] == 0 && inv != model.Crash && inv != model.Wire:

@@ -343,6 +343,28 @@ func TestNoRestarterSaysHow(t *testing.T) {
 	}
 }
 
+// TestSupersededBurstsSaySo: under supersede, bursts whose prompts each
+// cancelled the one before leave T4 not exercised, and the reason says
+// that bursts were sent and why none overlapped, not that none was.
+func TestSupersededBurstsSaySo(t *testing.T) {
+	s := report.NewStats()
+	s.Faults["concurrency"] = 13
+	for _, supersede := range []bool{false, true} {
+		p := targets.Profile{Protocol: targets.ACP, Supersede: supersede}
+		for _, v := range verdicts(p, refuseAll{}, false, false, nil, *s, nil) {
+			if v.Invariant != model.T4 {
+				continue
+			}
+			assert.Equal(t, report.NotExercised, v.Status)
+			if supersede {
+				assert.Contains(t, v.Reason, "13 burst(s) sent, but no two prompts of one session both reached the model: under supersede")
+			} else {
+				assert.Equal(t, "no two turns of one conversation were in flight at once", v.Reason)
+			}
+		}
+	}
+}
+
 // TestExitUnshownIsNoPass: a server that exited between two checks, no
 // step showing why, fails the crash verdict (the notes quote it), where it
 // would have passed: never a pass for a server seen down.

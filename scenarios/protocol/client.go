@@ -59,10 +59,10 @@ type Request struct {
 	// reports which client it saw go away names the request by it. It is
 	// the harness's, not the turn's, and is not saved.
 	Tag string `json:"-"`
-	// Named are the headers that name a Responses API conversation of
-	// the server's where the profile declares a header names one
-	// (responses.named_by: header), as sent: what a report's curl sends
-	// too.
+	// Named are the headers that name the conversation, as sent, its
+	// session's namespace on its id (chat's conversation header; a
+	// Responses API conversation's where responses.named_by is header):
+	// what a report's curl sends too.
 	Named map[string]string `json:"named,omitempty"`
 	// Setup are the JSON-RPC messages an ACP request's session took
 	// before its prompt (session/new, or session/load after a restart),
@@ -305,9 +305,7 @@ func (c *Client) NewRequest(ctx context.Context, s plan.Send) Request {
 	}
 	req := c.wire.request(ctx, c, s, msgs)
 	req.Replica = s.Replica
-	if w, ok := c.wire.(*responses); ok {
-		req.Named = w.headers(c, req)
-	}
+	req.Named = c.wire.headers(c, req)
 	return req
 }
 

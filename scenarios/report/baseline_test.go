@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/history"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
@@ -144,4 +146,13 @@ func TestCurlSendsTheNamingHeader(t *testing.T) {
 	got := curlCommand(r, targets.Profile{Protocol: targets.Responses})
 	assert.Contains(t, got, `-H 'x-openclaw-session-key: tcab12-1-conv-3'`)
 	assert.Contains(t, got, `-H 'Authorization: Bearer k'`)
+
+	// Chat's conversation header, on a server shared by the checks: the
+	// id with the check's namespace on it, as it went.
+	p := targets.Profile{Header: "x-openclaw-session-key"}
+	c := protocol.NewClient([]string{"http://127.0.0.1:1"}, p, "tcab12-2-")
+	req := c.NewRequest(context.Background(), plan.TurnSend(model.ConversationRef{ID: "conv-1"}, model.UserToken(1), false))
+	got = curlCommand(req, p)
+	assert.Contains(t, got, `-H 'x-openclaw-session-key: tcab12-2-conv-1'`)
+	assert.NotContains(t, got, `-H 'x-openclaw-session-key: conv-1'`)
 }

@@ -229,7 +229,8 @@ func curlCommand(r protocol.Request, p targets.Profile) string {
 	if method != "POST" {
 		parts = append(parts, "-X "+method)
 	}
-	if r.Conv.ID != "" && r.Path == "" {
+	if r.Conv.ID != "" && r.Path == "" && r.Named == nil {
+		// A request saved before it kept its headers as sent.
 		parts = append(parts, "-H "+ShellQuote(p.HeaderName()+": "+r.Conv.ID))
 	}
 	for _, h := range slices.Sorted(maps.Keys(r.Named)) {

@@ -780,11 +780,17 @@ const (
 )
 
 // ReplayBound is the bound of a shrink of a failing run that took took,
-// and how it is said.
-func ReplayBound(took time.Duration) (time.Duration, string) {
+// and how it is said. left, if not 0, is the time the run has left: a
+// shrink takes at most half of it, so that the checks after it still run.
+func ReplayBound(took, left time.Duration) (time.Duration, string) {
 	d := min(max(ShrinkReplays*took, MinShrink), MaxShrink)
-	return d, fmt.Sprintf("%s: %d replays of the failing run at the %s it took, within %s and %s",
-		d.Round(time.Second), ShrinkReplays, took.Round(10*time.Millisecond), MinShrink, MaxShrink)
+	said := fmt.Sprintf("%d replays of the failing run at the %s it took, within %s and %s",
+		ShrinkReplays, took.Round(10*time.Millisecond), MinShrink, MaxShrink)
+	if left > 0 && left/2 < d {
+		d = left / 2
+		said += ", and half the run's time left"
+	}
+	return d, d.Round(time.Second).String() + ": " + said
 }
 
 // Unreplayed says why a failure that did not reproduce could not be

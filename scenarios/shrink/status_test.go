@@ -54,15 +54,21 @@ func TestShrinkStateInEveryReport(t *testing.T) {
 
 // TestReplayBound: with no bound in time, a shrink gets ShrinkReplays
 // replays of the failing run at the speed it ran, never under MinShrink
-// nor over MaxShrink, and says so.
+// nor over MaxShrink, nor over half the run's time left, and says so.
 func TestReplayBound(t *testing.T) {
 	for took, want := range map[time.Duration]time.Duration{
 		100 * time.Millisecond: MinShrink,
 		time.Second:            100 * time.Second,
 		20 * time.Second:       MaxShrink,
 	} {
-		d, said := ReplayBound(took)
+		d, said := ReplayBound(took, 0)
 		assert.Equal(t, want, d, "took %s", took)
 		assert.Contains(t, said, fmt.Sprintf("%d replays of the failing run at the %s it took", ShrinkReplays, took))
 	}
+	// A run with 8 minutes left shrinks for 4 at most, and says why.
+	d, said := ReplayBound(20*time.Second, 8*time.Minute)
+	assert.Equal(t, 4*time.Minute, d)
+	assert.Equal(t, "4m0s: 100 replays of the failing run at the 20s it took, within 30s and 10m0s, and half the run's time left", said)
+	d, _ = ReplayBound(100*time.Millisecond, time.Hour)
+	assert.Equal(t, MinShrink, d, "a run with time enough")
 }
