@@ -413,4 +413,24 @@ func TestOpenclawProfile(t *testing.T) {
 	assert.True(t, oc.ResponsesAPI.StoresAll())
 	assert.False(t, oc.ResponsesAPI.IDsSurviveRestart())
 	assert.True(t, oc.Durability.Restart && oc.Durability.Crash)
+
+	// Its chat endpoint: sessions named by the same header, runs queued
+	// per session, a dropped turn's user message kept.
+	target, err = LoadProfile("../../examples/openclaw/chat.yaml")
+	require.NoError(t, err)
+	chat := target.(Subprocess).Profile()
+	assert.Equal(t, Chat, chat.Protocol)
+	assert.Equal(t, "x-openclaw-session-key", chat.HeaderName())
+	assert.Equal(t, model.Serialize, chat.Concurrency)
+	assert.Equal(t, KeepConsistent, chat.Interruption)
+
+	// Its ACP bridge, started with the gateway it forwards to: a prompt on
+	// a busy session cancels the one running.
+	target, err = LoadProfile("../../examples/openclaw/acp.yaml")
+	require.NoError(t, err)
+	acp := target.(Subprocess)
+	assert.Equal(t, ACP, acp.Profile().Protocol)
+	assert.True(t, acp.Profile().Supersede)
+	assert.Equal(t, "sh", acp.Command[0])
+	assert.Contains(t, acp.Command[2], "openclaw acp --url ws://127.0.0.1:{port}")
 }
