@@ -36,8 +36,10 @@ type budget struct {
 }
 
 // pace fixes the check's budget from the run's pace, once a step of it is
-// measured.
-func (m *Machine) pace(actions int) {
+// measured. actions is how many actions a step is drawn from, and
+// restarts says one of them restarts the server: only then is there
+// anything to ration.
+func (m *Machine) pace(actions int, restarts bool) {
 	if m.budget.known {
 		return
 	}
@@ -48,7 +50,10 @@ func (m *Machine) pace(actions int) {
 	}
 	m.budget.known = true
 	share := m.Profile.RestartShareOrDefault()
-	m.budget.ration = p.Ration(share, actions)
+	m.budget.ration = 1
+	if restarts {
+		m.budget.ration = p.Ration(share, actions)
+	}
 	// Restarts rationed, a check's own draws no longer reach all it could:
 	// it steers them. A server whose restarts are not rationed draws as
 	// its seeds always have, whatever the machine's speed.

@@ -106,7 +106,7 @@ func (m *Machine) Actions() map[string]func(*rapid.T) {
 	drawn := make(map[string]func(*rapid.T), len(a))
 	for name := range a {
 		drawn[name] = func(t *rapid.T) {
-			m.pace(len(a))
+			m.pace(len(a), a["restart"] != nil)
 			m.steer(t, name, a)(t)
 		}
 	}
