@@ -18,6 +18,7 @@ import (
 // G is a group of goroutines with the same stack and labels, as the
 // goroutine profile shows them.
 type G struct {
+	// Count is how many goroutines the group holds.
 	Count int
 	// Labels are the pprof labels they carry.
 	Labels map[string]string
