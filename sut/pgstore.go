@@ -251,19 +251,17 @@ func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy Concurrency,
 // only once deadline has passed, never before: a turn on a busy
 // conversation is refused only after the wait the server declares.
 func (a *advisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.Conn, error) {
-	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+	b := backoff{deadline: deadline}
+	for {
 		conn, err := a.db.Conn(ctx)
 		if err == nil || !storeFull(err) {
 			return conn, err
 		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return nil, errors.Join(errStoreBusy, err)
-		}
-		select {
-		case <-ctx.Done():
+		if !b.wait(ctx) {
+			if time.Until(deadline) <= 0 {
+				return nil, errors.Join(errStoreBusy, err)
+			}
 			return nil, ctx.Err()
-		case <-time.After(min(pause, left)):
 		}
 	}
 }

@@ -345,19 +345,15 @@ func (s *store) writeMessages(ctx context.Context, conflict onConflict, k convKe
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.commitWithin)
 	defer cancel()
-	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+	deadline, _ := wctx.Deadline()
+	b := backoff{deadline: deadline}
+	for {
 		err := s.writeOnce(wctx, db, conflict, k, ch)
 		if err == nil || !lostConnection(err) {
 			return err
 		}
-		deadline, _ := wctx.Deadline()
-		left := time.Until(deadline)
-		if left <= 0 {
-			return err
-		}
 		db = s.db
-		time.Sleep(min(pause, left))
-		if wctx.Err() != nil {
+		if !b.wait(wctx) || wctx.Err() != nil {
 			return err // why it failed, not that its time ran out
 		}
 	}
