@@ -727,6 +727,11 @@ func readCall(msgs []openai.Message, epoch string) model.Call {
 	var events []model.ToolEvent
 	tooled := false
 	prompt := fnv.New32a()
+	// merged is the call's last user message if it carries the turn's
+	// token, to be read for text merged after the harness's own once the
+	// loop is done: only the last one decides Tail, and Trailing where
+	// nothing follows it (mergedLast).
+	merged, mergedLast := "", false
 	for _, msg := range msgs {
 		switch msg.Role {
 		case openai.RoleSystem, openai.RoleDeveloper:
@@ -751,7 +756,7 @@ func readCall(msgs []openai.Message, epoch string) model.Call {
 			continue
 		}
 		call.History = append(call.History, toks...)
-		call.Trailing = len(toks) == 0
+		call.Trailing, mergedLast = len(toks) == 0, false
 		if isUser && !prevUser {
 			// A new run of user messages: the call's turn is read from the
 			// last run. Within it, a server may have merged the user's
@@ -770,12 +775,20 @@ func readCall(msgs []openai.Message, epoch string) model.Call {
 				call.Turn, tokened = t, true
 			}
 		}
+		call.Tail = !tokened
+		call.Trailing = call.Trailing || call.Tail
+		merged, mergedLast = "", false
+		if tokened {
+			merged, mergedLast = string(msg.Content), true
+		}
+	}
+	if merged != "" && mergedAfter(merged) {
 		// A tokenless message the server merged into the user's (its
 		// client merges consecutive user messages, as docker-agent's
 		// does) follows it in the same message: text after the harness's
 		// own counts as one after it.
-		call.Tail = !tokened || mergedAfter(string(msg.Content))
-		call.Trailing = call.Trailing || call.Tail
+		call.Tail = true
+		call.Trailing = call.Trailing || mergedLast
 	}
 	if call.History == nil {
 		call.History = []model.Token{}

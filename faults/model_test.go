@@ -277,6 +277,10 @@ func TestTurnIsTheLastUserToken(t *testing.T) {
 		"the harness's own": {[]openai.Message{user("Please remember tc-u2. (tcab12cd-3)")}, "tc-u2", false, false},
 		"merged into it": {[]openai.Message{user("Please remember tc-u2. (tcab12cd-3)\nnoon")},
 			"tc-u2", true, true},
+		"merged into it, then answered": {[]openai.Message{user("Please remember tc-u2. (tcab12cd-3)\nnoon"), msg(openai.RoleAssistant, "tc-a2")},
+			"tc-u2", true, false},
+		"merged into an earlier one": {[]openai.Message{user("Please remember tc-u1.\nnoon"), msg(openai.RoleAssistant, "tc-a1"), user("Please remember tc-u2.")},
+			"tc-u2", false, false},
 		"assistant appended": {[]openai.Message{user("tc-u1"), msg(openai.RoleAssistant, "tc-a1"), msg(openai.RoleAssistant, "Noted.")},
 			"tc-u1", false, true},
 	} {
