@@ -426,7 +426,8 @@ type handlerServer struct {
 	// made anew, at each change of it (WorkReporter).
 	working int
 	changed chan struct{}
-	// in are the tags of the requests in the handler (ParkReporter).
+	// in counts, by tag, the requests in the handler whose goroutine
+	// carries its label (ParkReporter).
 	in map[string]int
 }
 
@@ -438,8 +439,8 @@ const requestLabel = "turncheck-request"
 // goroutine labelled with its tag: every goroutine the handler starts for
 // it carries the label too (ParkReporter).
 func (s *handlerServer) serve(w http.ResponseWriter, r *http.Request) {
-	s.count(1, "")
-	defer s.count(-1, "")
+	s.count(1)
+	defer s.count(-1)
 	tag := r.Header.Get(RequestTagHeader)
 	if tag == "" {
 		s.handler.ServeHTTP(w, r)
@@ -449,8 +450,8 @@ func (s *handlerServer) serve(w http.ResponseWriter, r *http.Request) {
 	// goroutines from it (pprof.Do) keeps the label. The request is in
 	// (Parked) only while its goroutine carries the label.
 	pprof.Do(r.Context(), pprof.Labels(requestLabel, s.label(tag)), func(ctx context.Context) {
-		s.count(0, tag)
-		defer s.leave(tag)
+		s.enter(tag, 1)
+		defer s.enter(tag, -1)
 		s.handler.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
@@ -460,24 +461,21 @@ func (s *handlerServer) serve(w http.ResponseWriter, r *http.Request) {
 // the label names the handler's address too.
 func (s *handlerServer) label(tag string) string { return s.ln.Addr().String() + " " + tag }
 
-// count adds d to the requests in the handler, and says so; a tag, if
-// not "", is in.
-func (s *handlerServer) count(d int, tag string) {
+// count adds d to the requests in the handler, and says so.
+func (s *handlerServer) count(d int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.working += d
-	if tag != "" {
-		s.in[tag]++
-	}
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
 
-// leave takes tag out.
-func (s *handlerServer) leave(tag string) {
+// enter adds d to the requests tagged tag whose goroutine carries its
+// label.
+func (s *handlerServer) enter(tag string, d int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.in[tag]--; s.in[tag] <= 0 {
+	if s.in[tag] += d; s.in[tag] <= 0 {
 		delete(s.in, tag)
 	}
 }
