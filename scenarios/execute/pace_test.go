@@ -37,6 +37,8 @@ func TestRation(t *testing.T) {
 		// 15 s a restart, 3 s a step, 7 actions: 1 in 2 would take 28%.
 		{"a slow server", 15 * time.Second, 15 * time.Second, 3 * time.Second, 0.25, 4},
 		{"the start stands for the restart before one", 15 * time.Second, 0, 3 * time.Second, 0.25, 4},
+		// 1 in 7 steps a restart of 2.2 s, the 6 others 1 s each: 27%.
+		{"restarts beside the other steps", 2200 * time.Millisecond, 2200 * time.Millisecond, time.Second, 0.25, 2},
 		{"a bigger share", 15 * time.Second, 15 * time.Second, 3 * time.Second, 0.5, 1},
 		{"no rationing asked", 15 * time.Second, 15 * time.Second, 3 * time.Second, 1, 1},
 		{"a fast restart", 900 * time.Millisecond, 900 * time.Millisecond, time.Millisecond, 0.25, 1},
