@@ -721,13 +721,23 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		// message alone: the policy's to judge (checkKept), not a part.
 		keptUser := s.abandoned && seen[s.user] > 0
 		if s.pending && !s.partial && !keptUser && (seen[s.user] > 0) != (seen[s.reply] > 0) {
+			if s.done > t.Invoke && !s.abandoned {
+				// The client had not given the turn up when this one was
+				// sent, and the server ran both: this one saw the other
+				// half done, on one history with it, whatever the other
+				// came to.
+				v.Invariant = T4
+				v.Reason = fmt.Sprintf("the turn %s, which ran at the same time as this one, appears in part: "+
+					"this turn ran on its history half done, a fork; turns on one conversation must form one line", s.user)
+				return v
+			}
 			v.Invariant = T6
 			v.Reason = fmt.Sprintf("the turn %s, whose outcome was unknown, appears in part: it must be committed whole or not at all", s.user)
 			switch {
 			case s.detached:
 				v.Invariant = T10
-				v.Reason = fmt.Sprintf("the turn %s, whose client disconnected mid-turn, appears in part: the server declares the complete policy, "+
-					"so the turn runs to its end and is committed whole or not at all", s.user)
+				v.Reason = fmt.Sprintf("the turn %s, whose client disconnected mid-turn, appears in part: the server runs such a turn to its end, "+
+					"as it declares (the complete policy; an A2A task that outlives its connection), and commits it whole or not at all", s.user)
 			case s.abandoned:
 				v.Invariant = T10
 				v.Reason = fmt.Sprintf("the turn %s, whose client gave up waiting and left, appears in part: it is kept whole (committed before "+

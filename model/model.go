@@ -34,10 +34,12 @@ const (
 // harness sees it, and gives it a verdict beside T1 to T11.
 const Crash Invariant = "crash"
 
-// Wire names the finding of an ACP agent that does what the protocol
-// does not allow it: it calls back a method the client did not
+// Wire names the finding of an ACP or A2A agent that does what the
+// protocol does not allow it: it calls back a method the client did not
 // advertise, or answers a cancelled prompt otherwise than cancelled
-// (PROTOCOL.md, "The Agent Client Protocol"). It is no property of a
+// (PROTOCOL.md, "The Agent Client Protocol"); it answers a message with a
+// task of another context, or shows in a task's history messages the
+// task did not send the model ("The Agent2Agent protocol"). It is no property of a
 // conversation's history, and this package never evaluates it: the
 // harness sees it on the wire.
 const Wire Invariant = "wire"

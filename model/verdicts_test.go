@@ -148,6 +148,18 @@ func TestDetachedTurn(t *testing.T) {
 	t.Run("its user message alone is half-done: T10", func(t *testing.T) {
 		runWith(t, complete, withSteps(scene, step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), want: model.T10}))
 	})
+	t.Run("half-done under a turn that ran beside it is T4", func(t *testing.T) {
+		// Its client left it after the next turn was sent: the next ran
+		// while it ran, and saw it half done, a fork, not an interruption
+		// kept in part.
+		d := detached(convA, u(2), call(u(2), u(1), a(1), u(2)))
+		d.Return = 100
+		runWith(t, complete, []step{
+			{turn: ok(convA, u(1), call(u(1), u(1)))},
+			{turn: d},
+			{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), want: model.T4},
+		})
+	})
 	t.Run("twice is T6", func(t *testing.T) {
 		runWith(t, complete, withSteps(scene,
 			step{turn: ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(2), a(2), u(3))), want: model.T6}))

@@ -277,7 +277,7 @@ var preconditions = map[model.Invariant]string{
 	model.T11: "no turn failed between two turns of a conversation with committed tool calls that both reached the model",
 
 	model.Crash: "no step ran on a server whose process the harness watches, and no restart was drawn",
-	model.Wire:  "no prompt was answered",
+	model.Wire:  "no prompt or task was answered",
 }
 
 // notApplicable says why the server's declared policies, or the way it
@@ -287,8 +287,8 @@ func notApplicable(p targets.Profile, target targets.Target, restartable, watche
 		// T10 stays: a disconnect mid-turn is judged on any server.
 		return "the server offers the model no tools (profile: tools)"
 	}
-	if inv == model.Wire && p.Protocol != targets.ACP {
-		return "only an ACP agent calls its client back (profile: protocol)"
+	if inv == model.Wire && p.Protocol != targets.ACP && p.Protocol != targets.A2A {
+		return "only an ACP agent calls its client back, and only an A2A agent's tasks are read back (profile: protocol)"
 	}
 	_, remote := target.(targets.Remote)
 	if inv == model.Crash {

@@ -93,6 +93,9 @@ type flight struct {
 	interrupted bool
 	abortedAt   time.Time
 	dropped     int64
+	// runsOn: the server runs the interrupted turn on to its end, an
+	// unknown outcome (runsOn).
+	runsOn bool
 	// doneAt is when the harness first saw the server say it was done with
 	// the dropped request (a DisconnectReporter).
 	doneAt time.Time
@@ -103,6 +106,17 @@ type flight struct {
 	// model timeout (zero if it did not), and ended when the request
 	// ended: the time between is what that timeout cost the run.
 	waitingOut, ended time.Time
+}
+
+// runsOn reports whether the server runs a turn on once its client left
+// it as s says: under the interruption policy complete; and an A2A task
+// whose client dropped its connection, where the agent declares that a
+// task outlives it.
+func (e *executor) runsOn(s plan.Send) bool {
+	if e.profile.Interruption == targets.Complete {
+		return true
+	}
+	return e.profile.Protocol == targets.A2A && s.TaskAbort == plan.AbortDrop && e.profile.A2AAPI.DropRunsOn()
 }
 
 func (f *flight) finished() bool {

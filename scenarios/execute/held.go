@@ -19,7 +19,8 @@ func (e *executor) let(s plan.Send, f *flight) {
 	f.acted = true
 	switch dc, ok := e.srv.(targets.DeadlineController); {
 	case s.Abort:
-		if e.profile.Interruption != targets.Complete {
+		f.runsOn = e.runsOn(s)
+		if !f.runsOn {
 			// From now on the model answers nothing of the turn: what the
 			// server does about the disconnect, not how fast, is judged.
 			e.fake.Drop(s.Token)
@@ -27,7 +28,7 @@ func (e *executor) let(s plan.Send, f *flight) {
 		}
 		f.cancel()
 		f.interrupted, f.abortedAt = true, time.Now()
-		if e.profile.Interruption == targets.Complete {
+		if f.runsOn {
 			// The server runs the turn on, the conversation held: let it,
 			// or the turns queued behind it in a burst wait on the harness.
 			f.released = e.tick()
@@ -55,7 +56,7 @@ func (e *executor) let(s plan.Send, f *flight) {
 // disconnect (a DisconnectReporter) or, for one that does not say, given
 // up on all the model holds of it.
 func (e *executor) stopping(f *flight) bool {
-	if !f.interrupted || f.released != 0 || e.profile.Interruption == targets.Complete {
+	if !f.interrupted || f.released != 0 || f.runsOn {
 		return false
 	}
 	if _, ok := e.srv.(targets.DisconnectReporter); ok {

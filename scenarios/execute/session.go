@@ -416,11 +416,11 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 	return ops, nil
 }
 
-// wire finds what an ACP agent did in the step ops that the protocol does
-// not allow it (protocol.Response.Breaches): the wire finding, on the
+// wire finds what an ACP or A2A agent did in the step ops that the
+// protocol does not allow it (protocol.Response.Breaches): the wire finding, on the
 // first such turn. Each prompt answered counts as an evaluation of it.
 func (s *Session) wire(ops []history.Op) *model.Violation {
-	if s.Profile.Protocol != targets.ACP {
+	if s.Profile.Protocol != targets.ACP && s.Profile.Protocol != targets.A2A {
 		return nil
 	}
 	for _, op := range ops {
@@ -431,7 +431,7 @@ func (s *Session) wire(ops []history.Op) *model.Violation {
 			return &model.Violation{Invariant: model.Wire, Conv: op.Turn.Conv, Turn: op.Turn.User,
 				Reason: strings.Join(op.Response.Breaches, "; ")}
 		}
-		if op.Response.StopReason != "" || op.Response.Cause == protocol.CauseRPCError {
+		if op.Response.StopReason != "" || op.Response.Cause == protocol.CauseRPCError || op.Response.Cause == protocol.CauseA2AError {
 			s.Answered++
 		}
 	}

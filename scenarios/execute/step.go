@@ -252,7 +252,9 @@ func (s *step) end() {
 			// choose. It stops the turn as it stops any (T10), or, under
 			// complete, runs it on; either way it may have committed the
 			// turn before it saw the client go.
-			if e.profile.Interruption == targets.Complete {
+			if e.profile.Interruption == targets.Complete || e.profile.Protocol == targets.A2A && e.profile.A2AAPI.DropRunsOn() {
+				// An A2A task outlives its connection, as the agent
+				// declares: the timed-out one runs on.
 				s.ops[i].Turn.Detached = true
 			} else {
 				s.ops[i].Turn.Abandoned = true
@@ -275,7 +277,7 @@ func (s *step) end() {
 			// session) is interrupted as one the plan dropped is, though
 			// the model did not hold it for the cancel: from its cancel on
 			// nothing of it was to stay, whatever the agent answered.
-		case e.profile.Interruption == targets.Complete:
+		case e.profile.Interruption == targets.Complete || (f.runsOn || s.ops[i].Response.RanOn) && !s.ops[i].Response.Cancelled:
 			// The server runs the turn on: an unknown outcome, not a stop.
 			s.ops[i].Turn.Detached = true
 		default:
@@ -330,7 +332,7 @@ func (s *step) letGo() {
 			// stall.
 			g.Release()
 		}
-		if f.interrupted && e.profile.Interruption != targets.Complete {
+		if f.interrupted && !f.runsOn {
 			if f.released == 0 {
 				// The server gave up on all the model held of the turn:
 				// what it starts from now on, it starts after that.

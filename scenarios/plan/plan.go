@@ -114,6 +114,11 @@ type Send struct {
 	// turn is interrupted and its outcome unknown.
 	Abort   bool          `json:"abort,omitempty"`
 	AbortAt *faults.Point `json:"abortAt,omitempty"`
+	// TaskAbort says how an A2A client aborts ("" under the other
+	// protocols): AbortCancel sends tasks/cancel, AbortDrop drops the
+	// task's connection (always so for a message/send, whose task the
+	// client learns of only at its end).
+	TaskAbort string `json:"taskAbort,omitempty"`
 	// Net, if set, breaks a link of the replica the request goes to (of a
 	// targets.LinkBreaker; behind a front, the one that serves it, as its
 	// model calls show) once the model holds the turn's first call,
@@ -125,6 +130,12 @@ type Send struct {
 	// than granting them.
 	Deny bool `json:"deny,omitempty"`
 }
+
+// The ways an A2A client aborts a task (Send.TaskAbort).
+const (
+	AbortCancel = "tasks/cancel"
+	AbortDrop   = "drop"
+)
 
 // String says what the fake model does, and what is injected, for a
 // person reading a report.
@@ -138,6 +149,10 @@ func (s Send) String() string {
 		parts = append(parts, "tools "+strings.Join(rounds, ", then "))
 	}
 	switch {
+	case s.Abort && s.TaskAbort == AbortCancel:
+		parts = append(parts, "client-abort: the client sends tasks/cancel while the model holds the turn at "+abortPoint(s.AbortAt))
+	case s.Abort && s.TaskAbort == AbortDrop:
+		parts = append(parts, "client-abort: the client drops the task's connection while the model holds the turn at "+abortPoint(s.AbortAt))
 	case s.Abort:
 		parts = append(parts, "client-abort: the client drops the connection while the model holds the turn at "+abortPoint(s.AbortAt))
 	case s.Net != nil:

@@ -86,6 +86,13 @@ type Request struct {
 	// whose response is not to be stored, and inConversation one that
 	// names a Responses API conversation: none moves a chain.
 	noUser, noStore, inConversation bool
+	// tok is the token of the turn's user message ("" for none), and
+	// taskAbort how an A2A client aborts its task (plan.Send.TaskAbort).
+	tok       model.Token
+	taskAbort string
+	// founds marks an A2A turn sent without a context, whose answer names
+	// its conversation's context.
+	founds bool
 }
 
 // Response is what the client learned of a request.
@@ -116,7 +123,8 @@ type Response struct {
 	// Code is the error body's code, where it has one
 	// ("previous_response_not_found").
 	Code string `json:"code,omitempty"`
-	// StopReason is an ACP prompt's stopReason, "" without one.
+	// StopReason is an ACP prompt's stopReason, or the state an A2A task
+	// ended in; "" without one.
 	StopReason string `json:"stopReason,omitempty"`
 	// Breaches are what an ACP agent did while the turn ran that the
 	// protocol does not allow it: a call back the client did not
@@ -132,6 +140,12 @@ type Response struct {
 	// Its outcome is unknown, and it is judged as an interrupted turn
 	// (T10), whether or not the plan drew an abort of it.
 	Cancelled bool `json:"cancelled,omitempty"`
+	// RanOn reports a turn the client aborted whose server ran it on all
+	// the same, as far as the harness can tell: an A2A task whose
+	// tasks/cancel could not be sent (its id not known yet). Its outcome
+	// is read as any, and it is judged as an unknown turn, not an
+	// interrupted one.
+	RanOn bool `json:"ranOn,omitempty"`
 }
 
 // CodeNotFound is the code of OpenAI's answer to a previous_response_id it
@@ -226,6 +240,8 @@ func NewClient(bases []string, p targets.Profile, ns string) *Client {
 		c.wire = newSessions(p.SessionsAPI)
 	case targets.ACP:
 		c.wire = newACP()
+	case targets.A2A:
+		c.wire = newA2A(p.A2AAPI)
 	default:
 		c.wire = chat{}
 	}
@@ -328,6 +344,9 @@ func (c *Client) Resolve(s plan.Send) plan.Send {
 // the client drops the connection, and the outcome is unknown.
 func (c *Client) Send(ctx context.Context, req Request) Response {
 	if a, ok := c.wire.(*acpWire); ok {
+		return a.send(ctx, c, req)
+	}
+	if a, ok := c.wire.(*a2aWire); ok {
 		return a.send(ctx, c, req)
 	}
 	if req.Unsent != "" {

@@ -351,7 +351,7 @@ var Exercises = map[model.Invariant]string{
 
 	// The crash finding: not an invariant of a conversation, beside them.
 	model.Crash: "step(s) after which the server was seen up: its process watched, or back from a restart drawn",
-	model.Wire:  "prompt(s) answered by an ACP agent that called back only what the client advertised, and answered each cancelled prompt cancelled",
+	model.Wire:  "prompt(s) or task(s) answered by an agent that kept to its protocol: an ACP agent called back only what the client advertised and answered each cancelled prompt cancelled; an A2A agent's task stayed in its context, and tasks/get showed the task's own messages",
 }
 
 // Merge joins the verdicts of the shards of one run (Conformance.Shard,

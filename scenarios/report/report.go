@@ -11,6 +11,7 @@ import (
 
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/history"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/protocol"
 	"github.com/turncheck/turncheck/scenarios/targets"
 )
@@ -577,8 +578,13 @@ func interruption(op history.Op) string {
 		return "the client cancelled the prompt (session/cancel) at the end of its time, or with another prompt of the session; the model did not hold the turn for it"
 	}
 	s := "the client dropped the connection"
-	if op.Request.ACP() {
+	switch {
+	case op.Request.ACP():
 		s = "the client cancelled the prompt (session/cancel)"
+	case op.Send.TaskAbort == plan.AbortCancel:
+		s = "the client cancelled the task (tasks/cancel)"
+	case op.Send.TaskAbort == plan.AbortDrop:
+		s = "the client dropped the task's connection"
 	}
 	if t.Dropped != 0 {
 		s += fmt.Sprintf(" at tick %d, and from then the model answered nothing of the turn", t.Dropped)

@@ -74,6 +74,7 @@ type profileFile struct {
 	Sessions           *SessionsAPI  `yaml:"sessions"`
 	Responses          *ResponsesAPI `yaml:"responses"`
 	ACP                *acpSection   `yaml:"acp"`
+	A2A                *A2AAPI       `yaml:"a2a"`
 	ConversationHeader string        `yaml:"conversation_header"`
 	Keys               []string      `yaml:"keys"`
 	Model              string        `yaml:"model"`
@@ -153,6 +154,23 @@ func (f *profileFile) protocol(p *Profile) error {
 			return errors.New("sessions: describes a session API, but the protocol is acp")
 		}
 		return f.acpFits()
+	case A2A:
+		p.Protocol = A2A
+		api := f.A2A
+		if api == nil {
+			api = &A2AAPI{}
+		}
+		if err := api.check(); err != nil {
+			return fmt.Errorf("a2a.%w", err)
+		}
+		p.A2AAPI = api
+		if f.Sessions != nil || f.ACP != nil {
+			return errors.New("sessions and acp: describe other protocols, but the protocol is a2a")
+		}
+		if f.ConversationHeader != "" {
+			return errors.New("conversation_header: an A2A agent names a conversation by its contextId, not a header")
+		}
+		return nil
 	case Sessions:
 		p.Protocol = Sessions
 		if f.Sessions == nil {
@@ -164,10 +182,13 @@ func (f *profileFile) protocol(p *Profile) error {
 		p.SessionsAPI = f.Sessions
 		return nil
 	default:
-		return fmt.Errorf("protocol: %q; want chat, responses, sessions or acp", f.Protocol)
+		return fmt.Errorf("protocol: %q; want chat, responses, sessions, acp or a2a", f.Protocol)
 	}
 	if f.ACP != nil {
 		return fmt.Errorf("acp: says what the harness advertises to an ACP agent, but the protocol is %s", p.Protocol)
+	}
+	if f.A2A != nil {
+		return fmt.Errorf("a2a: says what an A2A agent declares, but the protocol is %s", p.Protocol)
 	}
 
 	if f.Sessions != nil {
@@ -238,6 +259,7 @@ var sections = map[string]reflect.Type{
 	"sessions.events":                  reflect.TypeFor[EventRules](),
 	"acp":                              reflect.TypeFor[acpSection](),
 	"acp.client_capabilities":          reflect.TypeFor[ACPCapabilities](),
+	"a2a":                              reflect.TypeFor[A2AAPI](),
 }
 
 // LoadProfile reads a YAML profile (see profiles/README.md): how to start

@@ -28,6 +28,10 @@ const (
 	// stdin and stdout; a conversation is a session (session/new), a turn
 	// a session/prompt.
 	ACP Protocol = "acp"
+	// A2A is the Agent2Agent protocol: JSON-RPC 2.0 over HTTP, a turn a
+	// message/stream (or message/send) that starts a task in a context;
+	// a conversation is a context (A2AAPI).
+	A2A Protocol = "a2a"
 )
 
 // SessionsAPI describes a session API: how a session is created, how a turn
@@ -248,3 +252,60 @@ func (a *ResponsesAPI) Naming() string {
 	}
 	return a.NamedBy
 }
+
+// A2AAPI is what an A2A agent declares where the Agent2Agent protocol
+// leaves it to the agent (PROTOCOL.md, "The Agent2Agent protocol"): each is
+// judged as strictly as the default.
+type A2AAPI struct {
+	// Path is where the agent takes JSON-RPC ("/invoke"); "" reads it from
+	// the url of its agent card (/.well-known/agent-card.json).
+	Path string `yaml:"path"`
+	// ContextIDs says who names a context: "server" (the default: a
+	// conversation's first message goes without a contextId, and the
+	// agent's answer gives it) or "client" (the client names each
+	// context from its first message, as many agents accept).
+	ContextIDs string `yaml:"context_ids"`
+	// DroppedStream says what a client that drops a task's stream does to
+	// the task: "runs-on" (the default: A2A tasks outlive their
+	// connection, so the task runs to its end, an unknown outcome, whole
+	// or nothing) or "cancels" (the agent cancels the task as it would on
+	// tasks/cancel: an interrupted turn, judged by the interruption
+	// policy). tasks/cancel is the client's explicit abort under both.
+	DroppedStream string `yaml:"dropped_stream"`
+}
+
+// The values of the A2AAPI fields.
+const (
+	ContextsServer = "server"
+	ContextsClient = "client"
+	DroppedRunsOn  = "runs-on"
+	DroppedCancels = "cancels"
+)
+
+// check fills in a's defaults and says what is wrong with it, nil if
+// nothing.
+func (a *A2AAPI) check() error {
+	pick := func(field string, v *string, values ...string) error {
+		if *v == "" {
+			*v = values[0]
+		}
+		if !slices.Contains(values, *v) {
+			return fmt.Errorf("%s: %q; want %s", field, *v, strings.Join(values, " or "))
+		}
+		return nil
+	}
+	if a.Path != "" && !strings.HasPrefix(a.Path, "/") {
+		return fmt.Errorf("path: %q must start with /", a.Path)
+	}
+	return errors.Join(
+		pick("context_ids", &a.ContextIDs, ContextsServer, ContextsClient),
+		pick("dropped_stream", &a.DroppedStream, DroppedRunsOn, DroppedCancels),
+	)
+}
+
+// ClientNamesContexts reports whether the client names each context.
+func (a *A2AAPI) ClientNamesContexts() bool { return a != nil && a.ContextIDs == ContextsClient }
+
+// DropRunsOn reports whether a task runs on once its client dropped the
+// stream (the default).
+func (a *A2AAPI) DropRunsOn() bool { return a == nil || a.DroppedStream != DroppedCancels }

@@ -53,6 +53,9 @@ type Profile struct {
 	// ACPCaps are what the harness advertises to an ACP agent (Protocol
 	// ACP).
 	ACPCaps ACPCapabilities
+	// A2AAPI is what an A2A agent declares (Protocol A2A); never nil
+	// under A2A.
+	A2AAPI *A2AAPI
 	// Header names the conversation header; "" means X-Conversation-Id.
 	Header string
 	// Keys are API keys the server accepts. With two or more, the harness

@@ -347,6 +347,16 @@ func (m *Machine) drawTurn(t *rapid.T, c *conv, tok model.Token, sequential bool
 	if m.Profile.Protocol == targets.ACP && m.Profile.Tools {
 		s.Deny = rapid.Bool().Draw(t, "deny permission")
 	}
+	if m.Profile.Protocol == targets.A2A && s.Abort {
+		// A2A's explicit abort is tasks/cancel; a dropped connection is
+		// the other, which the agent declares the meaning of. A
+		// message/send's task is known only once it ends: it can only be
+		// dropped. Drawn under A2A alone.
+		s.TaskAbort = plan.AbortCancel
+		if !s.Stream || rapid.Bool().Draw(t, "drop the task's stream") {
+			s.TaskAbort = plan.AbortDrop
+		}
+	}
 	return s
 }
 
