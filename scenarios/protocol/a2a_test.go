@@ -1,0 +1,306 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios/plan"
+	"github.com/turncheck/turncheck/scenarios/targets"
+)
+
+// a2aAgent is a scripted A2A agent: answer writes what it answers each
+// message with; tasks/get and tasks/cancel are answered from get and
+// cancel. It records the methods it was called with.
+type a2aAgent struct {
+	mu      sync.Mutex
+	methods []string
+	bodies  []json.RawMessage
+	answer  func(w http.ResponseWriter, r *http.Request)
+	get     func(id string) string
+	cancel  func(id string) string
+}
+
+func (a *a2aAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == a2aCard {
+		fmt.Fprint(w, `{"name":"scripted","url":"http://`+r.Host+`/rpc"}`)
+		return
+	}
+	var call struct {
+		ID     int             `json:"id"`
+		Method string          `json:"method"`
+		Params json.RawMessage `json:"params"`
+	}
+	raw, _ := io.ReadAll(r.Body)
+	if r.URL.Path != "/rpc" || json.Unmarshal(raw, &call) != nil {
+		http.NotFound(w, r)
+		return
+	}
+	a.mu.Lock()
+	a.methods = append(a.methods, call.Method)
+	a.bodies = append(a.bodies, raw)
+	a.mu.Unlock()
+	var p struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(call.Params, &p)
+	switch call.Method {
+	case a2aStream, a2aSend:
+		a.answer(w, r)
+	case a2aGet:
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%d,"result":%s}`, call.ID, a.get(p.ID))
+	case a2aCancel:
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%d,"result":%s}`, call.ID, a.cancel(p.ID))
+	}
+}
+
+func (a *a2aAgent) called() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.methods...)
+}
+
+// events writes a stream of JSON-RPC answers, one result each.
+func events(w http.ResponseWriter, results ...string) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, r := range results {
+		fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":%s}\n\n", r)
+		w.(http.Flusher).Flush()
+	}
+}
+
+func task(id, ctx, state string, history ...string) string {
+	return fmt.Sprintf(`{"kind":"task","id":%q,"contextId":%q,"status":{"state":%q},"history":[%s]}`, id, ctx, state, strings.Join(history, ","))
+}
+
+func artifact(task, ctx, text string) string {
+	return fmt.Sprintf(`{"kind":"artifact-update","taskId":%q,"contextId":%q,"artifact":{"artifactId":"a1","parts":[{"kind":"text","text":%q}]}}`, task, ctx, text)
+}
+
+func status(task, ctx, state string) string {
+	return fmt.Sprintf(`{"kind":"status-update","taskId":%q,"contextId":%q,"status":{"state":%q},"final":true}`, task, ctx, state)
+}
+
+func msg(role, text string) string {
+	return fmt.Sprintf(`{"role":%q,"parts":[{"kind":"text","text":%q}]}`, role, text)
+}
+
+func a2aClient(t *testing.T, agent *a2aAgent, api targets.A2AAPI) *Client {
+	t.Helper()
+	srv := httptest.NewServer(agent)
+	t.Cleanup(srv.Close)
+	c := NewClient([]string{srv.URL}, targets.Profile{Protocol: targets.A2A, A2AAPI: &api, Model: "m", ClientTimeout: 5 * time.Second}, "")
+	t.Cleanup(c.Close)
+	return c
+}
+
+var convA2A = model.ConversationRef{ID: "conv-1"}
+
+func turn(tok model.Token, stream bool) plan.Send {
+	return plan.Send{Conv: convA2A, Token: tok, Messages: userMessage("Please remember " + string(tok) + "."), Stream: stream}
+}
+
+// TestA2AContextFromTheAnswer: under context_ids: server, a conversation's
+// first message names no context, the answer's names it, and later
+// turns name that one; the reply is the artifact's text, and the
+// endpoint is the card's.
+func TestA2AContextFromTheAnswer(t *testing.T) {
+	agent := &a2aAgent{
+		answer: func(w http.ResponseWriter, r *http.Request) {
+			events(w, task("t1", "ctx-9", "working"), artifact("t1", "ctx-9", "tc-a1 noted"), status("t1", "ctx-9", stateCompleted))
+		},
+		get: func(string) string { return task("t1", "ctx-9", stateCompleted, msg("user", "tc-u1"), msg("agent", "tc-a1 noted")) },
+	}
+	c := a2aClient(t, agent, targets.A2AAPI{})
+	first := c.NewRequest(context.Background(), turn("tc-u1", true))
+	assert.Equal(t, "/rpc", first.Path, "the card's url")
+	assert.Empty(t, first.Session)
+	out := c.Send(context.Background(), first)
+	assert.Equal(t, model.OK, out.Outcome, out.Detail)
+	assert.Equal(t, "tc-a1 noted", out.Reply)
+	assert.Empty(t, out.Breaches)
+	next := c.NewRequest(context.Background(), turn("tc-u2", false))
+	assert.Equal(t, "ctx-9", next.Session)
+	assert.Contains(t, string(next.Body), `"contextId":"ctx-9"`)
+	assert.Contains(t, string(next.Body), `"method":"message/send"`)
+	assert.Equal(t, []string{a2aStream, a2aGet}, agent.called(), "the finished task is read back")
+}
+
+// TestA2AFirstTurnAlone: while a conversation's first turn is in flight,
+// a turn beside it has no context to name: it is not sent.
+func TestA2AFirstTurnAlone(t *testing.T) {
+	c := a2aClient(t, &a2aAgent{}, targets.A2AAPI{})
+	w := c.wire.(*a2aWire)
+	first := c.NewRequest(context.Background(), turn("tc-u1", true))
+	assert.Empty(t, first.Unsent)
+	second := c.NewRequest(context.Background(), turn("tc-u2", true))
+	assert.Contains(t, second.Unsent, "first turn is still in flight")
+	out := c.Send(context.Background(), second)
+	assert.Equal(t, model.Fail, out.Outcome)
+	assert.Equal(t, CauseUnsent, out.Cause)
+	assert.Equal(t, 1, w.founding[convA2A], "an unsent turn founds nothing")
+
+	named := a2aClient(t, &a2aAgent{}, targets.A2AAPI{ContextIDs: targets.ContextsClient})
+	a, b := named.NewRequest(context.Background(), turn("tc-u1", true)), named.NewRequest(context.Background(), turn("tc-u2", true))
+	assert.Equal(t, "conv-1", a.Session, "the client names the context")
+	assert.Equal(t, a.Session, b.Session)
+	assert.Empty(t, b.Unsent)
+}
+
+// TestA2AHostileAgent: what an agent answers that A2A does not allow, or
+// that says nothing of the task, gets a clear outcome, never a hang.
+func TestA2AHostileAgent(t *testing.T) {
+	for name, tc := range map[string]struct {
+		answer  func(w http.ResponseWriter)
+		get     string
+		outcome model.Outcome
+		status  int
+		detail  string
+		breach  string
+	}{
+		"an unknown method": {
+			answer: func(w http.ResponseWriter) {
+				fmt.Fprint(w, `{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"Method not found"}}`)
+			},
+			outcome: model.Fail, status: http.StatusNotImplemented, detail: "Method not found (code -32601)",
+		},
+		"a stream dropped mid-task, the task read back": {
+			answer: func(w http.ResponseWriter) { events(w, task("t1", "conv-1", "working")) },
+			get:    task("t1", "conv-1", stateCompleted),
+			// The task's end is read with tasks/get.
+			outcome: model.OK,
+		},
+		"a stream dropped before any task": {
+			answer: func(w http.ResponseWriter) {
+				w.Header().Set("Content-Type", "text/event-stream")
+			},
+			outcome: model.Unknown, detail: "stream ended before the task's end",
+		},
+		"a task of another context": {
+			answer:  func(w http.ResponseWriter) { events(w, task("t1", "ctx-other", "working")) },
+			outcome: model.Unknown, detail: `context "ctx-other", for a message sent in context "conv-1"`,
+			breach: `a task of context "ctx-other"`,
+		},
+		"a failed task": {
+			answer:  func(w http.ResponseWriter) { events(w, task("t1", "conv-1", "working"), status("t1", "conv-1", stateFailed)) },
+			get:     task("t1", "conv-1", stateFailed),
+			outcome: model.Fail, status: http.StatusBadGateway, detail: "task failed",
+		},
+		"a canceled task the client did not ask for": {
+			answer:  func(w http.ResponseWriter) { events(w, status("t1", "conv-1", stateCanceled)) },
+			get:     task("t1", "conv-1", stateCanceled),
+			outcome: model.Fail, status: http.StatusInternalServerError, detail: "did not ask for",
+		},
+		"a task history with another turn's message": {
+			answer:  func(w http.ResponseWriter) { events(w, status("t1", "conv-1", stateCompleted)) },
+			get:     task("t1", "conv-1", stateCompleted, msg("user", "tc-u1"), msg("user", "tc-u0")),
+			outcome: model.OK, breach: "shows tc-u0 in its history",
+		},
+		"a task history without the task's message": {
+			answer:  func(w http.ResponseWriter) { events(w, status("t1", "conv-1", stateCompleted)) },
+			get:     task("t1", "conv-1", stateCompleted, msg("agent", "tc-a1")),
+			outcome: model.OK, breach: "without the task's own message, tc-u1",
+		},
+		"a message in place of a task": {
+			answer: func(w http.ResponseWriter) {
+				fmt.Fprint(w, `{"jsonrpc":"2.0","id":1,"result":{"kind":"message","role":"agent","contextId":"conv-1","parts":[{"kind":"text","text":"tc-a1"}]}}`)
+			},
+			outcome: model.OK,
+		},
+		"no JSON-RPC at all": {
+			answer:  func(w http.ResponseWriter) { fmt.Fprint(w, "<html>hello</html>") },
+			outcome: model.Unknown, detail: "malformed JSON-RPC answer",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			agent := &a2aAgent{
+				answer: func(w http.ResponseWriter, _ *http.Request) { tc.answer(w) },
+				get: func(string) string {
+					if tc.get == "" {
+						return task("t1", "conv-1", "working")
+					}
+					return tc.get
+				},
+			}
+			c := a2aClient(t, agent, targets.A2AAPI{Path: "/rpc", ContextIDs: targets.ContextsClient})
+			c.profile.ClientTimeout = time.Second
+			out := c.Send(context.Background(), c.NewRequest(context.Background(), turn("tc-u1", true)))
+			assert.Equal(t, tc.outcome, out.Outcome, out.Detail)
+			if tc.status == 0 {
+				tc.status = http.StatusOK // the answer's, where the task's end says no other
+			}
+			assert.Equal(t, tc.status, out.Status)
+			assert.Contains(t, out.Detail, tc.detail)
+			if tc.breach == "" {
+				assert.Empty(t, out.Breaches)
+			} else {
+				require.NotEmpty(t, out.Breaches)
+				assert.Contains(t, strings.Join(out.Breaches, "; "), tc.breach)
+			}
+		})
+	}
+}
+
+// TestA2AAbort: the client's abort is tasks/cancel, sent once the task is
+// known; a task that then ends canceled is an interrupted turn
+// (Cancelled), one that completed first is ok. A dropped connection is
+// the other abort: nothing is sent for it.
+func TestA2AAbort(t *testing.T) {
+	for _, tc := range []struct {
+		name, how, end string
+		outcome        model.Outcome
+		cancelled      bool
+		calls          []string
+	}{
+		{"cancelled", plan.AbortCancel, stateCanceled, model.Unknown, true, []string{a2aStream, a2aCancel, a2aGet}},
+		{"completed first", plan.AbortCancel, stateCompleted, model.OK, false, []string{a2aStream, a2aCancel, a2aGet}},
+		{"dropped", plan.AbortDrop, "", model.Unknown, false, []string{a2aStream}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cancelled := make(chan struct{})
+			var once sync.Once
+			agent := &a2aAgent{
+				answer: func(w http.ResponseWriter, r *http.Request) {
+					events(w, task("t1", "conv-1", "working"))
+					select {
+					case <-cancelled:
+						events(w, status("t1", "conv-1", tc.end))
+					case <-r.Context().Done():
+					}
+				},
+				cancel: func(string) string {
+					once.Do(func() { close(cancelled) })
+					return task("t1", "conv-1", stateCanceled)
+				},
+				get: func(string) string { return task("t1", "conv-1", tc.end) },
+			}
+			c := a2aClient(t, agent, targets.A2AAPI{Path: "/rpc", ContextIDs: targets.ContextsClient})
+			s := turn("tc-u1", true)
+			s.Abort, s.TaskAbort = true, tc.how
+			ctx, abort := context.WithCancel(context.Background())
+			req := c.NewRequest(ctx, s)
+			go func() {
+				for len(agent.called()) == 0 {
+					time.Sleep(time.Millisecond)
+				}
+				abort()
+			}()
+			out := c.Send(ctx, req)
+			assert.Equal(t, tc.outcome, out.Outcome, out.Detail)
+			assert.Equal(t, tc.cancelled, out.Cancelled)
+			assert.False(t, out.RanOn)
+			assert.Equal(t, tc.calls, agent.called())
+		})
+	}
+}
