@@ -71,17 +71,30 @@ type a2aWire struct {
 	// path is where the agent takes JSON-RPC, once known.
 	path string
 	// busy counts, per context, the turns in flight: a refusal while
-	// another runs is the busy context's (T4). founding counts, per
-	// conversation, the turns in flight sent without a context (under
-	// context_ids: server), one of which will name it.
+	// another runs is the busy context's (T4). founding is, per
+	// conversation, the turn in flight sent without a context (under
+	// context_ids: server), whose answer will name it.
 	busy     map[string]int
-	founding map[model.ConversationRef]int
+	founding map[model.ConversationRef]*founder
 	n        int
 }
 
+// founder is a conversation's turn sent without a context, in flight.
+type founder struct {
+	// stream says it is streamed: its first event names the context, so
+	// a turn beside it waits for that (named); a message/send's answer
+	// comes only at its end.
+	stream bool
+	named  chan struct{}
+	once   sync.Once
+}
+
+// settle closes f.named: the context is known, or the turn ended.
+func (f *founder) settle() { f.once.Do(func() { close(f.named) }) }
+
 func newA2A(api *targets.A2AAPI) *a2aWire {
 	return &a2aWire{api: api, contexts: map[model.ConversationRef]string{}, busy: map[string]int{},
-		founding: map[model.ConversationRef]int{}}
+		founding: map[model.ConversationRef]*founder{}}
 }
 
 // The JSON-RPC and A2A shapes the client writes and reads.
@@ -176,6 +189,7 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 	n := w.n
 	contextID := c.ns + s.Conv.ID
 	unsent, founds := "", false
+	var wait *founder
 	if !w.api.ClientNamesContexts() {
 		var ok bool
 		if contextID, ok = w.contexts[s.Conv]; !ok {
@@ -184,19 +198,37 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 			// not be found under this key (T5).
 			contextID, _ = otherKeys(w.contexts, s.Conv, func(string) bool { return true })
 		}
-		switch {
+		switch f := w.founding[s.Conv]; {
 		case contextID != "":
-		case w.founding[s.Conv] > 0:
-			// Two messages without a context are two contexts, not two
-			// turns of one: while the conversation's first turn is in
-			// flight, a turn has no context to name.
-			unsent = "its conversation's first turn is still in flight: the context, which the agent names, is not known yet"
+		case f != nil && f.stream:
+			wait = f
+		case f != nil:
+			unsent = firstInFlight
 		default:
 			founds = true
-			w.founding[s.Conv]++
+			w.founding[s.Conv] = &founder{stream: s.Stream, named: make(chan struct{})}
 		}
 	}
 	w.mu.Unlock()
+	if wait != nil {
+		// Two messages without a context are two contexts, not two turns
+		// of one: a turn beside its conversation's first waits for the
+		// context its first event names. An agent that names none before
+		// the model answers would hold it to the end of the client's
+		// time: the turn is then not sent.
+		timer := time.NewTimer(c.profile.RequestTimeout())
+		select {
+		case <-wait.named:
+		case <-ctx.Done():
+		case <-timer.C:
+		}
+		timer.Stop()
+		w.mu.Lock()
+		if contextID = w.contexts[s.Conv]; contextID == "" {
+			unsent = firstInFlight
+		}
+		w.mu.Unlock()
+	}
 	method := a2aSend
 	if s.Stream {
 		method = a2aStream
@@ -463,10 +495,10 @@ func (w *a2aWire) send(ctx context.Context, c *Client, req Request) Response {
 	if req.founds {
 		defer func() {
 			w.mu.Lock()
-			if w.founding[req.Conv]--; w.founding[req.Conv] <= 0 {
-				delete(w.founding, req.Conv)
-			}
+			f := w.founding[req.Conv]
+			delete(w.founding, req.Conv)
 			w.mu.Unlock()
+			f.settle()
 		}()
 	}
 	if req.Unsent != "" {
@@ -557,6 +589,7 @@ func (s *a2aSending) read(ctx context.Context, resp *http.Response, task *a2aTas
 			return out
 		}
 		s.known(task.id)
+		s.w.learnContext(s.req, task)
 		end = terminal(task.state) || r.Final && task.state != ""
 		return out
 	}
@@ -761,7 +794,8 @@ func (s *a2aSending) window(task *a2aTask) []string {
 }
 
 // learnContext keeps the context the agent named for a conversation that
-// had none (context_ids: server): its next turns go on in it.
+// had none (context_ids: server), as soon as it names it: its next turns
+// go on in it, and one that waits beside this one goes now.
 func (w *a2aWire) learnContext(req Request, task *a2aTask) {
 	if w.api.ClientNamesContexts() || req.Session != "" || task.context == "" {
 		return
@@ -771,4 +805,11 @@ func (w *a2aWire) learnContext(req Request, task *a2aTask) {
 	if _, ok := w.contexts[req.Conv]; !ok {
 		w.contexts[req.Conv] = task.context
 	}
+	if f := w.founding[req.Conv]; f != nil && req.founds {
+		f.settle()
+	}
 }
+
+// firstInFlight says why a turn beside its conversation's first is not
+// sent.
+const firstInFlight = "its conversation's first turn is still in flight, and has not named its context: the context, which the agent names, is not known"

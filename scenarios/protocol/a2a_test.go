@@ -138,18 +138,40 @@ func TestA2AContextFromTheAnswer(t *testing.T) {
 }
 
 // TestA2AFirstTurnAlone: while a conversation's first turn is in flight,
-// a turn beside it has no context to name: it is not sent.
+// a turn beside it has no context to name: beside a message/send it is
+// not sent; beside a stream it waits for the context the stream's first
+// event names.
 func TestA2AFirstTurnAlone(t *testing.T) {
 	c := a2aClient(t, &a2aAgent{}, targets.A2AAPI{})
-	w := c.wire.(*a2aWire)
-	first := c.NewRequest(context.Background(), turn("tc-u1", true))
+	first := c.NewRequest(context.Background(), turn("tc-u1", false))
 	assert.Empty(t, first.Unsent)
 	second := c.NewRequest(context.Background(), turn("tc-u2", true))
 	assert.Contains(t, second.Unsent, "first turn is still in flight")
 	out := c.Send(context.Background(), second)
 	assert.Equal(t, model.Fail, out.Outcome)
 	assert.Equal(t, CauseUnsent, out.Cause)
-	assert.Equal(t, 1, w.founding[convA2A], "an unsent turn founds nothing")
+
+	release := make(chan struct{})
+	agent := &a2aAgent{
+		answer: func(w http.ResponseWriter, r *http.Request) {
+			events(w, task("t1", "ctx-7", "working"))
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			events(w, status("t1", "ctx-7", stateCompleted))
+		},
+		get: func(string) string { return task("t1", "ctx-7", stateCompleted) },
+	}
+	c = a2aClient(t, agent, targets.A2AAPI{})
+	first = c.NewRequest(context.Background(), turn("tc-u1", true))
+	done := make(chan Response)
+	go func() { done <- c.Send(context.Background(), first) }()
+	second = c.NewRequest(context.Background(), turn("tc-u2", true))
+	assert.Empty(t, second.Unsent)
+	assert.Equal(t, "ctx-7", second.Session, "named by the first turn's first event")
+	close(release)
+	assert.Equal(t, model.OK, (<-done).Outcome)
 
 	named := a2aClient(t, &a2aAgent{}, targets.A2AAPI{ContextIDs: targets.ContextsClient})
 	a, b := named.NewRequest(context.Background(), turn("tc-u1", true)), named.NewRequest(context.Background(), turn("tc-u2", true))
