@@ -120,7 +120,9 @@ func TestA2AContextFromTheAnswer(t *testing.T) {
 		answer: func(w http.ResponseWriter, r *http.Request) {
 			events(w, task("t1", "ctx-9", "working"), artifact("t1", "ctx-9", "tc-a1 noted"), status("t1", "ctx-9", stateCompleted))
 		},
-		get: func(string) string { return task("t1", "ctx-9", stateCompleted, msg("user", "tc-u1"), msg("agent", "tc-a1 noted")) },
+		get: func(string) string {
+			return task("t1", "ctx-9", stateCompleted, msg("user", "tc-u1"), msg("agent", "tc-a1 noted"))
+		},
 	}
 	c := a2aClient(t, agent, targets.A2AAPI{})
 	first := c.NewRequest(context.Background(), turn("tc-u1", true))
@@ -215,7 +217,9 @@ func TestA2AHostileAgent(t *testing.T) {
 			breach: `a task of context "ctx-other"`,
 		},
 		"a failed task": {
-			answer:  func(w http.ResponseWriter) { events(w, task("t1", "conv-1", "working"), status("t1", "conv-1", stateFailed)) },
+			answer: func(w http.ResponseWriter) {
+				events(w, task("t1", "conv-1", "working"), status("t1", "conv-1", stateFailed))
+			},
 			get:     task("t1", "conv-1", stateFailed),
 			outcome: model.Fail, status: http.StatusBadGateway, detail: "task failed",
 		},
