@@ -269,10 +269,10 @@ func (a *acpAgent) NewSession(_ context.Context, p acp.NewSessionRequest) (acp.N
 	if err := checkCwd(p.Cwd); err != nil {
 		return acp.NewSessionResponse{}, err
 	}
-	if !a.s.enter() {
+	if !a.s.gate.In() {
 		return acp.NewSessionResponse{}, errACPStopping()
 	}
-	defer a.s.active.Done()
+	defer a.s.gate.Out()
 	id := acp.SessionId(newID("sess_"))
 	if err := a.s.store.createSession(acpKey(id)); err != nil {
 		a.s.log.Error("acp: create session", "err", err)
@@ -299,10 +299,10 @@ func (a *acpAgent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (a
 	if err := checkCwd(p.Cwd); err != nil {
 		return acp.LoadSessionResponse{}, err
 	}
-	if !a.s.enter() {
+	if !a.s.gate.In() {
 		return acp.LoadSessionResponse{}, errACPStopping()
 	}
-	defer a.s.active.Done()
+	defer a.s.gate.Out()
 	key := acpKey(p.SessionId)
 	found, err := a.s.store.sessionExists(ctx, key)
 	if err == nil && !found {
@@ -519,34 +519,21 @@ func promptText(blocks []acp.ContentBlock) (string, error) {
 // HTTP client would have been answered, as a JSON-RPC error.
 func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, user openai.Message) (acp.PromptResponse, error) {
 	s := a.s
-	s.handling.Add(1)
-	defer s.handling.Add(-1)
-	s.cfg.Gauge.add(1, 0)
-	defer s.cfg.Gauge.add(-1, 0)
-	if !s.enter() {
-		return acp.PromptResponse{}, errACPStopping()
+	defer s.gate.Handle()()
+	ticket, ctx, refusal := s.gate.Enter(ctx, "")
+	defer ticket.Leave()
+	if refusal != nil {
+		return acp.PromptResponse{}, acpRefusal(refusal)
 	}
-	defer s.active.Done()
-	defer context.AfterFunc(s.life, run.cancel)()
-	defer context.AfterFunc(s.turns, run.cancel)()
-	mem := &reservation{b: s.mem}
-	defer mem.done()
-	ctx = context.WithValue(ctx, reservationKey{}, mem)
-	if d := s.cfg.TurnDelay; d > 0 {
-		select {
-		case <-time.After(d):
-		case <-ctx.Done():
-			return a.answer(run, nil, &acpCapture{})
-		}
+	defer context.AfterFunc(ctx, run.cancel)()
+	release, refusal := ticket.Admit(ctx, nil, int64(len(user.Content)), nil)
+	if refusal == refusalLeft {
+		return a.answer(run, nil, &acpCapture{})
 	}
-	if !mem.grow(requestOverhead + bodyFactor*int64(len(user.Content))) {
-		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", http.StatusServiceUnavailable, "overloaded", s.overBudget())
+	if refusal != nil {
+		return acp.PromptResponse{}, acpRefusal(refusal)
 	}
-	if !s.slots.take() {
-		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", http.StatusServiceUnavailable, "overloaded",
-			fmt.Sprintf("the server is working on %d requests, its limit; nothing was changed: retry shortly", s.cfg.MaxRequests))
-	}
-	defer s.slots.give()
+	defer release()
 	// The turn machinery answers an HTTP client: it gets one that records
 	// the answer, which becomes the JSON-RPC one.
 	w := &acpCapture{header: http.Header{}}
@@ -571,10 +558,16 @@ func (a *acpAgent) agentRef() string {
 	return a.s.sources.list[0].key
 }
 
+// acpRefusal is the JSON-RPC error of a prompt refused before its turn
+// ran: what an HTTP client would have been answered.
+func acpRefusal(r *Refusal) *acp.RequestError {
+	return rpcErr(-32603, "Internal error", r.Status, r.Type, r.Message)
+}
+
 // errACPStopping is the answer to a request that comes as the server
 // stops.
 func errACPStopping() *acp.RequestError {
-	return rpcErr(-32603, "Internal error", http.StatusServiceUnavailable, "unavailable", "the server is stopping")
+	return acpRefusal(Stopping())
 }
 
 // answer turns what the turn machinery answered into the prompt's answer.

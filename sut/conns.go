@@ -50,8 +50,7 @@ const capLogEvery = 10 * time.Second
 const stallAfter = time.Second
 
 // overloadedResponse answers a connection refused past the cap.
-var overloadedResponse = []byte(jsonResponse(503, "Service Unavailable", "overloaded",
-	"the server is at its connection limit; retry shortly", "Retry-After: 1\r\n"))
+var overloadedResponse = Overloaded("the server is at its connection limit; retry shortly").raw()
 
 // connTracker counts a listener's open connections. It is safe for
 // concurrent use.

@@ -66,12 +66,12 @@ func isLoopbackName(host string) bool {
 // loopback, nor the address the request came in on, nor an allowed host.
 // A request with no Host (HTTP/1.0) names nothing a browser could have
 // been made to resolve, and passes.
-func (s *Server) checkHost(r *http.Request) error {
+func checkHost(r *http.Request, allowedHosts []string) error {
 	if r.Host == "" {
 		return nil
 	}
 	host := normalizeHost(r.Host)
-	if isLoopbackName(host) || slices.Contains(s.allowedHosts, host) {
+	if isLoopbackName(host) || slices.Contains(allowedHosts, host) {
 		return nil
 	}
 	if ip := net.ParseIP(host); ip != nil {
@@ -87,7 +87,7 @@ func (s *Server) checkHost(r *http.Request) error {
 // checkOrigin refuses a request a browser sent for a page that is not on
 // this machine's loopback or an allowed host. Requests without an Origin
 // (every client that is not a browser) pass.
-func (s *Server) checkOrigin(r *http.Request) error {
+func checkOrigin(r *http.Request, allowedHosts []string) error {
 	vals := r.Header.Values("Origin")
 	if len(vals) == 0 {
 		return nil
@@ -98,7 +98,7 @@ func (s *Server) checkOrigin(r *http.Request) error {
 	u, err := url.Parse(vals[0])
 	if err == nil && u.Host != "" {
 		host := normalizeHost(u.Host)
-		if isLoopbackName(host) || slices.Contains(s.allowedHosts, host) {
+		if isLoopbackName(host) || slices.Contains(allowedHosts, host) {
 			return nil
 		}
 	}

@@ -155,28 +155,6 @@ func reservationOf(ctx context.Context) *reservation {
 	return &reservation{b: &memBudget{max: math.MaxInt64}}
 }
 
-// MaxMemory is the server's memory budget in bytes: Config.MaxMemory, or
-// the default it was given for 0.
-func (s *Server) MaxMemory() int64 { return s.cfg.MaxMemory }
-
-// overBudget is the message of a request refused for want of memory.
-func (s *Server) overBudget() string {
-	return fmt.Sprintf("the server's memory budget (%d bytes) is taken by the requests in flight; nothing was changed: retry shortly",
-		s.cfg.MaxMemory)
-}
-
-// conversationCost is what conversation c costs in the cache.
-func conversationCost(c *conversation) int64 {
-	n := int64(len(c.source))
-	for _, m := range c.messages {
-		n += m.size() + messageOverhead
-		for _, tc := range m.ToolCalls {
-			n += int64(len(tc.ID)+len(tc.Function.Name)) + messageOverhead
-		}
-	}
-	return n
-}
-
 // historyCost is what a model call sending history costs while it runs:
 // its text as JSON encodes it, which may be six times as long ("<" is
 // "\u003c"), so that a client cannot make a small history a large
@@ -224,8 +202,8 @@ func jsonTextLen(s string) int64 {
 // turn at every limit must fit (a body of MaxBodyBytes, a history of
 // MaxHistoryBytes of plain text, a reply of the longest the model may
 // send), or it would be refused however long its client waited.
-func minMaxMemory(cfg *Config) int64 {
-	return requestOverhead + bodyFactor*cfg.MaxBodyBytes + historyFactor*cfg.MaxHistoryBytes + replyFactor*maxReplyBytes
+func minMaxMemory(maxBody, maxHistory, maxReply int64) int64 {
+	return requestOverhead + bodyFactor*maxBody + historyFactor*maxHistory + replyFactor*maxReply
 }
 
 // MemoryShare is the share of the machine's memory a server takes for its

@@ -269,8 +269,9 @@ type Server struct {
 	// ids (kept in memory), those ids name nothing after a restart;
 	// lines named by user outlive it.
 	lineEpoch string
-	slots     requestSlots
-	mem       *memBudget
+	// gate admits every request, of every protocol, to the turns.
+	gate *Gate
+	mem  *memBudget
 	// redact hides credentials in what the server logs of a model failure.
 	redact func(string) string
 	// allowedHosts are cfg.AllowedHosts, normalized.
@@ -297,14 +298,7 @@ type Server struct {
 	// grace ran out, or Close): their requests end, and each is answered
 	// that the server dropped it, before the connections close.
 	dropping atomic.Bool
-	// handling counts the requests whose handler runs, for a stop that
-	// waits for the dropped ones to be answered.
-	handling atomic.Int64
 
-	// active counts requests in flight; once closed, none starts.
-	mu       sync.Mutex
-	closed   bool
-	active   sync.WaitGroup
 	stopped  chan struct{} // closed once Close (or a crash) has finished
 	closeErr error
 }
@@ -421,7 +415,7 @@ func New(cfg Config) (*Server, error) {
 		redact:       newRedactor(cfg.Keys, modelURL).redact,
 		allowedHosts: allowedHosts,
 	}
-	s.slots.max = int64(cfg.MaxRequests)
+	s.gate = NewGate(GateConfig{Gauge: cfg.Gauge, Memory: mem, MaxRequests: cfg.MaxRequests, Delay: cfg.TurnDelay, Life: life, Turns: turns})
 	return s, nil
 }
 
@@ -457,7 +451,7 @@ func (cfg *Config) setLimits() error {
 			return err // the first, on one line
 		}
 	}
-	switch least := minMaxMemory(cfg); {
+	switch least := minMaxMemory(cfg.MaxBodyBytes, cfg.MaxHistoryBytes, maxReplyBytes); {
 	case cfg.MaxMemory < 0:
 		return fmt.Errorf("max memory %d: want a positive number of bytes", cfg.MaxMemory)
 	case cfg.MaxMemory == 0:
@@ -491,15 +485,11 @@ func orDefault[T int | int64 | time.Duration](name string, v *T, def T) error {
 // has any), then closes the store. Stop the HTTP server in front of it
 // first. After a crash (Running.Crash) it does nothing.
 func (s *Server) Close() error {
-	s.mu.Lock()
-	already := s.closed
-	s.closed = true
-	s.mu.Unlock()
-	if already {
+	if s.gate.Close() {
 		<-s.stopped // a later Close returns when the first one has
 		return s.closeErr
 	}
-	s.active.Wait()
+	s.gate.Wait()
 	s.convs.close()
 	s.up.close()
 	s.kill()
@@ -516,49 +506,28 @@ func (s *Server) Close() error {
 // later Close returns nil.
 func (s *Server) crash() (bool, error) {
 	s.crashing.Store(true)
-	s.mu.Lock()
-	already := s.closed
-	s.closed = true
-	s.mu.Unlock()
-	if already {
+	if s.gate.Close() {
 		return false, nil
 	}
 	// First, as the process dies: a turn acknowledged but not yet written
 	// is gone, and none queued from now on is ever written.
 	s.convs.crash()
 	s.kill()
-	s.active.Wait()
+	s.gate.Wait()
 	s.up.close()
 	err := s.store.close()
 	close(s.stopped)
 	return true, err
 }
 
-// enter counts a request in, or reports that the server is closed.
-func (s *Server) enter() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return false
-	}
-	s.active.Add(1)
-	return true
-}
-
 // ServeHTTP serves the client protocols (POST /v1/chat/completions,
 // POST /v1/responses, the sessions API under /api/sessions) and GET
 // /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.handling.Add(1)
-	defer s.handling.Add(-1)
+	defer s.gate.Handle()()
 	conn := connOf(r.Context())
 	conn.enter()
 	defer conn.leave()
-	// Counted in the gauge inside the handler's other bookkeeping, so that
-	// a stop that waits for the handlers finds the gauge at rest.
-	s.cfg.Gauge.add(1, 0)
-	defer s.cfg.Gauge.add(-1, 0)
-	defer s.cfg.Gauge.markDone(r.Header.Get(RequestTagHeader))
 	conn.watchBody(r)
 	// The client has BodyTimeout to send its body. The deadline is set for
 	// every request, so that a request refused before its body is read
@@ -575,31 +544,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// connection is closed after the answer.
 		w.Header().Set("Connection", "close")
 	}
-	if !s.enter() {
-		refuseEarly(w, http.StatusServiceUnavailable, "unavailable", "the server is stopping")
+	ticket, ctx, refusal := s.gate.Enter(r.Context(), r.Header.Get(RequestTagHeader))
+	defer ticket.Leave()
+	if refusal != nil {
+		refusal.Write(w)
 		return
 	}
-	defer s.active.Done()
-	if err := s.checkHost(r); err != nil {
+	if err := checkHost(r, s.allowedHosts); err != nil {
 		refuseEarly(w, http.StatusMisdirectedRequest, "misdirected_request", err.Error())
 		return
 	}
-	if err := s.checkOrigin(r); err != nil {
+	if err := checkOrigin(r, s.allowedHosts); err != nil {
 		refuseEarly(w, http.StatusForbidden, "forbidden", err.Error())
 		return
 	}
-	// A crash ends the request at once, as a killed process would; a stop
-	// that drops the turns still running ends it too.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	defer context.AfterFunc(s.life, cancel)()
-	defer context.AfterFunc(s.turns, cancel)()
-	// What the request reserves of the memory budget, on its way, is
-	// given back when it ends.
-	mem := &reservation{b: s.mem}
-	defer mem.done()
-	r = r.WithContext(context.WithValue(ctx, reservationKey{}, mem))
-	s.route(w, r)
+	s.route(w, r.WithContext(ctx))
 }
 
 // route serves r by its path: each client protocol's endpoints take POST
@@ -709,67 +668,53 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, check func() erro
 			fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed", strings.Join(ce, ", ")))
 		return
 	}
-	if d := s.cfg.TurnDelay; d > 0 {
-		select {
-		case <-time.After(d):
-		case <-r.Context().Done():
-			return // the client left: nothing was worked on
-		}
-	}
-	if r.ContentLength > s.cfg.MaxBodyBytes {
-		// Refused on its word, before a byte of it is read.
-		refuseEarly(w, http.StatusRequestEntityTooLarge, "request_too_large",
-			fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
-		return
-	}
-	if check != nil {
-		if err := check(); err != nil {
-			refuseEarly(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-			return
-		}
-	}
 	// The body's cost is reserved before a byte of it is read: by its
 	// Content-Length, or by the limit when it has none (chunked).
-	mem := reservationOf(r.Context())
 	declared := s.cfg.MaxBodyBytes
 	if r.ContentLength >= 0 {
 		declared = r.ContentLength
 	}
-	if !mem.grow(requestOverhead + bodyFactor*declared) {
-		w.Header().Set("Retry-After", "1")
-		refuseEarly(w, http.StatusServiceUnavailable, "overloaded", s.overBudget())
-		return
-	}
-	body, err := s.readBody(w, r)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		switch {
-		case errors.As(err, &tooLarge):
-			refuseEarly(w, http.StatusRequestEntityTooLarge, "request_too_large",
-				fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
-		case errors.Is(err, errBodyTimeout):
-			refuseEarly(w, http.StatusRequestTimeout, "request_timeout",
-				fmt.Sprintf("the request body did not arrive within %s", s.cfg.BodyTimeout))
-		default:
-			refuseEarly(w, http.StatusBadRequest, "invalid_request_error", "the request body could not be read")
+	var body []byte
+	release, refusal := TicketOf(r.Context()).Admit(r.Context(), func() *Refusal {
+		if r.ContentLength > s.cfg.MaxBodyBytes {
+			// Refused on its word, before a byte of it is read.
+			return Refuse(http.StatusRequestEntityTooLarge, "request_too_large",
+				fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes)).Early()
 		}
+		if check != nil {
+			if err := check(); err != nil {
+				return Refuse(http.StatusBadRequest, "invalid_request_error", err.Error()).Early()
+			}
+		}
+		return nil
+	}, declared, func() (int64, *Refusal) {
+		var err error
+		body, err = s.readBody(w, r)
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			switch {
+			case errors.As(err, &tooLarge):
+				return 0, Refuse(http.StatusRequestEntityTooLarge, "request_too_large",
+					fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes)).Early()
+			case errors.Is(err, errBodyTimeout):
+				return 0, Refuse(http.StatusRequestTimeout, "request_timeout",
+					fmt.Sprintf("the request body did not arrive within %s", s.cfg.BodyTimeout)).Early()
+			default:
+				return 0, Refuse(http.StatusBadRequest, "invalid_request_error", "the request body could not be read").Early()
+			}
+		}
+		// The request is in: from here a turn runs on its connection, which a
+		// crowd of new ones must not evict.
+		if !connOf(r.Context()).work() {
+			return 0, clientGoneRefusal(false)
+		}
+		return declared - int64(len(body)), nil
+	})
+	if refusal != nil {
+		refusal.Write(w)
 		return
 	}
-	// The body is in: from here it costs what it is.
-	mem.shrink(bodyFactor * (declared - int64(len(body))))
-	// The request is in: from here a turn runs on its connection, which a
-	// crowd of new ones must not evict.
-	if !connOf(r.Context()).work() {
-		clientGone(w, false)
-		return
-	}
-	if !s.slots.take() {
-		w.Header().Set("Retry-After", "1")
-		openai.WriteError(w, http.StatusServiceUnavailable, "overloaded",
-			fmt.Sprintf("the server is working on %d requests, its limit; nothing was changed: retry shortly", s.cfg.MaxRequests))
-		return
-	}
-	defer s.slots.give()
+	defer release()
 	serve(scope, body)
 }
 
@@ -1063,9 +1008,8 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 	case errors.Is(err, errSessionBusy):
 		openai.WriteError(w, http.StatusInternalServerError, "server_error", "session is busy")
 	case errors.Is(err, errWaitTimedOut):
-		w.Header().Set("Retry-After", "1")
-		openai.WriteError(w, http.StatusServiceUnavailable, "conversation_busy",
-			fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout))
+		(&Refusal{Status: http.StatusServiceUnavailable, Type: "conversation_busy", RetryAfter: true,
+			Message: fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout)}).Write(w)
 	case storeFull(err):
 		s.refuseStoreFull(w, t, err)
 	case errors.Is(err, errCrashing):
@@ -1088,9 +1032,7 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 // more. It is load, not a fault: 503 with Retry-After, nothing changed.
 func (s *Server) refuseStoreFull(w http.ResponseWriter, t *turn, err error) {
 	s.log.Warn("no connection to the store; turn refused", "conversation", t.key.id, "max_store_conns", s.cfg.MaxStoreConns, "err", err)
-	w.Header().Set("Retry-After", "1")
-	openai.WriteError(w, http.StatusServiceUnavailable, "overloaded",
-		"every connection to the server's store is in use; nothing was changed: retry shortly")
+	Overloaded("every connection to the server's store is in use; nothing was changed: retry shortly").Write(w)
 }
 
 // run runs the turn's tool loop on its working copy, answers the client in
@@ -1185,11 +1127,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 			if storeFull(err) {
 				// No connection to commit on came within the commit's
 				// time: nothing of the turn is in the store.
-				if !o.streaming() {
-					w.Header().Set("Retry-After", "1")
-				}
-				s.answerError(w, o, http.StatusServiceUnavailable, "overloaded",
-					"the server's store took no connection to commit the turn on; nothing was changed: retry shortly")
+				s.answer(w, o, Overloaded("the server's store took no connection to commit the turn on; nothing was changed: retry shortly"))
 				return
 			}
 			s.answerError(w, o, http.StatusInternalServerError, "server_error", "the turn could not be committed")
@@ -1218,10 +1156,7 @@ func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string,
 	t.release()
 	if errors.Is(err, errOverBudget) {
 		s.log.Info("memory budget taken by the requests in flight; turn rolled back", "conversation", t.key.id, "max_memory", s.cfg.MaxMemory)
-		if !o.streaming() {
-			w.Header().Set("Retry-After", "1")
-		}
-		s.answerError(w, o, http.StatusServiceUnavailable, "overloaded", s.overBudget())
+		s.answer(w, o, s.gate.OverBudget())
 		return
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -1274,11 +1209,18 @@ func (s *Server) keepsFailed(t *turn, err error) bool {
 // answerError reports a failure: as a status before the answer's stream
 // began, on the stream (in the turn's protocol) after.
 func (s *Server) answerError(w http.ResponseWriter, o *output, status int, typ, msg string) {
+	s.answer(w, o, Refuse(status, typ, msg))
+}
+
+// answer reports a failure, r: as a status (with Retry-After if r asks
+// for it) before the answer's stream began, on the stream (in the turn's
+// protocol) after.
+func (s *Server) answer(w http.ResponseWriter, o *output, r *Refusal) {
 	if !o.streaming() {
-		openai.WriteError(w, status, typ, msg)
+		r.Write(w)
 		return
 	}
-	o.resp.failed(o, typ, msg)
+	o.resp.failed(o, r.Type, r.Message)
 }
 
 // stopDropped answers a request that a stop dropped (its grace ran out)
@@ -1314,11 +1256,8 @@ func (s *Server) crashedUnder(w http.ResponseWriter, t *turn, o *output) {
 // answerDropped answers a turn a stop dropped: 503, or on a stream a
 // failure.
 func (s *Server) answerDropped(w http.ResponseWriter, o *output) {
-	if !o.streaming() {
-		w.Header().Set("Retry-After", "1")
-	}
-	s.answerError(w, o, http.StatusServiceUnavailable, "unavailable",
-		"the server is stopping and dropped this turn before its end; nothing was changed: retry")
+	s.answer(w, o, &Refusal{Status: http.StatusServiceUnavailable, Type: "unavailable",
+		Message: "the server is stopping and dropped this turn before its end; nothing was changed: retry", RetryAfter: true})
 }
 
 // dropTurns ends the turns still running, each answered that the server
@@ -1328,7 +1267,7 @@ func (s *Server) dropTurns(wait time.Duration) {
 	s.dropping.Store(true)
 	s.endTurns()
 	deadline := time.Now().Add(wait)
-	for s.handling.Load() > 0 && time.Now().Before(deadline) {
+	for s.gate.Handling() > 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
@@ -1338,11 +1277,17 @@ func (s *Server) dropTurns(wait time.Duration) {
 // it, but a half-closed client that still does must not take silence for
 // success.
 func clientGone(w http.ResponseWriter, kept bool) {
+	clientGoneRefusal(kept).Write(w)
+}
+
+// clientGoneRefusal is the answer to a request whose client went away;
+// see clientGone.
+func clientGoneRefusal(kept bool) *Refusal {
 	msg := "the client closed the request; the turn was rolled back"
 	if kept {
 		msg = "the client closed the request; the turn was kept up to its last completed tool round, without a reply"
 	}
-	openai.WriteError(w, statusClientClosed, "client_closed_request", msg)
+	return Refuse(statusClientClosed, "client_closed_request", msg)
 }
 
 // authorize returns the request's key scope, or false if keys are required
@@ -1368,3 +1313,7 @@ func (s *Server) authorize(r *http.Request) (string, bool) {
 	}
 	return "", false
 }
+
+// MaxMemory is the server's memory budget in bytes: Config.MaxMemory, or
+// the default it was given for 0.
+func (s *Server) MaxMemory() int64 { return s.gate.MaxMemory() }

@@ -45,9 +45,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		id := newID("")
 		if err := s.store.createSession(convKey{scope: scope, id: nsSession + id}); err != nil {
 			if storeFull(err) {
-				w.Header().Set("Retry-After", "1")
-				openai.WriteError(w, http.StatusServiceUnavailable, "overloaded",
-					"the server's store takes no more connections; no session was created: retry shortly")
+				Overloaded("the server's store takes no more connections; no session was created: retry shortly").Write(w)
 				return
 			}
 			s.log.Error("create session", "err", err)

@@ -1,0 +1,13 @@
+package sut
+
+// conversationCost is what conversation c costs in the cache.
+func conversationCost(c *conversation) int64 {
+	n := int64(len(c.source))
+	for _, m := range c.messages {
+		n += m.size() + messageOverhead
+		for _, tc := range m.ToolCalls {
+			n += int64(len(tc.ID)+len(tc.Function.Name)) + messageOverhead
+		}
+	}
+	return n
+}
