@@ -17,6 +17,8 @@ import (
 	acp "github.com/coder/acp-go-sdk"
 
 	"github.com/turncheck/turncheck/internal/openai"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // The Agent Client Protocol (https://agentclientprotocol.com): an editor
@@ -216,7 +218,7 @@ func (a *acpAgent) open(id acp.SessionId) {
 	}
 }
 
-// stop refuses the prompts that come from now on; with clientGone, it
+// Stop refuses the prompts that come from now on; with clientGone, it
 // ends every prompt in flight as a client that went away does: each turn
 // settles by the interruption policy.
 func (a *acpAgent) stop(clientGone bool) {
@@ -527,7 +529,7 @@ func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, u
 	}
 	defer context.AfterFunc(ctx, run.cancel)()
 	release, refusal := ticket.Admit(ctx, nil, int64(len(user.Content)), nil)
-	if refusal == refusalLeft {
+	if refusal == admission.ClientLeft {
 		return a.answer(run, nil, &acpCapture{})
 	}
 	if refusal != nil {
@@ -560,14 +562,14 @@ func (a *acpAgent) agentRef() string {
 
 // acpRefusal is the JSON-RPC error of a prompt refused before its turn
 // ran: what an HTTP client would have been answered.
-func acpRefusal(r *Refusal) *acp.RequestError {
+func acpRefusal(r *admission.Refusal) *acp.RequestError {
 	return rpcErr(-32603, "Internal error", r.Status, r.Type, r.Message)
 }
 
 // errACPStopping is the answer to a request that comes as the server
 // stops.
 func errACPStopping() *acp.RequestError {
-	return acpRefusal(Stopping())
+	return acpRefusal(admission.Stopping())
 }
 
 // answer turns what the turn machinery answered into the prompt's answer.

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"sync"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // ACPInstance is the reference server as an ACP agent (ServeACP) as the
@@ -18,7 +20,7 @@ import (
 type ACPInstance struct {
 	cfg       Config
 	deadlines *ManualDeadlines
-	gauge     *Gauge
+	gauge     *admission.Gauge
 
 	mu  sync.Mutex
 	run *acpRun
@@ -65,7 +67,7 @@ func StartACPInstance(cfg Config) (*ACPInstance, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := &ACPInstance{deadlines: &ManualDeadlines{}, gauge: &Gauge{}}
+	in := &ACPInstance{deadlines: &ManualDeadlines{}, gauge: &admission.Gauge{}}
 	cfg.DataDir, cfg.Deadlines, cfg.Gauge = dir, in.deadlines, in.gauge
 	in.cfg = cfg
 	if err := in.start(nil); err != nil {
@@ -117,7 +119,7 @@ func (r *acpRun) cut() {
 	})
 }
 
-// stop ends the run: gracefully as on SIGTERM to 'turncheck serve acp'
+// Stop ends the run: gracefully as on SIGTERM to 'turncheck serve acp'
 // (the prompts in flight dropped, each answered with an error, nothing of
 // them kept), or as kill -9 (crash: no answer reaches the client, what is
 // not durable is lost). It returns once every goroutine of the server has
@@ -157,7 +159,7 @@ func (in *ACPInstance) Restart(crash bool, agents []string) error {
 func (in *ACPInstance) ExpireDeadlines() { in.deadlines.Expire() }
 
 // Activity returns how many prompts the server is working on, how many
-// wait for their session's turn, and a channel closed at the next change.
+// Wait for their session's turn, and a channel closed at the next change.
 func (in *ACPInstance) Activity() (working, waiting int, changed <-chan struct{}) {
 	return in.gauge.Read()
 }

@@ -139,7 +139,7 @@ const (
 // a JSON-RPC message on to sdk, each with its newline, in order; it
 // answers every other line on out itself, with a JSON-RPC error whose id
 // is null (the line's id cannot be trusted), and goes on. A line over
-// max bytes is answered and skipped without being held in memory. When
+// Max bytes is answered and skipped without being held in memory. When
 // in ends (or fails), or sdk is closed, it closes sdk and returns. It
 // calls onRequest for each request (a message with a method and an id)
 // it hands on, before it does.

@@ -13,7 +13,7 @@ type backoff struct {
 	pause    time.Duration
 }
 
-// wait pauses before the next try and reports whether there is one: false
+// Wait pauses before the next try and reports whether there is one: false
 // once deadline has passed, or ctx ended while it waited.
 func (b *backoff) wait(ctx context.Context) bool {
 	left := time.Until(b.deadline)

@@ -9,6 +9,8 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/turncheck/turncheck/internal/openai"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // convKey names a conversation: its id, scoped by the API key it was
@@ -136,7 +138,7 @@ type conversations struct {
 // lost-on-evict deletes what it evicts from the store, ack-before-durable
 // writes behind, branch-mutates-base caches copies, store-error-acked
 // drops the store's errors.
-func newConversations(st *store, size int, budget *memBudget, m Mutant, log *slog.Logger) (*conversations, error) {
+func newConversations(st *store, size int, budget *admission.Budget, m Mutant, log *slog.Logger) (*conversations, error) {
 	var onEvict func(convKey, *conversation)
 	if m == LostOnEvict {
 		onEvict = func(k convKey, _ *conversation) {
@@ -167,7 +169,7 @@ func (cs *conversations) close() {
 	}
 }
 
-// crash drops what is not durable yet, as a killed process does.
+// Crash drops what is not durable yet, as a killed process does.
 func (cs *conversations) crash() {
 	if cs.behind != nil {
 		cs.behind.crash()
@@ -301,7 +303,7 @@ func snapshot(msgs []*message) []message {
 // its size, when it grows past the budget, and when a request needs room
 // (memBudget.evict). It is safe for concurrent use.
 type convCache struct {
-	budget *memBudget
+	budget *admission.Budget
 	mu     sync.Mutex
 	lru    *simplelru.LRU[convKey, cached]
 }
@@ -315,10 +317,10 @@ type cached struct {
 // newConvCache returns a cache of at most size conversations, charged to
 // budget; onEvict, if not nil, hears of each conversation evicted (not
 // of one replaced).
-func newConvCache(size int, budget *memBudget, onEvict func(convKey, *conversation)) (*convCache, error) {
+func newConvCache(size int, budget *admission.Budget, onEvict func(convKey, *conversation)) (*convCache, error) {
 	cc := &convCache{budget: budget}
 	lru, err := simplelru.NewLRU(size, func(k convKey, e cached) {
-		budget.release(e.cost)
+		budget.Release(e.cost)
 		if onEvict != nil {
 			onEvict(k, e.c)
 		}
@@ -327,7 +329,7 @@ func newConvCache(size int, budget *memBudget, onEvict func(convKey, *conversati
 		return nil, err
 	}
 	cc.lru = lru
-	budget.evict = cc.evictOldest
+	budget.Evict = cc.evictOldest
 	return cc, nil
 }
 
@@ -349,11 +351,11 @@ func (cc *convCache) Add(k convKey, c *conversation) {
 	defer cc.mu.Unlock()
 	if old, ok := cc.lru.Peek(k); ok {
 		// Replaced, not evicted: the old charge is given back here.
-		cc.budget.release(old.cost)
+		cc.budget.Release(old.cost)
 	}
-	cc.budget.charge(cost)
+	cc.budget.Charge(cost)
 	cc.lru.Add(k, cached{c: c, cost: cost})
-	for cc.budget.over() && cc.lru.Len() > 0 {
+	for cc.budget.Over() && cc.lru.Len() > 0 {
 		cc.lru.RemoveOldest()
 	}
 }

@@ -29,9 +29,7 @@ func Redact(keys []string, modelURL, s string) string {
 
 // SetConnClock sets the clock r's connection cap judges stalls by.
 func (r *Running) SetConnClock(now func() time.Time) {
-	r.conns.mu.Lock()
-	defer r.conns.mu.Unlock()
-	r.conns.now = now
+	r.conns.SetClock(now)
 }
 
 // SetACPWriteTimeout sets how long an ACP server waits for its client to

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/internal/loopback"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // Instance is a reference server as the harness runs it in process: on a
@@ -20,19 +22,19 @@ type Instance struct {
 	*Running
 	cfg       Config
 	deadlines *ManualDeadlines
-	gauge     *Gauge
+	gauge     *admission.Gauge
 }
 
 // StartInstance serves cfg on a fresh loopback port, on a fresh data dir
 // that Close removes; cfg's DataDir, Deadlines and Gauge are the
 // instance's own.
 func StartInstance(cfg Config) (*Instance, error) {
-	return startInstance(cfg, &ManualDeadlines{}, &Gauge{})
+	return startInstance(cfg, &ManualDeadlines{}, &admission.Gauge{})
 }
 
 // startInstance is StartInstance with the given deadlines and gauge,
 // which replicas share.
-func startInstance(cfg Config, deadlines *ManualDeadlines, gauge *Gauge) (*Instance, error) {
+func startInstance(cfg Config, deadlines *ManualDeadlines, gauge *admission.Gauge) (*Instance, error) {
 	dir, err := os.MkdirTemp("", "turncheck-sut-*")
 	if err != nil {
 		return nil, err
@@ -72,7 +74,7 @@ func (in *Instance) Restart(crash bool, agents []string) error {
 	return in.start(agents)
 }
 
-// stop closes the server, or drops it as a crash would.
+// Stop closes the server, or drops it as a crash would.
 func (in *Instance) stop(crash bool) error {
 	if crash {
 		return in.Running.Crash()
@@ -93,7 +95,7 @@ func (in *Instance) start(agents []string) error {
 func (in *Instance) ExpireDeadlines() { in.deadlines.Expire() }
 
 // Activity returns how many requests the server is working on, how many
-// wait for their conversation's turn, and a channel closed at the next
+// Wait for their conversation's turn, and a channel closed at the next
 // change.
 func (in *Instance) Activity() (working, waiting int, changed <-chan struct{}) {
 	return in.gauge.Read()
@@ -119,7 +121,7 @@ func (in *Instance) Close() error {
 type Replicas struct {
 	replicas  []*Instance
 	deadlines *ManualDeadlines
-	gauge     *Gauge
+	gauge     *admission.Gauge
 }
 
 // StartReplicas serves n replicas of cfg, whose Store must be a
@@ -131,7 +133,7 @@ func StartReplicas(cfg Config, n int) (*Replicas, error) {
 	if n < 1 {
 		return nil, errors.New("replicas: at least one")
 	}
-	r := &Replicas{deadlines: &ManualDeadlines{}, gauge: &Gauge{}}
+	r := &Replicas{deadlines: &ManualDeadlines{}, gauge: &admission.Gauge{}}
 	for range n {
 		in, err := startInstance(cfg, r.deadlines, r.gauge)
 		if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // Interruption is what a turn leaves in its conversation when its client
@@ -30,7 +32,7 @@ const (
 	// if it ends ok, nothing if it fails, as if the client had stayed. The
 	// conversation's lock is held, and the request counts as working, until
 	// then. Only the server itself ends such a turn early: a crash, or a
-	// stop that drops the turns still running (Running.Close, or
+	// Stop that drops the turns still running (Running.Close, or
 	// Running.Shutdown past its deadline); it then commits nothing.
 	Complete Interruption = "complete"
 )
@@ -58,7 +60,7 @@ func ParseInterruption(s string) (Interruption, error) {
 func (s *Server) turnContext(r *http.Request, t *turn) (ctx context.Context, cancel context.CancelFunc, completes bool) {
 	if s.cfg.Interruption != Complete || !t.stateful {
 		ctx, cancel = context.WithCancel(s.noticed(r.Context()))
-		s.cfg.Gauge.doneWhen(ctx, r.Header.Get(RequestTagHeader))
+		s.cfg.Gauge.DoneWhen(ctx, r.Header.Get(admission.RequestTagHeader))
 		return ctx, cancel, false
 	}
 	ctx, end := context.WithCancel(context.WithoutCancel(r.Context()))

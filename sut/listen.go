@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // Running is a Server listening on an address.
@@ -15,7 +17,7 @@ type Running struct {
 	*Server
 	ln      net.Listener
 	hs      *http.Server
-	conns   *connTracker
+	conns   *admission.ConnTracker
 	serving chan struct{}
 }
 
@@ -44,7 +46,7 @@ func Serve(cfg Config, ln net.Listener) (*Running, error) {
 	if err != nil {
 		return nil, errors.Join(err, ln.Close())
 	}
-	conns := newConnTracker(s.cfg.MaxConns, s.log)
+	conns := admission.NewConnTracker(s.cfg.MaxConns, s.log)
 	r := &Running{
 		Server: s,
 		ln:     ln,
@@ -53,8 +55,8 @@ func Serve(cfg Config, ln net.Listener) (*Running, error) {
 			Handler:           s,
 			ReadHeaderTimeout: s.cfg.HeaderTimeout,
 			IdleTimeout:       s.cfg.IdleTimeout,
-			MaxHeaderBytes:    MaxHeaderBytes,
-			ConnContext:       conns.connContext,
+			MaxHeaderBytes:    admission.MaxHeaderBytes,
+			ConnContext:       conns.ConnContext,
 			// net/http's complaints (accept errors) go to the server's log.
 			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		},
@@ -62,7 +64,7 @@ func Serve(cfg Config, ln net.Listener) (*Running, error) {
 	}
 	go func() {
 		defer close(r.serving)
-		_ = r.hs.Serve(conns.listener(ln))
+		_ = r.hs.Serve(conns.Listener(ln))
 	}()
 	return r, nil
 }
@@ -76,11 +78,11 @@ func (r *Running) URL() string { return "http://" + r.ln.Addr().String() }
 // does not end a turn, it drops the turns in flight too: they commit
 // nothing.
 func (r *Running) Close() error {
-	r.conns.stop()
+	r.conns.Stop()
 	r.Server.dropTurns(dropAnswerWait)
 	err := r.hs.Close()
 	<-r.serving
-	r.conns.wait()
+	r.conns.Wait()
 	return errors.Join(err, r.Server.Close())
 }
 
@@ -106,11 +108,11 @@ func (r *Running) Crash() error {
 	// The connections go first: from here on nothing is written on any
 	// of them, and each is closed (those with a turn running too), so no
 	// reply reaches a client.
-	r.conns.crash()
+	r.conns.Crash()
 	err := r.hs.Close()
 	crashed, serr := r.Server.crash()
 	<-r.serving
-	r.conns.wait()
+	r.conns.Wait()
 	if !crashed {
 		return nil // closed already
 	}
@@ -124,7 +126,7 @@ func (r *Running) Crash() error {
 // connection on which no turn runs (idle, or still sending its request) is
 // closed at once: a stalled client does not hold the stop.
 func (r *Running) Shutdown(ctx context.Context) error {
-	r.conns.stop()
+	r.conns.Stop()
 	err := r.hs.Shutdown(ctx)
 	if err != nil {
 		// The grace ran out: the turns still running are dropped, each
@@ -133,6 +135,6 @@ func (r *Running) Shutdown(ctx context.Context) error {
 		err = errors.Join(err, r.hs.Close())
 	}
 	<-r.serving
-	r.conns.wait()
+	r.conns.Wait()
 	return errors.Join(err, r.Server.Close())
 }

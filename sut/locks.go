@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // Why a request did not get its conversation's lock, besides its context
@@ -31,7 +33,7 @@ var (
 // lock here keeps a process's own waiters off the database, the shared
 // one alone makes turns on one conversation run one after another.
 type convLocks struct {
-	gauge *Gauge
+	gauge *admission.Gauge
 	// shared is the store's cross-process lock; nil for a store one
 	// process alone opens.
 	shared *advisoryLocks
@@ -61,7 +63,7 @@ type convWaiter struct {
 // holds them must not thereby hold every waiter forever. The unlock it
 // returns may be called more than once. With a shared store, conn is the
 // connection the store's lock is held on, which the turn does all its
-// work in the store on (withConn) until unlock; nil otherwise.
+// Work in the store on (withConn) until unlock; nil otherwise.
 func (l *convLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration) (conn *sql.Conn, unlock func(), err error) {
 	deadline := time.Now().Add(maxWait)
 	local, err := l.lockLocal(ctx, k, policy, maxWait)
@@ -99,7 +101,7 @@ func (l *convLocks) lockLocal(ctx context.Context, k convKey, policy Concurrency
 	}
 	w := &convWaiter{granted: make(chan struct{})}
 	cl.queue = append(cl.queue, w)
-	l.gauge.add(0, 1)
+	l.gauge.Add(0, 1)
 	l.mu.Unlock()
 
 	timer := time.NewTimer(maxWait)
@@ -127,7 +129,7 @@ func (l *convLocks) lockLocal(ctx context.Context, k convKey, policy Concurrency
 	default:
 	}
 	cl.queue = slices.DeleteFunc(cl.queue, func(q *convWaiter) bool { return q == w })
-	l.gauge.add(0, -1)
+	l.gauge.Add(0, -1)
 	return nil, err
 }
 
@@ -156,6 +158,6 @@ func (l *convLocks) handOver(k convKey) {
 	}
 	next := cl.queue[0]
 	cl.queue = slices.Delete(cl.queue, 0, 1)
-	l.gauge.add(0, -1)
+	l.gauge.Add(0, -1)
 	close(next.granted)
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // A store on PostgreSQL is shared by every replica of the server that
@@ -211,7 +213,7 @@ const unlockTimeout = 5 * time.Second
 // Reject; under Serialize the request waits, counted on gauge as
 // waiting, until it gets it, ctx ends (ctx's error) or what is left of
 // maxWait passes (errWaitTimedOut).
-func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration, gauge *Gauge) (_ *sql.Conn, unlock func(), err error) {
+func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration, gauge *admission.Gauge) (_ *sql.Conn, unlock func(), err error) {
 	deadline := time.Now().Add(maxWait)
 	if err := a.budget.take(ctx, deadline); err != nil {
 		return nil, nil, err
@@ -234,9 +236,9 @@ func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy Concurrency,
 		if policy == Reject {
 			return nil, nil, errors.Join(errConversationBusy, conn.Close())
 		}
-		gauge.add(0, 1)
+		gauge.Add(0, 1)
 		err := wait(ctx, conn, key, time.Until(deadline))
-		gauge.add(0, -1)
+		gauge.Add(0, -1)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -266,7 +268,7 @@ func (a *advisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.C
 	}
 }
 
-// wait blocks on conn until it holds lock key, for at most maxWait
+// Wait blocks on conn until it holds lock key, for at most maxWait
 // (PostgreSQL's lock_timeout, which leaves the connection usable). On
 // any other failure the connection is dropped, as it may hold the lock
 // all the same (granted just as ctx ended); either way, on failure conn
@@ -299,7 +301,7 @@ func wait(ctx context.Context, conn *sql.Conn, key int64, maxWait time.Duration)
 	return nil
 }
 
-// release gives lock key back and returns conn to the pool, or drops conn
+// Release gives lock key back and returns conn to the pool, or drops conn
 // (which gives the lock back too) if the unlock fails.
 func release(conn *sql.Conn, key int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)

@@ -43,6 +43,8 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // Defaults for the zero values of Config.
@@ -111,7 +113,7 @@ type Config struct {
 	// RequestTimeout bounds each model call of a turn; past it the turn
 	// fails (504). It bounds each lookup too; past it the lookup's result
 	// is an error and the turn goes on. Under Serialize it also bounds the
-	// wait for a conversation's turn; past it the request gives up (503
+	// Wait for a conversation's turn; past it the request gives up (503
 	// conversation_busy).
 	RequestTimeout time.Duration
 	// Deadlines starts each model call's and each lookup's deadline; nil
@@ -205,7 +207,7 @@ type Config struct {
 	CompactAfter int
 	// Gauge, if set, counts the requests the server is working on and
 	// those waiting for their conversation's turn; nil counts nothing.
-	Gauge *Gauge
+	Gauge *admission.Gauge
 	// Agents are references to the agent definitions to load at start-up:
 	// http(s) URLs, fetched by New (within 5 s, at most 64 KiB), or file
 	// paths. A definition is one YAML document with a non-blank "name" and
@@ -270,8 +272,8 @@ type Server struct {
 	// lines named by user outlive it.
 	lineEpoch string
 	// gate admits every request, of every protocol, to the turns.
-	gate *Gate
-	mem  *memBudget
+	gate *admission.Gate
+	mem  *admission.Budget
 	// redact hides credentials in what the server logs of a model failure.
 	redact func(string) string
 	// allowedHosts are cfg.AllowedHosts, normalized.
@@ -337,7 +339,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.setLimits(); err != nil {
 		return nil, err
 	}
-	allowedHosts, err := parseAllowedHosts(cfg.AllowedHosts)
+	allowedHosts, err := admission.ParseAllowedHosts(cfg.AllowedHosts)
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +378,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	mem := &memBudget{max: cfg.MaxMemory}
+	mem := &admission.Budget{Max: cfg.MaxMemory}
 	convs, err := newConversations(st, cfg.ConversationsMax, mem, cfg.Mutant, log)
 	if err != nil {
 		_ = st.close()
@@ -415,7 +417,7 @@ func New(cfg Config) (*Server, error) {
 		redact:       newRedactor(cfg.Keys, modelURL).redact,
 		allowedHosts: allowedHosts,
 	}
-	s.gate = NewGate(GateConfig{Gauge: cfg.Gauge, Memory: mem, MaxRequests: cfg.MaxRequests, Delay: cfg.TurnDelay, Life: life, Turns: turns})
+	s.gate = admission.NewGate(admission.GateConfig{Gauge: cfg.Gauge, Memory: mem, MaxRequests: cfg.MaxRequests, Delay: cfg.TurnDelay, Life: life, Turns: turns})
 	return s, nil
 }
 
@@ -451,11 +453,11 @@ func (cfg *Config) setLimits() error {
 			return err // the first, on one line
 		}
 	}
-	switch least := minMaxMemory(cfg.MaxBodyBytes, cfg.MaxHistoryBytes, maxReplyBytes); {
+	switch least := admission.MinMaxMemory(cfg.MaxBodyBytes, cfg.MaxHistoryBytes, maxReplyBytes); {
 	case cfg.MaxMemory < 0:
 		return fmt.Errorf("max memory %d: want a positive number of bytes", cfg.MaxMemory)
 	case cfg.MaxMemory == 0:
-		def, _ := DefaultMaxMemory()
+		def, _ := admission.DefaultMaxMemory()
 		cfg.MaxMemory = max(def, least)
 	case cfg.MaxMemory < least:
 		return fmt.Errorf("max memory %d bytes: want at least %d, what one turn at the limits costs (a %d-byte body, a %d-byte history, a %d-byte reply)",
@@ -499,7 +501,7 @@ func (s *Server) Close() error {
 	return s.closeErr
 }
 
-// crash is the server's part of Running.Crash: refuse new requests, drop
+// Crash is the server's part of Running.Crash: refuse new requests, drop
 // what is not durable yet without writing it, end every request in flight
 // (their model calls with them) and wait for them, then close the store. It
 // reports false, and does nothing, if the server was closed already. A
@@ -525,10 +527,10 @@ func (s *Server) crash() (bool, error) {
 // /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer s.gate.Handle()()
-	conn := connOf(r.Context())
-	conn.enter()
-	defer conn.leave()
-	conn.watchBody(r)
+	conn := admission.ConnOf(r.Context())
+	conn.Enter()
+	defer conn.Leave()
+	conn.WatchBody(r)
 	// The client has BodyTimeout to send its body. The deadline is set for
 	// every request, so that a request refused before its body is read
 	// does not hold its connection past it either (net/http reads what is
@@ -544,17 +546,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// connection is closed after the answer.
 		w.Header().Set("Connection", "close")
 	}
-	ticket, ctx, refusal := s.gate.Enter(r.Context(), r.Header.Get(RequestTagHeader))
+	ticket, ctx, refusal := s.gate.Enter(r.Context(), r.Header.Get(admission.RequestTagHeader))
 	defer ticket.Leave()
 	if refusal != nil {
 		refusal.Write(w)
 		return
 	}
-	if err := checkHost(r, s.allowedHosts); err != nil {
+	if err := admission.CheckHost(r, s.allowedHosts); err != nil {
 		refuseEarly(w, http.StatusMisdirectedRequest, "misdirected_request", err.Error())
 		return
 	}
-	if err := checkOrigin(r, s.allowedHosts); err != nil {
+	if err := admission.CheckOrigin(r, s.allowedHosts); err != nil {
 		refuseEarly(w, http.StatusForbidden, "forbidden", err.Error())
 		return
 	}
@@ -626,7 +628,7 @@ type turn struct {
 	// toolNotes, if not nil, hears of the turn's tool rounds as they run:
 	// only a protocol that shows tools to its client sets it (ACP).
 	toolNotes toolObserver
-	// release gives up the conversation's lock; it may be called more than
+	// Release gives up the conversation's lock; it may be called more than
 	// once. The turn calls it as soon as its outcome is decided, before
 	// the client hears that outcome, so that a client that sends its next
 	// turn the moment it has read this one's end finds the lock free.
@@ -675,37 +677,37 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, check func() erro
 		declared = r.ContentLength
 	}
 	var body []byte
-	release, refusal := TicketOf(r.Context()).Admit(r.Context(), func() *Refusal {
+	release, refusal := admission.TicketOf(r.Context()).Admit(r.Context(), func() *admission.Refusal {
 		if r.ContentLength > s.cfg.MaxBodyBytes {
 			// Refused on its word, before a byte of it is read.
-			return Refuse(http.StatusRequestEntityTooLarge, "request_too_large",
+			return admission.Refuse(http.StatusRequestEntityTooLarge, "request_too_large",
 				fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes)).Early()
 		}
 		if check != nil {
 			if err := check(); err != nil {
-				return Refuse(http.StatusBadRequest, "invalid_request_error", err.Error()).Early()
+				return admission.Refuse(http.StatusBadRequest, "invalid_request_error", err.Error()).Early()
 			}
 		}
 		return nil
-	}, declared, func() (int64, *Refusal) {
+	}, declared, func() (int64, *admission.Refusal) {
 		var err error
 		body, err = s.readBody(w, r)
 		if err != nil {
 			var tooLarge *http.MaxBytesError
 			switch {
 			case errors.As(err, &tooLarge):
-				return 0, Refuse(http.StatusRequestEntityTooLarge, "request_too_large",
+				return 0, admission.Refuse(http.StatusRequestEntityTooLarge, "request_too_large",
 					fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes)).Early()
 			case errors.Is(err, errBodyTimeout):
-				return 0, Refuse(http.StatusRequestTimeout, "request_timeout",
+				return 0, admission.Refuse(http.StatusRequestTimeout, "request_timeout",
 					fmt.Sprintf("the request body did not arrive within %s", s.cfg.BodyTimeout)).Early()
 			default:
-				return 0, Refuse(http.StatusBadRequest, "invalid_request_error", "the request body could not be read").Early()
+				return 0, admission.Refuse(http.StatusBadRequest, "invalid_request_error", "the request body could not be read").Early()
 			}
 		}
 		// The request is in: from here a turn runs on its connection, which a
 		// crowd of new ones must not evict.
-		if !connOf(r.Context()).work() {
+		if !admission.ConnOf(r.Context()).Work() {
 			return 0, clientGoneRefusal(false)
 		}
 		return declared - int64(len(body)), nil
@@ -1008,7 +1010,7 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 	case errors.Is(err, errSessionBusy):
 		openai.WriteError(w, http.StatusInternalServerError, "server_error", "session is busy")
 	case errors.Is(err, errWaitTimedOut):
-		(&Refusal{Status: http.StatusServiceUnavailable, Type: "conversation_busy", RetryAfter: true,
+		(&admission.Refusal{Status: http.StatusServiceUnavailable, Type: "conversation_busy", RetryAfter: true,
 			Message: fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout)}).Write(w)
 	case storeFull(err):
 		s.refuseStoreFull(w, t, err)
@@ -1032,7 +1034,7 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 // more. It is load, not a fault: 503 with Retry-After, nothing changed.
 func (s *Server) refuseStoreFull(w http.ResponseWriter, t *turn, err error) {
 	s.log.Warn("no connection to the store; turn refused", "conversation", t.key.id, "max_store_conns", s.cfg.MaxStoreConns, "err", err)
-	Overloaded("every connection to the server's store is in use; nothing was changed: retry shortly").Write(w)
+	admission.Overloaded("every connection to the server's store is in use; nothing was changed: retry shortly").Write(w)
 }
 
 // run runs the turn's tool loop on its working copy, answers the client in
@@ -1127,7 +1129,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 			if storeFull(err) {
 				// No connection to commit on came within the commit's
 				// time: nothing of the turn is in the store.
-				s.answer(w, o, Overloaded("the server's store took no connection to commit the turn on; nothing was changed: retry shortly"))
+				s.answer(w, o, admission.Overloaded("the server's store took no connection to commit the turn on; nothing was changed: retry shortly"))
 				return
 			}
 			s.answerError(w, o, http.StatusInternalServerError, "server_error", "the turn could not be committed")
@@ -1152,9 +1154,9 @@ func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string,
 		_ = s.convs.commit(withConn(context.Background(), t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
 	}
 	// The turn is decided (rolled back, or committed by a mutant):
-	// release before the client hears of it.
+	// Release before the client hears of it.
 	t.release()
-	if errors.Is(err, errOverBudget) {
+	if errors.Is(err, admission.ErrOverBudget) {
 		s.log.Info("memory budget taken by the requests in flight; turn rolled back", "conversation", t.key.id, "max_memory", s.cfg.MaxMemory)
 		s.answer(w, o, s.gate.OverBudget())
 		return
@@ -1209,13 +1211,13 @@ func (s *Server) keepsFailed(t *turn, err error) bool {
 // answerError reports a failure: as a status before the answer's stream
 // began, on the stream (in the turn's protocol) after.
 func (s *Server) answerError(w http.ResponseWriter, o *output, status int, typ, msg string) {
-	s.answer(w, o, Refuse(status, typ, msg))
+	s.answer(w, o, admission.Refuse(status, typ, msg))
 }
 
 // answer reports a failure, r: as a status (with Retry-After if r asks
 // for it) before the answer's stream began, on the stream (in the turn's
 // protocol) after.
-func (s *Server) answer(w http.ResponseWriter, o *output, r *Refusal) {
+func (s *Server) answer(w http.ResponseWriter, o *output, r *admission.Refusal) {
 	if !o.streaming() {
 		r.Write(w)
 		return
@@ -1256,7 +1258,7 @@ func (s *Server) crashedUnder(w http.ResponseWriter, t *turn, o *output) {
 // answerDropped answers a turn a stop dropped: 503, or on a stream a
 // failure.
 func (s *Server) answerDropped(w http.ResponseWriter, o *output) {
-	s.answer(w, o, &Refusal{Status: http.StatusServiceUnavailable, Type: "unavailable",
+	s.answer(w, o, &admission.Refusal{Status: http.StatusServiceUnavailable, Type: "unavailable",
 		Message: "the server is stopping and dropped this turn before its end; nothing was changed: retry", RetryAfter: true})
 }
 
@@ -1282,12 +1284,12 @@ func clientGone(w http.ResponseWriter, kept bool) {
 
 // clientGoneRefusal is the answer to a request whose client went away;
 // see clientGone.
-func clientGoneRefusal(kept bool) *Refusal {
+func clientGoneRefusal(kept bool) *admission.Refusal {
 	msg := "the client closed the request; the turn was rolled back"
 	if kept {
 		msg = "the client closed the request; the turn was kept up to its last completed tool round, without a reply"
 	}
-	return Refuse(statusClientClosed, "client_closed_request", msg)
+	return admission.Refuse(statusClientClosed, "client_closed_request", msg)
 }
 
 // authorize returns the request's key scope, or false if keys are required

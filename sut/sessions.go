@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/turncheck/turncheck/internal/openai"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // The sessions API, shaped like docker-agent's `serve api`: a client
@@ -45,7 +47,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		id := newID("")
 		if err := s.store.createSession(convKey{scope: scope, id: nsSession + id}); err != nil {
 			if storeFull(err) {
-				Overloaded("the server's store takes no more connections; no session was created: retry shortly").Write(w)
+				admission.Overloaded("the server's store takes no more connections; no session was created: retry shortly").Write(w)
 				return
 			}
 			s.log.Error("create session", "err", err)

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/turncheck/turncheck/internal/openai"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // titlePrompt is the instruction of a title call.
@@ -36,7 +38,7 @@ func (s *Server) title(ctx context.Context, t *turn) (end func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = s.up.complete(ctx, history, nil, reservationOf(ctx), func() {}, func(string) {})
+		_, _ = s.up.complete(ctx, history, nil, admission.ReservationOf(ctx), func() {}, func(string) {})
 	}()
 	return func() {
 		cancel()

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/turncheck/turncheck/internal/openai"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // MaxToolRounds bounds the tool rounds of one turn: a model that asks for
@@ -65,12 +67,12 @@ func (s *Server) callModel(ctx context.Context, t *turn, onStart func(), onDelta
 	// The call's request is reserved before it is encoded, and given back
 	// when the call ends; its reply is reserved as it comes, and held
 	// until the request ends.
-	mem := reservationOf(ctx)
-	cost := historyCost(history)
-	if !mem.grow(cost) {
-		return answer{}, errOverBudget
+	mem := admission.ReservationOf(ctx)
+	cost := admission.HistoryCost(history)
+	if !mem.Grow(cost) {
+		return answer{}, admission.ErrOverBudget
 	}
-	defer mem.shrink(cost)
+	defer mem.Shrink(cost)
 	s.stall(ctx)
 	return s.up.complete(ctx, history, offeredTools, mem, onStart, onDelta)
 }

@@ -17,6 +17,8 @@ import (
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
 // maxReplyBytes bounds the reply the server accepts from the model.
@@ -82,7 +84,7 @@ type answer struct {
 // failure is an *upstreamError, errOverBudget when mem cannot have what
 // the answer costs (memory.go), or the context's cause
 // (context.DeadlineExceeded when the deadline passed) when it ended.
-func (u *upstream) complete(ctx context.Context, history []openai.Message, tools []openai.Tool, mem *reservation, onStart func(), onDelta func(string)) (answer, error) {
+func (u *upstream) complete(ctx context.Context, history []openai.Message, tools []openai.Tool, mem *admission.Reservation, onStart func(), onDelta func(string)) (answer, error) {
 	body, err := json.Marshal(openai.ChatRequest{Model: u.model, Messages: history, Stream: true, Tools: tools,
 		// As real servers do: the model then ends its stream with a usage chunk.
 		StreamOptions: &openai.StreamOptions{IncludeUsage: true}})
@@ -126,8 +128,8 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 	events := sse.NewReader(stream)
 	for {
 		data, err := events.Next()
-		if errors.Is(err, errOverBudget) {
-			return answer{text: reply.String()}, errOverBudget
+		if errors.Is(err, admission.ErrOverBudget) {
+			return answer{text: reply.String()}, admission.ErrOverBudget
 		}
 		if errors.Is(err, io.EOF) {
 			return fail(nil, "model stream ended without [DONE]")
@@ -160,8 +162,8 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 		if reply.Len()+len(text)+calls.size > maxReplyBytes {
 			return fail(nil, "model reply over %d bytes", maxReplyBytes)
 		}
-		if !mem.grow(replyFactor * int64(len(text)+calls.size-callsReserved)) {
-			return answer{text: reply.String()}, errOverBudget
+		if !mem.Grow(admission.ReplyFactor * int64(len(text)+calls.size-callsReserved)) {
+			return answer{text: reply.String()}, admission.ErrOverBudget
 		}
 		callsReserved = calls.size
 		stream.decoded()
@@ -179,17 +181,17 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 // not known before it is read (at most sse.MaxEventBytes).
 type meteredReader struct {
 	r    io.Reader
-	mem  *reservation
+	mem  *admission.Reservation
 	held int64
 }
 
 func (m *meteredReader) Read(p []byte) (int, error) {
 	n, err := m.r.Read(p)
 	if n > 0 {
-		if !m.mem.grow(streamFactor * int64(n)) {
-			return 0, errOverBudget
+		if !m.mem.Grow(admission.StreamFactor * int64(n)) {
+			return 0, admission.ErrOverBudget
 		}
-		m.held += streamFactor * int64(n)
+		m.held += admission.StreamFactor * int64(n)
 	}
 	return n, err
 }
@@ -198,7 +200,7 @@ func (m *meteredReader) Read(p []byte) (int, error) {
 // for: their events are decoded, and what they carried is reserved by
 // itself.
 func (m *meteredReader) decoded() {
-	m.mem.shrink(m.held)
+	m.mem.Shrink(m.held)
 	m.held = 0
 }
 
@@ -219,7 +221,7 @@ type toolCallBuilder struct {
 
 func (b *toolCallBuilder) none() bool { return len(b.calls) == 0 }
 
-// add takes the tool call pieces of one chunk.
+// Add takes the tool call pieces of one chunk.
 func (b *toolCallBuilder) add(deltas []openai.ToolCallDelta) error {
 	for _, d := range deltas {
 		c := b.calls[d.Index]

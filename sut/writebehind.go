@@ -118,7 +118,7 @@ func (w *writeBehind) close() {
 	w.end(true)
 }
 
-// crash stops the writer and drops the queue unwritten.
+// Crash stops the writer and drops the queue unwritten.
 func (w *writeBehind) crash() {
 	w.end(false)
 }

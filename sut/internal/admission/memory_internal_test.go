@@ -1,4 +1,4 @@
-package sut
+package admission
 
 import (
 	"encoding/json"

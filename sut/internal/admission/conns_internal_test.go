@@ -1,4 +1,4 @@
-package sut
+package admission
 
 import (
 	"bytes"
@@ -30,11 +30,11 @@ func TestEvictionOrder(t *testing.T) {
 	tr, advance, admit, evicted := onTestClock(t, 4, &log)
 	// Oldest first: a turn, a request being read, an idle one, a newcomer.
 	turn, reading, idle, waiting := admit(), admit(), admit(), admit()
-	turn.enter()
-	require.True(t, turn.work())
-	reading.enter()
-	idle.enter()
-	idle.leave()
+	turn.Enter()
+	require.True(t, turn.Work())
+	reading.Enter()
+	idle.Enter()
+	idle.Leave()
 	assert.Same(t, waiting, evicted(), "nothing stalled: the oldest newcomer, never a connection with its request in")
 
 	advance(stallAfter)
@@ -47,11 +47,11 @@ func TestEvictionOrder(t *testing.T) {
 	assert.Same(t, fresh, evicted(), "and then the oldest newcomer")
 
 	// Every connection has a request in: coming, running, or answered.
-	fresh.enter()
-	fresh2.enter()
-	fresh2.leave()
-	fresh3.enter()
-	require.True(t, fresh3.work())
+	fresh.Enter()
+	fresh2.Enter()
+	fresh2.Leave()
+	fresh3.Enter()
+	require.True(t, fresh3.Work())
 	assert.Nil(t, evicted(), "a connection with its request in is never dropped for one without")
 	a, b := net.Pipe()
 	defer func() { _ = a.Close(); _ = b.Close() }()
@@ -60,7 +60,7 @@ func TestEvictionOrder(t *testing.T) {
 	// The turn admitted first ends after fresh2's: fresh2 has been idle
 	// longer, and goes first.
 	advance(stallAfter / 2)
-	turn.leave()
+	turn.Leave()
 	advance(stallAfter / 2)
 	assert.Same(t, fresh2, evicted(), "idle for stallAfter")
 	advance(stallAfter / 2)
@@ -68,7 +68,7 @@ func TestEvictionOrder(t *testing.T) {
 	tr.countOutLocked(fresh2)
 	tr.mu.Unlock()
 	assert.Same(t, turn, evicted(), "the idle one stalled longest, not the oldest admitted")
-	tr.stop()
+	tr.Stop()
 	tr.refusals.Wait()
 
 	assert.Equal(t, int64(3), tr.evicted.Load())
@@ -83,19 +83,19 @@ func TestEvictionOrder(t *testing.T) {
 func TestRequestInOnceItsBodyIs(t *testing.T) {
 	_, advance, admit, evicted := onTestClock(t, 4, io.Discard)
 	get, post := admit(), admit()
-	get.enter()
-	get.watchBody(httptest.NewRequest(http.MethodGet, "/healthz", nil))
-	post.enter()
+	get.Enter()
+	get.WatchBody(httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	post.Enter()
 	r := httptest.NewRequest(http.MethodPost, "/api/sessions", strings.NewReader("{}"))
-	post.watchBody(r)
+	post.WatchBody(r)
 	_, err := io.ReadAll(r.Body)
 	require.NoError(t, err)
 	advance(stallAfter)
 	assert.Nil(t, evicted(), "requests in, however long their handlers run, never go")
 
 	slow := admit()
-	slow.enter()
-	slow.watchBody(httptest.NewRequest(http.MethodPost, "/api/sessions", strings.NewReader("{}")))
+	slow.Enter()
+	slow.WatchBody(httptest.NewRequest(http.MethodPost, "/api/sessions", strings.NewReader("{}")))
 	advance(stallAfter)
 	assert.Same(t, slow, evicted(), "a body still coming after stallAfter goes")
 }
@@ -103,8 +103,8 @@ func TestRequestInOnceItsBodyIs(t *testing.T) {
 // onTestClock is a tracker of cap n, logging to log, on a clock of the
 // test's that advance moves; admit admits a connection, and evicted says
 // which one a newcomer would take the place of.
-func onTestClock(t *testing.T, n int, log io.Writer) (tr *connTracker, advance func(time.Duration), admit, evicted func() *trackedConn) {
-	tr = newConnTracker(n, slog.New(slog.NewTextHandler(log, nil)))
+func onTestClock(t *testing.T, n int, log io.Writer) (tr *ConnTracker, advance func(time.Duration), admit, evicted func() *Conn) {
+	tr = NewConnTracker(n, slog.New(slog.NewTextHandler(log, nil)))
 	clock := time.Now()
 	tr.now = func() time.Time { return clock }
 	advance = func(d time.Duration) {
@@ -112,14 +112,14 @@ func onTestClock(t *testing.T, n int, log io.Writer) (tr *connTracker, advance f
 		defer tr.mu.Unlock()
 		clock = clock.Add(d)
 	}
-	admit = func() *trackedConn {
+	admit = func() *Conn {
 		a, b := net.Pipe()
 		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
 		tc := tr.admit(a)
 		require.NotNil(t, tc)
 		return tc
 	}
-	evicted = func() *trackedConn {
+	evicted = func() *Conn {
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
 		return tr.victimLocked()
@@ -135,12 +135,12 @@ func onTestClock(t *testing.T, n int, log io.Writer) (tr *connTracker, advance f
 // be read: the flood probe's keep-alive client lost turns so.
 func TestIdleConnectionWithItsNextRequestStays(t *testing.T) {
 	tr, advance, _, evicted := onTestClock(t, 8, io.Discard)
-	var conns []*trackedConn
+	var conns []*Conn
 	for range 4 {
 		tc := tr.admit(&scriptedConn{in: []byte("POST / HTTP/1.1\r\n")})
 		require.NotNil(t, tc)
-		tc.enter()
-		tc.leave()
+		tc.Enter()
+		tc.Leave()
 		conns = append(conns, tc)
 	}
 	unread, answered, next, quiet := conns[0], conns[1], conns[2], conns[3]
@@ -163,7 +163,7 @@ func TestIdleConnectionWithItsNextRequestStays(t *testing.T) {
 	tr.countOutLocked(answered)
 	tr.mu.Unlock()
 	assert.Same(t, next, evicted(), "a request head that stalls for stallAfter goes, as any")
-	tr.stop()
+	tr.Stop()
 }
 
 // scriptedConn is a connection whose reads return in, then EOF, and

@@ -1,4 +1,4 @@
-package sut
+package admission
 
 import (
 	"errors"
@@ -35,9 +35,9 @@ func normalizeHost(h string) string {
 	return strings.TrimSuffix(strings.ToLower(h), ".")
 }
 
-// parseAllowedHosts checks and normalizes Config.AllowedHosts: names or IP
+// ParseAllowedHosts checks and normalizes Config.AllowedHosts: names or IP
 // addresses, without a port.
-func parseAllowedHosts(hosts []string) ([]string, error) {
+func ParseAllowedHosts(hosts []string) ([]string, error) {
 	out := make([]string, 0, len(hosts))
 	for _, h := range hosts {
 		if _, _, err := net.SplitHostPort(h); err == nil {
@@ -62,11 +62,11 @@ func isLoopbackName(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// checkHost refuses a request whose Host names neither this machine's
+// CheckHost refuses a request whose Host names neither this machine's
 // loopback, nor the address the request came in on, nor an allowed host.
 // A request with no Host (HTTP/1.0) names nothing a browser could have
 // been made to resolve, and passes.
-func checkHost(r *http.Request, allowedHosts []string) error {
+func CheckHost(r *http.Request, allowedHosts []string) error {
 	if r.Host == "" {
 		return nil
 	}
@@ -84,10 +84,10 @@ func checkHost(r *http.Request, allowedHosts []string) error {
 	return fmt.Errorf("this server does not answer to the host %.64q: use a loopback address (127.0.0.1, [::1], localhost), the address it listens on, or start it with --allow-host NAME", r.Host)
 }
 
-// checkOrigin refuses a request a browser sent for a page that is not on
+// CheckOrigin refuses a request a browser sent for a page that is not on
 // this machine's loopback or an allowed host. Requests without an Origin
 // (every client that is not a browser) pass.
-func checkOrigin(r *http.Request, allowedHosts []string) error {
+func CheckOrigin(r *http.Request, allowedHosts []string) error {
 	vals := r.Header.Values("Origin")
 	if len(vals) == 0 {
 		return nil

@@ -1,4 +1,4 @@
-package sut
+package admission
 
 import (
 	"bufio"
@@ -39,25 +39,25 @@ import (
 // code allocates; TestServeStaysInItsMemoryBudget (cmd/turncheck) checks
 // them together against the process's RSS.
 const (
-	// messageOverhead is what a cached message costs besides its text: the
+	// MessageOverhead is what a cached message costs besides its text: the
 	// message struct, its pointer, the slice's share (measured: about
 	// 100 bytes on amd64).
-	messageOverhead = 128
+	MessageOverhead = 128
 	// historyFactor is what a model call costs per byte of the history it
 	// sends: encoding/json builds the body in a buffer that grows by
 	// doubling, then copies it out (3x at the peak), while the turn holds
 	// its base conversation, which the cache may have dropped meanwhile.
 	historyFactor = 4
-	// replyFactor is what a reply in flight costs per byte of its text
+	// ReplyFactor is what a reply in flight costs per byte of its text
 	// (and of its tool calls): the reply's builder grows by doubling (2x,
 	// 3x while it grows), and the answer's encoding is as long again as
 	// the reply.
-	replyFactor = 3
-	// streamFactor is what a byte of the model's stream costs until its
+	ReplyFactor = 3
+	// StreamFactor is what a byte of the model's stream costs until its
 	// event is decoded: in the stream reader's buffer (which grows by
 	// doubling for a long event), then in the event's data and in the
 	// decoded chunk.
-	streamFactor = 3
+	StreamFactor = 3
 	// bodyFactor is what a request body costs per byte: the body, and the
 	// strings decoded from it, with slack for the buffer's growth.
 	bodyFactor = 3
@@ -67,19 +67,19 @@ const (
 	requestOverhead = 64 << 10
 )
 
-// errOverBudget fails a turn whose reservation cannot be had: the memory
+// ErrOverBudget fails a turn whose reservation cannot be had: the memory
 // budget is taken by the requests in flight.
-var errOverBudget = errors.New("the server's memory budget is taken by the requests in flight")
+var ErrOverBudget = errors.New("the server's memory budget is taken by the requests in flight")
 
-// memBudget is the server's memory budget. It is safe for concurrent use,
+// Budget is the server's memory budget. It is safe for concurrent use,
 // and takes no lock of its own, so that the cache may charge it under its
 // lock and it may call the cache's eviction.
-type memBudget struct {
-	max  int64
+type Budget struct {
+	Max  int64
 	used atomic.Int64
-	// evict drops the least recently used cached conversation, giving
+	// Evict drops the least recently used cached conversation, giving
 	// back its charge, and reports false when there was none.
-	evict func() bool
+	Evict func() bool
 }
 
 // reserve takes n bytes of the budget, dropping cached conversations to
@@ -88,40 +88,40 @@ type memBudget struct {
 // It takes the bytes only where they fit (compare and swap): adding first
 // and giving back after would, for a moment, show a request that fits,
 // and the cache, a budget taken by one that does not.
-func (b *memBudget) reserve(n int64) bool {
+func (b *Budget) reserve(n int64) bool {
 	for {
 		used := b.used.Load()
-		if used+n <= b.max {
+		if used+n <= b.Max {
 			if b.used.CompareAndSwap(used, used+n) {
 				return true
 			}
 			continue
 		}
-		if b.evict == nil || !b.evict() {
+		if b.Evict == nil || !b.Evict() {
 			return false
 		}
 	}
 }
 
-// charge takes n bytes whether or not they fit: what the cache has
+// Charge takes n bytes whether or not they fit: what the cache has
 // already been given. The cache drops its oldest to get back inside.
-func (b *memBudget) charge(n int64) { b.used.Add(n) }
+func (b *Budget) Charge(n int64) { b.used.Add(n) }
 
-// over reports whether more is taken than the budget allows.
-func (b *memBudget) over() bool { return b.used.Load() > b.max }
+// Over reports whether more is taken than the budget allows.
+func (b *Budget) Over() bool { return b.used.Load() > b.Max }
 
-func (b *memBudget) release(n int64) { b.used.Add(-n) }
+func (b *Budget) Release(n int64) { b.used.Add(-n) }
 
-// reservation is what one request holds of the budget; it is given back
+// Reservation is what one request holds of the budget; it is given back
 // whole when the request ends (done).
-type reservation struct {
-	b    *memBudget
+type Reservation struct {
+	b    *Budget
 	held atomic.Int64
 }
 
-// grow reserves n more bytes for the request, or reports that they cannot
+// Grow reserves n more bytes for the request, or reports that they cannot
 // be had.
-func (r *reservation) grow(n int64) bool {
+func (r *Reservation) Grow(n int64) bool {
 	if n <= 0 {
 		return true
 	}
@@ -132,39 +132,39 @@ func (r *reservation) grow(n int64) bool {
 	return true
 }
 
-// shrink gives n bytes back before the request ends.
-func (r *reservation) shrink(n int64) {
+// Shrink gives n bytes back before the request ends.
+func (r *Reservation) Shrink(n int64) {
 	r.held.Add(-n)
-	r.b.release(n)
+	r.b.Release(n)
 }
 
 // done gives back everything the request holds.
-func (r *reservation) done() { r.b.release(r.held.Swap(0)) }
+func (r *Reservation) done() { r.b.Release(r.held.Swap(0)) }
 
 // reservationKey is the context key of a request's *reservation.
 type reservationKey struct{}
 
-// reservationOf returns the reservation of a request's context: the one
+// ReservationOf returns the reservation of a request's context: the one
 // ServeHTTP made for it. A context without one (a turn that completes
 // keeps its request's values) gets a reservation of nothing that refuses
 // nothing, which cannot happen for a request ServeHTTP serves.
-func reservationOf(ctx context.Context) *reservation {
-	if r, ok := ctx.Value(reservationKey{}).(*reservation); ok {
+func ReservationOf(ctx context.Context) *Reservation {
+	if r, ok := ctx.Value(reservationKey{}).(*Reservation); ok {
 		return r
 	}
-	return &reservation{b: &memBudget{max: math.MaxInt64}}
+	return &Reservation{b: &Budget{Max: math.MaxInt64}}
 }
 
-// historyCost is what a model call sending history costs while it runs:
+// HistoryCost is what a model call sending history costs while it runs:
 // its text as JSON encodes it, which may be six times as long ("<" is
 // "\u003c"), so that a client cannot make a small history a large
 // request.
-func historyCost(history []openai.Message) int64 {
+func HistoryCost(history []openai.Message) int64 {
 	var n int64
 	for _, m := range history {
-		n += jsonTextLen(string(m.Content)) + messageOverhead
+		n += jsonTextLen(string(m.Content)) + MessageOverhead
 		for _, c := range m.ToolCalls {
-			n += jsonTextLen(c.ID) + jsonTextLen(c.Function.Name) + jsonTextLen(c.Function.Arguments) + messageOverhead
+			n += jsonTextLen(c.ID) + jsonTextLen(c.Function.Name) + jsonTextLen(c.Function.Arguments) + MessageOverhead
 		}
 	}
 	return historyFactor * n
@@ -198,12 +198,12 @@ func jsonTextLen(s string) int64 {
 	return n
 }
 
-// minMaxMemory is the least budget a server with cfg's limits takes: one
+// MinMaxMemory is the least budget a server with cfg's limits takes: one
 // turn at every limit must fit (a body of MaxBodyBytes, a history of
 // MaxHistoryBytes of plain text, a reply of the longest the model may
 // send), or it would be refused however long its client waited.
-func minMaxMemory(maxBody, maxHistory, maxReply int64) int64 {
-	return requestOverhead + bodyFactor*maxBody + historyFactor*maxHistory + replyFactor*maxReply
+func MinMaxMemory(maxBody, maxHistory, maxReply int64) int64 {
+	return requestOverhead + bodyFactor*maxBody + historyFactor*maxHistory + ReplyFactor*maxReply
 }
 
 // MemoryShare is the share of the machine's memory a server takes for its

@@ -1,4 +1,4 @@
-package sut
+package admission
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 
 // A server that accepts every connection runs out of file descriptors under
 // a crowd of slow clients, and then cannot even reach its model. The
-// listener Serve uses counts the connections it has open and keeps them to
+// Listener Serve uses counts the connections it has open and keeps them to
 // MaxConns. Past the cap, a new connection takes the place of a stalled
 // one: one that has waited stallAfter for a request head (a header
 // slowloris, first), one idle for stallAfter since its last answer, one
@@ -52,10 +52,10 @@ const stallAfter = time.Second
 // overloadedResponse answers a connection refused past the cap.
 var overloadedResponse = Overloaded("the server is at its connection limit; retry shortly").raw()
 
-// connTracker counts a listener's open connections. It is safe for
+// ConnTracker counts a listener's open connections. It is safe for
 // concurrent use.
-type connTracker struct {
-	max int
+type ConnTracker struct {
+	Max int
 	// log, if not nil, hears of the cap being hit (rate-limited).
 	log *slog.Logger
 
@@ -93,8 +93,8 @@ type connTracker struct {
 // admission costs a few system calls at most.
 const maxIdleLooks = 8
 
-func newConnTracker(max int, log *slog.Logger) *connTracker {
-	t := &connTracker{max: max, log: log, now: time.Now, pending: pendingInput, refusing: map[net.Conn]struct{}{}}
+func NewConnTracker(max int, log *slog.Logger) *ConnTracker {
+	t := &ConnTracker{Max: max, log: log, now: time.Now, pending: pendingInput, refusing: map[net.Conn]struct{}{}}
 	for p := range t.open {
 		t.open[p] = list.New()
 	}
@@ -118,7 +118,7 @@ const (
 )
 
 // openLocked is how many connections are counted in.
-func (t *connTracker) openLocked() int {
+func (t *ConnTracker) openLocked() int {
 	n := 0
 	for _, l := range t.open {
 		n += l.Len()
@@ -126,12 +126,12 @@ func (t *connTracker) openLocked() int {
 	return n
 }
 
-// trackedConn is a connection the tracker counts. Its handler tells it when
+// Conn is a connection the tracker counts. Its handler tells it when
 // a turn runs on it (work), and when a handler runs on it at all (enter,
-// leave).
-type trackedConn struct {
+// Leave).
+type Conn struct {
 	net.Conn
-	tracker *connTracker
+	tracker *ConnTracker
 	// handling counts the handlers running on the connection: what is
 	// written while none is, net/http writes itself.
 	handling atomic.Int32
@@ -151,7 +151,7 @@ type trackedConn struct {
 
 // moveLocked puts tc, counted in, in phase p from now on. Called under
 // tracker.mu.
-func (tc *trackedConn) moveLocked(p phase) {
+func (tc *Conn) moveLocked(p phase) {
 	if tc.elem == nil {
 		return
 	}
@@ -162,12 +162,12 @@ func (tc *trackedConn) moveLocked(p phase) {
 	tc.isIdle.Store(p == idle)
 }
 
-// listener wraps ln so that its connections are tracked.
-func (t *connTracker) listener(ln net.Listener) net.Listener { return trackingListener{ln, t} }
+// Listener wraps ln so that its connections are tracked.
+func (t *ConnTracker) Listener(ln net.Listener) net.Listener { return trackingListener{ln, t} }
 
 type trackingListener struct {
 	net.Listener
-	t *connTracker
+	t *ConnTracker
 }
 
 // Accept returns the next connection admitted under the cap; those refused
@@ -186,15 +186,15 @@ func (l trackingListener) Accept() (net.Conn, error) {
 
 // admit counts c in, making room past the cap (victimLocked), or refuses
 // it (nil) if there is none to make.
-func (t *connTracker) admit(c net.Conn) *trackedConn {
+func (t *ConnTracker) admit(c net.Conn) *Conn {
 	t.mu.Lock()
 	if t.stopping {
 		t.mu.Unlock()
 		_ = c.Close()
 		return nil
 	}
-	var victim *trackedConn
-	if t.openLocked() >= t.max {
+	var victim *Conn
+	if t.openLocked() >= t.Max {
 		victim = t.victimLocked()
 		if victim == nil {
 			t.mu.Unlock()
@@ -206,7 +206,7 @@ func (t *connTracker) admit(c net.Conn) *trackedConn {
 		t.countOutLocked(victim)
 		t.evicted.Add(1)
 	}
-	tc := &trackedConn{Conn: c, tracker: t, phase: waiting, since: t.now()}
+	tc := &Conn{Conn: c, tracker: t, phase: waiting, since: t.now()}
 	tc.elem = t.open[waiting].PushBack(tc)
 	t.live.Add(1)
 	t.mu.Unlock()
@@ -227,7 +227,7 @@ func (t *connTracker) admit(c net.Conn) *trackedConn {
 // on a server too busy to read it yet, and is passed over, as are at most
 // maxIdleLooks of them. (One answered or reading its next request within
 // stallAfter is never at the front as stalled: Write and Read move it.)
-func (t *connTracker) victimLocked() *trackedConn {
+func (t *ConnTracker) victimLocked() *Conn {
 	now := t.now()
 	for _, p := range []phase{waiting, idle, reading} {
 		looks := 1
@@ -235,7 +235,7 @@ func (t *connTracker) victimLocked() *trackedConn {
 			looks = maxIdleLooks
 		}
 		for e := t.open[p].Front(); e != nil && looks > 0; e, looks = e.Next(), looks-1 {
-			tc := e.Value.(*trackedConn)
+			tc := e.Value.(*Conn)
 			if now.Sub(tc.since) < stallAfter {
 				break
 			}
@@ -245,14 +245,14 @@ func (t *connTracker) victimLocked() *trackedConn {
 		}
 	}
 	if e := t.open[waiting].Front(); e != nil {
-		return e.Value.(*trackedConn)
+		return e.Value.(*Conn)
 	}
 	return nil
 }
 
 // logCap logs the cap being hit, with what it cost since the last time,
 // at most once per capLogEvery.
-func (t *connTracker) logCap() {
+func (t *ConnTracker) logCap() {
 	if t.log == nil {
 		return
 	}
@@ -262,10 +262,10 @@ func (t *connTracker) logCap() {
 	}
 	ev, rf := t.evicted.Load(), t.refused.Load()
 	t.log.Warn("connection cap reached: stalled or newest connections dropped to make room, new ones refused when every connection has a request in",
-		"max_conns", t.max, "dropped", ev-t.loggedEvicted.Swap(ev), "refused", rf-t.loggedRefus.Swap(rf))
+		"max_conns", t.Max, "dropped", ev-t.loggedEvicted.Swap(ev), "refused", rf-t.loggedRefus.Swap(rf))
 }
 
-func (t *connTracker) countOutLocked(tc *trackedConn) {
+func (t *ConnTracker) countOutLocked(tc *Conn) {
 	if tc.elem != nil {
 		t.open[tc.phase].Remove(tc.elem)
 		tc.elem = nil
@@ -273,7 +273,7 @@ func (t *connTracker) countOutLocked(tc *trackedConn) {
 }
 
 // refuse answers c 503 and closes it, in the background.
-func (t *connTracker) refuse(c net.Conn) {
+func (t *ConnTracker) refuse(c net.Conn) {
 	t.mu.Lock()
 	if t.stopping || len(t.refusing) >= maxRefusing {
 		t.mu.Unlock()
@@ -305,33 +305,33 @@ func (t *connTracker) refuse(c net.Conn) {
 	}()
 }
 
-// stop refuses every new connection from now on and closes every one on
+// Stop refuses every new connection from now on and closes every one on
 // which no turn runs: a graceful stop need not wait for a client that is
 // idle or still sending its request, which has cost nothing yet. It does
 // not wait; see wait.
-func (t *connTracker) stop() { t.drop(working) }
+func (t *ConnTracker) Stop() { t.drop(working) }
 
-// crash is stop for a kill -9: from the moment it is called nothing more
+// Crash is stop for a kill -9: from the moment it is called nothing more
 // is written on any connection (Write fails), and it closes every one,
 // those on which a turn runs too. The closes come one after another, and
 // a turn may end as soon as its own connection goes: the turn waiting
 // behind it then starts, or is refused, and without the gate could answer
 // on a connection not closed yet. It does not wait; see wait.
-func (t *connTracker) crash() {
+func (t *ConnTracker) Crash() {
 	t.crashed.Store(true)
 	t.drop(phases)
 }
 
 // drop refuses every new connection from now on and closes every one in
 // a phase before upTo, and every one being refused.
-func (t *connTracker) drop(upTo phase) {
+func (t *ConnTracker) drop(upTo phase) {
 	t.mu.Lock()
 	t.stopping = true
 	var drop []net.Conn
 	for p := range upTo {
 		for e := t.open[p].Front(); e != nil; {
 			next := e.Next()
-			tc := e.Value.(*trackedConn)
+			tc := e.Value.(*Conn)
 			t.countOutLocked(tc)
 			drop = append(drop, tc.Conn)
 			e = next
@@ -346,11 +346,11 @@ func (t *connTracker) drop(upTo phase) {
 	}
 }
 
-// wait waits for the refusals in progress to end, and for the server to
+// Wait waits for the refusals in progress to end, and for the server to
 // be done with every connection it was given: after an http.Server's
 // Close, its connections' goroutines may still run (net/http lingers half
 // a second on a connection whose request body it gave up on).
-func (t *connTracker) wait() {
+func (t *ConnTracker) Wait() {
 	t.refusals.Wait()
 	t.live.Wait()
 }
@@ -358,26 +358,26 @@ func (t *connTracker) wait() {
 // connKey is the context key of the *trackedConn a request came on.
 type connKey struct{}
 
-// connContext is http.Server.ConnContext: it puts the tracked connection in
+// ConnContext is http.Server.ConnContext: it puts the tracked connection in
 // its requests' contexts.
-func (t *connTracker) connContext(ctx context.Context, c net.Conn) context.Context {
-	if tc, ok := c.(*trackedConn); ok {
+func (t *ConnTracker) ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if tc, ok := c.(*Conn); ok {
 		return context.WithValue(ctx, connKey{}, tc)
 	}
 	return ctx
 }
 
-// connOf returns the tracked connection of a request's context, or nil for
+// ConnOf returns the tracked connection of a request's context, or nil for
 // a request that did not come through the tracking listener (a handler
 // served by another http.Server); every method below is a no-op on nil.
-func connOf(ctx context.Context) *trackedConn {
-	tc, _ := ctx.Value(connKey{}).(*trackedConn)
+func ConnOf(ctx context.Context) *Conn {
+	tc, _ := ctx.Value(connKey{}).(*Conn)
 	return tc
 }
 
-// enter marks a handler running on the connection: its request head is
+// Enter marks a handler running on the connection: its request head is
 // in, and its body is coming.
-func (tc *trackedConn) enter() {
+func (tc *Conn) Enter() {
 	if tc == nil {
 		return
 	}
@@ -387,17 +387,17 @@ func (tc *trackedConn) enter() {
 	tc.tracker.mu.Unlock()
 }
 
-// watchBody marks the connection's request in once r's body has been
+// WatchBody marks the connection's request in once r's body has been
 // read to its end, at once for a request without one: from then on the
 // cap never drops the connection for one without, whatever its handler
 // does next (a turn, or a health check or a session made, which may wait
 // on the store).
-func (tc *trackedConn) watchBody(r *http.Request) {
+func (tc *Conn) WatchBody(r *http.Request) {
 	if tc == nil {
 		return
 	}
 	if r.Body == nil || r.Body == http.NoBody {
-		tc.work()
+		tc.Work()
 		return
 	}
 	r.Body = &bodyIn{ReadCloser: r.Body, conn: tc}
@@ -407,20 +407,20 @@ func (tc *trackedConn) watchBody(r *http.Request) {
 // it has been read to its end.
 type bodyIn struct {
 	io.ReadCloser
-	conn *trackedConn
+	conn *Conn
 }
 
 func (b *bodyIn) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if err == io.EOF {
-		b.conn.work()
+		b.conn.Work()
 	}
 	return n, err
 }
 
-// leave marks the handler done: the connection is idle, waiting for its
+// Leave marks the handler done: the connection is idle, waiting for its
 // next request.
-func (tc *trackedConn) leave() {
+func (tc *Conn) Leave() {
 	if tc == nil {
 		return
 	}
@@ -430,10 +430,10 @@ func (tc *trackedConn) leave() {
 	tc.handling.Add(-1)
 }
 
-// work marks a turn running on the connection, so that it is not evicted.
+// Work marks a turn running on the connection, so that it is not evicted.
 // It reports false if the connection was evicted or dropped by a stop
 // already: its client is gone.
-func (tc *trackedConn) work() bool {
+func (tc *Conn) Work() bool {
 	if tc == nil {
 		return true
 	}
@@ -450,7 +450,7 @@ func (tc *trackedConn) work() bool {
 // are its next request coming, before its handler runs: from then on it
 // is reading, not idle, so that a server too busy to get to the handler
 // within stallAfter does not drop it for a newcomer as if idle.
-func (tc *trackedConn) Read(p []byte) (int, error) {
+func (tc *Conn) Read(p []byte) (int, error) {
 	n, err := tc.Conn.Read(p)
 	if n > 0 && tc.isIdle.Load() {
 		tc.tracker.mu.Lock()
@@ -463,7 +463,7 @@ func (tc *trackedConn) Read(p []byte) (int, error) {
 }
 
 // Close counts the connection out and closes it.
-func (tc *trackedConn) Close() error {
+func (tc *Conn) Close() error {
 	tc.tracker.mu.Lock()
 	tc.tracker.countOutLocked(tc)
 	tc.tracker.mu.Unlock()
@@ -474,7 +474,7 @@ func (tc *trackedConn) Close() error {
 
 // CloseWrite half-closes the connection, as net/http does before it
 // hangs up on a request it refused.
-func (tc *trackedConn) CloseWrite() error {
+func (tc *Conn) CloseWrite() error {
 	if cw, ok := tc.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}
@@ -490,7 +490,7 @@ func (tc *trackedConn) CloseWrite() error {
 // flushes after its handler has returned (leave): the connection's
 // idleness is counted from then, so that one answered within stallAfter
 // is never dropped as idle.
-func (tc *trackedConn) Write(p []byte) (int, error) {
+func (tc *Conn) Write(p []byte) (int, error) {
 	if tc.tracker.crashed.Load() {
 		// A killed process writes nothing more.
 		return 0, net.ErrClosed
@@ -513,4 +513,11 @@ func (tc *trackedConn) Write(p []byte) (int, error) {
 		}
 	}
 	return tc.Conn.Write(p)
+}
+
+// SetClock sets the clock stalls are judged by: a test's own.
+func (t *ConnTracker) SetClock(now func() time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.now = now
 }

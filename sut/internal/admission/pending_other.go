@@ -1,6 +1,6 @@
 //go:build !linux
 
-package sut
+package admission
 
 import "net"
 

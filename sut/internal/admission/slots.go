@@ -1,4 +1,4 @@
-package sut
+package admission
 
 import "sync/atomic"
 
@@ -8,13 +8,13 @@ import "sync/atomic"
 // still sending their body are bounded by the connection cap and the body
 // deadline instead, so that slow senders cannot take the slots of turns.
 type requestSlots struct {
-	max  int64
+	Max  int64
 	used atomic.Int64
 }
 
 // take takes a slot, or reports that all are taken.
 func (rs *requestSlots) take() bool {
-	if rs.used.Add(1) > rs.max {
+	if rs.used.Add(1) > rs.Max {
 		rs.used.Add(-1)
 		return false
 	}

@@ -1,4 +1,4 @@
-package sut
+package admission
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 // A request reaches the turn machinery through one gate, whatever its
 // protocol: counted in (the handlers running, the Gauge, the requests a
-// stop waits for), bound to the server's life, given a reservation of the
+// Stop waits for), bound to the server's life, given a reservation of the
 // memory budget, made to wait the server's deliberate delay, charged for
 // its body, and given a request slot. A protocol adds its own checks (an
 // HTTP request's key, Content-Type and body) as hooks of Admit; what it
@@ -39,9 +39,9 @@ type Refusal struct {
 	Close bool
 }
 
-// refusalLeft is a request whose client left while it waited to be
+// ClientLeft is a request whose client left while it waited to be
 // worked on: nothing was, and nothing is answered.
-var refusalLeft = &Refusal{}
+var ClientLeft = &Refusal{}
 
 // Overloaded is the refusal of a request the server has no room for
 // (request slots, memory, connections, the store's connections): 503
@@ -99,7 +99,7 @@ func (r *Refusal) raw() []byte {
 // is safe for concurrent use.
 type Gate struct {
 	gauge *Gauge
-	mem   *memBudget
+	mem   *Budget
 	slots requestSlots
 	// delay is waited before each turn request is worked on
 	// (Config.TurnDelay).
@@ -122,7 +122,7 @@ type GateConfig struct {
 	// Gauge, if not nil, counts the requests admitted.
 	Gauge *Gauge
 	// Memory is the server's memory budget, shared with its cache.
-	Memory *memBudget
+	Memory *Budget
 	// MaxRequests bounds the turn requests worked on at once.
 	MaxRequests int
 	// Delay is waited before each turn request is worked on.
@@ -134,7 +134,7 @@ type GateConfig struct {
 // NewGate returns a gate open to requests.
 func NewGate(c GateConfig) *Gate {
 	g := &Gate{gauge: c.Gauge, mem: c.Memory, delay: c.Delay, life: c.Life, turns: c.Turns}
-	g.slots.max = int64(c.MaxRequests)
+	g.slots.Max = int64(c.MaxRequests)
 	return g
 }
 
@@ -183,7 +183,7 @@ type Ticket struct {
 	in     bool
 	cancel context.CancelFunc
 	stops  []func() bool
-	mem    *reservation
+	mem    *Reservation
 }
 
 // Enter takes a request in: counted in the gauge (its tag, if any,
@@ -194,7 +194,7 @@ type Ticket struct {
 func (g *Gate) Enter(ctx context.Context, tag string) (*Ticket, context.Context, *Refusal) {
 	// Counted in the gauge inside the handler's other bookkeeping, so that
 	// a stop that waits for the handlers finds the gauge at rest.
-	g.gauge.add(1, 0)
+	g.gauge.Add(1, 0)
 	t := &Ticket{g: g, tag: tag}
 	if !g.In() {
 		return t, ctx, Stopping()
@@ -206,7 +206,7 @@ func (g *Gate) Enter(ctx context.Context, tag string) (*Ticket, context.Context,
 	t.stops = append(t.stops, context.AfterFunc(g.life, t.cancel), context.AfterFunc(g.turns, t.cancel))
 	// What the request reserves of the memory budget, on its way, is
 	// given back when it ends.
-	t.mem = &reservation{b: g.mem}
+	t.mem = &Reservation{b: g.mem}
 	ctx = context.WithValue(ctx, reservationKey{}, t.mem)
 	return t, context.WithValue(ctx, ticketKey{}, t), nil
 }
@@ -233,7 +233,7 @@ func (t *Ticket) Leave() {
 		t.g.Out()
 	}
 	t.g.gauge.markDone(t.tag)
-	t.g.gauge.add(-1, 0)
+	t.g.gauge.Add(-1, 0)
 }
 
 // Admit takes a turn request through what every protocol's turn
@@ -248,7 +248,7 @@ func (t *Ticket) Admit(ctx context.Context, check func() *Refusal, cost int64, r
 		select {
 		case <-time.After(g.delay):
 		case <-ctx.Done():
-			return nil, refusalLeft // the client left: nothing was worked on
+			return nil, ClientLeft // the client left: nothing was worked on
 		}
 	}
 	if check != nil {
@@ -256,7 +256,7 @@ func (t *Ticket) Admit(ctx context.Context, check func() *Refusal, cost int64, r
 			return nil, r
 		}
 	}
-	if !t.mem.grow(requestOverhead + bodyFactor*cost) {
+	if !t.mem.Grow(requestOverhead + bodyFactor*cost) {
 		return nil, g.OverBudget().Early()
 	}
 	if read != nil {
@@ -265,10 +265,10 @@ func (t *Ticket) Admit(ctx context.Context, check func() *Refusal, cost int64, r
 			return nil, r
 		}
 		// The body is in: from here it costs what it is.
-		t.mem.shrink(bodyFactor * unused)
+		t.mem.Shrink(bodyFactor * unused)
 	}
 	if !g.slots.take() {
-		return nil, Overloaded(fmt.Sprintf("the server is working on %d requests, its limit; nothing was changed: retry shortly", g.slots.max))
+		return nil, Overloaded(fmt.Sprintf("the server is working on %d requests, its limit; nothing was changed: retry shortly", g.slots.Max))
 	}
 	return g.slots.give, nil
 }
@@ -276,8 +276,8 @@ func (t *Ticket) Admit(ctx context.Context, check func() *Refusal, cost int64, r
 // OverBudget is the refusal of a request for want of memory.
 func (g *Gate) OverBudget() *Refusal {
 	return Overloaded(fmt.Sprintf("the server's memory budget (%d bytes) is taken by the requests in flight; nothing was changed: retry shortly",
-		g.mem.max))
+		g.mem.Max))
 }
 
 // MaxMemory is the memory budget in bytes.
-func (g *Gate) MaxMemory() int64 { return g.mem.max }
+func (g *Gate) MaxMemory() int64 { return g.mem.Max }

@@ -1,4 +1,4 @@
-package sut
+package admission
 
 import (
 	"context"
@@ -33,10 +33,10 @@ const RequestTagHeader = "Turncheck-Request"
 // remembers.
 const maxDone = 1024
 
-// doneWhen marks tag as done with when ctx ends: the context a turn
+// DoneWhen marks tag as done with when ctx ends: the context a turn
 // runs on, which ends when the turn sees its client go away, or when the
 // turn is over. "" marks nothing.
-func (g *Gauge) doneWhen(ctx context.Context, tag string) {
+func (g *Gauge) DoneWhen(ctx context.Context, tag string) {
 	if g == nil || tag == "" {
 		return
 	}
@@ -90,9 +90,9 @@ func (g *Gauge) Read() (working, waiting int, changed <-chan struct{}) {
 	return g.working, g.waiting, g.changed
 }
 
-// add moves the counts by the deltas and wakes every reader. A nil gauge
+// Add moves the counts by the deltas and wakes every reader. A nil gauge
 // counts nothing.
-func (g *Gauge) add(working, waiting int) {
+func (g *Gauge) Add(working, waiting int) {
 	if g == nil {
 		return
 	}
