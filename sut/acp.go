@@ -19,6 +19,8 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // The Agent Client Protocol (https://agentclientprotocol.com): an editor
@@ -52,7 +54,7 @@ const acpAgentName = "turncheck-reference"
 //
 // When ctx ends first, the goroutine reading in keeps waiting for its next
 // line until in ends; the caller owns in and closes it.
-func ServeACP(ctx context.Context, cfg Config, in io.Reader, out io.Writer) error {
+func ServeACP(ctx context.Context, cfg config.Config, in io.Reader, out io.Writer) error {
 	s, err := New(cfg)
 	if err != nil {
 		return err
@@ -320,7 +322,7 @@ func (a *acpAgent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (a
 		return acp.LoadSessionResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", "cannot load the session")
 	}
 	msgs := conv.messages
-	if a.s.cfg.Mutant == ACPLoadDiffers {
+	if a.s.cfg.Mutant == config.ACPLoadDiffers {
 		// The bug: the replay stops before the last committed turn.
 		msgs = msgs[:lastUserIndex(msgs)]
 	}
@@ -426,7 +428,7 @@ func (a *acpAgent) Cancel(_ context.Context, p acp.CancelNotification) error {
 		// The acp-cancel-answers-error mutant stops the prompts all the
 		// same, but does not mark them cancelled: each is answered with
 		// the error of a turn whose client went away.
-		sess.cancelAll(a.s.cfg.Mutant != ACPCancelAnswersError)
+		sess.cancelAll(a.s.cfg.Mutant != config.ACPCancelAnswersError)
 	}
 	return nil
 }
@@ -453,7 +455,7 @@ func (a *acpAgent) Prompt(_ context.Context, p acp.PromptRequest) (acp.PromptRes
 	if len(text) > MaxContentBytes {
 		return acp.PromptResponse{}, invalidPrompt(fmt.Sprintf("the prompt's text is over %d bytes", MaxContentBytes))
 	}
-	if a.s.cfg.Concurrency == Supersede {
+	if a.s.cfg.Concurrency == config.Supersede {
 		// The new prompt replaces the running one: that one is
 		// cancelled as session/cancel would, and this one waits for
 		// it to be done (the session's lock).
@@ -544,7 +546,7 @@ func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, u
 		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", err.Error())
 	}
 	resp := &acpResponder{a: a, id: id}
-	t := &turn{key: acpKey(id), proto: protoACP, toolNotes: resp}
+	t := &turn{key: acpKey(id), proto: config.ProtoACP, toolNotes: resp}
 	s.converse(w, r, t, userInput(user), a.agentRef(), resp)
 	return a.answer(run, resp, w)
 }

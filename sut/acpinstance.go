@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // ACPInstance is the reference server as an ACP agent (ServeACP) as the
@@ -18,8 +20,8 @@ import (
 // restarted, gracefully or as a crash, on the same data: each run is a
 // new connection, as a new process of 'turncheck serve acp' would be.
 type ACPInstance struct {
-	cfg       Config
-	deadlines *ManualDeadlines
+	cfg       config.Config
+	deadlines *config.ManualDeadlines
 	gauge     *admission.Gauge
 
 	mu  sync.Mutex
@@ -62,12 +64,12 @@ var errACPRunEnded = errors.New("the agent's run has ended")
 // StartACPInstance serves cfg as an ACP agent in process, on a fresh data
 // dir that Close removes; cfg's DataDir, Deadlines and Gauge are the
 // instance's own.
-func StartACPInstance(cfg Config) (*ACPInstance, error) {
+func StartACPInstance(cfg config.Config) (*ACPInstance, error) {
 	dir, err := os.MkdirTemp("", "turncheck-sut-acp-*")
 	if err != nil {
 		return nil, err
 	}
-	in := &ACPInstance{deadlines: &ManualDeadlines{}, gauge: &admission.Gauge{}}
+	in := &ACPInstance{deadlines: &config.ManualDeadlines{}, gauge: &admission.Gauge{}}
 	cfg.DataDir, cfg.Deadlines, cfg.Gauge = dir, in.deadlines, in.gauge
 	in.cfg = cfg
 	if err := in.start(nil); err != nil {

@@ -9,6 +9,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // The ACP connection's two ends, as the server guards them. JSON-RPC
@@ -23,7 +25,7 @@ import (
 // StreamWriteTimeout bounds one write on HTTP: past it the client is
 // taken for gone. A variable only so that a test can show it without
 // waiting 30 s.
-var acpWriteTimeout = StreamWriteTimeout
+var acpWriteTimeout = config.StreamWriteTimeout
 
 // errClientStalled is a write to the client that did not complete within
 // acpWriteTimeout.

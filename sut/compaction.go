@@ -1,8 +1,5 @@
 package sut
 
-// DefaultCompactAfter is the default of Config.CompactAfter.
-const DefaultCompactAfter = 64
-
 // compact runs before each model call of a stateful turn. Once the working
 // copy shows the model more than CompactAfter messages (the system prompt
 // not counted), it hides the tool rounds of the turns committed before this

@@ -11,6 +11,8 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // convKey names a conversation: its id, scoped by the API key it was
@@ -138,9 +140,9 @@ type conversations struct {
 // lost-on-evict deletes what it evicts from the store, ack-before-durable
 // writes behind, branch-mutates-base caches copies, store-error-acked
 // drops the store's errors.
-func newConversations(st *store, size int, budget *admission.Budget, m Mutant, log *slog.Logger) (*conversations, error) {
+func newConversations(st *store, size int, budget *admission.Budget, m config.Mutant, log *slog.Logger) (*conversations, error) {
 	var onEvict func(convKey, *conversation)
-	if m == LostOnEvict {
+	if m == config.LostOnEvict {
 		onEvict = func(k convKey, _ *conversation) {
 			// The bug: eviction is taken for the end of the conversation,
 			// though the server claims durable storage.
@@ -153,9 +155,9 @@ func newConversations(st *store, size int, budget *admission.Budget, m Mutant, l
 	if err != nil {
 		return nil, err
 	}
-	cs := &conversations{store: st, cache: c, cacheCopies: m == BranchMutatesBase, verify: st.shared != nil,
-		dropStoreErrors: m == StoreErrorAcked}
-	if m == AckBeforeDurable {
+	cs := &conversations{store: st, cache: c, cacheCopies: m == config.BranchMutatesBase, verify: st.shared != nil,
+		dropStoreErrors: m == config.StoreErrorAcked}
+	if m == config.AckBeforeDurable {
 		cs.behind = newWriteBehind(st, log)
 	}
 	return cs, nil

@@ -10,6 +10,8 @@ import (
 	"github.com/turncheck/turncheck/internal/loopback"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // Instance is a reference server as the harness runs it in process: on a
@@ -20,21 +22,21 @@ import (
 // (URL, Close, Restart, ExpireDeadlines, Activity).
 type Instance struct {
 	*Running
-	cfg       Config
-	deadlines *ManualDeadlines
+	cfg       config.Config
+	deadlines *config.ManualDeadlines
 	gauge     *admission.Gauge
 }
 
 // StartInstance serves cfg on a fresh loopback port, on a fresh data dir
 // that Close removes; cfg's DataDir, Deadlines and Gauge are the
 // instance's own.
-func StartInstance(cfg Config) (*Instance, error) {
-	return startInstance(cfg, &ManualDeadlines{}, &admission.Gauge{})
+func StartInstance(cfg config.Config) (*Instance, error) {
+	return startInstance(cfg, &config.ManualDeadlines{}, &admission.Gauge{})
 }
 
 // startInstance is StartInstance with the given deadlines and gauge,
 // which replicas share.
-func startInstance(cfg Config, deadlines *ManualDeadlines, gauge *admission.Gauge) (*Instance, error) {
+func startInstance(cfg config.Config, deadlines *config.ManualDeadlines, gauge *admission.Gauge) (*Instance, error) {
 	dir, err := os.MkdirTemp("", "turncheck-sut-*")
 	if err != nil {
 		return nil, err
@@ -120,20 +122,20 @@ func (in *Instance) Close() error {
 // URLs and RestartReplica.
 type Replicas struct {
 	replicas  []*Instance
-	deadlines *ManualDeadlines
+	deadlines *config.ManualDeadlines
 	gauge     *admission.Gauge
 }
 
 // StartReplicas serves n replicas of cfg, whose Store must be a
 // PostgreSQL URL: over SQLite each replica would open a store of its own.
-func StartReplicas(cfg Config, n int) (*Replicas, error) {
+func StartReplicas(cfg config.Config, n int) (*Replicas, error) {
 	if !isPostgresURL(cfg.Store) {
 		return nil, errors.New("replicas share a PostgreSQL store: Config.Store must be a postgres:// URL")
 	}
 	if n < 1 {
 		return nil, errors.New("replicas: at least one")
 	}
-	r := &Replicas{deadlines: &ManualDeadlines{}, gauge: &admission.Gauge{}}
+	r := &Replicas{deadlines: &config.ManualDeadlines{}, gauge: &admission.Gauge{}}
 	for range n {
 		in, err := startInstance(cfg, r.deadlines, r.gauge)
 		if err != nil {

@@ -2,52 +2,12 @@ package sut
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
-
-// Interruption is what a turn leaves in its conversation when its client
-// disconnects while it runs (PROTOCOL.md, T10). Under Rollback and
-// KeepConsistent the turn stops at once: no model call and no tool run
-// starts for it after the disconnect is seen. Under Complete it runs on to
-// its end, as if the client had stayed.
-type Interruption string
-
-// The interruption policies PROTOCOL.md allows a server to declare (T10).
-const (
-	// Rollback leaves the conversation as it was before the turn: nothing
-	// of the turn is committed.
-	Rollback Interruption = "rollback"
-	// KeepConsistent commits, if at least one of the turn's tool rounds
-	// completed, the turn's user message and its completed rounds (each
-	// assistant tool call message with all its results), and nothing
-	// after: never a round whose results are not all in, never a reply.
-	// With no round completed it commits nothing, as Rollback.
-	KeepConsistent Interruption = "keep-consistent"
-	// Complete does not stop the turn: it runs to its end (its model
-	// calls and tool rounds go on, each still bounded by RequestTimeout)
-	// on a context detached from the client, and commits the turn whole
-	// if it ends ok, nothing if it fails, as if the client had stayed. The
-	// conversation's lock is held, and the request counts as working, until
-	// then. Only the server itself ends such a turn early: a crash, or a
-	// Stop that drops the turns still running (Running.Close, or
-	// Running.Shutdown past its deadline); it then commits nothing.
-	Complete Interruption = "complete"
-)
-
-// ParseInterruption returns the policy named s ("" for Rollback), or an
-// error naming the valid values.
-func ParseInterruption(s string) (Interruption, error) {
-	switch p := Interruption(s); p {
-	case "":
-		return Rollback, nil
-	case Rollback, KeepConsistent, Complete:
-		return p, nil
-	}
-	return "", fmt.Errorf("unknown interruption policy %q (want %s, %s or %s)", s, Rollback, KeepConsistent, Complete)
-}
 
 // turnContext returns the context the turn t runs on, and whether the
 // turn completes whatever its client does. A turn's context ends when its
@@ -58,7 +18,7 @@ func ParseInterruption(s string) (Interruption, error) {
 // own deadline under it. A stateless turn has no conversation to complete:
 // it stops with its client under any policy.
 func (s *Server) turnContext(r *http.Request, t *turn) (ctx context.Context, cancel context.CancelFunc, completes bool) {
-	if s.cfg.Interruption != Complete || !t.stateful {
+	if s.cfg.Interruption != config.Complete || !t.stateful {
 		ctx, cancel = context.WithCancel(s.noticed(r.Context()))
 		s.cfg.Gauge.DoneWhen(ctx, r.Header.Get(admission.RequestTagHeader))
 		return ctx, cancel, false
@@ -133,19 +93,19 @@ func (s *Server) interruptedKeeps(t *turn) *conversation {
 	if !t.stateful {
 		return nil
 	}
-	if s.cfg.Mutant == OrphanToolCallOnInterrupt {
+	if s.cfg.Mutant == config.OrphanToolCallOnInterrupt {
 		// The bug (goose's replace_conversation on cancel): the working
 		// copy is persisted as it stands, a round whose results are not
 		// all in included: an assistant tool call without its result.
 		return t.work
 	}
-	if s.cfg.Mutant == ACPCancelCommitsPrompt && t.proto == protoACP {
+	if s.cfg.Mutant == config.ACPCancelCommitsPrompt && t.proto == config.ProtoACP {
 		// The bug (an agent that adds the prompt to its session before
 		// the run): the cancelled turn keeps its user message, and the
 		// tool rounds it completed.
 		return &conversation{messages: t.work.messages[:max(t.settled, t.own+1)], source: t.work.source}
 	}
-	if s.cfg.Interruption != KeepConsistent || t.settled == 0 {
+	if s.cfg.Interruption != config.KeepConsistent || t.settled == 0 {
 		return nil
 	}
 	return &conversation{messages: t.work.messages[:t.settled:t.settled], source: t.work.source}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // Running is a Server listening on an address.
@@ -23,7 +25,7 @@ type Running struct {
 
 // Start opens a server with cfg and serves it on addr ("127.0.0.1:0" when
 // empty: loopback, any free port). It returns once the server is listening.
-func Start(cfg Config, addr string) (*Running, error) {
+func Start(cfg config.Config, addr string) (*Running, error) {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
@@ -41,7 +43,7 @@ func Start(cfg Config, addr string) (*Running, error) {
 // the body. There is no write timeout for the whole response: a stream
 // lasts as long as its turn, and every write has a deadline of its own
 // (StreamWriteTimeout).
-func Serve(cfg Config, ln net.Listener) (*Running, error) {
+func Serve(cfg config.Config, ln net.Listener) (*Running, error) {
 	s, err := New(cfg)
 	if err != nil {
 		return nil, errors.Join(err, ln.Close())

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // Why a request did not get its conversation's lock, besides its context
@@ -64,7 +66,7 @@ type convWaiter struct {
 // returns may be called more than once. With a shared store, conn is the
 // connection the store's lock is held on, which the turn does all its
 // Work in the store on (withConn) until unlock; nil otherwise.
-func (l *convLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration) (conn *sql.Conn, unlock func(), err error) {
+func (l *convLocks) lock(ctx context.Context, k convKey, policy config.Concurrency, maxWait time.Duration) (conn *sql.Conn, unlock func(), err error) {
 	deadline := time.Now().Add(maxWait)
 	local, err := l.lockLocal(ctx, k, policy, maxWait)
 	if err != nil || l.shared == nil {
@@ -81,7 +83,7 @@ func (l *convLocks) lock(ctx context.Context, k convKey, policy Concurrency, max
 
 // lockLocal takes k's lock in this process: waiting in line under
 // Serialize, first come first served, until the lock is handed over.
-func (l *convLocks) lockLocal(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration) (unlock func(), err error) {
+func (l *convLocks) lockLocal(ctx context.Context, k convKey, policy config.Concurrency, maxWait time.Duration) (unlock func(), err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -95,7 +97,7 @@ func (l *convLocks) lockLocal(ctx context.Context, k convKey, policy Concurrency
 		l.mu.Unlock()
 		return l.unlocker(k), nil
 	}
-	if policy == Reject {
+	if policy == config.Reject {
 		l.mu.Unlock()
 		return nil, errConversationBusy
 	}

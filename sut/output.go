@@ -9,24 +9,8 @@ import (
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
-)
 
-// protocol is a client protocol through which a turn reaches the server.
-// Every protocol runs its turns through the same machinery (run): the
-// same locks, store, tool loop and interruption policy. Only how a request
-// names its history, and how the answer is written, differ.
-type protocol string
-
-// The client protocols; their names are those of MutantInfo.Protocol.
-const (
-	// protoChat is POST /v1/chat/completions (server.go).
-	protoChat protocol = ""
-	// protoResponses is POST /v1/responses (responses.go).
-	protoResponses protocol = "responses"
-	// protoSessions is the sessions API, POST /api/sessions (sessions.go).
-	protoSessions protocol = "sessions"
-	// protoACP is the Agent Client Protocol over stdio (acp.go).
-	protoACP protocol = "acp"
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // A responder writes one turn's answer in its client's protocol. run
@@ -91,7 +75,7 @@ func (o *output) write(event, payload string) {
 	if o.stall != nil {
 		o.stall()
 	}
-	_ = o.rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
+	_ = o.rc.SetWriteDeadline(time.Now().Add(config.StreamWriteTimeout))
 	if event == "" {
 		o.err = o.out.Data(payload)
 	} else {
@@ -109,7 +93,7 @@ func (o *output) json(status int, payload string) {
 	}
 	o.w.Header().Set("Content-Type", "application/json")
 	// A client that does not read its answer must not hold the handler.
-	_ = o.rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout))
+	_ = o.rc.SetWriteDeadline(time.Now().Add(config.StreamWriteTimeout))
 	o.w.WriteHeader(status)
 	_, _ = io.WriteString(o.w, payload)
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // A store on PostgreSQL is shared by every replica of the server that
@@ -213,7 +215,7 @@ const unlockTimeout = 5 * time.Second
 // Reject; under Serialize the request waits, counted on gauge as
 // waiting, until it gets it, ctx ends (ctx's error) or what is left of
 // maxWait passes (errWaitTimedOut).
-func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy Concurrency, maxWait time.Duration, gauge *admission.Gauge) (_ *sql.Conn, unlock func(), err error) {
+func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy config.Concurrency, maxWait time.Duration, gauge *admission.Gauge) (_ *sql.Conn, unlock func(), err error) {
 	deadline := time.Now().Add(maxWait)
 	if err := a.budget.take(ctx, deadline); err != nil {
 		return nil, nil, err
@@ -233,7 +235,7 @@ func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy Concurrency,
 		return nil, nil, errors.Join(err, drop(conn))
 	}
 	if !got {
-		if policy == Reject {
+		if policy == config.Reject {
 			return nil, nil, errors.Join(errConversationBusy, conn.Close())
 		}
 		gauge.Add(0, 1)

@@ -13,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/turncheck/turncheck/internal/openai"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // Bounds on the fields of a chat request. They hold whatever the body
@@ -140,7 +142,7 @@ func (s *Server) newUserMessage(msgs []openai.Message) (openai.Message, error) {
 	if n := len(msgs); n > 0 && usable(msgs[n-1]) {
 		return msgs[n-1], nil
 	}
-	if s.cfg.Mutant == ReplayWithoutUser {
+	if s.cfg.Mutant == config.ReplayWithoutUser {
 		// The bug: fall back to the latest earlier user message.
 		for i := len(msgs) - 1; i >= 0; i-- {
 			if usable(msgs[i]) {

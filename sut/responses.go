@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // The Responses API, stateful (POST /v1/responses). A response is stored
@@ -143,7 +145,7 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 	}
 	resp := s.newResponseResponder(req)
 	if req.conversation != "" {
-		t := &turn{key: convKey{scope: scope, id: nsResponseConversation + req.conversation}, proto: protoResponses}
+		t := &turn{key: convKey{scope: scope, id: nsResponseConversation + req.conversation}, proto: config.ProtoResponses}
 		s.converse(w, r, t, req.input, req.model, resp)
 		return
 	}
@@ -163,14 +165,14 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 		}
 		resp.obj.ID = lineResponseID(line)
 		resp.obj.Store = true // store: false is ignored
-		t := &turn{key: convKey{scope: scope, id: key}, proto: protoResponses}
+		t := &turn{key: convKey{scope: scope, id: key}, proto: config.ProtoResponses}
 		s.converse(w, r, t, req.input, req.model, resp)
 		return
 	}
 	// A response of its own: no lock, as nothing but this turn can ever
 	// write its id, and the response it chains from never changes.
-	t := &turn{key: convKey{scope: scope, id: nsResponse + resp.obj.ID}, proto: protoResponses, chained: true,
-		stateful: req.store || s.cfg.Mutant == StoreFalseKept, release: func() {}}
+	t := &turn{key: convKey{scope: scope, id: nsResponse + resp.obj.ID}, proto: config.ProtoResponses, chained: true,
+		stateful: req.store || s.cfg.Mutant == config.StoreFalseKept, release: func() {}}
 	// Every way out releases the lock the branch-mutates-base mutant
 	// takes (lockBase); t.release is read when the function returns, as
 	// lockBase replaces it.
@@ -252,7 +254,7 @@ func checkToolInput(history []*message, input []openai.Message) error {
 // blank message), input followed by the last user message of the history
 // it continues: that turn runs again as if it were new.
 func (s *Server) replayOnToolOutput(base *conversation, input []openai.Message) []openai.Message {
-	if s.cfg.Mutant != ReplayOnToolOutput || slices.ContainsFunc(input, usable) {
+	if s.cfg.Mutant != config.ReplayOnToolOutput || slices.ContainsFunc(input, usable) {
 		return input
 	}
 	for i := len(base.messages) - 1; i >= 0; i-- {
@@ -280,10 +282,10 @@ func (s *Server) replayOnToolOutput(base *conversation, input []openai.Message) 
 // its bug is a sibling's turn showing (T4), not a failed one's (T1). It
 // runs once, as a second release could find the history another turn's.
 func (s *Server) lockBase(ctx context.Context, t *turn, previous string) error {
-	if s.cfg.Mutant != BranchMutatesBase {
+	if s.cfg.Mutant != config.BranchMutatesBase {
 		return nil
 	}
-	conn, unlock, err := s.locks.lock(ctx, convKey{scope: t.key.scope, id: nsResponse + previous}, Serialize, s.cfg.RequestTimeout)
+	conn, unlock, err := s.locks.lock(ctx, convKey{scope: t.key.scope, id: nsResponse + previous}, config.Serialize, s.cfg.RequestTimeout)
 	if err != nil {
 		return err
 	}
@@ -311,7 +313,7 @@ func (s *Server) lockBase(ctx context.Context, t *turn, previous string) error {
 // the id up under whichever key stored it.
 func (s *Server) loadResponse(ctx context.Context, scope, id string) (*conversation, error) {
 	k := convKey{scope: scope, id: nsResponse + id}
-	if s.cfg.Mutant == ResponseCrossKey {
+	if s.cfg.Mutant == config.ResponseCrossKey {
 		// The bug: the id alone names the response, whoever asks.
 		found, ok, err := s.store.scopeOf(ctx, k.id)
 		if err != nil {

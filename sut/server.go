@@ -45,44 +45,13 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
-// Defaults for the zero values of Config.
-const (
-	DefaultConversationHeader = "X-Conversation-Id"
-	DefaultConversationsMax   = 1000
-	DefaultRequestTimeout     = 60 * time.Second
-	DefaultMaxBodyBytes       = 1 << 20
-	DefaultModelName          = "turncheck-reference"
-	// DefaultHeaderTimeout bounds reading a request's headers.
-	DefaultHeaderTimeout = 10 * time.Second
-	// DefaultBodyTimeout bounds reading a request's body: a 1 MiB body
-	// at 64 KiB/s.
-	DefaultBodyTimeout = 15 * time.Second
-	// DefaultIdleTimeout is how long a keep-alive connection may wait for
-	// its next request.
-	DefaultIdleTimeout = 60 * time.Second
-	// DefaultMaxConns bounds open client connections. Go raises the soft
-	// limit on file descriptors to the hard one at start (commonly 2^20,
-	// at least 4096 on most systems), so the cap is reached long before
-	// the server runs out of descriptors for its store and its model.
-	DefaultMaxConns = 1024
-	// DefaultMaxRequests bounds the turns worked on at once; each may
-	// hold a model connection and a reply of up to 4 MiB.
-	DefaultMaxRequests = 512
-	// DefaultMaxHistoryMessages bounds a conversation's messages.
-	DefaultMaxHistoryMessages = 2000
-	// DefaultMaxHistoryBytes bounds a conversation's text: about what a
-	// model with a large context takes (a token is about 4 bytes).
-	DefaultMaxHistoryBytes = 4 << 20
-	// statusClientClosed answers a request whose client went away (as
-	// nginx's 499): nobody may take it for a reply.
-	statusClientClosed = 499
-	// StreamWriteTimeout bounds one write to a client: a chunk of a
-	// stream, or a whole reply. A client that does not read for that long
-	// is taken for gone, and its turn rolls back.
-	StreamWriteTimeout = 30 * time.Second
-)
+// statusClientClosed answers a request whose client went away (as
+// nginx's 499): nobody may take it for a reply.
+const statusClientClosed = 499
 
 // systemPrompt is prepended to every model request of a turn bound to no
 // agent (stateless, or no agents loaded) and never stored: real servers
@@ -90,174 +59,9 @@ const (
 // gets its agent's instruction in its place.
 const systemPrompt = "You are the turncheck reference agent."
 
-// Config configures a Server.
-type Config struct {
-	// ModelURL is the model provider's OpenAI-compatible base URL; the
-	// server calls {ModelURL}/chat/completions. Required.
-	ModelURL string
-	// DataDir holds the durable store, a SQLite database. Required when
-	// Store is "".
-	DataDir string
-	// Store, if not "", is the URL of a PostgreSQL database
-	// (postgres://user:password@host:port/db?sslmode=..., or
-	// postgresql://) that holds the durable store in place of DataDir.
-	// Servers on one database are replicas of one server: a turn
-	// committed on one is seen by every other's next turn, turns on one
-	// conversation run one after another across all of them (a
-	// PostgreSQL advisory lock, waited for under Serialize for at most
-	// RequestTimeout, tried under Reject), and a commit is durable when
-	// acknowledged.
-	Store string
-	// ConversationsMax bounds the in-memory conversation cache.
-	ConversationsMax int
-	// RequestTimeout bounds each model call of a turn; past it the turn
-	// fails (504). It bounds each lookup too; past it the lookup's result
-	// is an error and the turn goes on. Under Serialize it also bounds the
-	// Wait for a conversation's turn; past it the request gives up (503
-	// conversation_busy).
-	RequestTimeout time.Duration
-	// Deadlines starts each model call's and each lookup's deadline; nil
-	// uses the clock.
-	Deadlines Deadlines
-	// ConversationHeader names the header carrying the conversation id.
-	ConversationHeader string
-	// Keys, if any, are the bearer keys the server accepts; conversations
-	// are scoped per key.
-	Keys []string
-	// MaxBodyBytes bounds a request body (413 past it, at once when the
-	// request declares a longer Content-Length).
-	MaxBodyBytes int64
-	// BodyTimeout bounds reading a request's body, from the end of its
-	// headers; past it the request gets 408 and its connection closes.
-	BodyTimeout time.Duration
-	// HeaderTimeout bounds reading a request's headers; past it the
-	// connection closes. Start and Serve only.
-	HeaderTimeout time.Duration
-	// IdleTimeout is how long a keep-alive connection may wait for its
-	// next request. Start and Serve only.
-	IdleTimeout time.Duration
-	// MaxConns bounds the client connections open at once; past it a new
-	// one takes the place of a stalled one, else of the oldest newcomer
-	// with no request head yet, or gets 503 with Retry-After if every one
-	// has a request in (conns.go). Start and Serve only.
-	MaxConns int
-	// MaxRequests bounds the turn requests worked on at once, counted
-	// from the end of their body (running, or waiting for their
-	// conversation); past it 503 with Retry-After. It also sizes the pool
-	// of idle connections to the model.
-	MaxRequests int
-	// MaxStoreConns bounds the connections to PostgreSQL (Store) that the
-	// server opens; 0 means DefaultMaxStoreConns(MaxRequests), and it
-	// must be at least 2. A turn on a conversation does everything it does
-	// in the store on one, held from its conversation's lock to its end;
-	// all but one may be held so, the last is for what runs beside turns.
-	// A turn that finds none free waits its turn for one, first come first
-	// served, within RequestTimeout, and is otherwise refused before any
-	// model call (503 with Retry-After); so is one the database refuses a
-	// connection for want of room (too many clients) until then. Replicas
-	// on one database must fit in its max_connections together. Unused
-	// with SQLite (DataDir), which has one connection.
-	MaxStoreConns int
-	// MaxHistoryMessages bounds a conversation's messages: a turn that
-	// would take it past them, its reply included, is refused with 400
-	// and nothing changes (limits.go).
-	MaxHistoryMessages int
-	// MaxHistoryBytes bounds the text of a conversation's messages: a
-	// turn whose new message would take it past them is refused with 400
-	// and nothing changes (limits.go).
-	MaxHistoryBytes int64
-	// MaxMemory is the server's memory budget, in bytes (memory.go): the
-	// conversation cache, the request bodies being read and the turns in
-	// flight (each model call's history and the reply it streams) reserve
-	// what they cost from it before they allocate it. The cache drops its
-	// least recently used conversations to stay inside it and to make
-	// room for requests (they are loaded again from the store); a request
-	// that still finds no room gets 503 with Retry-After, and a turn whose
-	// reply outgrows it fails (503, or an error chunk on a stream that
-	// began), nothing committed. 0 means DefaultMaxMemory().
-	MaxMemory int64
-	// AllowedHosts are host names (or addresses), besides loopback and the
-	// address a request came in on, that requests may name in their Host,
-	// and pages in their Origin (guard.go).
-	AllowedHosts []string
-	// ModelName is the model name sent to the provider.
-	ModelName string
-	// Concurrency is what the server does with a request for a
-	// conversation whose turn is already running; "" means Serialize.
-	Concurrency Concurrency
-	// Interruption is what a turn leaves when its client disconnects
-	// while it runs; "" means Rollback. Under Rollback and KeepConsistent
-	// the turn stops at once (its model call or tool run is cancelled, and
-	// none starts after). Under Rollback nothing of the turn is committed.
-	// Under KeepConsistent, if at least one tool round completed (its
-	// assistant tool call message and all its results are in), the user
-	// message and the completed rounds are committed, durably and under
-	// the conversation's lock, though the client is gone: a T9-consistent
-	// prefix, never a round cut short and never a reply; with no round
-	// completed nothing is. Under Complete the turn runs to its end
-	// (interruption.go) and commits whole if it ends ok, nothing if it
-	// fails; the conversation's lock stays held, and the request counts
-	// as working (Gauge), until it ends. A crash is no interruption: it
-	// commits nothing.
-	Interruption Interruption
-	// CompactAfter is how many messages (the system prompt not counted) a
-	// stateful turn may show the model before compaction hides the tool
-	// rounds of earlier turns from it (compaction.go). 0 means
-	// DefaultCompactAfter.
-	CompactAfter int
-	// Gauge, if set, counts the requests the server is working on and
-	// those waiting for their conversation's turn; nil counts nothing.
-	Gauge *admission.Gauge
-	// Agents are references to the agent definitions to load at start-up:
-	// http(s) URLs, fetched by New (within 5 s, at most 64 KiB), or file
-	// paths. A definition is one YAML document with a non-blank "name" and
-	// "instruction" and no other field. A new conversation binds to an
-	// agent by the request's "model" and records its source key (the
-	// reference as given); a resumed one runs with the agent it recorded,
-	// or the one loaded source that shares its stable key (PROTOCOL.md,
-	// T8). A bound turn sends the model the agent's instruction as its
-	// system message. Stateless requests, and conversations started with no
-	// agents loaded, are bound to none. Empty: no agents, no binding.
-	Agents []string
-	// Mutant brings back one real bug; Clean for the correct server.
-	Mutant Mutant
-	// Logger receives a line per turn that failed or was rolled back, and
-	// per store error; nil discards.
-	Logger *slog.Logger
-	// TurnDelay, if not 0, is waited before each authorized turn request
-	// (of any client protocol) is worked on: a deliberately slow server, to measure what checking
-	// one costs. It changes no behaviour but time.
-	TurnDelay time.Duration
-	// StartDelay, if not 0, is waited before an Instance listens, at each
-	// start and restart: a server slow to start, as those that load a
-	// runtime or a model catalogue are. It changes no behaviour but time.
-	StartDelay time.Duration
-	// Stall, if not 0, pauses for a random 0..Stall before each model
-	// call, before each commit and before each write to a client (a chunk
-	// of a stream, or a whole answer): a machine made slow, to show that
-	// no verdict of a check depends on its speed (stall.go). It changes no
-	// behaviour but time.
-	Stall time.Duration
-	// Titles makes a title model call beside each turn, as real servers
-	// do to name a conversation (title.go): an auxiliary call, which a
-	// correct server may make and which the contract never judges as the
-	// turn's history (PROTOCOL.md, "Auxiliary model calls").
-	Titles bool
-	// ResponsesLine runs the Responses API as openclaw documents its own:
-	// previous_response_id names the conversation line the response
-	// belongs to, and a turn chained from any response of it runs on the
-	// line as it stands (its lock, its concurrency policy), as a
-	// conversation does; a request that names no response runs on the
-	// line of its user field, if any; an id it does not know starts a
-	// new line (200), and store: false is ignored. Response ids name
-	// nothing after a restart (openclaw keeps them in memory); lines
-	// named by user outlive it.
-	ResponsesLine bool
-}
-
 // Server is the reference session server. It is an http.Handler.
 type Server struct {
-	cfg     Config
+	cfg     config.Config
 	sources *sources
 	store   *store
 	convs   *conversations
@@ -307,7 +111,7 @@ type Server struct {
 
 // New opens the store (cfg.Store, or cfg.DataDir) and returns a server
 // ready to serve.
-func New(cfg Config) (*Server, error) {
+func New(cfg config.Config) (*Server, error) {
 	modelURL, err := parseModelURL(cfg.ModelURL)
 	if err != nil {
 		return nil, err
@@ -319,24 +123,24 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("a data dir is required")
 	}
 	if cfg.ConversationsMax == 0 {
-		cfg.ConversationsMax = DefaultConversationsMax
+		cfg.ConversationsMax = config.DefaultConversationsMax
 	}
 	if cfg.ConversationsMax < 0 {
 		return nil, fmt.Errorf("conversations max %d: want a positive number", cfg.ConversationsMax)
 	}
 	if cfg.RequestTimeout == 0 {
-		cfg.RequestTimeout = DefaultRequestTimeout
+		cfg.RequestTimeout = config.DefaultRequestTimeout
 	}
 	if cfg.RequestTimeout < 0 {
 		return nil, fmt.Errorf("request timeout %s: want a positive duration", cfg.RequestTimeout)
 	}
 	if cfg.Deadlines == nil {
-		cfg.Deadlines = clockDeadlines{}
+		cfg.Deadlines = config.ClockDeadlines{}
 	}
 	if cfg.ConversationHeader == "" {
-		cfg.ConversationHeader = DefaultConversationHeader
+		cfg.ConversationHeader = config.DefaultConversationHeader
 	}
-	if err := cfg.setLimits(); err != nil {
+	if err := setLimits(&cfg); err != nil {
 		return nil, err
 	}
 	allowedHosts, err := admission.ParseAllowedHosts(cfg.AllowedHosts)
@@ -344,22 +148,22 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if cfg.ModelName == "" {
-		cfg.ModelName = DefaultModelName
+		cfg.ModelName = config.DefaultModelName
 	}
 	for _, k := range cfg.Keys {
 		if k == "" {
 			return nil, errors.New("an API key may not be empty")
 		}
 	}
-	if _, err := ParseMutant(string(cfg.Mutant)); err != nil {
+	if _, err := config.ParseMutant(string(cfg.Mutant)); err != nil {
 		return nil, err
 	}
-	concurrency, err := ParseConcurrency(string(cfg.Concurrency))
+	concurrency, err := config.ParseConcurrency(string(cfg.Concurrency))
 	if err != nil {
 		return nil, err
 	}
 	cfg.Concurrency = concurrency
-	interruption, err := ParseInterruption(string(cfg.Interruption))
+	interruption, err := config.ParseInterruption(string(cfg.Interruption))
 	if err != nil {
 		return nil, err
 	}
@@ -374,7 +178,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := cfg.openStore()
+	st, err := openConfiguredStore(&cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -421,9 +225,9 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// openStore opens the store cfg names: PostgreSQL at Store, or SQLite in
+// openConfiguredStore opens the store cfg names: PostgreSQL at Store, or SQLite in
 // DataDir.
-func (cfg *Config) openStore() (*store, error) {
+func openConfiguredStore(cfg *config.Config) (*store, error) {
 	if cfg.Store != "" {
 		st, err := openPostgres(cfg.Store, cfg.MaxStoreConns)
 		if err == nil {
@@ -436,18 +240,18 @@ func (cfg *Config) openStore() (*store, error) {
 
 // setLimits fills in the defaults of the limits and timeouts left zero,
 // and refuses negative ones.
-func (cfg *Config) setLimits() error {
+func setLimits(cfg *config.Config) error {
 	for _, err := range []error{
-		orDefault("body timeout", &cfg.BodyTimeout, DefaultBodyTimeout),
-		orDefault("header timeout", &cfg.HeaderTimeout, DefaultHeaderTimeout),
-		orDefault("idle timeout", &cfg.IdleTimeout, DefaultIdleTimeout),
-		orDefault("max body bytes", &cfg.MaxBodyBytes, DefaultMaxBodyBytes),
-		orDefault("max history bytes", &cfg.MaxHistoryBytes, DefaultMaxHistoryBytes),
-		orDefault("max conns", &cfg.MaxConns, DefaultMaxConns),
-		orDefault("max requests", &cfg.MaxRequests, DefaultMaxRequests),
+		orDefault("body timeout", &cfg.BodyTimeout, config.DefaultBodyTimeout),
+		orDefault("header timeout", &cfg.HeaderTimeout, config.DefaultHeaderTimeout),
+		orDefault("idle timeout", &cfg.IdleTimeout, config.DefaultIdleTimeout),
+		orDefault("max body bytes", &cfg.MaxBodyBytes, config.DefaultMaxBodyBytes),
+		orDefault("max history bytes", &cfg.MaxHistoryBytes, config.DefaultMaxHistoryBytes),
+		orDefault("max conns", &cfg.MaxConns, config.DefaultMaxConns),
+		orDefault("max requests", &cfg.MaxRequests, config.DefaultMaxRequests),
 		orDefault("max store conns", &cfg.MaxStoreConns, DefaultMaxStoreConns(max(cfg.MaxRequests, 1))),
-		orDefault("max history messages", &cfg.MaxHistoryMessages, DefaultMaxHistoryMessages),
-		orDefault("compact after", &cfg.CompactAfter, DefaultCompactAfter),
+		orDefault("max history messages", &cfg.MaxHistoryMessages, config.DefaultMaxHistoryMessages),
+		orDefault("compact after", &cfg.CompactAfter, config.DefaultCompactAfter),
 	} {
 		if err != nil {
 			return err // the first, on one line
@@ -603,7 +407,7 @@ type turn struct {
 	key      convKey
 	stateful bool
 	// proto is the client protocol the turn came through.
-	proto protocol
+	proto config.Protocol
 	// chained marks a turn of the Responses API that makes a response of
 	// its own: key names that response, and the turn commits its whole
 	// history there (committed is 0), never on the response it chains
@@ -746,10 +550,10 @@ func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id stri
 	resp := s.newChatResponder(req)
 	if id != "" {
 		key := convKey{scope: scope, id: id}
-		if s.cfg.Mutant == CrossKeyLeak {
+		if s.cfg.Mutant == config.CrossKeyLeak {
 			key.scope = ""
 		}
-		s.converse(w, r, &turn{key: key, proto: protoChat}, userInput(user), req.Model, resp)
+		s.converse(w, r, &turn{key: key, proto: config.ProtoChat}, userInput(user), req.Model, resp)
 		return
 	}
 	// Stateless: the array is the whole history.
@@ -757,7 +561,7 @@ func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id stri
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	s.run(w, r, &turn{proto: protoChat, release: func() {}, work: &conversation{messages: wrap(req.Messages)}}, resp)
+	s.run(w, r, &turn{proto: config.ProtoChat, release: func() {}, work: &conversation{messages: wrap(req.Messages)}}, resp)
 }
 
 // converse runs turn t, whose key and protocol are set, on its
@@ -815,7 +619,7 @@ func userInput(user openai.Message) []openai.Message {
 // that starts with this turn records the agent's source key, with its
 // first commit, never changed after.
 func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, input []openai.Message, model string) bool {
-	if t.proto == protoResponses {
+	if t.proto == config.ProtoResponses {
 		input = s.replayOnToolOutput(base, input)
 	}
 	err := s.checkHistory(base.messages, input)
@@ -856,12 +660,12 @@ func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, inp
 // messages.
 func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
 	switch s.cfg.Mutant {
-	case MutateBeforeRun:
+	case config.MutateBeforeRun:
 		// The bug: run on the cached conversation itself, so whatever
 		// the turn appends stays even when the turn fails.
 		s.convs.cache.Add(t.key, base)
 		return base
-	case BranchMutatesBase:
+	case config.BranchMutatesBase:
 		if t.chained {
 			// The bug: base is the cached history of the response the
 			// turn chains from (loaded under its lock, lockBase), and
@@ -872,7 +676,7 @@ func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
 			// nothing else holds.
 			return base
 		}
-	case ShallowClone:
+	case config.ShallowClone:
 		// The bug: the slice is copied, the messages are shared, so the
 		// turn's compaction marks land on the committed conversation.
 		return base.shallowClone()
@@ -888,15 +692,15 @@ func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
 // lock of a conversation with nothing committed taken.
 func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 	switch s.cfg.Mutant {
-	case NoConversationLock, ACPConcurrentPrompts:
-		if s.cfg.Mutant == NoConversationLock || t.proto == protoACP {
+	case config.NoConversationLock, config.ACPConcurrentPrompts:
+		if s.cfg.Mutant == config.NoConversationLock || t.proto == config.ProtoACP {
 			// The bug: the turn runs at once, beside any other of its
 			// conversation (or, under acp-concurrent-prompts, of its ACP
 			// session), on the history committed when it came.
 			t.overwrite = true
 			return s.convs.peek(ctx, t.key)
 		}
-	case ForkNewSession:
+	case config.ForkNewSession:
 		// The bug: the conversation is resolved before its lane, and one
 		// with nothing committed yet is started outside it.
 		base, err := s.convs.peek(ctx, t.key)
@@ -904,11 +708,11 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 			t.overwrite = true
 			return base, err
 		}
-	case RefuseConcurrentNew:
+	case config.RefuseConcurrentNew:
 		// The bug: a request that finds the lane taken by the first turn
 		// of a conversation not yet committed is refused as busy, where
 		// it should wait its turn (or, under Reject, get 409).
-		conn, unlock, err := s.locks.lock(ctx, t.key, Reject, 0)
+		conn, unlock, err := s.locks.lock(ctx, t.key, config.Reject, 0)
 		if err == nil {
 			t.release, t.conn = unlock, conn
 			return s.convs.get(withConn(ctx, conn), t.key)
@@ -927,18 +731,18 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 	}
 	if s.store.shared != nil {
 		switch s.cfg.Mutant {
-		case ReplicaLocalLock:
+		case config.ReplicaLocalLock:
 			// The bug (the lock of this process alone): the base may miss
 			// another replica's turn running meanwhile, and the later
 			// commit goes over the earlier.
 			t.overwrite = true
-		case ReplicaStaleCache:
+		case config.ReplicaStaleCache:
 			// The bug: a turn that finds the lock free takes it that
 			// nobody else held the conversation since it cached it, and
 			// serves its cached copy unchecked, committing over whatever
 			// another replica committed meanwhile. Only a turn that waited
 			// for another replica's checks its cache.
-			conn, unlock, err := s.locks.lock(ctx, t.key, Reject, 0)
+			conn, unlock, err := s.locks.lock(ctx, t.key, config.Reject, 0)
 			if err == nil {
 				t.release, t.overwrite, t.conn = unlock, true, conn
 				return s.convs.getUnchecked(withConn(ctx, conn), t.key)
@@ -946,7 +750,7 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 			if !errors.Is(err, errConversationBusy) {
 				return nil, err
 			}
-		case ReplicaCommitUnlocked:
+		case config.ReplicaCommitUnlocked:
 			return s.acquireBaseFirst(ctx, t)
 		}
 	}
@@ -961,8 +765,8 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 // sharedLocks is the cross-process lock of st for a server with mutant m:
 // none under replica-local-lock, whose turns take the lock of their own
 // process alone.
-func sharedLocks(st *store, m Mutant) *advisoryLocks {
-	if m == ReplicaLocalLock {
+func sharedLocks(st *store, m config.Mutant) *advisoryLocks {
+	if m == config.ReplicaLocalLock {
 		return nil
 	}
 	return st.shared
@@ -1193,17 +997,17 @@ func (s *Server) keepsFailed(t *turn, err error) bool {
 		return false
 	}
 	switch s.cfg.Mutant {
-	case CommitOnStreamError:
+	case config.CommitOnStreamError:
 		var upErr *upstreamError
 		return errors.As(err, &upErr) && upErr.started
-	case FailedResponseChainable:
+	case config.FailedResponseChainable:
 		// The bug: the response was minted, and its id told the client,
 		// before the turn ran; it is stored whatever became of the turn.
 		return t.chained
-	case ACPRefusalKeepsPrompt:
+	case config.ACPRefusalKeepsPrompt:
 		// The bug: the prompt went into the session before the model
 		// ran, and a refusal does not take it out.
-		return t.proto == protoACP && refusedByModel(err)
+		return t.proto == config.ProtoACP && refusedByModel(err)
 	}
 	return false
 }
@@ -1216,7 +1020,7 @@ func (s *Server) answerError(w http.ResponseWriter, o *output, status int, typ, 
 
 // answer reports a failure, r: as a status (with Retry-After if r asks
 // for it) before the answer's stream began, on the stream (in the turn's
-// protocol) after.
+// Protocol) after.
 func (s *Server) answer(w http.ResponseWriter, o *output, r *admission.Refusal) {
 	if !o.streaming() {
 		r.Write(w)

@@ -11,6 +11,8 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // The sessions API, shaped like docker-agent's `serve api`: a client
@@ -95,7 +97,7 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 		user, err := s.newUserMessage(msgs)
 		input := userInput(user)
 		switch {
-		case err != nil && s.cfg.Mutant == SessionEmptyRuns && !slices.ContainsFunc(msgs, usable):
+		case err != nil && s.cfg.Mutant == config.SessionEmptyRuns && !slices.ContainsFunc(msgs, usable):
 			// The bug: no usable message appends nothing, and the turn
 			// runs on the session as it is.
 			input = nil
@@ -103,7 +105,7 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return
 		}
-		t := &turn{key: convKey{scope: scope, id: nsSession + session}, proto: protoSessions}
+		t := &turn{key: convKey{scope: scope, id: nsSession + session}, proto: config.ProtoSessions}
 		switch found, err := s.store.sessionExists(r.Context(), t.key); {
 		case err != nil:
 			t.release = func() {}

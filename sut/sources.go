@@ -17,6 +17,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/turncheck/turncheck/internal/openai"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // Bounds on loading one agent reference at start-up: a source that hangs or
@@ -317,7 +319,7 @@ func (s *Server) agentFor(t *turn, base *conversation, model string) (*agentSour
 		return nil, nil
 	}
 	exactOnly := s.exactSourceKeyOnly(t)
-	if exactOnly && s.cfg.Mutant == SessionExactSourceKey && strings.Contains(model, "://") {
+	if exactOnly && s.cfg.Mutant == config.SessionExactSourceKey && strings.Contains(model, "://") {
 		return s.sources.resume(model, true)
 	}
 	return s.sources.resume(base.source, exactOnly)
@@ -328,10 +330,10 @@ func (s *Server) agentFor(t *turn, base *conversation, model string) (*agentSour
 // every turn, under session-exact-source-key for the sessions API's alone.
 func (s *Server) exactSourceKeyOnly(t *turn) bool {
 	switch s.cfg.Mutant {
-	case ExactSourceKeyOnly:
+	case config.ExactSourceKeyOnly:
 		return true
-	case SessionExactSourceKey:
-		return t.proto == protoSessions
+	case config.SessionExactSourceKey:
+		return t.proto == config.ProtoSessions
 	}
 	return false
 }

@@ -7,6 +7,8 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // MaxToolRounds bounds the tool rounds of one turn: a model that asks for
@@ -117,7 +119,7 @@ type toolObserver interface {
 // tool-runs-after-cancel mutant detaches the tools from the request and
 // looks only before model calls.
 func (s *Server) toolContext(ctx context.Context) (toolCtx context.Context, checkEach bool) {
-	if s.cfg.Mutant == ToolRunsAfterCancel {
+	if s.cfg.Mutant == config.ToolRunsAfterCancel {
 		// The bug: a disconnect neither cancels the tool running nor stops
 		// the ones left in the round; only the next model call is spared.
 		return context.WithoutCancel(ctx), false

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
+
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // The built-in tools the server offers the model on every call of a turn.
@@ -55,11 +57,11 @@ type toolbox struct {
 	// deadlines and timeout bound each lookup, as they bound each model
 	// call: a lookup that does not answer is a failed tool, not a hung
 	// turn.
-	deadlines Deadlines
+	deadlines config.Deadlines
 	timeout   time.Duration
 }
 
-func newToolbox(modelURL *url.URL, client *http.Client, deadlines Deadlines, timeout time.Duration) *toolbox {
+func newToolbox(modelURL *url.URL, client *http.Client, deadlines config.Deadlines, timeout time.Duration) *toolbox {
 	return &toolbox{lookupURL: modelURL.JoinPath("tools/lookup").String(), client: client, deadlines: deadlines, timeout: timeout}
 }
 

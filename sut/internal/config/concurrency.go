@@ -1,4 +1,4 @@
-package sut
+package config
 
 import "fmt"
 

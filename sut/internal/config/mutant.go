@@ -1,4 +1,4 @@
-package sut
+package config
 
 import (
 	"fmt"
@@ -190,7 +190,7 @@ type MutantInfo struct {
 	// "responses" for the Responses API (POST /v1/responses), "sessions"
 	// for the sessions API (POST /api/sessions), "acp" for the Agent
 	// Client Protocol over stdio ('turncheck serve acp'). A bug of one
-	// protocol may not show through another.
+	// Protocol may not show through another.
 	Protocol string
 	// Replicas is how many replicas of the server, over one PostgreSQL,
 	// the harness runs to catch the bug; 0 for one process on SQLite.
@@ -205,7 +205,7 @@ func Mutants() []MutantInfo {
 		{ReplayWithoutUser, "docker-agent #2947", "T3",
 			"a continuation without a usable new user message re-uses an earlier user message from the array and replays that turn instead of 400", "", "", 0},
 		{ReplayOnToolOutput, "docker-agent #2947 (responses: a continuation with tool outputs only)", "T3",
-			"a Responses API request whose input holds no user message (a client tool's output) appends it, then the last user message of the history it continues, which the model runs again as new", "", string(protoResponses), 0},
+			"a Responses API request whose input holds no user message (a client tool's output) appends it, then the last user message of the history it continues, which the model runs again as new", "", string(ProtoResponses), 0},
 		{CommitOnStreamError, "docker-agent #2890 (stream errors)", "T1",
 			"a turn whose model stream failed midway is committed with its partial reply although the client got an error", "", "", 0},
 		{CrossKeyLeak, "PROTOCOL.md T5 (conversations scoped per key)", "T5",
@@ -230,15 +230,15 @@ func Mutants() []MutantInfo {
 		{RefuseConcurrentNew, "openclaw #84575 (serialize: a refusal instead of a wait)", "T4",
 			"a first request for a new id that finds another first request's turn running is refused at once with 500 \"session is busy\" instead of waiting its turn; continuations of a committed conversation still wait", "", "", 0},
 		{FailedResponseChainable, "PROTOCOL.md T1 (responses: a failed response is never a base)", "T1",
-			"a response whose turn failed is stored anyway, with its user input and any partial reply: a request chaining from it (previous_response_id, known from response.created) succeeds and sends the model the failed input", "", string(protoResponses), 0},
+			"a response whose turn failed is stored anyway, with its user input and any partial reply: a request chaining from it (previous_response_id, known from response.created) succeeds and sends the model the failed input", "", string(ProtoResponses), 0},
 		{StoreFalseKept, "PROTOCOL.md T1 (responses: a response not stored is no base)", "T1",
-			"a Responses API response whose request said store: false is stored all the same: a request chained from it succeeds and sends the model its turn", "", string(protoResponses), 0},
+			"a Responses API response whose request said store: false is stored all the same: a request chained from it succeeds and sends the model its turn", "", string(ProtoResponses), 0},
 		{ResponseCrossKey, "PROTOCOL.md T5 (responses scoped per key)", "T5",
-			"previous_response_id is looked up without the API key's scope: another key chains from the response and the model sees its history", "", string(protoResponses), 0},
+			"previous_response_id is looked up without the API key's scope: another key chains from the response and the model sees its history", "", string(ProtoResponses), 0},
 		{SessionExactSourceKey, "docker-agent #3410", "T8",
-			"a session's resume looks up an exact source key (the one the turn's path names, else the one the session recorded; chat turns resume correctly); relaunched under another query, a session turn naming its old key fails with 500 \"agent not found\"", "", string(protoSessions), 0},
+			"a session's resume looks up an exact source key (the one the turn's path names, else the one the session recorded; chat turns resume correctly); relaunched under another query, a session turn naming its old key fails with 500 \"agent not found\"", "", string(ProtoSessions), 0},
 		{BranchMutatesBase, "PROTOCOL.md T4 (responses: branches stay apart)", "T4",
-			"a request chained from a response runs on that response's cached history in place, not on a copy: a second request chained from it sees the first one's input and reply", "", string(protoResponses), 0},
+			"a request chained from a response runs on that response's cached history in place, not on a copy: a second request chained from it sees the first one's input and reply", "", string(ProtoResponses), 0},
 		{ReplicaLocalLock, "openclaw #84575 across replicas", "T4",
 			"on PostgreSQL the conversation lock is only the replica's own, not the advisory lock the replicas share: turns on one conversation sent to two replicas at once run on one base, and the later commit overwrites the earlier", "", "", 3},
 		{ReplicaStaleCache, "PROTOCOL.md T2 across replicas", "T2",
@@ -248,17 +248,17 @@ func Mutants() []MutantInfo {
 		{StoreErrorAcked, "Gitlawb/zero #471 (session persistence errors discarded)", "T2",
 			"a commit's store write that fails is ignored and the turn acknowledged from the cache: when the network to the store breaks mid-turn, the acknowledged turn never reached the store, and the next turn, on any replica, runs without it", "", "", 3},
 		{ACPRefusalKeepsPrompt, "docker-agent #2890 (ACP: the prompt is added to the session before the model runs)", "T1",
-			"a prompt the model refused (stopReason refusal) stays in the session: the next turn's model call carries it, though ACP says a refused prompt is left out of the next one", "", string(protoACP), 0},
+			"a prompt the model refused (stopReason refusal) stays in the session: the next turn's model call carries it, though ACP says a refused prompt is left out of the next one", "", string(ProtoACP), 0},
 		{ACPCancelCommitsPrompt, "docker-agent #2890 (a client abort keeps the prompt)", "T10",
-			"session/cancel ends the turn but commits its prompt, whatever the interruption policy: under rollback the next turn's model call carries the cancelled prompt", "", string(protoACP), 0},
+			"session/cancel ends the turn but commits its prompt, whatever the interruption policy: under rollback the next turn's model call carries the cancelled prompt", "", string(ProtoACP), 0},
 		{ACPConcurrentPrompts, "openclaw #84575 (ACP: two prompts on one session)", "T4",
-			"the prompts of one session run without the session's lock: a second session/prompt sent while the first runs starts on the same committed history, and the later commit overwrites the earlier", "", string(protoACP), 0},
+			"the prompts of one session run without the session's lock: a second session/prompt sent while the first runs starts on the same committed history, and the later commit overwrites the earlier", "", string(ProtoACP), 0},
 		{ACPLoadDiffers, "PROTOCOL.md T7 (ACP: session/load replays the conversation)", "T7",
-			"session/load replays the session without its last committed turn, while the model is sent the whole history: what the client is shown after a restart is not what the agent holds", "", string(protoACP), 0},
+			"session/load replays the session without its last committed turn, while the model is sent the whole history: what the client is shown after a restart is not what the agent holds", "", string(ProtoACP), 0},
 		{SessionEmptyRuns, "docker-agent #2947 (serve api: a turn with no message runs the session as it is)", "T3",
-			"a session turn whose messages are empty, or blank only, appends nothing and runs the model on the session as it is: the last committed user message is sent as the newest, and its turn runs again", "", string(protoSessions), 0},
+			"a session turn whose messages are empty, or blank only, appends nothing and runs the model on the session as it is: the last committed user message is sent as the newest, and its turn runs again", "", string(ProtoSessions), 0},
 		{ACPCancelAnswersError, "issue 36 (an ACP agent answers a cancelled prompt with a JSON-RPC error)", "wire",
-			"a prompt the client cancelled (session/cancel) is stopped, but answered with a JSON-RPC error, the one its abort raised, where ACP wants stopReason cancelled", "", string(protoACP), 0},
+			"a prompt the client cancelled (session/cancel) is stopped, but answered with a JSON-RPC error, the one its abort raised, where ACP wants stopReason cancelled", "", string(ProtoACP), 0},
 	}
 }
 

@@ -1,4 +1,4 @@
-package sut
+package config
 
 import (
 	"context"
@@ -16,9 +16,9 @@ type Deadlines interface {
 	WithTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc)
 }
 
-type clockDeadlines struct{}
+type ClockDeadlines struct{}
 
-func (clockDeadlines) WithTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+func (ClockDeadlines) WithTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(parent, d)
 }
 
