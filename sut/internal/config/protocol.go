@@ -17,4 +17,3 @@ const (
 	// ProtoACP is the Agent Client Protocol over stdio (acp.go).
 	ProtoACP Protocol = "acp"
 )
-
