@@ -21,6 +21,8 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/admission"
 
 	"github.com/turncheck/turncheck/sut/internal/config"
+
+	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
 // The Agent Client Protocol (https://agentclientprotocol.com): an editor
@@ -29,7 +31,7 @@ import (
 // server speaking it, over the store and the turn machinery the HTTP
 // protocols use (run): a session is a conversation under a namespace of
 // its own (nsACP), a session/prompt is a turn with the conversation's
-// lock, concurrency policy, agent binding, tool loop and durability, and
+// Lock, concurrency policy, agent binding, tool loop and durability, and
 // session/cancel is its client going away (the interruption policy
 // decides what stays). The SDK (github.com/coder/acp-go-sdk) frames and
 // dispatches the messages; acpwire.go guards both ends of the pipe.
@@ -197,7 +199,7 @@ type acpPrompt struct {
 }
 
 // key is the conversation of session id.
-func acpKey(id acp.SessionId) convKey { return convKey{id: nsACP + string(id)} }
+func acpKey(id acp.SessionId) store.Key { return store.Key{ID: nsACP + string(id)} }
 
 // session returns session id if the client created or loaded it on this
 // connection.
@@ -278,7 +280,7 @@ func (a *acpAgent) NewSession(_ context.Context, p acp.NewSessionRequest) (acp.N
 	}
 	defer a.s.gate.Out()
 	id := acp.SessionId(newID("sess_"))
-	if err := a.s.store.createSession(acpKey(id)); err != nil {
+	if err := a.s.store.CreateSession(acpKey(id)); err != nil {
 		a.s.log.Error("acp: create session", "err", err)
 		return acp.NewSessionResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", "the session could not be created")
 	}
@@ -308,20 +310,20 @@ func (a *acpAgent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (a
 	}
 	defer a.s.gate.Out()
 	key := acpKey(p.SessionId)
-	found, err := a.s.store.sessionExists(ctx, key)
+	found, err := a.s.store.SessionExists(ctx, key)
 	if err == nil && !found {
 		return acp.LoadSessionResponse{}, rpcErr(-32002, "Resource not found", http.StatusNotFound, "not_found",
 			fmt.Sprintf("no session %q: create one with session/new", p.SessionId))
 	}
-	var conv *conversation
+	var conv *store.Conversation
 	if err == nil {
-		conv, err = a.s.convs.peek(ctx, key)
+		conv, err = a.s.convs.Peek(ctx, key)
 	}
 	if err != nil {
 		a.s.log.Error("acp: load session", "session", p.SessionId, "err", err)
 		return acp.LoadSessionResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", "cannot load the session")
 	}
-	msgs := conv.messages
+	msgs := conv.Messages
 	if a.s.cfg.Mutant == config.ACPLoadDiffers {
 		// The bug: the replay stops before the last committed turn.
 		msgs = msgs[:lastUserIndex(msgs)]
@@ -335,7 +337,7 @@ func (a *acpAgent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (a
 
 // lastUserIndex is the index of the last user message of msgs: where the
 // last turn starts; 0 if there is none.
-func lastUserIndex(msgs []*message) int {
+func lastUserIndex(msgs []*store.Message) int {
 	for i := len(msgs) - 1; i >= 0; i-- {
 		if msgs[i].Role == openai.RoleUser {
 			return i
@@ -350,7 +352,7 @@ func lastUserIndex(msgs []*message) int {
 // tool_call_update (status completed, the result as its text content).
 // Tool rounds compaction hides from the model are replayed too: they are
 // part of the session.
-func (a *acpAgent) replay(id acp.SessionId, msgs []*message) error {
+func (a *acpAgent) replay(id acp.SessionId, msgs []*store.Message) error {
 	for _, m := range msgs {
 		var updates []acp.SessionUpdate
 		switch m.Role {
@@ -552,7 +554,7 @@ func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, u
 }
 
 // agentRef is what a new session's first turn binds by: the first agent
-// source the server loaded, by its source key, as an ACP agent runs the
+// Source the server loaded, by its source key, as an ACP agent runs the
 // one agent it was started with. A session resumes with the source it
 // recorded (agentFor).
 func (a *acpAgent) agentRef() string {

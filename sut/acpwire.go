@@ -99,7 +99,7 @@ func (w *lineWriter) fail(err error) error {
 	return err
 }
 
-// close ends the writing goroutine once the line it writes, if any, is
+// Close ends the writing goroutine once the line it writes, if any, is
 // written; it waits for that only if the writer is not broken (a broken
 // writer's goroutine may be stuck on a client that never reads, until
 // the output is closed). Later writes fail.

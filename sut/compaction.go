@@ -4,7 +4,7 @@ package sut
 // copy shows the model more than CompactAfter messages (the system prompt
 // not counted), it hides the tool rounds of the turns committed before this
 // one: their assistant tool calls and tool results stay in the
-// conversation and the store, but are no longer sent to the model. Calls
+// Conversation and the store, but are no longer sent to the model. Calls
 // and results go together, so what is sent keeps its pairs (T9). The
 // turn's own rounds are never hidden: its model must see what it asked
 // for.
@@ -17,17 +17,17 @@ func (s *Server) compact(t *turn) {
 		return
 	}
 	visible := 0
-	for _, m := range t.work.messages {
-		if !m.hidden {
+	for _, m := range t.work.Messages {
+		if !m.Hidden {
 			visible++
 		}
 	}
 	if visible <= s.cfg.CompactAfter {
 		return
 	}
-	for i, m := range t.work.messages[:t.own] {
-		if !m.hidden && m.toolPair() {
-			m.hidden = true
+	for i, m := range t.work.Messages[:t.own] {
+		if !m.Hidden && m.ToolPair() {
+			m.Hidden = true
 			t.hid = append(t.hid, i)
 		}
 	}

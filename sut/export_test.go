@@ -1,13 +1,17 @@
 package sut
 
-import "time"
+import (
+	"time"
+
+	"github.com/turncheck/turncheck/sut/internal/store"
+)
 
 // SetFlushInterval sets how often the ack-before-durable mutant flushes
 // its queue, for the servers started after it, until restore.
 func SetFlushInterval(d time.Duration) (restore func()) {
-	old := flushInterval
-	flushInterval = d
-	return func() { flushInterval = old }
+	old := store.FlushInterval
+	store.FlushInterval = d
+	return func() { store.FlushInterval = old }
 }
 
 // SetAgentFetchTimeout sets the bound on fetching an agent reference, for

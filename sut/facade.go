@@ -1,6 +1,9 @@
 package sut
 
-import "github.com/turncheck/turncheck/sut/internal/admission"
+import (
+	"github.com/turncheck/turncheck/sut/internal/admission"
+	"github.com/turncheck/turncheck/sut/internal/store"
+)
 
 // The names below are the package's own, kept where its callers know them,
 // for what moved to the packages a turn travels through (internal/...).
@@ -31,3 +34,8 @@ const FallbackMaxMemory = admission.FallbackMaxMemory
 // and where the figure came from, for the log; see
 // admission.DefaultMaxMemory.
 func DefaultMaxMemory() (int64, string) { return admission.DefaultMaxMemory() }
+
+// DefaultMaxStoreConns is the default of Config.MaxStoreConns for a server
+// that works on at most maxRequests turns at once; see
+// store.DefaultMaxStoreConns.
+func DefaultMaxStoreConns(maxRequests int) int { return store.DefaultMaxStoreConns(maxRequests) }

@@ -93,7 +93,7 @@ const (
 	// calls and tool rounds go on, each still bounded by RequestTimeout)
 	// on a context detached from the client, and commits the turn whole
 	// if it ends ok, nothing if it fails, as if the client had stayed. The
-	// conversation's lock is held, and the request counts as working, until
+	// Conversation's lock is held, and the request counts as working, until
 	// then. Only the server itself ends such a turn early: a crash, or a
 	// Stop that drops the turns still running (Running.Close, or
 	// Running.Shutdown past its deadline); it then commits nothing.
@@ -110,11 +110,11 @@ const (
 	// Clean is the reference server as it should be.
 	Clean = config.Clean
 	// MutateBeforeRun applies the turn's user message to the cached
-	// conversation before the model is called, so a failed turn stays in
+	// Conversation before the model is called, so a failed turn stays in
 	// the history and a retry sees it twice.
 	MutateBeforeRun = config.MutateBeforeRun
 	// ReplayWithoutUser answers a continuation without a usable new user
-	// message by re-using the latest earlier user message in the array,
+	// Message by re-using the latest earlier user message in the array,
 	// replaying that turn, instead of refusing it with 400.
 	ReplayWithoutUser = config.ReplayWithoutUser
 	// ReplayOnToolOutput answers a Responses API request whose input holds
@@ -165,7 +165,7 @@ const (
 	ToolRunsAfterCancel = config.ToolRunsAfterCancel
 	// RefuseConcurrentNew refuses, as busy with a 500, a first request
 	// for a conversation with nothing committed yet that finds the
-	// conversation's lock taken by another first request, instead of
+	// Conversation's lock taken by another first request, instead of
 	// making it wait its turn (or, under Reject, answering 409).
 	// Continuations of a conversation with a committed turn wait as the
 	// clean server's do.
@@ -177,7 +177,7 @@ const (
 	// input.
 	FailedResponseChainable = config.FailedResponseChainable
 	// StoreFalseKept stores a Responses API response whose request said
-	// store: false, as if it had said true: a request chained from it
+	// Store: false, as if it had said true: a request chained from it
 	// succeeds and sends the model its turn.
 	StoreFalseKept = config.StoreFalseKept
 	// ResponseCrossKey looks a previous_response_id up without the API
@@ -188,7 +188,7 @@ const (
 	// sessions API alone (chat turns resume as they should): after a
 	// relaunch that loads the agent under another query, a session's
 	// resume fails with 500 "agent not found". A turn whose path names a
-	// source key is looked up by that key, as docker-agent did: a client
+	// Source key is looked up by that key, as docker-agent did: a client
 	// that names the key its session was created under sees the bug, one
 	// that names the source loaded now does not.
 	SessionExactSourceKey = config.SessionExactSourceKey

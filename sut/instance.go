@@ -12,6 +12,8 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/admission"
 
 	"github.com/turncheck/turncheck/sut/internal/config"
+
+	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
 // Instance is a reference server as the harness runs it in process: on a
@@ -67,7 +69,7 @@ func (in *Instance) serve() error {
 }
 
 // Restart closes the server, or drops it as a crash would (no graceful
-// close: what was not durable is lost), and serves again on the same data
+// Close: what was not durable is lost), and serves again on the same data
 // dir, loading agents if not nil.
 func (in *Instance) Restart(crash bool, agents []string) error {
 	if err := in.stop(crash); err != nil {
@@ -129,7 +131,7 @@ type Replicas struct {
 // StartReplicas serves n replicas of cfg, whose Store must be a
 // PostgreSQL URL: over SQLite each replica would open a store of its own.
 func StartReplicas(cfg config.Config, n int) (*Replicas, error) {
-	if !isPostgresURL(cfg.Store) {
+	if !store.IsPostgresURL(cfg.Store) {
 		return nil, errors.New("replicas share a PostgreSQL store: Config.Store must be a postgres:// URL")
 	}
 	if n < 1 {

@@ -7,6 +7,8 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/admission"
 
 	"github.com/turncheck/turncheck/sut/internal/config"
+
+	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
 // turnContext returns the context the turn t runs on, and whether the
@@ -41,7 +43,7 @@ func (s *Server) dropped(w http.ResponseWriter, r *http.Request, ctx context.Con
 		return true
 	case err != nil && ctx.Err() != nil:
 		t.release()
-		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.id)
+		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.ID)
 		if !s.stopDropped(w, r, o) && r.Context().Err() == nil {
 			s.answerError(w, o, http.StatusServiceUnavailable, "unavailable", "the server is stopping; the turn was rolled back")
 		}
@@ -59,7 +61,7 @@ func (s *Server) interrupted(r *http.Request) bool {
 }
 
 // interrupt settles an interrupted turn by the server's policy, under the
-// conversation's lock, and releases the lock. A commit is durable before
+// Conversation's lock, and releases the lock. A commit is durable before
 // the lock goes, though nobody hears of it: the client is gone, and its
 // next turn finds the conversation as committed. It reports whether
 // anything was committed.
@@ -67,29 +69,29 @@ func (s *Server) interrupt(t *turn) bool {
 	defer t.release()
 	keep := s.interruptedKeeps(t)
 	if keep == nil {
-		s.log.Info("client went away; turn rolled back", "conversation", t.key.id)
+		s.log.Info("client went away; turn rolled back", "conversation", t.key.ID)
 		return false
 	}
 	s.stall(s.turns)
 	if s.crashing.Load() {
 		// The crash was ordered while the turn waited to commit: a
 		// killed process commits nothing more.
-		s.log.Info("server stopped under the interrupted turn; turn rolled back", "conversation", t.key.id)
+		s.log.Info("server stopped under the interrupted turn; turn rolled back", "conversation", t.key.ID)
 		return false
 	}
-	if err := s.convs.commit(withConn(context.Background(), t.conn), t.key, t.committed, t.hid, keep, t.overwrite); err != nil {
-		s.log.Error("commit of an interrupted turn", "conversation", t.key.id, "err", err)
+	if err := s.convs.Commit(store.WithConn(context.Background(), t.conn), t.key, t.committed, t.hid, keep, t.overwrite); err != nil {
+		s.log.Error("commit of an interrupted turn", "conversation", t.key.ID, "err", err)
 		return false
 	}
 	s.log.Info("client went away; turn kept up to its last completed tool round",
-		"conversation", t.key.id, "messages", len(keep.messages)-t.committed)
+		"conversation", t.key.ID, "messages", len(keep.Messages)-t.committed)
 	return true
 }
 
 // interruptedKeeps is what an interrupted turn commits: nil for nothing.
 // The orphan-tool-call-on-interrupt mutant keeps the working copy as it
 // stands, whatever the policy.
-func (s *Server) interruptedKeeps(t *turn) *conversation {
+func (s *Server) interruptedKeeps(t *turn) *store.Conversation {
 	if !t.stateful {
 		return nil
 	}
@@ -103,10 +105,10 @@ func (s *Server) interruptedKeeps(t *turn) *conversation {
 		// The bug (an agent that adds the prompt to its session before
 		// the run): the cancelled turn keeps its user message, and the
 		// tool rounds it completed.
-		return &conversation{messages: t.work.messages[:max(t.settled, t.own+1)], source: t.work.source}
+		return &store.Conversation{Messages: t.work.Messages[:max(t.settled, t.own+1)], Source: t.work.Source}
 	}
 	if s.cfg.Interruption != config.KeepConsistent || t.settled == 0 {
 		return nil
 	}
-	return &conversation{messages: t.work.messages[:t.settled:t.settled], source: t.work.source}
+	return &store.Conversation{Messages: t.work.Messages[:t.settled:t.settled], Source: t.work.Source}
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // The protocols besides chat keep their histories in the store and the
-// cache beside chat's conversations, as conversations of ids in namespaces
+// Cache beside chat's conversations, as conversations of ids in namespaces
 // of their own. A chat conversation id has no control character
 // (conversationID), so no chat id can start with one of these prefixes,
 // and none of them is a prefix of another: a Responses conversation named
@@ -92,7 +92,7 @@ func isNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(r
 // text parts ({"type":"input_text"|"output_text"|"text","text":...}); or,
 // as the Responses API has them, a client tool's call ({"type":
 // "function_call","call_id","name","arguments"}), read as an assistant
-// message that asks for it, or its output ({"type":
+// Message that asks for it, or its output ({"type":
 // "function_call_output","call_id","output"}), read as the tool message
 // that answers it. An item of any other "type" is kept as a message
 // without role: it can never be the new user message. where names the

@@ -50,7 +50,7 @@ type output struct {
 	completes bool
 	// cancel ends the turn: a write that fails ends a turn that does not
 	// complete, so that a client that stops reading does not hold its
-	// conversation.
+	// Conversation.
 	cancel context.CancelFunc
 	// stall, if not nil, pauses before each write (Config.Stall).
 	stall func()

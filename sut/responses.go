@@ -14,6 +14,8 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 
 	"github.com/turncheck/turncheck/sut/internal/config"
+
+	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
 // The Responses API, stateful (POST /v1/responses). A response is stored
@@ -32,7 +34,7 @@ type responsesRequest struct {
 	// input is the request's items; a string input is one user message.
 	input    []openai.Message
 	previous string
-	// store is false for a response that is not stored (not chainable).
+	// Store is false for a response that is not stored (not chainable).
 	store        bool
 	stream       bool
 	conversation string
@@ -145,7 +147,7 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 	}
 	resp := s.newResponseResponder(req)
 	if req.conversation != "" {
-		t := &turn{key: convKey{scope: scope, id: nsResponseConversation + req.conversation}, proto: config.ProtoResponses}
+		t := &turn{key: store.Key{Scope: scope, ID: nsResponseConversation + req.conversation}, proto: config.ProtoResponses}
 		s.converse(w, r, t, req.input, req.model, resp)
 		return
 	}
@@ -165,23 +167,23 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 		}
 		resp.obj.ID = lineResponseID(line)
 		resp.obj.Store = true // store: false is ignored
-		t := &turn{key: convKey{scope: scope, id: key}, proto: config.ProtoResponses}
+		t := &turn{key: store.Key{Scope: scope, ID: key}, proto: config.ProtoResponses}
 		s.converse(w, r, t, req.input, req.model, resp)
 		return
 	}
 	// A response of its own: no lock, as nothing but this turn can ever
 	// write its id, and the response it chains from never changes.
-	t := &turn{key: convKey{scope: scope, id: nsResponse + resp.obj.ID}, proto: config.ProtoResponses, chained: true,
+	t := &turn{key: store.Key{Scope: scope, ID: nsResponse + resp.obj.ID}, proto: config.ProtoResponses, chained: true,
 		stateful: req.store || s.cfg.Mutant == config.StoreFalseKept, release: func() {}}
 	// Every way out releases the lock the branch-mutates-base mutant
 	// takes (lockBase); t.release is read when the function returns, as
 	// lockBase replaces it.
 	defer func() { t.release() }()
-	base := &conversation{}
+	base := &store.Conversation{}
 	if req.previous != "" {
 		err = s.lockBase(r.Context(), t, req.previous)
 		if err == nil {
-			base, err = s.loadResponse(withConn(r.Context(), t.conn), scope, req.previous)
+			base, err = s.loadResponse(store.WithConn(r.Context(), t.conn), scope, req.previous)
 		}
 		if err != nil {
 			s.refuseResponse(w, r, t, req.previous, err)
@@ -199,7 +201,7 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 func lineResponseID(line string) string { return newID("resp_" + line + "_") }
 
 // lineOf is the line a response id of lineResponseID names; false for an
-// id of no line.
+// ID of no line.
 func lineOf(id string) (string, bool) {
 	rest, ok := strings.CutPrefix(id, "resp_")
 	line, _, found := strings.Cut(rest, "_")
@@ -212,7 +214,7 @@ func lineOf(id string) (string, bool) {
 // function call output"), a call answered twice, or a call of the input
 // left without its output. A model must never be sent a tool result
 // without its call, nor a call without its result (T9).
-func checkToolInput(history []*message, input []openai.Message) error {
+func checkToolInput(history []*store.Message, input []openai.Message) error {
 	if !slices.ContainsFunc(input, func(m openai.Message) bool { return m.Role == openai.RoleTool || len(m.ToolCalls) > 0 }) {
 		return nil // nothing to pair: the history's calls are paired already
 	}
@@ -253,12 +255,12 @@ func checkToolInput(history []*message, input []openai.Message) error {
 // for an input without a usable user message (a client tool's output, a
 // blank message), input followed by the last user message of the history
 // it continues: that turn runs again as if it were new.
-func (s *Server) replayOnToolOutput(base *conversation, input []openai.Message) []openai.Message {
+func (s *Server) replayOnToolOutput(base *store.Conversation, input []openai.Message) []openai.Message {
 	if s.cfg.Mutant != config.ReplayOnToolOutput || slices.ContainsFunc(input, usable) {
 		return input
 	}
-	for i := len(base.messages) - 1; i >= 0; i-- {
-		if m := base.messages[i]; m.Role == openai.RoleUser && usable(m.Message) {
+	for i := len(base.Messages) - 1; i >= 0; i-- {
+		if m := base.Messages[i]; m.Role == openai.RoleUser && usable(m.Message) {
 			return append(slices.Clip(input), openai.Message{Role: openai.RoleUser, Content: m.Content})
 		}
 	}
@@ -271,13 +273,13 @@ func (s *Server) replayOnToolOutput(base *conversation, input []openai.Message) 
 // (workingCopy), so the requests chained from one response must run one
 // after the other, or they would write that history at once. They wait
 // their turn whatever the server's concurrency policy, which is about
-// conversations: the bug is a sibling's turn in the history, not a
+// Conversations: the bug is a sibling's turn in the history, not a
 // refusal. The lock is held with no other (no other request locks a
 // response's id), so it cannot deadlock, and it is taken before the load,
 // so that what is loaded, and cached, is the history as it stands.
 //
 // The release first takes back, under the lock, what a turn that did not
-// commit (it failed, its client left, it was not stored) put in the
+// Commit (it failed, its client left, it was not stored) put in the
 // history: the buggy server keeps a turn that completed, and only that, so
 // its bug is a sibling's turn showing (T4), not a failed one's (T1). It
 // runs once, as a second release could find the history another turn's.
@@ -285,7 +287,7 @@ func (s *Server) lockBase(ctx context.Context, t *turn, previous string) error {
 	if s.cfg.Mutant != config.BranchMutatesBase {
 		return nil
 	}
-	conn, unlock, err := s.locks.lock(ctx, convKey{scope: t.key.scope, id: nsResponse + previous}, config.Serialize, s.cfg.RequestTimeout)
+	conn, unlock, err := s.locks.Lock(ctx, store.Key{Scope: t.key.Scope, ID: nsResponse + previous}, config.Serialize, s.cfg.RequestTimeout)
 	if err != nil {
 		return err
 	}
@@ -296,9 +298,9 @@ func (s *Server) lockBase(ctx context.Context, t *turn, previous string) error {
 		once.Do(func() {
 			// t.work is nil for a turn refused before it was prepared.
 			if t.work != nil && t.committed == 0 {
-				t.work.messages = t.work.messages[:t.own]
+				t.work.Messages = t.work.Messages[:t.own]
 				for _, i := range t.hid {
-					t.work.messages[i].hidden = false
+					t.work.Messages[i].Hidden = false
 				}
 			}
 			unlock()
@@ -311,25 +313,25 @@ func (s *Server) lockBase(ctx context.Context, t *turn, previous string) error {
 // history. One never stored, not stored (store:false), failed, or stored
 // under another key is errNoResponse. The response-cross-key mutant looks
 // the id up under whichever key stored it.
-func (s *Server) loadResponse(ctx context.Context, scope, id string) (*conversation, error) {
-	k := convKey{scope: scope, id: nsResponse + id}
+func (s *Server) loadResponse(ctx context.Context, scope, id string) (*store.Conversation, error) {
+	k := store.Key{Scope: scope, ID: nsResponse + id}
 	if s.cfg.Mutant == config.ResponseCrossKey {
 		// The bug: the id alone names the response, whoever asks.
-		found, ok, err := s.store.scopeOf(ctx, k.id)
+		found, ok, err := s.store.ScopeOf(ctx, k.ID)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			k.scope = found
+			k.Scope = found
 		}
 	}
 	// A stored response never changes, so what is loaded may be cached
 	// without its lock.
-	c, err := s.convs.get(ctx, k)
+	c, err := s.convs.Get(ctx, k)
 	if err != nil {
 		return nil, err
 	}
-	if len(c.messages) == 0 {
+	if len(c.Messages) == 0 {
 		return nil, errNoResponse
 	}
 	return c, nil
@@ -402,7 +404,7 @@ type responseResponder struct {
 }
 
 // newResponseResponder returns the responder of req, with the response's
-// id minted.
+// ID minted.
 func (s *Server) newResponseResponder(req *responsesRequest) *responseResponder {
 	model := req.model
 	if model == "" {

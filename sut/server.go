@@ -5,7 +5,7 @@
 // (responses.go), and a sessions API (sessions.go). It runs every turn on
 // a working copy of the conversation and commits only a turn that ended
 // ok, durably, in SQLite or PostgreSQL (Config.Store) under a bounded
-// cache. It also carries the catalogue of mutants: switches that bring
+// Cache. It also carries the catalogue of mutants: switches that bring
 // back the real bugs the harness exists to catch.
 //
 // A turn is a tool loop (toolloop.go): the server offers the model two
@@ -18,13 +18,13 @@
 // interruption policy (interruption.go). Under Rollback and KeepConsistent
 // the turn stops at once: no model call and no tool run starts for it
 // afterwards. Rollback leaves nothing; KeepConsistent keeps the user
-// message and the tool rounds that completed, each call with all its
+// Message and the tool rounds that completed, each call with all its
 // results, and never a round cut short or a reply. Under Complete the turn
 // runs on to its end, detached from the client, and commits whole or not
 // at all, as if the client had stayed.
 //
 // Long conversations are compacted (compaction.go): past CompactAfter
-// messages, the tool rounds of earlier turns are hidden from the model,
+// Messages, the tool rounds of earlier turns are hidden from the model,
 // kept in the store, and the marks are part of the turn that set them.
 package sut
 
@@ -47,6 +47,8 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/admission"
 
 	"github.com/turncheck/turncheck/sut/internal/config"
+
+	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
 // statusClientClosed answers a request whose client went away (as
@@ -63,9 +65,9 @@ const systemPrompt = "You are the turncheck reference agent."
 type Server struct {
 	cfg     config.Config
 	sources *sources
-	store   *store
-	convs   *conversations
-	locks   convLocks
+	store   *store.Store
+	convs   *store.Conversations
+	locks   store.Locks
 	up      *upstream
 	tools   *toolbox
 	log     *slog.Logger
@@ -116,7 +118,7 @@ func New(cfg config.Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Store != "" && !isPostgresURL(cfg.Store) {
+	if cfg.Store != "" && !store.IsPostgresURL(cfg.Store) {
 		return nil, errors.New("store: want a postgres:// or postgresql:// URL, or none for SQLite in the data dir")
 	}
 	if cfg.Store == "" && cfg.DataDir == "" {
@@ -183,19 +185,19 @@ func New(cfg config.Config) (*Server, error) {
 		return nil, err
 	}
 	mem := &admission.Budget{Max: cfg.MaxMemory}
-	convs, err := newConversations(st, cfg.ConversationsMax, mem, cfg.Mutant, log)
+	convs, err := store.NewConversations(st, cfg.ConversationsMax, mem, cfg.Mutant, log)
 	if err != nil {
-		_ = st.close()
+		_ = st.Close()
 		return nil, err
 	}
 	scopes := make([]string, len(cfg.Keys))
 	legacy := map[string]string{}
 	for i, k := range cfg.Keys {
-		scopes[i] = keyScope(st.secret, k)
-		legacy[legacyScope(k)] = scopes[i]
+		scopes[i] = store.KeyScope(st.Secret, k)
+		legacy[store.LegacyScope(k)] = scopes[i]
 	}
-	if err := st.rescope(legacy); err != nil {
-		_ = st.close()
+	if err := st.Rescope(legacy); err != nil {
+		_ = st.Close()
 		return nil, err
 	}
 	life, kill := context.WithCancel(context.Background())
@@ -214,7 +216,7 @@ func New(cfg config.Config) (*Server, error) {
 		store:        st,
 		convs:        convs,
 		mem:          mem,
-		locks:        convLocks{gauge: cfg.Gauge, shared: sharedLocks(st, cfg.Mutant)},
+		locks:        store.Locks{Gauge: cfg.Gauge, Shared: sharedLocks(st, cfg.Mutant)},
 		up:           up,
 		tools:        newToolbox(modelURL, up.client, cfg.Deadlines, cfg.RequestTimeout),
 		log:          log,
@@ -227,15 +229,15 @@ func New(cfg config.Config) (*Server, error) {
 
 // openConfiguredStore opens the store cfg names: PostgreSQL at Store, or SQLite in
 // DataDir.
-func openConfiguredStore(cfg *config.Config) (*store, error) {
+func openConfiguredStore(cfg *config.Config) (*store.Store, error) {
 	if cfg.Store != "" {
-		st, err := openPostgres(cfg.Store, cfg.MaxStoreConns)
+		st, err := store.OpenPostgres(cfg.Store, cfg.MaxStoreConns)
 		if err == nil {
-			st.commitWithin = cfg.RequestTimeout
+			st.CommitWithin = cfg.RequestTimeout
 		}
 		return st, err
 	}
-	return openStore(cfg.DataDir)
+	return store.OpenStore(cfg.DataDir)
 }
 
 // setLimits fills in the defaults of the limits and timeouts left zero,
@@ -249,7 +251,7 @@ func setLimits(cfg *config.Config) error {
 		orDefault("max history bytes", &cfg.MaxHistoryBytes, config.DefaultMaxHistoryBytes),
 		orDefault("max conns", &cfg.MaxConns, config.DefaultMaxConns),
 		orDefault("max requests", &cfg.MaxRequests, config.DefaultMaxRequests),
-		orDefault("max store conns", &cfg.MaxStoreConns, DefaultMaxStoreConns(max(cfg.MaxRequests, 1))),
+		orDefault("max store conns", &cfg.MaxStoreConns, store.DefaultMaxStoreConns(max(cfg.MaxRequests, 1))),
 		orDefault("max history messages", &cfg.MaxHistoryMessages, config.DefaultMaxHistoryMessages),
 		orDefault("compact after", &cfg.CompactAfter, config.DefaultCompactAfter),
 	} {
@@ -296,11 +298,11 @@ func (s *Server) Close() error {
 		return s.closeErr
 	}
 	s.gate.Wait()
-	s.convs.close()
+	s.convs.Close()
 	s.up.close()
 	s.kill()
 	s.endTurns()
-	s.closeErr = s.store.close()
+	s.closeErr = s.store.Close()
 	close(s.stopped)
 	return s.closeErr
 }
@@ -317,11 +319,11 @@ func (s *Server) crash() (bool, error) {
 	}
 	// First, as the process dies: a turn acknowledged but not yet written
 	// is gone, and none queued from now on is ever written.
-	s.convs.crash()
+	s.convs.Crash()
 	s.kill()
 	s.gate.Wait()
 	s.up.close()
-	err := s.store.close()
+	err := s.store.Close()
 	close(s.stopped)
 	return true, err
 }
@@ -404,7 +406,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 // turn is one request's work: the history the model is sent, and how the
 // result is committed.
 type turn struct {
-	key      convKey
+	key      store.Key
 	stateful bool
 	// proto is the client protocol the turn came through.
 	proto config.Protocol
@@ -415,8 +417,8 @@ type turn struct {
 	chained bool
 	// agent is the agent source the turn runs with; nil for none.
 	agent     *agentSource
-	work      *conversation // the working copy the turn runs on
-	committed int           // messages of work already committed under key
+	work      *store.Conversation // the working copy the turn runs on
+	committed int                 // messages of work already committed under key
 	// own is the index in work of the turn's first message: those before
 	// it are the history the turn continues (for chat, committed).
 	own int
@@ -438,7 +440,7 @@ type turn struct {
 	// turn the moment it has read this one's end finds the lock free.
 	release func()
 	// conn is the store connection the turn holds its conversation's
-	// shared lock on (PostgreSQL), until release: it loads and commits on
+	// Shared lock on (PostgreSQL), until release: it loads and commits on
 	// it (withConn), never waiting for a second one. nil for none.
 	conn *sql.Conn
 }
@@ -549,26 +551,26 @@ func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id stri
 	}
 	resp := s.newChatResponder(req)
 	if id != "" {
-		key := convKey{scope: scope, id: id}
+		key := store.Key{Scope: scope, ID: id}
 		if s.cfg.Mutant == config.CrossKeyLeak {
-			key.scope = ""
+			key.Scope = ""
 		}
 		s.converse(w, r, &turn{key: key, proto: config.ProtoChat}, userInput(user), req.Model, resp)
 		return
 	}
 	// Stateless: the array is the whole history.
-	if err := s.checkHistory(wrap(req.Messages[:len(req.Messages)-1]), userInput(user)); err != nil {
+	if err := s.checkHistory(store.Wrap(req.Messages[:len(req.Messages)-1]), userInput(user)); err != nil {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	s.run(w, r, &turn{proto: config.ProtoChat, release: func() {}, work: &conversation{messages: wrap(req.Messages)}}, resp)
+	s.run(w, r, &turn{proto: config.ProtoChat, release: func() {}, work: &store.Conversation{Messages: store.Wrap(req.Messages)}}, resp)
 }
 
 // converse runs turn t, whose key and protocol are set, on its
-// conversation, under the conversation's lock and by the server's
+// Conversation, under the conversation's lock and by the server's
 // concurrency policy, with input appended to the history: the turn of a
 // chat request with a conversation id, of a Responses request in
-// conversation mode, of a session.
+// Conversation mode, of a session.
 func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, input []openai.Message, model string, resp responder) {
 	t.stateful = true
 	t.release = func() {}
@@ -596,7 +598,7 @@ func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, input
 		s.refuse(w, r, t, err)
 		return
 	}
-	t.committed = len(base.messages)
+	t.committed = len(base.Messages)
 	if !s.prepare(w, t, base, input, model) {
 		return
 	}
@@ -604,7 +606,7 @@ func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, input
 }
 
 // userInput is the input of a turn of chat or of a session: its new user
-// message alone, kept as text: whatever else the client put on it is not
+// Message alone, kept as text: whatever else the client put on it is not
 // the conversation's.
 func userInput(user openai.Message) []openai.Message {
 	return []openai.Message{{Role: openai.RoleUser, Content: user.Content}}
@@ -618,18 +620,18 @@ func userInput(user openai.Message) []openai.Message {
 // agent and its working copy, the input last, and reports true. A history
 // that starts with this turn records the agent's source key, with its
 // first commit, never changed after.
-func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, input []openai.Message, model string) bool {
+func (s *Server) prepare(w http.ResponseWriter, t *turn, base *store.Conversation, input []openai.Message, model string) bool {
 	if t.proto == config.ProtoResponses {
 		input = s.replayOnToolOutput(base, input)
 	}
-	err := s.checkHistory(base.messages, input)
+	err := s.checkHistory(base.Messages, input)
 	if err == nil {
-		err = checkToolInput(base.messages, input)
+		err = checkToolInput(base.Messages, input)
 	}
 	if err != nil {
 		// Refused before any model call: nothing changes.
 		t.release()
-		s.log.Info("input refused", "conversation", t.key.id, "err", err)
+		s.log.Info("input refused", "conversation", t.key.ID, "err", err)
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return false
 	}
@@ -641,13 +643,13 @@ func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, inp
 		return false
 	}
 	t.agent = agent
-	t.own = len(base.messages)
+	t.own = len(base.Messages)
 	t.work = s.workingCopy(t, base)
-	if len(base.messages) == 0 && t.agent != nil {
-		t.work.source = t.agent.key
+	if len(base.Messages) == 0 && t.agent != nil {
+		t.work.Source = t.agent.key
 	}
 	for _, m := range input {
-		t.work.messages = append(t.work.messages, &message{Message: m})
+		t.work.Messages = append(t.work.Messages, &store.Message{Message: m})
 	}
 	return true
 }
@@ -657,13 +659,13 @@ func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, inp
 // before it commits. Three mutants change it: mutate-before-run runs on
 // base itself, branch-mutates-base on the cached history of the response
 // a Responses turn chains from, shallow-clone on a copy that shares base's
-// messages.
-func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
+// Messages.
+func (s *Server) workingCopy(t *turn, base *store.Conversation) *store.Conversation {
 	switch s.cfg.Mutant {
 	case config.MutateBeforeRun:
 		// The bug: run on the cached conversation itself, so whatever
 		// the turn appends stays even when the turn fails.
-		s.convs.cache.Add(t.key, base)
+		s.convs.Cache.Add(t.key, base)
 		return base
 	case config.BranchMutatesBase:
 		if t.chained {
@@ -679,32 +681,32 @@ func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
 	case config.ShallowClone:
 		// The bug: the slice is copied, the messages are shared, so the
 		// turn's compaction marks land on the committed conversation.
-		return base.shallowClone()
+		return base.ShallowClone()
 	}
-	return base.clone()
+	return base.Clone()
 }
 
 // acquire takes the turn's conversation lock, by the server's concurrency
 // policy, and returns the committed conversation as it stands under the
-// lock. The mutants that skip the lock load the conversation without it,
+// Lock. The mutants that skip the lock load the conversation without it,
 // and mark the turn to commit over whatever another turn commits meanwhile;
 // refuse-concurrent-new refuses (errSessionBusy) a request that finds the
-// lock of a conversation with nothing committed taken.
-func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
+// Lock of a conversation with nothing committed taken.
+func (s *Server) acquire(ctx context.Context, t *turn) (*store.Conversation, error) {
 	switch s.cfg.Mutant {
 	case config.NoConversationLock, config.ACPConcurrentPrompts:
 		if s.cfg.Mutant == config.NoConversationLock || t.proto == config.ProtoACP {
 			// The bug: the turn runs at once, beside any other of its
-			// conversation (or, under acp-concurrent-prompts, of its ACP
+			// Conversation (or, under acp-concurrent-prompts, of its ACP
 			// session), on the history committed when it came.
 			t.overwrite = true
-			return s.convs.peek(ctx, t.key)
+			return s.convs.Peek(ctx, t.key)
 		}
 	case config.ForkNewSession:
 		// The bug: the conversation is resolved before its lane, and one
 		// with nothing committed yet is started outside it.
-		base, err := s.convs.peek(ctx, t.key)
-		if err != nil || len(base.messages) == 0 {
+		base, err := s.convs.Peek(ctx, t.key)
+		if err != nil || len(base.Messages) == 0 {
 			t.overwrite = true
 			return base, err
 		}
@@ -712,29 +714,29 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 		// The bug: a request that finds the lane taken by the first turn
 		// of a conversation not yet committed is refused as busy, where
 		// it should wait its turn (or, under Reject, get 409).
-		conn, unlock, err := s.locks.lock(ctx, t.key, config.Reject, 0)
+		conn, unlock, err := s.locks.Lock(ctx, t.key, config.Reject, 0)
 		if err == nil {
 			t.release, t.conn = unlock, conn
-			return s.convs.get(withConn(ctx, conn), t.key)
+			return s.convs.Get(store.WithConn(ctx, conn), t.key)
 		}
-		if !errors.Is(err, errConversationBusy) {
+		if !errors.Is(err, store.ErrConversationBusy) {
 			return nil, err
 		}
-		base, err := s.convs.peek(ctx, t.key)
+		base, err := s.convs.Peek(ctx, t.key)
 		if err != nil {
 			return nil, err
 		}
-		if len(base.messages) == 0 {
-			return nil, errSessionBusy
+		if len(base.Messages) == 0 {
+			return nil, store.ErrSessionBusy
 		}
 		// A conversation with a committed turn: its lane as usual.
 	}
-	if s.store.shared != nil {
+	if s.store.Shared != nil {
 		switch s.cfg.Mutant {
 		case config.ReplicaLocalLock:
 			// The bug (the lock of this process alone): the base may miss
 			// another replica's turn running meanwhile, and the later
-			// commit goes over the earlier.
+			// Commit goes over the earlier.
 			t.overwrite = true
 		case config.ReplicaStaleCache:
 			// The bug: a turn that finds the lock free takes it that
@@ -742,55 +744,55 @@ func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
 			// serves its cached copy unchecked, committing over whatever
 			// another replica committed meanwhile. Only a turn that waited
 			// for another replica's checks its cache.
-			conn, unlock, err := s.locks.lock(ctx, t.key, config.Reject, 0)
+			conn, unlock, err := s.locks.Lock(ctx, t.key, config.Reject, 0)
 			if err == nil {
 				t.release, t.overwrite, t.conn = unlock, true, conn
-				return s.convs.getUnchecked(withConn(ctx, conn), t.key)
+				return s.convs.GetUnchecked(store.WithConn(ctx, conn), t.key)
 			}
-			if !errors.Is(err, errConversationBusy) {
+			if !errors.Is(err, store.ErrConversationBusy) {
 				return nil, err
 			}
 		case config.ReplicaCommitUnlocked:
 			return s.acquireBaseFirst(ctx, t)
 		}
 	}
-	conn, unlock, err := s.locks.lock(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
+	conn, unlock, err := s.locks.Lock(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
 	if err != nil {
 		return nil, err
 	}
 	t.release, t.conn = unlock, conn
-	return s.convs.get(withConn(ctx, conn), t.key)
+	return s.convs.Get(store.WithConn(ctx, conn), t.key)
 }
 
 // sharedLocks is the cross-process lock of st for a server with mutant m:
 // none under replica-local-lock, whose turns take the lock of their own
 // process alone.
-func sharedLocks(st *store, m config.Mutant) *advisoryLocks {
+func sharedLocks(st *store.Store, m config.Mutant) *store.AdvisoryLocks {
 	if m == config.ReplicaLocalLock {
 		return nil
 	}
-	return st.shared
+	return st.Shared
 }
 
 // acquireBaseFirst is acquire under the replica-commit-unlocked mutant, on
 // a shared store: the turn loads its base (checking the cache against the
-// store) under the lock of its own process, and only then takes the
-// shared one, and commits over whatever another replica committed while
+// Store) under the lock of its own process, and only then takes the
+// Shared one, and commits over whatever another replica committed while
 // it waited for it.
-func (s *Server) acquireBaseFirst(ctx context.Context, t *turn) (*conversation, error) {
+func (s *Server) acquireBaseFirst(ctx context.Context, t *turn) (*store.Conversation, error) {
 	deadline := time.Now().Add(s.cfg.RequestTimeout)
-	local, err := s.locks.lockLocal(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
+	local, err := s.locks.LockLocal(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
 	if err != nil {
 		return nil, err
 	}
 	// The bug: the base is current for this process only; another
 	// replica's turn may commit before the shared lock is ours.
-	base, err := s.convs.get(ctx, t.key)
+	base, err := s.convs.Get(ctx, t.key)
 	if err != nil {
 		local()
 		return nil, err
 	}
-	conn, shared, err := s.locks.shared.lock(ctx, t.key, s.cfg.Concurrency, time.Until(deadline), s.locks.gauge)
+	conn, shared, err := s.locks.Shared.Lock(ctx, t.key, s.cfg.Concurrency, time.Until(deadline), s.locks.Gauge)
 	if err != nil {
 		local()
 		return nil, err
@@ -808,18 +810,18 @@ func (s *Server) acquireBaseFirst(ctx context.Context, t *turn) (*conversation, 
 // openclaw's "session is busy" is.
 func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err error) {
 	switch {
-	case errors.Is(err, errConversationBusy):
+	case errors.Is(err, store.ErrConversationBusy):
 		openai.WriteError(w, http.StatusConflict, "conflict",
 			"a turn on this conversation is already in flight; nothing was changed: send this turn again once that one has ended")
-	case errors.Is(err, errSessionBusy):
+	case errors.Is(err, store.ErrSessionBusy):
 		openai.WriteError(w, http.StatusInternalServerError, "server_error", "session is busy")
-	case errors.Is(err, errWaitTimedOut):
+	case errors.Is(err, store.ErrWaitTimedOut):
 		(&admission.Refusal{Status: http.StatusServiceUnavailable, Type: "conversation_busy", RetryAfter: true,
 			Message: fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout)}).Write(w)
-	case storeFull(err):
+	case store.StoreFull(err):
 		s.refuseStoreFull(w, t, err)
 	case errors.Is(err, errCrashing):
-		s.log.Info("server crashing: turn dropped before it started", "conversation", t.key.id)
+		s.log.Info("server crashing: turn dropped before it started", "conversation", t.key.ID)
 		clientGone(w, false)
 	case errors.Is(err, errStopping):
 		s.answerDropped(w, nil)
@@ -827,7 +829,7 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 	case r.Context().Err() != nil:
 		clientGone(w, false)
 	default:
-		s.log.Error("load conversation", "conversation", t.key.id, "err", err)
+		s.log.Error("load conversation", "conversation", t.key.ID, "err", err)
 		openai.WriteError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
 	}
 }
@@ -837,7 +839,7 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 // own were all held by turns (MaxStoreConns), or the database took no
 // more. It is load, not a fault: 503 with Retry-After, nothing changed.
 func (s *Server) refuseStoreFull(w http.ResponseWriter, t *turn, err error) {
-	s.log.Warn("no connection to the store; turn refused", "conversation", t.key.id, "max_store_conns", s.cfg.MaxStoreConns, "err", err)
+	s.log.Warn("no connection to the store; turn refused", "conversation", t.key.ID, "max_store_conns", s.cfg.MaxStoreConns, "err", err)
 	admission.Overloaded("every connection to the server's store is in use; nothing was changed: retry shortly").Write(w)
 }
 
@@ -881,13 +883,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 		// Whether or not the model finished (its last chunks may have been
 		// buffered already), the turn never reached the client.
 		t.release()
-		s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.id, "err", o.err)
+		s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.ID, "err", o.err)
 		return
 	case s.dropping.Load() && !s.crashing.Load() && r.Context().Err() != nil:
 		// The server's stop dropped the turn before its end: it commits
 		// nothing, and the client hears so.
 		t.release()
-		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.id)
+		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.ID)
 		s.stopDropped(w, r, o)
 		return
 	case s.interrupted(r):
@@ -911,7 +913,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 		return
 	}
 	if t.stateful {
-		t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)}})
+		t.work.Messages = append(t.work.Messages, &store.Message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)}})
 		// Acknowledge only what is durable: commit before the client hears
 		// the turn ended ok.
 		s.stall(ctx)
@@ -921,16 +923,16 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 			s.crashedUnder(w, t, o)
 			return
 		}
-		err := s.convs.commit(withConn(ctx, t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
+		err := s.convs.Commit(store.WithConn(ctx, t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
 		if err == nil {
 			// All of work is committed now: a release that takes back a
 			// turn that did not commit (branch-mutates-base's) keeps it.
-			t.committed = len(t.work.messages)
+			t.committed = len(t.work.Messages)
 		}
 		t.release()
 		if err != nil {
-			s.log.Error("commit", "conversation", t.key.id, "err", err)
-			if storeFull(err) {
+			s.log.Error("commit", "conversation", t.key.ID, "err", err)
+			if store.StoreFull(err) {
 				// No connection to commit on came within the commit's
 				// time: nothing of the turn is in the store.
 				s.answer(w, o, admission.Overloaded("the server's store took no connection to commit the turn on; nothing was changed: retry shortly"))
@@ -940,7 +942,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 			return
 		}
 		if completes && (o.err != nil || r.Context().Err() != nil) {
-			s.log.Info("client went away; turn completed and committed", "conversation", t.key.id)
+			s.log.Info("client went away; turn completed and committed", "conversation", t.key.ID)
 		}
 	}
 	resp.succeeded(o, reply)
@@ -949,24 +951,24 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 // fail answers a turn whose model call failed, in any round, or that
 // asked for too many rounds. Nothing is committed, except under the
 // mutants that keep a failed turn (keepsFailed). It releases the
-// conversation before it answers.
+// Conversation before it answers.
 func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string, err error) {
 	if s.keepsFailed(t, err) {
 		if partial != "" {
-			t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)}})
+			t.work.Messages = append(t.work.Messages, &store.Message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)}})
 		}
-		_ = s.convs.commit(withConn(context.Background(), t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
+		_ = s.convs.Commit(store.WithConn(context.Background(), t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
 	}
 	// The turn is decided (rolled back, or committed by a mutant):
 	// Release before the client hears of it.
 	t.release()
 	if errors.Is(err, admission.ErrOverBudget) {
-		s.log.Info("memory budget taken by the requests in flight; turn rolled back", "conversation", t.key.id, "max_memory", s.cfg.MaxMemory)
+		s.log.Info("memory budget taken by the requests in flight; turn rolled back", "conversation", t.key.ID, "max_memory", s.cfg.MaxMemory)
 		s.answer(w, o, s.gate.OverBudget())
 		return
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		s.log.Info("model timed out; turn rolled back", "conversation", t.key.id, "timeout", s.cfg.RequestTimeout)
+		s.log.Info("model timed out; turn rolled back", "conversation", t.key.ID, "timeout", s.cfg.RequestTimeout)
 		s.answerError(w, o, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)
 		return
 	}
@@ -974,12 +976,12 @@ func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string,
 		// A protocol that tells a refusal from a failure (ACP's
 		// stopReason refusal) says so; the turn is rolled back all the
 		// same.
-		s.log.Info("model refused the prompt; turn rolled back", "conversation", t.key.id)
+		s.log.Info("model refused the prompt; turn rolled back", "conversation", t.key.ID)
 		r.refused(o)
 		return
 	}
 	// The details are the operator's: the client gets the class alone.
-	attrs := []any{"conversation", t.key.id, "err", s.redact(err.Error())}
+	attrs := []any{"conversation", t.key.ID, "err", s.redact(err.Error())}
 	var upErr *upstreamError
 	if errors.As(err, &upErr) && upErr.cause != nil {
 		attrs = append(attrs, "cause", s.redact(upErr.cause.Error()))
@@ -1053,7 +1055,7 @@ var errCrashing = errors.New("the server is crashing")
 // the handler must not end without one: net/http would send a 200.
 func (s *Server) crashedUnder(w http.ResponseWriter, t *turn, o *output) {
 	t.release()
-	s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.id)
+	s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.ID)
 	if !o.streaming() {
 		clientGone(w, false)
 	}

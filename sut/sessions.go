@@ -13,6 +13,8 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/admission"
 
 	"github.com/turncheck/turncheck/sut/internal/config"
+
+	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
 // The sessions API, shaped like docker-agent's `serve api`: a client
@@ -35,7 +37,7 @@ type sessionEvent struct {
 	Error   string `json:"error,omitempty"`
 }
 
-// createSession serves POST /api/sessions: a new empty session of the
+// CreateSession serves POST /api/sessions: a new empty session of the
 // key, stored durably before its id is answered (201 {"id"}). The body is
 // empty or a JSON object, whose members are ignored.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
@@ -47,8 +49,8 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		id := newID("")
-		if err := s.store.createSession(convKey{scope: scope, id: nsSession + id}); err != nil {
-			if storeFull(err) {
+		if err := s.store.CreateSession(store.Key{Scope: scope, ID: nsSession + id}); err != nil {
+			if store.StoreFull(err) {
 				admission.Overloaded("the server's store takes no more connections; no session was created: retry shortly").Write(w)
 				return
 			}
@@ -105,8 +107,8 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return
 		}
-		t := &turn{key: convKey{scope: scope, id: nsSession + session}, proto: config.ProtoSessions}
-		switch found, err := s.store.sessionExists(r.Context(), t.key); {
+		t := &turn{key: store.Key{Scope: scope, ID: nsSession + session}, proto: config.ProtoSessions}
+		switch found, err := s.store.SessionExists(r.Context(), t.key); {
 		case err != nil:
 			t.release = func() {}
 			s.refuse(w, r, t, err)
@@ -120,7 +122,7 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 }
 
 // decodeSessionMessages reads a session turn's body: a JSON array of
-// messages (decodeItems), in valid UTF-8, with nothing after it.
+// Messages (decodeItems), in valid UTF-8, with nothing after it.
 func decodeSessionMessages(body []byte) ([]openai.Message, error) {
 	var raw json.RawMessage
 	if err := decodeStrict(body, &raw, `a JSON array of {"role","content"} messages, the new user message last`); err != nil {

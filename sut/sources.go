@@ -19,6 +19,8 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 
 	"github.com/turncheck/turncheck/sut/internal/config"
+
+	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
 // Bounds on loading one agent reference at start-up: a source that hangs or
@@ -42,7 +44,7 @@ var (
 // agentSource is one agent loaded from a reference given at start-up.
 type agentSource struct {
 	// key is the source key: the reference exactly as given. A
-	// conversation records it with its first commit.
+	// Conversation records it with its first commit.
 	key string
 	// stable is the stable key: for a URL, scheme://host/path, without
 	// the query and fragment that a relaunch may change (a version tag);
@@ -55,7 +57,7 @@ type agentSource struct {
 
 // agentDefinition is an agent definition as YAML. Unknown fields are
 // refused: a misspelt "instructions" must fail the start, not run every
-// conversation without its instruction.
+// Conversation without its instruction.
 type agentDefinition struct {
 	Name        string `yaml:"name"`
 	Instruction string `yaml:"instruction"`
@@ -311,22 +313,22 @@ func keys(srcs []*agentSource) string {
 // docker-agent #3410 back, a resume takes an exact key or nothing: the
 // recorded one, or, for a session turn whose path names a source key
 // (docker-agent's shape), that one, as docker-agent looked it up.
-func (s *Server) agentFor(t *turn, base *conversation, model string) (*agentSource, error) {
-	if len(base.messages) == 0 {
+func (s *Server) agentFor(t *turn, base *store.Conversation, model string) (*agentSource, error) {
+	if len(base.Messages) == 0 {
 		return s.sources.bind(model)
 	}
-	if base.source == "" {
+	if base.Source == "" {
 		return nil, nil
 	}
 	exactOnly := s.exactSourceKeyOnly(t)
 	if exactOnly && s.cfg.Mutant == config.SessionExactSourceKey && strings.Contains(model, "://") {
 		return s.sources.resume(model, true)
 	}
-	return s.sources.resume(base.source, exactOnly)
+	return s.sources.resume(base.Source, exactOnly)
 }
 
 // exactSourceKeyOnly reports whether turn t resumes only under the exact
-// source key its conversation recorded: under exact-source-key-only for
+// Source key its conversation recorded: under exact-source-key-only for
 // every turn, under session-exact-source-key for the sessions API's alone.
 func (s *Server) exactSourceKeyOnly(t *turn) bool {
 	switch s.cfg.Mutant {
@@ -340,7 +342,7 @@ func (s *Server) exactSourceKeyOnly(t *turn) bool {
 
 // refuseAgent answers a turn that has no agent to run with.
 func (s *Server) refuseAgent(w http.ResponseWriter, t *turn, err error) {
-	s.log.Info("no agent for the turn; nothing changed", "conversation", t.key.id, "err", err)
+	s.log.Info("no agent for the turn; nothing changed", "conversation", t.key.ID, "err", err)
 	switch {
 	case errors.Is(err, errAmbiguousSource):
 		openai.WriteError(w, http.StatusConflict, "conflict", err.Error())

@@ -9,6 +9,8 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/admission"
 
 	"github.com/turncheck/turncheck/sut/internal/config"
+
+	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
 // MaxToolRounds bounds the tool rounds of one turn: a model that asks for
@@ -65,7 +67,7 @@ func (s *Server) callModel(ctx context.Context, t *turn, onStart func(), onDelta
 	if t.agent != nil {
 		instruction = t.agent.instruction
 	}
-	history := append([]openai.Message{{Role: openai.RoleSystem, Content: openai.Content(instruction)}}, t.work.visible()...)
+	history := append([]openai.Message{{Role: openai.RoleSystem, Content: openai.Content(instruction)}}, t.work.Visible()...)
 	// The call's request is reserved before it is encoded, and given back
 	// when the call ends; its reply is reserved as it comes, and held
 	// until the request ends.
@@ -84,7 +86,7 @@ func (s *Server) callModel(ctx context.Context, t *turn, onStart func(), onDelta
 // result. Once every result is in, the round is settled: a T9-consistent
 // prefix that the keep-consistent policy may keep.
 func (s *Server) runTools(ctx context.Context, t *turn, calls []openai.ToolCall) error {
-	t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, ToolCalls: calls}})
+	t.work.Messages = append(t.work.Messages, &store.Message{Message: openai.Message{Role: openai.RoleAssistant, ToolCalls: calls}})
 	if t.toolNotes != nil {
 		t.toolNotes.toolCalls(calls)
 	}
@@ -97,13 +99,13 @@ func (s *Server) runTools(ctx context.Context, t *turn, calls []openai.ToolCall)
 		if err != nil {
 			return err
 		}
-		t.work.messages = append(t.work.messages, &message{Message: openai.Message{
+		t.work.Messages = append(t.work.Messages, &store.Message{Message: openai.Message{
 			Role: openai.RoleTool, ToolCallID: call.ID, Content: openai.Content(result)}})
 		if t.toolNotes != nil {
 			t.toolNotes.toolResult(call, result)
 		}
 	}
-	t.settled = len(t.work.messages)
+	t.settled = len(t.work.Messages)
 	return nil
 }
 

@@ -214,7 +214,7 @@ const maxToolCallsPerAnswer = 32
 // may interleave.
 type toolCallBuilder struct {
 	calls map[int]*openai.ToolCall
-	// size is the bytes of ids, names and arguments received, which count
+	// Size is the bytes of ids, names and arguments received, which count
 	// against maxReplyBytes with the text.
 	size int
 }

@@ -1,4 +1,4 @@
-package sut
+package store
 
 import (
 	"context"
@@ -16,32 +16,32 @@ import (
 // Why a request did not get its conversation's lock, besides its context
 // ending.
 var (
-	// errConversationBusy: the lock was held and the policy is Reject.
-	errConversationBusy = errors.New("a turn on this conversation is already in flight")
-	// errWaitTimedOut: the request waited its turn for RequestTimeout.
-	errWaitTimedOut = errors.New("waited too long for the conversation's turn")
-	// errSessionBusy: under the refuse-concurrent-new mutant, the lock of
+	// ErrConversationBusy: the lock was held and the policy is Reject.
+	ErrConversationBusy = errors.New("a turn on this conversation is already in flight")
+	// ErrWaitTimedOut: the request waited its turn for RequestTimeout.
+	ErrWaitTimedOut = errors.New("waited too long for the conversation's turn")
+	// ErrSessionBusy: under the refuse-concurrent-new mutant, the lock of
 	// a conversation with nothing committed yet was held.
-	errSessionBusy = errors.New("session is busy")
+	ErrSessionBusy = errors.New("session is busy")
 )
 
-// convLocks serializes turns per conversation. Waiters queue explicitly and
+// Locks serializes turns per conversation. Waiters queue explicitly and
 // the lock is handed to the first of them, so turns run in the order their
 // requests started waiting: neither the scheduler nor a request arriving
 // just as the lock is released can jump the queue.
 //
 // Where other processes share the store (PostgreSQL), a turn also takes
 // the conversation's lock there (shared), once it has the one here: the
-// lock here keeps a process's own waiters off the database, the shared
+// Lock here keeps a process's own waiters off the database, the shared
 // one alone makes turns on one conversation run one after another.
-type convLocks struct {
-	gauge *admission.Gauge
-	// shared is the store's cross-process lock; nil for a store one
+type Locks struct {
+	Gauge *admission.Gauge
+	// Shared is the store's cross-process lock; nil for a store one
 	// process alone opens.
-	shared *advisoryLocks
+	Shared *AdvisoryLocks
 
 	mu    sync.Mutex
-	locks map[convKey]*convLock
+	locks map[Key]*convLock
 }
 
 // convLock is one conversation's lock; the entry exists while the lock is
@@ -56,8 +56,8 @@ type convWaiter struct {
 	granted chan struct{}
 }
 
-// lock takes k's lock, here and then, if the store is shared, in the
-// store. When it is held, it fails at once with errConversationBusy under
+// Lock takes k's lock, here and then, if the store is shared, in the
+// Store. When it is held, it fails at once with errConversationBusy under
 // Reject; under Serialize it waits until it gets both, ctx ends (ctx's
 // error) or maxWait passes (errWaitTimedOut), maxWait bounding both waits
 // together. The wait is timed by the clock, not by the server's
@@ -66,13 +66,13 @@ type convWaiter struct {
 // returns may be called more than once. With a shared store, conn is the
 // connection the store's lock is held on, which the turn does all its
 // Work in the store on (withConn) until unlock; nil otherwise.
-func (l *convLocks) lock(ctx context.Context, k convKey, policy config.Concurrency, maxWait time.Duration) (conn *sql.Conn, unlock func(), err error) {
+func (l *Locks) Lock(ctx context.Context, k Key, policy config.Concurrency, maxWait time.Duration) (conn *sql.Conn, unlock func(), err error) {
 	deadline := time.Now().Add(maxWait)
-	local, err := l.lockLocal(ctx, k, policy, maxWait)
-	if err != nil || l.shared == nil {
+	local, err := l.LockLocal(ctx, k, policy, maxWait)
+	if err != nil || l.Shared == nil {
 		return nil, local, err
 	}
-	conn, shared, err := l.shared.lock(ctx, k, policy, time.Until(deadline), l.gauge)
+	conn, shared, err := l.Shared.Lock(ctx, k, policy, time.Until(deadline), l.Gauge)
 	if err != nil {
 		local()
 		return nil, nil, err
@@ -81,15 +81,15 @@ func (l *convLocks) lock(ctx context.Context, k convKey, policy config.Concurren
 	return conn, func() { once.Do(func() { shared(); local() }) }, nil
 }
 
-// lockLocal takes k's lock in this process: waiting in line under
+// LockLocal takes k's lock in this process: waiting in line under
 // Serialize, first come first served, until the lock is handed over.
-func (l *convLocks) lockLocal(ctx context.Context, k convKey, policy config.Concurrency, maxWait time.Duration) (unlock func(), err error) {
+func (l *Locks) LockLocal(ctx context.Context, k Key, policy config.Concurrency, maxWait time.Duration) (unlock func(), err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	l.mu.Lock()
 	if l.locks == nil {
-		l.locks = map[convKey]*convLock{}
+		l.locks = map[Key]*convLock{}
 	}
 	cl, held := l.locks[k]
 	if !held {
@@ -99,11 +99,11 @@ func (l *convLocks) lockLocal(ctx context.Context, k convKey, policy config.Conc
 	}
 	if policy == config.Reject {
 		l.mu.Unlock()
-		return nil, errConversationBusy
+		return nil, ErrConversationBusy
 	}
 	w := &convWaiter{granted: make(chan struct{})}
 	cl.queue = append(cl.queue, w)
-	l.gauge.Add(0, 1)
+	l.Gauge.Add(0, 1)
 	l.mu.Unlock()
 
 	timer := time.NewTimer(maxWait)
@@ -119,7 +119,7 @@ func (l *convLocks) lockLocal(ctx context.Context, k convKey, policy config.Conc
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-timer.C:
-		err = errWaitTimedOut
+		err = ErrWaitTimedOut
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -131,19 +131,19 @@ func (l *convLocks) lockLocal(ctx context.Context, k convKey, policy config.Conc
 	default:
 	}
 	cl.queue = slices.DeleteFunc(cl.queue, func(q *convWaiter) bool { return q == w })
-	l.gauge.Add(0, -1)
+	l.Gauge.Add(0, -1)
 	return nil, err
 }
 
 // unlocker returns a release of k's lock that is safe to call more than
 // once, so that a turn can release the lock as soon as it is decided and
 // still keep a deferred release for every other way out.
-func (l *convLocks) unlocker(k convKey) func() {
+func (l *Locks) unlocker(k Key) func() {
 	var once sync.Once
 	return func() { once.Do(func() { l.unlock(k) }) }
 }
 
-func (l *convLocks) unlock(k convKey) {
+func (l *Locks) unlock(k Key) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.handOver(k)
@@ -152,7 +152,7 @@ func (l *convLocks) unlock(k convKey) {
 // handOver releases k's lock to the first waiter, or frees it if none
 // waits. The caller holds l.mu. The waiter stops counting as waiting here,
 // when it gets the lock, not when its goroutine next runs.
-func (l *convLocks) handOver(k convKey) {
+func (l *Locks) handOver(k Key) {
 	cl := l.locks[k]
 	if len(cl.queue) == 0 {
 		delete(l.locks, k)
@@ -160,6 +160,6 @@ func (l *convLocks) handOver(k convKey) {
 	}
 	next := cl.queue[0]
 	cl.queue = slices.Delete(cl.queue, 0, 1)
-	l.gauge.Add(0, -1)
+	l.Gauge.Add(0, -1)
 	close(next.granted)
 }

@@ -1,4 +1,4 @@
-package sut
+package store
 
 import (
 	"context"
@@ -16,15 +16,15 @@ import (
 // holds what a commit holds, tool calls, their ids and hidden marks, and a
 // load sees them on top of the store before a flush and in it after.
 func TestWriteBehindCarriesToolRoundsAndMarks(t *testing.T) {
-	defer func(old time.Duration) { flushInterval = old }(flushInterval)
-	flushInterval = time.Hour
-	st, err := openStore(t.TempDir())
+	defer func(old time.Duration) { FlushInterval = old }(FlushInterval)
+	FlushInterval = time.Hour
+	st, err := OpenStore(t.TempDir())
 	require.NoError(t, err)
-	defer func() { assert.NoError(t, st.close()) }()
+	defer func() { assert.NoError(t, st.Close()) }()
 	w := newWriteBehind(st, slog.New(slog.DiscardHandler))
-	k := convKey{id: "conv"}
-	calls := []openai.ToolCall{{ID: "c1", Type: openai.TypeFunction, Function: openai.FunctionCall{Name: ToolEcho, Arguments: `{"text":"a"}`}}}
-	first := []*message{
+	k := Key{ID: "conv"}
+	calls := []openai.ToolCall{{ID: "c1", Type: openai.TypeFunction, Function: openai.FunctionCall{Name: "echo", Arguments: `{"text":"a"}`}}}
+	first := []*Message{
 		{Message: openai.Message{Role: openai.RoleUser, Content: "tc-u1"}},
 		{Message: openai.Message{Role: openai.RoleAssistant, ToolCalls: calls}},
 		{Message: openai.Message{Role: openai.RoleTool, ToolCallID: "c1", Content: "a"}},
@@ -32,27 +32,27 @@ func TestWriteBehindCarriesToolRoundsAndMarks(t *testing.T) {
 	}
 	w.enqueue(k, change{seq: 0, msgs: snapshot(first)})
 	// The next commit hides the round, and must not change the first
-	// commit's queued messages by marking its own.
-	second := (&conversation{messages: first}).clone().messages
-	second[1].hidden, second[2].hidden = true, true
-	second = append(second, &message{Message: openai.Message{Role: openai.RoleUser, Content: "tc-u2"}})
+	// Commit's queued messages by marking its own.
+	second := (&Conversation{Messages: first}).Clone().Messages
+	second[1].Hidden, second[2].Hidden = true, true
+	second = append(second, &Message{Message: openai.Message{Role: openai.RoleUser, Content: "tc-u2"}})
 	w.enqueue(k, change{seq: 4, msgs: snapshot(second[4:]), hide: []int{1, 2}})
 
 	want := []bool{false, true, true, false, false}
 	check := func(when string) {
 		c, err := w.load(context.Background(), k)
 		require.NoError(t, err)
-		require.Len(t, c.messages, 5, when)
-		for i, m := range c.messages {
-			assert.Equal(t, want[i], m.hidden, "%s: message %d", when, i)
+		require.Len(t, c.Messages, 5, when)
+		for i, m := range c.Messages {
+			assert.Equal(t, want[i], m.Hidden, "%s: message %d", when, i)
 		}
-		assert.Equal(t, calls, c.messages[1].ToolCalls, when)
-		assert.Equal(t, "c1", c.messages[2].ToolCallID, when)
+		assert.Equal(t, calls, c.Messages[1].ToolCalls, when)
+		assert.Equal(t, "c1", c.Messages[2].ToolCallID, when)
 	}
 	check("queued")
 	w.mu.Lock()
 	w.flush()
 	w.mu.Unlock()
 	check("flushed")
-	w.crash()
+	w.Crash()
 }

@@ -1,4 +1,4 @@
-package sut
+package store
 
 import (
 	"context"
@@ -7,18 +7,18 @@ import (
 	"time"
 )
 
-// flushInterval is how often the ack-before-durable mutant writes its queue
+// FlushInterval is how often the ack-before-durable mutant writes its queue
 // to the store. A variable only so that tests can decide whether a flush
 // falls between an acknowledgement and a crash.
-var flushInterval = 500 * time.Millisecond
+var FlushInterval = 500 * time.Millisecond
 
 // writeBehind is the store writer of the ack-before-durable mutant: a
-// commit is queued and acknowledged at once, and a background goroutine
+// Commit is queued and acknowledged at once, and a background goroutine
 // writes the queue every flushInterval and on a graceful close. A crash
 // drops the queue: the acknowledged turns in it are lost (T7). Loads see the
 // queue on top of the store, so that nothing but a crash shows the bug.
 type writeBehind struct {
-	store *store
+	store *Store
 	log   *slog.Logger
 	every time.Duration
 
@@ -33,14 +33,14 @@ type writeBehind struct {
 }
 
 // pendingWrite is a commit not yet in the store: its messages, and the
-// hidden marks it set on earlier ones.
+// Hidden marks it set on earlier ones.
 type pendingWrite struct {
-	k  convKey
+	k  Key
 	ch change
 }
 
-func newWriteBehind(st *store, log *slog.Logger) *writeBehind {
-	w := &writeBehind{store: st, log: log, every: flushInterval, stop: make(chan struct{}), done: make(chan struct{})}
+func newWriteBehind(st *Store, log *slog.Logger) *writeBehind {
+	w := &writeBehind{store: st, log: log, every: FlushInterval, stop: make(chan struct{}), done: make(chan struct{})}
 	go w.run()
 	return w
 }
@@ -63,7 +63,7 @@ func (w *writeBehind) run() {
 
 // enqueue queues the commit ch. Once stopped it drops it, as a dead
 // process would.
-func (w *writeBehind) enqueue(k convKey, ch change) {
+func (w *writeBehind) enqueue(k Key, ch change) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped {
@@ -77,7 +77,7 @@ func (w *writeBehind) enqueue(k convKey, ch change) {
 func (w *writeBehind) flush() {
 	for _, p := range w.queue {
 		if err := w.store.appendMessages(context.Background(), p.k, p.ch); err != nil {
-			w.log.Error("write-behind flush", "conversation", p.k.id, "err", err)
+			w.log.Error("write-behind flush", "conversation", p.k.ID, "err", err)
 		}
 	}
 	w.queue = nil
@@ -85,7 +85,7 @@ func (w *writeBehind) flush() {
 
 // load returns conversation k as committed: the store, with the queued
 // writes for k on top.
-func (w *writeBehind) load(ctx context.Context, k convKey) (*conversation, error) {
+func (w *writeBehind) load(ctx context.Context, k Key) (*Conversation, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c, err := w.store.load(ctx, k)
@@ -93,33 +93,33 @@ func (w *writeBehind) load(ctx context.Context, k convKey) (*conversation, error
 		return nil, err
 	}
 	for _, p := range w.queue {
-		if p.k != k || p.ch.seq > len(c.messages) {
+		if p.k != k || p.ch.seq > len(c.Messages) {
 			continue
 		}
-		c.messages = c.messages[:p.ch.seq:p.ch.seq]
+		c.Messages = c.Messages[:p.ch.seq:p.ch.seq]
 		for _, m := range p.ch.msgs {
-			c.messages = append(c.messages, m.copy())
+			c.Messages = append(c.Messages, m.copy())
 		}
 		for _, seq := range p.ch.hide {
-			if seq < len(c.messages) {
-				c.messages[seq].hidden = true
+			if seq < len(c.Messages) {
+				c.Messages[seq].Hidden = true
 			}
 		}
-		if p.ch.seq == 0 && p.ch.source != "" {
-			c.source = p.ch.source
+		if p.ch.seq == 0 && p.ch.Source != "" {
+			c.Source = p.ch.Source
 		}
 	}
 	return c, nil
 }
 
-// close stops the writer and flushes the queue: a graceful stop loses
+// Close stops the writer and flushes the queue: a graceful stop loses
 // nothing.
-func (w *writeBehind) close() {
+func (w *writeBehind) Close() {
 	w.end(true)
 }
 
 // Crash stops the writer and drops the queue unwritten.
-func (w *writeBehind) crash() {
+func (w *writeBehind) Crash() {
 	w.end(false)
 }
 

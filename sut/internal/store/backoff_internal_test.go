@@ -1,4 +1,4 @@
-package sut
+package store
 
 import (
 	"context"

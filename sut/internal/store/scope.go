@@ -1,4 +1,4 @@
-package sut
+package store
 
 import (
 	"crypto/hmac"
@@ -9,7 +9,7 @@ import (
 // Conversations are stored under the scope of the API key that made them.
 // The store must hold nothing from which a key can be found or checked, so
 // the scope is an HMAC-SHA256 of the key under a random secret of the
-// store's own (created with the store, kept in it): without that secret,
+// Store's own (created with the store, kept in it): without that secret,
 // no one can test a guessed key against a stolen database, and the same
 // key has unrelated scopes in two stores.
 //
@@ -24,16 +24,16 @@ import (
 // scopePrefix marks a keyed scope, which no legacy scope (bare hex) has.
 const scopePrefix = "k1:"
 
-// keyScope returns the scope of key under the store's secret.
-func keyScope(secret []byte, key string) string {
+// KeyScope returns the scope of key under the store's secret.
+func KeyScope(secret []byte, key string) string {
 	mac := hmac.New(sha256.New, secret)
 	mac.Write([]byte(key))
 	return scopePrefix + hex.EncodeToString(mac.Sum(nil)[:16])
 }
 
-// legacyScope returns the scope a store from before the secret used for
+// LegacyScope returns the scope a store from before the secret used for
 // key.
-func legacyScope(key string) string {
+func LegacyScope(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:16])
 }

@@ -1,4 +1,4 @@
-package sut
+package store
 
 import (
 	"context"
@@ -20,22 +20,22 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" driver (pure Go, no cgo)
 )
 
-// store is the durable home of every committed conversation: SQLite in WAL
+// Store is the durable home of every committed conversation: SQLite in WAL
 // mode with synchronous=FULL, or PostgreSQL with synchronous_commit on
 // (pgstore.go), so a commit that returned survives a crash.
-type store struct {
+type Store struct {
 	db *sql.DB
 	// d is the SQL dialect of db.
 	d dialect
-	// secret keys the scopes of API keys (scope.go).
-	secret []byte
-	// shared, for PostgreSQL alone, takes the conversation locks that
+	// Secret keys the scopes of API keys (scope.go).
+	Secret []byte
+	// Shared, for PostgreSQL alone, takes the conversation locks that
 	// hold across every process on the database; nil for SQLite, whose
-	// store one process alone opens.
-	shared *advisoryLocks
-	// commitWithin bounds a commit on PostgreSQL, tries again included
+	// Store one process alone opens.
+	Shared *AdvisoryLocks
+	// CommitWithin bounds a commit on PostgreSQL, tries again included
 	// (writeMessages): the server's RequestTimeout.
-	commitWithin time.Duration
+	CommitWithin time.Duration
 }
 
 // dbtx is what the store's statements run on: the pool, or the one
@@ -50,12 +50,12 @@ type dbtx interface {
 // heldConn is the context key of the connection a turn holds.
 type heldConn struct{}
 
-// withConn is ctx carrying conn, the connection the turn holds its
-// conversation's lock on (convLocks.lock): the store's reads and commits
+// WithConn is ctx carrying conn, the connection the turn holds its
+// Conversation's lock on (convLocks.lock): the store's reads and commits
 // made under ctx run on it, not on the pool, so that a turn holding a
-// lock never waits for a second connection, and what it commits it
+// Lock never waits for a second connection, and what it commits it
 // commits under its lock. A nil conn leaves ctx as it is.
-func withConn(ctx context.Context, conn *sql.Conn) context.Context {
+func WithConn(ctx context.Context, conn *sql.Conn) context.Context {
 	if conn == nil {
 		return ctx
 	}
@@ -64,7 +64,7 @@ func withConn(ctx context.Context, conn *sql.Conn) context.Context {
 
 // on is what a statement made under ctx runs on: the connection ctx
 // carries (withConn), or the pool.
-func (s *store) on(ctx context.Context) dbtx {
+func (s *Store) on(ctx context.Context) dbtx {
 	if conn, ok := ctx.Value(heldConn{}).(*sql.Conn); ok {
 		return conn
 	}
@@ -74,7 +74,7 @@ func (s *store) on(ctx context.Context) dbtx {
 // The tables are dialect.schema's. A message's tool_calls are the JSON
 // array of the tool calls an assistant message asks for ('' for none),
 // its tool_call_id the call a tool result answers ('' for none), and
-// hidden is 1 once compaction took it out of what the model is sent. A data dir from before them gets them with those
+// Hidden is 1 once compaction took it out of what the model is sent. A data dir from before them gets them with those
 // defaults (migrate): its messages are what they were.
 //
 // The sources table records the agent source key a conversation was started
@@ -95,8 +95,8 @@ const (
 	fileMode = 0o600
 )
 
-// openStore opens (creating if needed) the store in dir.
-func openStore(dir string) (*store, error) {
+// OpenStore opens (creating if needed) the store in dir.
+func OpenStore(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, dirMode); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
@@ -121,13 +121,13 @@ func openStore(dir string) (*store, error) {
 }
 
 // initStore makes db the store: its schema created and migrated, its
-// secret loaded. It closes db if it fails; where names the store in
+// Secret loaded. It closes db if it fails; where names the store in
 // errors.
-func initStore(db *sql.DB, d dialect, where string) (*store, error) {
-	s := &store{db: db, d: d}
+func initStore(db *sql.DB, d dialect, where string) (*Store, error) {
+	s := &Store{db: db, d: d}
 	err := s.prepareSchema()
 	if err == nil {
-		s.secret, err = s.loadSecret()
+		s.Secret, err = s.loadSecret()
 	}
 	if err != nil {
 		_ = db.Close()
@@ -138,7 +138,7 @@ func initStore(db *sql.DB, d dialect, where string) (*store, error) {
 
 // prepareSchema creates the tables a store lacks and migrates those from
 // before, in one transaction: a store is never found half made.
-func (s *store) prepareSchema() error {
+func (s *Store) prepareSchema() error {
 	tx, err := s.db.Begin()
 	if err != nil {
 		return err
@@ -169,7 +169,7 @@ var addedColumns = []struct{ name, decl string }{
 
 // migrate adds to the messages table of a data dir from before them the
 // columns it lacks, in tx.
-func (s *store) migrate(tx *sql.Tx) error {
+func (s *Store) migrate(tx *sql.Tx) error {
 	rows, err := tx.Query(s.d.columns)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
@@ -227,7 +227,7 @@ func makePrivate(path string) error {
 // loadSecret returns the store's scope secret, making it if the store has
 // none (a new store, or one from before the secret). Replicas on one
 // database all read the one that the first of them made.
-func (s *store) loadSecret() ([]byte, error) {
+func (s *Store) loadSecret() ([]byte, error) {
 	// Ignored on conflict: a secret once made is never replaced.
 	if _, err := s.db.Exec(s.d.insert(conflictIgnored, "meta", 1, "name", "value"), "scope_secret", []byte(rand.Text())); err != nil {
 		return nil, fmt.Errorf("scope secret: %w", err)
@@ -239,9 +239,9 @@ func (s *store) loadSecret() ([]byte, error) {
 	return secret, nil
 }
 
-// rescope moves every conversation stored under a scope in moves (old to
+// Rescope moves every conversation stored under a scope in moves (old to
 // new) to its new scope, in one transaction.
-func (s *store) rescope(moves map[string]string) error {
+func (s *Store) Rescope(moves map[string]string) error {
 	if len(moves) == 0 {
 		return nil
 	}
@@ -264,32 +264,32 @@ func (s *store) rescope(moves map[string]string) error {
 
 // load returns the committed conversation k: its messages in order (none
 // if it has never been committed) and its source key ("" if unbound).
-func (s *store) load(ctx context.Context, k convKey) (*conversation, error) {
+func (s *Store) load(ctx context.Context, k Key) (*Conversation, error) {
 	msgs, err := s.loadMessages(ctx, k)
 	if err != nil {
 		return nil, err
 	}
 	var source string
-	err = s.on(ctx).QueryRowContext(ctx, s.d.q(`SELECT source FROM sources WHERE scope = ? AND conversation = ?`), k.scope, k.id).Scan(&source)
+	err = s.on(ctx).QueryRowContext(ctx, s.d.q(`SELECT source FROM sources WHERE scope = ? AND conversation = ?`), k.Scope, k.ID).Scan(&source)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("load conversation: %w", err)
 	}
-	return &conversation{messages: msgs, source: source, stored: len(msgs)}, nil
+	return &Conversation{Messages: msgs, Source: source, stored: len(msgs)}, nil
 }
 
-func (s *store) loadMessages(ctx context.Context, k convKey) ([]*message, error) {
+func (s *Store) loadMessages(ctx context.Context, k Key) ([]*Message, error) {
 	rows, err := s.on(ctx).QueryContext(ctx,
 		s.d.q(`SELECT role, content, tool_calls, tool_call_id, hidden FROM messages WHERE scope = ? AND conversation = ? ORDER BY seq`),
-		k.scope, k.id)
+		k.Scope, k.ID)
 	if err != nil {
 		return nil, fmt.Errorf("load conversation: %w", err)
 	}
 	defer rows.Close()
-	var out []*message
+	var out []*Message
 	for rows.Next() {
-		m := &message{}
+		m := &Message{}
 		var content, calls string
-		if err := rows.Scan(&m.Role, &content, &calls, &m.ToolCallID, &m.hidden); err != nil {
+		if err := rows.Scan(&m.Role, &content, &calls, &m.ToolCallID, &m.Hidden); err != nil {
 			return nil, fmt.Errorf("load conversation: %w", err)
 		}
 		m.Content = openai.Content(content)
@@ -312,14 +312,14 @@ func (s *store) loadMessages(ctx context.Context, k convKey) ([]*message, error)
 // us, which per-conversation serialization rules out; it fails the commit.
 // It runs on the connection ctx carries (withConn), if any, and is not
 // ended by ctx.
-func (s *store) appendMessages(ctx context.Context, k convKey, ch change) error {
+func (s *Store) appendMessages(ctx context.Context, k Key, ch change) error {
 	return s.writeMessages(ctx, conflictFails, k, ch)
 }
 
 // overwriteMessages commits ch, its messages replacing any already at
 // their places: the store of the mutants whose turns on one conversation
 // run at once from the same base, where the later commit wins.
-func (s *store) overwriteMessages(ctx context.Context, k convKey, ch change) error {
+func (s *Store) overwriteMessages(ctx context.Context, k Key, ch change) error {
 	return s.writeMessages(ctx, conflictReplaces, k, ch)
 }
 
@@ -335,15 +335,15 @@ func (s *store) overwriteMessages(ctx context.Context, k convKey, ch change) err
 // the pool, for at most commitWithin: after the model answered, a turn
 // is failed only by what waiting cannot mend. A try again on the pool is
 // safe without the turn's lock: the messages' places are unique, so a
-// commit over a conversation that moved on fails (conflictFails); only a
-// commit that may have landed before its connection broke is then
+// Commit over a conversation that moved on fails (conflictFails); only a
+// Commit that may have landed before its connection broke is then
 // reported failed, as a failed turn may be there or not.
-func (s *store) writeMessages(ctx context.Context, conflict onConflict, k convKey, ch change) error {
+func (s *Store) writeMessages(ctx context.Context, conflict onConflict, k Key, ch change) error {
 	db := s.on(ctx)
-	if s.shared == nil {
+	if s.Shared == nil {
 		return s.writeOnce(context.Background(), db, conflict, k, ch)
 	}
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.commitWithin)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.CommitWithin)
 	defer cancel()
 	deadline, _ := wctx.Deadline()
 	b := backoff{deadline: deadline}
@@ -366,7 +366,7 @@ func (s *store) writeMessages(ctx context.Context, conflict onConflict, k convKe
 // shutting down). Any other error the database answered a statement with
 // is neither.
 func lostConnection(err error) bool {
-	if storeFull(err) {
+	if StoreFull(err) {
 		return true
 	}
 	var pgErr *pgconn.PgError
@@ -377,7 +377,7 @@ func lostConnection(err error) bool {
 }
 
 // writeOnce is one try of writeMessages, on db.
-func (s *store) writeOnce(ctx context.Context, db dbtx, conflict onConflict, k convKey, ch change) error {
+func (s *Store) writeOnce(ctx context.Context, db dbtx, conflict onConflict, k Key, ch change) error {
 	insertMessage := s.d.insert(conflict, "messages", 3,
 		"scope", "conversation", "seq", "role", "content", "tool_calls", "tool_call_id", "hidden")
 	tx, err := db.BeginTx(ctx, nil)
@@ -394,19 +394,19 @@ func (s *store) writeOnce(ctx context.Context, db dbtx, conflict onConflict, k c
 			calls = string(b)
 		}
 		if _, err := tx.Exec(insertMessage,
-			k.scope, k.id, ch.seq+i, m.Role, s.d.textArg(string(m.Content)), s.d.textArg(calls), s.d.textArg(m.ToolCallID), flag(m.hidden)); err != nil {
+			k.Scope, k.ID, ch.seq+i, m.Role, s.d.textArg(string(m.Content)), s.d.textArg(calls), s.d.textArg(m.ToolCallID), flag(m.Hidden)); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
 	for _, seq := range ch.hide {
 		if _, err := tx.Exec(s.d.q(`UPDATE messages SET hidden = 1 WHERE scope = ? AND conversation = ? AND seq = ?`),
-			k.scope, k.id, seq); err != nil {
+			k.Scope, k.ID, seq); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
-	if ch.seq == 0 && ch.source != "" {
+	if ch.seq == 0 && ch.Source != "" {
 		if _, err := tx.Exec(s.d.insert(conflict, "sources", 2, "scope", "conversation", "source"),
-			k.scope, k.id, ch.source); err != nil {
+			k.Scope, k.ID, ch.Source); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
@@ -418,13 +418,13 @@ func (s *store) writeOnce(ctx context.Context, db dbtx, conflict onConflict, k c
 
 // forget deletes conversation k, messages and source: only the
 // lost-on-evict mutant does, when the cache evicts it.
-func (s *store) forget(k convKey) error {
+func (s *Store) forget(k Key) error {
 	tx, err := s.db.Begin()
 	if err != nil {
 		return fmt.Errorf("forget: %w", err)
 	}
 	for _, table := range []string{"messages", "sources"} {
-		if _, err := tx.Exec(s.d.q(`DELETE FROM `+table+` WHERE scope = ? AND conversation = ?`), k.scope, k.id); err != nil {
+		if _, err := tx.Exec(s.d.q(`DELETE FROM `+table+` WHERE scope = ? AND conversation = ?`), k.Scope, k.ID); err != nil {
 			return errors.Join(fmt.Errorf("forget: %w", err), tx.Rollback())
 		}
 	}
@@ -434,19 +434,19 @@ func (s *store) forget(k convKey) error {
 	return nil
 }
 
-// createSession records session k, durably: it exists from now on,
+// CreateSession records session k, durably: it exists from now on,
 // with no message yet.
-func (s *store) createSession(k convKey) error {
-	if _, err := s.db.Exec(s.d.insert(conflictFails, "sessions", 2, "scope", "conversation"), k.scope, k.id); err != nil {
+func (s *Store) CreateSession(k Key) error {
+	if _, err := s.db.Exec(s.d.insert(conflictFails, "sessions", 2, "scope", "conversation"), k.Scope, k.ID); err != nil {
 		return fmt.Errorf("create session: %w", err)
 	}
 	return nil
 }
 
-// sessionExists reports whether session k was created.
-func (s *store) sessionExists(ctx context.Context, k convKey) (bool, error) {
+// SessionExists reports whether session k was created.
+func (s *Store) SessionExists(ctx context.Context, k Key) (bool, error) {
 	var one int
-	err := s.db.QueryRowContext(ctx, s.d.q(`SELECT 1 FROM sessions WHERE scope = ? AND conversation = ?`), k.scope, k.id).Scan(&one)
+	err := s.db.QueryRowContext(ctx, s.d.q(`SELECT 1 FROM sessions WHERE scope = ? AND conversation = ?`), k.Scope, k.ID).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
@@ -456,10 +456,10 @@ func (s *store) sessionExists(ctx context.Context, k convKey) (bool, error) {
 	return true, nil
 }
 
-// scopeOf returns the scope of some conversation with id, whichever key
+// ScopeOf returns the scope of some conversation with id, whichever key
 // it is stored under: only the response-cross-key mutant looks one up
 // so.
-func (s *store) scopeOf(ctx context.Context, id string) (string, bool, error) {
+func (s *Store) ScopeOf(ctx context.Context, id string) (string, bool, error) {
 	var scope string
 	err := s.db.QueryRowContext(ctx, s.d.q(`SELECT scope FROM messages WHERE conversation = ? LIMIT 1`), id).Scan(&scope)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -473,11 +473,11 @@ func (s *store) scopeOf(ctx context.Context, id string) (string, bool, error) {
 
 // length returns how many messages conversation k has in the store: its
 // version there, as every commit adds at least one (the turn's user
-// message) and only a commit adds any.
-func (s *store) length(ctx context.Context, k convKey) (int, error) {
+// Message) and only a commit adds any.
+func (s *Store) length(ctx context.Context, k Key) (int, error) {
 	var n int
 	err := s.on(ctx).QueryRowContext(ctx, s.d.q(`SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE scope = ? AND conversation = ?`),
-		k.scope, k.id).Scan(&n)
+		k.Scope, k.ID).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("load conversation: %w", err)
 	}
@@ -492,4 +492,4 @@ func flag(b bool) int {
 	return 0
 }
 
-func (s *store) close() error { return s.db.Close() }
+func (s *Store) Close() error { return s.db.Close() }

@@ -1,4 +1,4 @@
-package sut
+package store
 
 import (
 	"context"
@@ -15,41 +15,41 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
-// convKey names a conversation: its id, scoped by the API key it was
+// Key names a conversation: its id, scoped by the API key it was
 // created with ("" when the server has no keys).
-type convKey struct {
-	scope string
-	id    string
+type Key struct {
+	Scope string
+	ID    string
 }
 
-// message is one message of a conversation, with what the server keeps
+// Message is one message of a conversation, with what the server keeps
 // about it besides its wire form. Conversations hold pointers to messages,
 // so that compaction can mark one in place: a working copy must therefore
 // copy every message it may mark (clone), or a failed turn's marks would
 // show in the committed conversation (T11).
-type message struct {
+type Message struct {
 	openai.Message
-	// hidden marks a message that compaction took out of what the model
+	// Hidden marks a message that compaction took out of what the model
 	// is sent (compaction.go). It stays in the conversation and the store.
-	hidden bool
+	Hidden bool
 }
 
 // copy returns a message that shares nothing mutable with m.
-func (m *message) copy() *message {
+func (m *Message) copy() *Message {
 	c := *m
 	c.ToolCalls = slices.Clone(m.ToolCalls)
 	return &c
 }
 
-// toolPair reports whether m belongs to a tool round: an assistant message
+// ToolPair reports whether m belongs to a tool round: an assistant message
 // that asks for tool calls, or a tool result.
-func (m *message) toolPair() bool {
+func (m *Message) ToolPair() bool {
 	return m.Role == openai.RoleTool || (m.Role == openai.RoleAssistant && len(m.ToolCalls) > 0)
 }
 
-// size is what m counts for against MaxHistoryBytes: its text, and the
+// Size is what m counts for against MaxHistoryBytes: its text, and the
 // arguments of the tool calls it asks for.
-func (m *message) size() int64 {
+func (m *Message) Size() int64 {
 	n := int64(len(m.Content))
 	for _, c := range m.ToolCalls {
 		n += int64(len(c.Function.Arguments))
@@ -57,65 +57,65 @@ func (m *message) size() int64 {
 	return n
 }
 
-// wrap returns msgs as conversation messages, none hidden.
-func wrap(msgs []openai.Message) []*message {
-	out := make([]*message, len(msgs))
+// Wrap returns msgs as conversation messages, none hidden.
+func Wrap(msgs []openai.Message) []*Message {
+	out := make([]*Message, len(msgs))
 	for i, m := range msgs {
-		out[i] = (&message{Message: m}).copy()
+		out[i] = (&Message{Message: m}).copy()
 	}
 	return out
 }
 
-// conversation is a committed history. The server never runs a turn on a
+// Conversation is a committed history. The server never runs a turn on a
 // cached conversation: it runs it on a clone and swaps the clone in only
 // when the turn is committed (T1).
-type conversation struct {
-	messages []*message
-	// source is the key of the agent source the conversation was started
+type Conversation struct {
+	Messages []*Message
+	// Source is the key of the agent source the conversation was started
 	// under; "" when it is bound to none (no agents were loaded).
-	source string
+	Source string
 	// stored is how many messages the store held for it when it was
 	// loaded or committed: its version there (store.length). Messages a
 	// mutant appended in place since do not count.
 	stored int
 }
 
-// clone returns a copy that shares no mutable state with c: new message
+// Clone returns a copy that shares no mutable state with c: new message
 // structs, tool calls copied, so that marking a message of the copy leaves
 // c as it was.
-func (c *conversation) clone() *conversation {
-	msgs := make([]*message, len(c.messages))
-	for i, m := range c.messages {
+func (c *Conversation) Clone() *Conversation {
+	msgs := make([]*Message, len(c.Messages))
+	for i, m := range c.Messages {
 		msgs[i] = m.copy()
 	}
-	return &conversation{messages: msgs, source: c.source, stored: c.stored}
+	return &Conversation{Messages: msgs, Source: c.Source, stored: c.stored}
 }
 
-// shallowClone copies the slice of c's messages and not the messages: the
+// ShallowClone copies the slice of c's messages and not the messages: the
 // copy can grow on its own, but a mark on one of its messages is a mark on
 // c's. Only the shallow-clone mutant runs turns on it.
-func (c *conversation) shallowClone() *conversation {
-	return &conversation{messages: slices.Clone(c.messages), source: c.source, stored: c.stored}
+func (c *Conversation) ShallowClone() *Conversation {
+	return &Conversation{Messages: slices.Clone(c.Messages), Source: c.Source, stored: c.stored}
 }
 
-// visible returns the messages the model is sent: all but the hidden.
-func (c *conversation) visible() []openai.Message {
-	out := make([]openai.Message, 0, len(c.messages))
-	for _, m := range c.messages {
-		if !m.hidden {
+// Visible returns the messages the model is sent: all but the hidden.
+func (c *Conversation) Visible() []openai.Message {
+	out := make([]openai.Message, 0, len(c.Messages))
+	for _, m := range c.Messages {
+		if !m.Hidden {
 			out = append(out, m.Message)
 		}
 	}
 	return out
 }
 
-// conversations is the bounded cache of committed conversations over the
+// Conversations is the bounded cache of committed conversations over the
 // durable store. Eviction loses nothing: a miss reloads from the store.
-type conversations struct {
-	store *store
-	cache *convCache
+type Conversations struct {
+	store *Store
+	Cache *convCache
 	// behind, set only under the ack-before-durable mutant, queues the
-	// store writes of commits instead of making them before the ack.
+	// Store writes of commits instead of making them before the ack.
 	behind *writeBehind
 	// overwriting orders overwrite commits, so that the commit that wrote
 	// the store last is also the one left in the cache.
@@ -135,19 +135,19 @@ type conversations struct {
 	dropStoreErrors bool
 }
 
-// newConversations returns the cache over st, of at most size
-// conversations and what budget leaves it. Four mutants change it:
+// NewConversations returns the cache over st, of at most size
+// Conversations and what budget leaves it. Four mutants change it:
 // lost-on-evict deletes what it evicts from the store, ack-before-durable
 // writes behind, branch-mutates-base caches copies, store-error-acked
 // drops the store's errors.
-func newConversations(st *store, size int, budget *admission.Budget, m config.Mutant, log *slog.Logger) (*conversations, error) {
-	var onEvict func(convKey, *conversation)
+func NewConversations(st *Store, size int, budget *admission.Budget, m config.Mutant, log *slog.Logger) (*Conversations, error) {
+	var onEvict func(Key, *Conversation)
 	if m == config.LostOnEvict {
-		onEvict = func(k convKey, _ *conversation) {
+		onEvict = func(k Key, _ *Conversation) {
 			// The bug: eviction is taken for the end of the conversation,
 			// though the server claims durable storage.
 			if err := st.forget(k); err != nil {
-				log.Error("forget evicted conversation", "conversation", k.id, "err", err)
+				log.Error("forget evicted conversation", "conversation", k.ID, "err", err)
 			}
 		}
 	}
@@ -155,7 +155,7 @@ func newConversations(st *store, size int, budget *admission.Budget, m config.Mu
 	if err != nil {
 		return nil, err
 	}
-	cs := &conversations{store: st, cache: c, cacheCopies: m == config.BranchMutatesBase, verify: st.shared != nil,
+	cs := &Conversations{store: st, Cache: c, cacheCopies: m == config.BranchMutatesBase, verify: st.Shared != nil,
 		dropStoreErrors: m == config.StoreErrorAcked}
 	if m == config.AckBeforeDurable {
 		cs.behind = newWriteBehind(st, log)
@@ -163,27 +163,27 @@ func newConversations(st *store, size int, budget *admission.Budget, m config.Mu
 	return cs, nil
 }
 
-// close writes what is not durable yet (only the ack-before-durable mutant
+// Close writes what is not durable yet (only the ack-before-durable mutant
 // has any), for a graceful stop.
-func (cs *conversations) close() {
+func (cs *Conversations) Close() {
 	if cs.behind != nil {
-		cs.behind.close()
+		cs.behind.Close()
 	}
 }
 
 // Crash drops what is not durable yet, as a killed process does.
-func (cs *conversations) crash() {
+func (cs *Conversations) Crash() {
 	if cs.behind != nil {
-		cs.behind.crash()
+		cs.behind.Crash()
 	}
 }
 
-// get returns the committed conversation k, empty if it was never
+// Get returns the committed conversation k, empty if it was never
 // committed. The caller holds k's lock, so what it loads is current and may
 // go into the cache; a cached conversation that another process committed
 // to since is stale, and is loaded again (fresh).
-func (cs *conversations) get(ctx context.Context, k convKey) (*conversation, error) {
-	cached, ok := cs.cache.Get(k)
+func (cs *Conversations) Get(ctx context.Context, k Key) (*Conversation, error) {
+	cached, ok := cs.Cache.Get(k)
 	if ok {
 		fresh, err := cs.fresh(ctx, k, cached)
 		if err != nil || fresh {
@@ -193,19 +193,19 @@ func (cs *conversations) get(ctx context.Context, k convKey) (*conversation, err
 	c, err := cs.load(ctx, k)
 	// A stale entry is replaced, not removed: a removal counts as an
 	// eviction (lost-on-evict would delete the conversation).
-	if err == nil && (ok || len(c.messages) > 0) {
-		cs.cache.Add(k, c)
+	if err == nil && (ok || len(c.Messages) > 0) {
+		cs.Cache.Add(k, c)
 	}
 	return c, err
 }
 
-// getUnchecked is get without the check of a cached conversation against
+// GetUnchecked is get without the check of a cached conversation against
 // the store: only the replica-stale-cache mutant serves its cache so.
-func (cs *conversations) getUnchecked(ctx context.Context, k convKey) (*conversation, error) {
-	if c, ok := cs.cache.Get(k); ok {
+func (cs *Conversations) GetUnchecked(ctx context.Context, k Key) (*Conversation, error) {
+	if c, ok := cs.Cache.Get(k); ok {
 		return c, nil
 	}
-	return cs.get(ctx, k)
+	return cs.Get(ctx, k)
 }
 
 // fresh reports whether the cached c is still k as committed: with verify,
@@ -213,7 +213,7 @@ func (cs *conversations) getUnchecked(ctx context.Context, k convKey) (*conversa
 // Every commit adds messages, and a commit under k's lock starts from the
 // state the lock's previous holder left, so an equal count is the same
 // history.
-func (cs *conversations) fresh(ctx context.Context, k convKey, c *conversation) (bool, error) {
+func (cs *Conversations) fresh(ctx context.Context, k Key, c *Conversation) (bool, error) {
 	if !cs.verify {
 		return true, nil
 	}
@@ -221,51 +221,51 @@ func (cs *conversations) fresh(ctx context.Context, k convKey, c *conversation) 
 	return n == c.stored, err
 }
 
-// peek returns the committed conversation k, as get does, without k's lock
+// Peek returns the committed conversation k, as get does, without k's lock
 // (the mutants that skip it). It never fills the cache: what it loaded may
 // be stale by the time it would land there, over a newer commit.
-func (cs *conversations) peek(ctx context.Context, k convKey) (*conversation, error) {
-	if c, ok := cs.cache.Get(k); ok {
+func (cs *Conversations) Peek(ctx context.Context, k Key) (*Conversation, error) {
+	if c, ok := cs.Cache.Get(k); ok {
 		return c, nil
 	}
 	return cs.load(ctx, k)
 }
 
 // load reads conversation k as committed, past the cache.
-func (cs *conversations) load(ctx context.Context, k convKey) (*conversation, error) {
+func (cs *Conversations) load(ctx context.Context, k Key) (*Conversation, error) {
 	if cs.behind != nil {
 		return cs.behind.load(ctx, k)
 	}
 	return cs.store.load(ctx, k)
 }
 
-// commit makes next the committed state of k: the messages after the
+// Commit makes next the committed state of k: the messages after the
 // first committedLen go to the store durably, with the hidden marks the
 // turn set on earlier messages (hid, their indexes), then next (a copy of
 // it under branch-mutates-base: cacheCopies) replaces the cached
-// conversation. Under the lock nothing else can have been committed
+// Conversation. Under the lock nothing else can have been committed
 // since committedLen, and a clash fails the commit; with overwrite (the
 // mutants that run turns without the lock) the messages replace whatever
 // another turn committed at the same places, and the later commit wins.
 // The store writes on the connection ctx carries (withConn), if any; ctx
 // does not end the commit.
-func (cs *conversations) commit(ctx context.Context, k convKey, committedLen int, hid []int, next *conversation, overwrite bool) error {
+func (cs *Conversations) Commit(ctx context.Context, k Key, committedLen int, hid []int, next *Conversation, overwrite bool) error {
 	if cs.cacheCopies {
-		next = next.clone()
+		next = next.Clone()
 	}
-	next.stored = len(next.messages)
-	ch := change{seq: committedLen, msgs: snapshot(next.messages[committedLen:]), hide: slices.Clone(hid), source: next.source}
+	next.stored = len(next.Messages)
+	ch := change{seq: committedLen, msgs: snapshot(next.Messages[committedLen:]), hide: slices.Clone(hid), Source: next.Source}
 	if !overwrite {
 		if cs.behind != nil {
 			// The bug: acknowledged before it is durable.
 			cs.behind.enqueue(k, ch)
-			cs.cache.Add(k, next)
+			cs.Cache.Add(k, next)
 			return nil
 		}
 		if err := cs.store.appendMessages(ctx, k, ch); err != nil && !cs.dropStoreErrors {
 			return err
 		}
-		cs.cache.Add(k, next)
+		cs.Cache.Add(k, next)
 		return nil
 	}
 	cs.overwriting.Lock()
@@ -273,7 +273,7 @@ func (cs *conversations) commit(ctx context.Context, k convKey, committedLen int
 	if err := cs.store.overwriteMessages(ctx, k, ch); err != nil {
 		return err
 	}
-	cs.cache.Add(k, next)
+	cs.Cache.Add(k, next)
 	return nil
 }
 
@@ -282,16 +282,16 @@ func (cs *conversations) commit(ctx context.Context, k convKey, committedLen int
 // with the first messages only).
 type change struct {
 	seq    int
-	msgs   []message // values: what they were at the commit
+	msgs   []Message // values: what they were at the commit
 	hide   []int     // indexes of earlier messages now hidden
-	source string
+	Source string
 }
 
 // snapshot copies msgs as values, so that a change queued behind (the
 // ack-before-durable mutant) is what was committed, whatever happens to
 // the messages after.
-func snapshot(msgs []*message) []message {
-	out := make([]message, len(msgs))
+func snapshot(msgs []*Message) []Message {
+	out := make([]Message, len(msgs))
 	for i, m := range msgs {
 		out[i] = *m.copy()
 	}
@@ -307,21 +307,21 @@ func snapshot(msgs []*message) []message {
 type convCache struct {
 	budget *admission.Budget
 	mu     sync.Mutex
-	lru    *simplelru.LRU[convKey, cached]
+	lru    *simplelru.LRU[Key, cached]
 }
 
 // cached is a cache entry: the conversation and what it was charged.
 type cached struct {
-	c    *conversation
+	c    *Conversation
 	cost int64
 }
 
 // newConvCache returns a cache of at most size conversations, charged to
 // budget; onEvict, if not nil, hears of each conversation evicted (not
 // of one replaced).
-func newConvCache(size int, budget *admission.Budget, onEvict func(convKey, *conversation)) (*convCache, error) {
+func newConvCache(size int, budget *admission.Budget, onEvict func(Key, *Conversation)) (*convCache, error) {
 	cc := &convCache{budget: budget}
-	lru, err := simplelru.NewLRU(size, func(k convKey, e cached) {
+	lru, err := simplelru.NewLRU(size, func(k Key, e cached) {
 		budget.Release(e.cost)
 		if onEvict != nil {
 			onEvict(k, e.c)
@@ -336,7 +336,7 @@ func newConvCache(size int, budget *admission.Budget, onEvict func(convKey, *con
 }
 
 // Get returns the cached conversation k, marking it recently used.
-func (cc *convCache) Get(k convKey) (*conversation, bool) {
+func (cc *convCache) Get(k Key) (*Conversation, bool) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	e, ok := cc.lru.Get(k)
@@ -347,7 +347,7 @@ func (cc *convCache) Get(k convKey) (*conversation, bool) {
 // least recently used conversations (c itself last) while the budget is
 // exceeded: what a turn committed is in the store whatever the cache
 // keeps.
-func (cc *convCache) Add(k convKey, c *conversation) {
+func (cc *convCache) Add(k Key, c *Conversation) {
 	cost := conversationCost(c)
 	cc.mu.Lock()
 	defer cc.mu.Unlock()

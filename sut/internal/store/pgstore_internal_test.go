@@ -1,4 +1,4 @@
-package sut
+package store
 
 import (
 	"context"
@@ -55,9 +55,9 @@ func TestConnBudgetFirstComeFirstServed(t *testing.T) {
 // other errors are not.
 func TestStoreFull(t *testing.T) {
 	for code, full := range map[string]bool{"53300": true, "57P03": true, "53000": true, "23505": false, "42P01": false} {
-		assert.Equal(t, full, storeFull(&pgconn.PgError{Code: code}), code)
-		assert.Equal(t, full, storeFull(errors.Join(errors.New("connect"), &pgconn.PgError{Code: code})), "wrapped %s", code)
+		assert.Equal(t, full, StoreFull(&pgconn.PgError{Code: code}), code)
+		assert.Equal(t, full, StoreFull(errors.Join(errors.New("connect"), &pgconn.PgError{Code: code})), "wrapped %s", code)
 	}
-	assert.True(t, storeFull(errStoreBusy))
-	assert.False(t, storeFull(errors.New("connection refused")))
+	assert.True(t, StoreFull(errStoreBusy))
+	assert.False(t, StoreFull(errors.New("connection refused")))
 }

@@ -1,4 +1,4 @@
-package sut
+package store
 
 import (
 	"context"
@@ -26,22 +26,22 @@ import (
 // names it: each commit is durable when it returns (synchronous_commit
 // on, whatever the server's default), one conversation's turns run one
 // after another across all of them (advisoryLocks), and each replica's
-// cache is checked against the store under the lock (conversations.fresh).
+// Cache is checked against the store under the lock (conversations.fresh).
 
-// isPostgresURL reports whether store names a PostgreSQL database.
-func isPostgresURL(store string) bool {
+// IsPostgresURL reports whether store names a PostgreSQL database.
+func IsPostgresURL(store string) bool {
 	return strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://")
 }
 
-// openPostgres opens the store in the PostgreSQL database at url, with at
+// OpenPostgres opens the store in the PostgreSQL database at url, with at
 // most maxConns connections open at once (at least 2). A turn does all it
 // does in the store (its lock, its load, its commit) on one connection,
 // which it holds from its lock to its release (advisoryLocks.lock): it
 // never waits for a second one while it holds a lock on the first. Turns
 // may hold all of them but one (connBudget), which is left to what runs
 // on the pool (a session's creation, a chained response's load and
-// commit), so that those never wait for a model call to end.
-func openPostgres(url string, maxConns int) (*store, error) {
+// Commit), so that those never wait for a model call to end.
+func OpenPostgres(url string, maxConns int) (*Store, error) {
 	if maxConns < 2 {
 		return nil, fmt.Errorf("max store conns %d: want at least 2, one for turns and one for the rest", maxConns)
 	}
@@ -73,7 +73,7 @@ func openPostgres(url string, maxConns int) (*store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store %s: %w", where, err)
 	}
-	st.shared = &advisoryLocks{db: db, schema: schema, budget: newConnBudget(maxConns - 1)}
+	st.Shared = &AdvisoryLocks{db: db, schema: schema, budget: newConnBudget(maxConns - 1)}
 	return st, nil
 }
 
@@ -97,11 +97,11 @@ func DefaultMaxStoreConns(maxRequests int) int {
 // refused before any model call (503, Retry-After).
 var errStoreBusy = errors.New("every connection to the store is in use")
 
-// storeFull reports whether err is PostgreSQL refusing a connection for
+// StoreFull reports whether err is PostgreSQL refusing a connection for
 // want of room (too many clients, the slots left reserved, a server
 // starting or stopping): it may take one a moment later, and a turn
 // refused for it is refused for load, not for a fault.
-func storeFull(err error) bool {
+func StoreFull(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return errors.Is(err, errStoreBusy)
@@ -177,12 +177,12 @@ func (b *connBudget) giveLocked() {
 	b.queue = slices.Delete(b.queue, 0, 1)
 }
 
-// advisoryLocks are conversation locks that hold across processes: a
+// AdvisoryLocks are conversation locks that hold across processes: a
 // PostgreSQL session-level advisory lock, keyed by the conversation
 // (advisoryLocks.key) and taken on a connection that the turn keeps until it
 // releases the lock. A process that dies loses its connections, and
 // PostgreSQL releases their locks with them.
-type advisoryLocks struct {
+type AdvisoryLocks struct {
 	db *sql.DB
 	// schema is the store's schema: advisory locks are the database's,
 	// and stores in other schemas of it are other servers.
@@ -193,10 +193,10 @@ type advisoryLocks struct {
 
 // key is k's advisory lock key: a 64-bit FNV-1a hash of the store's
 // schema and k's scope and id, the same in every process. Two
-// conversations that share one only wait for each other.
-func (a *advisoryLocks) key(k convKey) int64 {
+// Conversations that share one only wait for each other.
+func (a *AdvisoryLocks) key(k Key) int64 {
 	h := fnv.New64a()
-	for _, part := range []string{a.schema, k.scope, k.id} {
+	for _, part := range []string{a.schema, k.Scope, k.ID} {
 		_, _ = h.Write([]byte(part))
 		_, _ = h.Write([]byte{0})
 	}
@@ -207,15 +207,15 @@ func (a *advisoryLocks) key(k convKey) int64 {
 // dropped, which gives it back too.
 const unlockTimeout = 5 * time.Second
 
-// lock takes k's advisory lock, on a connection that it returns: the
+// Lock takes k's advisory lock, on a connection that it returns: the
 // turn's, for everything it does in the store until unlock. It first
 // waits in line for a connection (connBudget), then for the database to
 // take it (storeFull), both within maxWait, or fails with errStoreBusy. A
-// lock held elsewhere then fails at once with errConversationBusy under
+// Lock held elsewhere then fails at once with errConversationBusy under
 // Reject; under Serialize the request waits, counted on gauge as
 // waiting, until it gets it, ctx ends (ctx's error) or what is left of
 // maxWait passes (errWaitTimedOut).
-func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy config.Concurrency, maxWait time.Duration, gauge *admission.Gauge) (_ *sql.Conn, unlock func(), err error) {
+func (a *AdvisoryLocks) Lock(ctx context.Context, k Key, policy config.Concurrency, maxWait time.Duration, gauge *admission.Gauge) (_ *sql.Conn, unlock func(), err error) {
 	deadline := time.Now().Add(maxWait)
 	if err := a.budget.take(ctx, deadline); err != nil {
 		return nil, nil, err
@@ -236,7 +236,7 @@ func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy config.Concu
 	}
 	if !got {
 		if policy == config.Reject {
-			return nil, nil, errors.Join(errConversationBusy, conn.Close())
+			return nil, nil, errors.Join(ErrConversationBusy, conn.Close())
 		}
 		gauge.Add(0, 1)
 		err := wait(ctx, conn, key, time.Until(deadline))
@@ -253,12 +253,12 @@ func (a *advisoryLocks) lock(ctx context.Context, k convKey, policy config.Concu
 // database refuses new ones for want of room (storeFull) until deadline;
 // past it the error is errStoreBusy, with the database's. It gives up
 // only once deadline has passed, never before: a turn on a busy
-// conversation is refused only after the wait the server declares.
-func (a *advisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.Conn, error) {
+// Conversation is refused only after the wait the server declares.
+func (a *AdvisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.Conn, error) {
 	b := backoff{deadline: deadline}
 	for {
 		conn, err := a.db.Conn(ctx)
-		if err == nil || !storeFull(err) {
+		if err == nil || !StoreFull(err) {
 			return conn, err
 		}
 		if !b.wait(ctx) {
@@ -277,7 +277,7 @@ func (a *advisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.C
 // is closed.
 func wait(ctx context.Context, conn *sql.Conn, key int64, maxWait time.Duration) error {
 	if maxWait <= 0 {
-		return errors.Join(errWaitTimedOut, conn.Close())
+		return errors.Join(ErrWaitTimedOut, conn.Close())
 	}
 	timeout := strconv.FormatInt(max(maxWait.Milliseconds(), 1), 10) + "ms"
 	if _, err := conn.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, false)`, timeout); err != nil {
@@ -288,9 +288,9 @@ func wait(ctx context.Context, conn *sql.Conn, key int64, maxWait time.Duration)
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
 		if _, err := conn.ExecContext(ctx, `RESET lock_timeout`); err != nil {
-			return errors.Join(errWaitTimedOut, drop(conn))
+			return errors.Join(ErrWaitTimedOut, drop(conn))
 		}
-		return errors.Join(errWaitTimedOut, conn.Close())
+		return errors.Join(ErrWaitTimedOut, conn.Close())
 	case err != nil:
 		if ctx.Err() != nil {
 			err = ctx.Err()
