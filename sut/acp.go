@@ -534,23 +534,19 @@ func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, u
 	defer context.AfterFunc(ctx, run.cancel)()
 	release, refusal := ticket.Admit(ctx, nil, int64(len(user.Content)), nil)
 	if refusal == admission.ClientLeft {
-		return a.answer(run, nil, &acpCapture{})
+		return a.answer(run, nil, &acpClient{})
 	}
 	if refusal != nil {
 		return acp.PromptResponse{}, acpRefusal(refusal)
 	}
 	defer release()
-	// The turn machinery answers an HTTP client: it gets one that records
-	// the answer, which becomes the JSON-RPC one.
-	w := &acpCapture{header: http.Header{}}
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "/acp/session/prompt", http.NoBody)
-	if err != nil {
-		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", err.Error())
-	}
+	// What the turn machinery answers of its own (a refusal, a failure)
+	// is recorded, and becomes the JSON-RPC answer.
+	c := &acpClient{}
 	resp := &acpResponder{a: a, id: id}
 	t := &turn{key: acpKey(id), proto: config.ProtoACP, toolNotes: resp}
-	s.converse(w, r, t, userInput(user), a.agentRef(), resp)
-	return a.answer(run, resp, w)
+	s.converse(ctx, c, t, userInput(user), a.agentRef(), resp)
+	return a.answer(run, resp, c)
 }
 
 // agentRef is what a new session's first turn binds by: the first agent
@@ -577,7 +573,7 @@ func errACPStopping() *acp.RequestError {
 }
 
 // answer turns what the turn machinery answered into the prompt's answer.
-func (a *acpAgent) answer(run *acpPrompt, resp *acpResponder, w *acpCapture) (acp.PromptResponse, error) {
+func (a *acpAgent) answer(run *acpPrompt, resp *acpResponder, c *acpClient) (acp.PromptResponse, error) {
 	switch {
 	case run.cancelled.Load():
 		// ACP: the answer to a cancelled prompt is cancelled, whatever
@@ -588,49 +584,45 @@ func (a *acpAgent) answer(run *acpPrompt, resp *acpResponder, w *acpCapture) (ac
 	case resp != nil && resp.refusal:
 		return acp.PromptResponse{StopReason: acp.StopReasonRefusal}, nil
 	}
-	if w.status == 0 || w.status == http.StatusOK {
+	r := c.refusal
+	if r == nil || r.Status == 0 || r.Status == http.StatusOK {
 		// Nothing answered: the client is gone, or stopped reading.
 		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", statusClientClosed, "client_closed_request",
 			"the client went away; the turn was rolled back")
 	}
-	var body openai.ErrorBody
-	_ = json.Unmarshal([]byte(w.body.String()), &body)
 	code, message := -32603, "Internal error"
-	switch w.status {
+	switch r.Status {
 	case http.StatusBadRequest:
 		code, message = -32602, "Invalid params"
 	case http.StatusNotFound:
 		code, message = -32002, "Resource not found"
 	}
-	return acp.PromptResponse{}, rpcErr(code, message, w.status, body.Error.Type, body.Error.Message)
+	return acp.PromptResponse{}, rpcErr(code, message, r.Status, r.Type, r.Message)
 }
 
-// acpCapture is the http.ResponseWriter the turn machinery answers an
-// ACP prompt through: it records the status and body of an error (a
-// success is the responder's), which answer turns into a JSON-RPC error.
-type acpCapture struct {
-	header http.Header
-	status int
-	body   strings.Builder
+// acpClient is the Client of an ACP prompt's turn: it records what the
+// turn machinery answers of its own (a success is the responder's), which
+// answer turns into a JSON-RPC error.
+type acpClient struct {
+	// refusal is the first answer; nil for none.
+	refusal *admission.Refusal
 }
 
-func (c *acpCapture) Header() http.Header { return c.header }
-
-func (c *acpCapture) WriteHeader(status int) {
-	if c.status == 0 {
-		c.status = status
+// Refuse records r, unless an answer came first.
+func (c *acpClient) Refuse(r *admission.Refusal) {
+	if c.refusal == nil {
+		c.refusal = r
 	}
 }
 
-func (c *acpCapture) Write(b []byte) (int, error) {
-	c.WriteHeader(http.StatusOK)
-	return c.body.Write(b)
-}
+// Done does nothing: the prompt's answer is written when its handler
+// returns.
+func (*acpClient) Done() {}
 
 // acpResponder is the responder of an ACP prompt: the reply streams as
 // agent_message_chunk notifications, each tool call as tool_call and
-// tool_call_update; success and refusal are recorded for answer. It never opens an event stream, so every failure reaches
-// acpCapture as a status.
+// tool_call_update; success and refusal are recorded for answer. It never opens an event
+// stream, so every failure reaches acpClient as a refusal.
 type acpResponder struct {
 	a       *acpAgent
 	id      acp.SessionId
@@ -649,10 +641,7 @@ func (r *acpResponder) delta(o *output, text string) {
 	if err := r.a.update(r.id, acp.UpdateAgentMessageText(text)); err != nil {
 		// As a chunk an HTTP client does not take: the turn ends, unless
 		// it completes whatever its client does.
-		o.err = err
-		if !o.completes {
-			o.cancel()
-		}
+		o.fail(err)
 	}
 }
 

@@ -19,13 +19,13 @@ import (
 // drops the turns still running); each model call and lookup keeps its
 // own deadline under it. A stateless turn has no conversation to complete:
 // it stops with its client under any policy.
-func (s *Server) turnContext(r *http.Request, t *turn) (ctx context.Context, cancel context.CancelFunc, completes bool) {
+func (s *Server) turnContext(rctx context.Context, t *turn) (ctx context.Context, cancel context.CancelFunc, completes bool) {
 	if s.cfg.Interruption != config.Complete || !t.stateful {
-		ctx, cancel = context.WithCancel(s.noticed(r.Context()))
-		s.cfg.Gauge.DoneWhen(ctx, r.Header.Get(admission.RequestTagHeader))
+		ctx, cancel = context.WithCancel(s.noticed(rctx))
+		s.cfg.Gauge.DoneWhen(ctx, admission.TicketOf(rctx).Tag())
 		return ctx, cancel, false
 	}
-	ctx, end := context.WithCancel(context.WithoutCancel(r.Context()))
+	ctx, end := context.WithCancel(context.WithoutCancel(rctx))
 	stop := context.AfterFunc(s.turns, end)
 	return ctx, func() { stop(); end() }, true
 }
@@ -36,28 +36,28 @@ func (s *Server) turnContext(r *http.Request, t *turn) (ctx context.Context, can
 // and the turn did not end. It releases the lock and reports true for
 // such a turn; for any other it does nothing and reports false. A turn
 // that ended ok just as a stop came is not dropped: it commits.
-func (s *Server) dropped(w http.ResponseWriter, r *http.Request, ctx context.Context, t *turn, o *output, err error) bool {
+func (s *Server) dropped(rctx context.Context, c Client, ctx context.Context, t *turn, o *output, err error) bool {
 	switch {
 	case s.crashing.Load() || s.life.Err() != nil:
-		s.crashedUnder(w, t, o)
+		s.crashedUnder(c, t, o)
 		return true
 	case err != nil && ctx.Err() != nil:
 		t.release()
 		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.ID)
-		if !s.stopDropped(w, r, o) && r.Context().Err() == nil {
-			s.answerError(w, o, http.StatusServiceUnavailable, "unavailable", "the server is stopping; the turn was rolled back")
+		if !s.stopDropped(rctx, c, o) && rctx.Err() == nil {
+			s.answerError(c, o, http.StatusServiceUnavailable, "unavailable", "the server is stopping; the turn was rolled back")
 		}
 		return true
 	}
 	return false
 }
 
-// interrupted reports whether the turn of r was interrupted: its client
+// interrupted reports whether the turn of request context rctx was interrupted: its client
 // went away. Under Complete it does not matter (see turnContext). A crash drops every connection and ends every request's
 // context too, but a killed process commits nothing, so that is no
 // interruption.
-func (s *Server) interrupted(r *http.Request) bool {
-	return r.Context().Err() != nil && !s.crashing.Load() && !s.dropping.Load() && s.life.Err() == nil
+func (s *Server) interrupted(rctx context.Context) bool {
+	return rctx.Err() != nil && !s.crashing.Load() && !s.dropping.Load() && s.life.Err() == nil
 }
 
 // interrupt settles an interrupted turn by the server's policy, under the

@@ -10,6 +10,7 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
 
+	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
@@ -33,11 +34,42 @@ type responder interface {
 	failed(o *output, typ, msg string)
 }
 
+// Client is the client's end of one turn: where what the turn machinery
+// answers of its own goes (a refusal, a failure before any stream
+// opened), beside what the turn's responder writes. HTTP's is an HTTP
+// response (HTTP); ACP's records the answer for its JSON-RPC reply.
+type Client interface {
+	// Refuse answers the turn with r, before any stream opened.
+	Refuse(r *admission.Refusal)
+	// Done is called once the turn's answer is written.
+	Done()
+}
+
+// HTTP is the Client of a turn that came as an HTTP request: what the
+// turn answers goes on its response.
+type HTTP struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+// NewHTTP returns the Client answering on w.
+func NewHTTP(w http.ResponseWriter) *HTTP {
+	return &HTTP{w: w, rc: http.NewResponseController(w)}
+}
+
+// Refuse writes r as the response.
+func (h *HTTP) Refuse(r *admission.Refusal) { r.Write(h.w) }
+
+// Done lifts the write deadline a stream set: the connection lives on.
+func (h *HTTP) Done() { _ = h.rc.SetWriteDeadline(time.Time{}) }
+
 // output is where one turn's answer goes: the client's connection, and
 // the event stream once one is open.
 type output struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
+	// client is the turn's client; http is the same when it is HTTP's,
+	// which alone offers streams and JSON answers (open, write, json).
+	client Client
+	http   *HTTP
 	// resp writes the answer in the turn's protocol.
 	resp responder
 	// out is the event stream, nil until the answer opens one.
@@ -56,14 +88,20 @@ type output struct {
 	stall func()
 }
 
+// newOutput returns the output of a turn answering c through resp.
+func newOutput(c Client, resp responder, completes bool, cancel context.CancelFunc) *output {
+	h, _ := c.(*HTTP)
+	return &output{client: c, http: h, resp: resp, completes: completes, cancel: cancel}
+}
+
 // streaming reports whether the answer's stream is open; o may be nil, for
 // a turn refused before it ran.
 func (o *output) streaming() bool { return o != nil && o.out != nil }
 
 // open opens the answer's event stream, with status 200.
 func (o *output) open() {
-	o.out = sse.NewWriter(o.w)
-	o.w.WriteHeader(http.StatusOK)
+	o.out = sse.NewWriter(o.http.w)
+	o.http.w.WriteHeader(http.StatusOK)
 }
 
 // write writes one event on the open stream, named event ("" for a bare
@@ -75,12 +113,18 @@ func (o *output) write(event, payload string) {
 	if o.stall != nil {
 		o.stall()
 	}
-	_ = o.rc.SetWriteDeadline(time.Now().Add(config.StreamWriteTimeout))
+	_ = o.http.rc.SetWriteDeadline(time.Now().Add(config.StreamWriteTimeout))
 	if event == "" {
-		o.err = o.out.Data(payload)
+		o.fail(o.out.Data(payload))
 	} else {
-		o.err = o.out.Event(event, payload)
+		o.fail(o.out.Event(event, payload))
 	}
+}
+
+// fail records err, a write to the client that failed (nil for none):
+// nothing is written after it, and it ends a turn that does not complete.
+func (o *output) fail(err error) {
+	o.err = err
 	if o.err != nil && !o.completes {
 		o.cancel()
 	}
@@ -91,11 +135,11 @@ func (o *output) json(status int, payload string) {
 	if o.stall != nil {
 		o.stall()
 	}
-	o.w.Header().Set("Content-Type", "application/json")
+	o.http.w.Header().Set("Content-Type", "application/json")
 	// A client that does not read its answer must not hold the handler.
-	_ = o.rc.SetWriteDeadline(time.Now().Add(config.StreamWriteTimeout))
-	o.w.WriteHeader(status)
-	_, _ = io.WriteString(o.w, payload)
+	_ = o.http.rc.SetWriteDeadline(time.Now().Add(config.StreamWriteTimeout))
+	o.http.w.WriteHeader(status)
+	_, _ = io.WriteString(o.http.w, payload)
 }
 
 // chatResponder answers a chat turn: a chat.completion object, or a stream

@@ -148,7 +148,7 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 	resp := s.newResponseResponder(req)
 	if req.conversation != "" {
 		t := &turn{key: store.Key{Scope: scope, ID: nsResponseConversation + req.conversation}, proto: config.ProtoResponses}
-		s.converse(w, r, t, req.input, req.model, resp)
+		s.converse(r.Context(), NewHTTP(w), t, req.input, req.model, resp)
 		return
 	}
 	if s.cfg.ResponsesLine {
@@ -168,7 +168,7 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 		resp.obj.ID = lineResponseID(line)
 		resp.obj.Store = true // store: false is ignored
 		t := &turn{key: store.Key{Scope: scope, ID: key}, proto: config.ProtoResponses}
-		s.converse(w, r, t, req.input, req.model, resp)
+		s.converse(r.Context(), NewHTTP(w), t, req.input, req.model, resp)
 		return
 	}
 	// A response of its own: no lock, as nothing but this turn can ever
@@ -190,10 +190,11 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 			return
 		}
 	}
-	if !s.prepare(w, t, base, req.input, req.model) {
+	c := NewHTTP(w)
+	if !s.prepare(c, t, base, req.input, req.model) {
 		return
 	}
-	s.run(w, r, t, resp)
+	s.run(r.Context(), c, t, resp)
 }
 
 // lineResponseID is a new id of a response of line (Config.ResponsesLine):
@@ -341,7 +342,7 @@ func (s *Server) loadResponse(ctx context.Context, scope, id string) (*store.Con
 // 404 previous_response_not_found, or as a conversation that did not load.
 func (s *Server) refuseResponse(w http.ResponseWriter, r *http.Request, t *turn, previous string, err error) {
 	if !errors.Is(err, errNoResponse) {
-		s.refuse(w, r, t, err)
+		s.refuse(r.Context(), NewHTTP(w), t, err)
 		return
 	}
 	writeCodedError(w, http.StatusNotFound, "invalid_request_error", "previous_response_not_found",

@@ -555,7 +555,7 @@ func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id stri
 		if s.cfg.Mutant == config.CrossKeyLeak {
 			key.Scope = ""
 		}
-		s.converse(w, r, &turn{key: key, proto: config.ProtoChat}, userInput(user), req.Model, resp)
+		s.converse(r.Context(), NewHTTP(w), &turn{key: key, proto: config.ProtoChat}, userInput(user), req.Model, resp)
 		return
 	}
 	// Stateless: the array is the whole history.
@@ -563,7 +563,7 @@ func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id stri
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	s.run(w, r, &turn{proto: config.ProtoChat, release: func() {}, work: &store.Conversation{Messages: store.Wrap(req.Messages)}}, resp)
+	s.run(r.Context(), NewHTTP(w), &turn{proto: config.ProtoChat, release: func() {}, work: &store.Conversation{Messages: store.Wrap(req.Messages)}}, resp)
 }
 
 // converse runs turn t, whose key and protocol are set, on its
@@ -571,10 +571,10 @@ func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id stri
 // concurrency policy, with input appended to the history: the turn of a
 // chat request with a conversation id, of a Responses request in
 // Conversation mode, of a session.
-func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, input []openai.Message, model string, resp responder) {
+func (s *Server) converse(rctx context.Context, c Client, t *turn, input []openai.Message, model string, resp responder) {
 	t.stateful = true
 	t.release = func() {}
-	base, err := s.acquire(r.Context(), t)
+	base, err := s.acquire(rctx, t)
 	switch {
 	case err == nil && s.crashing.Load():
 		// The server is crashing, and this turn got its conversation
@@ -595,14 +595,14 @@ func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, input
 	defer func() { t.release() }()
 	if err != nil {
 		t.release()
-		s.refuse(w, r, t, err)
+		s.refuse(rctx, c, t, err)
 		return
 	}
 	t.committed = len(base.Messages)
-	if !s.prepare(w, t, base, input, model) {
+	if !s.prepare(c, t, base, input, model) {
 		return
 	}
-	s.run(w, r, t, resp)
+	s.run(rctx, c, t, resp)
 }
 
 // userInput is the input of a turn of chat or of a session: its new user
@@ -620,7 +620,7 @@ func userInput(user openai.Message) []openai.Message {
 // agent and its working copy, the input last, and reports true. A history
 // that starts with this turn records the agent's source key, with its
 // first commit, never changed after.
-func (s *Server) prepare(w http.ResponseWriter, t *turn, base *store.Conversation, input []openai.Message, model string) bool {
+func (s *Server) prepare(c Client, t *turn, base *store.Conversation, input []openai.Message, model string) bool {
 	if t.proto == config.ProtoResponses {
 		input = s.replayOnToolOutput(base, input)
 	}
@@ -632,14 +632,14 @@ func (s *Server) prepare(w http.ResponseWriter, t *turn, base *store.Conversatio
 		// Refused before any model call: nothing changes.
 		t.release()
 		s.log.Info("input refused", "conversation", t.key.ID, "err", err)
-		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		c.Refuse(admission.Refuse(http.StatusBadRequest, "invalid_request_error", err.Error()))
 		return false
 	}
 	agent, err := s.agentFor(t, base, model)
 	if err != nil {
 		// Refused before any model call: nothing changes.
 		t.release()
-		s.refuseAgent(w, t, err)
+		s.refuseAgent(c, t, err)
 		return false
 	}
 	t.agent = agent
@@ -808,29 +808,29 @@ func (s *Server) acquireBaseFirst(ctx context.Context, t *turn) (*store.Conversa
 // its client went away while it waited, or the conversation did not load.
 // The refuse-concurrent-new mutant's busy new session is a 500, as
 // openclaw's "session is busy" is.
-func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err error) {
+func (s *Server) refuse(rctx context.Context, c Client, t *turn, err error) {
 	switch {
 	case errors.Is(err, store.ErrConversationBusy):
-		openai.WriteError(w, http.StatusConflict, "conflict",
-			"a turn on this conversation is already in flight; nothing was changed: send this turn again once that one has ended")
+		c.Refuse(admission.Refuse(http.StatusConflict, "conflict",
+			"a turn on this conversation is already in flight; nothing was changed: send this turn again once that one has ended"))
 	case errors.Is(err, store.ErrSessionBusy):
-		openai.WriteError(w, http.StatusInternalServerError, "server_error", "session is busy")
+		c.Refuse(admission.Refuse(http.StatusInternalServerError, "server_error", "session is busy"))
 	case errors.Is(err, store.ErrWaitTimedOut):
-		(&admission.Refusal{Status: http.StatusServiceUnavailable, Type: "conversation_busy", RetryAfter: true,
-			Message: fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout)}).Write(w)
+		c.Refuse(&admission.Refusal{Status: http.StatusServiceUnavailable, Type: "conversation_busy", RetryAfter: true,
+			Message: fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout)})
 	case store.StoreFull(err):
-		s.refuseStoreFull(w, t, err)
+		s.refuseStoreFull(c, t, err)
 	case errors.Is(err, errCrashing):
 		s.log.Info("server crashing: turn dropped before it started", "conversation", t.key.ID)
-		clientGone(w, false)
+		c.Refuse(clientGoneRefusal(false))
 	case errors.Is(err, errStopping):
-		s.answerDropped(w, nil)
-	case s.stopDropped(w, r, nil):
-	case r.Context().Err() != nil:
-		clientGone(w, false)
+		s.answerDropped(c, nil)
+	case s.stopDropped(rctx, c, nil):
+	case rctx.Err() != nil:
+		c.Refuse(clientGoneRefusal(false))
 	default:
 		s.log.Error("load conversation", "conversation", t.key.ID, "err", err)
-		openai.WriteError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
+		c.Refuse(admission.Refuse(http.StatusInternalServerError, "server_error", "cannot load the conversation"))
 	}
 }
 
@@ -838,31 +838,31 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err err
 // no connection to the store was to be had within its wait: the server's
 // own were all held by turns (MaxStoreConns), or the database took no
 // more. It is load, not a fault: 503 with Retry-After, nothing changed.
-func (s *Server) refuseStoreFull(w http.ResponseWriter, t *turn, err error) {
+func (s *Server) refuseStoreFull(c Client, t *turn, err error) {
 	s.log.Warn("no connection to the store; turn refused", "conversation", t.key.ID, "max_store_conns", s.cfg.MaxStoreConns, "err", err)
-	admission.Overloaded("every connection to the server's store is in use; nothing was changed: retry shortly").Write(w)
+	c.Refuse(admission.Overloaded("every connection to the server's store is in use; nothing was changed: retry shortly"))
 }
 
 // run runs the turn's tool loop on its working copy, answers the client in
 // its protocol (resp), and commits the turn if and only if it ended ok; an
 // interrupted turn leaves what the interruption policy says
 // (interruption.go).
-func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp responder) {
+func (s *Server) run(rctx context.Context, c Client, t *turn, resp responder) {
 	// ctx is the turn's: it ends when the client goes away, when the
 	// server crashes, and when a write to the client fails. Each model
 	// call and lookup has its own deadline under it. A turn that
 	// completes (Complete) runs on whatever its client does: only the
 	// server ends it early.
-	ctx, cancel, completes := s.turnContext(r, t)
+	ctx, cancel, completes := s.turnContext(rctx, t)
 	defer cancel()
 	// A client that stops reading must not hold the conversation: a write
 	// that fails, or blocks past StreamWriteTimeout, ends the turn; one
 	// that completes, it only stops writing to.
-	o := &output{w: w, rc: http.NewResponseController(w), resp: resp, completes: completes, cancel: cancel}
+	o := newOutput(c, resp, completes, cancel)
 	if s.cfg.Stall > 0 {
 		o.stall = func() { s.stall(ctx) }
 	}
-	defer func() { _ = o.rc.SetWriteDeadline(time.Time{}) }() // the connection lives on
+	defer c.Done() // the connection lives on
 	resp.begin(o)
 	endTitle := s.title(ctx, t)
 	reply, err := s.loop(ctx, t, func() { resp.started(o) }, func(text string) { resp.delta(o, text) })
@@ -872,11 +872,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 		// Whether or not the client is still there: the turn ran to its
 		// end, and settles as if it had stayed, unless the server ended
 		// it first.
-		if s.dropped(w, r, ctx, t, o, err) {
+		if s.dropped(rctx, c, ctx, t, o, err) {
 			return
 		}
 		if err != nil {
-			s.fail(w, t, o, reply, err)
+			s.fail(c, t, o, reply, err)
 			return
 		}
 	case o.err != nil:
@@ -885,31 +885,31 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 		t.release()
 		s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.ID, "err", o.err)
 		return
-	case s.dropping.Load() && !s.crashing.Load() && r.Context().Err() != nil:
+	case s.dropping.Load() && !s.crashing.Load() && rctx.Err() != nil:
 		// The server's stop dropped the turn before its end: it commits
 		// nothing, and the client hears so.
 		t.release()
 		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.ID)
-		s.stopDropped(w, r, o)
+		s.stopDropped(rctx, c, o)
 		return
-	case s.interrupted(r):
+	case s.interrupted(rctx):
 		// Whatever the loop returned: the client is gone, and whether the
 		// model finished or failed meanwhile, it never heard of it.
 		kept := s.interrupt(t)
 		if !o.streaming() {
-			clientGone(w, kept)
+			c.Refuse(clientGoneRefusal(kept))
 		}
 		return
-	case s.crashing.Load() || r.Context().Err() != nil:
+	case s.crashing.Load() || rctx.Err() != nil:
 		// The server crashed under the turn: it commits nothing. Its
 		// request's context may not have ended yet (net/http notices a
 		// closed connection, and s.life's end reaches the request, each
 		// on a goroutine of its own), but crashing is set before
 		// anything of the crash is done.
-		s.crashedUnder(w, t, o)
+		s.crashedUnder(c, t, o)
 		return
 	case err != nil:
-		s.fail(w, t, o, reply, err)
+		s.fail(c, t, o, reply, err)
 		return
 	}
 	if t.stateful {
@@ -920,7 +920,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 		if s.crashing.Load() {
 			// The crash was ordered while the turn waited to commit: a
 			// killed process commits nothing more.
-			s.crashedUnder(w, t, o)
+			s.crashedUnder(c, t, o)
 			return
 		}
 		err := s.convs.Commit(store.WithConn(ctx, t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
@@ -935,13 +935,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 			if store.StoreFull(err) {
 				// No connection to commit on came within the commit's
 				// time: nothing of the turn is in the store.
-				s.answer(w, o, admission.Overloaded("the server's store took no connection to commit the turn on; nothing was changed: retry shortly"))
+				s.answer(c, o, admission.Overloaded("the server's store took no connection to commit the turn on; nothing was changed: retry shortly"))
 				return
 			}
-			s.answerError(w, o, http.StatusInternalServerError, "server_error", "the turn could not be committed")
+			s.answerError(c, o, http.StatusInternalServerError, "server_error", "the turn could not be committed")
 			return
 		}
-		if completes && (o.err != nil || r.Context().Err() != nil) {
+		if completes && (o.err != nil || rctx.Err() != nil) {
 			s.log.Info("client went away; turn completed and committed", "conversation", t.key.ID)
 		}
 	}
@@ -952,7 +952,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp respo
 // asked for too many rounds. Nothing is committed, except under the
 // mutants that keep a failed turn (keepsFailed). It releases the
 // Conversation before it answers.
-func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string, err error) {
+func (s *Server) fail(c Client, t *turn, o *output, partial string, err error) {
 	if s.keepsFailed(t, err) {
 		if partial != "" {
 			t.work.Messages = append(t.work.Messages, &store.Message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)}})
@@ -964,12 +964,12 @@ func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string,
 	t.release()
 	if errors.Is(err, admission.ErrOverBudget) {
 		s.log.Info("memory budget taken by the requests in flight; turn rolled back", "conversation", t.key.ID, "max_memory", s.cfg.MaxMemory)
-		s.answer(w, o, s.gate.OverBudget())
+		s.answer(c, o, s.gate.OverBudget())
 		return
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		s.log.Info("model timed out; turn rolled back", "conversation", t.key.ID, "timeout", s.cfg.RequestTimeout)
-		s.answerError(w, o, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)
+		s.answerError(c, o, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)
 		return
 	}
 	if r, ok := o.resp.(refusalResponder); ok && refusedByModel(err) {
@@ -987,7 +987,7 @@ func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string,
 		attrs = append(attrs, "cause", s.redact(upErr.cause.Error()))
 	}
 	s.log.Warn("model failed; turn rolled back", attrs...)
-	s.answerError(w, o, http.StatusBadGateway, "upstream_error", msgModelFailed)
+	s.answerError(c, o, http.StatusBadGateway, "upstream_error", msgModelFailed)
 }
 
 // keepsFailed reports whether the failed turn t is committed all the same:
@@ -1016,16 +1016,16 @@ func (s *Server) keepsFailed(t *turn, err error) bool {
 
 // answerError reports a failure: as a status before the answer's stream
 // began, on the stream (in the turn's protocol) after.
-func (s *Server) answerError(w http.ResponseWriter, o *output, status int, typ, msg string) {
-	s.answer(w, o, admission.Refuse(status, typ, msg))
+func (s *Server) answerError(c Client, o *output, status int, typ, msg string) {
+	s.answer(c, o, admission.Refuse(status, typ, msg))
 }
 
 // answer reports a failure, r: as a status (with Retry-After if r asks
 // for it) before the answer's stream began, on the stream (in the turn's
 // Protocol) after.
-func (s *Server) answer(w http.ResponseWriter, o *output, r *admission.Refusal) {
+func (s *Server) answer(c Client, o *output, r *admission.Refusal) {
 	if !o.streaming() {
-		r.Write(w)
+		c.Refuse(r)
 		return
 	}
 	o.resp.failed(o, r.Type, r.Message)
@@ -1034,11 +1034,11 @@ func (s *Server) answer(w http.ResponseWriter, o *output, r *admission.Refusal) 
 // stopDropped answers a request that a stop dropped (its grace ran out)
 // with 503, or on a stream with a failure, and reports whether it was one:
 // nothing of its turn was kept.
-func (s *Server) stopDropped(w http.ResponseWriter, r *http.Request, o *output) bool {
-	if !s.dropping.Load() || s.crashing.Load() || r.Context().Err() == nil {
+func (s *Server) stopDropped(rctx context.Context, c Client, o *output) bool {
+	if !s.dropping.Load() || s.crashing.Load() || rctx.Err() == nil {
 		return false
 	}
-	s.answerDropped(w, o)
+	s.answerDropped(c, o)
 	return true
 }
 
@@ -1053,18 +1053,18 @@ var errCrashing = errors.New("the server is crashing")
 // committed: it commits nothing, as a killed process does, and releases
 // the lock. Nobody hears the answer (the connections are dropped), but
 // the handler must not end without one: net/http would send a 200.
-func (s *Server) crashedUnder(w http.ResponseWriter, t *turn, o *output) {
+func (s *Server) crashedUnder(c Client, t *turn, o *output) {
 	t.release()
 	s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.ID)
 	if !o.streaming() {
-		clientGone(w, false)
+		c.Refuse(clientGoneRefusal(false))
 	}
 }
 
 // answerDropped answers a turn a stop dropped: 503, or on a stream a
 // failure.
-func (s *Server) answerDropped(w http.ResponseWriter, o *output) {
-	s.answer(w, o, &admission.Refusal{Status: http.StatusServiceUnavailable, Type: "unavailable",
+func (s *Server) answerDropped(c Client, o *output) {
+	s.answer(c, o, &admission.Refusal{Status: http.StatusServiceUnavailable, Type: "unavailable",
 		Message: "the server is stopping and dropped this turn before its end; nothing was changed: retry", RetryAfter: true})
 }
 
@@ -1080,16 +1080,10 @@ func (s *Server) dropTurns(wait time.Duration) {
 	}
 }
 
-// clientGone answers a request whose client went away; kept says whether
-// the interrupted turn committed its completed tool rounds. Nobody reads
-// it, but a half-closed client that still does must not take silence for
-// success.
-func clientGone(w http.ResponseWriter, kept bool) {
-	clientGoneRefusal(kept).Write(w)
-}
-
-// clientGoneRefusal is the answer to a request whose client went away;
-// see clientGone.
+// clientGoneRefusal answers a request whose client went away; kept says
+// whether the interrupted turn committed its completed tool rounds. Nobody
+// reads it, but a half-closed client that still does must not take
+// silence for success.
 func clientGoneRefusal(kept bool) *admission.Refusal {
 	msg := "the client closed the request; the turn was rolled back"
 	if kept {

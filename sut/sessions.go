@@ -111,13 +111,13 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 		switch found, err := s.store.SessionExists(r.Context(), t.key); {
 		case err != nil:
 			t.release = func() {}
-			s.refuse(w, r, t, err)
+			s.refuse(r.Context(), NewHTTP(w), t, err)
 			return
 		case !found:
 			openai.WriteError(w, http.StatusNotFound, "not_found", "no such session: create one with POST "+sessionsPath)
 			return
 		}
-		s.converse(w, r, t, input, agent, sessionResponder{})
+		s.converse(r.Context(), NewHTTP(w), t, input, agent, sessionResponder{})
 	})
 }
 

@@ -16,7 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/sut/internal/admission"
 
 	"github.com/turncheck/turncheck/sut/internal/config"
 
@@ -341,14 +341,14 @@ func (s *Server) exactSourceKeyOnly(t *turn) bool {
 }
 
 // refuseAgent answers a turn that has no agent to run with.
-func (s *Server) refuseAgent(w http.ResponseWriter, t *turn, err error) {
+func (s *Server) refuseAgent(c Client, t *turn, err error) {
 	s.log.Info("no agent for the turn; nothing changed", "conversation", t.key.ID, "err", err)
 	switch {
 	case errors.Is(err, errAmbiguousSource):
-		openai.WriteError(w, http.StatusConflict, "conflict", err.Error())
+		c.Refuse(admission.Refuse(http.StatusConflict, "conflict", err.Error()))
 	case errors.Is(err, errNoSource):
-		openai.WriteError(w, http.StatusNotFound, "not_found", err.Error())
+		c.Refuse(admission.Refuse(http.StatusNotFound, "not_found", err.Error()))
 	default:
-		openai.WriteError(w, http.StatusInternalServerError, "server_error", err.Error())
+		c.Refuse(admission.Refuse(http.StatusInternalServerError, "server_error", err.Error()))
 	}
 }

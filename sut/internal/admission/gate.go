@@ -281,3 +281,12 @@ func (g *Gate) OverBudget() *Refusal {
 
 // MaxMemory is the memory budget in bytes.
 func (g *Gate) MaxMemory() int64 { return g.mem.Max }
+
+// Tag is the tag the request came with (RequestTagHeader); "" for none,
+// or for no ticket.
+func (t *Ticket) Tag() string {
+	if t == nil {
+		return ""
+	}
+	return t.tag
+}
