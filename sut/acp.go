@@ -587,7 +587,7 @@ func (a *acpAgent) answer(run *acpPrompt, resp *acpResponder, c *acpClient) (acp
 	r := c.refusal
 	if r == nil || r.Status == 0 || r.Status == http.StatusOK {
 		// Nothing answered: the client is gone, or stopped reading.
-		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", statusClientClosed, "client_closed_request",
+		return acp.PromptResponse{}, rpcErr(-32603, "Internal error", admission.StatusClientClosed, "client_closed_request",
 			"the client went away; the turn was rolled back")
 	}
 	code, message := -32603, "Internal error"

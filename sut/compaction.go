@@ -12,7 +12,7 @@ package sut
 // The marks are set on the working copy, which shares no message with the
 // committed conversation (clone), and are committed only with the turn
 // (t.hid): a turn that fails leaves them nowhere (T11).
-func (s *Server) compact(t *turn) {
+func (s *engine) compact(t *turn) {
 	if !t.stateful {
 		return
 	}

@@ -19,7 +19,7 @@ import (
 // drops the turns still running); each model call and lookup keeps its
 // own deadline under it. A stateless turn has no conversation to complete:
 // it stops with its client under any policy.
-func (s *Server) turnContext(rctx context.Context, t *turn) (ctx context.Context, cancel context.CancelFunc, completes bool) {
+func (s *engine) turnContext(rctx context.Context, t *turn) (ctx context.Context, cancel context.CancelFunc, completes bool) {
 	if s.cfg.Interruption != config.Complete || !t.stateful {
 		ctx, cancel = context.WithCancel(s.noticed(rctx))
 		s.cfg.Gauge.DoneWhen(ctx, admission.TicketOf(rctx).Tag())
@@ -36,7 +36,7 @@ func (s *Server) turnContext(rctx context.Context, t *turn) (ctx context.Context
 // and the turn did not end. It releases the lock and reports true for
 // such a turn; for any other it does nothing and reports false. A turn
 // that ended ok just as a stop came is not dropped: it commits.
-func (s *Server) dropped(rctx context.Context, c Client, ctx context.Context, t *turn, o *output, err error) bool {
+func (s *engine) dropped(rctx context.Context, c Client, ctx context.Context, t *turn, o *output, err error) bool {
 	switch {
 	case s.crashing.Load() || s.life.Err() != nil:
 		s.crashedUnder(c, t, o)
@@ -56,7 +56,7 @@ func (s *Server) dropped(rctx context.Context, c Client, ctx context.Context, t 
 // went away. Under Complete it does not matter (see turnContext). A crash drops every connection and ends every request's
 // context too, but a killed process commits nothing, so that is no
 // interruption.
-func (s *Server) interrupted(rctx context.Context) bool {
+func (s *engine) interrupted(rctx context.Context) bool {
 	return rctx.Err() != nil && !s.crashing.Load() && !s.dropping.Load() && s.life.Err() == nil
 }
 
@@ -65,7 +65,7 @@ func (s *Server) interrupted(rctx context.Context) bool {
 // the lock goes, though nobody hears of it: the client is gone, and its
 // next turn finds the conversation as committed. It reports whether
 // anything was committed.
-func (s *Server) interrupt(t *turn) bool {
+func (s *engine) interrupt(t *turn) bool {
 	defer t.release()
 	keep := s.interruptedKeeps(t)
 	if keep == nil {
@@ -91,7 +91,7 @@ func (s *Server) interrupt(t *turn) bool {
 // interruptedKeeps is what an interrupted turn commits: nil for nothing.
 // The orphan-tool-call-on-interrupt mutant keeps the working copy as it
 // stands, whatever the policy.
-func (s *Server) interruptedKeeps(t *turn) *store.Conversation {
+func (s *engine) interruptedKeeps(t *turn) *store.Conversation {
 	if !t.stateful {
 		return nil
 	}

@@ -24,7 +24,7 @@ import (
 // stays in every later model request (PROTOCOL.md, T2), but for the tool
 // rounds compaction hides. The client learns why, with the limit, instead
 // of a model error on every later turn.
-func (s *Server) checkHistory(committed []*store.Message, input []openai.Message) error {
+func (s *engine) checkHistory(committed []*store.Message, input []openai.Message) error {
 	if n := len(committed) + len(input) + 1; n > s.cfg.MaxHistoryMessages {
 		return fmt.Errorf("the conversation is full: with this turn and its reply it would hold %d messages, over the server's limit of %d; nothing was changed: start a new conversation",
 			n, s.cfg.MaxHistoryMessages)

@@ -3,17 +3,12 @@ package sut
 import (
 	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
-	"os"
 	"strings"
-	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/turncheck/turncheck/internal/openai"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
@@ -31,29 +26,6 @@ const (
 	// MaxConversationIDBytes bounds a conversation id.
 	MaxConversationIDBytes = 256
 )
-
-// errBodyTimeout is a body that did not arrive within BodyTimeout.
-var errBodyTimeout = errors.New("request body timed out")
-
-// checkContentType refuses a body that says it is not JSON. A missing
-// Content-Type is let through: a browser's POST always carries an Origin,
-// which checkOrigin judges, and OpenAI-compatible clients that leave the
-// header out still get served. A present one that is not application/json
-// (text/plain, a form) is what a browser's simple request sends.
-func checkContentType(r *http.Request) error {
-	vals := r.Header.Values("Content-Type")
-	if len(vals) == 0 {
-		return nil
-	}
-	if len(vals) > 1 {
-		return errors.New("more than one Content-Type header; send Content-Type: application/json")
-	}
-	mt, _, err := mime.ParseMediaType(vals[0])
-	if err != nil || mt != "application/json" {
-		return fmt.Errorf("Content-Type %.64q: send Content-Type: application/json", vals[0])
-	}
-	return nil
-}
 
 // conversationID returns the request's conversation id, "" for a stateless
 // request. A request that names two (two headers) or an id that is not one
@@ -92,23 +64,6 @@ func checkID(what, id string) error {
 	return nil
 }
 
-// readBody reads the request's body, within MaxBodyBytes and the body
-// deadline ServeHTTP set. Once the whole body is in, it lifts that
-// deadline: from then on the connection's only read is net/http's watch
-// for the client going away, which must last as long as the turn does.
-// Its error is an *http.MaxBytesError, errBodyTimeout, or the read's.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return nil, errBodyTimeout
-	}
-	if err != nil {
-		return nil, err
-	}
-	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	return body, nil
-}
-
 // decodeRequest parses a chat request strictly (openai.DecodeChatRequest)
 // and checks its fields against the server's bounds.
 func decodeRequest(body []byte) (*openai.ChatRequest, error) {
@@ -138,7 +93,7 @@ func decodeRequest(body []byte) (*openai.ChatRequest, error) {
 // newUserMessage returns the request's usable new user message: the last
 // element of the array, with role user and non-blank content. Nothing else
 // in the array is ever used, so an older message cannot be replayed (T3).
-func (s *Server) newUserMessage(msgs []openai.Message) (openai.Message, error) {
+func (s *engine) newUserMessage(msgs []openai.Message) (openai.Message, error) {
 	if n := len(msgs); n > 0 && usable(msgs[n-1]) {
 		return msgs[n-1], nil
 	}

@@ -127,7 +127,7 @@ func (req *responsesRequest) check(top map[string]json.RawMessage) error {
 
 // responses serves POST /v1/responses.
 func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
-	s.admit(w, r, nil, func(scope string, body []byte) { s.responseTurn(w, r, scope, body) })
+	s.gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) { s.responseTurn(w, r, scope, body) })
 }
 
 // errNoResponse is a previous_response_id that names no stored response
@@ -256,7 +256,7 @@ func checkToolInput(history []*store.Message, input []openai.Message) error {
 // for an input without a usable user message (a client tool's output, a
 // blank message), input followed by the last user message of the history
 // it continues: that turn runs again as if it were new.
-func (s *Server) replayOnToolOutput(base *store.Conversation, input []openai.Message) []openai.Message {
+func (s *engine) replayOnToolOutput(base *store.Conversation, input []openai.Message) []openai.Message {
 	if s.cfg.Mutant != config.ReplayOnToolOutput || slices.ContainsFunc(input, usable) {
 		return input
 	}

@@ -41,7 +41,7 @@ type sessionEvent struct {
 // key, stored durably before its id is answered (201 {"id"}). The body is
 // empty or a JSON object, whose members are ignored.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
-	s.admit(w, r, nil, func(scope string, body []byte) {
+	s.gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) {
 		if len(bytes.TrimSpace(body)) > 0 {
 			if _, err := decodeObject(body, "{} or no body"); err != nil {
 				openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
@@ -90,7 +90,7 @@ func sessionTurnPath(u *url.URL) (session, agent string, ok bool) {
 // sessionTurn serves POST /api/sessions/{session}/agent/{agent}: one turn
 // of session with the agent named as chat's "model" names it.
 func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, agent string) {
-	s.admit(w, r, nil, func(scope string, body []byte) {
+	s.gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) {
 		msgs, err := decodeSessionMessages(body)
 		if err != nil {
 			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())

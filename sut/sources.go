@@ -313,7 +313,7 @@ func keys(srcs []*agentSource) string {
 // docker-agent #3410 back, a resume takes an exact key or nothing: the
 // recorded one, or, for a session turn whose path names a source key
 // (docker-agent's shape), that one, as docker-agent looked it up.
-func (s *Server) agentFor(t *turn, base *store.Conversation, model string) (*agentSource, error) {
+func (s *engine) agentFor(t *turn, base *store.Conversation, model string) (*agentSource, error) {
 	if len(base.Messages) == 0 {
 		return s.sources.bind(model)
 	}
@@ -330,7 +330,7 @@ func (s *Server) agentFor(t *turn, base *store.Conversation, model string) (*age
 // exactSourceKeyOnly reports whether turn t resumes only under the exact
 // Source key its conversation recorded: under exact-source-key-only for
 // every turn, under session-exact-source-key for the sessions API's alone.
-func (s *Server) exactSourceKeyOnly(t *turn) bool {
+func (s *engine) exactSourceKeyOnly(t *turn) bool {
 	switch s.cfg.Mutant {
 	case config.ExactSourceKeyOnly:
 		return true
@@ -341,7 +341,7 @@ func (s *Server) exactSourceKeyOnly(t *turn) bool {
 }
 
 // refuseAgent answers a turn that has no agent to run with.
-func (s *Server) refuseAgent(c Client, t *turn, err error) {
+func (s *engine) refuseAgent(c Client, t *turn, err error) {
 	s.log.Info("no agent for the turn; nothing changed", "conversation", t.key.ID, "err", err)
 	switch {
 	case errors.Is(err, errAmbiguousSource):

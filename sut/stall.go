@@ -12,7 +12,7 @@ import (
 // sees its client gone: noticed). It ends early when
 // ctx ends or the server crashes, so that a stalled server still stops
 // at once. With Stall 0 it returns at once.
-func (s *Server) stall(ctx context.Context) {
+func (s *engine) stall(ctx context.Context) {
 	stall.Sleep(ctx, s.cfg.Stall, s.life.Done())
 }
 
@@ -20,7 +20,7 @@ func (s *Server) stall(ctx context.Context) {
 // set, it ends a random 0..Stall after rctx does, as on a busy machine
 // the goroutine that notices a client gone runs late; the turn must
 // still stop once it sees it. Without Stall it is rctx.
-func (s *Server) noticed(rctx context.Context) context.Context {
+func (s *engine) noticed(rctx context.Context) context.Context {
 	if s.cfg.Stall <= 0 {
 		return rctx
 	}

@@ -20,7 +20,7 @@ const titlePrompt = "Write a short title for a conversation whose user wrote the
 // not conversation state, and a failed one changes nothing. end cancels
 // the call if it is still running and waits for it, so that it never
 // outlives its turn.
-func (s *Server) title(ctx context.Context, t *turn) (end func()) {
+func (s *engine) title(ctx context.Context, t *turn) (end func()) {
 	if !s.cfg.Titles {
 		return func() {}
 	}

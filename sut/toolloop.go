@@ -29,7 +29,7 @@ const MaxToolRounds = 8
 // tool run under way is cancelled through ctx, and the loop looks at ctx
 // before every model call and every tool run, so none starts after it.
 // What the interrupted turn leaves is decided by the caller (interruption.go).
-func (s *Server) loop(ctx context.Context, t *turn, onStart func(), onDelta func(string)) (string, error) {
+func (s *engine) loop(ctx context.Context, t *turn, onStart func(), onDelta func(string)) (string, error) {
 	started := false
 	start := func() {
 		if !started {
@@ -60,7 +60,7 @@ func (s *Server) loop(ctx context.Context, t *turn, onStart func(), onDelta func
 
 // callModel makes one model call of the turn, with its own deadline, on
 // what the working copy shows the model.
-func (s *Server) callModel(ctx context.Context, t *turn, onStart func(), onDelta func(string)) (answer, error) {
+func (s *engine) callModel(ctx context.Context, t *turn, onStart func(), onDelta func(string)) (answer, error) {
 	ctx, cancel := s.cfg.Deadlines.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	instruction := systemPrompt
@@ -85,7 +85,7 @@ func (s *Server) callModel(ctx context.Context, t *turn, onStart func(), onDelta
 // copy: the assistant message that asks for the calls, then each call's
 // result. Once every result is in, the round is settled: a T9-consistent
 // prefix that the keep-consistent policy may keep.
-func (s *Server) runTools(ctx context.Context, t *turn, calls []openai.ToolCall) error {
+func (s *engine) runTools(ctx context.Context, t *turn, calls []openai.ToolCall) error {
 	t.work.Messages = append(t.work.Messages, &store.Message{Message: openai.Message{Role: openai.RoleAssistant, ToolCalls: calls}})
 	if t.toolNotes != nil {
 		t.toolNotes.toolCalls(calls)
@@ -120,7 +120,7 @@ type toolObserver interface {
 // loop looks for an interruption before each of them. The
 // tool-runs-after-cancel mutant detaches the tools from the request and
 // looks only before model calls.
-func (s *Server) toolContext(ctx context.Context) (toolCtx context.Context, checkEach bool) {
+func (s *engine) toolContext(ctx context.Context) (toolCtx context.Context, checkEach bool) {
 	if s.cfg.Mutant == config.ToolRunsAfterCancel {
 		// The bug: a disconnect neither cancels the tool running nor stops
 		// the ones left in the round; only the next model call is spared.

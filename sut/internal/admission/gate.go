@@ -107,6 +107,8 @@ type Gate struct {
 	// life ends with the server, turns when a stop drops the turns still
 	// running: each ends every request admitted.
 	life, turns context.Context
+	// http is what AdmitHTTP checks.
+	http HTTPConfig
 	// handling counts the requests whose handler runs, for a stop that
 	// waits for the dropped ones to be answered.
 	handling atomic.Int64
@@ -129,11 +131,13 @@ type GateConfig struct {
 	Delay time.Duration
 	// Life ends with the server; Turns when a stop drops the turns.
 	Life, Turns context.Context
+	// HTTP is what an HTTP request is checked against (AdmitHTTP).
+	HTTP HTTPConfig
 }
 
 // NewGate returns a gate open to requests.
 func NewGate(c GateConfig) *Gate {
-	g := &Gate{gauge: c.Gauge, mem: c.Memory, delay: c.Delay, life: c.Life, turns: c.Turns}
+	g := &Gate{gauge: c.Gauge, mem: c.Memory, delay: c.Delay, life: c.Life, turns: c.Turns, http: c.HTTP}
 	g.slots.Max = int64(c.MaxRequests)
 	return g
 }
