@@ -17,12 +17,11 @@ import (
 	acp "github.com/coder/acp-go-sdk"
 
 	"github.com/turncheck/turncheck/internal/openai"
-
 	"github.com/turncheck/turncheck/sut/internal/admission"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
-
 	"github.com/turncheck/turncheck/sut/internal/store"
+
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // The Agent Client Protocol (https://agentclientprotocol.com): an editor
@@ -71,24 +70,24 @@ func (s *Server) serveACP(ctx context.Context, in io.Reader, out io.Writer) erro
 	a := &acpAgent{s: s, sessions: map[acp.SessionId]*acpSession{}}
 	answers := &answerCount{w: w}
 	a.conn = acp.NewAgentSideConnection(a, answers, sdkIn)
-	a.conn.SetLogger(s.log)
+	a.conn.SetLogger(s.Log)
 	// A client may wait for this line (on stderr, in 'turncheck serve
 	// acp') as a sign the store is open; initialize is the protocol's own.
-	s.log.Info("acp: serving the Agent Client Protocol on stdin and stdout", "protocol_version", acp.ProtocolVersionNumber)
-	go readLines(in, toSDK, w, s.cfg.MaxBodyBytes, answers.owe, func(reason string) {
-		s.log.Info("acp: a line that is no JSON-RPC message was answered with an error and skipped", "reason", reason)
+	s.Log.Info("acp: serving the Agent Client Protocol on stdin and stdout", "protocol_version", acp.ProtocolVersionNumber)
+	go readLines(in, toSDK, w, s.Cfg.MaxBodyBytes, answers.owe, func(reason string) {
+		s.Log.Info("acp: a line that is no JSON-RPC message was answered with an error and skipped", "reason", reason)
 	})
 	select {
 	case <-a.conn.Done():
-		s.log.Info("acp: the client closed its end")
+		s.Log.Info("acp: the client closed its end")
 		a.stop(true)
 	case <-w.broken:
-		s.log.Info("acp: the client stopped reading; taken for gone")
+		s.Log.Info("acp: the client stopped reading; taken for gone")
 		a.stop(true)
 	case <-ctx.Done():
-		s.log.Info("acp: stopping; the prompts in flight are dropped")
+		s.Log.Info("acp: stopping; the prompts in flight are dropped")
 		a.stop(false)
-		s.dropTurns(dropAnswerWait)
+		s.DropTurns(dropAnswerWait)
 	}
 	a.prompts.Wait()
 	// The SDK writes a request's answer once its handler has returned:
@@ -198,7 +197,7 @@ type acpPrompt struct {
 	cancelled atomic.Bool
 }
 
-// key is the conversation of session id.
+// Key is the conversation of session id.
 func acpKey(id acp.SessionId) store.Key { return store.Key{ID: nsACP + string(id)} }
 
 // session returns session id if the client created or loaded it on this
@@ -213,7 +212,7 @@ func (a *acpAgent) session(id acp.SessionId) (*acpSession, error) {
 		fmt.Sprintf("no session %q on this connection: create one with session/new, or load it with session/load", id))
 }
 
-// open records session id on this connection.
+// Open records session id on this connection.
 func (a *acpAgent) open(id acp.SessionId) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -275,13 +274,13 @@ func (a *acpAgent) NewSession(_ context.Context, p acp.NewSessionRequest) (acp.N
 	if err := checkCwd(p.Cwd); err != nil {
 		return acp.NewSessionResponse{}, err
 	}
-	if !a.s.gate.In() {
+	if !a.s.Gate.In() {
 		return acp.NewSessionResponse{}, errACPStopping()
 	}
-	defer a.s.gate.Out()
-	id := acp.SessionId(newID("sess_"))
-	if err := a.s.store.CreateSession(acpKey(id)); err != nil {
-		a.s.log.Error("acp: create session", "err", err)
+	defer a.s.Gate.Out()
+	id := acp.SessionId(turn.NewID("sess_"))
+	if err := a.s.Store.CreateSession(acpKey(id)); err != nil {
+		a.s.Log.Error("acp: create session", "err", err)
 		return acp.NewSessionResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", "the session could not be created")
 	}
 	a.open(id)
@@ -305,26 +304,26 @@ func (a *acpAgent) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (a
 	if err := checkCwd(p.Cwd); err != nil {
 		return acp.LoadSessionResponse{}, err
 	}
-	if !a.s.gate.In() {
+	if !a.s.Gate.In() {
 		return acp.LoadSessionResponse{}, errACPStopping()
 	}
-	defer a.s.gate.Out()
+	defer a.s.Gate.Out()
 	key := acpKey(p.SessionId)
-	found, err := a.s.store.SessionExists(ctx, key)
+	found, err := a.s.Store.SessionExists(ctx, key)
 	if err == nil && !found {
 		return acp.LoadSessionResponse{}, rpcErr(-32002, "Resource not found", http.StatusNotFound, "not_found",
 			fmt.Sprintf("no session %q: create one with session/new", p.SessionId))
 	}
 	var conv *store.Conversation
 	if err == nil {
-		conv, err = a.s.convs.Peek(ctx, key)
+		conv, err = a.s.Convs.Peek(ctx, key)
 	}
 	if err != nil {
-		a.s.log.Error("acp: load session", "session", p.SessionId, "err", err)
+		a.s.Log.Error("acp: load session", "session", p.SessionId, "err", err)
 		return acp.LoadSessionResponse{}, rpcErr(-32603, "Internal error", http.StatusInternalServerError, "server_error", "cannot load the session")
 	}
 	msgs := conv.Messages
-	if a.s.cfg.Mutant == config.ACPLoadDiffers {
+	if a.s.Cfg.Mutant == config.ACPLoadDiffers {
 		// The bug: the replay stops before the last committed turn.
 		msgs = msgs[:lastUserIndex(msgs)]
 	}
@@ -394,7 +393,7 @@ func toolCallDone(id, result string) acp.SessionUpdate {
 
 // toolKind is the ACP kind of one of the server's tools.
 func toolKind(name string) acp.ToolKind {
-	if name == ToolLookup {
+	if name == turn.ToolLookup {
 		return acp.ToolKindFetch
 	}
 	return acp.ToolKindOther
@@ -430,7 +429,7 @@ func (a *acpAgent) Cancel(_ context.Context, p acp.CancelNotification) error {
 		// The acp-cancel-answers-error mutant stops the prompts all the
 		// same, but does not mark them cancelled: each is answered with
 		// the error of a turn whose client went away.
-		sess.cancelAll(a.s.cfg.Mutant != config.ACPCancelAnswersError)
+		sess.cancelAll(a.s.Cfg.Mutant != config.ACPCancelAnswersError)
 	}
 	return nil
 }
@@ -450,14 +449,14 @@ func (a *acpAgent) Prompt(_ context.Context, p acp.PromptRequest) (acp.PromptRes
 	if err != nil {
 		return acp.PromptResponse{}, err
 	}
-	user, err := a.s.newUserMessage([]openai.Message{{Role: openai.RoleUser, Content: openai.Content(text)}})
+	user, err := a.s.NewUserMessage([]openai.Message{{Role: openai.RoleUser, Content: openai.Content(text)}})
 	if err != nil {
 		return acp.PromptResponse{}, invalidPrompt("the prompt has no text: " + err.Error())
 	}
-	if len(text) > MaxContentBytes {
-		return acp.PromptResponse{}, invalidPrompt(fmt.Sprintf("the prompt's text is over %d bytes", MaxContentBytes))
+	if len(text) > turn.MaxContentBytes {
+		return acp.PromptResponse{}, invalidPrompt(fmt.Sprintf("the prompt's text is over %d bytes", turn.MaxContentBytes))
 	}
-	if a.s.cfg.Concurrency == config.Supersede {
+	if a.s.Cfg.Concurrency == config.Supersede {
 		// The new prompt replaces the running one: that one is
 		// cancelled as session/cancel would, and this one waits for
 		// it to be done (the session's lock).
@@ -466,15 +465,15 @@ func (a *acpAgent) Prompt(_ context.Context, p acp.PromptRequest) (acp.PromptRes
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	run := &acpPrompt{cancel: cancel}
-	if !a.begin(sess, run) {
+	if !a.Begin(sess, run) {
 		return acp.PromptResponse{}, errACPStopping()
 	}
 	defer a.end(sess, run)
 	return a.turn(ctx, run, p.SessionId, user)
 }
 
-// begin counts prompt run in, on sess, unless the connection is ending.
-func (a *acpAgent) begin(sess *acpSession, run *acpPrompt) bool {
+// Begin counts prompt run in, on sess, unless the connection is ending.
+func (a *acpAgent) Begin(sess *acpSession, run *acpPrompt) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.ending {
@@ -517,7 +516,7 @@ func promptText(blocks []acp.ContentBlock) (string, error) {
 	return strings.Join(parts, "\n"), nil
 }
 
-// turn runs the prompt's turn through the server's turn machinery, as an
+// Turn runs the prompt's turn through the server's turn machinery, as an
 // HTTP request would (ServeHTTP, admit): counted in, with a request slot
 // and its memory reserved, on a context that ends with the server, and
 // answers it: stopReason end_turn once the turn is committed, refusal if
@@ -525,8 +524,8 @@ func promptText(blocks []acp.ContentBlock) (string, error) {
 // HTTP client would have been answered, as a JSON-RPC error.
 func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, user openai.Message) (acp.PromptResponse, error) {
 	s := a.s
-	defer s.gate.Handle()()
-	ticket, ctx, refusal := s.gate.Enter(ctx, "")
+	defer s.Gate.Handle()()
+	ticket, ctx, refusal := s.Gate.Enter(ctx, "")
 	defer ticket.Leave()
 	if refusal != nil {
 		return acp.PromptResponse{}, acpRefusal(refusal)
@@ -544,8 +543,8 @@ func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, u
 	// is recorded, and becomes the JSON-RPC answer.
 	c := &acpClient{}
 	resp := &acpResponder{a: a, id: id}
-	t := &turn{key: acpKey(id), proto: config.ProtoACP, toolNotes: resp}
-	s.converse(ctx, c, t, userInput(user), a.agentRef(), resp)
+	t := &turn.Turn{Key: acpKey(id), Proto: config.ProtoACP, ToolNotes: resp}
+	s.Converse(ctx, c, t, turn.UserInput(user), a.agentRef(), resp)
 	return a.answer(run, resp, c)
 }
 
@@ -554,10 +553,10 @@ func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, u
 // one agent it was started with. A session resumes with the source it
 // recorded (agentFor).
 func (a *acpAgent) agentRef() string {
-	if len(a.s.sources.list) == 0 {
+	if len(a.s.Sources.List) == 0 {
 		return ""
 	}
-	return a.s.sources.list[0].key
+	return a.s.Sources.List[0].Key
 }
 
 // acpRefusal is the JSON-RPC error of a prompt refused before its turn
@@ -601,7 +600,7 @@ func (a *acpAgent) answer(run *acpPrompt, resp *acpResponder, c *acpClient) (acp
 }
 
 // acpClient is the Client of an ACP prompt's turn: it records what the
-// turn machinery answers of its own (a success is the responder's), which
+// Turn machinery answers of its own (a success is the responder's), which
 // answer turns into a JSON-RPC error.
 type acpClient struct {
 	// refusal is the first answer; nil for none.
@@ -630,30 +629,30 @@ type acpResponder struct {
 	refusal bool
 }
 
-func (*acpResponder) begin(*output) {}
+func (*acpResponder) Begin(*turn.Output) {}
 
-func (*acpResponder) started(*output) {}
+func (*acpResponder) Started(*turn.Output) {}
 
-func (r *acpResponder) delta(o *output, text string) {
-	if o.err != nil {
+func (r *acpResponder) Delta(o *turn.Output, text string) {
+	if o.Err != nil {
 		return
 	}
 	if err := r.a.update(r.id, acp.UpdateAgentMessageText(text)); err != nil {
 		// As a chunk an HTTP client does not take: the turn ends, unless
 		// it completes whatever its client does.
-		o.fail(err)
+		o.Fail(err)
 	}
 }
 
-func (r *acpResponder) succeeded(*output, string) { r.ok = true }
+func (r *acpResponder) Succeeded(*turn.Output, string) { r.ok = true }
 
-func (*acpResponder) failed(*output, string, string) {}
+func (*acpResponder) Failed(*turn.Output, string, string) {}
 
-func (r *acpResponder) refused(*output) { r.refusal = true }
+func (r *acpResponder) Refused(*turn.Output) { r.refusal = true }
 
-// toolCalls reports a tool round starting: a tool_call, in_progress, for
+// ToolCalls reports a tool round starting: a tool_call, in_progress, for
 // each of its calls, as replay shows them.
-func (r *acpResponder) toolCalls(calls []openai.ToolCall) {
+func (r *acpResponder) ToolCalls(calls []openai.ToolCall) {
 	for _, c := range calls {
 		// A client that does not take it is gone: the connection's
 		// writer breaks, and the server ends the prompt (serveACP).
@@ -661,25 +660,10 @@ func (r *acpResponder) toolCalls(calls []openai.ToolCall) {
 	}
 }
 
-// toolResult reports a call's result: a tool_call_update, completed, with
+// ToolResult reports a call's result: a tool_call_update, completed, with
 // the result as its content.
-func (r *acpResponder) toolResult(call openai.ToolCall, result string) {
+func (r *acpResponder) ToolResult(call openai.ToolCall, result string) {
 	_ = r.a.update(r.id, toolCallDone(call.ID, result))
-}
-
-// refusalResponder is a responder whose protocol tells a turn the model
-// refused from one that failed: fail calls refused in place of answering
-// an error.
-type refusalResponder interface {
-	refused(o *output)
-}
-
-// refusedByModel reports whether err is the model refusing the prompt: an
-// answer of 400, as Azure OpenAI answers a prompt its content filter
-// refuses. The fake model gives it for a Status fault of 400.
-func refusedByModel(err error) bool {
-	var upErr *upstreamError
-	return errors.As(err, &upErr) && upErr.status == http.StatusBadRequest
 }
 
 // The SDK's Agent has methods the server does not offer (it advertises

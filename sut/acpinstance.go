@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
@@ -130,7 +129,7 @@ func (r *acpRun) stop(crash bool) error {
 	if crash {
 		// The turns in flight die with the process: none may take its
 		// cut pipes for a client that went away, and commit.
-		r.s.crashing.Store(true)
+		r.s.Crashing.Store(true)
 		r.cut()
 		_, err := r.s.crash()
 		r.cancel()

@@ -50,7 +50,7 @@ type lineWriter struct {
 }
 
 // newLineWriter returns a writer to out, whose writes a goroutine of its
-// own makes, so that a write that blocks can be given up on.
+// Own makes, so that a write that blocks can be given up on.
 func newLineWriter(out io.Writer, timeout time.Duration) *lineWriter {
 	w := &lineWriter{timeout: timeout, lines: make(chan []byte), results: make(chan error, 1),
 		broken: make(chan struct{}), done: make(chan struct{})}
@@ -92,7 +92,7 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 	}
 }
 
-// fail breaks the writer with err, and returns it. w.mu is held.
+// Fail breaks the writer with err, and returns it. w.mu is held.
 func (w *lineWriter) fail(err error) error {
 	w.err = err
 	close(w.broken)

@@ -1,11 +1,17 @@
 package sut
 
 import (
+	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/sut/internal/config"
 	"github.com/turncheck/turncheck/sut/internal/store"
+
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // chat serves POST /v1/chat/completions.
@@ -15,7 +21,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		id, err = s.conversationID(r)
 		return err
 	}
-	s.gate.AdmitHTTP(w, r, check, func(scope string, body []byte) { s.chatTurn(w, r, scope, id, body) })
+	s.Gate.AdmitHTTP(w, r, check, func(scope string, body []byte) { s.chatTurn(w, r, scope, id, body) })
 }
 
 // chatTurn runs the turn of an admitted chat request: on conversation id
@@ -26,7 +32,7 @@ func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id stri
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	user, err := s.newUserMessage(req.Messages)
+	user, err := s.NewUserMessage(req.Messages)
 	if err != nil {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
@@ -34,16 +40,125 @@ func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id stri
 	resp := s.newChatResponder(req)
 	if id != "" {
 		key := store.Key{Scope: scope, ID: id}
-		if s.cfg.Mutant == config.CrossKeyLeak {
+		if s.Cfg.Mutant == config.CrossKeyLeak {
 			key.Scope = ""
 		}
-		s.converse(r.Context(), NewHTTP(w), &turn{key: key, proto: config.ProtoChat}, userInput(user), req.Model, resp)
+		s.Converse(r.Context(), turn.NewHTTP(w), &turn.Turn{Key: key, Proto: config.ProtoChat}, turn.UserInput(user), req.Model, resp)
 		return
 	}
 	// Stateless: the array is the whole history.
-	if err := s.checkHistory(store.Wrap(req.Messages[:len(req.Messages)-1]), userInput(user)); err != nil {
+	if err := s.CheckHistory(store.Wrap(req.Messages[:len(req.Messages)-1]), turn.UserInput(user)); err != nil {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	s.run(r.Context(), NewHTTP(w), &turn{proto: config.ProtoChat, release: func() {}, work: &store.Conversation{Messages: store.Wrap(req.Messages)}}, resp)
+	s.Run(r.Context(), turn.NewHTTP(w), &turn.Turn{Proto: config.ProtoChat, Release: func() {}, Work: &store.Conversation{Messages: store.Wrap(req.Messages)}}, resp)
+}
+
+// chatResponder answers a chat turn: a chat.completion object, or a stream
+// of chat.completion.chunk objects closed by [DONE].
+type chatResponder struct {
+	id      string
+	created int64
+	model   string
+	stream  bool
+}
+
+// newChatResponder returns the responder of chat request req.
+func (s *Server) newChatResponder(req *openai.ChatRequest) *chatResponder {
+	model := req.Model
+	if model == "" {
+		model = s.Cfg.ModelName
+	}
+	return &chatResponder{id: "chatcmpl-" + strconv.FormatInt(s.IDs.Add(1), 10), created: time.Now().Unix(),
+		model: model, stream: req.Stream}
+}
+
+// Begin does nothing: a chat stream opens when the model has answered, so
+// that a model that fails at once is a status.
+func (c *chatResponder) Begin(*turn.Output) {}
+
+func (c *chatResponder) Started(o *turn.Output) {
+	if c.stream {
+		o.Open()
+		o.Write("", openai.Encode(c.chunk(openai.Delta{Role: openai.RoleAssistant}, nil)))
+	}
+}
+
+func (c *chatResponder) Delta(o *turn.Output, text string) {
+	if c.stream {
+		o.Write("", openai.Encode(c.chunk(openai.Delta{Content: text}, nil)))
+	}
+}
+
+func (c *chatResponder) Succeeded(o *turn.Output, reply string) {
+	if o.Streaming() {
+		o.Write("", openai.Encode(c.chunk(openai.Delta{}, openai.Ptr(openai.FinishStop))))
+		o.Write("", openai.DoneSentinel)
+		return
+	}
+	o.JSON(http.StatusOK, openai.Encode(openai.Completion{
+		ID: c.id, Object: openai.ObjectCompletion, Created: c.created, Model: c.model,
+		Choices: []openai.Choice{{
+			Message:      &openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)},
+			FinishReason: openai.Ptr(openai.FinishStop),
+		}},
+	}))
+}
+
+// Failed writes an error chunk, then [DONE].
+func (c *chatResponder) Failed(o *turn.Output, typ, msg string) {
+	o.Write("", openai.Encode(openai.Completion{Object: openai.ObjectChunk, Choices: []openai.Choice{},
+		Error: &openai.ErrorDetail{Message: msg, Type: typ}}))
+	o.Write("", openai.DoneSentinel)
+}
+
+func (c *chatResponder) chunk(d openai.Delta, finish *string) openai.Completion {
+	return openai.Completion{ID: c.id, Object: openai.ObjectChunk, Created: c.created, Model: c.model,
+		Choices: []openai.Choice{{Delta: &d, FinishReason: finish}}}
+}
+
+// conversationID returns the request's conversation id, "" for a stateless
+// request. A request that names two (two headers) or an id that is not one
+// (empty, too long, not UTF-8, control characters) is refused: a proxy and
+// the server must not disagree on which conversation a turn is for.
+func (s *Server) conversationID(r *http.Request) (string, error) {
+	vals := r.Header.Values(s.Cfg.ConversationHeader)
+	switch len(vals) {
+	case 0:
+		return "", nil
+	case 1:
+	default:
+		return "", fmt.Errorf("more than one %s header: a request is a turn of one conversation", s.Cfg.ConversationHeader)
+	}
+	id := vals[0]
+	if strings.TrimSpace(id) == "" {
+		return "", fmt.Errorf("%s is empty: name the conversation, or leave the header out for a stateless turn", s.Cfg.ConversationHeader)
+	}
+	return id, turn.CheckID("conversation id", id)
+}
+
+// decodeRequest parses a chat request strictly (openai.DecodeChatRequest)
+// and checks its fields against the server's bounds.
+func decodeRequest(body []byte) (*openai.ChatRequest, error) {
+	req, err := openai.DecodeChatRequest(body)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Model) > turn.MaxModelBytes {
+		return nil, fmt.Errorf(`"model" is over %d bytes`, turn.MaxModelBytes)
+	}
+	if len(req.Messages) > turn.MaxMessages {
+		return nil, fmt.Errorf(`"messages" has over %d messages`, turn.MaxMessages)
+	}
+	for i, m := range req.Messages {
+		switch m.Role {
+		case openai.RoleSystem, openai.RoleUser, openai.RoleAssistant, openai.RoleTool:
+		default:
+			return nil, fmt.Errorf("messages[%d]: unknown role %.32q (want system, user, assistant or tool)", i, m.Role)
+		}
+		if len(m.Content) > turn.MaxContentBytes {
+			return nil, fmt.Errorf("messages[%d].content is over %d bytes", i, turn.MaxContentBytes)
+		}
+	}
+	return req, nil
 }

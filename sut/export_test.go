@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/sut/internal/store"
+
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // SetFlushInterval sets how often the ack-before-durable mutant flushes
@@ -17,18 +19,18 @@ func SetFlushInterval(d time.Duration) (restore func()) {
 // SetAgentFetchTimeout sets the bound on fetching an agent reference, for
 // the servers started after it, until restore.
 func SetAgentFetchTimeout(d time.Duration) (restore func()) {
-	old := agentFetchTimeout
-	agentFetchTimeout = d
-	return func() { agentFetchTimeout = old }
+	old := turn.AgentFetchTimeout
+	turn.AgentFetchTimeout = d
+	return func() { turn.AgentFetchTimeout = old }
 }
 
 // Redact is what a server configured with keys and modelURL logs of s.
 func Redact(keys []string, modelURL, s string) string {
-	u, err := parseModelURL(modelURL)
+	u, err := turn.ParseModelURL(modelURL)
 	if err != nil {
 		panic(err)
 	}
-	return newRedactor(keys, u).redact(s)
+	return turn.NewRedactor(keys, u).Redact(s)
 }
 
 // SetConnClock sets the clock r's connection cap judges stalls by.

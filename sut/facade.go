@@ -37,5 +37,5 @@ func DefaultMaxMemory() (int64, string) { return admission.DefaultMaxMemory() }
 
 // DefaultMaxStoreConns is the default of Config.MaxStoreConns for a server
 // that works on at most maxRequests turns at once; see
-// store.DefaultMaxStoreConns.
+// Store.DefaultMaxStoreConns.
 func DefaultMaxStoreConns(maxRequests int) int { return store.DefaultMaxStoreConns(maxRequests) }

@@ -1,6 +1,8 @@
 package sut
 
-import "github.com/turncheck/turncheck/sut/internal/config"
+import (
+	"github.com/turncheck/turncheck/sut/internal/config"
+)
 
 // Concurrency is what the server does with a request for a conversation
 // whose turn is already running.
@@ -127,7 +129,7 @@ const (
 	// with the partial reply, though the client was told the turn failed.
 	CommitOnStreamError = config.CommitOnStreamError
 	// CrossKeyLeak does not scope conversation ids by API key, so a second
-	// key naming the same id continues the first key's conversation.
+	// Key naming the same id continues the first key's conversation.
 	CrossKeyLeak = config.CrossKeyLeak
 	// ForkNewSession resolves the conversation before taking its lock: a
 	// request for a conversation with nothing committed yet runs without
@@ -171,9 +173,9 @@ const (
 	// clean server's do.
 	RefuseConcurrentNew = config.RefuseConcurrentNew
 	// FailedResponseChainable stores a Responses API response whose turn
-	// failed (a model error, a broken stream, a timeout), with its user
+	// Failed (a model error, a broken stream, a timeout), with its user
 	// input and any partial reply: chaining from it (its id is known to a
-	// streaming client from response.created) succeeds and shows its
+	// Streaming client from response.created) succeeds and shows its
 	// input.
 	FailedResponseChainable = config.FailedResponseChainable
 	// StoreFalseKept stores a Responses API response whose request said
@@ -181,7 +183,7 @@ const (
 	// succeeds and sends the model its turn.
 	StoreFalseKept = config.StoreFalseKept
 	// ResponseCrossKey looks a previous_response_id up without the API
-	// key's scope: another key chains from the response and sees its
+	// Key's scope: another key chains from the response and sees its
 	// history.
 	ResponseCrossKey = config.ResponseCrossKey
 	// SessionExactSourceKey is ExactSourceKeyOnly for the turns of the
@@ -202,7 +204,7 @@ const (
 	// ReplicaLocalLock takes, on PostgreSQL, only the conversation lock of
 	// its own process, not the advisory lock every replica shares: turns
 	// on one conversation sent to two replicas at once run on the same
-	// committed base, and the later commit overwrites the earlier. One
+	// Committed base, and the later commit overwrites the earlier. One
 	// replica alone, or SQLite, serializes as it should.
 	ReplicaLocalLock = config.ReplicaLocalLock
 	// ReplicaStaleCache serves, on PostgreSQL, a cached conversation
@@ -224,17 +226,17 @@ const (
 	// acknowledges the turn from the cache all the same, as a server that
 	// discards its store's errors does: a turn whose commit the store
 	// never got (its network broke) ends ok, and is gone from the next
-	// turn on another replica, or on this one once its cache is checked
+	// Turn on another replica, or on this one once its cache is checked
 	// against the store.
 	StoreErrorAcked = config.StoreErrorAcked
 	// ACPRefusalKeepsPrompt keeps, in an ACP session, the prompt of a
-	// turn the model refused (stopReason refusal), as an agent that adds
+	// Turn the model refused (stopReason refusal), as an agent that adds
 	// the user message to its session before it runs the model does:
 	// ACP says a refused prompt is not part of the next one, but the next
-	// turn's model call carries it.
+	// Turn's model call carries it.
 	ACPRefusalKeepsPrompt = config.ACPRefusalKeepsPrompt
 	// ACPCancelCommitsPrompt commits, in an ACP session, the prompt of a
-	// turn that session/cancel ended, whatever the interruption policy:
+	// Turn that session/cancel ended, whatever the interruption policy:
 	// under rollback the next turn's model call carries it.
 	ACPCancelCommitsPrompt = config.ACPCancelCommitsPrompt
 	// ACPConcurrentPrompts runs the prompts of one ACP session without the
@@ -259,7 +261,7 @@ const (
 	// SessionEmptyRuns runs a session turn whose messages hold no usable
 	// user message (none at all, or blank ones only) on the session as it
 	// is, as docker-agent's session API does: the model is sent the last
-	// committed user message as the newest, and that turn runs again.
+	// Committed user message as the newest, and that turn runs again.
 	SessionEmptyRuns = config.SessionEmptyRuns
 )
 

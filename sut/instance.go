@@ -8,11 +8,8 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/internal/loopback"
-
 	"github.com/turncheck/turncheck/sut/internal/admission"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
-
 	"github.com/turncheck/turncheck/sut/internal/store"
 )
 

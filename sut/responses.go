@@ -6,16 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
-
 	"github.com/turncheck/turncheck/sut/internal/store"
+
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // The Responses API, stateful (POST /v1/responses). A response is stored
@@ -51,7 +50,7 @@ const responsesShape = `{"model","input","previous_response_id","store","stream"
 // are ignored; a member of the wrong JSON type, a bound exceeded, or both
 // previous_response_id and conversation are errors.
 func decodeResponsesRequest(body []byte) (*responsesRequest, error) {
-	top, err := decodeObject(body, responsesShape)
+	top, err := turn.DecodeObject(body, responsesShape)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +67,7 @@ func decodeResponsesRequest(body []byte) (*responsesRequest, error) {
 		{"conversation", &req.conversation, "a string: the conversation's id"},
 		{"user", &req.user, "a string"},
 	} {
-		if _, err := member(top, m.name, m.v, m.want); err != nil {
+		if _, err := turn.Member(top, m.name, m.v, m.want); err != nil {
 			return nil, err
 		}
 	}
@@ -85,37 +84,37 @@ func decodeResponsesRequest(body []byte) (*responsesRequest, error) {
 // items (decodeItems). A blank string says nothing: it is refused, where
 // a blank message among items is appended as any item is.
 func decodeInput(raw json.RawMessage) ([]openai.Message, error) {
-	if raw == nil || isNullJSON(raw) {
+	if raw == nil || turn.IsNullJSON(raw) {
 		return nil, errors.New(`"input" is required: a string, or an array of {"role","content"} items`)
 	}
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
-		if len(text) > MaxContentBytes {
-			return nil, fmt.Errorf(`"input" is over %d bytes`, MaxContentBytes)
+		if len(text) > turn.MaxContentBytes {
+			return nil, fmt.Errorf(`"input" is over %d bytes`, turn.MaxContentBytes)
 		}
 		if strings.TrimSpace(text) == "" {
 			return nil, errors.New(`"input" is blank: nothing to append`)
 		}
 		return []openai.Message{{Role: openai.RoleUser, Content: openai.Content(text)}}, nil
 	}
-	return decodeItems(raw, `"input"`)
+	return turn.DecodeItems(raw, `"input"`)
 }
 
 // check checks the request's ids and bounds; top is its members, to tell
 // a member given blank from one left out.
 func (req *responsesRequest) check(top map[string]json.RawMessage) error {
-	if len(req.model) > MaxModelBytes {
-		return fmt.Errorf(`"model" is over %d bytes`, MaxModelBytes)
+	if len(req.model) > turn.MaxModelBytes {
+		return fmt.Errorf(`"model" is over %d bytes`, turn.MaxModelBytes)
 	}
 	_, hasPrevious := top["previous_response_id"]
 	_, hasConversation := top["conversation"]
-	if hasPrevious && !isNullJSON(top["previous_response_id"]) {
-		if err := checkID(`"previous_response_id"`, req.previous); err != nil {
+	if hasPrevious && !turn.IsNullJSON(top["previous_response_id"]) {
+		if err := turn.CheckID(`"previous_response_id"`, req.previous); err != nil {
 			return err
 		}
 	}
-	if hasConversation && !isNullJSON(top["conversation"]) {
-		if err := checkID(`"conversation"`, req.conversation); err != nil {
+	if hasConversation && !turn.IsNullJSON(top["conversation"]) {
+		if err := turn.CheckID(`"conversation"`, req.conversation); err != nil {
 			return err
 		}
 	}
@@ -127,7 +126,7 @@ func (req *responsesRequest) check(top map[string]json.RawMessage) error {
 
 // responses serves POST /v1/responses.
 func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
-	s.gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) { s.responseTurn(w, r, scope, body) })
+	s.Gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) { s.responseTurn(w, r, scope, body) })
 }
 
 // errNoResponse is a previous_response_id that names no stored response
@@ -147,59 +146,59 @@ func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope stri
 	}
 	resp := s.newResponseResponder(req)
 	if req.conversation != "" {
-		t := &turn{key: store.Key{Scope: scope, ID: nsResponseConversation + req.conversation}, proto: config.ProtoResponses}
-		s.converse(r.Context(), NewHTTP(w), t, req.input, req.model, resp)
+		t := &turn.Turn{Key: store.Key{Scope: scope, ID: turn.NsResponseConversation + req.conversation}, Proto: config.ProtoResponses}
+		s.Converse(r.Context(), turn.NewHTTP(w), t, req.input, req.model, resp)
 		return
 	}
-	if s.cfg.ResponsesLine {
+	if s.Cfg.ResponsesLine {
 		// The line of the response named, or the user's, or a new one;
 		// the response this turn makes is of the same line.
 		line, ok := lineOf(req.previous)
-		key := nsResponseLine + s.lineEpoch + line
+		key := turn.NsResponseLine + s.LineEpoch + line
 		switch {
 		case ok:
-		case req.previous == "" && req.user != "" && checkID(`"user"`, req.user) == nil && !strings.Contains(req.user, "_"):
+		case req.previous == "" && req.user != "" && turn.CheckID(`"user"`, req.user) == nil && !strings.Contains(req.user, "_"):
 			line = "user-" + req.user
-			key = nsResponseLine + line
+			key = turn.NsResponseLine + line
 		default:
-			line = newID("")
-			key = nsResponseLine + s.lineEpoch + line
+			line = turn.NewID("")
+			key = turn.NsResponseLine + s.LineEpoch + line
 		}
 		resp.obj.ID = lineResponseID(line)
 		resp.obj.Store = true // store: false is ignored
-		t := &turn{key: store.Key{Scope: scope, ID: key}, proto: config.ProtoResponses}
-		s.converse(r.Context(), NewHTTP(w), t, req.input, req.model, resp)
+		t := &turn.Turn{Key: store.Key{Scope: scope, ID: key}, Proto: config.ProtoResponses}
+		s.Converse(r.Context(), turn.NewHTTP(w), t, req.input, req.model, resp)
 		return
 	}
 	// A response of its own: no lock, as nothing but this turn can ever
-	// write its id, and the response it chains from never changes.
-	t := &turn{key: store.Key{Scope: scope, ID: nsResponse + resp.obj.ID}, proto: config.ProtoResponses, chained: true,
-		stateful: req.store || s.cfg.Mutant == config.StoreFalseKept, release: func() {}}
+	// Write its id, and the response it chains from never changes.
+	t := &turn.Turn{Key: store.Key{Scope: scope, ID: turn.NsResponse + resp.obj.ID}, Proto: config.ProtoResponses, Chained: true,
+		Stateful: req.store || s.Cfg.Mutant == config.StoreFalseKept, Release: func() {}}
 	// Every way out releases the lock the branch-mutates-base mutant
 	// takes (lockBase); t.release is read when the function returns, as
 	// lockBase replaces it.
-	defer func() { t.release() }()
+	defer func() { t.Release() }()
 	base := &store.Conversation{}
 	if req.previous != "" {
 		err = s.lockBase(r.Context(), t, req.previous)
 		if err == nil {
-			base, err = s.loadResponse(store.WithConn(r.Context(), t.conn), scope, req.previous)
+			base, err = s.loadResponse(store.WithConn(r.Context(), t.Conn), scope, req.previous)
 		}
 		if err != nil {
 			s.refuseResponse(w, r, t, req.previous, err)
 			return
 		}
 	}
-	c := NewHTTP(w)
-	if !s.prepare(c, t, base, req.input, req.model) {
+	c := turn.NewHTTP(w)
+	if !s.Prepare(c, t, base, req.input, req.model) {
 		return
 	}
-	s.run(r.Context(), c, t, resp)
+	s.Run(r.Context(), c, t, resp)
 }
 
 // lineResponseID is a new id of a response of line (Config.ResponsesLine):
 // resp_LINE_RANDOM.
-func lineResponseID(line string) string { return newID("resp_" + line + "_") }
+func lineResponseID(line string) string { return turn.NewID("resp_" + line + "_") }
 
 // lineOf is the line a response id of lineResponseID names; false for an
 // ID of no line.
@@ -207,65 +206,6 @@ func lineOf(id string) (string, bool) {
 	rest, ok := strings.CutPrefix(id, "resp_")
 	line, _, found := strings.Cut(rest, "_")
 	return line, ok && found && line != ""
-}
-
-// checkToolInput refuses a Responses request's input whose client tool
-// items do not pair, as OpenAI refuses it: an output that answers no call
-// of the history or of the input before it ("no tool call found for
-// function call output"), a call answered twice, or a call of the input
-// left without its output. A model must never be sent a tool result
-// without its call, nor a call without its result (T9).
-func checkToolInput(history []*store.Message, input []openai.Message) error {
-	if !slices.ContainsFunc(input, func(m openai.Message) bool { return m.Role == openai.RoleTool || len(m.ToolCalls) > 0 }) {
-		return nil // nothing to pair: the history's calls are paired already
-	}
-	open := map[string]bool{} // calls not answered yet
-	for _, m := range history {
-		for _, c := range m.ToolCalls {
-			open[c.ID] = true
-		}
-		if m.Role == openai.RoleTool {
-			delete(open, m.ToolCallID)
-		}
-	}
-	asked := map[string]bool{}
-	for _, m := range input {
-		for _, c := range m.ToolCalls {
-			open[c.ID], asked[c.ID] = true, true
-		}
-		if m.Role != openai.RoleTool {
-			continue
-		}
-		if !open[m.ToolCallID] {
-			return fmt.Errorf("no tool call found for function call output with call_id %.300q: it answers no open call of the history or the input", m.ToolCallID)
-		}
-		delete(open, m.ToolCallID)
-		delete(asked, m.ToolCallID)
-	}
-	for _, m := range input {
-		for _, c := range m.ToolCalls {
-			if asked[c.ID] {
-				return fmt.Errorf("no tool output found for function call %.300q: send its function_call_output with it", c.ID)
-			}
-		}
-	}
-	return nil
-}
-
-// replayOnToolOutput is input, but under the replay-on-tool-output mutant,
-// for an input without a usable user message (a client tool's output, a
-// blank message), input followed by the last user message of the history
-// it continues: that turn runs again as if it were new.
-func (s *engine) replayOnToolOutput(base *store.Conversation, input []openai.Message) []openai.Message {
-	if s.cfg.Mutant != config.ReplayOnToolOutput || slices.ContainsFunc(input, usable) {
-		return input
-	}
-	for i := len(base.Messages) - 1; i >= 0; i-- {
-		if m := base.Messages[i]; m.Role == openai.RoleUser && usable(m.Message) {
-			return append(slices.Clip(input), openai.Message{Role: openai.RoleUser, Content: m.Content})
-		}
-	}
-	return input
 }
 
 // lockBase takes, under the branch-mutates-base mutant alone, the lock of
@@ -284,24 +224,24 @@ func (s *engine) replayOnToolOutput(base *store.Conversation, input []openai.Mes
 // history: the buggy server keeps a turn that completed, and only that, so
 // its bug is a sibling's turn showing (T4), not a failed one's (T1). It
 // runs once, as a second release could find the history another turn's.
-func (s *Server) lockBase(ctx context.Context, t *turn, previous string) error {
-	if s.cfg.Mutant != config.BranchMutatesBase {
+func (s *Server) lockBase(ctx context.Context, t *turn.Turn, previous string) error {
+	if s.Cfg.Mutant != config.BranchMutatesBase {
 		return nil
 	}
-	conn, unlock, err := s.locks.Lock(ctx, store.Key{Scope: t.key.Scope, ID: nsResponse + previous}, config.Serialize, s.cfg.RequestTimeout)
+	conn, unlock, err := s.Locks.Lock(ctx, store.Key{Scope: t.Key.Scope, ID: turn.NsResponse + previous}, config.Serialize, s.Cfg.RequestTimeout)
 	if err != nil {
 		return err
 	}
 	// The turn loads and commits on the lock's connection.
-	t.conn = conn
+	t.Conn = conn
 	var once sync.Once
-	t.release = func() {
+	t.Release = func() {
 		once.Do(func() {
 			// t.work is nil for a turn refused before it was prepared.
-			if t.work != nil && t.committed == 0 {
-				t.work.Messages = t.work.Messages[:t.own]
-				for _, i := range t.hid {
-					t.work.Messages[i].Hidden = false
+			if t.Work != nil && t.Committed == 0 {
+				t.Work.Messages = t.Work.Messages[:t.Own]
+				for _, i := range t.Hid {
+					t.Work.Messages[i].Hidden = false
 				}
 			}
 			unlock()
@@ -315,10 +255,10 @@ func (s *Server) lockBase(ctx context.Context, t *turn, previous string) error {
 // under another key is errNoResponse. The response-cross-key mutant looks
 // the id up under whichever key stored it.
 func (s *Server) loadResponse(ctx context.Context, scope, id string) (*store.Conversation, error) {
-	k := store.Key{Scope: scope, ID: nsResponse + id}
-	if s.cfg.Mutant == config.ResponseCrossKey {
+	k := store.Key{Scope: scope, ID: turn.NsResponse + id}
+	if s.Cfg.Mutant == config.ResponseCrossKey {
 		// The bug: the id alone names the response, whoever asks.
-		found, ok, err := s.store.ScopeOf(ctx, k.ID)
+		found, ok, err := s.Store.ScopeOf(ctx, k.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -328,7 +268,7 @@ func (s *Server) loadResponse(ctx context.Context, scope, id string) (*store.Con
 	}
 	// A stored response never changes, so what is loaded may be cached
 	// without its lock.
-	c, err := s.convs.Get(ctx, k)
+	c, err := s.Convs.Get(ctx, k)
 	if err != nil {
 		return nil, err
 	}
@@ -340,12 +280,12 @@ func (s *Server) loadResponse(ctx context.Context, scope, id string) (*store.Con
 
 // refuseResponse answers a request whose previous response did not load:
 // 404 previous_response_not_found, or as a conversation that did not load.
-func (s *Server) refuseResponse(w http.ResponseWriter, r *http.Request, t *turn, previous string, err error) {
+func (s *Server) refuseResponse(w http.ResponseWriter, r *http.Request, t *turn.Turn, previous string, err error) {
 	if !errors.Is(err, errNoResponse) {
-		s.refuse(r.Context(), NewHTTP(w), t, err)
+		s.Refuse(r.Context(), turn.NewHTTP(w), t, err)
 		return
 	}
-	writeCodedError(w, http.StatusNotFound, "invalid_request_error", "previous_response_not_found",
+	turn.WriteCodedError(w, http.StatusNotFound, "invalid_request_error", "previous_response_not_found",
 		fmt.Sprintf("previous response %.300q not found: it was never stored, failed, or is another key's", previous))
 }
 
@@ -409,51 +349,51 @@ type responseResponder struct {
 func (s *Server) newResponseResponder(req *responsesRequest) *responseResponder {
 	model := req.model
 	if model == "" {
-		model = s.cfg.ModelName
+		model = s.Cfg.ModelName
 	}
 	var previous *string
 	if req.previous != "" {
 		previous = &req.previous
 	}
 	return &responseResponder{
-		obj: responseObject{ID: newID("resp_"), Object: "response", CreatedAt: time.Now().Unix(),
+		obj: responseObject{ID: turn.NewID("resp_"), Object: "response", CreatedAt: time.Now().Unix(),
 			Model: model, PreviousResponseID: previous, Output: []responseItem{}, Store: req.store},
-		itemID: newID("msg_"),
+		itemID: turn.NewID("msg_"),
 		stream: req.stream,
 	}
 }
 
-func (p *responseResponder) begin(o *output) {
+func (p *responseResponder) Begin(o *turn.Output) {
 	if p.stream {
-		o.open()
+		o.Open()
 		p.emit(o, "response.created", map[string]any{"response": p.response(responseInProgress)})
 	}
 }
 
-// started does nothing: the stream, if any, opened with the turn.
-func (p *responseResponder) started(*output) {}
+// Started does nothing: the stream, if any, opened with the turn.
+func (p *responseResponder) Started(*turn.Output) {}
 
-func (p *responseResponder) delta(o *output, text string) {
+func (p *responseResponder) Delta(o *turn.Output, text string) {
 	if p.stream {
 		p.emit(o, "response.output_text.delta", map[string]any{
 			"item_id": p.itemID, "output_index": 0, "content_index": 0, "delta": text})
 	}
 }
 
-func (p *responseResponder) succeeded(o *output, reply string) {
+func (p *responseResponder) Succeeded(o *turn.Output, reply string) {
 	done := p.response(responseCompleted)
 	done.Output = []responseItem{{Type: "message", ID: p.itemID, Role: openai.RoleAssistant, Status: responseCompleted,
 		Content: []responseText{{Type: "output_text", Text: reply, Annotations: []any{}}}}}
 	if !p.stream {
-		o.json(http.StatusOK, string(mustJSON(done)))
+		o.JSON(http.StatusOK, string(turn.MustJSON(done)))
 		return
 	}
 	p.emit(o, "response.completed", map[string]any{"response": done})
 }
 
-// failed ends the stream with response.failed; response.created always
+// Failed ends the stream with response.failed; response.created always
 // came first, so a failure always has its response.
-func (p *responseResponder) failed(o *output, typ, msg string) {
+func (p *responseResponder) Failed(o *turn.Output, typ, msg string) {
 	failed := p.response(responseFailed)
 	failed.Error = &responseError{Code: typ, Message: msg}
 	p.emit(o, "response.failed", map[string]any{"response": failed})
@@ -468,9 +408,9 @@ func (p *responseResponder) response(status string) *responseObject {
 
 // emit writes one event of type typ: fields, with its type and its
 // sequence number.
-func (p *responseResponder) emit(o *output, typ string, fields map[string]any) {
+func (p *responseResponder) emit(o *turn.Output, typ string, fields map[string]any) {
 	fields["type"] = typ
 	fields["sequence_number"] = p.seq
 	p.seq++
-	o.write(typ, string(mustJSON(fields)))
+	o.Write(typ, string(turn.MustJSON(fields)))
 }

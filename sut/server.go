@@ -41,11 +41,13 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/config"
 	"github.com/turncheck/turncheck/sut/internal/store"
+
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // Server is the reference session server. It is an http.Handler.
 type Server struct {
-	*engine
+	*turn.Engine
 	// allowedHosts are cfg.AllowedHosts, normalized.
 	allowedHosts []string
 
@@ -56,7 +58,7 @@ type Server struct {
 // New opens the store (cfg.Store, or cfg.DataDir) and returns a server
 // ready to serve.
 func New(cfg config.Config) (*Server, error) {
-	modelURL, err := parseModelURL(cfg.ModelURL)
+	modelURL, err := turn.ParseModelURL(cfg.ModelURL)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +120,7 @@ func New(cfg config.Config) (*Server, error) {
 	}
 	// Before the store: a server whose agents do not load leaves its data
 	// dir untouched.
-	srcs, err := loadSources(context.Background(), cfg.Agents)
+	srcs, err := turn.LoadSources(context.Background(), cfg.Agents)
 	if err != nil {
 		return nil, err
 	}
@@ -142,9 +144,9 @@ func New(cfg config.Config) (*Server, error) {
 		_ = st.Close()
 		return nil, err
 	}
-	e := newEngine(cfg, engineParts{sources: srcs, store: st, convs: convs, mem: mem, modelURL: modelURL, log: log, scopes: scopes})
+	e := turn.NewEngine(cfg, turn.Parts{Sources: srcs, Store: st, Convs: convs, Mem: mem, ModelURL: modelURL, Log: log, Scopes: scopes})
 	s := &Server{
-		engine:       e,
+		Engine:       e,
 		stopped:      make(chan struct{}),
 		allowedHosts: allowedHosts,
 	}
@@ -183,7 +185,7 @@ func setLimits(cfg *config.Config) error {
 			return err // the first, on one line
 		}
 	}
-	switch least := admission.MinMaxMemory(cfg.MaxBodyBytes, cfg.MaxHistoryBytes, maxReplyBytes); {
+	switch least := admission.MinMaxMemory(cfg.MaxBodyBytes, cfg.MaxHistoryBytes, turn.MaxReplyBytes); {
 	case cfg.MaxMemory < 0:
 		return fmt.Errorf("max memory %d: want a positive number of bytes", cfg.MaxMemory)
 	case cfg.MaxMemory == 0:
@@ -191,7 +193,7 @@ func setLimits(cfg *config.Config) error {
 		cfg.MaxMemory = max(def, least)
 	case cfg.MaxMemory < least:
 		return fmt.Errorf("max memory %d bytes: want at least %d, what one turn at the limits costs (a %d-byte body, a %d-byte history, a %d-byte reply)",
-			cfg.MaxMemory, least, cfg.MaxBodyBytes, cfg.MaxHistoryBytes, maxReplyBytes)
+			cfg.MaxMemory, least, cfg.MaxBodyBytes, cfg.MaxHistoryBytes, turn.MaxReplyBytes)
 	}
 	return nil
 }
@@ -217,16 +219,16 @@ func orDefault[T int | int64 | time.Duration](name string, v *T, def T) error {
 // has any), then closes the store. Stop the HTTP server in front of it
 // first. After a crash (Running.Crash) it does nothing.
 func (s *Server) Close() error {
-	if s.gate.Close() {
+	if s.Gate.Close() {
 		<-s.stopped // a later Close returns when the first one has
 		return s.closeErr
 	}
-	s.gate.Wait()
-	s.convs.Close()
-	s.up.close()
-	s.kill()
-	s.endTurns()
-	s.closeErr = s.store.Close()
+	s.Gate.Wait()
+	s.Convs.Close()
+	s.Up.Close()
+	s.Kill()
+	s.EndTurns()
+	s.closeErr = s.Store.Close()
 	close(s.stopped)
 	return s.closeErr
 }
@@ -237,17 +239,17 @@ func (s *Server) Close() error {
 // reports false, and does nothing, if the server was closed already. A
 // later Close returns nil.
 func (s *Server) crash() (bool, error) {
-	s.crashing.Store(true)
-	if s.gate.Close() {
+	s.Crashing.Store(true)
+	if s.Gate.Close() {
 		return false, nil
 	}
 	// First, as the process dies: a turn acknowledged but not yet written
 	// is gone, and none queued from now on is ever written.
-	s.convs.Crash()
-	s.kill()
-	s.gate.Wait()
-	s.up.close()
-	err := s.store.Close()
+	s.Convs.Crash()
+	s.Kill()
+	s.Gate.Wait()
+	s.Up.Close()
+	err := s.Store.Close()
 	close(s.stopped)
 	return true, err
 }
@@ -256,7 +258,7 @@ func (s *Server) crash() (bool, error) {
 // POST /v1/responses, the sessions API under /api/sessions) and GET
 // /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	defer s.gate.Handle()()
+	defer s.Gate.Handle()()
 	conn := admission.ConnOf(r.Context())
 	conn.Enter()
 	defer conn.Leave()
@@ -265,7 +267,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// every request, so that a request refused before its body is read
 	// does not hold its connection past it either (net/http reads what is
 	// left of a body after the handler); readBody lifts it.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.Cfg.BodyTimeout))
 	if len(r.TransferEncoding) > 0 {
 		// A chunked body is served, but its connection is not reused:
 		// net/http takes Transfer-Encoding over a Content-Length sent
@@ -276,7 +278,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// connection is closed after the answer.
 		w.Header().Set("Connection", "close")
 	}
-	ticket, ctx, refusal := s.gate.Enter(r.Context(), r.Header.Get(admission.RequestTagHeader))
+	ticket, ctx, refusal := s.Gate.Enter(r.Context(), r.Header.Get(admission.RequestTagHeader))
 	defer ticket.Leave()
 	if refusal != nil {
 		refusal.Write(w)
@@ -329,4 +331,4 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 
 // MaxMemory is the server's memory budget in bytes: Config.MaxMemory, or
 // the default it was given for 0.
-func (s *Server) MaxMemory() int64 { return s.gate.MaxMemory() }
+func (s *Server) MaxMemory() int64 { return s.Gate.MaxMemory() }

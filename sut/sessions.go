@@ -9,19 +9,18 @@ import (
 	"strings"
 
 	"github.com/turncheck/turncheck/internal/openai"
-
 	"github.com/turncheck/turncheck/sut/internal/admission"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
-
 	"github.com/turncheck/turncheck/sut/internal/store"
+
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // The sessions API, shaped like docker-agent's `serve api`: a client
 // creates a session (POST /api/sessions), then sends each turn to
 // POST /api/sessions/{session}/agent/{agent} as an array of messages, the
 // new user message last. A session is a conversation scoped by the API
-// key, under a namespace of its own (nsSession), with chat's turn
+// Key, under a namespace of its own (nsSession), with chat's turn
 // machinery: its lock and concurrency policy, its agent binding (the
 // session's first turn records the agent's source key; later turns resume
 // with it, T8), durability and interruption policy. The answer is always
@@ -38,29 +37,29 @@ type sessionEvent struct {
 }
 
 // CreateSession serves POST /api/sessions: a new empty session of the
-// key, stored durably before its id is answered (201 {"id"}). The body is
+// Key, stored durably before its id is answered (201 {"id"}). The body is
 // empty or a JSON object, whose members are ignored.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
-	s.gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) {
+	s.Gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) {
 		if len(bytes.TrimSpace(body)) > 0 {
-			if _, err := decodeObject(body, "{} or no body"); err != nil {
+			if _, err := turn.DecodeObject(body, "{} or no body"); err != nil {
 				openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 				return
 			}
 		}
-		id := newID("")
-		if err := s.store.CreateSession(store.Key{Scope: scope, ID: nsSession + id}); err != nil {
+		id := turn.NewID("")
+		if err := s.Store.CreateSession(store.Key{Scope: scope, ID: turn.NsSession + id}); err != nil {
 			if store.StoreFull(err) {
 				admission.Overloaded("the server's store takes no more connections; no session was created: retry shortly").Write(w)
 				return
 			}
-			s.log.Error("create session", "err", err)
+			s.Log.Error("create session", "err", err)
 			openai.WriteError(w, http.StatusInternalServerError, "server_error", "the session could not be created")
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write(mustJSON(map[string]string{"id": id}))
+		_, _ = w.Write(turn.MustJSON(map[string]string{"id": id}))
 	})
 }
 
@@ -81,7 +80,7 @@ func sessionTurnPath(u *url.URL) (session, agent string, ok bool) {
 		return "", "", false
 	}
 	agent, err = url.PathUnescape(parts[2])
-	if err != nil || checkID("session id", session) != nil || agent == "" {
+	if err != nil || turn.CheckID("session id", session) != nil || agent == "" {
 		return "", "", false
 	}
 	return session, agent, true
@@ -90,16 +89,16 @@ func sessionTurnPath(u *url.URL) (session, agent string, ok bool) {
 // sessionTurn serves POST /api/sessions/{session}/agent/{agent}: one turn
 // of session with the agent named as chat's "model" names it.
 func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, agent string) {
-	s.gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) {
+	s.Gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) {
 		msgs, err := decodeSessionMessages(body)
 		if err != nil {
 			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return
 		}
-		user, err := s.newUserMessage(msgs)
-		input := userInput(user)
+		user, err := s.NewUserMessage(msgs)
+		input := turn.UserInput(user)
 		switch {
-		case err != nil && s.cfg.Mutant == config.SessionEmptyRuns && !slices.ContainsFunc(msgs, usable):
+		case err != nil && s.Cfg.Mutant == config.SessionEmptyRuns && !slices.ContainsFunc(msgs, turn.Usable):
 			// The bug: no usable message appends nothing, and the turn
 			// runs on the session as it is.
 			input = nil
@@ -107,17 +106,17 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 			openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return
 		}
-		t := &turn{key: store.Key{Scope: scope, ID: nsSession + session}, proto: config.ProtoSessions}
-		switch found, err := s.store.SessionExists(r.Context(), t.key); {
+		t := &turn.Turn{Key: store.Key{Scope: scope, ID: turn.NsSession + session}, Proto: config.ProtoSessions}
+		switch found, err := s.Store.SessionExists(r.Context(), t.Key); {
 		case err != nil:
-			t.release = func() {}
-			s.refuse(r.Context(), NewHTTP(w), t, err)
+			t.Release = func() {}
+			s.Refuse(r.Context(), turn.NewHTTP(w), t, err)
 			return
 		case !found:
 			openai.WriteError(w, http.StatusNotFound, "not_found", "no such session: create one with POST "+sessionsPath)
 			return
 		}
-		s.converse(r.Context(), NewHTTP(w), t, input, agent, sessionResponder{})
+		s.Converse(r.Context(), turn.NewHTTP(w), t, input, agent, sessionResponder{})
 	})
 }
 
@@ -125,10 +124,10 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 // Messages (decodeItems), in valid UTF-8, with nothing after it.
 func decodeSessionMessages(body []byte) ([]openai.Message, error) {
 	var raw json.RawMessage
-	if err := decodeStrict(body, &raw, `a JSON array of {"role","content"} messages, the new user message last`); err != nil {
+	if err := turn.DecodeStrict(body, &raw, `a JSON array of {"role","content"} messages, the new user message last`); err != nil {
 		return nil, err
 	}
-	return decodeItems(raw, "messages")
+	return turn.DecodeItems(raw, "messages")
 }
 
 // sessionResponder answers a session turn: always an event stream, open
@@ -136,18 +135,18 @@ func decodeSessionMessages(body []byte) ([]openai.Message, error) {
 // the commit is durable, or error.
 type sessionResponder struct{}
 
-func (sessionResponder) begin(o *output) { o.open() }
+func (sessionResponder) Begin(o *turn.Output) { o.Open() }
 
-func (sessionResponder) started(*output) {}
+func (sessionResponder) Started(*turn.Output) {}
 
-func (sessionResponder) delta(o *output, text string) {
-	o.write("", string(mustJSON(sessionEvent{Type: "agent_choice", Content: text})))
+func (sessionResponder) Delta(o *turn.Output, text string) {
+	o.Write("", string(turn.MustJSON(sessionEvent{Type: "agent_choice", Content: text})))
 }
 
-func (sessionResponder) succeeded(o *output, _ string) {
-	o.write("", string(mustJSON(sessionEvent{Type: "stream_stopped"})))
+func (sessionResponder) Succeeded(o *turn.Output, _ string) {
+	o.Write("", string(turn.MustJSON(sessionEvent{Type: "stream_stopped"})))
 }
 
-func (sessionResponder) failed(o *output, _, msg string) {
-	o.write("", string(mustJSON(sessionEvent{Type: "error", Error: msg})))
+func (sessionResponder) Failed(o *turn.Output, _, msg string) {
+	o.Write("", string(turn.MustJSON(sessionEvent{Type: "error", Error: msg})))
 }

@@ -1,4 +1,4 @@
-package sut
+package turn
 
 import (
 	"context"
@@ -12,21 +12,21 @@ import (
 // sees its client gone: noticed). It ends early when
 // ctx ends or the server crashes, so that a stalled server still stops
 // at once. With Stall 0 it returns at once.
-func (s *engine) stall(ctx context.Context) {
-	stall.Sleep(ctx, s.cfg.Stall, s.life.Done())
+func (s *Engine) stall(ctx context.Context) {
+	stall.Sleep(ctx, s.Cfg.Stall, s.life.Done())
 }
 
 // noticed is the request context rctx as the turn sees it: with Stall
 // set, it ends a random 0..Stall after rctx does, as on a busy machine
 // the goroutine that notices a client gone runs late; the turn must
 // still stop once it sees it. Without Stall it is rctx.
-func (s *engine) noticed(rctx context.Context) context.Context {
-	if s.cfg.Stall <= 0 {
+func (s *Engine) noticed(rctx context.Context) context.Context {
+	if s.Cfg.Stall <= 0 {
 		return rctx
 	}
 	late, cancel := context.WithCancelCause(context.WithoutCancel(rctx))
 	context.AfterFunc(rctx, func() {
-		stall.Sleep(context.Background(), s.cfg.Stall, s.life.Done())
+		stall.Sleep(context.Background(), s.Cfg.Stall, s.life.Done())
 		cancel(context.Cause(rctx))
 	})
 	return late

@@ -1,4 +1,4 @@
-package sut
+package turn
 
 import (
 	"bytes"
@@ -14,19 +14,17 @@ import (
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
+	yaml "go.yaml.in/yaml/v3"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
-
 	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
 // Bounds on loading one agent reference at start-up: a source that hangs or
 // streams forever must not hold the server's start. The timeout is a
 // variable only so that a test can show it without waiting 5 s.
-var agentFetchTimeout = 5 * time.Second
+var AgentFetchTimeout = 5 * time.Second
 
 const maxAgentBytes = 64 << 10
 
@@ -43,9 +41,9 @@ var (
 
 // agentSource is one agent loaded from a reference given at start-up.
 type agentSource struct {
-	// key is the source key: the reference exactly as given. A
+	// Key is the source key: the reference exactly as given. A
 	// Conversation records it with its first commit.
-	key string
+	Key string
 	// stable is the stable key: for a URL, scheme://host/path, without
 	// the query and fragment that a relaunch may change (a version tag);
 	// for a file, its cleaned absolute path.
@@ -56,22 +54,22 @@ type agentSource struct {
 }
 
 // agentDefinition is an agent definition as YAML. Unknown fields are
-// refused: a misspelt "instructions" must fail the start, not run every
+// Refused: a misspelt "instructions" must fail the start, not run every
 // Conversation without its instruction.
 type agentDefinition struct {
 	Name        string `yaml:"name"`
 	Instruction string `yaml:"instruction"`
 }
 
-// sources are the agents a server loaded, in the order given.
+// Sources are the agents a server loaded, in the order given.
 type sources struct {
-	list []*agentSource
+	List []*agentSource
 }
 
-// loadSources loads every reference: fetches a URL, reads a file, and
+// LoadSources loads every reference: fetches a URL, reads a file, and
 // parses the definition. The first that fails fails the whole load, with an
 // error naming it.
-func loadSources(ctx context.Context, refs []string) (*sources, error) {
+func LoadSources(ctx context.Context, refs []string) (*sources, error) {
 	s := &sources{}
 	if len(refs) == 0 {
 		return s, nil
@@ -79,7 +77,7 @@ func loadSources(ctx context.Context, refs []string) (*sources, error) {
 	// A client of its own, whose connections go with the load.
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: agentFetchTimeout}
+	client := &http.Client{Transport: tr, Timeout: AgentFetchTimeout}
 	seen := map[string]bool{}
 	for _, ref := range refs {
 		if seen[ref] {
@@ -90,7 +88,7 @@ func loadSources(ctx context.Context, refs []string) (*sources, error) {
 		if err != nil {
 			return nil, fmt.Errorf("agent %q: %w", ref, err)
 		}
-		s.list = append(s.list, src)
+		s.List = append(s.List, src)
 	}
 	return s, nil
 }
@@ -114,7 +112,7 @@ func loadSource(ctx context.Context, client *http.Client, ref string) (*agentSou
 	if err != nil {
 		return nil, err
 	}
-	return &agentSource{key: ref, stable: stable, name: def.Name, instruction: def.Instruction}, nil
+	return &agentSource{Key: ref, stable: stable, name: def.Name, instruction: def.Instruction}, nil
 }
 
 // stableKey returns ref's stable key, and whether ref is a URL. A
@@ -214,7 +212,7 @@ func parseDefinition(raw []byte) (agentDefinition, error) {
 // else the one agent of that name. Several at a level is errAmbiguousSource;
 // none at all is errNoSource. With no sources loaded, nothing binds (nil).
 func (s *sources) bind(model string) (*agentSource, error) {
-	if len(s.list) == 0 {
+	if len(s.List) == 0 {
 		return nil, nil
 	}
 	if src := s.byKey(model); src != nil {
@@ -239,12 +237,12 @@ func (s *sources) bind(model string) (*agentSource, error) {
 		}
 	}
 	return nil, fmt.Errorf("%w for model %q: name an agent by its name or its source key (loaded: %s)",
-		errNoSource, model, keys(s.list))
+		errNoSource, model, keys(s.List))
 }
 
 // resume picks the source a conversation that recorded key resumes with:
 // that source if loaded, else the one loaded source with the same stable
-// key. Several is errAmbiguousSource: never a silent pick. With exactOnly
+// Key. Several is errAmbiguousSource: never a silent pick. With exactOnly
 // (the exact-source-key-only mutant) a miss is errAgentNotFound.
 func (s *sources) resume(key string, exactOnly bool) (*agentSource, error) {
 	if src := s.byKey(key); src != nil {
@@ -267,8 +265,8 @@ func (s *sources) resume(key string, exactOnly bool) (*agentSource, error) {
 }
 
 func (s *sources) byKey(key string) *agentSource {
-	for _, src := range s.list {
-		if src.key == key {
+	for _, src := range s.List {
+		if src.Key == key {
 			return src
 		}
 	}
@@ -277,7 +275,7 @@ func (s *sources) byKey(key string) *agentSource {
 
 func (s *sources) filter(match func(*agentSource) bool) []*agentSource {
 	var out []*agentSource
-	for _, src := range s.list {
+	for _, src := range s.List {
 		if match(src) {
 			out = append(out, src)
 		}
@@ -299,7 +297,7 @@ func stableOf(key string) string {
 func keys(srcs []*agentSource) string {
 	out := make([]string, len(srcs))
 	for i, src := range srcs {
-		out[i] = fmt.Sprintf("%q", src.key)
+		out[i] = fmt.Sprintf("%q", src.Key)
 	}
 	slices.Sort(out)
 	return strings.Join(out, ", ")
@@ -313,36 +311,36 @@ func keys(srcs []*agentSource) string {
 // docker-agent #3410 back, a resume takes an exact key or nothing: the
 // recorded one, or, for a session turn whose path names a source key
 // (docker-agent's shape), that one, as docker-agent looked it up.
-func (s *engine) agentFor(t *turn, base *store.Conversation, model string) (*agentSource, error) {
+func (s *Engine) agentFor(t *Turn, base *store.Conversation, model string) (*agentSource, error) {
 	if len(base.Messages) == 0 {
-		return s.sources.bind(model)
+		return s.Sources.bind(model)
 	}
 	if base.Source == "" {
 		return nil, nil
 	}
 	exactOnly := s.exactSourceKeyOnly(t)
-	if exactOnly && s.cfg.Mutant == config.SessionExactSourceKey && strings.Contains(model, "://") {
-		return s.sources.resume(model, true)
+	if exactOnly && s.Cfg.Mutant == config.SessionExactSourceKey && strings.Contains(model, "://") {
+		return s.Sources.resume(model, true)
 	}
-	return s.sources.resume(base.Source, exactOnly)
+	return s.Sources.resume(base.Source, exactOnly)
 }
 
 // exactSourceKeyOnly reports whether turn t resumes only under the exact
 // Source key its conversation recorded: under exact-source-key-only for
 // every turn, under session-exact-source-key for the sessions API's alone.
-func (s *engine) exactSourceKeyOnly(t *turn) bool {
-	switch s.cfg.Mutant {
+func (s *Engine) exactSourceKeyOnly(t *Turn) bool {
+	switch s.Cfg.Mutant {
 	case config.ExactSourceKeyOnly:
 		return true
 	case config.SessionExactSourceKey:
-		return t.proto == config.ProtoSessions
+		return t.Proto == config.ProtoSessions
 	}
 	return false
 }
 
 // refuseAgent answers a turn that has no agent to run with.
-func (s *engine) refuseAgent(c Client, t *turn, err error) {
-	s.log.Info("no agent for the turn; nothing changed", "conversation", t.key.ID, "err", err)
+func (s *Engine) refuseAgent(c Client, t *Turn, err error) {
+	s.Log.Info("no agent for the turn; nothing changed", "conversation", t.Key.ID, "err", err)
 	switch {
 	case errors.Is(err, errAmbiguousSource):
 		c.Refuse(admission.Refuse(http.StatusConflict, "conflict", err.Error()))

@@ -1,4 +1,4 @@
-package sut
+package turn
 
 import (
 	"errors"
@@ -33,7 +33,7 @@ var credentialPatterns = []struct {
 	{regexp.MustCompile(`\b(sk|rk|pk)[-_][A-Za-z0-9_-]{6,}`), "[redacted]"},
 	// Query parameters that carry credentials under short names.
 	{regexp.MustCompile(`(?i)([?&](?:key|sig|signature|code|auth)=)[^&\s"'#]+`), "${1}[redacted]"},
-	// key=value and "key": "value" for names that hold secrets, in query
+	// Key=value and "key": "value" for names that hold secrets, in query
 	// strings, headers and JSON.
 	{regexp.MustCompile(`(?i)((?:api[-_]?key|access[-_]?token|auth[-_]?token|token|secret|password|passwd|authorization|x-api-key)"?\s*[:=]\s*"?)[^\s"&,;}]+`), "${1}[redacted]"},
 	// Free text after a password, to the end of its line: "login failed
@@ -54,7 +54,7 @@ type redactor struct {
 // occurs: a shorter one would blot out ordinary words.
 const minSecretLen = 4
 
-func newRedactor(keys []string, modelURL *url.URL) *redactor {
+func NewRedactor(keys []string, modelURL *url.URL) *redactor {
 	r := &redactor{}
 	add := func(s string) {
 		if len(s) >= minSecretLen {
@@ -73,8 +73,8 @@ func newRedactor(keys []string, modelURL *url.URL) *redactor {
 	return r
 }
 
-// redact returns s with every credential it can spot replaced.
-func (r *redactor) redact(s string) string {
+// Redact returns s with every credential it can spot replaced.
+func (r *redactor) Redact(s string) string {
 	for _, secret := range r.secrets {
 		s = strings.ReplaceAll(s, secret, "[redacted]")
 	}
@@ -84,9 +84,9 @@ func (r *redactor) redact(s string) string {
 	return s
 }
 
-// parseModelURL parses and checks a model provider's base URL: http or
+// ParseModelURL parses and checks a model provider's base URL: http or
 // https, with a host. Its errors never show the URL's user info.
-func parseModelURL(raw string) (*url.URL, error) {
+func ParseModelURL(raw string) (*url.URL, error) {
 	if raw == "" {
 		return nil, errors.New("a model URL is required")
 	}

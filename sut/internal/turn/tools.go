@@ -1,4 +1,4 @@
-package sut
+package turn
 
 import (
 	"bytes"
@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
@@ -56,7 +55,7 @@ type toolbox struct {
 	client    *http.Client
 	// deadlines and timeout bound each lookup, as they bound each model
 	// call: a lookup that does not answer is a failed tool, not a hung
-	// turn.
+	// Turn.
 	deadlines config.Deadlines
 	timeout   time.Duration
 }
@@ -65,11 +64,11 @@ func newToolbox(modelURL *url.URL, client *http.Client, deadlines config.Deadlin
 	return &toolbox{lookupURL: modelURL.JoinPath("tools/lookup").String(), client: client, deadlines: deadlines, timeout: timeout}
 }
 
-// run runs call and returns its result. A tool that fails, or a call that
+// Run runs call and returns its result. A tool that fails, or a call that
 // names no tool or carries bad arguments, gets a result that starts with
 // "error: ": the model hears of it and the loop goes on. The only error is
 // ctx's end, which is no tool failure but the turn's interruption.
-func (tb *toolbox) run(ctx context.Context, call openai.ToolCall) (string, error) {
+func (tb *toolbox) Run(ctx context.Context, call openai.ToolCall) (string, error) {
 	switch call.Function.Name {
 	case ToolEcho:
 		var args struct {
@@ -109,7 +108,7 @@ func decodeArgs(args string, v any) error {
 func (tb *toolbox) lookup(ctx context.Context, key string) (string, error) {
 	runCtx, cancel := tb.deadlines.WithTimeout(ctx, tb.timeout)
 	defer cancel()
-	// failed is the result of a failed lookup, unless the turn was
+	// Failed is the result of a failed lookup, unless the turn was
 	// interrupted meanwhile: then there is no result at all.
 	failed := func(format string, args ...any) (string, error) {
 		if ctx.Err() != nil {

@@ -1,4 +1,4 @@
-package sut
+package turn
 
 import (
 	"bytes"
@@ -20,33 +20,33 @@ import (
 // "x", a response "resp_x", a session "x" and a chat conversation "x" are
 // four histories.
 const (
-	// nsResponse holds each stored response: its whole history, up to
+	// NsResponse holds each stored response: its whole history, up to
 	// and including its own output.
-	nsResponse = "\x1eresponse:"
-	// nsResponseConversation holds the conversations of Responses
+	NsResponse = "\x1eresponse:"
+	// NsResponseConversation holds the conversations of Responses
 	// requests in conversation mode.
-	nsResponseConversation = "\x1econversation:"
-	// nsSession holds the sessions of the sessions API.
-	nsSession = "\x1esession:"
-	// nsResponseLine holds the lines of responses under Config.ResponsesLine.
-	nsResponseLine = "\x1eline:"
+	NsResponseConversation = "\x1econversation:"
+	// NsSession holds the sessions of the sessions API.
+	NsSession = "\x1esession:"
+	// NsResponseLine holds the lines of responses under Config.ResponsesLine.
+	NsResponseLine = "\x1eline:"
 )
 
-// newID returns prefix and 16 random bytes in hex: an id that no client can
+// NewID returns prefix and 16 random bytes in hex: an id that no client can
 // guess.
-func newID(prefix string) string {
+func NewID(prefix string) string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	return prefix + hex.EncodeToString(b[:])
 }
 
-// decodeObject decodes body as one JSON object, read strictly as chat's
+// DecodeObject decodes body as one JSON object, read strictly as chat's
 // is (openai.DecodeStrict: valid UTF-8, no key twice in any object,
 // nothing after it), into its members. Unknown members are the caller's
 // to ignore; a name matched exactly, never by case, is the member.
-func decodeObject(body []byte, want string) (map[string]json.RawMessage, error) {
+func DecodeObject(body []byte, want string) (map[string]json.RawMessage, error) {
 	var top map[string]json.RawMessage
-	if err := decodeStrict(body, &top, "a JSON object: "+want); err != nil {
+	if err := DecodeStrict(body, &top, "a JSON object: "+want); err != nil {
 		return nil, err
 	}
 	if top == nil {
@@ -55,10 +55,10 @@ func decodeObject(body []byte, want string) (map[string]json.RawMessage, error) 
 	return top, nil
 }
 
-// decodeStrict decodes a request's body into v by the one reading every
+// DecodeStrict decodes a request's body into v by the one reading every
 // API of the server shares (openai.DecodeStrict): its error says what is
 // malformed, or that the body must be want.
-func decodeStrict(body []byte, v any, want string) error {
+func DecodeStrict(body []byte, v any, want string) error {
 	err := openai.DecodeStrict(body, v)
 	var strict *openai.StrictError
 	switch {
@@ -70,12 +70,12 @@ func decodeStrict(body []byte, v any, want string) error {
 	return nil
 }
 
-// member decodes top[name] into v unless it is missing or null, and
+// Member decodes top[name] into v unless it is missing or null, and
 // reports whether it was there; a value of another JSON type is an error
 // that says what was wanted, in terms of the JSON.
-func member(top map[string]json.RawMessage, name string, v any, want string) (bool, error) {
+func Member(top map[string]json.RawMessage, name string, v any, want string) (bool, error) {
 	raw, ok := top[name]
-	if !ok || isNullJSON(raw) {
+	if !ok || IsNullJSON(raw) {
 		return false, nil
 	}
 	if err := json.Unmarshal(raw, v); err != nil {
@@ -84,9 +84,9 @@ func member(top map[string]json.RawMessage, name string, v any, want string) (bo
 	return true, nil
 }
 
-func isNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+func IsNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
-// decodeItems decodes an array of input items, as the Responses API's
+// DecodeItems decodes an array of input items, as the Responses API's
 // "input" array and the sessions API's body are: each a message, an
 // object with a "role" and a "content" that is a string or an array of
 // text parts ({"type":"input_text"|"output_text"|"text","text":...}); or,
@@ -97,7 +97,7 @@ func isNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(r
 // that answers it. An item of any other "type" is kept as a message
 // without role: it can never be the new user message. where names the
 // array in errors. The items are bounded as chat's messages are.
-func decodeItems(raw json.RawMessage, where string) ([]openai.Message, error) {
+func DecodeItems(raw json.RawMessage, where string) ([]openai.Message, error) {
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil || items == nil {
 		return nil, fmt.Errorf(`%s: want an array of {"role","content"} items`, where)
@@ -124,7 +124,7 @@ func decodeItem(raw json.RawMessage) (openai.Message, error) {
 		return openai.Message{}, errors.New(`: want an object {"role","content"}`)
 	}
 	var typ string
-	if _, err := member(obj, "type", &typ, "a string"); err != nil {
+	if _, err := Member(obj, "type", &typ, "a string"); err != nil {
 		return openai.Message{}, fmt.Errorf(".%v", err)
 	}
 	switch typ {
@@ -135,7 +135,7 @@ func decodeItem(raw json.RawMessage) (openai.Message, error) {
 		return openai.Message{}, nil
 	}
 	var m openai.Message
-	if _, err := member(obj, "role", &m.Role, "a string"); err != nil {
+	if _, err := Member(obj, "role", &m.Role, "a string"); err != nil {
 		return openai.Message{}, fmt.Errorf(".%v", err)
 	}
 	content, err := decodeItemContent(obj["content"])
@@ -166,11 +166,11 @@ func decodeToolItem(obj map[string]json.RawMessage, typ string) (openai.Message,
 		if !f.want {
 			continue
 		}
-		if ok, err := member(obj, f.name, f.v, "a string"); err != nil || !ok {
+		if ok, err := Member(obj, f.name, f.v, "a string"); err != nil || !ok {
 			return openai.Message{}, fmt.Errorf(".%s: want a string, in a %s item", f.name, typ)
 		}
 	}
-	if err := checkID(".call_id", id); err != nil {
+	if err := CheckID(".call_id", id); err != nil {
 		return openai.Message{}, err
 	}
 	if len(call.Arguments)+len(output) > MaxContentBytes {
@@ -185,7 +185,7 @@ func decodeToolItem(obj map[string]json.RawMessage, typ string) (openai.Message,
 // decodeItemContent decodes an item's content: a string, null or missing
 // (blank), or an array of text parts, joined.
 func decodeItemContent(raw json.RawMessage) (string, error) {
-	if raw == nil || isNullJSON(raw) {
+	if raw == nil || IsNullJSON(raw) {
 		return "", nil
 	}
 	var text string
@@ -222,18 +222,18 @@ type codedError struct {
 	} `json:"error"`
 }
 
-// writeCodedError writes an error response with a code.
-func writeCodedError(w http.ResponseWriter, status int, typ, code, msg string) {
+// WriteCodedError writes an error response with a code.
+func WriteCodedError(w http.ResponseWriter, status int, typ, code, msg string) {
 	var e codedError
 	e.Error.Message, e.Error.Type, e.Error.Code = msg, typ, code
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_, _ = w.Write(mustJSON(e))
+	_, _ = w.Write(MustJSON(e))
 }
 
-// mustJSON encodes v, a value of this package's wire types, which always
+// MustJSON encodes v, a value of this package's wire types, which always
 // encode.
-func mustJSON(v any) []byte {
+func MustJSON(v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
 		panic("sut: encode: " + err.Error())

@@ -1,15 +1,12 @@
-package sut
+package turn
 
 import (
 	"context"
 	"fmt"
 
 	"github.com/turncheck/turncheck/internal/openai"
-
 	"github.com/turncheck/turncheck/sut/internal/admission"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
-
 	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
@@ -29,7 +26,7 @@ const MaxToolRounds = 8
 // tool run under way is cancelled through ctx, and the loop looks at ctx
 // before every model call and every tool run, so none starts after it.
 // What the interrupted turn leaves is decided by the caller (interruption.go).
-func (s *engine) loop(ctx context.Context, t *turn, onStart func(), onDelta func(string)) (string, error) {
+func (s *Engine) loop(ctx context.Context, t *Turn, onStart func(), onDelta func(string)) (string, error) {
 	started := false
 	start := func() {
 		if !started {
@@ -50,7 +47,7 @@ func (s *engine) loop(ctx context.Context, t *turn, onStart func(), onDelta func
 			return ans.text, nil
 		}
 		if round == MaxToolRounds {
-			return "", &upstreamError{msg: fmt.Sprintf("model asked for tools after %d rounds of them", MaxToolRounds), started: true}
+			return "", &upstreamError{msg: fmt.Sprintf("model asked for tools after %d rounds of them", MaxToolRounds), Started: true}
 		}
 		if err := s.runTools(ctx, t, ans.calls); err != nil {
 			return "", err
@@ -60,14 +57,14 @@ func (s *engine) loop(ctx context.Context, t *turn, onStart func(), onDelta func
 
 // callModel makes one model call of the turn, with its own deadline, on
 // what the working copy shows the model.
-func (s *engine) callModel(ctx context.Context, t *turn, onStart func(), onDelta func(string)) (answer, error) {
-	ctx, cancel := s.cfg.Deadlines.WithTimeout(ctx, s.cfg.RequestTimeout)
+func (s *Engine) callModel(ctx context.Context, t *Turn, onStart func(), onDelta func(string)) (answer, error) {
+	ctx, cancel := s.Cfg.Deadlines.WithTimeout(ctx, s.Cfg.RequestTimeout)
 	defer cancel()
 	instruction := systemPrompt
 	if t.agent != nil {
 		instruction = t.agent.instruction
 	}
-	history := append([]openai.Message{{Role: openai.RoleSystem, Content: openai.Content(instruction)}}, t.work.Visible()...)
+	history := append([]openai.Message{{Role: openai.RoleSystem, Content: openai.Content(instruction)}}, t.Work.Visible()...)
 	// The call's request is reserved before it is encoded, and given back
 	// when the call ends; its reply is reserved as it comes, and held
 	// until the request ends.
@@ -78,50 +75,50 @@ func (s *engine) callModel(ctx context.Context, t *turn, onStart func(), onDelta
 	}
 	defer mem.Shrink(cost)
 	s.stall(ctx)
-	return s.up.complete(ctx, history, offeredTools, mem, onStart, onDelta)
+	return s.Up.complete(ctx, history, offeredTools, mem, onStart, onDelta)
 }
 
 // runTools runs one round of tool calls and appends it to the working
 // copy: the assistant message that asks for the calls, then each call's
 // result. Once every result is in, the round is settled: a T9-consistent
 // prefix that the keep-consistent policy may keep.
-func (s *engine) runTools(ctx context.Context, t *turn, calls []openai.ToolCall) error {
-	t.work.Messages = append(t.work.Messages, &store.Message{Message: openai.Message{Role: openai.RoleAssistant, ToolCalls: calls}})
-	if t.toolNotes != nil {
-		t.toolNotes.toolCalls(calls)
+func (s *Engine) runTools(ctx context.Context, t *Turn, calls []openai.ToolCall) error {
+	t.Work.Messages = append(t.Work.Messages, &store.Message{Message: openai.Message{Role: openai.RoleAssistant, ToolCalls: calls}})
+	if t.ToolNotes != nil {
+		t.ToolNotes.ToolCalls(calls)
 	}
 	toolCtx, checkEach := s.toolContext(ctx)
 	for _, call := range calls {
 		if checkEach && ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		result, err := s.tools.run(toolCtx, call)
+		result, err := s.tools.Run(toolCtx, call)
 		if err != nil {
 			return err
 		}
-		t.work.Messages = append(t.work.Messages, &store.Message{Message: openai.Message{
+		t.Work.Messages = append(t.Work.Messages, &store.Message{Message: openai.Message{
 			Role: openai.RoleTool, ToolCallID: call.ID, Content: openai.Content(result)}})
-		if t.toolNotes != nil {
-			t.toolNotes.toolResult(call, result)
+		if t.ToolNotes != nil {
+			t.ToolNotes.ToolResult(call, result)
 		}
 	}
-	t.settled = len(t.work.Messages)
+	t.settled = len(t.Work.Messages)
 	return nil
 }
 
 // toolObserver hears of a turn's tool rounds as they run (turn.toolNotes):
 // the calls of a round as it starts, then each call's result as it comes.
 type toolObserver interface {
-	toolCalls(calls []openai.ToolCall)
-	toolResult(call openai.ToolCall, result string)
+	ToolCalls(calls []openai.ToolCall)
+	ToolResult(call openai.ToolCall, result string)
 }
 
 // toolContext is the context a round's tools run under, and whether the
 // loop looks for an interruption before each of them. The
 // tool-runs-after-cancel mutant detaches the tools from the request and
 // looks only before model calls.
-func (s *engine) toolContext(ctx context.Context) (toolCtx context.Context, checkEach bool) {
-	if s.cfg.Mutant == config.ToolRunsAfterCancel {
+func (s *Engine) toolContext(ctx context.Context) (toolCtx context.Context, checkEach bool) {
+	if s.Cfg.Mutant == config.ToolRunsAfterCancel {
 		// The bug: a disconnect neither cancels the tool running nor stops
 		// the ones left in the round; only the next model call is spared.
 		return context.WithoutCancel(ctx), false

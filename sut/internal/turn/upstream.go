@@ -1,4 +1,4 @@
-package sut
+package turn
 
 import (
 	"bytes"
@@ -17,12 +17,11 @@ import (
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/sse"
-
 	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
-// maxReplyBytes bounds the reply the server accepts from the model.
-const maxReplyBytes = 4 << 20
+// MaxReplyBytes bounds the reply the server accepts from the model.
+const MaxReplyBytes = 4 << 20
 
 // upstreamError is a failed model call. started reports whether the model
 // had answered 200 and begun its stream before it failed. Its message is for
@@ -30,7 +29,7 @@ const maxReplyBytes = 4 << 20
 // what the model said.
 type upstreamError struct {
 	msg     string
-	started bool
+	Started bool
 	// status is the model's HTTP status when it answered one other than
 	// 200; 0 otherwise.
 	status int
@@ -69,7 +68,7 @@ func newUpstream(modelURL *url.URL, modelName string, concurrency int) *upstream
 
 // answer is what the model said in one call: its text and the tool calls
 // it asked for, in the order of their indexes. No tool calls: text is the
-// turn's reply.
+// Turn's reply.
 type answer struct {
 	text  string
 	calls []openai.ToolCall
@@ -114,16 +113,16 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 	var calls toolCallBuilder
 	// callsReserved is how much of calls.size is reserved already.
 	callsReserved := 0
-	// fail ends the stream with a failure; cause, if any, is for the log.
+	// Fail ends the stream with a failure; cause, if any, is for the log.
 	fail := func(cause error, format string, args ...any) (answer, error) {
 		if ctx.Err() != nil {
 			return answer{text: reply.String()}, context.Cause(ctx)
 		}
-		return answer{text: reply.String()}, &upstreamError{msg: fmt.Sprintf(format, args...), started: true, cause: cause}
+		return answer{text: reply.String()}, &upstreamError{msg: fmt.Sprintf(format, args...), Started: true, cause: cause}
 	}
 	// The stream's bytes are reserved as they are read, until their event
 	// is decoded; the reply's text for as long as the request runs.
-	stream := &meteredReader{r: resp.Body, mem: mem}
+	stream := &meteredReader{r: resp.Body, Mem: mem}
 	defer stream.decoded()
 	events := sse.NewReader(stream)
 	for {
@@ -159,8 +158,8 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 			}
 		}
 		text := c.Text()
-		if reply.Len()+len(text)+calls.size > maxReplyBytes {
-			return fail(nil, "model reply over %d bytes", maxReplyBytes)
+		if reply.Len()+len(text)+calls.size > MaxReplyBytes {
+			return fail(nil, "model reply over %d bytes", MaxReplyBytes)
 		}
 		if !mem.Grow(admission.ReplyFactor * int64(len(text)+calls.size-callsReserved)) {
 			return answer{text: reply.String()}, admission.ErrOverBudget
@@ -181,14 +180,14 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 // not known before it is read (at most sse.MaxEventBytes).
 type meteredReader struct {
 	r    io.Reader
-	mem  *admission.Reservation
+	Mem  *admission.Reservation
 	held int64
 }
 
 func (m *meteredReader) Read(p []byte) (int, error) {
 	n, err := m.r.Read(p)
 	if n > 0 {
-		if !m.mem.Grow(admission.StreamFactor * int64(n)) {
+		if !m.Mem.Grow(admission.StreamFactor * int64(n)) {
 			return 0, admission.ErrOverBudget
 		}
 		m.held += admission.StreamFactor * int64(n)
@@ -200,7 +199,7 @@ func (m *meteredReader) Read(p []byte) (int, error) {
 // for: their events are decoded, and what they carried is reserved by
 // itself.
 func (m *meteredReader) decoded() {
-	m.mem.Shrink(m.held)
+	m.Mem.Shrink(m.held)
 	m.held = 0
 }
 
@@ -280,7 +279,7 @@ func (b *toolCallBuilder) done() ([]openai.ToolCall, error) {
 	return out, nil
 }
 
-func (u *upstream) close() { u.client.CloseIdleConnections() }
+func (u *upstream) Close() { u.client.CloseIdleConnections() }
 
 // netReason is what went wrong talking to the model, without its URL and
 // socket addresses, which are no business of the server's clients.

@@ -1,11 +1,10 @@
-package sut
+package turn
 
 import (
 	"context"
 	"strings"
 
 	"github.com/turncheck/turncheck/internal/openai"
-
 	"github.com/turncheck/turncheck/sut/internal/admission"
 )
 
@@ -16,16 +15,16 @@ const titlePrompt = "Write a short title for a conversation whose user wrote the
 // ends it. The call runs beside the turn's tool loop from its start, as
 // docker-agent's session API names its sessions: it carries the
 // Conversation's user messages only, this turn's last, and races the
-// turn's own first call to the model. Its answer is not kept: a title is
+// Turn's own first call to the model. Its answer is not kept: a title is
 // not conversation state, and a failed one changes nothing. end cancels
 // the call if it is still running and waits for it, so that it never
 // outlives its turn.
-func (s *engine) title(ctx context.Context, t *turn) (end func()) {
-	if !s.cfg.Titles {
+func (s *Engine) title(ctx context.Context, t *Turn) (end func()) {
+	if !s.Cfg.Titles {
 		return func() {}
 	}
 	var users []string
-	for _, m := range t.work.Messages {
+	for _, m := range t.Work.Messages {
 		if !m.Hidden && m.Role == openai.RoleUser {
 			users = append(users, string(m.Content))
 		}
@@ -38,7 +37,7 @@ func (s *engine) title(ctx context.Context, t *turn) (end func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = s.up.complete(ctx, history, nil, admission.ReservationOf(ctx), func() {}, func(string) {})
+		_, _ = s.Up.complete(ctx, history, nil, admission.ReservationOf(ctx), func() {}, func(string) {})
 	}()
 	return func() {
 		cancel()
