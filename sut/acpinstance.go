@@ -9,6 +9,8 @@ import (
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/config"
+
+	"github.com/turncheck/turncheck/sut/internal/acp"
 )
 
 // ACPInstance is the reference server as an ACP agent (ServeACP) as the
@@ -93,7 +95,7 @@ func (in *ACPInstance) start(agents []string) error {
 	r.outR, r.outW = io.Pipe()
 	go func() {
 		defer close(r.served)
-		r.err = s.serveACP(ctx, r.inR, r.outW)
+		r.err = acp.Serve(ctx, s.Engine, s.Close, r.inR, r.outW)
 	}()
 	in.mu.Lock()
 	in.run = r

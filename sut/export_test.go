@@ -6,6 +6,8 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/store"
 
 	"github.com/turncheck/turncheck/sut/internal/turn"
+
+	"github.com/turncheck/turncheck/sut/internal/acp"
 )
 
 // SetFlushInterval sets how often the ack-before-durable mutant flushes
@@ -42,7 +44,7 @@ func (r *Running) SetConnClock(now func() time.Time) {
 // take a line of its output, for the servers started after it, until
 // restore.
 func SetACPWriteTimeout(d time.Duration) (restore func()) {
-	old := acpWriteTimeout
-	acpWriteTimeout = d
-	return func() { acpWriteTimeout = old }
+	old := acp.WriteTimeout
+	acp.WriteTimeout = d
+	return func() { acp.WriteTimeout = old }
 }

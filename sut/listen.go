@@ -7,10 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"time"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/config"
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // Running is a Server listening on an address.
@@ -80,19 +80,12 @@ func (r *Running) URL() string { return "http://" + r.ln.Addr().String() }
 // nothing.
 func (r *Running) Close() error {
 	r.conns.Stop()
-	r.Server.DropTurns(dropAnswerWait)
+	r.Server.DropTurns(turn.DropAnswerWait)
 	err := r.hs.Close()
 	<-r.serving
 	r.conns.Wait()
 	return errors.Join(err, r.Server.Close())
 }
-
-// dropAnswerWait bounds how long a stop waits for the turns it drops to
-// be answered (503, or an error chunk and [DONE]) before it closes their
-// connections: a model call ends at once when its context does, so the
-// answers take milliseconds; a client that does not read is not waited
-// for past it.
-const dropAnswerWait = time.Second
 
 // Crash is an in-process stand-in for kill -9: it closes the listener and
 // every connection at once (no client hears how its turn ended), ends every
@@ -132,7 +125,7 @@ func (r *Running) Shutdown(ctx context.Context) error {
 	if err != nil {
 		// The grace ran out: the turns still running are dropped, each
 		// answered so before its connection closes.
-		r.Server.DropTurns(dropAnswerWait)
+		r.Server.DropTurns(turn.DropAnswerWait)
 		err = errors.Join(err, r.hs.Close())
 	}
 	<-r.serving

@@ -1,5 +1,5 @@
 // Package sut is turncheck's reference session server: an OpenAI-compatible
-// chat endpoint that keeps conversations server-side, as PROTOCOL.md
+// Chat endpoint that keeps conversations server-side, as PROTOCOL.md
 // specifies, and, over the same store and the same turns (output.go), the
 // other client protocols of such servers: the Responses API, stateful
 // (responses.go), and a sessions API (sessions.go). It runs every turn on
@@ -43,6 +43,12 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/store"
 
 	"github.com/turncheck/turncheck/sut/internal/turn"
+
+	"github.com/turncheck/turncheck/sut/internal/chat"
+
+	"github.com/turncheck/turncheck/sut/internal/responses"
+
+	"github.com/turncheck/turncheck/sut/internal/sessions"
 )
 
 // Server is the reference session server. It is an http.Handler.
@@ -307,19 +313,21 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	var serve http.HandlerFunc
 	switch {
 	case p == "/v1/chat/completions" || p == "/chat/completions":
-		serve = s.chat
+		serve = (&chat.Handler{Engine: s.Engine}).Chat
 	case p == "/v1/responses" || p == "/responses":
-		serve = s.responses
-	case p == sessionsPath:
-		serve = s.createSession
+		serve = (&responses.Handler{Engine: s.Engine}).Responses
+	case p == sessions.Path:
+		serve = (&sessions.Handler{Engine: s.Engine}).CreateSession
 	default:
-		session, agent, ok := sessionTurnPath(r.URL)
+		session, agent, ok := sessions.TurnPath(r.URL)
 		if !ok {
 			openai.WriteError(w, http.StatusNotFound, "not_found",
-				"no such endpoint; use POST /v1/chat/completions, POST /v1/responses, POST "+sessionsPath+" or POST "+sessionsPath+"/{session}/agent/{agent}")
+				"no such endpoint; use POST /v1/chat/completions, POST /v1/responses, POST "+sessions.Path+" or POST "+sessions.Path+"/{session}/agent/{agent}")
 			return
 		}
-		serve = func(w http.ResponseWriter, r *http.Request) { s.sessionTurn(w, r, session, agent) }
+		serve = func(w http.ResponseWriter, r *http.Request) {
+			(&sessions.Handler{Engine: s.Engine}).SessionTurn(w, r, session, agent)
+		}
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)

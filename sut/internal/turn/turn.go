@@ -737,3 +737,10 @@ func refusedByModel(err error) bool {
 	var upErr *upstreamError
 	return errors.As(err, &upErr) && upErr.status == http.StatusBadRequest
 }
+
+// DropAnswerWait bounds how long a stop waits for the turns it drops to
+// be answered (503, or an error chunk and [DONE]) before it closes their
+// connections: a model call ends at once when its context does, so the
+// answers take milliseconds; a client that does not read is not waited
+// for past it.
+const DropAnswerWait = time.Second

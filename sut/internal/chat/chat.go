@@ -1,4 +1,4 @@
-package sut
+package chat
 
 import (
 	"fmt"
@@ -10,12 +10,11 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/sut/internal/config"
 	"github.com/turncheck/turncheck/sut/internal/store"
-
 	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
-// chat serves POST /v1/chat/completions.
-func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+// Chat serves POST /v1/chat/completions.
+func (s *Handler) Chat(w http.ResponseWriter, r *http.Request) {
 	var id string
 	check := func() (err error) {
 		id, err = s.conversationID(r)
@@ -26,7 +25,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 
 // chatTurn runs the turn of an admitted chat request: on conversation id
 // of scope, or stateless when id is "".
-func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id string, body []byte) {
+func (s *Handler) chatTurn(w http.ResponseWriter, r *http.Request, scope, id string, body []byte) {
 	req, err := decodeRequest(body)
 	if err != nil {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
@@ -64,7 +63,7 @@ type chatResponder struct {
 }
 
 // newChatResponder returns the responder of chat request req.
-func (s *Server) newChatResponder(req *openai.ChatRequest) *chatResponder {
+func (s *Handler) newChatResponder(req *openai.ChatRequest) *chatResponder {
 	model := req.Model
 	if model == "" {
 		model = s.Cfg.ModelName
@@ -121,7 +120,7 @@ func (c *chatResponder) chunk(d openai.Delta, finish *string) openai.Completion 
 // request. A request that names two (two headers) or an id that is not one
 // (empty, too long, not UTF-8, control characters) is refused: a proxy and
 // the server must not disagree on which conversation a turn is for.
-func (s *Server) conversationID(r *http.Request) (string, error) {
+func (s *Handler) conversationID(r *http.Request) (string, error) {
 	vals := r.Header.Values(s.Cfg.ConversationHeader)
 	switch len(vals) {
 	case 0:
@@ -162,3 +161,6 @@ func decodeRequest(body []byte) (*openai.ChatRequest, error) {
 	}
 	return req, nil
 }
+
+// Handler serves the chat completions endpoint over the engine.
+type Handler struct{ *turn.Engine }

@@ -1,4 +1,4 @@
-package sut
+package responses
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/sut/internal/config"
 	"github.com/turncheck/turncheck/sut/internal/store"
-
 	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
@@ -124,8 +123,8 @@ func (req *responsesRequest) check(top map[string]json.RawMessage) error {
 	return nil
 }
 
-// responses serves POST /v1/responses.
-func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
+// Responses serves POST /v1/responses.
+func (s *Handler) Responses(w http.ResponseWriter, r *http.Request) {
 	s.Gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) { s.responseTurn(w, r, scope, body) })
 }
 
@@ -134,7 +133,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 var errNoResponse = errors.New("previous response not found")
 
 // responseTurn runs the turn of an admitted Responses request of scope.
-func (s *Server) responseTurn(w http.ResponseWriter, r *http.Request, scope string, body []byte) {
+func (s *Handler) responseTurn(w http.ResponseWriter, r *http.Request, scope string, body []byte) {
 	req, err := decodeResponsesRequest(body)
 	if err != nil {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
@@ -224,7 +223,7 @@ func lineOf(id string) (string, bool) {
 // history: the buggy server keeps a turn that completed, and only that, so
 // its bug is a sibling's turn showing (T4), not a failed one's (T1). It
 // runs once, as a second release could find the history another turn's.
-func (s *Server) lockBase(ctx context.Context, t *turn.Turn, previous string) error {
+func (s *Handler) lockBase(ctx context.Context, t *turn.Turn, previous string) error {
 	if s.Cfg.Mutant != config.BranchMutatesBase {
 		return nil
 	}
@@ -254,7 +253,7 @@ func (s *Server) lockBase(ctx context.Context, t *turn.Turn, previous string) er
 // history. One never stored, not stored (store:false), failed, or stored
 // under another key is errNoResponse. The response-cross-key mutant looks
 // the id up under whichever key stored it.
-func (s *Server) loadResponse(ctx context.Context, scope, id string) (*store.Conversation, error) {
+func (s *Handler) loadResponse(ctx context.Context, scope, id string) (*store.Conversation, error) {
 	k := store.Key{Scope: scope, ID: turn.NsResponse + id}
 	if s.Cfg.Mutant == config.ResponseCrossKey {
 		// The bug: the id alone names the response, whoever asks.
@@ -280,7 +279,7 @@ func (s *Server) loadResponse(ctx context.Context, scope, id string) (*store.Con
 
 // refuseResponse answers a request whose previous response did not load:
 // 404 previous_response_not_found, or as a conversation that did not load.
-func (s *Server) refuseResponse(w http.ResponseWriter, r *http.Request, t *turn.Turn, previous string, err error) {
+func (s *Handler) refuseResponse(w http.ResponseWriter, r *http.Request, t *turn.Turn, previous string, err error) {
 	if !errors.Is(err, errNoResponse) {
 		s.Refuse(r.Context(), turn.NewHTTP(w), t, err)
 		return
@@ -346,7 +345,7 @@ type responseResponder struct {
 
 // newResponseResponder returns the responder of req, with the response's
 // ID minted.
-func (s *Server) newResponseResponder(req *responsesRequest) *responseResponder {
+func (s *Handler) newResponseResponder(req *responsesRequest) *responseResponder {
 	model := req.model
 	if model == "" {
 		model = s.Cfg.ModelName
@@ -414,3 +413,6 @@ func (p *responseResponder) emit(o *turn.Output, typ string, fields map[string]a
 	p.seq++
 	o.Write(typ, string(turn.MustJSON(fields)))
 }
+
+// Handler serves the Responses API over the engine.
+type Handler struct{ *turn.Engine }

@@ -1,4 +1,4 @@
-package sut
+package acp
 
 import (
 	"bytes"
@@ -20,7 +20,6 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/config"
 	"github.com/turncheck/turncheck/sut/internal/store"
-
 	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
@@ -41,31 +40,9 @@ const nsACP = "\x1eacp:"
 // acpAgentName is the name the server gives itself in initialize.
 const acpAgentName = "turncheck-reference"
 
-// ServeACP opens a server with cfg and serves one ACP client on in (the
-// client's requests, the server's stdin) and out (the server's answers and
-// notifications, its stdout), until in ends, out fails (a write the client
-// does not take within StreamWriteTimeout), or ctx ends. It then closes the
-// server: when the client left (in ended, out failed), the prompts still
-// running are interrupted as an HTTP turn whose client disconnects is
-// (Config.Interruption); when ctx ended, they are dropped, as a stop
-// drops the turns still running, and each is answered with an error. It
-// returns once the store is closed. Config's HTTP-only fields (Keys,
-// ConversationHeader, the connection limits) play no part: a stdio client
-// is the process's parent, and its sessions are of no key.
-//
-// When ctx ends first, the goroutine reading in keeps waiting for its next
-// line until in ends; the caller owns in and closes it.
-func ServeACP(ctx context.Context, cfg config.Config, in io.Reader, out io.Writer) error {
-	s, err := New(cfg)
-	if err != nil {
-		return err
-	}
-	return s.serveACP(ctx, in, out)
-}
-
-// serveACP serves one ACP client on in and out; see ServeACP.
-func (s *Server) serveACP(ctx context.Context, in io.Reader, out io.Writer) error {
-	w := newLineWriter(out, acpWriteTimeout)
+// Serve serves one ACP client on in and out; see ServeACP.
+func Serve(ctx context.Context, s *turn.Engine, closeServer func() error, in io.Reader, out io.Writer) error {
+	w := newLineWriter(out, WriteTimeout)
 	sdkIn, toSDK := io.Pipe()
 	a := &acpAgent{s: s, sessions: map[acp.SessionId]*acpSession{}}
 	answers := &answerCount{w: w}
@@ -87,19 +64,19 @@ func (s *Server) serveACP(ctx context.Context, in io.Reader, out io.Writer) erro
 	case <-ctx.Done():
 		s.Log.Info("acp: stopping; the prompts in flight are dropped")
 		a.stop(false)
-		s.DropTurns(dropAnswerWait)
+		s.DropTurns(turn.DropAnswerWait)
 	}
 	a.prompts.Wait()
 	// The SDK writes a request's answer once its handler has returned:
 	// the output stays open until every request read is answered, or the
 	// client stops reading.
-	answers.settle(dropAnswerWait)
+	answers.settle(turn.DropAnswerWait)
 	// The SDK's reader ends with its pipe. The goroutine reading in ends
 	// when in does: it may be the caller's to close.
 	_ = sdkIn.CloseWithError(errors.New("the server is stopping"))
 	<-a.conn.Done()
 	w.close()
-	return s.Close()
+	return closeServer()
 }
 
 // answerCount is the SDK's output: it counts the requests the server
@@ -170,7 +147,7 @@ func (c *answerCount) settle(wait time.Duration) {
 // client created or loaded on it, and their prompts in flight. It is safe
 // for concurrent use: the SDK runs every request in a goroutine of its own.
 type acpAgent struct {
-	s    *Server
+	s    *turn.Engine
 	conn *acp.AgentSideConnection
 	// prompts counts the prompt handlers running.
 	prompts sync.WaitGroup

@@ -1,4 +1,4 @@
-package sut
+package sessions
 
 import (
 	"bytes"
@@ -12,7 +12,6 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/config"
 	"github.com/turncheck/turncheck/sut/internal/store"
-
 	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
@@ -26,8 +25,8 @@ import (
 // with it, T8), durability and interruption policy. The answer is always
 // an event stream of data lines.
 
-// sessionsPath is the sessions API's root.
-const sessionsPath = "/api/sessions"
+// Path is the sessions API's root.
+const Path = "/api/sessions"
 
 // sessionEvent is one event of a session turn's stream.
 type sessionEvent struct {
@@ -39,7 +38,7 @@ type sessionEvent struct {
 // CreateSession serves POST /api/sessions: a new empty session of the
 // Key, stored durably before its id is answered (201 {"id"}). The body is
 // empty or a JSON object, whose members are ignored.
-func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) CreateSession(w http.ResponseWriter, r *http.Request) {
 	s.Gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) {
 		if len(bytes.TrimSpace(body)) > 0 {
 			if _, err := turn.DecodeObject(body, "{} or no body"); err != nil {
@@ -63,11 +62,11 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// sessionTurnPath returns the session and the agent that the path of a
+// TurnPath returns the session and the agent that the path of a
 // session turn names (/api/sessions/{session}/agent/{agent}, each segment
 // path-escaped), or false if u is no such path.
-func sessionTurnPath(u *url.URL) (session, agent string, ok bool) {
-	rest, ok := strings.CutPrefix(u.EscapedPath(), sessionsPath+"/")
+func TurnPath(u *url.URL) (session, agent string, ok bool) {
+	rest, ok := strings.CutPrefix(u.EscapedPath(), Path+"/")
 	if !ok {
 		return "", "", false
 	}
@@ -86,9 +85,9 @@ func sessionTurnPath(u *url.URL) (session, agent string, ok bool) {
 	return session, agent, true
 }
 
-// sessionTurn serves POST /api/sessions/{session}/agent/{agent}: one turn
+// SessionTurn serves POST /api/sessions/{session}/agent/{agent}: one turn
 // of session with the agent named as chat's "model" names it.
-func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, agent string) {
+func (s *Handler) SessionTurn(w http.ResponseWriter, r *http.Request, session, agent string) {
 	s.Gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) {
 		msgs, err := decodeSessionMessages(body)
 		if err != nil {
@@ -113,7 +112,7 @@ func (s *Server) sessionTurn(w http.ResponseWriter, r *http.Request, session, ag
 			s.Refuse(r.Context(), turn.NewHTTP(w), t, err)
 			return
 		case !found:
-			openai.WriteError(w, http.StatusNotFound, "not_found", "no such session: create one with POST "+sessionsPath)
+			openai.WriteError(w, http.StatusNotFound, "not_found", "no such session: create one with POST "+Path)
 			return
 		}
 		s.Converse(r.Context(), turn.NewHTTP(w), t, input, agent, sessionResponder{})
@@ -150,3 +149,6 @@ func (sessionResponder) Succeeded(o *turn.Output, _ string) {
 func (sessionResponder) Failed(o *turn.Output, _, msg string) {
 	o.Write("", string(turn.MustJSON(sessionEvent{Type: "error", Error: msg})))
 }
+
+// Handler serves the sessions API over the engine.
+type Handler struct{ *turn.Engine }

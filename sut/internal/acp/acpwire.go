@@ -1,4 +1,4 @@
-package sut
+package acp
 
 import (
 	"bufio"
@@ -21,14 +21,14 @@ import (
 // skipped unread, and a client that stops reading the server's output
 // is taken for gone.
 
-// acpWriteTimeout bounds one write of a line to the client, as
+// WriteTimeout bounds one write of a line to the client, as
 // StreamWriteTimeout bounds one write on HTTP: past it the client is
 // taken for gone. A variable only so that a test can show it without
 // waiting 30 s.
-var acpWriteTimeout = config.StreamWriteTimeout
+var WriteTimeout = config.StreamWriteTimeout
 
 // errClientStalled is a write to the client that did not complete within
-// acpWriteTimeout.
+// WriteTimeout.
 var errClientStalled = errors.New("the client did not read the server's output in time")
 
 // lineWriter writes whole lines to the client, one at a time, each
