@@ -162,7 +162,7 @@ func (in *ACPInstance) Restart(crash bool, agents []string) error {
 func (in *ACPInstance) ExpireDeadlines() { in.deadlines.Expire() }
 
 // Activity returns how many prompts the server is working on, how many
-// Wait for their session's turn, and a channel closed at the next change.
+// wait for their session's turn, and a channel closed at the next change.
 func (in *ACPInstance) Activity() (working, waiting int, changed <-chan struct{}) {
 	return in.gauge.Read()
 }

@@ -95,9 +95,9 @@ const (
 	// calls and tool rounds go on, each still bounded by RequestTimeout)
 	// on a context detached from the client, and commits the turn whole
 	// if it ends ok, nothing if it fails, as if the client had stayed. The
-	// Conversation's lock is held, and the request counts as working, until
+	// conversation's lock is held, and the request counts as working, until
 	// then. Only the server itself ends such a turn early: a crash, or a
-	// Stop that drops the turns still running (Running.Close, or
+	// stop that drops the turns still running (Running.Close, or
 	// Running.Shutdown past its deadline); it then commits nothing.
 	Complete = config.Complete
 )
@@ -112,11 +112,11 @@ const (
 	// Clean is the reference server as it should be.
 	Clean = config.Clean
 	// MutateBeforeRun applies the turn's user message to the cached
-	// Conversation before the model is called, so a failed turn stays in
+	// conversation before the model is called, so a failed turn stays in
 	// the history and a retry sees it twice.
 	MutateBeforeRun = config.MutateBeforeRun
 	// ReplayWithoutUser answers a continuation without a usable new user
-	// Message by re-using the latest earlier user message in the array,
+	// message by re-using the latest earlier user message in the array,
 	// replaying that turn, instead of refusing it with 400.
 	ReplayWithoutUser = config.ReplayWithoutUser
 	// ReplayOnToolOutput answers a Responses API request whose input holds
@@ -129,7 +129,7 @@ const (
 	// with the partial reply, though the client was told the turn failed.
 	CommitOnStreamError = config.CommitOnStreamError
 	// CrossKeyLeak does not scope conversation ids by API key, so a second
-	// Key naming the same id continues the first key's conversation.
+	// key naming the same id continues the first key's conversation.
 	CrossKeyLeak = config.CrossKeyLeak
 	// ForkNewSession resolves the conversation before taking its lock: a
 	// request for a conversation with nothing committed yet runs without
@@ -167,30 +167,30 @@ const (
 	ToolRunsAfterCancel = config.ToolRunsAfterCancel
 	// RefuseConcurrentNew refuses, as busy with a 500, a first request
 	// for a conversation with nothing committed yet that finds the
-	// Conversation's lock taken by another first request, instead of
+	// conversation's lock taken by another first request, instead of
 	// making it wait its turn (or, under Reject, answering 409).
 	// Continuations of a conversation with a committed turn wait as the
 	// clean server's do.
 	RefuseConcurrentNew = config.RefuseConcurrentNew
 	// FailedResponseChainable stores a Responses API response whose turn
-	// Failed (a model error, a broken stream, a timeout), with its user
+	// failed (a model error, a broken stream, a timeout), with its user
 	// input and any partial reply: chaining from it (its id is known to a
-	// Streaming client from response.created) succeeds and shows its
+	// streaming client from response.created) succeeds and shows its
 	// input.
 	FailedResponseChainable = config.FailedResponseChainable
 	// StoreFalseKept stores a Responses API response whose request said
-	// Store: false, as if it had said true: a request chained from it
+	// store: false, as if it had said true: a request chained from it
 	// succeeds and sends the model its turn.
 	StoreFalseKept = config.StoreFalseKept
 	// ResponseCrossKey looks a previous_response_id up without the API
-	// Key's scope: another key chains from the response and sees its
+	// key's scope: another key chains from the response and sees its
 	// history.
 	ResponseCrossKey = config.ResponseCrossKey
 	// SessionExactSourceKey is ExactSourceKeyOnly for the turns of the
 	// sessions API alone (chat turns resume as they should): after a
 	// relaunch that loads the agent under another query, a session's
 	// resume fails with 500 "agent not found". A turn whose path names a
-	// Source key is looked up by that key, as docker-agent did: a client
+	// source key is looked up by that key, as docker-agent did: a client
 	// that names the key its session was created under sees the bug, one
 	// that names the source loaded now does not.
 	SessionExactSourceKey = config.SessionExactSourceKey
@@ -204,7 +204,7 @@ const (
 	// ReplicaLocalLock takes, on PostgreSQL, only the conversation lock of
 	// its own process, not the advisory lock every replica shares: turns
 	// on one conversation sent to two replicas at once run on the same
-	// Committed base, and the later commit overwrites the earlier. One
+	// committed base, and the later commit overwrites the earlier. One
 	// replica alone, or SQLite, serializes as it should.
 	ReplicaLocalLock = config.ReplicaLocalLock
 	// ReplicaStaleCache serves, on PostgreSQL, a cached conversation
@@ -226,17 +226,17 @@ const (
 	// acknowledges the turn from the cache all the same, as a server that
 	// discards its store's errors does: a turn whose commit the store
 	// never got (its network broke) ends ok, and is gone from the next
-	// Turn on another replica, or on this one once its cache is checked
+	// turn on another replica, or on this one once its cache is checked
 	// against the store.
 	StoreErrorAcked = config.StoreErrorAcked
 	// ACPRefusalKeepsPrompt keeps, in an ACP session, the prompt of a
-	// Turn the model refused (stopReason refusal), as an agent that adds
+	// turn the model refused (stopReason refusal), as an agent that adds
 	// the user message to its session before it runs the model does:
 	// ACP says a refused prompt is not part of the next one, but the next
-	// Turn's model call carries it.
+	// turn's model call carries it.
 	ACPRefusalKeepsPrompt = config.ACPRefusalKeepsPrompt
 	// ACPCancelCommitsPrompt commits, in an ACP session, the prompt of a
-	// Turn that session/cancel ended, whatever the interruption policy:
+	// turn that session/cancel ended, whatever the interruption policy:
 	// under rollback the next turn's model call carries it.
 	ACPCancelCommitsPrompt = config.ACPCancelCommitsPrompt
 	// ACPConcurrentPrompts runs the prompts of one ACP session without the
@@ -261,7 +261,7 @@ const (
 	// SessionEmptyRuns runs a session turn whose messages hold no usable
 	// user message (none at all, or blank ones only) on the session as it
 	// is, as docker-agent's session API does: the model is sent the last
-	// Committed user message as the newest, and that turn runs again.
+	// committed user message as the newest, and that turn runs again.
 	SessionEmptyRuns = config.SessionEmptyRuns
 )
 

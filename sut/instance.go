@@ -66,7 +66,7 @@ func (in *Instance) serve() error {
 }
 
 // Restart closes the server, or drops it as a crash would (no graceful
-// Close: what was not durable is lost), and serves again on the same data
+// close: what was not durable is lost), and serves again on the same data
 // dir, loading agents if not nil.
 func (in *Instance) Restart(crash bool, agents []string) error {
 	if err := in.stop(crash); err != nil {
@@ -96,7 +96,7 @@ func (in *Instance) start(agents []string) error {
 func (in *Instance) ExpireDeadlines() { in.deadlines.Expire() }
 
 // Activity returns how many requests the server is working on, how many
-// Wait for their conversation's turn, and a channel closed at the next
+// wait for their conversation's turn, and a channel closed at the next
 // change.
 func (in *Instance) Activity() (working, waiting int, changed <-chan struct{}) {
 	return in.gauge.Read()

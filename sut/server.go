@@ -1,11 +1,11 @@
 // Package sut is turncheck's reference session server: an OpenAI-compatible
-// Chat endpoint that keeps conversations server-side, as PROTOCOL.md
+// chat endpoint that keeps conversations server-side, as PROTOCOL.md
 // specifies, and, over the same store and the same turns (output.go), the
 // other client protocols of such servers: the Responses API, stateful
 // (responses.go), and a sessions API (sessions.go). It runs every turn on
 // a working copy of the conversation and commits only a turn that ended
 // ok, durably, in SQLite or PostgreSQL (Config.Store) under a bounded
-// Cache. It also carries the catalogue of mutants: switches that bring
+// cache. It also carries the catalogue of mutants: switches that bring
 // back the real bugs the harness exists to catch.
 //
 // A turn is a tool loop (toolloop.go): the server offers the model two
@@ -18,13 +18,13 @@
 // interruption policy (interruption.go). Under Rollback and KeepConsistent
 // the turn stops at once: no model call and no tool run starts for it
 // afterwards. Rollback leaves nothing; KeepConsistent keeps the user
-// Message and the tool rounds that completed, each call with all its
+// message and the tool rounds that completed, each call with all its
 // results, and never a round cut short or a reply. Under Complete the turn
 // runs on to its end, detached from the client, and commits whole or not
 // at all, as if the client had stayed.
 //
 // Long conversations are compacted (compaction.go): past CompactAfter
-// Messages, the tool rounds of earlier turns are hidden from the model,
+// messages, the tool rounds of earlier turns are hidden from the model,
 // kept in the store, and the marks are part of the turn that set them.
 package sut
 

@@ -29,7 +29,7 @@ import (
 // server speaking it, over the store and the turn machinery the HTTP
 // protocols use (run): a session is a conversation under a namespace of
 // its own (nsACP), a session/prompt is a turn with the conversation's
-// Lock, concurrency policy, agent binding, tool loop and durability, and
+// lock, concurrency policy, agent binding, tool loop and durability, and
 // session/cancel is its client going away (the interruption policy
 // decides what stays). The SDK (github.com/coder/acp-go-sdk) frames and
 // dispatches the messages; acpwire.go guards both ends of the pipe.
@@ -526,7 +526,7 @@ func (a *acpAgent) turn(ctx context.Context, run *acpPrompt, id acp.SessionId, u
 }
 
 // agentRef is what a new session's first turn binds by: the first agent
-// Source the server loaded, by its source key, as an ACP agent runs the
+// source the server loaded, by its source key, as an ACP agent runs the
 // one agent it was started with. A session resumes with the source it
 // recorded (agentFor).
 func (a *acpAgent) agentRef() string {
@@ -606,10 +606,13 @@ type acpResponder struct {
 	refusal bool
 }
 
+// Begin is called before the turn's first model call.
 func (*acpResponder) Begin(*turn.Output) {}
 
+// Started is called once the model first answered.
 func (*acpResponder) Started(*turn.Output) {}
 
+// Delta relays a piece of the reply's text.
 func (r *acpResponder) Delta(o *turn.Output, text string) {
 	if o.Err != nil {
 		return
@@ -621,10 +624,13 @@ func (r *acpResponder) Delta(o *turn.Output, text string) {
 	}
 }
 
+// Succeeded answers a turn that ended ok, once its commit is durable.
 func (r *acpResponder) Succeeded(*turn.Output, string) { r.ok = true }
 
+// Failed reports a failure on the open stream.
 func (*acpResponder) Failed(*turn.Output, string, string) {}
 
+// Refused records a prompt the model refused.
 func (r *acpResponder) Refused(*turn.Output) { r.refusal = true }
 
 // ToolCalls reports a tool round starting: a tool_call, in_progress, for

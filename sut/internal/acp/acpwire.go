@@ -50,7 +50,7 @@ type lineWriter struct {
 }
 
 // newLineWriter returns a writer to out, whose writes a goroutine of its
-// Own makes, so that a write that blocks can be given up on.
+// own makes, so that a write that blocks can be given up on.
 func newLineWriter(out io.Writer, timeout time.Duration) *lineWriter {
 	w := &lineWriter{timeout: timeout, lines: make(chan []byte), results: make(chan error, 1),
 		broken: make(chan struct{}), done: make(chan struct{})}
@@ -141,7 +141,7 @@ const (
 // a JSON-RPC message on to sdk, each with its newline, in order; it
 // answers every other line on out itself, with a JSON-RPC error whose id
 // is null (the line's id cannot be trusted), and goes on. A line over
-// Max bytes is answered and skipped without being held in memory. When
+// max bytes is answered and skipped without being held in memory. When
 // in ends (or fails), or sdk is closed, it closes sdk and returns. It
 // calls onRequest for each request (a message with a method and an id)
 // it hands on, before it does.

@@ -15,7 +15,7 @@ import (
 
 // A server that accepts every connection runs out of file descriptors under
 // a crowd of slow clients, and then cannot even reach its model. The
-// Listener Serve uses counts the connections it has open and keeps them to
+// listener Serve uses counts the connections it has open and keeps them to
 // MaxConns. Past the cap, a new connection takes the place of a stalled
 // one: one that has waited stallAfter for a request head (a header
 // slowloris, first), one idle for stallAfter since its last answer, one
@@ -55,6 +55,7 @@ var overloadedResponse = Overloaded("the server is at its connection limit; retr
 // ConnTracker counts a listener's open connections. It is safe for
 // concurrent use.
 type ConnTracker struct {
+	// Max is the cap on open connections.
 	Max int
 	// log, if not nil, hears of the cap being hit (rate-limited).
 	log *slog.Logger
@@ -93,6 +94,8 @@ type ConnTracker struct {
 // admission costs a few system calls at most.
 const maxIdleLooks = 8
 
+// NewConnTracker returns a tracker that keeps a listener's connections to
+// max, logging to log (if not nil) when the cap is hit.
 func NewConnTracker(max int, log *slog.Logger) *ConnTracker {
 	t := &ConnTracker{Max: max, log: log, now: time.Now, pending: pendingInput, refusing: map[net.Conn]struct{}{}}
 	for p := range t.open {
@@ -128,7 +131,7 @@ func (t *ConnTracker) openLocked() int {
 
 // Conn is a connection the tracker counts. Its handler tells it when
 // a turn runs on it (work), and when a handler runs on it at all (enter,
-// Leave).
+// leave).
 type Conn struct {
 	net.Conn
 	tracker *ConnTracker
@@ -410,6 +413,8 @@ type bodyIn struct {
 	conn *Conn
 }
 
+// Read reads the body, and marks its connection as past its head once
+// the first byte of it is in.
 func (b *bodyIn) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if err == io.EOF {

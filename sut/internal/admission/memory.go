@@ -75,6 +75,7 @@ var ErrOverBudget = errors.New("the server's memory budget is taken by the reque
 // and takes no lock of its own, so that the cache may charge it under its
 // lock and it may call the cache's eviction.
 type Budget struct {
+	// Max is the budget in bytes.
 	Max  int64
 	used atomic.Int64
 	// Evict drops the least recently used cached conversation, giving
@@ -110,6 +111,7 @@ func (b *Budget) Charge(n int64) { b.used.Add(n) }
 // Over reports whether more is taken than the budget allows.
 func (b *Budget) Over() bool { return b.used.Load() > b.Max }
 
+// Release gives back n bytes taken.
 func (b *Budget) Release(n int64) { b.used.Add(-n) }
 
 // Reservation is what one request holds of the budget; it is given back

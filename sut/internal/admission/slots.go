@@ -8,6 +8,7 @@ import "sync/atomic"
 // still sending their body are bounded by the connection cap and the body
 // deadline instead, so that slow senders cannot take the slots of turns.
 type requestSlots struct {
+	// Max is how many slots there are.
 	Max  int64
 	used atomic.Int64
 }

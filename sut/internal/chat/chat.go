@@ -76,6 +76,7 @@ func (s *Handler) newChatResponder(req *openai.ChatRequest) *chatResponder {
 // that a model that fails at once is a status.
 func (c *chatResponder) Begin(*turn.Output) {}
 
+// Started is called once the model first answered.
 func (c *chatResponder) Started(o *turn.Output) {
 	if c.stream {
 		o.Open()
@@ -83,12 +84,14 @@ func (c *chatResponder) Started(o *turn.Output) {
 	}
 }
 
+// Delta relays a piece of the reply's text.
 func (c *chatResponder) Delta(o *turn.Output, text string) {
 	if c.stream {
 		o.Write("", openai.Encode(c.chunk(openai.Delta{Content: text}, nil)))
 	}
 }
 
+// Succeeded answers a turn that ended ok, once its commit is durable.
 func (c *chatResponder) Succeeded(o *turn.Output, reply string) {
 	if o.Streaming() {
 		o.Write("", openai.Encode(c.chunk(openai.Delta{}, openai.Ptr(openai.FinishStop))))

@@ -67,7 +67,7 @@ type Config struct {
 	// RequestTimeout bounds each model call of a turn; past it the turn
 	// fails (504). It bounds each lookup too; past it the lookup's result
 	// is an error and the turn goes on. Under Serialize it also bounds the
-	// Wait for a conversation's turn; past it the request gives up (503
+	// wait for a conversation's turn; past it the request gives up (503
 	// conversation_busy).
 	RequestTimeout time.Duration
 	// Deadlines starts each model call's and each lookup's deadline; nil

@@ -16,8 +16,10 @@ type Deadlines interface {
 	WithTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc)
 }
 
+// ClockDeadlines starts deadlines on the clock: the default Deadlines.
 type ClockDeadlines struct{}
 
+// WithTimeout is context.WithTimeout.
 func (ClockDeadlines) WithTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(parent, d)
 }

@@ -26,7 +26,7 @@ const (
 	// if it ends ok, nothing if it fails, as if the client had stayed. The
 	// conversation's lock is held, and the request counts as working, until
 	// then. Only the server itself ends such a turn early: a crash, or a
-	// Stop that drops the turns still running (Running.Close, or
+	// stop that drops the turns still running (Running.Close, or
 	// Running.Shutdown past its deadline); it then commits nothing.
 	Complete Interruption = "complete"
 )

@@ -190,7 +190,7 @@ type MutantInfo struct {
 	// "responses" for the Responses API (POST /v1/responses), "sessions"
 	// for the sessions API (POST /api/sessions), "acp" for the Agent
 	// Client Protocol over stdio ('turncheck serve acp'). A bug of one
-	// Protocol may not show through another.
+	// protocol may not show through another.
 	Protocol string
 	// Replicas is how many replicas of the server, over one PostgreSQL,
 	// the harness runs to catch the bug; 0 for one process on SQLite.

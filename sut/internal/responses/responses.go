@@ -170,7 +170,7 @@ func (s *Handler) responseTurn(w http.ResponseWriter, r *http.Request, scope str
 		return
 	}
 	// A response of its own: no lock, as nothing but this turn can ever
-	// Write its id, and the response it chains from never changes.
+	// write its id, and the response it chains from never changes.
 	t := &turn.Turn{Key: store.Key{Scope: scope, ID: turn.NsResponse + resp.obj.ID}, Proto: config.ProtoResponses, Chained: true,
 		Stateful: req.store || s.Cfg.Mutant == config.StoreFalseKept, Release: func() {}}
 	// Every way out releases the lock the branch-mutates-base mutant
@@ -200,7 +200,7 @@ func (s *Handler) responseTurn(w http.ResponseWriter, r *http.Request, scope str
 func lineResponseID(line string) string { return turn.NewID("resp_" + line + "_") }
 
 // lineOf is the line a response id of lineResponseID names; false for an
-// ID of no line.
+// id of no line.
 func lineOf(id string) (string, bool) {
 	rest, ok := strings.CutPrefix(id, "resp_")
 	line, _, found := strings.Cut(rest, "_")
@@ -213,13 +213,13 @@ func lineOf(id string) (string, bool) {
 // (workingCopy), so the requests chained from one response must run one
 // after the other, or they would write that history at once. They wait
 // their turn whatever the server's concurrency policy, which is about
-// Conversations: the bug is a sibling's turn in the history, not a
+// conversations: the bug is a sibling's turn in the history, not a
 // refusal. The lock is held with no other (no other request locks a
 // response's id), so it cannot deadlock, and it is taken before the load,
 // so that what is loaded, and cached, is the history as it stands.
 //
 // The release first takes back, under the lock, what a turn that did not
-// Commit (it failed, its client left, it was not stored) put in the
+// commit (it failed, its client left, it was not stored) put in the
 // history: the buggy server keeps a turn that completed, and only that, so
 // its bug is a sibling's turn showing (T4), not a failed one's (T1). It
 // runs once, as a second release could find the history another turn's.
@@ -344,7 +344,7 @@ type responseResponder struct {
 }
 
 // newResponseResponder returns the responder of req, with the response's
-// ID minted.
+// id minted.
 func (s *Handler) newResponseResponder(req *responsesRequest) *responseResponder {
 	model := req.model
 	if model == "" {
@@ -362,6 +362,7 @@ func (s *Handler) newResponseResponder(req *responsesRequest) *responseResponder
 	}
 }
 
+// Begin is called before the turn's first model call.
 func (p *responseResponder) Begin(o *turn.Output) {
 	if p.stream {
 		o.Open()
@@ -372,6 +373,7 @@ func (p *responseResponder) Begin(o *turn.Output) {
 // Started does nothing: the stream, if any, opened with the turn.
 func (p *responseResponder) Started(*turn.Output) {}
 
+// Delta relays a piece of the reply's text.
 func (p *responseResponder) Delta(o *turn.Output, text string) {
 	if p.stream {
 		p.emit(o, "response.output_text.delta", map[string]any{
@@ -379,6 +381,7 @@ func (p *responseResponder) Delta(o *turn.Output, text string) {
 	}
 }
 
+// Succeeded answers a turn that ended ok, once its commit is durable.
 func (p *responseResponder) Succeeded(o *turn.Output, reply string) {
 	done := p.response(responseCompleted)
 	done.Output = []responseItem{{Type: "message", ID: p.itemID, Role: openai.RoleAssistant, Status: responseCompleted,

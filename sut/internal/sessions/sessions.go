@@ -19,7 +19,7 @@ import (
 // creates a session (POST /api/sessions), then sends each turn to
 // POST /api/sessions/{session}/agent/{agent} as an array of messages, the
 // new user message last. A session is a conversation scoped by the API
-// Key, under a namespace of its own (nsSession), with chat's turn
+// key, under a namespace of its own (nsSession), with chat's turn
 // machinery: its lock and concurrency policy, its agent binding (the
 // session's first turn records the agent's source key; later turns resume
 // with it, T8), durability and interruption policy. The answer is always
@@ -36,7 +36,7 @@ type sessionEvent struct {
 }
 
 // CreateSession serves POST /api/sessions: a new empty session of the
-// Key, stored durably before its id is answered (201 {"id"}). The body is
+// key, stored durably before its id is answered (201 {"id"}). The body is
 // empty or a JSON object, whose members are ignored.
 func (s *Handler) CreateSession(w http.ResponseWriter, r *http.Request) {
 	s.Gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) {
@@ -120,7 +120,7 @@ func (s *Handler) SessionTurn(w http.ResponseWriter, r *http.Request, session, a
 }
 
 // decodeSessionMessages reads a session turn's body: a JSON array of
-// Messages (decodeItems), in valid UTF-8, with nothing after it.
+// messages (decodeItems), in valid UTF-8, with nothing after it.
 func decodeSessionMessages(body []byte) ([]openai.Message, error) {
 	var raw json.RawMessage
 	if err := turn.DecodeStrict(body, &raw, `a JSON array of {"role","content"} messages, the new user message last`); err != nil {
@@ -134,18 +134,23 @@ func decodeSessionMessages(body []byte) ([]openai.Message, error) {
 // the commit is durable, or error.
 type sessionResponder struct{}
 
+// Begin is called before the turn's first model call.
 func (sessionResponder) Begin(o *turn.Output) { o.Open() }
 
+// Started is called once the model first answered.
 func (sessionResponder) Started(*turn.Output) {}
 
+// Delta relays a piece of the reply's text.
 func (sessionResponder) Delta(o *turn.Output, text string) {
 	o.Write("", string(turn.MustJSON(sessionEvent{Type: "agent_choice", Content: text})))
 }
 
+// Succeeded answers a turn that ended ok, once its commit is durable.
 func (sessionResponder) Succeeded(o *turn.Output, _ string) {
 	o.Write("", string(turn.MustJSON(sessionEvent{Type: "stream_stopped"})))
 }
 
+// Failed reports a failure on the open stream.
 func (sessionResponder) Failed(o *turn.Output, _, msg string) {
 	o.Write("", string(turn.MustJSON(sessionEvent{Type: "error", Error: msg})))
 }

@@ -18,8 +18,10 @@ import (
 // Key names a conversation: its id, scoped by the API key it was
 // created with ("" when the server has no keys).
 type Key struct {
+	// Scope is the scope of the key the conversation was created with.
 	Scope string
-	ID    string
+	// ID is the conversation's id, in its protocol's namespace.
+	ID string
 }
 
 // Message is one message of a conversation, with what the server keeps
@@ -70,6 +72,7 @@ func Wrap(msgs []openai.Message) []*Message {
 // cached conversation: it runs it on a clone and swaps the clone in only
 // when the turn is committed (T1).
 type Conversation struct {
+	// Messages are the committed messages, oldest first.
 	Messages []*Message
 	// Source is the key of the agent source the conversation was started
 	// under; "" when it is bound to none (no agents were loaded).
@@ -113,9 +116,10 @@ func (c *Conversation) Visible() []openai.Message {
 // durable store. Eviction loses nothing: a miss reloads from the store.
 type Conversations struct {
 	store *Store
+	// Cache holds the conversations in memory, within the budget.
 	Cache *convCache
 	// behind, set only under the ack-before-durable mutant, queues the
-	// Store writes of commits instead of making them before the ack.
+	// store writes of commits instead of making them before the ack.
 	behind *writeBehind
 	// overwriting orders overwrite commits, so that the commit that wrote
 	// the store last is also the one left in the cache.
@@ -136,7 +140,7 @@ type Conversations struct {
 }
 
 // NewConversations returns the cache over st, of at most size
-// Conversations and what budget leaves it. Four mutants change it:
+// conversations and what budget leaves it. Four mutants change it:
 // lost-on-evict deletes what it evicts from the store, ack-before-durable
 // writes behind, branch-mutates-base caches copies, store-error-acked
 // drops the store's errors.
@@ -243,7 +247,7 @@ func (cs *Conversations) load(ctx context.Context, k Key) (*Conversation, error)
 // first committedLen go to the store durably, with the hidden marks the
 // turn set on earlier messages (hid, their indexes), then next (a copy of
 // it under branch-mutates-base: cacheCopies) replaces the cached
-// Conversation. Under the lock nothing else can have been committed
+// conversation. Under the lock nothing else can have been committed
 // since committedLen, and a clash fails the commit; with overwrite (the
 // mutants that run turns without the lock) the messages replace whatever
 // another turn committed at the same places, and the later commit wins.
@@ -254,7 +258,7 @@ func (cs *Conversations) Commit(ctx context.Context, k Key, committedLen int, hi
 		next = next.Clone()
 	}
 	next.stored = len(next.Messages)
-	ch := change{seq: committedLen, msgs: snapshot(next.Messages[committedLen:]), hide: slices.Clone(hid), Source: next.Source}
+	ch := change{seq: committedLen, msgs: snapshot(next.Messages[committedLen:]), hide: slices.Clone(hid), source: next.Source}
 	if !overwrite {
 		if cs.behind != nil {
 			// The bug: acknowledged before it is durable.
@@ -284,7 +288,7 @@ type change struct {
 	seq    int
 	msgs   []Message // values: what they were at the commit
 	hide   []int     // indexes of earlier messages now hidden
-	Source string
+	source string
 }
 
 // snapshot copies msgs as values, so that a change queued behind (the

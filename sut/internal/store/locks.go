@@ -32,9 +32,10 @@ var (
 //
 // Where other processes share the store (PostgreSQL), a turn also takes
 // the conversation's lock there (shared), once it has the one here: the
-// Lock here keeps a process's own waiters off the database, the shared
+// lock here keeps a process's own waiters off the database, the shared
 // one alone makes turns on one conversation run one after another.
 type Locks struct {
+	// Gauge counts the requests waiting for a lock.
 	Gauge *admission.Gauge
 	// Shared is the store's cross-process lock; nil for a store one
 	// process alone opens.
@@ -57,7 +58,7 @@ type convWaiter struct {
 }
 
 // Lock takes k's lock, here and then, if the store is shared, in the
-// Store. When it is held, it fails at once with errConversationBusy under
+// store. When it is held, it fails at once with errConversationBusy under
 // Reject; under Serialize it waits until it gets both, ctx ends (ctx's
 // error) or maxWait passes (errWaitTimedOut), maxWait bounding both waits
 // together. The wait is timed by the clock, not by the server's
@@ -65,7 +66,7 @@ type convWaiter struct {
 // holds them must not thereby hold every waiter forever. The unlock it
 // returns may be called more than once. With a shared store, conn is the
 // connection the store's lock is held on, which the turn does all its
-// Work in the store on (withConn) until unlock; nil otherwise.
+// work in the store on (withConn) until unlock; nil otherwise.
 func (l *Locks) Lock(ctx context.Context, k Key, policy config.Concurrency, maxWait time.Duration) (conn *sql.Conn, unlock func(), err error) {
 	deadline := time.Now().Add(maxWait)
 	local, err := l.LockLocal(ctx, k, policy, maxWait)

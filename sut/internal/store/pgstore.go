@@ -26,7 +26,7 @@ import (
 // names it: each commit is durable when it returns (synchronous_commit
 // on, whatever the server's default), one conversation's turns run one
 // after another across all of them (advisoryLocks), and each replica's
-// Cache is checked against the store under the lock (conversations.fresh).
+// cache is checked against the store under the lock (conversations.fresh).
 
 // IsPostgresURL reports whether store names a PostgreSQL database.
 func IsPostgresURL(store string) bool {
@@ -40,7 +40,7 @@ func IsPostgresURL(store string) bool {
 // never waits for a second one while it holds a lock on the first. Turns
 // may hold all of them but one (connBudget), which is left to what runs
 // on the pool (a session's creation, a chained response's load and
-// Commit), so that those never wait for a model call to end.
+// commit), so that those never wait for a model call to end.
 func OpenPostgres(url string, maxConns int) (*Store, error) {
 	if maxConns < 2 {
 		return nil, fmt.Errorf("max store conns %d: want at least 2, one for turns and one for the rest", maxConns)
@@ -193,7 +193,7 @@ type AdvisoryLocks struct {
 
 // key is k's advisory lock key: a 64-bit FNV-1a hash of the store's
 // schema and k's scope and id, the same in every process. Two
-// Conversations that share one only wait for each other.
+// conversations that share one only wait for each other.
 func (a *AdvisoryLocks) key(k Key) int64 {
 	h := fnv.New64a()
 	for _, part := range []string{a.schema, k.Scope, k.ID} {
@@ -211,7 +211,7 @@ const unlockTimeout = 5 * time.Second
 // turn's, for everything it does in the store until unlock. It first
 // waits in line for a connection (connBudget), then for the database to
 // take it (storeFull), both within maxWait, or fails with errStoreBusy. A
-// Lock held elsewhere then fails at once with errConversationBusy under
+// lock held elsewhere then fails at once with errConversationBusy under
 // Reject; under Serialize the request waits, counted on gauge as
 // waiting, until it gets it, ctx ends (ctx's error) or what is left of
 // maxWait passes (errWaitTimedOut).
@@ -253,7 +253,7 @@ func (a *AdvisoryLocks) Lock(ctx context.Context, k Key, policy config.Concurren
 // database refuses new ones for want of room (storeFull) until deadline;
 // past it the error is errStoreBusy, with the database's. It gives up
 // only once deadline has passed, never before: a turn on a busy
-// Conversation is refused only after the wait the server declares.
+// conversation is refused only after the wait the server declares.
 func (a *AdvisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.Conn, error) {
 	b := backoff{deadline: deadline}
 	for {

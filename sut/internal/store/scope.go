@@ -9,7 +9,7 @@ import (
 // Conversations are stored under the scope of the API key that made them.
 // The store must hold nothing from which a key can be found or checked, so
 // the scope is an HMAC-SHA256 of the key under a random secret of the
-// Store's own (created with the store, kept in it): without that secret,
+// store's own (created with the store, kept in it): without that secret,
 // no one can test a guessed key against a stolen database, and the same
 // key has unrelated scopes in two stores.
 //

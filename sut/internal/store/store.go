@@ -31,7 +31,7 @@ type Store struct {
 	Secret []byte
 	// Shared, for PostgreSQL alone, takes the conversation locks that
 	// hold across every process on the database; nil for SQLite, whose
-	// Store one process alone opens.
+	// store one process alone opens.
 	Shared *AdvisoryLocks
 	// CommitWithin bounds a commit on PostgreSQL, tries again included
 	// (writeMessages): the server's RequestTimeout.
@@ -51,9 +51,9 @@ type dbtx interface {
 type heldConn struct{}
 
 // WithConn is ctx carrying conn, the connection the turn holds its
-// Conversation's lock on (convLocks.lock): the store's reads and commits
+// conversation's lock on (convLocks.lock): the store's reads and commits
 // made under ctx run on it, not on the pool, so that a turn holding a
-// Lock never waits for a second connection, and what it commits it
+// lock never waits for a second connection, and what it commits it
 // commits under its lock. A nil conn leaves ctx as it is.
 func WithConn(ctx context.Context, conn *sql.Conn) context.Context {
 	if conn == nil {
@@ -74,7 +74,7 @@ func (s *Store) on(ctx context.Context) dbtx {
 // The tables are dialect.schema's. A message's tool_calls are the JSON
 // array of the tool calls an assistant message asks for ('' for none),
 // its tool_call_id the call a tool result answers ('' for none), and
-// Hidden is 1 once compaction took it out of what the model is sent. A data dir from before them gets them with those
+// hidden is 1 once compaction took it out of what the model is sent. A data dir from before them gets them with those
 // defaults (migrate): its messages are what they were.
 //
 // The sources table records the agent source key a conversation was started
@@ -121,7 +121,7 @@ func OpenStore(dir string) (*Store, error) {
 }
 
 // initStore makes db the store: its schema created and migrated, its
-// Secret loaded. It closes db if it fails; where names the store in
+// secret loaded. It closes db if it fails; where names the store in
 // errors.
 func initStore(db *sql.DB, d dialect, where string) (*Store, error) {
 	s := &Store{db: db, d: d}
@@ -335,8 +335,8 @@ func (s *Store) overwriteMessages(ctx context.Context, k Key, ch change) error {
 // the pool, for at most commitWithin: after the model answered, a turn
 // is failed only by what waiting cannot mend. A try again on the pool is
 // safe without the turn's lock: the messages' places are unique, so a
-// Commit over a conversation that moved on fails (conflictFails); only a
-// Commit that may have landed before its connection broke is then
+// commit over a conversation that moved on fails (conflictFails); only a
+// commit that may have landed before its connection broke is then
 // reported failed, as a failed turn may be there or not.
 func (s *Store) writeMessages(ctx context.Context, conflict onConflict, k Key, ch change) error {
 	db := s.on(ctx)
@@ -404,9 +404,9 @@ func (s *Store) writeOnce(ctx context.Context, db dbtx, conflict onConflict, k K
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
-	if ch.seq == 0 && ch.Source != "" {
+	if ch.seq == 0 && ch.source != "" {
 		if _, err := tx.Exec(s.d.insert(conflict, "sources", 2, "scope", "conversation", "source"),
-			k.Scope, k.ID, ch.Source); err != nil {
+			k.Scope, k.ID, ch.source); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
@@ -473,7 +473,7 @@ func (s *Store) ScopeOf(ctx context.Context, id string) (string, bool, error) {
 
 // length returns how many messages conversation k has in the store: its
 // version there, as every commit adds at least one (the turn's user
-// Message) and only a commit adds any.
+// message) and only a commit adds any.
 func (s *Store) length(ctx context.Context, k Key) (int, error) {
 	var n int
 	err := s.on(ctx).QueryRowContext(ctx, s.d.q(`SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE scope = ? AND conversation = ?`),
@@ -492,4 +492,5 @@ func flag(b bool) int {
 	return 0
 }
 
+// Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }

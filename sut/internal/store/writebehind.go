@@ -13,7 +13,7 @@ import (
 var FlushInterval = 500 * time.Millisecond
 
 // writeBehind is the store writer of the ack-before-durable mutant: a
-// Commit is queued and acknowledged at once, and a background goroutine
+// commit is queued and acknowledged at once, and a background goroutine
 // writes the queue every flushInterval and on a graceful close. A crash
 // drops the queue: the acknowledged turns in it are lost (T7). Loads see the
 // queue on top of the store, so that nothing but a crash shows the bug.
@@ -33,7 +33,7 @@ type writeBehind struct {
 }
 
 // pendingWrite is a commit not yet in the store: its messages, and the
-// Hidden marks it set on earlier ones.
+// hidden marks it set on earlier ones.
 type pendingWrite struct {
 	k  Key
 	ch change
@@ -105,8 +105,8 @@ func (w *writeBehind) load(ctx context.Context, k Key) (*Conversation, error) {
 				c.Messages[seq].Hidden = true
 			}
 		}
-		if p.ch.seq == 0 && p.ch.Source != "" {
-			c.Source = p.ch.Source
+		if p.ch.seq == 0 && p.ch.source != "" {
+			c.Source = p.ch.source
 		}
 	}
 	return c, nil

@@ -32,7 +32,7 @@ func TestWriteBehindCarriesToolRoundsAndMarks(t *testing.T) {
 	}
 	w.enqueue(k, change{seq: 0, msgs: snapshot(first)})
 	// The next commit hides the round, and must not change the first
-	// Commit's queued messages by marking its own.
+	// commit's queued messages by marking its own.
 	second := (&Conversation{Messages: first}).Clone().Messages
 	second[1].Hidden, second[2].Hidden = true, true
 	second = append(second, &Message{Message: openai.Message{Role: openai.RoleUser, Content: "tc-u2"}})

@@ -4,13 +4,13 @@ package turn
 // copy shows the model more than CompactAfter messages (the system prompt
 // not counted), it hides the tool rounds of the turns committed before this
 // one: their assistant tool calls and tool results stay in the
-// Conversation and the store, but are no longer sent to the model. Calls
+// conversation and the store, but are no longer sent to the model. Calls
 // and results go together, so what is sent keeps its pairs (T9). The
-// Turn's own rounds are never hidden: its model must see what it asked
+// turn's own rounds are never hidden: its model must see what it asked
 // for.
 //
 // The marks are set on the working copy, which shares no message with the
-// Committed conversation (clone), and are committed only with the turn
+// committed conversation (clone), and are committed only with the turn
 // (t.hid): a turn that fails leaves them nowhere (T11).
 func (s *Engine) compact(t *Turn) {
 	if !t.Stateful {

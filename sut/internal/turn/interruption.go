@@ -10,12 +10,12 @@ import (
 )
 
 // turnContext returns the context the turn t runs on, and whether the
-// Turn completes whatever its client does. A turn's context ends when its
+// turn completes whatever its client does. A turn's context ends when its
 // client goes away, and so when the server crashes (ServeHTTP ends every
 // request's context then). Under Complete a stateful turn's is detached
 // from its client: it ends only with s.turns (a crash, or a stop that
 // drops the turns still running); each model call and lookup keeps its
-// Own deadline under it. A stateless turn has no conversation to complete:
+// own deadline under it. A stateless turn has no conversation to complete:
 // it stops with its client under any policy.
 func (s *Engine) turnContext(rctx context.Context, t *Turn) (ctx context.Context, cancel context.CancelFunc, completes bool) {
 	if s.Cfg.Interruption != config.Complete || !t.Stateful {
@@ -59,7 +59,7 @@ func (s *Engine) interrupted(rctx context.Context) bool {
 }
 
 // interrupt settles an interrupted turn by the server's policy, under the
-// Conversation's lock, and releases the lock. A commit is durable before
+// conversation's lock, and releases the lock. A commit is durable before
 // the lock goes, though nobody hears of it: the client is gone, and its
 // next turn finds the conversation as committed. It reports whether
 // anything was committed.

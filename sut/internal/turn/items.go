@@ -13,7 +13,7 @@ import (
 )
 
 // The protocols besides chat keep their histories in the store and the
-// Cache beside chat's conversations, as conversations of ids in namespaces
+// cache beside chat's conversations, as conversations of ids in namespaces
 // of their own. A chat conversation id has no control character
 // (conversationID), so no chat id can start with one of these prefixes,
 // and none of them is a prefix of another: a Responses conversation named
@@ -84,6 +84,7 @@ func Member(top map[string]json.RawMessage, name string, v any, want string) (bo
 	return true, nil
 }
 
+// IsNullJSON reports whether raw is JSON null.
 func IsNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
 // DecodeItems decodes an array of input items, as the Responses API's
@@ -92,7 +93,7 @@ func IsNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(r
 // text parts ({"type":"input_text"|"output_text"|"text","text":...}); or,
 // as the Responses API has them, a client tool's call ({"type":
 // "function_call","call_id","name","arguments"}), read as an assistant
-// Message that asks for it, or its output ({"type":
+// message that asks for it, or its output ({"type":
 // "function_call_output","call_id","output"}), read as the tool message
 // that answers it. An item of any other "type" is kept as a message
 // without role: it can never be the new user message. where names the

@@ -9,9 +9,9 @@ import (
 
 // CheckHistory refuses a turn that would take its conversation past the
 // history limits: committed is the history so far, user the turn's new
-// Message. The reply's size is not known before the model call, so the
-// Turn must leave room for one more message, and its history with the new
-// Message must be within MaxHistoryBytes; a reply may then take it past
+// message. The reply's size is not known before the model call, so the
+// turn must leave room for one more message, and its history with the new
+// message must be within MaxHistoryBytes; a reply may then take it past
 // that, and the next turn is refused.
 //
 // A turn's tool rounds are not known before it runs either: they may take

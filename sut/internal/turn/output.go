@@ -13,7 +13,7 @@ import (
 
 // A responder writes one turn's answer in its client's protocol. run
 // decides the turn; the responder only says it. Each method gets the
-// Turn's output, whose stream, if the protocol opens one, it opens.
+// turn's output, whose stream, if the protocol opens one, it opens.
 type responder interface {
 	// Begin is called before the turn's first model call: a protocol
 	// whose stream starts with the turn opens it here, so that a client
@@ -79,7 +79,7 @@ type Output struct {
 	completes bool
 	// cancel ends the turn: a write that fails ends a turn that does not
 	// complete, so that a client that stops reading does not hold its
-	// Conversation.
+	// conversation.
 	cancel context.CancelFunc
 	// stall, if not nil, pauses before each write (Config.Stall).
 	stall func()

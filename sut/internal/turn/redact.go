@@ -54,6 +54,8 @@ type redactor struct {
 // occurs: a shorter one would blot out ordinary words.
 const minSecretLen = 4
 
+// NewRedactor returns the redactor of a server with keys and modelURL: it
+// hides both, and the credentials a model's error may carry.
 func NewRedactor(keys []string, modelURL *url.URL) *redactor {
 	r := &redactor{}
 	add := func(s string) {

@@ -68,6 +68,8 @@ func (s *Engine) NewUserMessage(msgs []openai.Message) (openai.Message, error) {
 	return openai.Message{}, errors.New("no new user message: the last user message is blank")
 }
 
+// Usable reports whether m can be a turn's new user message: a user
+// message that is not blank.
 func Usable(m openai.Message) bool {
 	return m.Role == openai.RoleUser && strings.TrimSpace(string(m.Content)) != ""
 }

@@ -42,7 +42,7 @@ var (
 // agentSource is one agent loaded from a reference given at start-up.
 type agentSource struct {
 	// Key is the source key: the reference exactly as given. A
-	// Conversation records it with its first commit.
+	// conversation records it with its first commit.
 	Key string
 	// stable is the stable key: for a URL, scheme://host/path, without
 	// the query and fragment that a relaunch may change (a version tag);
@@ -54,8 +54,8 @@ type agentSource struct {
 }
 
 // agentDefinition is an agent definition as YAML. Unknown fields are
-// Refused: a misspelt "instructions" must fail the start, not run every
-// Conversation without its instruction.
+// refused: a misspelt "instructions" must fail the start, not run every
+// conversation without its instruction.
 type agentDefinition struct {
 	Name        string `yaml:"name"`
 	Instruction string `yaml:"instruction"`
@@ -63,6 +63,7 @@ type agentDefinition struct {
 
 // Sources are the agents a server loaded, in the order given.
 type sources struct {
+	// List are the sources loaded, in the order given.
 	List []*agentSource
 }
 
@@ -242,7 +243,7 @@ func (s *sources) bind(model string) (*agentSource, error) {
 
 // resume picks the source a conversation that recorded key resumes with:
 // that source if loaded, else the one loaded source with the same stable
-// Key. Several is errAmbiguousSource: never a silent pick. With exactOnly
+// key. Several is errAmbiguousSource: never a silent pick. With exactOnly
 // (the exact-source-key-only mutant) a miss is errAgentNotFound.
 func (s *sources) resume(key string, exactOnly bool) (*agentSource, error) {
 	if src := s.byKey(key); src != nil {
@@ -326,7 +327,7 @@ func (s *Engine) agentFor(t *Turn, base *store.Conversation, model string) (*age
 }
 
 // exactSourceKeyOnly reports whether turn t resumes only under the exact
-// Source key its conversation recorded: under exact-source-key-only for
+// source key its conversation recorded: under exact-source-key-only for
 // every turn, under session-exact-source-key for the sessions API's alone.
 func (s *Engine) exactSourceKeyOnly(t *Turn) bool {
 	switch s.Cfg.Mutant {

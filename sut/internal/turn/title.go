@@ -14,8 +14,8 @@ const titlePrompt = "Write a short title for a conversation whose user wrote the
 // title starts the turn's title call (Config.Titles) and returns what
 // ends it. The call runs beside the turn's tool loop from its start, as
 // docker-agent's session API names its sessions: it carries the
-// Conversation's user messages only, this turn's last, and races the
-// Turn's own first call to the model. Its answer is not kept: a title is
+// conversation's user messages only, this turn's last, and races the
+// turn's own first call to the model. Its answer is not kept: a title is
 // not conversation state, and a failed one changes nothing. end cancels
 // the call if it is still running and waits for it, so that it never
 // outlives its turn.

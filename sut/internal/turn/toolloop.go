@@ -47,7 +47,7 @@ func (s *Engine) loop(ctx context.Context, t *Turn, onStart func(), onDelta func
 			return ans.text, nil
 		}
 		if round == MaxToolRounds {
-			return "", &upstreamError{msg: fmt.Sprintf("model asked for tools after %d rounds of them", MaxToolRounds), Started: true}
+			return "", &upstreamError{msg: fmt.Sprintf("model asked for tools after %d rounds of them", MaxToolRounds), started: true}
 		}
 		if err := s.runTools(ctx, t, ans.calls); err != nil {
 			return "", err

@@ -55,7 +55,7 @@ type toolbox struct {
 	client    *http.Client
 	// deadlines and timeout bound each lookup, as they bound each model
 	// call: a lookup that does not answer is a failed tool, not a hung
-	// Turn.
+	// turn.
 	deadlines config.Deadlines
 	timeout   time.Duration
 }

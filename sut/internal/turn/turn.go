@@ -28,7 +28,9 @@ const systemPrompt = "You are the turncheck reference agent."
 // Turn is one request's work: the history the model is sent, and how the
 // result is committed.
 type Turn struct {
-	Key      store.Key
+	// Key names the conversation the turn runs on; none for a stateless one.
+	Key store.Key
+	// Stateful is set for a turn on a conversation, which commits.
 	Stateful bool
 	// Proto is the client protocol the turn came through.
 	Proto config.Protocol
@@ -38,9 +40,11 @@ type Turn struct {
 	// from.
 	Chained bool
 	// agent is the agent source the turn runs with; nil for none.
-	agent     *agentSource
-	Work      *store.Conversation // the working copy the turn runs on
-	Committed int                 // messages of work already committed under key
+	agent *agentSource
+	// Work is the working copy the turn runs on, committed only if it ends ok.
+	Work *store.Conversation // the working copy the turn runs on
+	// Committed is how many messages of Work are already committed under Key.
+	Committed int // messages of work already committed under key
 	// Own is the index in work of the turn's first message: those before
 	// it are the history the turn continues (for chat, committed).
 	Own int
@@ -59,19 +63,19 @@ type Turn struct {
 	// Release gives up the conversation's lock; it may be called more than
 	// once. The turn calls it as soon as its outcome is decided, before
 	// the client hears that outcome, so that a client that sends its next
-	// Turn the moment it has read this one's end finds the lock free.
+	// turn the moment it has read this one's end finds the lock free.
 	Release func()
 	// Conn is the store connection the turn holds its conversation's
-	// Shared lock on (PostgreSQL), until release: it loads and commits on
+	// shared lock on (PostgreSQL), until release: it loads and commits on
 	// it (withConn), never waiting for a second one. nil for none.
 	Conn *sql.Conn
 }
 
 // Converse runs turn t, whose key and protocol are set, on its
-// Conversation, under the conversation's lock and by the server's
+// conversation, under the conversation's lock and by the server's
 // concurrency policy, with input appended to the history: the turn of a
 // chat request with a conversation id, of a Responses request in
-// Conversation mode, of a session.
+// conversation mode, of a session.
 func (s *Engine) Converse(rctx context.Context, c Client, t *Turn, input []openai.Message, model string, resp responder) {
 	t.Stateful = true
 	t.Release = func() {}
@@ -107,7 +111,7 @@ func (s *Engine) Converse(rctx context.Context, c Client, t *Turn, input []opena
 }
 
 // UserInput is the input of a turn of chat or of a session: its new user
-// Message alone, kept as text: whatever else the client put on it is not
+// message alone, kept as text: whatever else the client put on it is not
 // the conversation's.
 func UserInput(user openai.Message) []openai.Message {
 	return []openai.Message{{Role: openai.RoleUser, Content: user.Content}}
@@ -156,11 +160,11 @@ func (s *Engine) Prepare(c Client, t *Turn, base *store.Conversation, input []op
 }
 
 // workingCopy returns the copy of the committed conversation base that the
-// Turn runs on: a deep copy, so that nothing the turn does shows in base
+// turn runs on: a deep copy, so that nothing the turn does shows in base
 // before it commits. Three mutants change it: mutate-before-run runs on
 // base itself, branch-mutates-base on the cached history of the response
 // a Responses turn chains from, shallow-clone on a copy that shares base's
-// Messages.
+// messages.
 func (s *Engine) workingCopy(t *Turn, base *store.Conversation) *store.Conversation {
 	switch s.Cfg.Mutant {
 	case config.MutateBeforeRun:
@@ -171,17 +175,17 @@ func (s *Engine) workingCopy(t *Turn, base *store.Conversation) *store.Conversat
 	case config.BranchMutatesBase:
 		if t.Chained {
 			// The bug: base is the cached history of the response the
-			// Turn chains from (loaded under its lock, lockBase), and
+			// turn chains from (loaded under its lock, lockBase), and
 			// the turn appends to it in place, so every later request
-			// Chained from that response sees this turn once it has
-			// Committed (lockBase's release takes back one that did
+			// chained from that response sees this turn once it has
+			// committed (lockBase's release takes back one that did
 			// not). The first response of a chain has a fresh base that
 			// nothing else holds.
 			return base
 		}
 	case config.ShallowClone:
 		// The bug: the slice is copied, the messages are shared, so the
-		// Turn's compaction marks land on the committed conversation.
+		// turn's compaction marks land on the committed conversation.
 		return base.ShallowClone()
 	}
 	return base.Clone()
@@ -189,16 +193,16 @@ func (s *Engine) workingCopy(t *Turn, base *store.Conversation) *store.Conversat
 
 // acquire takes the turn's conversation lock, by the server's concurrency
 // policy, and returns the committed conversation as it stands under the
-// Lock. The mutants that skip the lock load the conversation without it,
+// lock. The mutants that skip the lock load the conversation without it,
 // and mark the turn to commit over whatever another turn commits meanwhile;
-// Refuse-concurrent-new refuses (errSessionBusy) a request that finds the
-// Lock of a conversation with nothing committed taken.
+// refuse-concurrent-new refuses (errSessionBusy) a request that finds the
+// lock of a conversation with nothing committed taken.
 func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, error) {
 	switch s.Cfg.Mutant {
 	case config.NoConversationLock, config.ACPConcurrentPrompts:
 		if s.Cfg.Mutant == config.NoConversationLock || t.Proto == config.ProtoACP {
 			// The bug: the turn runs at once, beside any other of its
-			// Conversation (or, under acp-concurrent-prompts, of its ACP
+			// conversation (or, under acp-concurrent-prompts, of its ACP
 			// session), on the history committed when it came.
 			t.overwrite = true
 			return s.Convs.Peek(ctx, t.Key)
@@ -237,7 +241,7 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 		case config.ReplicaLocalLock:
 			// The bug (the lock of this process alone): the base may miss
 			// another replica's turn running meanwhile, and the later
-			// Commit goes over the earlier.
+			// commit goes over the earlier.
 			t.overwrite = true
 		case config.ReplicaStaleCache:
 			// The bug: a turn that finds the lock free takes it that
@@ -277,8 +281,8 @@ func sharedLocks(st *store.Store, m config.Mutant) *store.AdvisoryLocks {
 
 // acquireBaseFirst is acquire under the replica-commit-unlocked mutant, on
 // a shared store: the turn loads its base (checking the cache against the
-// Store) under the lock of its own process, and only then takes the
-// Shared one, and commits over whatever another replica committed while
+// store) under the lock of its own process, and only then takes the
+// shared one, and commits over whatever another replica committed while
 // it waited for it.
 func (s *Engine) acquireBaseFirst(ctx context.Context, t *Turn) (*store.Conversation, error) {
 	deadline := time.Now().Add(s.Cfg.RequestTimeout)
@@ -337,7 +341,7 @@ func (s *Engine) Refuse(rctx context.Context, c Client, t *Turn, err error) {
 
 // refuseStoreFull answers a turn refused, before any model call, because
 // no connection to the store was to be had within its wait: the server's
-// Own were all held by turns (MaxStoreConns), or the database took no
+// own were all held by turns (MaxStoreConns), or the database took no
 // more. It is load, not a fault: 503 with Retry-After, nothing changed.
 func (s *Engine) refuseStoreFull(c Client, t *Turn, err error) {
 	s.Log.Warn("no connection to the store; turn refused", "conversation", t.Key.ID, "max_store_conns", s.Cfg.MaxStoreConns, "err", err)
@@ -427,7 +431,7 @@ func (s *Engine) Run(rctx context.Context, c Client, t *Turn, resp responder) {
 		err := s.Convs.Commit(store.WithConn(ctx, t.Conn), t.Key, t.Committed, t.Hid, t.Work, t.overwrite)
 		if err == nil {
 			// All of work is committed now: a release that takes back a
-			// Turn that did not commit (branch-mutates-base's) keeps it.
+			// turn that did not commit (branch-mutates-base's) keeps it.
 			t.Committed = len(t.Work.Messages)
 		}
 		t.Release()
@@ -452,7 +456,7 @@ func (s *Engine) Run(rctx context.Context, c Client, t *Turn, resp responder) {
 // Fail answers a turn whose model call failed, in any round, or that
 // asked for too many rounds. Nothing is committed, except under the
 // mutants that keep a failed turn (keepsFailed). It releases the
-// Conversation before it answers.
+// conversation before it answers.
 func (s *Engine) Fail(c Client, t *Turn, o *Output, partial string, err error) {
 	if s.keepsFailed(t, err) {
 		if partial != "" {
@@ -461,7 +465,7 @@ func (s *Engine) Fail(c Client, t *Turn, o *Output, partial string, err error) {
 		_ = s.Convs.Commit(store.WithConn(context.Background(), t.Conn), t.Key, t.Committed, t.Hid, t.Work, t.overwrite)
 	}
 	// The turn is decided (rolled back, or committed by a mutant):
-	// Release before the client hears of it.
+	// release before the client hears of it.
 	t.Release()
 	if errors.Is(err, admission.ErrOverBudget) {
 		s.Log.Info("memory budget taken by the requests in flight; turn rolled back", "conversation", t.Key.ID, "max_memory", s.Cfg.MaxMemory)
@@ -494,7 +498,7 @@ func (s *Engine) Fail(c Client, t *Turn, o *Output, partial string, err error) {
 // keepsFailed reports whether the failed turn t is committed all the same:
 // only under two mutants. commit-on-stream-error keeps a stateful turn
 // whose model stream had begun, with its partial reply;
-// Failed-response-chainable keeps a chained response however it failed.
+// failed-response-chainable keeps a chained response however it failed.
 func (s *Engine) keepsFailed(t *Turn, err error) bool {
 	if !t.Stateful {
 		return false
@@ -502,7 +506,7 @@ func (s *Engine) keepsFailed(t *Turn, err error) bool {
 	switch s.Cfg.Mutant {
 	case config.CommitOnStreamError:
 		var upErr *upstreamError
-		return errors.As(err, &upErr) && upErr.Started
+		return errors.As(err, &upErr) && upErr.started
 	case config.FailedResponseChainable:
 		// The bug: the response was minted, and its id told the client,
 		// before the turn ran; it is stored whatever became of the turn.
@@ -551,7 +555,7 @@ var errStopping = errors.New("the server is stopping")
 var errCrashing = errors.New("the server is crashing")
 
 // crashedUnder settles a turn the server crashed under before it
-// Committed: it commits nothing, as a killed process does, and releases
+// committed: it commits nothing, as a killed process does, and releases
 // the lock. Nobody hears the answer (the connections are dropped), but
 // the handler must not end without one: net/http would send a 200.
 func (s *Engine) crashedUnder(c Client, t *Turn, o *Output) {
@@ -585,18 +589,26 @@ func (s *Engine) DropTurns(wait time.Duration) {
 // and a Client, and it runs the turn on its conversation, under its lock,
 // with the tool loop, and commits it or not.
 type Engine struct {
-	Cfg     config.Config
+	// Cfg is the server's configuration, its defaults filled in.
+	Cfg config.Config
+	// Sources are the agent definitions loaded at start.
 	Sources *sources
-	Store   *store.Store
-	Convs   *store.Conversations
-	Locks   store.Locks
-	Up      *upstream
-	tools   *toolbox
-	Log     *slog.Logger
-	IDs     atomic.Int64
+	// Store is the durable store.
+	Store *store.Store
+	// Convs is the cache of committed conversations over Store.
+	Convs *store.Conversations
+	// Locks serialize the turns of each conversation.
+	Locks store.Locks
+	// Up is the client of the model.
+	Up    *upstream
+	tools *toolbox
+	// Log receives what the server logs.
+	Log *slog.Logger
+	// IDs numbers the chat completions answered.
+	IDs atomic.Int64
 	// LineEpoch is new at each start: under Config.ResponsesLine, a line
 	// named by response ids is kept under it, so that, as openclaw's
-	// IDs (kept in memory), those ids name nothing after a restart;
+	// ids (kept in memory), those ids name nothing after a restart;
 	// lines named by user outlive it.
 	LineEpoch string
 	// Gate admits every request, of every protocol, to the turns.
@@ -607,14 +619,16 @@ type Engine struct {
 	// life ends when the server crashes: every request's context, and so
 	// every model call, ends with it.
 	life context.Context
+	// Kill ends life: a crash.
 	Kill context.CancelFunc
 	// turns ends with life, or when a stop drops the turns still running
 	// (endTurns): the turns that complete whatever their client does
 	// (Complete) run under it, not under their request.
-	turns    context.Context
+	turns context.Context
+	// EndTurns ends turns: a stop that drops the turns still running.
 	EndTurns context.CancelFunc
 	// Crashing is set as a crash begins, before the connections drop: a
-	// Turn whose client then seems gone dies with the process, and is no
+	// turn whose client then seems gone dies with the process, and is no
 	// interruption (interruption.go).
 	Crashing atomic.Bool
 	// dropping is set when a stop drops the turns still running (its
@@ -625,12 +639,18 @@ type Engine struct {
 
 // Parts are what an engine runs on, opened by the server.
 type Parts struct {
-	Sources  *sources
-	Store    *store.Store
-	Convs    *store.Conversations
-	Mem      *admission.Budget
+	// Sources are the agent definitions loaded.
+	Sources *sources
+	// Store is the durable store opened.
+	Store *store.Store
+	// Convs is the cache over Store.
+	Convs *store.Conversations
+	// Mem is the memory budget, which Convs charges too.
+	Mem *admission.Budget
+	// ModelURL is the model provider's base URL.
 	ModelURL *url.URL
-	Log      *slog.Logger
+	// Log receives what the server logs.
+	Log *slog.Logger
 	// Scopes[i] is the scope of cfg.Keys[i]: a keyed digest (store.KeyScope),
 	// as it is stored with every message and the store must hold no
 	// Usable key.
@@ -724,7 +744,7 @@ func (s *Engine) replayOnToolOutput(base *store.Conversation, input []openai.Mes
 }
 
 // refusalResponder is a responder whose protocol tells a turn the model
-// Refused from one that failed: fail calls refused in place of answering
+// refused from one that failed: fail calls refused in place of answering
 // an error.
 type refusalResponder interface {
 	Refused(o *Output)

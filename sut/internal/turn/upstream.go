@@ -29,7 +29,7 @@ const MaxReplyBytes = 4 << 20
 // what the model said.
 type upstreamError struct {
 	msg     string
-	Started bool
+	started bool
 	// status is the model's HTTP status when it answered one other than
 	// 200; 0 otherwise.
 	status int
@@ -38,6 +38,7 @@ type upstreamError struct {
 	cause error
 }
 
+// Error is the failure's class, for the log.
 func (e *upstreamError) Error() string { return e.msg }
 
 // upstream is the server's OpenAI-compatible client to its model provider.
@@ -68,7 +69,7 @@ func newUpstream(modelURL *url.URL, modelName string, concurrency int) *upstream
 
 // answer is what the model said in one call: its text and the tool calls
 // it asked for, in the order of their indexes. No tool calls: text is the
-// Turn's reply.
+// turn's reply.
 type answer struct {
 	text  string
 	calls []openai.ToolCall
@@ -118,11 +119,11 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 		if ctx.Err() != nil {
 			return answer{text: reply.String()}, context.Cause(ctx)
 		}
-		return answer{text: reply.String()}, &upstreamError{msg: fmt.Sprintf(format, args...), Started: true, cause: cause}
+		return answer{text: reply.String()}, &upstreamError{msg: fmt.Sprintf(format, args...), started: true, cause: cause}
 	}
 	// The stream's bytes are reserved as they are read, until their event
 	// is decoded; the reply's text for as long as the request runs.
-	stream := &meteredReader{r: resp.Body, Mem: mem}
+	stream := &meteredReader{r: resp.Body, mem: mem}
 	defer stream.decoded()
 	events := sse.NewReader(stream)
 	for {
@@ -180,14 +181,15 @@ func (u *upstream) complete(ctx context.Context, history []openai.Message, tools
 // not known before it is read (at most sse.MaxEventBytes).
 type meteredReader struct {
 	r    io.Reader
-	Mem  *admission.Reservation
+	mem  *admission.Reservation
 	held int64
 }
 
+// Read reads the stream, reserving what each byte costs until decoded.
 func (m *meteredReader) Read(p []byte) (int, error) {
 	n, err := m.r.Read(p)
 	if n > 0 {
-		if !m.Mem.Grow(admission.StreamFactor * int64(n)) {
+		if !m.mem.Grow(admission.StreamFactor * int64(n)) {
 			return 0, admission.ErrOverBudget
 		}
 		m.held += admission.StreamFactor * int64(n)
@@ -199,7 +201,7 @@ func (m *meteredReader) Read(p []byte) (int, error) {
 // for: their events are decoded, and what they carried is reserved by
 // itself.
 func (m *meteredReader) decoded() {
-	m.Mem.Shrink(m.held)
+	m.mem.Shrink(m.held)
 	m.held = 0
 }
 
@@ -279,6 +281,7 @@ func (b *toolCallBuilder) done() ([]openai.ToolCall, error) {
 	return out, nil
 }
 
+// Close drops the idle connections to the model.
 func (u *upstream) Close() { u.client.CloseIdleConnections() }
 
 // netReason is what went wrong talking to the model, without its URL and
