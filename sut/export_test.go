@@ -7,7 +7,7 @@ import (
 
 	"github.com/turncheck/turncheck/sut/internal/turn"
 
-	"github.com/turncheck/turncheck/sut/internal/acp"
+	"github.com/turncheck/turncheck/sut/internal/acp/stdio"
 )
 
 // SetFlushInterval sets how often the ack-before-durable mutant flushes
@@ -44,7 +44,7 @@ func (r *Running) SetConnClock(now func() time.Time) {
 // take a line of its output, for the servers started after it, until
 // restore.
 func SetACPWriteTimeout(d time.Duration) (restore func()) {
-	old := acp.WriteTimeout
-	acp.WriteTimeout = d
-	return func() { acp.WriteTimeout = old }
+	old := stdio.WriteTimeout
+	stdio.WriteTimeout = d
+	return func() { stdio.WriteTimeout = old }
 }

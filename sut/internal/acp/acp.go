@@ -1,7 +1,8 @@
+// Package acp is the adapter of the Agent Client Protocol, JSON-RPC over
+// an agent's stdin and stdout.
 package acp
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	acp "github.com/coder/acp-go-sdk"
 
@@ -21,6 +21,8 @@ import (
 	"github.com/turncheck/turncheck/sut/internal/config"
 	"github.com/turncheck/turncheck/sut/internal/store"
 	"github.com/turncheck/turncheck/sut/internal/turn"
+
+	"github.com/turncheck/turncheck/sut/internal/acp/stdio"
 )
 
 // The Agent Client Protocol (https://agentclientprotocol.com): an editor
@@ -42,23 +44,23 @@ const acpAgentName = "turncheck-reference"
 
 // Serve serves one ACP client on in and out; see ServeACP.
 func Serve(ctx context.Context, s *turn.Engine, closeServer func() error, in io.Reader, out io.Writer) error {
-	w := newLineWriter(out, WriteTimeout)
+	w := stdio.NewLineWriter(out, stdio.WriteTimeout)
 	sdkIn, toSDK := io.Pipe()
 	a := &acpAgent{s: s, sessions: map[acp.SessionId]*acpSession{}}
-	answers := &answerCount{w: w}
+	answers := stdio.NewAnswerCount(w)
 	a.conn = acp.NewAgentSideConnection(a, answers, sdkIn)
 	a.conn.SetLogger(s.Log)
 	// A client may wait for this line (on stderr, in 'turncheck serve
 	// acp') as a sign the store is open; initialize is the protocol's own.
 	s.Log.Info("acp: serving the Agent Client Protocol on stdin and stdout", "protocol_version", acp.ProtocolVersionNumber)
-	go readLines(in, toSDK, w, s.Cfg.MaxBodyBytes, answers.owe, func(reason string) {
+	go stdio.ReadLines(in, toSDK, w, s.Cfg.MaxBodyBytes, answers.Owe, func(reason string) {
 		s.Log.Info("acp: a line that is no JSON-RPC message was answered with an error and skipped", "reason", reason)
 	})
 	select {
 	case <-a.conn.Done():
 		s.Log.Info("acp: the client closed its end")
 		a.stop(true)
-	case <-w.broken:
+	case <-w.Broken:
 		s.Log.Info("acp: the client stopped reading; taken for gone")
 		a.stop(true)
 	case <-ctx.Done():
@@ -70,77 +72,13 @@ func Serve(ctx context.Context, s *turn.Engine, closeServer func() error, in io.
 	// The SDK writes a request's answer once its handler has returned:
 	// the output stays open until every request read is answered, or the
 	// client stops reading.
-	answers.settle(turn.DropAnswerWait)
+	answers.Settle(turn.DropAnswerWait)
 	// The SDK's reader ends with its pipe. The goroutine reading in ends
 	// when in does: it may be the caller's to close.
 	_ = sdkIn.CloseWithError(errors.New("the server is stopping"))
 	<-a.conn.Done()
-	w.close()
+	w.Close()
 	return closeServer()
-}
-
-// answerCount is the SDK's output: it counts the requests the server
-// read and has not answered yet (owe, at each request handed to the SDK;
-// each answer the SDK writes pays one back), so that the server answers
-// every request before it closes its output.
-type answerCount struct {
-	w    *lineWriter
-	mu   sync.Mutex
-	owed int
-}
-
-// owe counts one request more to answer.
-func (c *answerCount) owe() {
-	c.mu.Lock()
-	c.owed++
-	c.mu.Unlock()
-}
-
-// Write writes one line of the SDK's, and counts an answer (a message
-// with an id and no method) as paid once written.
-func (c *answerCount) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	if bytes.HasPrefix(p, notificationPrefix) {
-		// A notification or a call (the SDK writes its method right after
-		// the version): no answer, and most lines are these, one for each
-		// chunk of a reply.
-		return n, err
-	}
-	var msg struct {
-		ID     json.RawMessage `json:"id"`
-		Method string          `json:"method"`
-	}
-	if json.Unmarshal(p, &msg) == nil && msg.ID != nil && msg.Method == "" {
-		c.mu.Lock()
-		c.owed--
-		c.mu.Unlock()
-	}
-	return n, err
-}
-
-// notificationPrefix begins every line of the SDK's that has a method.
-var notificationPrefix = []byte(`{"jsonrpc":"2.0","method"`)
-
-// settle waits until every request read is answered, the output is
-// broken, or wait has passed: an answer is written the moment its
-// handler returns, so this takes no time unless the client stopped
-// reading.
-func (c *answerCount) settle(wait time.Duration) {
-	deadline := time.Now().Add(wait)
-	for time.Now().Before(deadline) {
-		c.mu.Lock()
-		owed := c.owed
-		c.mu.Unlock()
-		select {
-		case <-c.w.broken:
-			return
-		default:
-		}
-		if owed <= 0 {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // acpAgent is the server's side of one ACP connection: the sessions the

@@ -1,3 +1,8 @@
+// Package admission is where every request enters the server, whatever its
+// protocol: the listener's connection cap (conns.go), the Host and Origin
+// guard, the memory budget, the request slots, the Gauge, and the one
+// refusal a client is answered when there is no room (Overloaded). HTTP
+// adds its own checks (http.go); ACP goes through the same Gate.
 package admission
 
 import (

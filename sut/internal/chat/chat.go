@@ -1,3 +1,5 @@
+// Package chat is the adapter of the OpenAI chat completions endpoint
+// (POST /v1/chat/completions).
 package chat
 
 import (

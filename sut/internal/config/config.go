@@ -1,3 +1,7 @@
+// Package config holds what every layer of the server reads: its Config,
+// the mutants, the concurrency and interruption policies, the client
+// protocols and the deadlines. It imports nothing of the server, so that
+// every package may.
 package config
 
 import (

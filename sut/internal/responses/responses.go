@@ -1,3 +1,5 @@
+// Package responses is the adapter of the Responses API, stateful
+// (POST /v1/responses).
 package responses
 
 import (

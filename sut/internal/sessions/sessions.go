@@ -1,3 +1,5 @@
+// Package sessions is the adapter of the sessions API (POST /api/sessions,
+// POST /api/sessions/{session}/agent/{agent}).
 package sessions
 
 import (

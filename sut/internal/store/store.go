@@ -1,3 +1,7 @@
+// Package store keeps conversations: the durable store (SQLite, or
+// PostgreSQL shared by replicas), the bounded cache over it, the
+// write-behind queue of the ack-before-durable mutant, and the locks that
+// run the turns of one conversation one after another.
 package store
 
 import (

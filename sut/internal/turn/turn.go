@@ -1,3 +1,8 @@
+// Package turn runs a turn, whatever protocol it came through: its
+// conversation's lock, the tool loop and the model client, the agent it is
+// bound to, compaction, the interruption policy, and its commit. An
+// adapter hands the Engine a Turn, a context and a Client, and a
+// responder that says the answer in its protocol.
 package turn
 
 import (

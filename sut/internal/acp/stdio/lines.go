@@ -1,4 +1,7 @@
-package acp
+// Package stdio guards both ends of an ACP agent's pipe: the lines it
+// reads (one JSON-RPC message each, bounded) and writes (each within a
+// timeout), and the answers it owes before it closes its output.
+package stdio
 
 import (
 	"bufio"
@@ -31,29 +34,29 @@ var WriteTimeout = config.StreamWriteTimeout
 // WriteTimeout.
 var errClientStalled = errors.New("the client did not read the server's output in time")
 
-// lineWriter writes whole lines to the client, one at a time, each
+// LineWriter writes whole lines to the client, one at a time, each
 // within acpWriteTimeout. The SDK writes each JSON-RPC message with one
 // Write call; so does the server's own error for a bad line. A write that
 // fails or stalls breaks the writer: every later one fails at once (the
 // line cut short has broken the framing anyway), and broken is closed.
 // It is safe for concurrent use.
-type lineWriter struct {
+type LineWriter struct {
 	mu      sync.Mutex // one line at a time, whole
 	timeout time.Duration
 	lines   chan []byte
 	results chan error
 	err     error
-	// broken is closed when a write failed or stalled.
-	broken chan struct{}
+	// Broken is closed when a write failed or stalled.
+	Broken chan struct{}
 	// done is closed when the writing goroutine has returned.
 	done chan struct{}
 }
 
-// newLineWriter returns a writer to out, whose writes a goroutine of its
+// NewLineWriter returns a writer to out, whose writes a goroutine of its
 // own makes, so that a write that blocks can be given up on.
-func newLineWriter(out io.Writer, timeout time.Duration) *lineWriter {
-	w := &lineWriter{timeout: timeout, lines: make(chan []byte), results: make(chan error, 1),
-		broken: make(chan struct{}), done: make(chan struct{})}
+func NewLineWriter(out io.Writer, timeout time.Duration) *LineWriter {
+	w := &LineWriter{timeout: timeout, lines: make(chan []byte), results: make(chan error, 1),
+		Broken: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		for line := range w.lines {
@@ -66,7 +69,7 @@ func newLineWriter(out io.Writer, timeout time.Duration) *lineWriter {
 
 // Write writes p, one line, whole; it returns an error if the client did
 // not take it within the timeout, or the writer is broken or closed.
-func (w *lineWriter) Write(p []byte) (int, error) {
+func (w *LineWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err != nil {
@@ -93,9 +96,9 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 }
 
 // Fail breaks the writer with err, and returns it. w.mu is held.
-func (w *lineWriter) fail(err error) error {
+func (w *LineWriter) fail(err error) error {
 	w.err = err
-	close(w.broken)
+	close(w.Broken)
 	return err
 }
 
@@ -103,7 +106,7 @@ func (w *lineWriter) fail(err error) error {
 // written; it waits for that only if the writer is not broken (a broken
 // writer's goroutine may be stuck on a client that never reads, until
 // the output is closed). Later writes fail.
-func (w *lineWriter) close() {
+func (w *LineWriter) Close() {
 	w.mu.Lock()
 	stuck := w.err != nil
 	if w.err == nil {
@@ -137,7 +140,7 @@ const (
 	rpcInvalidRequest = -32600
 )
 
-// readLines reads the client's lines from in and hands every one that is
+// ReadLines reads the client's lines from in and hands every one that is
 // a JSON-RPC message on to sdk, each with its newline, in order; it
 // answers every other line on out itself, with a JSON-RPC error whose id
 // is null (the line's id cannot be trusted), and goes on. A line over
@@ -145,7 +148,7 @@ const (
 // in ends (or fails), or sdk is closed, it closes sdk and returns. It
 // calls onRequest for each request (a message with a method and an id)
 // it hands on, before it does.
-func readLines(in io.Reader, sdk *io.PipeWriter, out io.Writer, max int64, onRequest func(), onBad func(reason string)) {
+func ReadLines(in io.Reader, sdk *io.PipeWriter, out io.Writer, max int64, onRequest func(), onBad func(reason string)) {
 	defer sdk.Close()
 	br := bufio.NewReaderSize(in, 64<<10)
 	var line []byte
