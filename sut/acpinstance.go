@@ -95,7 +95,7 @@ func (in *ACPInstance) start(agents []string) error {
 	r.outR, r.outW = io.Pipe()
 	go func() {
 		defer close(r.served)
-		r.err = acp.Serve(ctx, s.Engine, s.Close, r.inR, r.outW)
+		r.err = acp.Serve(ctx, s.engine, s.Close, r.inR, r.outW)
 	}()
 	in.mu.Lock()
 	in.run = r
@@ -131,7 +131,7 @@ func (r *acpRun) stop(crash bool) error {
 	if crash {
 		// The turns in flight die with the process: none may take its
 		// cut pipes for a client that went away, and commit.
-		r.s.Crashing.Store(true)
+		r.s.engine.Crashing.Store(true)
 		r.cut()
 		_, err := r.s.crash()
 		r.cancel()

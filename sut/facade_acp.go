@@ -28,5 +28,5 @@ func ServeACP(ctx context.Context, cfg config.Config, in io.Reader, out io.Write
 	if err != nil {
 		return err
 	}
-	return acp.Serve(ctx, s.Engine, s.Close, in, out)
+	return acp.Serve(ctx, s.engine, s.Close, in, out)
 }

@@ -47,19 +47,19 @@ func Serve(cfg config.Config, ln net.Listener) (*Running, error) {
 	if err != nil {
 		return nil, errors.Join(err, ln.Close())
 	}
-	conns := admission.NewConnTracker(s.Cfg.MaxConns, s.Log)
+	conns := admission.NewConnTracker(s.engine.Cfg.MaxConns, s.engine.Log)
 	r := &Running{
 		Server: s,
 		ln:     ln,
 		conns:  conns,
 		hs: &http.Server{
 			Handler:           s,
-			ReadHeaderTimeout: s.Cfg.HeaderTimeout,
-			IdleTimeout:       s.Cfg.IdleTimeout,
+			ReadHeaderTimeout: s.engine.Cfg.HeaderTimeout,
+			IdleTimeout:       s.engine.Cfg.IdleTimeout,
 			MaxHeaderBytes:    admission.MaxHeaderBytes,
 			ConnContext:       conns.ConnContext,
 			// net/http's complaints (accept errors) go to the server's log.
-			ErrorLog: slog.NewLogLogger(s.Log.Handler(), slog.LevelWarn),
+			ErrorLog: slog.NewLogLogger(s.engine.Log.Handler(), slog.LevelWarn),
 		},
 		serving: make(chan struct{}),
 	}
@@ -80,7 +80,7 @@ func (r *Running) URL() string { return "http://" + r.ln.Addr().String() }
 // nothing.
 func (r *Running) Close() error {
 	r.conns.Stop()
-	r.Server.DropTurns(turn.DropAnswerWait)
+	r.Server.engine.DropTurns(turn.DropAnswerWait)
 	err := r.hs.Close()
 	<-r.serving
 	r.conns.Wait()
@@ -98,7 +98,7 @@ func (r *Running) Close() error {
 func (r *Running) Crash() error {
 	// The turns in flight die with the process: none may take its
 	// dropped connection for a client that disconnected, and commit.
-	r.Server.Crashing.Store(true)
+	r.Server.engine.Crashing.Store(true)
 	// The connections go first: from here on nothing is written on any
 	// of them, and each is closed (those with a turn running too), so no
 	// reply reaches a client.
@@ -125,7 +125,7 @@ func (r *Running) Shutdown(ctx context.Context) error {
 	if err != nil {
 		// The grace ran out: the turns still running are dropped, each
 		// answered so before its connection closes.
-		r.Server.DropTurns(turn.DropAnswerWait)
+		r.Server.engine.DropTurns(turn.DropAnswerWait)
 		err = errors.Join(err, r.hs.Close())
 	}
 	<-r.serving

@@ -53,7 +53,12 @@ import (
 
 // Server is the reference session server. It is an http.Handler.
 type Server struct {
-	*turn.Engine
+	// engine runs the turns every adapter hands it.
+	engine *turn.Engine
+	// The adapters of the HTTP protocols, each over engine.
+	chat      *chat.Handler
+	responses *responses.Handler
+	sessions  *sessions.Handler
 	// allowedHosts are cfg.AllowedHosts, normalized.
 	allowedHosts []string
 
@@ -152,7 +157,10 @@ func New(cfg config.Config) (*Server, error) {
 	}
 	e := turn.NewEngine(cfg, turn.Parts{Sources: srcs, Store: st, Convs: convs, Mem: mem, ModelURL: modelURL, Log: log, Scopes: scopes})
 	s := &Server{
-		Engine:       e,
+		engine:       e,
+		chat:         &chat.Handler{Engine: e},
+		responses:    &responses.Handler{Engine: e},
+		sessions:     &sessions.Handler{Engine: e},
 		stopped:      make(chan struct{}),
 		allowedHosts: allowedHosts,
 	}
@@ -225,16 +233,16 @@ func orDefault[T int | int64 | time.Duration](name string, v *T, def T) error {
 // has any), then closes the store. Stop the HTTP server in front of it
 // first. After a crash (Running.Crash) it does nothing.
 func (s *Server) Close() error {
-	if s.Gate.Close() {
+	if s.engine.Gate.Close() {
 		<-s.stopped // a later Close returns when the first one has
 		return s.closeErr
 	}
-	s.Gate.Wait()
-	s.Convs.Close()
-	s.Up.Close()
-	s.Kill()
-	s.EndTurns()
-	s.closeErr = s.Store.Close()
+	s.engine.Gate.Wait()
+	s.engine.Convs.Close()
+	s.engine.Up.Close()
+	s.engine.Kill()
+	s.engine.EndTurns()
+	s.closeErr = s.engine.Store.Close()
 	close(s.stopped)
 	return s.closeErr
 }
@@ -245,17 +253,17 @@ func (s *Server) Close() error {
 // reports false, and does nothing, if the server was closed already. A
 // later Close returns nil.
 func (s *Server) crash() (bool, error) {
-	s.Crashing.Store(true)
-	if s.Gate.Close() {
+	s.engine.Crashing.Store(true)
+	if s.engine.Gate.Close() {
 		return false, nil
 	}
 	// First, as the process dies: a turn acknowledged but not yet written
 	// is gone, and none queued from now on is ever written.
-	s.Convs.Crash()
-	s.Kill()
-	s.Gate.Wait()
-	s.Up.Close()
-	err := s.Store.Close()
+	s.engine.Convs.Crash()
+	s.engine.Kill()
+	s.engine.Gate.Wait()
+	s.engine.Up.Close()
+	err := s.engine.Store.Close()
 	close(s.stopped)
 	return true, err
 }
@@ -264,7 +272,7 @@ func (s *Server) crash() (bool, error) {
 // POST /v1/responses, the sessions API under /api/sessions) and GET
 // /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	defer s.Gate.Handle()()
+	defer s.engine.Gate.Handle()()
 	conn := admission.ConnOf(r.Context())
 	conn.Enter()
 	defer conn.Leave()
@@ -273,7 +281,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// every request, so that a request refused before its body is read
 	// does not hold its connection past it either (net/http reads what is
 	// left of a body after the handler); readBody lifts it.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.Cfg.BodyTimeout))
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.engine.Cfg.BodyTimeout))
 	if len(r.TransferEncoding) > 0 {
 		// A chunked body is served, but its connection is not reused:
 		// net/http takes Transfer-Encoding over a Content-Length sent
@@ -284,7 +292,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// connection is closed after the answer.
 		w.Header().Set("Connection", "close")
 	}
-	ticket, ctx, refusal := s.Gate.Enter(r.Context(), r.Header.Get(admission.RequestTagHeader))
+	ticket, ctx, refusal := s.engine.Gate.Enter(r.Context(), r.Header.Get(admission.RequestTagHeader))
 	defer ticket.Leave()
 	if refusal != nil {
 		refusal.Write(w)
@@ -313,11 +321,11 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	var serve http.HandlerFunc
 	switch {
 	case p == "/v1/chat/completions" || p == "/chat/completions":
-		serve = (&chat.Handler{Engine: s.Engine}).Chat
+		serve = s.chat.Chat
 	case p == "/v1/responses" || p == "/responses":
-		serve = (&responses.Handler{Engine: s.Engine}).Responses
+		serve = s.responses.Responses
 	case p == sessions.Path:
-		serve = (&sessions.Handler{Engine: s.Engine}).CreateSession
+		serve = s.sessions.CreateSession
 	default:
 		session, agent, ok := sessions.TurnPath(r.URL)
 		if !ok {
@@ -326,7 +334,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		serve = func(w http.ResponseWriter, r *http.Request) {
-			(&sessions.Handler{Engine: s.Engine}).SessionTurn(w, r, session, agent)
+			s.sessions.SessionTurn(w, r, session, agent)
 		}
 	}
 	if r.Method != http.MethodPost {
@@ -339,4 +347,4 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 
 // MaxMemory is the server's memory budget in bytes: Config.MaxMemory, or
 // the default it was given for 0.
-func (s *Server) MaxMemory() int64 { return s.Gate.MaxMemory() }
+func (s *Server) MaxMemory() int64 { return s.engine.Gate.MaxMemory() }
