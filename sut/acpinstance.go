@@ -7,10 +7,9 @@ import (
 	"os"
 	"sync"
 
+	"github.com/turncheck/turncheck/sut/internal/acp"
 	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/config"
-
-	"github.com/turncheck/turncheck/sut/internal/acp"
 )
 
 // ACPInstance is the reference server as an ACP agent (ServeACP) as the

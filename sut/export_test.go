@@ -3,11 +3,9 @@ package sut
 import (
 	"time"
 
-	"github.com/turncheck/turncheck/sut/internal/store"
-
-	"github.com/turncheck/turncheck/sut/internal/turn"
-
 	"github.com/turncheck/turncheck/sut/internal/acp/stdio"
+	"github.com/turncheck/turncheck/sut/internal/store"
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // SetFlushInterval sets how often the ack-before-durable mutant flushes

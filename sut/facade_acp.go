@@ -4,9 +4,8 @@ import (
 	"context"
 	"io"
 
-	"github.com/turncheck/turncheck/sut/internal/config"
-
 	"github.com/turncheck/turncheck/sut/internal/acp"
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // ServeACP opens a server with cfg and serves one ACP client on in (the

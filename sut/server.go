@@ -39,16 +39,12 @@ import (
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/sut/internal/admission"
-	"github.com/turncheck/turncheck/sut/internal/config"
-	"github.com/turncheck/turncheck/sut/internal/store"
-
-	"github.com/turncheck/turncheck/sut/internal/turn"
-
 	"github.com/turncheck/turncheck/sut/internal/chat"
-
+	"github.com/turncheck/turncheck/sut/internal/config"
 	"github.com/turncheck/turncheck/sut/internal/responses"
-
 	"github.com/turncheck/turncheck/sut/internal/sessions"
+	"github.com/turncheck/turncheck/sut/internal/store"
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // Server is the reference session server. It is an http.Handler.

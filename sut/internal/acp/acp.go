@@ -17,12 +17,11 @@ import (
 	acp "github.com/coder/acp-go-sdk"
 
 	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/sut/internal/acp/stdio"
 	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/config"
 	"github.com/turncheck/turncheck/sut/internal/store"
 	"github.com/turncheck/turncheck/sut/internal/turn"
-
-	"github.com/turncheck/turncheck/sut/internal/acp/stdio"
 )
 
 // The Agent Client Protocol (https://agentclientprotocol.com): an editor

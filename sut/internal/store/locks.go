@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
 )
 

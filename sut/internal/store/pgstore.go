@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/turncheck/turncheck/sut/internal/admission"
-
 	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
