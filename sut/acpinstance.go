@@ -6,6 +6,10 @@ import (
 	"io"
 	"os"
 	"sync"
+
+	"github.com/turncheck/turncheck/sut/internal/acp"
+	"github.com/turncheck/turncheck/sut/internal/admission"
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // ACPInstance is the reference server as an ACP agent (ServeACP) as the
@@ -16,9 +20,9 @@ import (
 // restarted, gracefully or as a crash, on the same data: each run is a
 // new connection, as a new process of 'turncheck serve acp' would be.
 type ACPInstance struct {
-	cfg       Config
-	deadlines *ManualDeadlines
-	gauge     *Gauge
+	cfg       config.Config
+	deadlines *config.ManualDeadlines
+	gauge     *admission.Gauge
 
 	mu  sync.Mutex
 	run *acpRun
@@ -60,12 +64,12 @@ var errACPRunEnded = errors.New("the agent's run has ended")
 // StartACPInstance serves cfg as an ACP agent in process, on a fresh data
 // dir that Close removes; cfg's DataDir, Deadlines and Gauge are the
 // instance's own.
-func StartACPInstance(cfg Config) (*ACPInstance, error) {
+func StartACPInstance(cfg config.Config) (*ACPInstance, error) {
 	dir, err := os.MkdirTemp("", "turncheck-sut-acp-*")
 	if err != nil {
 		return nil, err
 	}
-	in := &ACPInstance{deadlines: &ManualDeadlines{}, gauge: &Gauge{}}
+	in := &ACPInstance{deadlines: &config.ManualDeadlines{}, gauge: &admission.Gauge{}}
 	cfg.DataDir, cfg.Deadlines, cfg.Gauge = dir, in.deadlines, in.gauge
 	in.cfg = cfg
 	if err := in.start(nil); err != nil {
@@ -90,7 +94,7 @@ func (in *ACPInstance) start(agents []string) error {
 	r.outR, r.outW = io.Pipe()
 	go func() {
 		defer close(r.served)
-		r.err = s.serveACP(ctx, r.inR, r.outW)
+		r.err = acp.Serve(ctx, s.engine, s.Close, r.inR, r.outW)
 	}()
 	in.mu.Lock()
 	in.run = r
@@ -117,7 +121,7 @@ func (r *acpRun) cut() {
 	})
 }
 
-// stop ends the run: gracefully as on SIGTERM to 'turncheck serve acp'
+// Stop ends the run: gracefully as on SIGTERM to 'turncheck serve acp'
 // (the prompts in flight dropped, each answered with an error, nothing of
 // them kept), or as kill -9 (crash: no answer reaches the client, what is
 // not durable is lost). It returns once every goroutine of the server has
@@ -126,7 +130,7 @@ func (r *acpRun) stop(crash bool) error {
 	if crash {
 		// The turns in flight die with the process: none may take its
 		// cut pipes for a client that went away, and commit.
-		r.s.crashing.Store(true)
+		r.s.engine.Crashing.Store(true)
 		r.cut()
 		_, err := r.s.crash()
 		r.cancel()

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/internal/loopback"
+	"github.com/turncheck/turncheck/sut/internal/admission"
+	"github.com/turncheck/turncheck/sut/internal/config"
+	"github.com/turncheck/turncheck/sut/internal/store"
 )
 
 // Instance is a reference server as the harness runs it in process: on a
@@ -18,21 +21,21 @@ import (
 // (URL, Close, Restart, ExpireDeadlines, Activity).
 type Instance struct {
 	*Running
-	cfg       Config
-	deadlines *ManualDeadlines
-	gauge     *Gauge
+	cfg       config.Config
+	deadlines *config.ManualDeadlines
+	gauge     *admission.Gauge
 }
 
 // StartInstance serves cfg on a fresh loopback port, on a fresh data dir
 // that Close removes; cfg's DataDir, Deadlines and Gauge are the
 // instance's own.
-func StartInstance(cfg Config) (*Instance, error) {
-	return startInstance(cfg, &ManualDeadlines{}, &Gauge{})
+func StartInstance(cfg config.Config) (*Instance, error) {
+	return startInstance(cfg, &config.ManualDeadlines{}, &admission.Gauge{})
 }
 
 // startInstance is StartInstance with the given deadlines and gauge,
 // which replicas share.
-func startInstance(cfg Config, deadlines *ManualDeadlines, gauge *Gauge) (*Instance, error) {
+func startInstance(cfg config.Config, deadlines *config.ManualDeadlines, gauge *admission.Gauge) (*Instance, error) {
 	dir, err := os.MkdirTemp("", "turncheck-sut-*")
 	if err != nil {
 		return nil, err
@@ -72,7 +75,7 @@ func (in *Instance) Restart(crash bool, agents []string) error {
 	return in.start(agents)
 }
 
-// stop closes the server, or drops it as a crash would.
+// Stop closes the server, or drops it as a crash would.
 func (in *Instance) stop(crash bool) error {
 	if crash {
 		return in.Running.Crash()
@@ -118,20 +121,20 @@ func (in *Instance) Close() error {
 // URLs and RestartReplica.
 type Replicas struct {
 	replicas  []*Instance
-	deadlines *ManualDeadlines
-	gauge     *Gauge
+	deadlines *config.ManualDeadlines
+	gauge     *admission.Gauge
 }
 
 // StartReplicas serves n replicas of cfg, whose Store must be a
 // PostgreSQL URL: over SQLite each replica would open a store of its own.
-func StartReplicas(cfg Config, n int) (*Replicas, error) {
-	if !isPostgresURL(cfg.Store) {
+func StartReplicas(cfg config.Config, n int) (*Replicas, error) {
+	if !store.IsPostgresURL(cfg.Store) {
 		return nil, errors.New("replicas share a PostgreSQL store: Config.Store must be a postgres:// URL")
 	}
 	if n < 1 {
 		return nil, errors.New("replicas: at least one")
 	}
-	r := &Replicas{deadlines: &ManualDeadlines{}, gauge: &Gauge{}}
+	r := &Replicas{deadlines: &config.ManualDeadlines{}, gauge: &admission.Gauge{}}
 	for range n {
 		in, err := startInstance(cfg, r.deadlines, r.gauge)
 		if err != nil {

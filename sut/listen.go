@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"time"
+
+	"github.com/turncheck/turncheck/sut/internal/admission"
+	"github.com/turncheck/turncheck/sut/internal/config"
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // Running is a Server listening on an address.
@@ -15,13 +18,13 @@ type Running struct {
 	*Server
 	ln      net.Listener
 	hs      *http.Server
-	conns   *connTracker
+	conns   *admission.ConnTracker
 	serving chan struct{}
 }
 
 // Start opens a server with cfg and serves it on addr ("127.0.0.1:0" when
 // empty: loopback, any free port). It returns once the server is listening.
-func Start(cfg Config, addr string) (*Running, error) {
+func Start(cfg config.Config, addr string) (*Running, error) {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
@@ -39,30 +42,30 @@ func Start(cfg Config, addr string) (*Running, error) {
 // the body. There is no write timeout for the whole response: a stream
 // lasts as long as its turn, and every write has a deadline of its own
 // (StreamWriteTimeout).
-func Serve(cfg Config, ln net.Listener) (*Running, error) {
+func Serve(cfg config.Config, ln net.Listener) (*Running, error) {
 	s, err := New(cfg)
 	if err != nil {
 		return nil, errors.Join(err, ln.Close())
 	}
-	conns := newConnTracker(s.cfg.MaxConns, s.log)
+	conns := admission.NewConnTracker(s.engine.Cfg.MaxConns, s.engine.Log)
 	r := &Running{
 		Server: s,
 		ln:     ln,
 		conns:  conns,
 		hs: &http.Server{
 			Handler:           s,
-			ReadHeaderTimeout: s.cfg.HeaderTimeout,
-			IdleTimeout:       s.cfg.IdleTimeout,
-			MaxHeaderBytes:    MaxHeaderBytes,
-			ConnContext:       conns.connContext,
+			ReadHeaderTimeout: s.engine.Cfg.HeaderTimeout,
+			IdleTimeout:       s.engine.Cfg.IdleTimeout,
+			MaxHeaderBytes:    admission.MaxHeaderBytes,
+			ConnContext:       conns.ConnContext,
 			// net/http's complaints (accept errors) go to the server's log.
-			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+			ErrorLog: slog.NewLogLogger(s.engine.Log.Handler(), slog.LevelWarn),
 		},
 		serving: make(chan struct{}),
 	}
 	go func() {
 		defer close(r.serving)
-		_ = r.hs.Serve(conns.listener(ln))
+		_ = r.hs.Serve(conns.Listener(ln))
 	}()
 	return r, nil
 }
@@ -76,20 +79,13 @@ func (r *Running) URL() string { return "http://" + r.ln.Addr().String() }
 // does not end a turn, it drops the turns in flight too: they commit
 // nothing.
 func (r *Running) Close() error {
-	r.conns.stop()
-	r.Server.dropTurns(dropAnswerWait)
+	r.conns.Stop()
+	r.Server.engine.DropTurns(turn.DropAnswerWait)
 	err := r.hs.Close()
 	<-r.serving
-	r.conns.wait()
+	r.conns.Wait()
 	return errors.Join(err, r.Server.Close())
 }
-
-// dropAnswerWait bounds how long a stop waits for the turns it drops to
-// be answered (503, or an error chunk and [DONE]) before it closes their
-// connections: a model call ends at once when its context does, so the
-// answers take milliseconds; a client that does not read is not waited
-// for past it.
-const dropAnswerWait = time.Second
 
 // Crash is an in-process stand-in for kill -9: it closes the listener and
 // every connection at once (no client hears how its turn ended), ends every
@@ -102,15 +98,15 @@ const dropAnswerWait = time.Second
 func (r *Running) Crash() error {
 	// The turns in flight die with the process: none may take its
 	// dropped connection for a client that disconnected, and commit.
-	r.Server.crashing.Store(true)
+	r.Server.engine.Crashing.Store(true)
 	// The connections go first: from here on nothing is written on any
 	// of them, and each is closed (those with a turn running too), so no
 	// reply reaches a client.
-	r.conns.crash()
+	r.conns.Crash()
 	err := r.hs.Close()
 	crashed, serr := r.Server.crash()
 	<-r.serving
-	r.conns.wait()
+	r.conns.Wait()
 	if !crashed {
 		return nil // closed already
 	}
@@ -124,15 +120,15 @@ func (r *Running) Crash() error {
 // connection on which no turn runs (idle, or still sending its request) is
 // closed at once: a stalled client does not hold the stop.
 func (r *Running) Shutdown(ctx context.Context) error {
-	r.conns.stop()
+	r.conns.Stop()
 	err := r.hs.Shutdown(ctx)
 	if err != nil {
 		// The grace ran out: the turns still running are dropped, each
 		// answered so before its connection closes.
-		r.Server.dropTurns(dropAnswerWait)
+		r.Server.engine.DropTurns(turn.DropAnswerWait)
 		err = errors.Join(err, r.hs.Close())
 	}
 	<-r.serving
-	r.conns.wait()
+	r.conns.Wait()
 	return errors.Join(err, r.Server.Close())
 }

@@ -30,340 +30,93 @@ package sut
 
 import (
 	"context"
-	"crypto/subtle"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/sut/internal/admission"
+	"github.com/turncheck/turncheck/sut/internal/chat"
+	"github.com/turncheck/turncheck/sut/internal/config"
+	"github.com/turncheck/turncheck/sut/internal/responses"
+	"github.com/turncheck/turncheck/sut/internal/sessions"
+	"github.com/turncheck/turncheck/sut/internal/store"
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
-
-// Defaults for the zero values of Config.
-const (
-	DefaultConversationHeader = "X-Conversation-Id"
-	DefaultConversationsMax   = 1000
-	DefaultRequestTimeout     = 60 * time.Second
-	DefaultMaxBodyBytes       = 1 << 20
-	DefaultModelName          = "turncheck-reference"
-	// DefaultHeaderTimeout bounds reading a request's headers.
-	DefaultHeaderTimeout = 10 * time.Second
-	// DefaultBodyTimeout bounds reading a request's body: a 1 MiB body
-	// at 64 KiB/s.
-	DefaultBodyTimeout = 15 * time.Second
-	// DefaultIdleTimeout is how long a keep-alive connection may wait for
-	// its next request.
-	DefaultIdleTimeout = 60 * time.Second
-	// DefaultMaxConns bounds open client connections. Go raises the soft
-	// limit on file descriptors to the hard one at start (commonly 2^20,
-	// at least 4096 on most systems), so the cap is reached long before
-	// the server runs out of descriptors for its store and its model.
-	DefaultMaxConns = 1024
-	// DefaultMaxRequests bounds the turns worked on at once; each may
-	// hold a model connection and a reply of up to 4 MiB.
-	DefaultMaxRequests = 512
-	// DefaultMaxHistoryMessages bounds a conversation's messages.
-	DefaultMaxHistoryMessages = 2000
-	// DefaultMaxHistoryBytes bounds a conversation's text: about what a
-	// model with a large context takes (a token is about 4 bytes).
-	DefaultMaxHistoryBytes = 4 << 20
-	// statusClientClosed answers a request whose client went away (as
-	// nginx's 499): nobody may take it for a reply.
-	statusClientClosed = 499
-	// StreamWriteTimeout bounds one write to a client: a chunk of a
-	// stream, or a whole reply. A client that does not read for that long
-	// is taken for gone, and its turn rolls back.
-	StreamWriteTimeout = 30 * time.Second
-)
-
-// systemPrompt is prepended to every model request of a turn bound to no
-// agent (stateless, or no agents loaded) and never stored: real servers
-// decorate histories this way, and the harness must not mind. A bound turn
-// gets its agent's instruction in its place.
-const systemPrompt = "You are the turncheck reference agent."
-
-// Config configures a Server.
-type Config struct {
-	// ModelURL is the model provider's OpenAI-compatible base URL; the
-	// server calls {ModelURL}/chat/completions. Required.
-	ModelURL string
-	// DataDir holds the durable store, a SQLite database. Required when
-	// Store is "".
-	DataDir string
-	// Store, if not "", is the URL of a PostgreSQL database
-	// (postgres://user:password@host:port/db?sslmode=..., or
-	// postgresql://) that holds the durable store in place of DataDir.
-	// Servers on one database are replicas of one server: a turn
-	// committed on one is seen by every other's next turn, turns on one
-	// conversation run one after another across all of them (a
-	// PostgreSQL advisory lock, waited for under Serialize for at most
-	// RequestTimeout, tried under Reject), and a commit is durable when
-	// acknowledged.
-	Store string
-	// ConversationsMax bounds the in-memory conversation cache.
-	ConversationsMax int
-	// RequestTimeout bounds each model call of a turn; past it the turn
-	// fails (504). It bounds each lookup too; past it the lookup's result
-	// is an error and the turn goes on. Under Serialize it also bounds the
-	// wait for a conversation's turn; past it the request gives up (503
-	// conversation_busy).
-	RequestTimeout time.Duration
-	// Deadlines starts each model call's and each lookup's deadline; nil
-	// uses the clock.
-	Deadlines Deadlines
-	// ConversationHeader names the header carrying the conversation id.
-	ConversationHeader string
-	// Keys, if any, are the bearer keys the server accepts; conversations
-	// are scoped per key.
-	Keys []string
-	// MaxBodyBytes bounds a request body (413 past it, at once when the
-	// request declares a longer Content-Length).
-	MaxBodyBytes int64
-	// BodyTimeout bounds reading a request's body, from the end of its
-	// headers; past it the request gets 408 and its connection closes.
-	BodyTimeout time.Duration
-	// HeaderTimeout bounds reading a request's headers; past it the
-	// connection closes. Start and Serve only.
-	HeaderTimeout time.Duration
-	// IdleTimeout is how long a keep-alive connection may wait for its
-	// next request. Start and Serve only.
-	IdleTimeout time.Duration
-	// MaxConns bounds the client connections open at once; past it a new
-	// one takes the place of a stalled one, else of the oldest newcomer
-	// with no request head yet, or gets 503 with Retry-After if every one
-	// has a request in (conns.go). Start and Serve only.
-	MaxConns int
-	// MaxRequests bounds the turn requests worked on at once, counted
-	// from the end of their body (running, or waiting for their
-	// conversation); past it 503 with Retry-After. It also sizes the pool
-	// of idle connections to the model.
-	MaxRequests int
-	// MaxStoreConns bounds the connections to PostgreSQL (Store) that the
-	// server opens; 0 means DefaultMaxStoreConns(MaxRequests), and it
-	// must be at least 2. A turn on a conversation does everything it does
-	// in the store on one, held from its conversation's lock to its end;
-	// all but one may be held so, the last is for what runs beside turns.
-	// A turn that finds none free waits its turn for one, first come first
-	// served, within RequestTimeout, and is otherwise refused before any
-	// model call (503 with Retry-After); so is one the database refuses a
-	// connection for want of room (too many clients) until then. Replicas
-	// on one database must fit in its max_connections together. Unused
-	// with SQLite (DataDir), which has one connection.
-	MaxStoreConns int
-	// MaxHistoryMessages bounds a conversation's messages: a turn that
-	// would take it past them, its reply included, is refused with 400
-	// and nothing changes (limits.go).
-	MaxHistoryMessages int
-	// MaxHistoryBytes bounds the text of a conversation's messages: a
-	// turn whose new message would take it past them is refused with 400
-	// and nothing changes (limits.go).
-	MaxHistoryBytes int64
-	// MaxMemory is the server's memory budget, in bytes (memory.go): the
-	// conversation cache, the request bodies being read and the turns in
-	// flight (each model call's history and the reply it streams) reserve
-	// what they cost from it before they allocate it. The cache drops its
-	// least recently used conversations to stay inside it and to make
-	// room for requests (they are loaded again from the store); a request
-	// that still finds no room gets 503 with Retry-After, and a turn whose
-	// reply outgrows it fails (503, or an error chunk on a stream that
-	// began), nothing committed. 0 means DefaultMaxMemory().
-	MaxMemory int64
-	// AllowedHosts are host names (or addresses), besides loopback and the
-	// address a request came in on, that requests may name in their Host,
-	// and pages in their Origin (guard.go).
-	AllowedHosts []string
-	// ModelName is the model name sent to the provider.
-	ModelName string
-	// Concurrency is what the server does with a request for a
-	// conversation whose turn is already running; "" means Serialize.
-	Concurrency Concurrency
-	// Interruption is what a turn leaves when its client disconnects
-	// while it runs; "" means Rollback. Under Rollback and KeepConsistent
-	// the turn stops at once (its model call or tool run is cancelled, and
-	// none starts after). Under Rollback nothing of the turn is committed.
-	// Under KeepConsistent, if at least one tool round completed (its
-	// assistant tool call message and all its results are in), the user
-	// message and the completed rounds are committed, durably and under
-	// the conversation's lock, though the client is gone: a T9-consistent
-	// prefix, never a round cut short and never a reply; with no round
-	// completed nothing is. Under Complete the turn runs to its end
-	// (interruption.go) and commits whole if it ends ok, nothing if it
-	// fails; the conversation's lock stays held, and the request counts
-	// as working (Gauge), until it ends. A crash is no interruption: it
-	// commits nothing.
-	Interruption Interruption
-	// CompactAfter is how many messages (the system prompt not counted) a
-	// stateful turn may show the model before compaction hides the tool
-	// rounds of earlier turns from it (compaction.go). 0 means
-	// DefaultCompactAfter.
-	CompactAfter int
-	// Gauge, if set, counts the requests the server is working on and
-	// those waiting for their conversation's turn; nil counts nothing.
-	Gauge *Gauge
-	// Agents are references to the agent definitions to load at start-up:
-	// http(s) URLs, fetched by New (within 5 s, at most 64 KiB), or file
-	// paths. A definition is one YAML document with a non-blank "name" and
-	// "instruction" and no other field. A new conversation binds to an
-	// agent by the request's "model" and records its source key (the
-	// reference as given); a resumed one runs with the agent it recorded,
-	// or the one loaded source that shares its stable key (PROTOCOL.md,
-	// T8). A bound turn sends the model the agent's instruction as its
-	// system message. Stateless requests, and conversations started with no
-	// agents loaded, are bound to none. Empty: no agents, no binding.
-	Agents []string
-	// Mutant brings back one real bug; Clean for the correct server.
-	Mutant Mutant
-	// Logger receives a line per turn that failed or was rolled back, and
-	// per store error; nil discards.
-	Logger *slog.Logger
-	// TurnDelay, if not 0, is waited before each authorized turn request
-	// (of any client protocol) is worked on: a deliberately slow server, to measure what checking
-	// one costs. It changes no behaviour but time.
-	TurnDelay time.Duration
-	// StartDelay, if not 0, is waited before an Instance listens, at each
-	// start and restart: a server slow to start, as those that load a
-	// runtime or a model catalogue are. It changes no behaviour but time.
-	StartDelay time.Duration
-	// Stall, if not 0, pauses for a random 0..Stall before each model
-	// call, before each commit and before each write to a client (a chunk
-	// of a stream, or a whole answer): a machine made slow, to show that
-	// no verdict of a check depends on its speed (stall.go). It changes no
-	// behaviour but time.
-	Stall time.Duration
-	// Titles makes a title model call beside each turn, as real servers
-	// do to name a conversation (title.go): an auxiliary call, which a
-	// correct server may make and which the contract never judges as the
-	// turn's history (PROTOCOL.md, "Auxiliary model calls").
-	Titles bool
-	// ResponsesLine runs the Responses API as openclaw documents its own:
-	// previous_response_id names the conversation line the response
-	// belongs to, and a turn chained from any response of it runs on the
-	// line as it stands (its lock, its concurrency policy), as a
-	// conversation does; a request that names no response runs on the
-	// line of its user field, if any; an id it does not know starts a
-	// new line (200), and store: false is ignored. Response ids name
-	// nothing after a restart (openclaw keeps them in memory); lines
-	// named by user outlive it.
-	ResponsesLine bool
-}
 
 // Server is the reference session server. It is an http.Handler.
 type Server struct {
-	cfg     Config
-	sources *sources
-	store   *store
-	convs   *conversations
-	locks   convLocks
-	up      *upstream
-	tools   *toolbox
-	log     *slog.Logger
-	ids     atomic.Int64
-	// lineEpoch is new at each start: under Config.ResponsesLine, a line
-	// named by response ids is kept under it, so that, as openclaw's
-	// ids (kept in memory), those ids name nothing after a restart;
-	// lines named by user outlive it.
-	lineEpoch string
-	slots     requestSlots
-	mem       *memBudget
-	// redact hides credentials in what the server logs of a model failure.
-	redact func(string) string
+	// engine runs the turns every adapter hands it.
+	engine *turn.Engine
+	// The adapters of the HTTP protocols, each over engine.
+	chat      *chat.Handler
+	responses *responses.Handler
+	sessions  *sessions.Handler
 	// allowedHosts are cfg.AllowedHosts, normalized.
 	allowedHosts []string
-	// scopes[i] is the scope of cfg.Keys[i]: a keyed digest (scope.go), as
-	// it is stored with every message and the store must hold no usable
-	// key.
-	scopes []string
 
-	// life ends when the server crashes: every request's context, and so
-	// every model call, ends with it.
-	life context.Context
-	kill context.CancelFunc
-	// turns ends with life, or when a stop drops the turns still running
-	// (endTurns): the turns that complete whatever their client does
-	// (Complete) run under it, not under their request.
-	turns    context.Context
-	endTurns context.CancelFunc
-	// crashing is set as a crash begins, before the connections drop: a
-	// turn whose client then seems gone dies with the process, and is no
-	// interruption (interruption.go).
-	crashing atomic.Bool
-	// dropping is set when a stop drops the turns still running (its
-	// grace ran out, or Close): their requests end, and each is answered
-	// that the server dropped it, before the connections close.
-	dropping atomic.Bool
-	// handling counts the requests whose handler runs, for a stop that
-	// waits for the dropped ones to be answered.
-	handling atomic.Int64
-
-	// active counts requests in flight; once closed, none starts.
-	mu       sync.Mutex
-	closed   bool
-	active   sync.WaitGroup
 	stopped  chan struct{} // closed once Close (or a crash) has finished
 	closeErr error
 }
 
 // New opens the store (cfg.Store, or cfg.DataDir) and returns a server
 // ready to serve.
-func New(cfg Config) (*Server, error) {
-	modelURL, err := parseModelURL(cfg.ModelURL)
+func New(cfg config.Config) (*Server, error) {
+	modelURL, err := turn.ParseModelURL(cfg.ModelURL)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Store != "" && !isPostgresURL(cfg.Store) {
+	if cfg.Store != "" && !store.IsPostgresURL(cfg.Store) {
 		return nil, errors.New("store: want a postgres:// or postgresql:// URL, or none for SQLite in the data dir")
 	}
 	if cfg.Store == "" && cfg.DataDir == "" {
 		return nil, errors.New("a data dir is required")
 	}
 	if cfg.ConversationsMax == 0 {
-		cfg.ConversationsMax = DefaultConversationsMax
+		cfg.ConversationsMax = config.DefaultConversationsMax
 	}
 	if cfg.ConversationsMax < 0 {
 		return nil, fmt.Errorf("conversations max %d: want a positive number", cfg.ConversationsMax)
 	}
 	if cfg.RequestTimeout == 0 {
-		cfg.RequestTimeout = DefaultRequestTimeout
+		cfg.RequestTimeout = config.DefaultRequestTimeout
 	}
 	if cfg.RequestTimeout < 0 {
 		return nil, fmt.Errorf("request timeout %s: want a positive duration", cfg.RequestTimeout)
 	}
 	if cfg.Deadlines == nil {
-		cfg.Deadlines = clockDeadlines{}
+		cfg.Deadlines = config.ClockDeadlines{}
 	}
 	if cfg.ConversationHeader == "" {
-		cfg.ConversationHeader = DefaultConversationHeader
+		cfg.ConversationHeader = config.DefaultConversationHeader
 	}
-	if err := cfg.setLimits(); err != nil {
+	if err := setLimits(&cfg); err != nil {
 		return nil, err
 	}
-	allowedHosts, err := parseAllowedHosts(cfg.AllowedHosts)
+	allowedHosts, err := admission.ParseAllowedHosts(cfg.AllowedHosts)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.ModelName == "" {
-		cfg.ModelName = DefaultModelName
+		cfg.ModelName = config.DefaultModelName
 	}
 	for _, k := range cfg.Keys {
 		if k == "" {
 			return nil, errors.New("an API key may not be empty")
 		}
 	}
-	if _, err := ParseMutant(string(cfg.Mutant)); err != nil {
+	if _, err := config.ParseMutant(string(cfg.Mutant)); err != nil {
 		return nil, err
 	}
-	concurrency, err := ParseConcurrency(string(cfg.Concurrency))
+	concurrency, err := config.ParseConcurrency(string(cfg.Concurrency))
 	if err != nil {
 		return nil, err
 	}
 	cfg.Concurrency = concurrency
-	interruption, err := ParseInterruption(string(cfg.Interruption))
+	interruption, err := config.ParseInterruption(string(cfg.Interruption))
 	if err != nil {
 		return nil, err
 	}
@@ -374,98 +127,83 @@ func New(cfg Config) (*Server, error) {
 	}
 	// Before the store: a server whose agents do not load leaves its data
 	// dir untouched.
-	srcs, err := loadSources(context.Background(), cfg.Agents)
+	srcs, err := turn.LoadSources(context.Background(), cfg.Agents)
 	if err != nil {
 		return nil, err
 	}
-	st, err := cfg.openStore()
+	st, err := openConfiguredStore(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	mem := &memBudget{max: cfg.MaxMemory}
-	convs, err := newConversations(st, cfg.ConversationsMax, mem, cfg.Mutant, log)
+	mem := &admission.Budget{Max: cfg.MaxMemory}
+	convs, err := store.NewConversations(st, cfg.ConversationsMax, mem, cfg.Mutant, log)
 	if err != nil {
-		_ = st.close()
+		_ = st.Close()
 		return nil, err
 	}
 	scopes := make([]string, len(cfg.Keys))
 	legacy := map[string]string{}
 	for i, k := range cfg.Keys {
-		scopes[i] = keyScope(st.secret, k)
-		legacy[legacyScope(k)] = scopes[i]
+		scopes[i] = store.KeyScope(st.Secret, k)
+		legacy[store.LegacyScope(k)] = scopes[i]
 	}
-	if err := st.rescope(legacy); err != nil {
-		_ = st.close()
+	if err := st.Rescope(legacy); err != nil {
+		_ = st.Close()
 		return nil, err
 	}
-	life, kill := context.WithCancel(context.Background())
-	turns, endTurns := context.WithCancel(life)
-	up := newUpstream(modelURL, cfg.ModelName, cfg.MaxRequests)
+	e := turn.NewEngine(cfg, turn.Parts{Sources: srcs, Store: st, Convs: convs, Mem: mem, ModelURL: modelURL, Log: log, Scopes: scopes})
 	s := &Server{
-		lineEpoch:    newID("")[:8],
-		sources:      srcs,
-		life:         life,
-		kill:         kill,
-		turns:        turns,
-		endTurns:     endTurns,
-		scopes:       scopes,
+		engine:       e,
+		chat:         &chat.Handler{Engine: e},
+		responses:    &responses.Handler{Engine: e},
+		sessions:     &sessions.Handler{Engine: e},
 		stopped:      make(chan struct{}),
-		cfg:          cfg,
-		store:        st,
-		convs:        convs,
-		mem:          mem,
-		locks:        convLocks{gauge: cfg.Gauge, shared: sharedLocks(st, cfg.Mutant)},
-		up:           up,
-		tools:        newToolbox(modelURL, up.client, cfg.Deadlines, cfg.RequestTimeout),
-		log:          log,
-		redact:       newRedactor(cfg.Keys, modelURL).redact,
 		allowedHosts: allowedHosts,
 	}
-	s.slots.max = int64(cfg.MaxRequests)
 	return s, nil
 }
 
-// openStore opens the store cfg names: PostgreSQL at Store, or SQLite in
+// openConfiguredStore opens the store cfg names: PostgreSQL at Store, or SQLite in
 // DataDir.
-func (cfg *Config) openStore() (*store, error) {
+func openConfiguredStore(cfg *config.Config) (*store.Store, error) {
 	if cfg.Store != "" {
-		st, err := openPostgres(cfg.Store, cfg.MaxStoreConns)
+		st, err := store.OpenPostgres(cfg.Store, cfg.MaxStoreConns)
 		if err == nil {
-			st.commitWithin = cfg.RequestTimeout
+			st.CommitWithin = cfg.RequestTimeout
 		}
 		return st, err
 	}
-	return openStore(cfg.DataDir)
+	return store.OpenStore(cfg.DataDir)
 }
 
 // setLimits fills in the defaults of the limits and timeouts left zero,
 // and refuses negative ones.
-func (cfg *Config) setLimits() error {
+func setLimits(cfg *config.Config) error {
 	for _, err := range []error{
-		orDefault("body timeout", &cfg.BodyTimeout, DefaultBodyTimeout),
-		orDefault("header timeout", &cfg.HeaderTimeout, DefaultHeaderTimeout),
-		orDefault("idle timeout", &cfg.IdleTimeout, DefaultIdleTimeout),
-		orDefault("max body bytes", &cfg.MaxBodyBytes, DefaultMaxBodyBytes),
-		orDefault("max history bytes", &cfg.MaxHistoryBytes, DefaultMaxHistoryBytes),
-		orDefault("max conns", &cfg.MaxConns, DefaultMaxConns),
-		orDefault("max requests", &cfg.MaxRequests, DefaultMaxRequests),
-		orDefault("max store conns", &cfg.MaxStoreConns, DefaultMaxStoreConns(max(cfg.MaxRequests, 1))),
-		orDefault("max history messages", &cfg.MaxHistoryMessages, DefaultMaxHistoryMessages),
-		orDefault("compact after", &cfg.CompactAfter, DefaultCompactAfter),
+		orDefault("body timeout", &cfg.BodyTimeout, config.DefaultBodyTimeout),
+		orDefault("header timeout", &cfg.HeaderTimeout, config.DefaultHeaderTimeout),
+		orDefault("idle timeout", &cfg.IdleTimeout, config.DefaultIdleTimeout),
+		orDefault("max body bytes", &cfg.MaxBodyBytes, config.DefaultMaxBodyBytes),
+		orDefault("max history bytes", &cfg.MaxHistoryBytes, config.DefaultMaxHistoryBytes),
+		orDefault("max conns", &cfg.MaxConns, config.DefaultMaxConns),
+		orDefault("max requests", &cfg.MaxRequests, config.DefaultMaxRequests),
+		orDefault("max store conns", &cfg.MaxStoreConns, store.DefaultMaxStoreConns(max(cfg.MaxRequests, 1))),
+		orDefault("max history messages", &cfg.MaxHistoryMessages, config.DefaultMaxHistoryMessages),
+		orDefault("compact after", &cfg.CompactAfter, config.DefaultCompactAfter),
 	} {
 		if err != nil {
 			return err // the first, on one line
 		}
 	}
-	switch least := minMaxMemory(cfg); {
+	switch least := admission.MinMaxMemory(cfg.MaxBodyBytes, cfg.MaxHistoryBytes, turn.MaxReplyBytes); {
 	case cfg.MaxMemory < 0:
 		return fmt.Errorf("max memory %d: want a positive number of bytes", cfg.MaxMemory)
 	case cfg.MaxMemory == 0:
-		def, _ := DefaultMaxMemory()
+		def, _ := admission.DefaultMaxMemory()
 		cfg.MaxMemory = max(def, least)
 	case cfg.MaxMemory < least:
 		return fmt.Errorf("max memory %d bytes: want at least %d, what one turn at the limits costs (a %d-byte body, a %d-byte history, a %d-byte reply)",
-			cfg.MaxMemory, least, cfg.MaxBodyBytes, cfg.MaxHistoryBytes, maxReplyBytes)
+			cfg.MaxMemory, least, cfg.MaxBodyBytes, cfg.MaxHistoryBytes, turn.MaxReplyBytes)
 	}
 	return nil
 }
@@ -491,80 +229,55 @@ func orDefault[T int | int64 | time.Duration](name string, v *T, def T) error {
 // has any), then closes the store. Stop the HTTP server in front of it
 // first. After a crash (Running.Crash) it does nothing.
 func (s *Server) Close() error {
-	s.mu.Lock()
-	already := s.closed
-	s.closed = true
-	s.mu.Unlock()
-	if already {
+	if s.engine.Gate.Close() {
 		<-s.stopped // a later Close returns when the first one has
 		return s.closeErr
 	}
-	s.active.Wait()
-	s.convs.close()
-	s.up.close()
-	s.kill()
-	s.endTurns()
-	s.closeErr = s.store.close()
+	s.engine.Gate.Wait()
+	s.engine.Convs.Close()
+	s.engine.Up.Close()
+	s.engine.Kill()
+	s.engine.EndTurns()
+	s.closeErr = s.engine.Store.Close()
 	close(s.stopped)
 	return s.closeErr
 }
 
-// crash is the server's part of Running.Crash: refuse new requests, drop
+// Crash is the server's part of Running.Crash: refuse new requests, drop
 // what is not durable yet without writing it, end every request in flight
 // (their model calls with them) and wait for them, then close the store. It
 // reports false, and does nothing, if the server was closed already. A
 // later Close returns nil.
 func (s *Server) crash() (bool, error) {
-	s.crashing.Store(true)
-	s.mu.Lock()
-	already := s.closed
-	s.closed = true
-	s.mu.Unlock()
-	if already {
+	s.engine.Crashing.Store(true)
+	if s.engine.Gate.Close() {
 		return false, nil
 	}
 	// First, as the process dies: a turn acknowledged but not yet written
 	// is gone, and none queued from now on is ever written.
-	s.convs.crash()
-	s.kill()
-	s.active.Wait()
-	s.up.close()
-	err := s.store.close()
+	s.engine.Convs.Crash()
+	s.engine.Kill()
+	s.engine.Gate.Wait()
+	s.engine.Up.Close()
+	err := s.engine.Store.Close()
 	close(s.stopped)
 	return true, err
-}
-
-// enter counts a request in, or reports that the server is closed.
-func (s *Server) enter() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return false
-	}
-	s.active.Add(1)
-	return true
 }
 
 // ServeHTTP serves the client protocols (POST /v1/chat/completions,
 // POST /v1/responses, the sessions API under /api/sessions) and GET
 // /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.handling.Add(1)
-	defer s.handling.Add(-1)
-	conn := connOf(r.Context())
-	conn.enter()
-	defer conn.leave()
-	// Counted in the gauge inside the handler's other bookkeeping, so that
-	// a stop that waits for the handlers finds the gauge at rest.
-	s.cfg.Gauge.add(1, 0)
-	defer s.cfg.Gauge.add(-1, 0)
-	defer s.cfg.Gauge.markDone(r.Header.Get(RequestTagHeader))
-	conn.watchBody(r)
+	defer s.engine.Gate.Handle()()
+	conn := admission.ConnOf(r.Context())
+	conn.Enter()
+	defer conn.Leave()
+	conn.WatchBody(r)
 	// The client has BodyTimeout to send its body. The deadline is set for
 	// every request, so that a request refused before its body is read
 	// does not hold its connection past it either (net/http reads what is
 	// left of a body after the handler); readBody lifts it.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.engine.Cfg.BodyTimeout))
 	if len(r.TransferEncoding) > 0 {
 		// A chunked body is served, but its connection is not reused:
 		// net/http takes Transfer-Encoding over a Content-Length sent
@@ -575,31 +288,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// connection is closed after the answer.
 		w.Header().Set("Connection", "close")
 	}
-	if !s.enter() {
-		refuseEarly(w, http.StatusServiceUnavailable, "unavailable", "the server is stopping")
+	ticket, ctx, refusal := s.engine.Gate.Enter(r.Context(), r.Header.Get(admission.RequestTagHeader))
+	defer ticket.Leave()
+	if refusal != nil {
+		refusal.Write(w)
 		return
 	}
-	defer s.active.Done()
-	if err := s.checkHost(r); err != nil {
-		refuseEarly(w, http.StatusMisdirectedRequest, "misdirected_request", err.Error())
+	if err := admission.CheckHost(r, s.allowedHosts); err != nil {
+		admission.Refuse(http.StatusMisdirectedRequest, "misdirected_request", err.Error()).Early().Write(w)
 		return
 	}
-	if err := s.checkOrigin(r); err != nil {
-		refuseEarly(w, http.StatusForbidden, "forbidden", err.Error())
+	if err := admission.CheckOrigin(r, s.allowedHosts); err != nil {
+		admission.Refuse(http.StatusForbidden, "forbidden", err.Error()).Early().Write(w)
 		return
 	}
-	// A crash ends the request at once, as a killed process would; a stop
-	// that drops the turns still running ends it too.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	defer context.AfterFunc(s.life, cancel)()
-	defer context.AfterFunc(s.turns, cancel)()
-	// What the request reserves of the memory budget, on its way, is
-	// given back when it ends.
-	mem := &reservation{b: s.mem}
-	defer mem.done()
-	r = r.WithContext(context.WithValue(ctx, reservationKey{}, mem))
-	s.route(w, r)
+	s.route(w, r.WithContext(ctx))
 }
 
 // route serves r by its path: each client protocol's endpoints take POST
@@ -614,19 +317,21 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	var serve http.HandlerFunc
 	switch {
 	case p == "/v1/chat/completions" || p == "/chat/completions":
-		serve = s.chat
+		serve = s.chat.Chat
 	case p == "/v1/responses" || p == "/responses":
-		serve = s.responses
-	case p == sessionsPath:
-		serve = s.createSession
+		serve = s.responses.Responses
+	case p == sessions.Path:
+		serve = s.sessions.CreateSession
 	default:
-		session, agent, ok := sessionTurnPath(r.URL)
+		session, agent, ok := sessions.TurnPath(r.URL)
 		if !ok {
 			openai.WriteError(w, http.StatusNotFound, "not_found",
-				"no such endpoint; use POST /v1/chat/completions, POST /v1/responses, POST "+sessionsPath+" or POST "+sessionsPath+"/{session}/agent/{agent}")
+				"no such endpoint; use POST /v1/chat/completions, POST /v1/responses, POST "+sessions.Path+" or POST "+sessions.Path+"/{session}/agent/{agent}")
 			return
 		}
-		serve = func(w http.ResponseWriter, r *http.Request) { s.sessionTurn(w, r, session, agent) }
+		serve = func(w http.ResponseWriter, r *http.Request) {
+			s.sessions.SessionTurn(w, r, session, agent)
+		}
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -636,735 +341,6 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	serve(w, r)
 }
 
-// turn is one request's work: the history the model is sent, and how the
-// result is committed.
-type turn struct {
-	key      convKey
-	stateful bool
-	// proto is the client protocol the turn came through.
-	proto protocol
-	// chained marks a turn of the Responses API that makes a response of
-	// its own: key names that response, and the turn commits its whole
-	// history there (committed is 0), never on the response it chains
-	// from.
-	chained bool
-	// agent is the agent source the turn runs with; nil for none.
-	agent     *agentSource
-	work      *conversation // the working copy the turn runs on
-	committed int           // messages of work already committed under key
-	// own is the index in work of the turn's first message: those before
-	// it are the history the turn continues (for chat, committed).
-	own int
-	// settled is the length of work at the end of its last completed tool
-	// round (all its results in); 0 before one completes.
-	settled int
-	// hid are the indexes of the committed messages this turn's
-	// compaction hid; they are committed with the turn.
-	hid []int
-	// overwrite commits over whatever another turn committed meanwhile:
-	// set only by the mutants that run a turn without the lock.
-	overwrite bool
-	// toolNotes, if not nil, hears of the turn's tool rounds as they run:
-	// only a protocol that shows tools to its client sets it (ACP).
-	toolNotes toolObserver
-	// release gives up the conversation's lock; it may be called more than
-	// once. The turn calls it as soon as its outcome is decided, before
-	// the client hears that outcome, so that a client that sends its next
-	// turn the moment it has read this one's end finds the lock free.
-	release func()
-	// conn is the store connection the turn holds its conversation's
-	// shared lock on (PostgreSQL), until release: it loads and commits on
-	// it (withConn), never waiting for a second one. nil for none.
-	conn *sql.Conn
-}
-
-// refuseEarly answers a request refused before its body was read, and
-// closes its connection after the answer: what is left of the body is
-// not worth waiting for.
-func refuseEarly(w http.ResponseWriter, status int, typ, msg string) {
-	w.Header().Set("Connection", "close")
-	openai.WriteError(w, status, typ, msg)
-}
-
-// admit takes a turn request through what every turn endpoint checks
-// before it judges the body: the key, the Content-Type and
-// Content-Encoding, the server's deliberate delay, the body's size and
-// deadline, and a request slot. check, if not nil, judges the request's
-// headers before its body is read (chat's conversation header). serve
-// runs with the key's scope and the body, holding the slot, which is given
-// back when it returns; a request refused on the way is answered here.
-func (s *Server) admit(w http.ResponseWriter, r *http.Request, check func() error, serve func(scope string, body []byte)) {
-	scope, ok := s.authorize(r)
-	if !ok {
-		refuseEarly(w, http.StatusUnauthorized, "unauthorized", "missing or unknown API key: send Authorization: Bearer <key>")
-		return
-	}
-	if err := checkContentType(r); err != nil {
-		refuseEarly(w, http.StatusUnsupportedMediaType, "invalid_request_error", err.Error())
-		return
-	}
-	if ce := r.Header.Values("Content-Encoding"); len(ce) > 0 && !(len(ce) == 1 && strings.EqualFold(strings.TrimSpace(ce[0]), "identity")) {
-		// A compressed body read as plain would be garbage at best.
-		refuseEarly(w, http.StatusUnsupportedMediaType, "invalid_request_error",
-			fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed", strings.Join(ce, ", ")))
-		return
-	}
-	if d := s.cfg.TurnDelay; d > 0 {
-		select {
-		case <-time.After(d):
-		case <-r.Context().Done():
-			return // the client left: nothing was worked on
-		}
-	}
-	if r.ContentLength > s.cfg.MaxBodyBytes {
-		// Refused on its word, before a byte of it is read.
-		refuseEarly(w, http.StatusRequestEntityTooLarge, "request_too_large",
-			fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
-		return
-	}
-	if check != nil {
-		if err := check(); err != nil {
-			refuseEarly(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-			return
-		}
-	}
-	// The body's cost is reserved before a byte of it is read: by its
-	// Content-Length, or by the limit when it has none (chunked).
-	mem := reservationOf(r.Context())
-	declared := s.cfg.MaxBodyBytes
-	if r.ContentLength >= 0 {
-		declared = r.ContentLength
-	}
-	if !mem.grow(requestOverhead + bodyFactor*declared) {
-		w.Header().Set("Retry-After", "1")
-		refuseEarly(w, http.StatusServiceUnavailable, "overloaded", s.overBudget())
-		return
-	}
-	body, err := s.readBody(w, r)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		switch {
-		case errors.As(err, &tooLarge):
-			refuseEarly(w, http.StatusRequestEntityTooLarge, "request_too_large",
-				fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
-		case errors.Is(err, errBodyTimeout):
-			refuseEarly(w, http.StatusRequestTimeout, "request_timeout",
-				fmt.Sprintf("the request body did not arrive within %s", s.cfg.BodyTimeout))
-		default:
-			refuseEarly(w, http.StatusBadRequest, "invalid_request_error", "the request body could not be read")
-		}
-		return
-	}
-	// The body is in: from here it costs what it is.
-	mem.shrink(bodyFactor * (declared - int64(len(body))))
-	// The request is in: from here a turn runs on its connection, which a
-	// crowd of new ones must not evict.
-	if !connOf(r.Context()).work() {
-		clientGone(w, false)
-		return
-	}
-	if !s.slots.take() {
-		w.Header().Set("Retry-After", "1")
-		openai.WriteError(w, http.StatusServiceUnavailable, "overloaded",
-			fmt.Sprintf("the server is working on %d requests, its limit; nothing was changed: retry shortly", s.cfg.MaxRequests))
-		return
-	}
-	defer s.slots.give()
-	serve(scope, body)
-}
-
-// chat serves POST /v1/chat/completions.
-func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
-	var id string
-	check := func() (err error) {
-		id, err = s.conversationID(r)
-		return err
-	}
-	s.admit(w, r, check, func(scope string, body []byte) { s.chatTurn(w, r, scope, id, body) })
-}
-
-// chatTurn runs the turn of an admitted chat request: on conversation id
-// of scope, or stateless when id is "".
-func (s *Server) chatTurn(w http.ResponseWriter, r *http.Request, scope, id string, body []byte) {
-	req, err := decodeRequest(body)
-	if err != nil {
-		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return
-	}
-	user, err := s.newUserMessage(req.Messages)
-	if err != nil {
-		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return
-	}
-	resp := s.newChatResponder(req)
-	if id != "" {
-		key := convKey{scope: scope, id: id}
-		if s.cfg.Mutant == CrossKeyLeak {
-			key.scope = ""
-		}
-		s.converse(w, r, &turn{key: key, proto: protoChat}, userInput(user), req.Model, resp)
-		return
-	}
-	// Stateless: the array is the whole history.
-	if err := s.checkHistory(wrap(req.Messages[:len(req.Messages)-1]), userInput(user)); err != nil {
-		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return
-	}
-	s.run(w, r, &turn{proto: protoChat, release: func() {}, work: &conversation{messages: wrap(req.Messages)}}, resp)
-}
-
-// converse runs turn t, whose key and protocol are set, on its
-// conversation, under the conversation's lock and by the server's
-// concurrency policy, with input appended to the history: the turn of a
-// chat request with a conversation id, of a Responses request in
-// conversation mode, of a session.
-func (s *Server) converse(w http.ResponseWriter, r *http.Request, t *turn, input []openai.Message, model string, resp responder) {
-	t.stateful = true
-	t.release = func() {}
-	base, err := s.acquire(r.Context(), t)
-	switch {
-	case err == nil && s.crashing.Load():
-		// The server is crashing, and this turn got its conversation
-		// only now (the turn ahead of it died with the process, or let
-		// go just as the crash began): it dies with the process too,
-		// unstarted. Its own context ends only once net/http sees its
-		// connection closed, or s.life ends, both after the turn ahead
-		// let go: that is no sign it may run.
-		err = errCrashing
-	case err == nil && s.dropping.Load():
-		// A stop dropped the turns still running just as this one got
-		// its conversation (a turn ahead of it let go): it must not
-		// start, though its own context may not have ended yet.
-		err = errStopping
-	}
-	// Every way out releases the lock; the turn's own release comes
-	// earlier, as soon as the turn is decided.
-	defer func() { t.release() }()
-	if err != nil {
-		t.release()
-		s.refuse(w, r, t, err)
-		return
-	}
-	t.committed = len(base.messages)
-	if !s.prepare(w, t, base, input, model) {
-		return
-	}
-	s.run(w, r, t, resp)
-}
-
-// userInput is the input of a turn of chat or of a session: its new user
-// message alone, kept as text: whatever else the client put on it is not
-// the conversation's.
-func userInput(user openai.Message) []openai.Message {
-	return []openai.Message{{Role: openai.RoleUser, Content: user.Content}}
-}
-
-// prepare readies stateful turn t on the committed history base, for its
-// input (the new user message, or a Responses request's items): it
-// refuses (answering, and releasing t's lock) a turn that would overfill
-// the history, whose client tool outputs answer no call, or that has no
-// agent to run with, before any model call; otherwise it sets the turn's
-// agent and its working copy, the input last, and reports true. A history
-// that starts with this turn records the agent's source key, with its
-// first commit, never changed after.
-func (s *Server) prepare(w http.ResponseWriter, t *turn, base *conversation, input []openai.Message, model string) bool {
-	if t.proto == protoResponses {
-		input = s.replayOnToolOutput(base, input)
-	}
-	err := s.checkHistory(base.messages, input)
-	if err == nil {
-		err = checkToolInput(base.messages, input)
-	}
-	if err != nil {
-		// Refused before any model call: nothing changes.
-		t.release()
-		s.log.Info("input refused", "conversation", t.key.id, "err", err)
-		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return false
-	}
-	agent, err := s.agentFor(t, base, model)
-	if err != nil {
-		// Refused before any model call: nothing changes.
-		t.release()
-		s.refuseAgent(w, t, err)
-		return false
-	}
-	t.agent = agent
-	t.own = len(base.messages)
-	t.work = s.workingCopy(t, base)
-	if len(base.messages) == 0 && t.agent != nil {
-		t.work.source = t.agent.key
-	}
-	for _, m := range input {
-		t.work.messages = append(t.work.messages, &message{Message: m})
-	}
-	return true
-}
-
-// workingCopy returns the copy of the committed conversation base that the
-// turn runs on: a deep copy, so that nothing the turn does shows in base
-// before it commits. Three mutants change it: mutate-before-run runs on
-// base itself, branch-mutates-base on the cached history of the response
-// a Responses turn chains from, shallow-clone on a copy that shares base's
-// messages.
-func (s *Server) workingCopy(t *turn, base *conversation) *conversation {
-	switch s.cfg.Mutant {
-	case MutateBeforeRun:
-		// The bug: run on the cached conversation itself, so whatever
-		// the turn appends stays even when the turn fails.
-		s.convs.cache.Add(t.key, base)
-		return base
-	case BranchMutatesBase:
-		if t.chained {
-			// The bug: base is the cached history of the response the
-			// turn chains from (loaded under its lock, lockBase), and
-			// the turn appends to it in place, so every later request
-			// chained from that response sees this turn once it has
-			// committed (lockBase's release takes back one that did
-			// not). The first response of a chain has a fresh base that
-			// nothing else holds.
-			return base
-		}
-	case ShallowClone:
-		// The bug: the slice is copied, the messages are shared, so the
-		// turn's compaction marks land on the committed conversation.
-		return base.shallowClone()
-	}
-	return base.clone()
-}
-
-// acquire takes the turn's conversation lock, by the server's concurrency
-// policy, and returns the committed conversation as it stands under the
-// lock. The mutants that skip the lock load the conversation without it,
-// and mark the turn to commit over whatever another turn commits meanwhile;
-// refuse-concurrent-new refuses (errSessionBusy) a request that finds the
-// lock of a conversation with nothing committed taken.
-func (s *Server) acquire(ctx context.Context, t *turn) (*conversation, error) {
-	switch s.cfg.Mutant {
-	case NoConversationLock, ACPConcurrentPrompts:
-		if s.cfg.Mutant == NoConversationLock || t.proto == protoACP {
-			// The bug: the turn runs at once, beside any other of its
-			// conversation (or, under acp-concurrent-prompts, of its ACP
-			// session), on the history committed when it came.
-			t.overwrite = true
-			return s.convs.peek(ctx, t.key)
-		}
-	case ForkNewSession:
-		// The bug: the conversation is resolved before its lane, and one
-		// with nothing committed yet is started outside it.
-		base, err := s.convs.peek(ctx, t.key)
-		if err != nil || len(base.messages) == 0 {
-			t.overwrite = true
-			return base, err
-		}
-	case RefuseConcurrentNew:
-		// The bug: a request that finds the lane taken by the first turn
-		// of a conversation not yet committed is refused as busy, where
-		// it should wait its turn (or, under Reject, get 409).
-		conn, unlock, err := s.locks.lock(ctx, t.key, Reject, 0)
-		if err == nil {
-			t.release, t.conn = unlock, conn
-			return s.convs.get(withConn(ctx, conn), t.key)
-		}
-		if !errors.Is(err, errConversationBusy) {
-			return nil, err
-		}
-		base, err := s.convs.peek(ctx, t.key)
-		if err != nil {
-			return nil, err
-		}
-		if len(base.messages) == 0 {
-			return nil, errSessionBusy
-		}
-		// A conversation with a committed turn: its lane as usual.
-	}
-	if s.store.shared != nil {
-		switch s.cfg.Mutant {
-		case ReplicaLocalLock:
-			// The bug (the lock of this process alone): the base may miss
-			// another replica's turn running meanwhile, and the later
-			// commit goes over the earlier.
-			t.overwrite = true
-		case ReplicaStaleCache:
-			// The bug: a turn that finds the lock free takes it that
-			// nobody else held the conversation since it cached it, and
-			// serves its cached copy unchecked, committing over whatever
-			// another replica committed meanwhile. Only a turn that waited
-			// for another replica's checks its cache.
-			conn, unlock, err := s.locks.lock(ctx, t.key, Reject, 0)
-			if err == nil {
-				t.release, t.overwrite, t.conn = unlock, true, conn
-				return s.convs.getUnchecked(withConn(ctx, conn), t.key)
-			}
-			if !errors.Is(err, errConversationBusy) {
-				return nil, err
-			}
-		case ReplicaCommitUnlocked:
-			return s.acquireBaseFirst(ctx, t)
-		}
-	}
-	conn, unlock, err := s.locks.lock(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
-	if err != nil {
-		return nil, err
-	}
-	t.release, t.conn = unlock, conn
-	return s.convs.get(withConn(ctx, conn), t.key)
-}
-
-// sharedLocks is the cross-process lock of st for a server with mutant m:
-// none under replica-local-lock, whose turns take the lock of their own
-// process alone.
-func sharedLocks(st *store, m Mutant) *advisoryLocks {
-	if m == ReplicaLocalLock {
-		return nil
-	}
-	return st.shared
-}
-
-// acquireBaseFirst is acquire under the replica-commit-unlocked mutant, on
-// a shared store: the turn loads its base (checking the cache against the
-// store) under the lock of its own process, and only then takes the
-// shared one, and commits over whatever another replica committed while
-// it waited for it.
-func (s *Server) acquireBaseFirst(ctx context.Context, t *turn) (*conversation, error) {
-	deadline := time.Now().Add(s.cfg.RequestTimeout)
-	local, err := s.locks.lockLocal(ctx, t.key, s.cfg.Concurrency, s.cfg.RequestTimeout)
-	if err != nil {
-		return nil, err
-	}
-	// The bug: the base is current for this process only; another
-	// replica's turn may commit before the shared lock is ours.
-	base, err := s.convs.get(ctx, t.key)
-	if err != nil {
-		local()
-		return nil, err
-	}
-	conn, shared, err := s.locks.shared.lock(ctx, t.key, s.cfg.Concurrency, time.Until(deadline), s.locks.gauge)
-	if err != nil {
-		local()
-		return nil, err
-	}
-	var once sync.Once
-	t.release = func() { once.Do(func() { shared(); local() }) }
-	t.conn = conn
-	t.overwrite = true
-	return base, nil
-}
-
-// refuse answers a turn that could not start: its conversation was busy,
-// its client went away while it waited, or the conversation did not load.
-// The refuse-concurrent-new mutant's busy new session is a 500, as
-// openclaw's "session is busy" is.
-func (s *Server) refuse(w http.ResponseWriter, r *http.Request, t *turn, err error) {
-	switch {
-	case errors.Is(err, errConversationBusy):
-		openai.WriteError(w, http.StatusConflict, "conflict",
-			"a turn on this conversation is already in flight; nothing was changed: send this turn again once that one has ended")
-	case errors.Is(err, errSessionBusy):
-		openai.WriteError(w, http.StatusInternalServerError, "server_error", "session is busy")
-	case errors.Is(err, errWaitTimedOut):
-		w.Header().Set("Retry-After", "1")
-		openai.WriteError(w, http.StatusServiceUnavailable, "conversation_busy",
-			fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.cfg.RequestTimeout))
-	case storeFull(err):
-		s.refuseStoreFull(w, t, err)
-	case errors.Is(err, errCrashing):
-		s.log.Info("server crashing: turn dropped before it started", "conversation", t.key.id)
-		clientGone(w, false)
-	case errors.Is(err, errStopping):
-		s.answerDropped(w, nil)
-	case s.stopDropped(w, r, nil):
-	case r.Context().Err() != nil:
-		clientGone(w, false)
-	default:
-		s.log.Error("load conversation", "conversation", t.key.id, "err", err)
-		openai.WriteError(w, http.StatusInternalServerError, "server_error", "cannot load the conversation")
-	}
-}
-
-// refuseStoreFull answers a turn refused, before any model call, because
-// no connection to the store was to be had within its wait: the server's
-// own were all held by turns (MaxStoreConns), or the database took no
-// more. It is load, not a fault: 503 with Retry-After, nothing changed.
-func (s *Server) refuseStoreFull(w http.ResponseWriter, t *turn, err error) {
-	s.log.Warn("no connection to the store; turn refused", "conversation", t.key.id, "max_store_conns", s.cfg.MaxStoreConns, "err", err)
-	w.Header().Set("Retry-After", "1")
-	openai.WriteError(w, http.StatusServiceUnavailable, "overloaded",
-		"every connection to the server's store is in use; nothing was changed: retry shortly")
-}
-
-// run runs the turn's tool loop on its working copy, answers the client in
-// its protocol (resp), and commits the turn if and only if it ended ok; an
-// interrupted turn leaves what the interruption policy says
-// (interruption.go).
-func (s *Server) run(w http.ResponseWriter, r *http.Request, t *turn, resp responder) {
-	// ctx is the turn's: it ends when the client goes away, when the
-	// server crashes, and when a write to the client fails. Each model
-	// call and lookup has its own deadline under it. A turn that
-	// completes (Complete) runs on whatever its client does: only the
-	// server ends it early.
-	ctx, cancel, completes := s.turnContext(r, t)
-	defer cancel()
-	// A client that stops reading must not hold the conversation: a write
-	// that fails, or blocks past StreamWriteTimeout, ends the turn; one
-	// that completes, it only stops writing to.
-	o := &output{w: w, rc: http.NewResponseController(w), resp: resp, completes: completes, cancel: cancel}
-	if s.cfg.Stall > 0 {
-		o.stall = func() { s.stall(ctx) }
-	}
-	defer func() { _ = o.rc.SetWriteDeadline(time.Time{}) }() // the connection lives on
-	resp.begin(o)
-	endTitle := s.title(ctx, t)
-	reply, err := s.loop(ctx, t, func() { resp.started(o) }, func(text string) { resp.delta(o, text) })
-	endTitle()
-	switch {
-	case completes:
-		// Whether or not the client is still there: the turn ran to its
-		// end, and settles as if it had stayed, unless the server ended
-		// it first.
-		if s.dropped(w, r, ctx, t, o, err) {
-			return
-		}
-		if err != nil {
-			s.fail(w, t, o, reply, err)
-			return
-		}
-	case o.err != nil:
-		// Whether or not the model finished (its last chunks may have been
-		// buffered already), the turn never reached the client.
-		t.release()
-		s.log.Info("client stopped reading; turn rolled back", "conversation", t.key.id, "err", o.err)
-		return
-	case s.dropping.Load() && !s.crashing.Load() && r.Context().Err() != nil:
-		// The server's stop dropped the turn before its end: it commits
-		// nothing, and the client hears so.
-		t.release()
-		s.log.Info("server stopping, its grace ran out: turn dropped by the server and rolled back", "conversation", t.key.id)
-		s.stopDropped(w, r, o)
-		return
-	case s.interrupted(r):
-		// Whatever the loop returned: the client is gone, and whether the
-		// model finished or failed meanwhile, it never heard of it.
-		kept := s.interrupt(t)
-		if !o.streaming() {
-			clientGone(w, kept)
-		}
-		return
-	case s.crashing.Load() || r.Context().Err() != nil:
-		// The server crashed under the turn: it commits nothing. Its
-		// request's context may not have ended yet (net/http notices a
-		// closed connection, and s.life's end reaches the request, each
-		// on a goroutine of its own), but crashing is set before
-		// anything of the crash is done.
-		s.crashedUnder(w, t, o)
-		return
-	case err != nil:
-		s.fail(w, t, o, reply, err)
-		return
-	}
-	if t.stateful {
-		t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(reply)}})
-		// Acknowledge only what is durable: commit before the client hears
-		// the turn ended ok.
-		s.stall(ctx)
-		if s.crashing.Load() {
-			// The crash was ordered while the turn waited to commit: a
-			// killed process commits nothing more.
-			s.crashedUnder(w, t, o)
-			return
-		}
-		err := s.convs.commit(withConn(ctx, t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
-		if err == nil {
-			// All of work is committed now: a release that takes back a
-			// turn that did not commit (branch-mutates-base's) keeps it.
-			t.committed = len(t.work.messages)
-		}
-		t.release()
-		if err != nil {
-			s.log.Error("commit", "conversation", t.key.id, "err", err)
-			if storeFull(err) {
-				// No connection to commit on came within the commit's
-				// time: nothing of the turn is in the store.
-				if !o.streaming() {
-					w.Header().Set("Retry-After", "1")
-				}
-				s.answerError(w, o, http.StatusServiceUnavailable, "overloaded",
-					"the server's store took no connection to commit the turn on; nothing was changed: retry shortly")
-				return
-			}
-			s.answerError(w, o, http.StatusInternalServerError, "server_error", "the turn could not be committed")
-			return
-		}
-		if completes && (o.err != nil || r.Context().Err() != nil) {
-			s.log.Info("client went away; turn completed and committed", "conversation", t.key.id)
-		}
-	}
-	resp.succeeded(o, reply)
-}
-
-// fail answers a turn whose model call failed, in any round, or that
-// asked for too many rounds. Nothing is committed, except under the
-// mutants that keep a failed turn (keepsFailed). It releases the
-// conversation before it answers.
-func (s *Server) fail(w http.ResponseWriter, t *turn, o *output, partial string, err error) {
-	if s.keepsFailed(t, err) {
-		if partial != "" {
-			t.work.messages = append(t.work.messages, &message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)}})
-		}
-		_ = s.convs.commit(withConn(context.Background(), t.conn), t.key, t.committed, t.hid, t.work, t.overwrite)
-	}
-	// The turn is decided (rolled back, or committed by a mutant):
-	// release before the client hears of it.
-	t.release()
-	if errors.Is(err, errOverBudget) {
-		s.log.Info("memory budget taken by the requests in flight; turn rolled back", "conversation", t.key.id, "max_memory", s.cfg.MaxMemory)
-		if !o.streaming() {
-			w.Header().Set("Retry-After", "1")
-		}
-		s.answerError(w, o, http.StatusServiceUnavailable, "overloaded", s.overBudget())
-		return
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		s.log.Info("model timed out; turn rolled back", "conversation", t.key.id, "timeout", s.cfg.RequestTimeout)
-		s.answerError(w, o, http.StatusGatewayTimeout, "upstream_timeout", msgModelTimedOut)
-		return
-	}
-	if r, ok := o.resp.(refusalResponder); ok && refusedByModel(err) {
-		// A protocol that tells a refusal from a failure (ACP's
-		// stopReason refusal) says so; the turn is rolled back all the
-		// same.
-		s.log.Info("model refused the prompt; turn rolled back", "conversation", t.key.id)
-		r.refused(o)
-		return
-	}
-	// The details are the operator's: the client gets the class alone.
-	attrs := []any{"conversation", t.key.id, "err", s.redact(err.Error())}
-	var upErr *upstreamError
-	if errors.As(err, &upErr) && upErr.cause != nil {
-		attrs = append(attrs, "cause", s.redact(upErr.cause.Error()))
-	}
-	s.log.Warn("model failed; turn rolled back", attrs...)
-	s.answerError(w, o, http.StatusBadGateway, "upstream_error", msgModelFailed)
-}
-
-// keepsFailed reports whether the failed turn t is committed all the same:
-// only under two mutants. commit-on-stream-error keeps a stateful turn
-// whose model stream had begun, with its partial reply;
-// failed-response-chainable keeps a chained response however it failed.
-func (s *Server) keepsFailed(t *turn, err error) bool {
-	if !t.stateful {
-		return false
-	}
-	switch s.cfg.Mutant {
-	case CommitOnStreamError:
-		var upErr *upstreamError
-		return errors.As(err, &upErr) && upErr.started
-	case FailedResponseChainable:
-		// The bug: the response was minted, and its id told the client,
-		// before the turn ran; it is stored whatever became of the turn.
-		return t.chained
-	case ACPRefusalKeepsPrompt:
-		// The bug: the prompt went into the session before the model
-		// ran, and a refusal does not take it out.
-		return t.proto == protoACP && refusedByModel(err)
-	}
-	return false
-}
-
-// answerError reports a failure: as a status before the answer's stream
-// began, on the stream (in the turn's protocol) after.
-func (s *Server) answerError(w http.ResponseWriter, o *output, status int, typ, msg string) {
-	if !o.streaming() {
-		openai.WriteError(w, status, typ, msg)
-		return
-	}
-	o.resp.failed(o, typ, msg)
-}
-
-// stopDropped answers a request that a stop dropped (its grace ran out)
-// with 503, or on a stream with a failure, and reports whether it was one:
-// nothing of its turn was kept.
-func (s *Server) stopDropped(w http.ResponseWriter, r *http.Request, o *output) bool {
-	if !s.dropping.Load() || s.crashing.Load() || r.Context().Err() == nil {
-		return false
-	}
-	s.answerDropped(w, o)
-	return true
-}
-
-// errStopping is a turn refused because a stop is dropping the turns.
-var errStopping = errors.New("the server is stopping")
-
-// errCrashing is a turn refused because the server is crashing: it got
-// its conversation only after the crash was ordered.
-var errCrashing = errors.New("the server is crashing")
-
-// crashedUnder settles a turn the server crashed under before it
-// committed: it commits nothing, as a killed process does, and releases
-// the lock. Nobody hears the answer (the connections are dropped), but
-// the handler must not end without one: net/http would send a 200.
-func (s *Server) crashedUnder(w http.ResponseWriter, t *turn, o *output) {
-	t.release()
-	s.log.Info("server stopped under the turn; turn rolled back", "conversation", t.key.id)
-	if !o.streaming() {
-		clientGone(w, false)
-	}
-}
-
-// answerDropped answers a turn a stop dropped: 503, or on a stream a
-// failure.
-func (s *Server) answerDropped(w http.ResponseWriter, o *output) {
-	if !o.streaming() {
-		w.Header().Set("Retry-After", "1")
-	}
-	s.answerError(w, o, http.StatusServiceUnavailable, "unavailable",
-		"the server is stopping and dropped this turn before its end; nothing was changed: retry")
-}
-
-// dropTurns ends the turns still running, each answered that the server
-// dropped it, and waits at most wait for their answers to be written:
-// the connections may close after that.
-func (s *Server) dropTurns(wait time.Duration) {
-	s.dropping.Store(true)
-	s.endTurns()
-	deadline := time.Now().Add(wait)
-	for s.handling.Load() > 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// clientGone answers a request whose client went away; kept says whether
-// the interrupted turn committed its completed tool rounds. Nobody reads
-// it, but a half-closed client that still does must not take silence for
-// success.
-func clientGone(w http.ResponseWriter, kept bool) {
-	msg := "the client closed the request; the turn was rolled back"
-	if kept {
-		msg = "the client closed the request; the turn was kept up to its last completed tool round, without a reply"
-	}
-	openai.WriteError(w, statusClientClosed, "client_closed_request", msg)
-}
-
-// authorize returns the request's key scope, or false if keys are required
-// and the request has no valid one.
-func (s *Server) authorize(r *http.Request) (string, bool) {
-	if len(s.cfg.Keys) == 0 {
-		return "", true
-	}
-	auth := r.Header.Values("Authorization")
-	if len(auth) != 1 {
-		// None, or two: which one a front checked is anyone's guess.
-		return "", false
-	}
-	// The scheme name is case-insensitive (RFC 9110); the key is not.
-	scheme, got, ok := strings.Cut(auth[0], " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	for i, k := range s.cfg.Keys {
-		if subtle.ConstantTimeCompare([]byte(got), []byte(k)) == 1 {
-			return s.scopes[i], true
-		}
-	}
-	return "", false
-}
+// MaxMemory is the server's memory budget in bytes: Config.MaxMemory, or
+// the default it was given for 0.
+func (s *Server) MaxMemory() int64 { return s.engine.Gate.MaxMemory() }

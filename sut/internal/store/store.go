@@ -1,0 +1,500 @@
+// Package store keeps conversations: the durable store (SQLite, or
+// PostgreSQL shared by replicas), the bounded cache over it, the
+// write-behind queue of the ack-before-durable mutant, and the locks that
+// run the turns of one conversation one after another.
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/turncheck/turncheck/internal/openai"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver (pure Go, no cgo)
+)
+
+// Store is the durable home of every committed conversation: SQLite in WAL
+// mode with synchronous=FULL, or PostgreSQL with synchronous_commit on
+// (pgstore.go), so a commit that returned survives a crash.
+type Store struct {
+	db *sql.DB
+	// d is the SQL dialect of db.
+	d dialect
+	// Secret keys the scopes of API keys (scope.go).
+	Secret []byte
+	// Shared, for PostgreSQL alone, takes the conversation locks that
+	// hold across every process on the database; nil for SQLite, whose
+	// store one process alone opens.
+	Shared *AdvisoryLocks
+	// CommitWithin bounds a commit on PostgreSQL, tries again included
+	// (writeMessages): the server's RequestTimeout.
+	CommitWithin time.Duration
+}
+
+// dbtx is what the store's statements run on: the pool, or the one
+// connection a turn holds its conversation's lock on (withConn).
+type dbtx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// heldConn is the context key of the connection a turn holds.
+type heldConn struct{}
+
+// WithConn is ctx carrying conn, the connection the turn holds its
+// conversation's lock on (convLocks.lock): the store's reads and commits
+// made under ctx run on it, not on the pool, so that a turn holding a
+// lock never waits for a second connection, and what it commits it
+// commits under its lock. A nil conn leaves ctx as it is.
+func WithConn(ctx context.Context, conn *sql.Conn) context.Context {
+	if conn == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, heldConn{}, conn)
+}
+
+// on is what a statement made under ctx runs on: the connection ctx
+// carries (withConn), or the pool.
+func (s *Store) on(ctx context.Context) dbtx {
+	if conn, ok := ctx.Value(heldConn{}).(*sql.Conn); ok {
+		return conn
+	}
+	return s.db
+}
+
+// The tables are dialect.schema's. A message's tool_calls are the JSON
+// array of the tool calls an assistant message asks for ('' for none),
+// its tool_call_id the call a tool result answers ('' for none), and
+// hidden is 1 once compaction took it out of what the model is sent. A data dir from before them gets them with those
+// defaults (migrate): its messages are what they were.
+//
+// The sources table records the agent source key a conversation was started
+// under, written with its first messages. A data dir from before it gets the
+// table empty: its conversations are unbound, as they were. The meta table
+// holds the store's scope secret (scope.go), made when the store is first
+// opened, by this version or a later one. The sessions table lists the
+// sessions of the sessions API, each from its creation on, before it has
+// any message; a data dir from before it gets it empty.
+
+// The store holds every conversation in the clear: its directory is made
+// 0700 and its files 0600. SQLite gives its -wal and -shm files the mode of
+// the database file, so making that one first is enough. A store from
+// before, made 0644, is tightened when opened; a directory that already
+// exists is left as it is, as it may be one the user shares on purpose.
+const (
+	dirMode  = 0o700
+	fileMode = 0o600
+)
+
+// OpenStore opens (creating if needed) the store in dir.
+func OpenStore(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, dirMode); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	path, err := filepath.Abs(filepath.Join(dir, "conversations.db"))
+	if err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	if err := makePrivate(path); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	// A URI, so that '?', '#' or '%' in the path stay part of it.
+	dsn := url.URL{Scheme: "file", OmitHost: true, Path: path,
+		RawQuery: "_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(5000)"}
+	db, err := sql.Open("sqlite", dsn.String())
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	// One connection: SQLite has one writer anyway, and a single connection
+	// keeps the pragmas above in force for every statement.
+	db.SetMaxOpenConns(1)
+	return initStore(db, sqliteDialect, path)
+}
+
+// initStore makes db the store: its schema created and migrated, its
+// secret loaded. It closes db if it fails; where names the store in
+// errors.
+func initStore(db *sql.DB, d dialect, where string) (*Store, error) {
+	s := &Store{db: db, d: d}
+	err := s.prepareSchema()
+	if err == nil {
+		s.Secret, err = s.loadSecret()
+	}
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open store %s: %w", where, err)
+	}
+	return s, nil
+}
+
+// prepareSchema creates the tables a store lacks and migrates those from
+// before, in one transaction: a store is never found half made.
+func (s *Store) prepareSchema() error {
+	tx, err := s.db.Begin()
+	if err != nil {
+		return err
+	}
+	stmts := s.d.schema()
+	if s.d.lockSchema != "" {
+		stmts = append([]string{s.d.lockSchema}, stmts...)
+	}
+	for _, stmt := range stmts {
+		if _, err := tx.Exec(stmt); err != nil {
+			return errors.Join(err, tx.Rollback())
+		}
+	}
+	if err := s.migrate(tx); err != nil {
+		return errors.Join(err, tx.Rollback())
+	}
+	return tx.Commit()
+}
+
+// addedColumns are the columns of the messages table that came after its
+// first version, with the declaration that gives the rows from before
+// their meaning: no tool calls, no tool call id, not hidden.
+var addedColumns = []struct{ name, decl string }{
+	{"tool_calls", "TEXT NOT NULL DEFAULT ''"},
+	{"tool_call_id", "TEXT NOT NULL DEFAULT ''"},
+	{"hidden", "INTEGER NOT NULL DEFAULT 0"},
+}
+
+// migrate adds to the messages table of a data dir from before them the
+// columns it lacks, in tx.
+func (s *Store) migrate(tx *sql.Tx) error {
+	rows, err := tx.Query(s.d.columns)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			_ = rows.Close()
+			return fmt.Errorf("migrate: %w", err)
+		}
+		have[name] = true
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	for _, c := range addedColumns {
+		if have[c.name] {
+			continue
+		}
+		if _, err := tx.Exec(`ALTER TABLE messages ADD COLUMN ` + c.name + ` ` + c.decl); err != nil {
+			return fmt.Errorf("migrate: add column %s: %w", c.name, err)
+		}
+	}
+	return nil
+}
+
+// makePrivate creates the database file at path readable by its owner
+// only, or makes it so, with its -wal and -shm files, if it exists.
+func makePrivate(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, fileMode)
+	if err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&^fileMode != 0 {
+			if err := os.Chmod(p, fileMode); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// loadSecret returns the store's scope secret, making it if the store has
+// none (a new store, or one from before the secret). Replicas on one
+// database all read the one that the first of them made.
+func (s *Store) loadSecret() ([]byte, error) {
+	// Ignored on conflict: a secret once made is never replaced.
+	if _, err := s.db.Exec(s.d.insert(conflictIgnored, "meta", 1, "name", "value"), "scope_secret", []byte(rand.Text())); err != nil {
+		return nil, fmt.Errorf("scope secret: %w", err)
+	}
+	var secret []byte
+	if err := s.db.QueryRow(`SELECT value FROM meta WHERE name = 'scope_secret'`).Scan(&secret); err != nil {
+		return nil, fmt.Errorf("scope secret: %w", err)
+	}
+	return secret, nil
+}
+
+// Rescope moves every conversation stored under a scope in moves (old to
+// new) to its new scope, in one transaction.
+func (s *Store) Rescope(moves map[string]string) error {
+	if len(moves) == 0 {
+		return nil
+	}
+	tx, err := s.db.Begin()
+	if err != nil {
+		return fmt.Errorf("rescope: %w", err)
+	}
+	for old, next := range moves {
+		for _, table := range []string{"messages", "sources", "sessions"} {
+			if _, err := tx.Exec(s.d.q(`UPDATE `+table+` SET scope = ? WHERE scope = ?`), next, old); err != nil {
+				return errors.Join(fmt.Errorf("rescope: %w", err), tx.Rollback())
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("rescope: %w", err)
+	}
+	return nil
+}
+
+// load returns the committed conversation k: its messages in order (none
+// if it has never been committed) and its source key ("" if unbound).
+func (s *Store) load(ctx context.Context, k Key) (*Conversation, error) {
+	msgs, err := s.loadMessages(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	var source string
+	err = s.on(ctx).QueryRowContext(ctx, s.d.q(`SELECT source FROM sources WHERE scope = ? AND conversation = ?`), k.Scope, k.ID).Scan(&source)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("load conversation: %w", err)
+	}
+	return &Conversation{Messages: msgs, Source: source, stored: len(msgs)}, nil
+}
+
+func (s *Store) loadMessages(ctx context.Context, k Key) ([]*Message, error) {
+	rows, err := s.on(ctx).QueryContext(ctx,
+		s.d.q(`SELECT role, content, tool_calls, tool_call_id, hidden FROM messages WHERE scope = ? AND conversation = ? ORDER BY seq`),
+		k.Scope, k.ID)
+	if err != nil {
+		return nil, fmt.Errorf("load conversation: %w", err)
+	}
+	defer rows.Close()
+	var out []*Message
+	for rows.Next() {
+		m := &Message{}
+		var content, calls string
+		if err := rows.Scan(&m.Role, &content, &calls, &m.ToolCallID, &m.Hidden); err != nil {
+			return nil, fmt.Errorf("load conversation: %w", err)
+		}
+		m.Content = openai.Content(content)
+		if calls != "" {
+			if err := json.Unmarshal([]byte(calls), &m.ToolCalls); err != nil {
+				return nil, fmt.Errorf("load conversation: message %d: tool calls: %w", len(out), err)
+			}
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("load conversation: %w", err)
+	}
+	return out, nil
+}
+
+// appendMessages commits ch in one transaction: its messages from ch.seq
+// on, its hidden marks, and the conversation's source key when ch.seq is 0
+// and it has one. A conflicting seq means the conversation moved on under
+// us, which per-conversation serialization rules out; it fails the commit.
+// It runs on the connection ctx carries (withConn), if any, and is not
+// ended by ctx.
+func (s *Store) appendMessages(ctx context.Context, k Key, ch change) error {
+	return s.writeMessages(ctx, conflictFails, k, ch)
+}
+
+// overwriteMessages commits ch, its messages replacing any already at
+// their places: the store of the mutants whose turns on one conversation
+// run at once from the same base, where the later commit wins.
+func (s *Store) overwriteMessages(ctx context.Context, k Key, ch change) error {
+	return s.writeMessages(ctx, conflictReplaces, k, ch)
+}
+
+// writeMessages writes ch, doing what conflict says with a taken place, in
+// one transaction: a conversation is never found with its messages and
+// without its source, nor with a turn's messages and without the marks
+// that turn set.
+//
+// The commit is not tied to the request's context: once a turn is
+// decided, a client that goes away must not leave it half-written. On
+// PostgreSQL, a commit that fails for want of a connection (the one the
+// turn holds broke, or the database takes no new one) is tried again on
+// the pool, for at most commitWithin: after the model answered, a turn
+// is failed only by what waiting cannot mend. A try again on the pool is
+// safe without the turn's lock: the messages' places are unique, so a
+// commit over a conversation that moved on fails (conflictFails); only a
+// commit that may have landed before its connection broke is then
+// reported failed, as a failed turn may be there or not.
+func (s *Store) writeMessages(ctx context.Context, conflict onConflict, k Key, ch change) error {
+	db := s.on(ctx)
+	if s.Shared == nil {
+		return s.writeOnce(context.Background(), db, conflict, k, ch)
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.CommitWithin)
+	defer cancel()
+	deadline, _ := wctx.Deadline()
+	b := backoff{deadline: deadline}
+	for {
+		err := s.writeOnce(wctx, db, conflict, k, ch)
+		if err == nil || !lostConnection(err) {
+			return err
+		}
+		db = s.db
+		if !b.wait(wctx) || wctx.Err() != nil {
+			return err // why it failed, not that its time ran out
+		}
+	}
+}
+
+// lostConnection reports whether a statement failed for want of a
+// connection to run on, not for what it said: PostgreSQL refused a new
+// one (storeFull), the one it ran on broke, or the database ended its
+// session (a FATAL error: terminated by an administrator, the server
+// shutting down). Any other error the database answered a statement with
+// is neither.
+func lostConnection(err error) bool {
+	if StoreFull(err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || strings.HasPrefix(pgErr.Code, "08")
+	}
+	return !errors.Is(err, context.DeadlineExceeded)
+}
+
+// writeOnce is one try of writeMessages, on db.
+func (s *Store) writeOnce(ctx context.Context, db dbtx, conflict onConflict, k Key, ch change) error {
+	insertMessage := s.d.insert(conflict, "messages", 3,
+		"scope", "conversation", "seq", "role", "content", "tool_calls", "tool_call_id", "hidden")
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	for i, m := range ch.msgs {
+		calls := ""
+		if len(m.ToolCalls) > 0 {
+			b, err := json.Marshal(m.ToolCalls)
+			if err != nil {
+				return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
+			}
+			calls = string(b)
+		}
+		if _, err := tx.Exec(insertMessage,
+			k.Scope, k.ID, ch.seq+i, m.Role, s.d.textArg(string(m.Content)), s.d.textArg(calls), s.d.textArg(m.ToolCallID), flag(m.Hidden)); err != nil {
+			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
+		}
+	}
+	for _, seq := range ch.hide {
+		if _, err := tx.Exec(s.d.q(`UPDATE messages SET hidden = 1 WHERE scope = ? AND conversation = ? AND seq = ?`),
+			k.Scope, k.ID, seq); err != nil {
+			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
+		}
+	}
+	if ch.seq == 0 && ch.source != "" {
+		if _, err := tx.Exec(s.d.insert(conflict, "sources", 2, "scope", "conversation", "source"),
+			k.Scope, k.ID, ch.source); err != nil {
+			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// forget deletes conversation k, messages and source: only the
+// lost-on-evict mutant does, when the cache evicts it.
+func (s *Store) forget(k Key) error {
+	tx, err := s.db.Begin()
+	if err != nil {
+		return fmt.Errorf("forget: %w", err)
+	}
+	for _, table := range []string{"messages", "sources"} {
+		if _, err := tx.Exec(s.d.q(`DELETE FROM `+table+` WHERE scope = ? AND conversation = ?`), k.Scope, k.ID); err != nil {
+			return errors.Join(fmt.Errorf("forget: %w", err), tx.Rollback())
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("forget: %w", err)
+	}
+	return nil
+}
+
+// CreateSession records session k, durably: it exists from now on,
+// with no message yet.
+func (s *Store) CreateSession(k Key) error {
+	if _, err := s.db.Exec(s.d.insert(conflictFails, "sessions", 2, "scope", "conversation"), k.Scope, k.ID); err != nil {
+		return fmt.Errorf("create session: %w", err)
+	}
+	return nil
+}
+
+// SessionExists reports whether session k was created.
+func (s *Store) SessionExists(ctx context.Context, k Key) (bool, error) {
+	var one int
+	err := s.db.QueryRowContext(ctx, s.d.q(`SELECT 1 FROM sessions WHERE scope = ? AND conversation = ?`), k.Scope, k.ID).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("find session: %w", err)
+	}
+	return true, nil
+}
+
+// ScopeOf returns the scope of some conversation with id, whichever key
+// it is stored under: only the response-cross-key mutant looks one up
+// so.
+func (s *Store) ScopeOf(ctx context.Context, id string) (string, bool, error) {
+	var scope string
+	err := s.db.QueryRowContext(ctx, s.d.q(`SELECT scope FROM messages WHERE conversation = ? LIMIT 1`), id).Scan(&scope)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("find conversation: %w", err)
+	}
+	return scope, true, nil
+}
+
+// length returns how many messages conversation k has in the store: its
+// version there, as every commit adds at least one (the turn's user
+// message) and only a commit adds any.
+func (s *Store) length(ctx context.Context, k Key) (int, error) {
+	var n int
+	err := s.on(ctx).QueryRowContext(ctx, s.d.q(`SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE scope = ? AND conversation = ?`),
+		k.Scope, k.ID).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("load conversation: %w", err)
+	}
+	return n, nil
+}
+
+// flag is b as the store keeps it: 1 or 0.
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
