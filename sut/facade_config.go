@@ -263,6 +263,16 @@ const (
 	// is, as docker-agent's session API does: the model is sent the last
 	// committed user message as the newest, and that turn runs again.
 	SessionEmptyRuns = config.SessionEmptyRuns
+	// A2AContextRace runs the tasks of one A2A context without the
+	// context's lock: two messages of a context run on one base.
+	A2AContextRace = config.A2AContextRace
+	// A2AFailedTaskStays keeps the message of an A2A task that failed.
+	A2AFailedTaskStays = config.A2AFailedTaskStays
+	// A2ACancelCommits commits the message of a task tasks/cancel ended.
+	A2ACancelCommits = config.A2ACancelCommits
+	// A2ATaskHistoryContext answers tasks/get with the context's whole
+	// history as the task's.
+	A2ATaskHistoryContext = config.A2ATaskHistoryContext
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug

@@ -1,31 +1,40 @@
 // Package sut is turncheck's reference session server: an OpenAI-compatible
 // chat endpoint that keeps conversations server-side, as PROTOCOL.md
-// specifies, and, over the same store and the same turns (output.go), the
-// other client protocols of such servers: the Responses API, stateful
-// (responses.go), and a sessions API (sessions.go). It runs every turn on
-// a working copy of the conversation and commits only a turn that ended
-// ok, durably, in SQLite or PostgreSQL (Config.Store) under a bounded
-// cache. It also carries the catalogue of mutants: switches that bring
-// back the real bugs the harness exists to catch.
+// specifies, and, over the same store and the same turns, the other client
+// protocols of such servers: the Responses API, a sessions API, the Agent
+// Client Protocol over stdio and the Agent2Agent protocol. It runs every
+// turn on a working copy of the conversation and commits only a turn that
+// ended ok, durably, in SQLite or PostgreSQL (Config.Store) under a
+// bounded cache. It also carries the catalogue of mutants: switches that
+// bring back the real bugs the harness exists to catch.
 //
-// A turn is a tool loop (toolloop.go): the server offers the model two
-// built-in tools, echo and lookup (tools.go), runs the calls the model asks
-// for and calls it again with their results, for at most MaxToolRounds
-// rounds. The turn commits its user message, every tool round and the
-// final reply together, or nothing.
+// The server is built along the way a turn travels, a package each, none
+// importing one above it: internal/config (settings, policies, mutants),
+// internal/admission (one gate every protocol's requests pass: slots,
+// memory budget, gauge, refusals), internal/store (conversations, their
+// cache, locks and store), internal/turn (the turn as a value: converse,
+// the tool loop, the model client, interruption, titles, compaction), one
+// adapter per protocol (internal/chat, responses, sessions, acp, a2a), and
+// this package, which wires them and routes HTTP to the adapters.
+//
+// A turn is a tool loop: the server offers the model two built-in tools,
+// echo and lookup, runs the calls the model asks for and calls it again
+// with their results, for at most MaxToolRounds rounds. The turn commits
+// its user message, every tool round and the final reply together, or
+// nothing.
 //
 // What a client that disconnects mid-turn leaves is the server's
-// interruption policy (interruption.go). Under Rollback and KeepConsistent
-// the turn stops at once: no model call and no tool run starts for it
-// afterwards. Rollback leaves nothing; KeepConsistent keeps the user
-// message and the tool rounds that completed, each call with all its
-// results, and never a round cut short or a reply. Under Complete the turn
-// runs on to its end, detached from the client, and commits whole or not
-// at all, as if the client had stayed.
+// interruption policy. Under Rollback and KeepConsistent the turn stops at
+// once: no model call and no tool run starts for it afterwards. Rollback
+// leaves nothing; KeepConsistent keeps the user message and the tool
+// rounds that completed, each call with all its results, and never a
+// round cut short or a reply. Under Complete the turn runs on to its end,
+// detached from the client, and commits whole or not at all, as if the
+// client had stayed.
 //
-// Long conversations are compacted (compaction.go): past CompactAfter
-// messages, the tool rounds of earlier turns are hidden from the model,
-// kept in the store, and the marks are part of the turn that set them.
+// Long conversations are compacted: past CompactAfter messages, the tool
+// rounds of earlier turns are hidden from the model, kept in the store,
+// and the marks are part of the turn that set them.
 package sut
 
 import (
@@ -38,6 +47,7 @@ import (
 	"time"
 
 	"github.com/turncheck/turncheck/internal/openai"
+	"github.com/turncheck/turncheck/sut/internal/a2a"
 	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/chat"
 	"github.com/turncheck/turncheck/sut/internal/config"
@@ -55,6 +65,7 @@ type Server struct {
 	chat      *chat.Handler
 	responses *responses.Handler
 	sessions  *sessions.Handler
+	a2a       *a2a.Handler
 	// allowedHosts are cfg.AllowedHosts, normalized.
 	allowedHosts []string
 
@@ -157,6 +168,7 @@ func New(cfg config.Config) (*Server, error) {
 		chat:         &chat.Handler{Engine: e},
 		responses:    &responses.Handler{Engine: e},
 		sessions:     &sessions.Handler{Engine: e},
+		a2a:          &a2a.Handler{Engine: e},
 		stopped:      make(chan struct{}),
 		allowedHosts: allowedHosts,
 	}
@@ -309,9 +321,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // alone.
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
-	if p == "/healthz" {
+	switch {
+	case p == "/healthz":
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = io.WriteString(w, "ok\n")
+		return
+	case p == a2a.CardPath && (r.Method == http.MethodGet || r.Method == http.MethodHead):
+		s.a2a.Card(w, r)
 		return
 	}
 	var serve http.HandlerFunc
@@ -322,11 +338,13 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		serve = s.responses.Responses
 	case p == sessions.Path:
 		serve = s.sessions.CreateSession
+	case p == a2a.Path:
+		serve = s.a2a.RPC
 	default:
 		session, agent, ok := sessions.TurnPath(r.URL)
 		if !ok {
 			openai.WriteError(w, http.StatusNotFound, "not_found",
-				"no such endpoint; use POST /v1/chat/completions, POST /v1/responses, POST "+sessions.Path+" or POST "+sessions.Path+"/{session}/agent/{agent}")
+				"no such endpoint; use POST /v1/chat/completions, POST /v1/responses, POST "+sessions.Path+", POST "+sessions.Path+"/{session}/agent/{agent} or POST "+a2a.Path+" (A2A, its card at GET "+a2a.CardPath+")")
 			return
 		}
 		serve = func(w http.ResponseWriter, r *http.Request) {

@@ -941,6 +941,9 @@ func TestMutantsBite(t *testing.T) {
 	for _, mc := range acpMutantCases {
 		covered[mc.mutant] = true // shown over ACP by TestACPMutantsBite
 	}
+	for _, mc := range a2aMutantCases {
+		covered[mc.mutant] = true // shown over A2A by TestA2AMutantsBite
+	}
 	for _, info := range sut.Mutants() {
 		assert.True(t, covered[info.Mutant], "mutant %s has no server-level test", info.Mutant)
 	}

@@ -95,8 +95,9 @@ func TestConformEachProtocol(t *testing.T) {
 	// Checks from seed 1 until every invariant is exercised: T11 (a failed
 	// turn between two with committed tools) comes in the tenth under the
 	// Responses API, in the sixth under the session API; the reference ACP
-	// agent, through profiles/reference-acp.yaml, exercises all in eight.
-	for protocol, checks := range map[string]string{"responses": "10", "sessions": "8", "acp": "8"} {
+	// agent, through profiles/reference-acp.yaml, exercises all in eight;
+	// the reference A2A agent, through profiles/reference-a2a.yaml, in six.
+	for protocol, checks := range map[string]string{"responses": "10", "sessions": "8", "acp": "8", "a2a": "6"} {
 		t.Run(protocol, func(t *testing.T) {
 			t.Parallel() // each run mostly waits on its server
 			save := t.TempDir()
@@ -124,7 +125,7 @@ func TestConformEachProtocol(t *testing.T) {
 // auxiliary, never judged as a turn's history.
 func TestConformTitlesThroughProfile(t *testing.T) {
 	onPath(t)
-	for _, protocol := range []string{"", "responses", "sessions", "acp"} {
+	for _, protocol := range []string{"", "responses", "sessions", "acp", "a2a"} {
 		t.Run(cmp.Or(protocol, "chat"), func(t *testing.T) {
 			t.Parallel() // each run mostly waits on its server
 			base, err := os.ReadFile(protocolProfile(protocol))
@@ -185,7 +186,8 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 		checks, seed := "6", "2"
 		switch m.Mutant {
 		case sut.MutateBeforeRun, sut.CrossKeyLeak, sut.ForkNewSession, sut.NoConversationLock, sut.RefuseConcurrentNew,
-			sut.FailedResponseChainable, sut.ResponseCrossKey, sut.ShallowClone:
+			sut.FailedResponseChainable, sut.ResponseCrossKey, sut.ShallowClone,
+			sut.A2AContextRace, sut.A2AFailedTaskStays, sut.A2ACancelCommits, sut.A2ATaskHistoryContext:
 			// Found in the first check from seed 2; two more check that
 			// no second FAIL comes.
 			checks = "3"

@@ -22,14 +22,19 @@ import (
 )
 
 const serveHelp = `Usage: turncheck serve --model-url URL (--data-dir DIR | --store URL) [flags]
+       turncheck serve a2a --model-url URL (--data-dir DIR | --store URL) [flags]
        turncheck serve acp --model-url URL (--data-dir DIR | --store URL) [flags]
 
 Runs the reference session server: POST /v1/chat/completions, with the
 conversation named by the X-Conversation-Id header kept server-side in a
 SQLite store under --data-dir (made 0700, its files 0600); over the same
 store, the Responses API (POST /v1/responses, chained by
-previous_response_id) and a session API (POST /api/sessions, then POST
-/api/sessions/{session}/agent/{agent} with the messages). It prints the
+previous_response_id), a session API (POST /api/sessions, then POST
+/api/sessions/{session}/agent/{agent} with the messages) and the
+Agent2Agent protocol (JSON-RPC at POST /a2a, its agent card at GET
+/.well-known/agent-card.json; each context a conversation, each message a
+task). 'turncheck serve a2a' is the same server, named for what an A2A
+client reaches. It prints the
 address it listens on. On Ctrl-C or SIGTERM it stops listening, closes the
 connections on which no turn runs (idle, or still sending a request), lets
 the turns in flight end for at most --grace, and exits 0. Past it, the
@@ -230,6 +235,10 @@ const keysEnv = "TURNCHECK_KEYS"
 func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "acp" {
 		return cmdServeACP(ctx, args[1:], os.Stdin, stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "a2a" {
+		// The same server: its A2A endpoint and card are always served.
+		args = args[1:]
 	}
 	fs := newFlags("serve", serveHelp, stdout, stderr)
 	listen := fs.String("listen", "127.0.0.1:8080", "address to listen on (loopback by default)")

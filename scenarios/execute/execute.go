@@ -116,7 +116,7 @@ func (e *executor) runsOn(s plan.Send) bool {
 	if e.profile.Interruption == targets.Complete {
 		return true
 	}
-	return e.profile.Protocol == targets.A2A && s.TaskAbort == plan.AbortDrop && e.profile.A2AAPI.DropRunsOn()
+	return e.profile.Protocol == targets.A2A && s.DropsTask() && e.profile.A2AAPI.DropRunsOn()
 }
 
 func (f *flight) finished() bool {

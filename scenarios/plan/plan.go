@@ -137,6 +137,14 @@ const (
 	AbortDrop   = "drop"
 )
 
+// DropsTask reports whether an A2A client's abort of s drops the task's
+// connection: as drawn, or always for a message/send (not streamed),
+// whose task the client learns of only at its end, and which a shrunk
+// plan may have made of a streamed turn drawn to send tasks/cancel.
+func (s Send) DropsTask() bool {
+	return s.TaskAbort == AbortDrop || s.TaskAbort != "" && !s.Stream
+}
+
 // String says what the fake model does, and what is injected, for a
 // person reading a report.
 func (s Send) String() string {
@@ -149,9 +157,9 @@ func (s Send) String() string {
 		parts = append(parts, "tools "+strings.Join(rounds, ", then "))
 	}
 	switch {
-	case s.Abort && s.TaskAbort == AbortCancel:
+	case s.Abort && s.TaskAbort != "" && !s.DropsTask():
 		parts = append(parts, "client-abort: the client sends tasks/cancel while the model holds the turn at "+abortPoint(s.AbortAt))
-	case s.Abort && s.TaskAbort == AbortDrop:
+	case s.Abort && s.DropsTask():
 		parts = append(parts, "client-abort: the client drops the task's connection while the model holds the turn at "+abortPoint(s.AbortAt))
 	case s.Abort:
 		parts = append(parts, "client-abort: the client drops the connection while the model holds the turn at "+abortPoint(s.AbortAt))

@@ -188,7 +188,7 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 	w.n++
 	n := w.n
 	contextID := c.ns + s.Conv.ID
-	unsent, founds := "", false
+	unsent, founds, otherKey := "", false, false
 	var wait *founder
 	if !w.api.ClientNamesContexts() {
 		var ok bool
@@ -196,7 +196,7 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 			// A conversation with no context of its own whose id another
 			// key's conversation has runs in that one's context: it must
 			// not be found under this key (T5).
-			contextID, _ = otherKeys(w.contexts, s.Conv, func(string) bool { return true })
+			contextID, otherKey = otherKeys(w.contexts, s.Conv, func(string) bool { return true })
 		}
 		switch f := w.founding[s.Conv]; {
 		case contextID != "":
@@ -238,8 +238,12 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 		ContextID: contextID, Parts: messageParts(msgs)}
 	params.Configuration.Blocking = true
 	params.Configuration.AcceptedOutputModes = []string{"text/plain"}
-	req := Request{Conv: s.Conv, Stream: s.Stream, Session: contextID, taskAbort: s.TaskAbort,
-		tok: s.Token, noUser: s.Token == "", founds: founds}
+	abort := s.TaskAbort
+	if s.DropsTask() {
+		abort = plan.AbortDrop
+	}
+	req := Request{Conv: s.Conv, Stream: s.Stream, Session: contextID, taskAbort: abort,
+		tok: s.Token, noUser: s.Token == "", founds: founds, OtherKey: otherKey}
 	if unsent != "" {
 		req.Unsent = unsent
 		return req

@@ -53,6 +53,11 @@ type Request struct {
 	// made, which a report names by the turn they came from.
 	ChainedFrom string `json:"chainedFrom,omitempty"`
 	Session     string `json:"session,omitempty"`
+	// OtherKey reports a request that names another key's conversation
+	// (its session, its context) for a conversation of its own id under
+	// this key, which this key must not find (T5): a refusal as not found
+	// is what it calls for.
+	OtherKey bool `json:"otherKey,omitempty"`
 	// Stream reports whether the body asks for a stream.
 	Stream bool `json:"stream,omitempty"`
 	// Tag, if set, is sent as targets.RequestTagHeader: a server that

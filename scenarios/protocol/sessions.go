@@ -38,7 +38,8 @@ func newSessions(api *targets.SessionsAPI) *sessions {
 
 func (w *sessions) request(ctx context.Context, c *Client, s plan.Send, msgs []openai.Message) Request {
 	req := Request{Conv: s.Conv, Method: w.api.Turn.Method, Stream: true}
-	id, source, err := w.session(ctx, c, s.Conv, s.Replica)
+	id, source, otherKey, err := w.session(ctx, c, s.Conv, s.Replica)
+	req.OtherKey = otherKey
 	if err != nil {
 		req.Unsent = "its session could not be created: " + err.Error()
 		return req
@@ -50,28 +51,29 @@ func (w *sessions) request(ctx context.Context, c *Client, s plan.Send, msgs []o
 }
 
 // session is the id of conv's session, created now if conv has none, and
-// the agent reference it was created under. A conversation with no
+// the agent reference it was created under; otherKey says it is another
+// key's. A conversation with no
 // session of its own whose id another key's conversation has runs in that
 // one's session: it must not be found under this key (T5).
-func (w *sessions) session(ctx context.Context, c *Client, conv model.ConversationRef, replica int) (id, source string, err error) {
+func (w *sessions) session(ctx context.Context, c *Client, conv model.ConversationRef, replica int) (id, source string, otherKey bool, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if id, ok := w.ids[conv]; ok {
-		return id, w.sources[id], nil
+		return id, w.sources[id], false, nil
 	}
 	if id, ok := otherKeys(w.ids, conv, func(string) bool { return true }); ok {
-		return id, w.sources[id], nil
+		return id, w.sources[id], true, nil
 	}
 	source = c.source()
 	if source == "" && w.api.NamesSource() {
-		return "", "", errors.New("the profile names the agent source ({source}), and the server loads none")
+		return "", "", false, errors.New("the profile names the agent source ({source}), and the server loads none")
 	}
 	id, err = w.create(ctx, c, conv.Key, replica, source)
 	if err != nil {
-		return "", "", err
+		return "", "", false, err
 	}
 	w.ids[conv], w.sources[id] = id, source
-	return id, source, nil
+	return id, source, false, nil
 }
 
 // create creates a session under key, through replica, naming the agent

@@ -158,8 +158,18 @@ func (r Target) Profile() targets.Profile {
 		// profiles/reference-acp.yaml does (the agent calls nothing back).
 		p.Keys = nil
 		p.ACPCaps = targets.ACPCapabilities{ReadTextFile: true}
+	case targets.A2A:
+		p.A2AAPI = A2AAPI()
 	}
 	return p
+}
+
+// A2AAPI is what the reference server declares as an A2A agent, as
+// profiles/reference-a2a.yaml does: it names each context, and a client
+// that drops a task's connection interrupts the task, as tasks/cancel
+// does.
+func A2AAPI() *targets.A2AAPI {
+	return &targets.A2AAPI{ContextIDs: targets.ContextsServer, DroppedStream: targets.DroppedCancels}
 }
 
 // Start serves a reference server, calling the model at modelURL.

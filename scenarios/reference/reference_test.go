@@ -52,12 +52,14 @@ func TestProfilesPerProtocol(t *testing.T) {
 		"reference.yaml":           targets.Chat,
 		"reference-responses.yaml": targets.Responses,
 		"reference-sessions.yaml":  targets.Sessions,
+		"reference-a2a.yaml":       targets.A2A,
 	} {
 		target, err := scenarios.LoadProfile("../../profiles/" + file)
 		require.NoError(t, err, file)
 		got, want := target.Profile(), reference.Target{Protocol: protocol}.Profile()
 		assert.Equal(t, want.Protocol, got.Protocol, file)
 		assert.Equal(t, want.SessionsAPI, got.SessionsAPI, file)
+		assert.Equal(t, want.A2AAPI, got.A2AAPI, file)
 		assert.Equal(t, want.Keys, got.Keys, file)
 	}
 }

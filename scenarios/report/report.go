@@ -581,10 +581,10 @@ func interruption(op history.Op) string {
 	switch {
 	case op.Request.ACP():
 		s = "the client cancelled the prompt (session/cancel)"
+	case op.Send.DropsTask():
+		s = "the client dropped the task's connection"
 	case op.Send.TaskAbort == plan.AbortCancel:
 		s = "the client cancelled the task (tasks/cancel)"
-	case op.Send.TaskAbort == plan.AbortDrop:
-		s = "the client dropped the task's connection"
 	}
 	if t.Dropped != 0 {
 		s += fmt.Sprintf(" at tick %d, and from then the model answered nothing of the turn", t.Dropped)

@@ -90,6 +90,11 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	// A JSON-RPC error to a prompt the client cancelled: the agent
 	// breaks the protocol (wire); the turn stops as the clean one does.
 	sut.ACPCancelAnswersError: {model.Wire},
+	// Through the Agent2Agent protocol.
+	sut.A2AContextRace:        {model.T4},
+	sut.A2AFailedTaskStays:    {model.T1},
+	sut.A2ACancelCommits:      {model.T10},
+	sut.A2ATaskHistoryContext: {model.Wire},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: the

@@ -438,6 +438,9 @@ func (m *Machine) record(op history.Op) {
 		// A 409 while the server loads two sources sharing one stable key
 		// is the refusal the harness drew them for (T8).
 		declared = declared || r.Status == http.StatusConflict && len(m.sources) > 1
+		// Not found is what a request naming another key's session or
+		// context calls for (T5).
+		declared = declared || op.Request.OtherKey && r.NotFound()
 		if !injected && !declared && op.Restart == nil && op.Action != "crash mid-turn" && !op.Send.Abort && !op.Turn.Unsent && !r.Cancelled {
 			m.stats.CountUninjected(r.Cause, r.Detail)
 		}

@@ -166,6 +166,24 @@ const (
 	// is, as docker-agent's session API does: the model is sent the last
 	// committed user message as the newest, and that turn runs again.
 	SessionEmptyRuns Mutant = "session-empty-runs"
+	// A2AContextRace runs the tasks of one A2A context without the
+	// context's lock, as docker-agent's serve a2a does (nothing
+	// serializes them): a second message sent while a task of its
+	// context runs starts on the same committed history, and the later
+	// commit overwrites the earlier.
+	A2AContextRace Mutant = "a2a-context-race"
+	// A2AFailedTaskStays keeps the message of an A2A task that failed, as
+	// docker-agent's serve a2a adds it to the context's session before
+	// the run: the next task of the context sends it to the model.
+	A2AFailedTaskStays Mutant = "a2a-failed-task-stays"
+	// A2ACancelCommits answers a task tasks/cancel ended canceled, but
+	// commits its message (and the tool rounds it completed), whatever the
+	// interruption policy.
+	A2ACancelCommits Mutant = "a2a-cancel-commits"
+	// A2ATaskHistoryContext answers tasks/get with the context's whole
+	// history as the task's: the task shows turns it never sent the
+	// model.
+	A2ATaskHistoryContext Mutant = "a2a-task-history-context"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -189,8 +207,9 @@ type MutantInfo struct {
 	// the bug: "" for chat completions (POST /v1/chat/completions),
 	// "responses" for the Responses API (POST /v1/responses), "sessions"
 	// for the sessions API (POST /api/sessions), "acp" for the Agent
-	// Client Protocol over stdio ('turncheck serve acp'). A bug of one
-	// protocol may not show through another.
+	// Client Protocol over stdio ('turncheck serve acp'), "a2a" for the
+	// Agent2Agent protocol ('turncheck serve a2a'). A bug of one protocol
+	// may not show through another.
 	Protocol string
 	// Replicas is how many replicas of the server, over one PostgreSQL,
 	// the harness runs to catch the bug; 0 for one process on SQLite.
@@ -259,6 +278,14 @@ func Mutants() []MutantInfo {
 			"a session turn whose messages are empty, or blank only, appends nothing and runs the model on the session as it is: the last committed user message is sent as the newest, and its turn runs again", "", string(ProtoSessions), 0},
 		{ACPCancelAnswersError, "issue 36 (an ACP agent answers a cancelled prompt with a JSON-RPC error)", "wire",
 			"a prompt the client cancelled (session/cancel) is stopped, but answered with a JSON-RPC error, the one its abort raised, where ACP wants stopReason cancelled", "", string(ProtoACP), 0},
+		{A2AContextRace, "docker-agent serve a2a (nothing serializes the tasks of a context)", "T4",
+			"the tasks of one context run without the context's lock: a second message sent while a task of its context runs starts on the same committed history, and the later commit overwrites the earlier", "", string(ProtoA2A), 0},
+		{A2AFailedTaskStays, "docker-agent serve a2a (the message is added to the context before the run)", "T1",
+			"a task that ends failed keeps its message in its context, with any partial reply: the next task of the context sends them to the model", "", string(ProtoA2A), 0},
+		{A2ACancelCommits, "docker-agent #2890 (A2A: tasks/cancel keeps the message)", "T10",
+			"tasks/cancel ends the task, answered canceled, but its message is committed, whatever the interruption policy: under rollback the next task's model call carries it", "", string(ProtoA2A), 0},
+		{A2ATaskHistoryContext, "PROTOCOL.md wire (A2A: tasks/get shows the task's own messages)", "wire",
+			"tasks/get answers a task's history with its context's whole history: the task shows messages it never sent the model", "", string(ProtoA2A), 0},
 	}
 }
 

@@ -16,4 +16,6 @@ const (
 	ProtoSessions Protocol = "sessions"
 	// ProtoACP is the Agent Client Protocol over stdio (acp.go).
 	ProtoACP Protocol = "acp"
+	// ProtoA2A is the Agent2Agent protocol, JSON-RPC over HTTP (a2a).
+	ProtoA2A Protocol = "a2a"
 )

@@ -99,7 +99,8 @@ func (s *Engine) interruptedKeeps(t *Turn) *store.Conversation {
 		// all in included: an assistant tool call without its result.
 		return t.Work
 	}
-	if s.Cfg.Mutant == config.ACPCancelCommitsPrompt && t.Proto == config.ProtoACP {
+	if s.Cfg.Mutant == config.ACPCancelCommitsPrompt && t.Proto == config.ProtoACP ||
+		s.Cfg.Mutant == config.A2ACancelCommits && t.Proto == config.ProtoA2A {
 		// The bug (an agent that adds the prompt to its session before
 		// the run): the cancelled turn keeps its user message, and the
 		// tool rounds it completed.

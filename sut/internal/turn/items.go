@@ -17,8 +17,8 @@ import (
 // of their own. A chat conversation id has no control character
 // (conversationID), so no chat id can start with one of these prefixes,
 // and none of them is a prefix of another: a Responses conversation named
-// "x", a response "resp_x", a session "x" and a chat conversation "x" are
-// four histories.
+// "x", a response "resp_x", a session "x", an A2A context "x" and a chat
+// conversation "x" are five histories.
 const (
 	// NsResponse holds each stored response: its whole history, up to
 	// and including its own output.
@@ -30,6 +30,8 @@ const (
 	NsSession = "\x1esession:"
 	// NsResponseLine holds the lines of responses under Config.ResponsesLine.
 	NsResponseLine = "\x1eline:"
+	// NsContext holds the contexts of the Agent2Agent protocol.
+	NsContext = "\x1econtext:"
 )
 
 // NewID returns prefix and 16 random bytes in hex: an id that no client can

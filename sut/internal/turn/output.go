@@ -87,9 +87,19 @@ type Output struct {
 
 // newOutput returns the output of a turn answering c through resp.
 func newOutput(c Client, resp responder, completes bool, cancel context.CancelFunc) *Output {
-	h, _ := c.(*HTTP)
+	var h *HTTP
+	if hc, ok := c.(onHTTP); ok {
+		h = hc.response()
+	}
 	return &Output{client: c, http: h, resp: resp, completes: completes, cancel: cancel}
 }
+
+// onHTTP is a Client that answers on an HTTP response: HTTP, or a
+// protocol's Client that embeds it to answer refusals in words of its own
+// (A2A's JSON-RPC errors).
+type onHTTP interface{ response() *HTTP }
+
+func (h *HTTP) response() *HTTP { return h }
 
 // Streaming reports whether the answer's stream is open; o may be nil, for
 // a turn refused before it ran.

@@ -204,8 +204,9 @@ func (s *Engine) workingCopy(t *Turn, base *store.Conversation) *store.Conversat
 // lock of a conversation with nothing committed taken.
 func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, error) {
 	switch s.Cfg.Mutant {
-	case config.NoConversationLock, config.ACPConcurrentPrompts:
-		if s.Cfg.Mutant == config.NoConversationLock || t.Proto == config.ProtoACP {
+	case config.NoConversationLock, config.ACPConcurrentPrompts, config.A2AContextRace:
+		if s.Cfg.Mutant == config.NoConversationLock || s.Cfg.Mutant == config.ACPConcurrentPrompts && t.Proto == config.ProtoACP ||
+			s.Cfg.Mutant == config.A2AContextRace && t.Proto == config.ProtoA2A {
 			// The bug: the turn runs at once, beside any other of its
 			// conversation (or, under acp-concurrent-prompts, of its ACP
 			// session), on the history committed when it came.
@@ -501,7 +502,7 @@ func (s *Engine) Fail(c Client, t *Turn, o *Output, partial string, err error) {
 }
 
 // keepsFailed reports whether the failed turn t is committed all the same:
-// only under two mutants. commit-on-stream-error keeps a stateful turn
+// only under mutants. commit-on-stream-error keeps a stateful turn
 // whose model stream had begun, with its partial reply;
 // failed-response-chainable keeps a chained response however it failed.
 func (s *Engine) keepsFailed(t *Turn, err error) bool {
@@ -520,6 +521,10 @@ func (s *Engine) keepsFailed(t *Turn, err error) bool {
 		// The bug: the prompt went into the session before the model
 		// ran, and a refusal does not take it out.
 		return t.Proto == config.ProtoACP && refusedByModel(err)
+	case config.A2AFailedTaskStays:
+		// The bug: the message went into the context's session before
+		// the run, and a failed task does not take it out.
+		return t.Proto == config.ProtoA2A
 	}
 	return false
 }
