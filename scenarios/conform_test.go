@@ -60,11 +60,33 @@ func TestConformCleanServer(t *testing.T) {
 }
 
 // TestConformGoesOnAfterAFailure: a broken invariant is shrunk and
-// recorded, and the run goes on to exercise and pass the others.
+// recorded, and the run goes on to exercise and pass the others. Every
+// finding says how many checks and how long it took to find from the
+// run's start, the checks and shrinking before earlier findings included:
+// a second finding does not count from the first, as it once did ("found
+// after 3 check(s)" at check 12).
 func TestConformGoesOnAfterAFailure(t *testing.T) {
 	t.Parallel()
-	c, err := Conform(reference.Target{Mutant: sut.MutateBeforeRun}, Options{Checks: 40, Seed: 11})
+	var found []*Failure
+	c, err := Conform(reference.Target{Mutant: sut.MutateBeforeRun}, Options{Checks: 40, Seed: 11,
+		ShrinkTime: 2 * time.Second, Found: func(f *Failure, _ Stats) { found = append(found, f) }})
 	require.NoError(t, err)
+	// The mutant keeps a failed turn's message (T1) and an aborted turn's
+	// (T10): two findings, the second in a round of its own.
+	require.GreaterOrEqual(t, len(found), 2, "%s", c.Text(Profile{}))
+	for i, f := range found {
+		// Checks are numbered from 1 in the whole run: the n-th is found
+		// after n checks of it.
+		assert.Equal(t, f.Check, f.FoundAfter, "finding %d (%s) counts its checks from the run's start", i+1, f.Violation.Invariant)
+		assert.Contains(t, f.ShrinkStats(), fmt.Sprintf("found after %d check(s) of the run, ", f.Check))
+		if i > 0 {
+			prev := found[i-1]
+			assert.Greater(t, f.Check, prev.Check)
+			// Found once the one before it was found and shrunk.
+			assert.GreaterOrEqual(t, f.FoundIn, prev.FoundIn+prev.ShrunkIn,
+				"finding %d (%s) counts its time from the run's start", i+1, f.Violation.Invariant)
+		}
+	}
 	v := c.Verdict(model.T1)
 	require.Equal(t, report.Fail, v.Status, "%+v", c.Verdicts)
 	require.NotNil(t, v.Failure)

@@ -257,6 +257,15 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 	return req
 }
 
+// A2A reports whether r is an A2A message (message/stream or
+// message/send): its Session is a context.
+func (r Request) A2A() bool {
+	var call struct {
+		Method string `json:"method"`
+	}
+	return r.Method == "" && json.Unmarshal(r.Body, &call) == nil && (call.Method == a2aStream || call.Method == a2aSend)
+}
+
 // messageParts are the parts of a turn's message: its last message's text
 // if that is a user message, blank or not, and none (a message without
 // parts) otherwise. An A2A message carries only the user's content: the

@@ -78,6 +78,9 @@ func serverIDs(history []history.Op) *strings.Replacer {
 		name(op.Response.ID, "<response of "+label+">")
 		// No quotes in a name: it stands inside a JSON body too.
 		session := "<session of " + op.Request.Conv.ID
+		if op.Request.A2A() {
+			session = "<context of " + op.Request.Conv.ID
+		}
 		if op.Request.Conv.Key != "" {
 			session += ", key " + op.Request.Conv.Key
 		}
