@@ -32,6 +32,7 @@ func TestProtocolNamesWhatTheCodeNames(t *testing.T) {
 		string(targets.Durable), string(targets.Forgets), "capacity",
 		string(targets.Rollback), string(targets.KeepConsistent), string(targets.Complete),
 		"restart", "crash", "tools: true",
+		targets.ContextsServer, targets.ContextsClient, targets.DroppedRunsOn, targets.DroppedCancels,
 	} {
 		assert.True(t, strings.Contains(doc, "`"+policy+"`"), "policy value %s", policy)
 	}
