@@ -277,6 +277,10 @@ func messageParts(msgs []openai.Message) []a2aPart {
 	return []a2aPart{{Kind: "text", Text: string(msgs[len(msgs)-1].Content)}}
 }
 
+// RPCBody is a JSON-RPC call of an A2A agent's, as a report shows it
+// beside the turn it was sent for (a tasks/cancel).
+func RPCBody(method string, params any) json.RawMessage { return rpcBody(1, method, params) }
+
 // rpcBody is a JSON-RPC call, as sent.
 func rpcBody(id int, method string, params any) []byte {
 	raw, err := json.Marshal(rpcCall{JSONRPC: "2.0", ID: id, Method: method, Params: params})

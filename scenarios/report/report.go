@@ -75,6 +75,9 @@ func serverIDs(history []history.Op) *strings.Replacer {
 	}
 	for _, op := range history {
 		label := fmt.Sprintf("%d%s", op.Step, letters(op.Index + 1)[op.Index])
+		if op.Request.A2A() {
+			name(op.Response.ID, "<task of "+label+">")
+		}
 		name(op.Response.ID, "<response of "+label+">")
 		// No quotes in a name: it stands inside a JSON body too.
 		session := "<session of " + op.Request.Conv.ID
@@ -203,6 +206,11 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 	fmt.Fprintf(b, "        %s\n", curlCommand(op.Request, p))
 	if acp && op.Response.Cancelled && op.Request.Session != "" {
 		fmt.Fprintf(b, "        -> agent: %s\n", protocol.RPCLine("session/cancel", map[string]string{"sessionId": op.Request.Session}))
+	}
+	if op.Request.A2A() && op.Response.Cancelled && op.Response.ID != "" {
+		// The client's tasks/cancel, as it went, beside the message.
+		cancel := protocol.Request{Conv: op.Request.Conv, Path: op.Request.Path, Body: protocol.RPCBody("tasks/cancel", map[string]string{"id": op.Response.ID}), Named: op.Request.Named}
+		fmt.Fprintf(b, "        then %s\n", curlCommand(cancel, p))
 	}
 }
 

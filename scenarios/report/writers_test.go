@@ -303,3 +303,25 @@ func TestJUnitCrashBetweenChecks(t *testing.T) {
 	require.NoError(t, c.WriteHTML(&page, targets.ServerSpec{Kind: "profile"}))
 	assert.Contains(t, page.String(), "between two checks")
 }
+
+// TestA2AReportSpeaksOfTasks: a failure of an A2A agent names contexts and
+// tasks by the turns they came from, and shows the tasks/cancel the
+// client sent beside the message it cancelled, as a command that sends it
+// again.
+func TestA2AReportSpeaksOfTasks(t *testing.T) {
+	p := targets.Profile{Protocol: targets.A2A, A2AAPI: &targets.A2AAPI{}}
+	conv := model.ConversationRef{Key: "key-a", ID: "conv-1"}
+	body := func(method string) []byte {
+		return []byte(`{"jsonrpc":"2.0","id":1,"method":"` + method + `","params":{"message":{"contextId":"ctx-9f"}}}`)
+	}
+	ops := []history.Op{{Step: 1, Index: 0, Send: plan.Send{Conv: conv, Token: "tc-u1", Abort: true, TaskAbort: plan.AbortCancel, Stream: true},
+		Request:  protocol.Request{Conv: conv, Path: "/a2a", Body: body("message/stream"), Session: "ctx-9f"},
+		Response: protocol.Response{Outcome: model.Unknown, ID: "task-77", Cancelled: true}}}
+	ops[0].Turn.Interrupted = true
+	text := report.FormatFailure(&model.Violation{Invariant: model.T10, Conv: conv, Turn: "tc-u1"}, ops, p)
+	assert.Contains(t, text, `"contextId":"<context of conv-1, key key-a>"`)
+	assert.Contains(t, text, `then curl -sS -N "$TURNCHECK_URL/a2a"`)
+	assert.Contains(t, text, `"method":"tasks/cancel","params":{"id":"<task of 1a>"}`)
+	assert.Contains(t, text, "the client cancelled the task (tasks/cancel)")
+	assert.NotContains(t, text, "task-77", "a server's id is named by its turn")
+}
