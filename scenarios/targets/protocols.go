@@ -193,18 +193,21 @@ const (
 	StoreIgnored    = "ignored"
 )
 
+// pick sets *v, field's value, to the first of values where it is
+// empty, and says what is wrong with one that is none of them.
+func pick(field string, v *string, values ...string) error {
+	if *v == "" {
+		*v = values[0]
+	}
+	if !slices.Contains(values, *v) {
+		return fmt.Errorf("%s: %q; want %s", field, *v, strings.Join(values, " or "))
+	}
+	return nil
+}
+
 // check fills in a's defaults and says what is wrong with it, nil if
 // nothing.
 func (a *ResponsesAPI) check() error {
-	pick := func(field string, v *string, values ...string) error {
-		if *v == "" {
-			*v = values[0]
-		}
-		if !slices.Contains(values, *v) {
-			return fmt.Errorf("%s: %q; want %s", field, *v, strings.Join(values, " or "))
-		}
-		return nil
-	}
 	if err := errors.Join(
 		pick("chain", &a.Chain, ChainTree, ChainLine),
 		pick("unknown_previous", &a.UnknownPrevious, UnknownNotFound, UnknownNew),
@@ -285,15 +288,6 @@ const (
 // check fills in a's defaults and says what is wrong with it, nil if
 // nothing.
 func (a *A2AAPI) check() error {
-	pick := func(field string, v *string, values ...string) error {
-		if *v == "" {
-			*v = values[0]
-		}
-		if !slices.Contains(values, *v) {
-			return fmt.Errorf("%s: %q; want %s", field, *v, strings.Join(values, " or "))
-		}
-		return nil
-	}
 	if a.Path != "" && !strings.HasPrefix(a.Path, "/") {
 		return fmt.Errorf("path: %q must start with /", a.Path)
 	}
