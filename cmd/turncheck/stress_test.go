@@ -154,7 +154,7 @@ func TestStress(t *testing.T) {
 		t.Cleanup(func() { runtime.GOMAXPROCS(before) })
 	}
 	startHogs(t, hogs)
-	protocols := []string{"chat", "responses", "sessions"}
+	protocols := []string{"chat", "responses", "sessions", "a2a"}
 	for i, protocol := range protocols {
 		t.Run(protocol, func(t *testing.T) {
 			bound := shareOfDeadline(t, bound, len(protocols)-i)
