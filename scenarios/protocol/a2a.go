@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -352,7 +353,7 @@ type a2aTask struct {
 func (t *a2aTask) apply(r a2aResult, wantContext string) error {
 	if r.ContextID != "" {
 		if wantContext != "" && r.ContextID != wantContext {
-			return fmt.Errorf("a %s of context %q, for a message sent in context %q", cmpOr(r.Kind, "result"), r.ContextID, wantContext)
+			return fmt.Errorf("a %s of context %q, for a message sent in context %q", cmp.Or(r.Kind, "result"), r.ContextID, wantContext)
 		}
 		if t.context == "" {
 			t.context = r.ContextID
@@ -418,14 +419,7 @@ func (t *a2aTask) reply() string {
 	return t.status
 }
 
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
-// a2aSend is one turn on the wire: its task as the client learns it, and
+// a2aSending is one turn on the wire: its task as the client learns it, and
 // the client's abort.
 type a2aSending struct {
 	w   *a2aWire
@@ -459,6 +453,8 @@ func (s *a2aSending) abort() {
 	s.cancelLocked()
 }
 
+// cancelLocked sends tasks/cancel once, when the client asked for it and
+// the task is known; s.mu is held.
 func (s *a2aSending) cancelLocked() {
 	if !s.aborted || s.cancelled || s.task == "" {
 		return
@@ -802,7 +798,7 @@ func (s *a2aSending) window(task *a2aTask) []string {
 	var breaches []string
 	if len(other) > 0 {
 		breaches = append(breaches, fmt.Sprintf("tasks/get of task %s shows %s in its history: messages the task did not send the model (it sent %s)",
-			task.id, model.FormatTokens(other), cmpOr(string(s.req.tok), "no user message")))
+			task.id, model.FormatTokens(other), cmp.Or(string(s.req.tok), "no user message")))
 	}
 	if s.req.tok != "" && !slices.Contains(own, s.req.tok) {
 		breaches = append(breaches, fmt.Sprintf("tasks/get of task %s shows a history without the task's own message, %s", task.id, s.req.tok))
