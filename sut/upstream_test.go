@@ -72,7 +72,12 @@ func (m *waveModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // TestModelConnectionsAreReused: a second wave of as many concurrent turns
 // as the first reuses the first wave's model connections; a pool of 2
 // idle connections (the net/http default) would open one for nearly every
-// turn of it.
+// turn of it, some 3 waves' worth in all. A connection of one wave may go
+// back to the pool only after the next wave's call that could have taken
+// it dialled (the answer to the turn can come before the model client
+// puts its connection back): how many such races a busy machine has is
+// the scheduler's, so the bound leaves half a wave for them, far from
+// what the bug opens.
 func TestModelConnectionsAreReused(t *testing.T) {
 	const wave = 24
 	m := startWaveModel(t, wave)
@@ -90,5 +95,5 @@ func TestModelConnectionsAreReused(t *testing.T) {
 	}
 	opened := m.conns.Load()
 	t.Logf("%d model connections for 3 waves of %d concurrent turns", opened, wave)
-	require.LessOrEqual(t, opened, int64(wave+2), "the model client did not keep its connections")
+	require.LessOrEqual(t, opened, int64(wave+wave/2), "the model client did not keep its connections")
 }
