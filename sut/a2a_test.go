@@ -3,7 +3,6 @@ package sut_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -201,7 +200,7 @@ func (e *env) streamUntilHeld(t *testing.T, context string, tok model.Token) (st
 	t.Cleanup(g.Release)
 	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "message/stream", "params": a2aMessage(context, string(tok)+" hello")})
 	require.NoError(t, err)
-	req, err := http.NewRequestWithContext(context2(t), http.MethodPost, e.srv.URL()+"/a2a", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.srv.URL()+"/a2a", bytes.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := e.client.Do(req)
@@ -231,13 +230,6 @@ func (e *env) streamUntilHeld(t *testing.T, context string, tok model.Token) (st
 		rest <- out
 	}()
 	return id, g, rest
-}
-
-// context2 is a context the test ends.
-func context2(t *testing.T) context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // TestA2ACancel: tasks/cancel ends a running task canceled, and under

@@ -109,14 +109,19 @@ type flight struct {
 }
 
 // runsOn reports whether the server runs a turn on once its client left
-// it as s says: under the interruption policy complete; and an A2A task
-// whose client dropped its connection, where the agent declares that a
-// task outlives it.
+// it as s says: under the interruption policy complete, whatever the
+// client did; else where the client dropped the connection (an A2A
+// task's, the only abort that names one apart from a cancel) and the
+// server runs such a turn on (runsOnDisconnect).
 func (e *executor) runsOn(s plan.Send) bool {
-	if e.profile.Interruption == targets.Complete {
-		return true
-	}
-	return e.profile.Protocol == targets.A2A && s.DropsTask() && e.profile.A2AAPI.DropRunsOn()
+	return e.profile.Interruption == targets.Complete || s.DropsTask() && e.runsOnDisconnect()
+}
+
+// runsOnDisconnect reports whether the server runs a turn on once its
+// client's connection closed: under complete, and an A2A agent that
+// declares its tasks outlive their connection.
+func (e *executor) runsOnDisconnect() bool {
+	return e.profile.Interruption == targets.Complete || e.profile.Protocol == targets.A2A && e.profile.A2AAPI.DropRunsOn()
 }
 
 func (f *flight) finished() bool {

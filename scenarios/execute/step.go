@@ -250,11 +250,10 @@ func (s *step) end() {
 			// (an ACP client cancels its prompt instead, below): the
 			// server saw its client go, at a point the harness did not
 			// choose. It stops the turn as it stops any (T10), or, under
-			// complete, runs it on; either way it may have committed the
+			// complete or as an A2A agent whose tasks outlive their
+			// connection, runs it on; either way it may have committed the
 			// turn before it saw the client go.
-			if e.profile.Interruption == targets.Complete || e.profile.Protocol == targets.A2A && e.profile.A2AAPI.DropRunsOn() {
-				// An A2A task outlives its connection, as the agent
-				// declares: the timed-out one runs on.
+			if e.runsOnDisconnect() {
 				s.ops[i].Turn.Detached = true
 			} else {
 				s.ops[i].Turn.Abandoned = true

@@ -567,9 +567,7 @@ func (w *a2aWire) send(ctx context.Context, c *Client, req Request) Response {
 		return out
 	}
 	task := &a2aTask{}
-	out = s.judge(task, busy, s.read(ctx, resp, task, out))
-	w.learnContext(req, task)
-	return out
+	return s.judge(task, busy, s.read(ctx, resp, task, out))
 }
 
 // read reads the answer to a turn's message into task: a stream of
@@ -596,13 +594,11 @@ func (s *a2aSending) read(ctx context.Context, resp *http.Response, task *a2aTas
 		if err := json.Unmarshal(a.Result, &r); err != nil || r.Kind == "" {
 			return malformed(task.reply(), "A2A result (no kind)", out)
 		}
-		if err := task.apply(r, s.req.Session); err != nil {
+		if err := s.apply(task, r); err != nil {
 			out.Breaches = append(out.Breaches, "the agent answered "+err.Error())
 			out.Outcome, out.Detail, out.Cause = model.Unknown, "the agent answered "+err.Error(), CauseMalformed
 			return out
 		}
-		s.known(task.id)
-		s.w.learnContext(s.req, task)
 		end = terminal(task.state) || r.Final && task.state != ""
 		return out
 	}
@@ -649,7 +645,7 @@ func (s *a2aSending) read(ctx context.Context, resp *http.Response, task *a2aTas
 			}
 			return out
 		}
-		if err := task.apply(r, s.req.Session); err != nil {
+		if err := s.apply(task, r); err != nil {
 			out.Breaches = append(out.Breaches, "tasks/get answered "+err.Error())
 			return out
 		}
@@ -658,6 +654,21 @@ func (s *a2aSending) read(ctx context.Context, resp *http.Response, task *a2aTas
 		}
 	}
 	return out
+}
+
+// apply learns what r says of task, and tells the wire the task's id
+// (for the client's cancel) and its context (for the conversation's next
+// turns) the moment each is first known.
+func (s *a2aSending) apply(task *a2aTask, r a2aResult) error {
+	had := task.context
+	if err := task.apply(r, s.req.Session); err != nil {
+		return err
+	}
+	s.known(task.id)
+	if had == "" && task.context != "" {
+		s.w.learnContext(s.req, task)
+	}
+	return nil
 }
 
 // rpcError is out for a JSON-RPC error the agent answered a turn with:
