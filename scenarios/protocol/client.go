@@ -98,6 +98,9 @@ type Request struct {
 	// founds marks an A2A turn sent without a context, whose answer names
 	// its conversation's context.
 	founds bool
+	// run is the run of the server a Responses API request was made for
+	// (responses.runs).
+	run int
 }
 
 // Response is what the client learned of a request.

@@ -103,6 +103,14 @@ func TestResponsesChain(t *testing.T) {
 	assert.Equal(t, "resp_1", chainedFrom(t, branchFirst), "a branch starts where its base stands")
 	w.learn(branchFirst, Response{Outcome: model.Fail, Status: 502})
 	assert.Equal(t, "resp_1", chainedFrom(t, next(branch)), "and stays there until a turn of its own completes")
+
+	inFlight := next(a)
+	c.Rebase([]string{"http://127.0.0.1:3"})
+	w.learn(inFlight, Response{Outcome: model.Unknown, ID: "resp_6"})
+	assert.Equal(t, "resp_1", chainedFrom(t, next(a)),
+		"a turn in flight through a crash whose end is read after the restart moves no chain: its response may rightly be gone")
+	w.learn(next(a), Response{Outcome: model.Unknown, ID: "resp_7"})
+	assert.Equal(t, "resp_7", chainedFrom(t, next(a)), "one sent to the server as it runs now does (T6)")
 }
 
 // TestResponsesOutcomes: a stream succeeds only on response.completed,

@@ -29,6 +29,9 @@ type responses struct {
 	api   *targets.ResponsesAPI
 	mu    sync.Mutex
 	heads map[model.ConversationRef]chainHead
+	// runs counts the server's restarts: a request made before the last
+	// one was sent to a run of the server that is gone.
+	runs int
 }
 
 // chainHead is where a conversation's chain stands.
@@ -124,8 +127,11 @@ func (w *responses) request(_ context.Context, c *Client, s plan.Send, msgs []op
 	if err != nil {
 		panic(err) // plain strings always encode
 	}
+	w.mu.Lock()
+	run := w.runs
+	w.mu.Unlock()
 	return Request{Conv: s.Conv, Path: responsesPath, Body: raw, Stream: s.Stream, ChainedFrom: body.PreviousResponseID,
-		noUser: probe, noStore: s.NoStore, inConversation: s.InConversation}
+		noUser: probe, noStore: s.NoStore, inConversation: s.InConversation, run: run}
 }
 
 // chainFrom is the response a turn on conv chains from: a failed response
@@ -185,6 +191,14 @@ func (w *responses) learn(req Request, out Response) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if req.run != w.runs && out.Outcome == model.Unknown {
+		// Sent to a run of the server that is gone, whose end the client
+		// learned only after the restart (a crash mid-turn, its
+		// connection's reset read late): restarted sent the chain back
+		// to its last completed response, which a server that survives
+		// restarts must still have; this one it may rightly have lost.
+		return
+	}
 	h, mine := w.heads[req.Conv]
 	if mine && h.failed != "" && req.ChainedFrom == h.failed {
 		h.failed = "" // probed once
@@ -229,6 +243,7 @@ func (w *responses) learn(req Request, out Response) {
 func (w *responses) restarted() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.runs++
 	for ref, h := range w.heads {
 		w.heads[ref] = chainHead{id: h.done, done: h.done}
 	}
