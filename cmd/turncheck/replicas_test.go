@@ -179,9 +179,5 @@ func frontProfileOnFreePorts(t *testing.T) (string, *fronttest.Front) {
 	for i := 0; i < len(pairs); i += 2 {
 		require.NotContains(t, text, pairs[i], "a fixed address left in the profile")
 	}
-	// Restarts never rationed: the checks draw what their seeds draw,
-	// however long PostgreSQL and the replicas take to start here.
-	text = strings.Replace(text, "\nserver:\n", "\nserver:\n  restart_share: 1\n", 1)
-	require.Contains(t, text, "restart_share: 1")
 	return text, front
 }

@@ -6,12 +6,13 @@ import (
 	"time"
 )
 
-// Pace is what a run's server costs, as its labs measure it: a start, a
+// Pace is what a run's server cost, as its labs measured it: a start, a
 // restart or crash (the server stopped and started again) and a step of
-// turns, each the mean of those seen so far. A run spends its time by it:
-// a restart that costs many turns is drawn less often (Ration), and a
-// check that can afford few steps steers them towards what it has not
-// exercised yet.
+// turns, each the mean of those seen so far. It is said in a run's
+// summary, for a person planning a longer run; nothing a check draws or
+// carries out depends on it, so that a seed is the same run on any
+// machine (a slow server's restarts are rationed by count, by the share
+// its profile declares: Ration).
 type Pace struct {
 	mu                   sync.Mutex
 	start, restart, step mean
@@ -51,36 +52,27 @@ func (p *Pace) Costs() (start, restart, step time.Duration) {
 	return p.start.of(), p.restart.of(), p.step.of()
 }
 
-// RationFloor is the cost under which a restart is never rationed: a
-// server that restarts that fast is checked in minutes whatever is drawn,
-// and its draws stay as its seeds have always drawn them.
-const RationFloor = time.Second
+// SlowCost is the cost of a start, restart or step from which a run's
+// summary says its pace: a server that costs less is checked in minutes
+// whatever is drawn.
+const SlowCost = time.Second
 
 // MaxRation is the most a restart is rationed: 1 draw in MaxRation.
 const MaxRation = 64
 
-// Ration returns k, a power of two: a restart the machine draws is carried
-// out 1 time in k, the other times a turn is, so that restarts and crashes
-// take at most share of the run's time. actions is how many actions a
-// step is drawn from, each as often as the others. A restart costs what
-// the restarts measured so far did, or a start before the first; 1 while
-// either it or a step is not measured yet, or under RationFloor.
-func (p *Pace) Ration(share float64, actions int) int {
-	start, restart, step := p.Costs()
-	if restart == 0 {
-		restart = start
-	}
-	if restart < RationFloor || step == 0 || share >= 1 || actions < 1 {
+// Ration returns k, a power of two up to MaxRation: a restart drawn is
+// carried out 1 time in k, the other times a turn is, so that restarts
+// and crashes are at most share of the steps drawn, counted. actions is
+// how many actions a step is drawn from, each as often as the others, so
+// that 1 step in actions draws a restart. It depends on nothing but its
+// arguments, the profile's: never on what a start or a step cost.
+func Ration(share float64, actions int) int {
+	if share >= 1 || share <= 0 || actions < 1 {
 		return 1
 	}
 	k := 1
-	for ; k < MaxRation; k *= 2 {
-		// Of the steps, q are restarts: the time they take is the share.
-		q := 1 / float64(actions*k)
-		r := q * restart.Seconds()
-		if r/(r+(1-q)*step.Seconds()) <= share {
-			break
-		}
+	for k < MaxRation && 1/float64(actions*k) > share {
+		k *= 2
 	}
 	return k
 }

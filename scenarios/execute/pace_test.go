@@ -7,50 +7,41 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-// pace is a Pace that measured one start, restart and step of each cost
-// (0: none).
-func pace(start, restart, step time.Duration) *Pace {
-	p := &Pace{}
-	if start > 0 {
-		p.started(start)
-	}
-	if restart > 0 {
-		p.stepped(true, restart)
-	}
-	if step > 0 {
-		p.stepped(false, step)
-	}
-	return p
-}
-
-// TestRation: a restart is rationed so that restarts take about the share
-// asked of the run's time, by powers of two, up to MaxRation; never while
-// a cost is not measured, under RationFloor, or with the whole run for
-// restarts.
+// TestRation: a restart is rationed by count, so that restarts and
+// crashes are at most the share asked of the steps drawn, by powers of
+// two, up to MaxRation; never with the whole run for restarts.
 func TestRation(t *testing.T) {
 	for _, c := range []struct {
-		name                 string
-		start, restart, step time.Duration
-		share                float64
-		want                 int
+		name    string
+		share   float64
+		actions int
+		want    int
 	}{
-		// 15 s a restart, 3 s a step, 7 actions: 1 in 2 would take 28%.
-		{"a slow server", 15 * time.Second, 15 * time.Second, 3 * time.Second, 0.25, 4},
-		{"the start stands for the restart before one", 15 * time.Second, 0, 3 * time.Second, 0.25, 4},
-		// 1 in 7 steps a restart of 2.2 s, the 6 others 1 s each: 27%.
-		{"restarts beside the other steps", 2200 * time.Millisecond, 2200 * time.Millisecond, time.Second, 0.25, 2},
-		{"a bigger share", 15 * time.Second, 15 * time.Second, 3 * time.Second, 0.5, 1},
-		{"no rationing asked", 15 * time.Second, 15 * time.Second, 3 * time.Second, 1, 1},
-		{"a fast restart", 900 * time.Millisecond, 900 * time.Millisecond, time.Millisecond, 0.25, 1},
-		{"no step measured", 15 * time.Second, 15 * time.Second, 0, 0.25, 1},
-		{"at most MaxRation", time.Minute, time.Minute, time.Millisecond, 0.25, MaxRation},
+		// 1 step in 7 draws a restart: 14%.
+		{"a share above the draws'", 0.25, 7, 1},
+		{"half the draws'", 0.08, 7, 2},
+		// 1/(7*16) = 0.9%, 1/(7*8) = 1.8%.
+		{"a slow server's", 0.01, 7, 16},
+		{"fewer actions, more rationing", 0.01, 4, 32},
+		{"at most MaxRation", 0.0001, 7, MaxRation},
+		{"no rationing asked", 1, 7, 1},
+		{"no share", 0, 7, 1},
 	} {
-		got := pace(c.start, c.restart, c.step).Ration(c.share, 7)
-		assert.Equal(t, c.want, got, c.name)
+		assert.Equal(t, c.want, Ration(c.share, c.actions), c.name)
 	}
-	p := pace(10*time.Second, 0, time.Second)
+}
+
+// TestPaceIsSaid: the pace a run measured is the mean of what it saw,
+// said for a person.
+func TestPaceIsSaid(t *testing.T) {
+	p := &Pace{}
+	p.started(10 * time.Second)
+	p.stepped(false, time.Second)
 	p.stepped(false, 3*time.Second)
-	_, _, step := p.Costs()
+	_, restart, step := p.Costs()
 	assert.Equal(t, 2*time.Second, step, "a mean of the steps")
+	assert.Zero(t, restart, "no restart measured")
 	assert.Equal(t, "a start 10s, a step 2s", p.String())
+	p.stepped(true, 4*time.Second)
+	assert.Equal(t, "a start 10s, a step 2s, a restart 4s", p.String())
 }

@@ -51,6 +51,10 @@ type Target struct {
 	// StartDelay makes each start and restart of the server wait that
 	// long first (sut.Config.StartDelay): a server slow to start.
 	StartDelay time.Duration
+	// RestartShare is the share of the steps drawn that may restart or
+	// crash it, as a profile declares it (targets.Profile.RestartShare):
+	// below 1, a server slow to restart.
+	RestartShare float64
 	// Titles makes the server call the model for a title beside each turn
 	// (sut.Config.Titles): an auxiliary call.
 	Titles bool
@@ -134,7 +138,7 @@ const agent = "helper"
 // it runs with, durable storage, the tools, and one agent.
 func (r Target) Profile() targets.Profile {
 	p := targets.Profile{Keys: keys, Model: agent, Agent: agent, Tools: true,
-		Durability: targets.Durability{Restart: true, Crash: true}, Interruption: targets.Rollback}
+		Durability: targets.Durability{Restart: true, Crash: true}, Interruption: targets.Rollback, RestartShare: r.RestartShare}
 	switch r.Concurrency {
 	case sut.Reject:
 		p.Concurrency = model.Reject

@@ -127,8 +127,9 @@ func (s *Stats) Add(o Stats) {
 	s.Steered += o.Steered
 	if o.Pace != "" {
 		// The latest measure, with the most behind it.
-		s.Pace, s.RestartShare = o.Pace, o.RestartShare
+		s.Pace = o.Pace
 	}
+	s.RestartShare = cmp.Or(o.RestartShare, s.RestartShare)
 	s.Ration = max(s.Ration, o.Ration)
 	AddCounts(s.Faults, o.Faults)
 	if len(o.Unreached) > 0 && s.Unreached == nil {

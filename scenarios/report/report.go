@@ -325,12 +325,13 @@ type Stats struct {
 	Uninjected     map[string]int    `json:"uninjected,omitempty"`
 	UninjectedSaid map[string]string `json:"uninjectedSaid,omitempty"`
 	// Pace says what the server cost, as measured (execute.Pace), where
-	// a start, restart or step cost a second or more: then the run spent
-	// its time by it. Ration is the most a check rationed its restarts
-	// (1 in Ration carried out), RestartShare the share of the run's time
-	// that was aimed at; Rationed counts the restarts drawn that gave way
-	// to a turn, and Steered the steps drawn that gave way to one that
-	// exercises what its check had not yet.
+	// a start, restart or step cost a second or more: said for a person
+	// planning a run, never acted on. Ration is the most a check rationed
+	// its restarts (1 in Ration carried out), RestartShare the share of
+	// the steps drawn that the profile allows them
+	// (server.restart_share); Rationed counts the restarts drawn that
+	// gave way to a turn, and Steered the steps drawn that gave way to
+	// one that exercises what its check had not yet.
 	Pace         string  `json:"pace,omitempty"`
 	Ration       int     `json:"ration,omitempty"`
 	RestartShare float64 `json:"restartShare,omitempty"`
@@ -419,10 +420,10 @@ func (s *Stats) Summary() string {
 	}
 	if s.Pace != "" {
 		b.WriteString("\npace: " + s.Pace)
-		if s.Ration > 1 {
-			fmt.Fprintf(&b, "; restarts and crashes carried out 1 in %d times drawn, to keep them to about %.0f%% of the run's time (server.restart_share), %d given way to a turn; %d step(s) steered towards what their check had not exercised yet",
-				s.Ration, 100*s.RestartShare, s.Rationed, s.Steered)
-		}
+	}
+	if s.Ration > 1 {
+		fmt.Fprintf(&b, "\nrestarts: carried out 1 in %d times drawn, to keep restarts and crashes to at most %g of the steps drawn (server.restart_share), %d given way to a turn; %d step(s) steered towards what their check had not exercised yet",
+			s.Ration, s.RestartShare, s.Rationed, s.Steered)
 	}
 	for _, w := range s.Warnings() {
 		b.WriteString("\nWARNING: " + w)

@@ -359,7 +359,7 @@ func (f *profileFile) target() (Target, error) {
 			return nil, err
 		}
 		if r := f.Server.RestartShare; r < 0 || r > 1 {
-			return nil, fmt.Errorf("server.restart_share: %v is no share of a run's time: give one from 0 (excluded) to 1 (restarts never rationed)", r)
+			return nil, fmt.Errorf("server.restart_share: %v is no share of the steps drawn: give one from 0 (excluded) to 1 (restarts never rationed, the default)", r)
 		}
 		p.RestartShare = f.Server.RestartShare
 	}

@@ -109,10 +109,10 @@ type Profile struct {
 	// crash; the harness restarts, or crashes, only a server that declares
 	// it survives that.
 	Durability Durability
-	// RestartShare is the share of a run's time restarts and crashes may
-	// take, on a server whose restart costs a second or more
-	// (execute.Pace.Ration); 0 means DefaultRestartShare, 1 never
-	// rations them.
+	// RestartShare is the share of the steps drawn that may restart or
+	// crash the server, counted (execute.Ration): a server slow to
+	// restart declares less than 1, and a restart drawn past it gives way
+	// to a turn. 0 means DefaultRestartShare; 1 never rations them.
 	RestartShare float64
 	// Agent names the agent the server loads from the fake model, at
 	// http://MODEL/agents/AGENT.yaml?QUERY; "" if it loads none. The
@@ -549,9 +549,10 @@ func closeHandler(h http.Handler) error {
 // deadline or by an abort at a known point, never by this timer.
 const ClientTimeout = 30 * time.Second
 
-// DefaultRestartShare is the share of a run's time restarts and crashes
-// take at most, where the profile says none (Profile.RestartShare).
-const DefaultRestartShare = 0.25
+// DefaultRestartShare is the share of the steps drawn that may restart
+// or crash the server where the profile says none (Profile.RestartShare):
+// all of them, every restart drawn is carried out.
+const DefaultRestartShare = 1.0
 
 // RestartShareOrDefault is the share p declares, or DefaultRestartShare.
 func (p Profile) RestartShareOrDefault() float64 {

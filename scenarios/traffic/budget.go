@@ -9,21 +9,23 @@ import (
 	"github.com/turncheck/turncheck/scenarios/execute"
 )
 
-// A slow server (a restart costing execute.RationFloor or more, and many
-// steps) affords few steps: its run spends them where they buy coverage.
-// Its restarts are rationed to a share of the run's time, and each of its
-// checks steers its draws towards the invariants it has not exercised
-// yet, the way coverage-guided generation steers towards code not yet
-// run. Every choice is a rapid draw, or follows from the check's own
-// steps and the pace measured when the check first needed it; a server
-// whose restarts are not rationed (a fast one, or one whose profile says
-// restart_share: 1) draws as its seeds always have.
+// A slow server affords few steps: its run spends them where they buy
+// coverage. Its profile declares the share of the steps drawn that may
+// restart or crash it (server.restart_share), and a restart drawn beyond
+// it gives way to a turn, counted, never timed; each check of such a
+// server also steers its draws towards the invariants it has not
+// exercised yet, the way coverage-guided generation steers towards code
+// not yet run. Every choice is a rapid draw, or follows from the
+// profile and the check's own steps and answers: a seed draws the same
+// steps on a quiet machine and on a loaded one. A server whose restarts
+// are not rationed (the default, restart_share 1) draws as its seeds
+// always have.
 
-// budget is how a check spends a slow server's time.
+// budget is how a check spends a slow server's steps.
 type budget struct {
-	// known says slow and ration are set: at the first step drawn once
-	// the pace of a step was measured, then fixed for the check; slow
-	// says restarts are rationed, and draws steered.
+	// known says slow and ration are set: at the check's first action,
+	// from its profile, then fixed for the check; slow says restarts are
+	// rationed, and draws steered.
 	known bool
 	slow  bool
 	// ration: a restart drawn is carried out 1 time in ration.
@@ -35,31 +37,29 @@ type budget struct {
 	restarts int
 }
 
-// pace fixes the check's budget from the run's pace, once a step of it is
-// measured. actions is how many actions a step is drawn from, and
-// restarts says one of them restarts the server: only then is there
-// anything to ration.
+// pace fixes the check's budget from its profile, and says the pace
+// measured so far in its summary where the server is slow: the pace is
+// said, never acted on. actions is how many actions a step is drawn
+// from, and restarts says one of them restarts the server: only then is
+// there anything to ration.
 func (m *Machine) pace(actions int, restarts bool) {
-	if m.budget.known {
-		return
+	if start, restart, step := m.Pace().Costs(); max(start, restart, step) >= execute.SlowCost {
+		m.stats.Pace = m.Pace().String()
 	}
-	p := m.Pace()
-	start, restart, step := p.Costs()
-	if step == 0 {
+	if m.budget.known {
 		return
 	}
 	m.budget.known = true
 	share := m.Profile.RestartShareOrDefault()
 	m.budget.ration = 1
 	if restarts {
-		m.budget.ration = p.Ration(share, actions)
+		m.budget.ration = execute.Ration(share, actions)
 	}
 	// Restarts rationed, a check's own draws no longer reach all it could:
-	// it steers them. A server whose restarts are not rationed draws as
-	// its seeds always have, whatever the machine's speed.
+	// it steers them.
 	m.budget.slow = m.budget.ration > 1
-	if max(start, restart, step) >= execute.RationFloor {
-		m.stats.Pace, m.stats.RestartShare = p.String(), share
+	if m.budget.slow {
+		m.stats.RestartShare = share
 	}
 	m.stats.Ration = max(m.stats.Ration, m.budget.ration)
 }
