@@ -418,6 +418,7 @@ func TestOpenclawProfile(t *testing.T) {
 	assert.True(t, oc.ResponsesAPI.StoresAll())
 	assert.False(t, oc.ResponsesAPI.IDsSurviveRestart())
 	assert.True(t, oc.Durability.Restart && oc.Durability.Crash)
+	assert.Equal(t, 0.01, oc.RestartShareOrDefault(), "a restart costs a start of seconds to minutes: rationed by count")
 
 	// Its chat endpoint: sessions named by the same header, runs queued
 	// per session, a dropped turn's user message kept.
@@ -428,6 +429,7 @@ func TestOpenclawProfile(t *testing.T) {
 	assert.Equal(t, "x-openclaw-session-key", chat.HeaderName())
 	assert.Equal(t, model.Serialize, chat.Concurrency)
 	assert.Equal(t, KeepConsistent, chat.Interruption)
+	assert.Equal(t, 0.01, chat.RestartShareOrDefault())
 
 	// Its ACP bridge, started with the gateway it forwards to: a prompt on
 	// a busy session cancels the one running.
