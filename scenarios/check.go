@@ -77,6 +77,10 @@ type Options struct {
 	// is shrunk, before the run goes on, and what the run did so far: a
 	// person sees a finding when it is made, not when the run ends.
 	Found func(*report.Failure, report.Stats)
+	// Known, if set, says whether a failure as it was found (its
+	// violation, its steps unshrunk) is a known one, a baseline's: such a
+	// failure is not shrunk, so that a run spends its time on what is new.
+	Known func(*report.Failure) bool
 	// FailFast ends a Conform at its first failure.
 	FailFast bool
 	// Shard, if its N is not 0, runs only shard K (from 1) of N of the
@@ -247,6 +251,12 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		return f
 	}
 	run := c.failing
+	if opts.Known != nil && opts.Known(&report.Failure{Violation: run.violation, Plans: run.plans, History: run.history}) {
+		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
+		f.Report = report.FormatFailure(f.Violation, f.History, profile)
+		f.Shrink, f.ShrinkNote = report.NotShrunk, "a known finding (the baseline lists it): not shrunk again"
+		return f
+	}
 	bound, said := opts.ShrinkTime, "--shrink-time "+opts.ShrinkTime.String()
 	if bound <= 0 {
 		var left time.Duration

@@ -289,8 +289,19 @@ func TestCutShortIsNoPass(t *testing.T) {
 	cut := &report.Conformance{Verdicts: all, Asked: 10, Stopped: "the time bound was reached"}
 	assert.False(t, cut.Passed())
 	assert.True(t, cut.CutShort())
+	assert.True(t, cut.NotProven(), "cut short, nothing broken: not proven")
+	assert.False(t, cut.Broken())
 	all[3].Status = report.NotExercised
 	assert.False(t, cut.CutShort(), "a run with an invariant not exercised does not conform, cut short or not")
+	assert.True(t, cut.NotProven())
+	assert.True(t, done.NotProven(), "an invariant not exercised: not proven")
+	assert.Equal(t, "NOT PROVEN", done.Outcome())
+	assert.Contains(t, done.NotProvenText(), "not exercised: "+string(all[3].Invariant)+". What would exercise each:\n  "+string(all[3].Invariant))
+	all[4].Status = report.Fail
+	assert.False(t, done.NotProven(), "a FAIL is broken, whatever else")
+	assert.True(t, done.Broken())
+	assert.Equal(t, "DOES NOT CONFORM", done.Outcome())
+	assert.Empty(t, done.NotProvenText())
 }
 
 // oneSource is the reference server as a server that loads one agent

@@ -35,6 +35,8 @@ back from every restart and crash drawn:
                   (one root cause, reported once, there): not a pass
   KNOWN           broken, as the --baseline lists: shown, and no failure
   FIXED           the --baseline lists a finding of it, and it passed
+  SET ASIDE       not exercised in a run with known findings, whose
+                  conversations were set aside: no failure of the gate
 
 A broken invariant does not end the run (unless --fail-fast): it is
 shrunk, printed and saved at once, and the checks go on for the others, with what it touched set aside: its later
@@ -105,12 +107,23 @@ requests in a row get no connection or no answer) ends the run with exit
 end, or outlives its stop_grace and is killed, is a note beside the
 verdicts.
 
-Exit status: 0 when every applicable invariant that turncheck checks was
-exercised and passed (skipped and known ones aside) in every check asked, and the
-server stayed up, 1 otherwise (a run --timeout cut short says
-INCOMPLETE), 2 when the run could not be carried out (bad profile, a
+A run ends in one of three outcomes, each with its word and exit status:
+
+  CONFORMS          0  every applicable invariant turncheck checks was
+                       exercised and passed (skipped ones, and known ones
+                       under --baseline, aside) in every check asked, and
+                       the server stayed up
+  DOES NOT CONFORM  1  broken: an invariant FAILed (a finding not in the
+                       baseline), or the server went down
+  NOT PROVEN        4  nothing broke, but nothing is proven either: an
+                       invariant was NOT EXERCISED (each is named, with
+                       what would exercise it), or --timeout cut the run
+                       short of the checks asked
+
+Exit status 2 says the run could not be carried out (bad profile, a
 profile that cannot express the server, server did not start, stopped
-answering, or did not come back after it went down).
+answering, or did not come back after it went down), or was
+interrupted. A CI gate fails on 1; whether it fails on 4 is its choice.
 
 Examples:
   turncheck conform --profile profiles/reference.yaml
@@ -204,7 +217,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	runCtx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	opts := scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: runCtx, Skip: skip,
-		FailFast: *failFast, Parallel: scenarios.Parallel(target, *parallel), Shard: scenarios.Shard(shard)}
+		FailFast: *failFast, Parallel: scenarios.Parallel(target, *parallel), Shard: scenarios.Shard(shard), Known: baseline.Lists}
 	live := isTerminal(stderr)
 	opts.Progress = progress(stderr, live)
 	// Each finding is printed, and saved, as soon as it is shrunk: on a
@@ -281,9 +294,9 @@ func conclude(cmd string, c *report.Conformance, err error, jsonPath, junitPath 
 	case c.Passed():
 		fmt.Fprintln(stdout, "CONFORMS: every applicable invariant turncheck checks was exercised and passed")
 		return exitOK
-	case c.CutShort():
-		fmt.Fprintf(stdout, "INCOMPLETE: nothing broken in the %d of %d checks asked that ran, but %s first: "+
-			"run longer (--timeout) or ask fewer checks (--checks) for a verdict\n", c.Stats.Checks, c.Asked, c.Stopped)
+	case c.NotProven():
+		fmt.Fprint(stdout, c.NotProvenText())
+		return exitNotProven
 	default:
 		fmt.Fprintln(stdout, "DOES NOT CONFORM: see the verdicts above")
 	}

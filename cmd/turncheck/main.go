@@ -63,6 +63,10 @@ const (
 	// the tries broke an invariant; no verdict, neither a pass of the
 	// saved failure nor a new one.
 	exitNotReproduced = 3
+	// exitNotProven: conform broke nothing, but proved no conformance
+	// either: an invariant was not exercised, or the time bound cut the
+	// run short. A gate tells it from a broken server (1).
+	exitNotProven = 4
 )
 
 const usage = `turncheck checks that a server which keeps LLM conversations server-side keeps
@@ -100,7 +104,9 @@ Examples:
 
 Run 'turncheck <command> --help' for a command's flags.
 Exit status: 0 no invariant broken, 1 an invariant broken, 2 usage or setup error,
-3 a saved failure replayed did not break again (see 'turncheck replay --help').
+3 a saved failure replayed did not break again (see 'turncheck replay --help'),
+4 conform broke nothing but proved no conformance (NOT PROVEN: an invariant
+not exercised, or the run cut short; see 'turncheck conform --help').
 `
 
 func main() {

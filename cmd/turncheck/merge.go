@@ -28,7 +28,8 @@ merge says was exercised may then differ from a whole run's, never what
 it found.
 
 Exit status: as conform's, for the merged verdicts: 0 when they conform,
-1 when they do not, 2 when the shards could not be read or merged.
+1 when they are broken, 4 when nothing broke but they prove no
+conformance (NOT PROVEN), 2 when the shards could not be read or merged.
 
 Examples:
   turncheck conform --profile p.yaml --seed 7 --shard 1/3 --json s1.json

@@ -4,6 +4,10 @@
 package history
 
 import (
+	"regexp"
+	"slices"
+
+	"github.com/turncheck/turncheck/faults"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/protocol"
@@ -52,3 +56,67 @@ const (
 	NetBroken    = "broken while the turn was in flight"
 	NetNotHealed = "; not healed: "
 )
+
+// FaultReached reports whether op's fault took effect: a network fault
+// whose link broke while the turn was in flight, a client abort made
+// while the model held the turn at its point, a model fault on a turn
+// that made the model call of its tool loop the fault hits.
+func (op Op) FaultReached() bool {
+	switch s := op.Send; {
+	case s.Net != nil:
+		return op.Net == NetBroken
+	case s.Abort:
+		return op.Turn.Interrupted || op.Turn.Detached
+	case s.Fault.Kind != faults.None:
+		for _, c := range op.Turn.Calls {
+			if callRound(s.Token, c) >= s.Fault.Round {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// callRound is the call of turn tok's tool loop c is: how many of the
+// turn's tool rounds it carries results of (0 for the first call).
+func callRound(tok model.Token, c model.Call) int {
+	round := 0
+	for _, e := range c.Tools {
+		if e.Kind != model.ToolAnswered {
+			continue
+		}
+		if user, r, ok := model.ToolTurn(e.ID); ok && user == tok {
+			round = max(round, r)
+		}
+	}
+	return round
+}
+
+// counts are the numbers in an action's name ("burst of 3"), which do not
+// change what the action is.
+var counts = regexp.MustCompile(`[0-9]+`)
+
+// Drawn names what op carried out, in a vocabulary that is the same for
+// every run and seed: its action ("action: invalid continuation: blank
+// last user message", a burst's size as N), and the fault that took
+// effect on it, if any ("fault: model-error"). A run counts them
+// (report.Stats.Drawn), and a baseline's finding keeps those of its steps
+// as its trigger: a finding is fixed only in a run that drew its trigger.
+func (op Op) Drawn() []string {
+	out := []string{"action: " + counts.ReplaceAllString(op.Action, "N")}
+	if k := op.Send.FaultKind(); k != "" && op.FaultReached() {
+		out = append(out, "fault: "+k)
+	}
+	return out
+}
+
+// Trigger is what ops drew (Op.Drawn), each once, sorted: a failure's
+// steps as a baseline keeps them.
+func Trigger(ops []Op) []string {
+	var out []string
+	for _, op := range ops {
+		out = append(out, op.Drawn()...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}

@@ -7,6 +7,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -57,28 +58,48 @@ type Conformance struct {
 	ServerOutput string `json:"serverOutput,omitempty"`
 }
 
+// A run has one of three outcomes, each with its word and exit status:
+// broken (a FAIL: DOES NOT CONFORM), not proven (nothing broke, but an
+// invariant was not exercised or the run was cut short: NOT PROVEN), or
+// conforms (CONFORMS, perhaps but for known findings). An interrupted
+// run has none of them.
+
 // Passed reports whether the server conforms: every applicable invariant
-// that turncheck checks and was not skipped was exercised and passed, in
-// every check asked for. A run the time bound cut short has not passed,
-// whatever it saw (see CutShort).
+// that turncheck checks and was not skipped was exercised and passed
+// (or is a known finding), in every check asked for. A run the time bound
+// cut short has not passed, whatever it saw (see NotProven).
 func (c *Conformance) Passed() bool {
-	return c.Stopped == "" && c.clean()
+	return c.Stopped == "" && !c.Broken() && len(c.Unexercised()) == 0
+}
+
+// Broken reports a run that found an invariant broken: a FAIL.
+func (c *Conformance) Broken() bool {
+	return slices.ContainsFunc(c.Verdicts, func(v Verdict) bool { return v.Status == Fail })
+}
+
+// NotProven reports a run that broke nothing and yet proves no
+// conformance: an invariant was not exercised, or fewer checks ran than
+// were asked (the time bound). An interrupted run is neither.
+func (c *Conformance) NotProven() bool {
+	return c.Stopped != "interrupted" && !c.Broken() && !c.Passed()
 }
 
 // CutShort reports a run that broke nothing and left nothing unexercised
 // in the checks it ran, but ran fewer than asked: it stopped early.
 func (c *Conformance) CutShort() bool {
-	return c.Stopped != "" && c.clean()
+	return c.Stopped != "" && !c.Broken() && len(c.Unexercised()) == 0
 }
 
-// clean reports that no verdict is a FAIL or NOT EXERCISED.
-func (c *Conformance) clean() bool {
+// Unexercised are the verdicts NOT EXERCISED: what keeps a run that broke
+// nothing from proving conformance.
+func (c *Conformance) Unexercised() []Verdict {
+	var out []Verdict
 	for _, v := range c.Verdicts {
-		if v.Status == Fail || v.Status == NotExercised {
-			return false
+		if v.Status == NotExercised {
+			out = append(out, v)
 		}
 	}
-	return true
+	return out
 }
 
 // Verdict returns the verdict on inv.
@@ -136,6 +157,10 @@ func (s *Stats) Add(o Stats) {
 		s.Unreached = map[string]int{}
 	}
 	AddCounts(s.Unreached, o.Unreached)
+	if len(o.Drawn) > 0 && s.Drawn == nil {
+		s.Drawn = map[string]int{}
+	}
+	AddCounts(s.Drawn, o.Drawn)
 	AddCounts(s.Outcomes, o.Outcomes)
 	AddCounts(s.Causes, o.Causes)
 	AddCounts(s.TimeMS, o.TimeMS)
@@ -234,9 +259,10 @@ func (v Verdict) message() string {
 	return "broken; nothing was kept to say how"
 }
 
-// Outcome is the run's verdict in a word or three: CONFORMS, DOES NOT
-// CONFORM, INCOMPLETE (a run the time bound cut short that broke
-// nothing) or INTERRUPTED.
+// Outcome is the run's verdict in a word or three: CONFORMS (perhaps
+// but for known findings), NOT PROVEN (nothing broke, but something was
+// not exercised, or the time bound cut the run short), DOES NOT
+// CONFORM, or INTERRUPTED.
 func (c *Conformance) Outcome() string {
 	switch {
 	case c.Stopped == "interrupted":
@@ -245,8 +271,8 @@ func (c *Conformance) Outcome() string {
 		return fmt.Sprintf("CONFORMS, BUT FOR %d KNOWN FINDING(S)", c.knownCount())
 	case c.Passed():
 		return "CONFORMS"
-	case c.CutShort():
-		return "INCOMPLETE"
+	case c.NotProven():
+		return "NOT PROVEN"
 	}
 	return "DOES NOT CONFORM"
 }
@@ -323,6 +349,12 @@ const (
 	// Skipped: left out on request, as a known failure; its violations
 	// set their conversations aside, and the rest is checked.
 	Skipped Status = "skipped"
+	// Aside: not exercised in a run with known findings (a baseline's),
+	// whose conversations were set aside as soon as each was seen, and
+	// with them what would have exercised it: nothing was proven of it,
+	// and nothing new broke. It does not keep the run from passing its
+	// gate.
+	Aside Status = "set aside"
 	// SameCause: broken, but only in the way another invariant's finding
 	// is (the same kind of wrong state, model.Kind, under this
 	// invariant's name): one root cause, reported once, under that
@@ -353,6 +385,51 @@ var Exercises = map[model.Invariant]string{
 	// The crash finding: not an invariant of a conversation, beside them.
 	model.Crash: "step(s) after which the server was seen up: its process watched, or back from a restart drawn",
 	model.Wire:  "prompt(s) or task(s) answered by an agent that kept to its protocol: an ACP agent called back only what the client advertised and answered each cancelled prompt cancelled; an A2A agent's task stayed in its context, and tasks/get showed the task's own messages",
+}
+
+// WouldExercise says, for each invariant, what a run needs to exercise
+// it: what a NOT PROVEN run names beside each invariant it did not.
+var WouldExercise = map[model.Invariant]string{
+	model.T1:  "a turn that fails (the fake model's faults are drawn) followed by a turn of its conversation: more checks, or a server that runs the model for each turn",
+	model.T2:  "turns that end ok: a server that answers the harness's turns (the summary's first answers say why it did not)",
+	model.T3:  "a request without a usable user message on a conversation with history: more checks",
+	model.T4:  "requests sent at once on one conversation (bursts): more checks",
+	model.T5:  "model calls while two conversations exist: more checks",
+	model.T6:  "a turn whose outcome is unknown (a crash mid-turn, a client that gives up) followed by a turn of its conversation: more checks, and durability declared for crashes",
+	model.T7:  "a conversation continued after a restart or crash: more checks, with durability declared and a server the harness starts (profiles/README.md, server.restart_share)",
+	model.T8:  "a resume after a restart that changes the agent's source: server.agent in the profile, durability declared, and more checks",
+	model.T9:  "tool calls reaching the model: tools: true in the profile, and a server that offers the model the echo and lookup tools",
+	model.T10: "a client that disconnects while the model holds its turn: more checks",
+	model.T11: "a turn that fails between two tool turns of one conversation: tools: true and more checks",
+
+	model.Crash: "a server the harness starts and watches (server.command)",
+	model.Wire:  "prompts or tasks answered: more checks",
+}
+
+// NotProvenText says why a run that broke nothing proves no
+// conformance: the checks it did not run, and each invariant it did not
+// exercise, with what would exercise it. "" when the run is not NOT
+// PROVEN.
+func (c *Conformance) NotProvenText() string {
+	if !c.NotProven() {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("NOT PROVEN: nothing broke")
+	if c.Stopped != "" {
+		fmt.Fprintf(&b, " in the %d of %d checks asked that ran, but %s first: run longer (--timeout) or ask fewer checks (--checks) for a verdict", c.Stats.Checks, c.Asked, c.Stopped)
+	}
+	if un := c.Unexercised(); len(un) > 0 {
+		names := make([]string, len(un))
+		for i, v := range un {
+			names[i] = string(v.Invariant)
+		}
+		fmt.Fprintf(&b, "; not exercised: %s. What would exercise each:", strings.Join(names, ", "))
+		for _, v := range un {
+			fmt.Fprintf(&b, "\n  %-5s %s", v.Invariant, WouldExercise[v.Invariant])
+		}
+	}
+	return b.String() + "\n"
 }
 
 // Merge joins the verdicts of the shards of one run (Conformance.Shard,

@@ -275,6 +275,10 @@ type Stats struct {
 	// before the point each was drawn for (refused, or failed, before the
 	// model call it was to hit): drawn, never injected.
 	Unreached map[string]int `json:"unreached,omitempty"`
+	// Drawn counts what the run carried out, by action and by fault that
+	// took effect (history.Op.Drawn): what a baseline's finding must see
+	// drawn before it can be called fixed.
+	Drawn map[string]int `json:"drawn,omitempty"`
 	// Outcomes counts the turns' outcomes: ok, fail, unknown.
 	Outcomes map[string]int `json:"outcomes"`
 	// Invariants counts how often each invariant was evaluated.
@@ -358,7 +362,7 @@ const MaxFirstAnswers = 3
 func NewStats() *Stats {
 	return &Stats{Faults: map[string]int{}, Unreached: map[string]int{}, Outcomes: map[string]int{}, Invariants: map[model.Invariant]int{},
 		SetAside: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},
-		Causes: map[string]int{}, TimeMS: map[string]int64{}}
+		Causes: map[string]int{}, TimeMS: map[string]int64{}, Drawn: map[string]int{}}
 }
 
 // Summary renders the counts on a few lines.

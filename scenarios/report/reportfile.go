@@ -206,7 +206,10 @@ func (c *Conformance) WriteJSON(w io.Writer) error {
 		*Conformance
 		ElapsedMS int64 `json:"elapsedMs"`
 		Passed    bool  `json:"passed"`
-	}{ConformanceSchema, c, c.Elapsed.Milliseconds(), c.Passed()})
+		// Outcome is the run's word (Conformance.Outcome): a gate reads
+		// CONFORMS, NOT PROVEN or DOES NOT CONFORM apart.
+		Outcome string `json:"outcome"`
+	}{ConformanceSchema, c, c.Elapsed.Milliseconds(), c.Passed(), c.Outcome()})
 }
 
 // ReadConformance reads verdicts WriteJSON wrote, as 'conform --json'

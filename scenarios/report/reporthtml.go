@@ -182,15 +182,18 @@ func (c *Conformance) WriteHTML(w io.Writer, server targets.ServerSpec) error {
 		Failures                                 []failure
 	}{Conformance: c, Outcome: c.Outcome(), Class: "fail", Server: server.String(),
 		Elapsed: c.Elapsed.Round(time.Millisecond).String(), Closing: c.Closing()}
-	if c.Passed() {
+	switch {
+	case c.Passed():
 		data.Class = "pass"
+	case c.NotProven():
+		data.Class = "other"
 	}
 	for _, v := range c.Verdicts {
 		class := "other"
 		switch v.Status {
 		case Pass, Fixed:
 			class = "pass"
-		case Fail, NotExercised:
+		case Fail:
 			class = "fail"
 		}
 		data.Rows = append(data.Rows, row{v.Invariant, v.Invariant.Title(), strings.ToUpper(string(v.Status)), v.rests(), class})

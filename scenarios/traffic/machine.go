@@ -421,6 +421,9 @@ func (m *Machine) step(t *rapid.T, p plan.Plan) {
 // record counts op and keeps what later draws need: the conversation's
 // latest user message and its failed turns.
 func (m *Machine) record(op history.Op) {
+	for _, d := range op.Drawn() {
+		m.stats.Drawn[d]++
+	}
 	if op.Restart != nil {
 		m.stats.Faults[op.Action]++
 		return
@@ -456,7 +459,7 @@ func (m *Machine) record(op history.Op) {
 		// A fault counts as injected only where it took effect: the turn
 		// got as far as the point it was drawn for. A turn refused, or
 		// ended, before it got there only drew it.
-		if faultReached(op) {
+		if op.FaultReached() {
 			m.stats.Faults[k]++
 		} else {
 			m.stats.Unreached[k]++
@@ -476,41 +479,6 @@ func (m *Machine) record(op history.Op) {
 	if op.Response.Outcome == model.Fail {
 		c.failed = append(c.failed, tok)
 	}
-}
-
-// faultReached reports whether op's fault took effect: a network fault
-// whose link broke while the turn was in flight, a client abort made
-// while the model held the turn at its point, a model fault on a turn
-// that made the model call of its tool loop the fault hits.
-func faultReached(op history.Op) bool {
-	switch s := op.Send; {
-	case s.Net != nil:
-		return op.Net == history.NetBroken
-	case s.Abort:
-		return op.Turn.Interrupted || op.Turn.Detached
-	case s.Fault.Kind != faults.None:
-		for _, c := range op.Turn.Calls {
-			if callRound(s.Token, c) >= s.Fault.Round {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// callRound is the call of turn tok's tool loop c is: how many of the
-// turn's tool rounds it carries results of (0 for the first call).
-func callRound(tok model.Token, c model.Call) int {
-	round := 0
-	for _, e := range c.Tools {
-		if e.Kind != model.ToolAnswered {
-			continue
-		}
-		if user, r, ok := model.ToolTurn(e.ID); ok && user == tok {
-			round = max(round, r)
-		}
-	}
-	return round
 }
 
 // live are the conversations that may go on.
