@@ -255,7 +255,7 @@ const (
 	// cancelled: the error the abort raised reaches the prompt's answer,
 	// which ACP says an agent must catch. The client sees what it sees of
 	// an agent that ignores the cancel and answers the prompt with an
-	// error when its own timeout passes (issue 36): a JSON-RPC error to a
+	// error when its own timeout passes: a JSON-RPC error to a
 	// prompt it cancelled.
 	ACPCancelAnswersError = config.ACPCancelAnswersError
 	// SessionEmptyRuns runs a session turn whose messages hold no usable

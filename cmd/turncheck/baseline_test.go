@@ -60,6 +60,8 @@ func TestConformBaseline(t *testing.T) {
 	assert.Regexp(t, `(?m)^T3 +.*\bKNOWN\b +in the baseline: `, stdout)
 	assert.Contains(t, stdout, "KNOWN: the baseline "+b+" lists this finding")
 	assert.Contains(t, stdout, "CONFORMS, BUT FOR 1 KNOWN FINDING(S): no new finding")
+	assert.Contains(t, stdout, "a known finding (the baseline lists it): not shrunk again", "a known finding is matched, not shrunk")
+	assert.NotContains(t, stdout, "NOT EXERCISED", "what the known finding set aside is SET ASIDE")
 	junit, err := os.ReadFile(filepath.Join(second, "junit.xml"))
 	require.NoError(t, err)
 	assert.Regexp(t, `<skipped message="known finding, in the baseline [^"]*: T3`, string(junit), "a known finding is a skipped case, with why")
@@ -76,8 +78,20 @@ func TestConformBaseline(t *testing.T) {
 		"--out", filepath.Join(dir, "third"), "--shrink-time", "3s", "--parallel", "1", "--baseline", b)
 	require.Equal(t, exitViolation, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	assert.Regexp(t, `(?m)^T1 +.*\bFAIL\b`, stdout)
-	assert.Regexp(t, regexp.MustCompile(`(?m)^T3 +.*\bFIXED\b +\d+ .*the baseline's finding was not found: T3`), stdout)
+	assert.Regexp(t, regexp.MustCompile(`(?m)^T3 +.*\bFIXED\b +\d+ .*the baseline's finding was not found, its trigger drawn \(.*\): T3`), stdout)
 	assert.Contains(t, stdout, "DOES NOT CONFORM")
+
+	// The baselines of two runs, merged: both findings, each once.
+	both := filepath.Join(dir, "both.json")
+	code, stdout, stderr = runCLI(t, "baseline", "--from", first, "--from", filepath.Join(dir, "third"), "--from", b, "--out", both)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Contains(t, stdout, "2 finding(s) of 3 run(s)")
+	merged, err := report.ReadBaseline(both)
+	require.NoError(t, err)
+	require.Len(t, merged.Findings, 2)
+	assert.Equal(t, "T1", string(merged.Findings[0].Invariant))
+	assert.Equal(t, 2, merged.Findings[1].Runs, "T3: in the first run, and in the baseline written from it")
+	assert.NotEmpty(t, merged.Findings[1].Trigger)
 }
 
 // TestConformBaselineErrors: a baseline that cannot be read, or is no

@@ -373,8 +373,10 @@ func TestConformURLNothingServed(t *testing.T) {
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
 	code, stdout, stderr := runCLI(t, "conform", "--url", srv.URL, "--model-addr", addr, "--checks", "3", "--steps", "10")
-	assert.Equal(t, exitViolation, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
-	assert.Contains(t, stdout, "DOES NOT CONFORM")
+	// Nothing broke, and nothing was proven: not proven, not broken.
+	assert.Equal(t, exitNotProven, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Contains(t, stdout, "NOT PROVEN: nothing broke; not exercised: T1, T2, T3")
+	assert.Contains(t, stdout, "\n  T2    turns that end ok:", "each invariant not exercised is named with what would exercise it")
 	assert.Contains(t, verdictLine(stdout, "T2"), "NOT EXERCISED")
 	assert.Contains(t, verdictLine(stdout, "T7"), "NOT APPLICABLE")
 	srv.CloseClientConnections()

@@ -96,26 +96,42 @@ func callRound(tok model.Token, c model.Call) int {
 // change what the action is.
 var counts = regexp.MustCompile(`[0-9]+`)
 
+// plainTurns are the actions that send one turn with a new user message,
+// which differ only in where: a trigger does not tell them apart.
+var plainTurns = []string{"new conversation", "continue", "one request", "same id, other key"}
+
 // Drawn names what op carried out, in a vocabulary that is the same for
 // every run and seed: its action ("action: invalid continuation: blank
-// last user message", a burst's size as N), and the fault that took
+// last user message"; a burst's size as N; one turn of a new user message
+// "action: turn", whichever action sent it), and the fault that took
 // effect on it, if any ("fault: model-error"). A run counts them
-// (report.Stats.Drawn), and a baseline's finding keeps those of its steps
-// as its trigger: a finding is fixed only in a run that drew its trigger.
+// (report.Stats.Drawn), and a baseline's finding keeps those that set it
+// off as its trigger (Trigger): a finding is fixed only in a run that drew
+// its trigger.
 func (op Op) Drawn() []string {
-	out := []string{"action: " + counts.ReplaceAllString(op.Action, "N")}
+	action := counts.ReplaceAllString(op.Action, "N")
+	if slices.Contains(plainTurns, action) {
+		action = "turn"
+	}
+	out := []string{"action: " + action}
 	if k := op.Send.FaultKind(); k != "" && op.FaultReached() {
 		out = append(out, "fault: "+k)
 	}
 	return out
 }
 
-// Trigger is what ops drew (Op.Drawn), each once, sorted: a failure's
-// steps as a baseline keeps them.
+// Trigger is what set off the failure whose steps are ops (Op.Drawn),
+// each once, sorted: the action of the request that showed it (the last),
+// every restart and crash, and every fault that took effect. The plain
+// turns between them are left out: any run draws those, in any number.
 func Trigger(ops []Op) []string {
 	var out []string
-	for _, op := range ops {
-		out = append(out, op.Drawn()...)
+	for i, op := range ops {
+		drawn := op.Drawn()
+		if i < len(ops)-1 && op.Restart == nil {
+			drawn = drawn[1:] // its fault only
+		}
+		out = append(out, drawn...)
 	}
 	slices.Sort(out)
 	return slices.Compact(out)

@@ -158,7 +158,7 @@ const (
 	// cancelled: the error the abort raised reaches the prompt's answer,
 	// which ACP says an agent must catch. The client sees what it sees of
 	// an agent that ignores the cancel and answers the prompt with an
-	// error when its own timeout passes (issue 36): a JSON-RPC error to a
+	// error when its own timeout passes: a JSON-RPC error to a
 	// prompt it cancelled.
 	ACPCancelAnswersError Mutant = "acp-cancel-answers-error"
 	// SessionEmptyRuns runs a session turn whose messages hold no usable
@@ -276,7 +276,7 @@ func Mutants() []MutantInfo {
 			"session/load replays the session without its last committed turn, while the model is sent the whole history: what the client is shown after a restart is not what the agent holds", "", string(ProtoACP), 0},
 		{SessionEmptyRuns, "docker-agent #2947 (serve api: a turn with no message runs the session as it is)", "T3",
 			"a session turn whose messages are empty, or blank only, appends nothing and runs the model on the session as it is: the last committed user message is sent as the newest, and its turn runs again", "", string(ProtoSessions), 0},
-		{ACPCancelAnswersError, "issue 36 (an ACP agent answers a cancelled prompt with a JSON-RPC error)", "wire",
+		{ACPCancelAnswersError, "PROTOCOL.md ACP T10 (a cancelled prompt is answered cancelled, never with a JSON-RPC error)", "wire",
 			"a prompt the client cancelled (session/cancel) is stopped, but answered with a JSON-RPC error, the one its abort raised, where ACP wants stopReason cancelled", "", string(ProtoACP), 0},
 		{A2AContextRace, "docker-agent serve a2a (nothing serializes the tasks of a context)", "T4",
 			"the tasks of one context run without the context's lock: a second message sent while a task of its context runs starts on the same committed history, and the later commit overwrites the earlier", "", string(ProtoA2A), 0},
