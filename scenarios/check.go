@@ -59,8 +59,10 @@ type Options struct {
 	Steps int
 	// Seed starts the run; the same seed replays the same runs. 0 draws one.
 	Seed uint64
-	// ShrinkTime bounds the minimisation of a failure, a hard wall-clock
-	// bound; 0 counts it in replays: shrink.ShrinkReplays replays of the
+	// ShrinkTime bounds the minimisation of a failure in wall-clock time:
+	// no replay starts after it, and the one in flight is cut, though
+	// stopping its server may take the server's stop grace more; 0 counts
+	// it in replays: shrink.ShrinkReplays replays of the
 	// failing run at the speed it ran, within 30s and 10m, and at most half
 	// the time Context leaves the run.
 	ShrinkTime time.Duration

@@ -104,6 +104,10 @@ func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[mo
 				sum := report.NewStats()
 				sum.Add(*done)
 				sum.Add(s)
+				// Checks of an earlier round that ran past its finding run
+				// again in this one: the checks done are those the rounds
+				// before settled, and this round's, never more than asked.
+				sum.Checks = min(all-len(nums)+s.Checks, all)
 				sum.Shrinking = s.Shrinking
 				opts.Progress(*sum)
 			}

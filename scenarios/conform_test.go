@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,9 +69,15 @@ func TestConformCleanServer(t *testing.T) {
 func TestConformGoesOnAfterAFailure(t *testing.T) {
 	t.Parallel()
 	var found []*Failure
-	c, err := Conform(reference.Target{Mutant: sut.MutateBeforeRun}, Options{Checks: 40, Seed: 11,
-		ShrinkTime: 2 * time.Second, Found: func(f *Failure, _ Stats) { found = append(found, f) }})
+	var mu sync.Mutex
+	said := 0 // the most checks progress said were done
+	c, err := Conform(reference.Target{Mutant: sut.MutateBeforeRun}, Options{Checks: 40, Seed: 11, Parallel: 2,
+		ShrinkTime: 2 * time.Second, Found: func(f *Failure, _ Stats) { found = append(found, f) },
+		Progress: func(s Stats) { mu.Lock(); said = max(said, s.Checks); mu.Unlock() }})
 	require.NoError(t, err)
+	// Checks that ran past a finding run again after it: progress counts
+	// each check once, never past those asked.
+	assert.Equal(t, 40, said, "progress counts the checks done")
 	// The mutant keeps a failed turn's message (T1) and an aborted turn's
 	// (T10): two findings, the second in a round of its own.
 	require.GreaterOrEqual(t, len(found), 2, "%s", c.Text(Profile{}))

@@ -140,7 +140,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	steps := fs.Int("steps", 30, "average steps per run")
 	seed := fs.Uint64("seed", 0, "seed of the first run; 0 draws one")
 	timeout := fs.Duration("timeout", 10*time.Minute, "wall-clock bound on the whole run, shrinking included")
-	shrink := fs.Duration("shrink-time", 0, "time limit for shrinking each failure, a hard bound; 0 counts it in replays: 100 replays of the failing run at the speed it ran, within 30s and 10m, and at most half the run's time left")
+	shrink := fs.Duration("shrink-time", 0, "time limit for shrinking each failure (no replay starts after it; stopping the one cut short may take the server's stop grace more); 0 counts it in replays: 100 replays of the failing run at the speed it ran, within 30s and 10m, and at most half the run's time left")
 	var skip skipFlag
 	fs.Var(&skip, "skip", "leave out a known failure, e.g. T3, or crash (repeatable)")
 	out := fs.String("out", "", "directory for the run's results (verdicts as text, JSON and JUnit, index.html, each failure); default "+resultsRoot+"/TIME, with "+resultsRoot+"/latest naming the newest")
@@ -219,7 +219,11 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	opts := scenarios.Options{Checks: *checks, Steps: *steps, Seed: *seed, ShrinkTime: *shrink, Context: runCtx, Skip: skip,
 		FailFast: *failFast, Parallel: scenarios.Parallel(target, *parallel), Shard: scenarios.Shard(shard), Known: baseline.Lists}
 	live := isTerminal(stderr)
-	opts.Progress = progress(stderr, live)
+	pl := newProgressLog(stderr, live)
+	opts.Progress = pl.update
+	// A check of a slow server may take minutes: a line every
+	// progressEvery all the same.
+	defer pl.beats(progressEvery / 6)()
 	// Each finding is printed, and saved, as soon as it is shrunk: on a
 	// slow server the first one may come minutes before the run ends.
 	printed := 0
@@ -388,33 +392,93 @@ func progressLine(w io.Writer) func(scenarios.Stats) {
 const progressEvery = 30 * time.Second
 
 // progress says how a run goes: on a terminal (live) one updating line,
-// otherwise (a CI log, a file) a plain line every progressEvery.
+// otherwise (a CI log, a file) a plain line at most every progressEvery.
 func progress(w io.Writer, live bool) func(scenarios.Stats) {
-	start, last := time.Now(), time.Now()
-	return func(s scenarios.Stats) {
-		if !live {
-			if time.Since(last) < progressEvery {
-				return
-			}
-			last = time.Now()
-		}
-		faults := 0
-		for _, n := range s.Faults {
-			faults += n
-		}
-		elapsed := time.Since(start)
-		line := fmt.Sprintf("%d checks, %.0f requests/s, %d faults injected, %s", s.Checks,
-			float64(s.Steps)/max(elapsed.Seconds(), 1e-3), faults, elapsed.Round(time.Second))
-		switch {
-		case s.Shrinking != "":
-			line += fmt.Sprintf("; shrinking %s: %d replays so far", s.Shrinking, s.ShrinkRuns)
-		case s.ShrinkRuns > 0:
-			line += fmt.Sprintf("; %d shrink replays", s.ShrinkRuns)
-		}
-		if live {
-			fmt.Fprintf(w, "\r\033[K%s", line)
-			return
-		}
-		fmt.Fprintf(w, "turncheck: %s\n", line)
+	return newProgressLog(w, live).update
+}
+
+// progressLog says how a run goes, from what its checks tell it
+// (update) and, off a terminal, every progressEvery in between (beat):
+// on a slow server one check may take minutes. Safe for concurrent use.
+type progressLog struct {
+	w    io.Writer
+	live bool
+	mu   sync.Mutex
+	// start is when the run began, said when the last line was said;
+	// latest are the counts as the checks last told them.
+	start, said time.Time
+	latest      scenarios.Stats
+}
+
+func newProgressLog(w io.Writer, live bool) *progressLog {
+	now := time.Now()
+	return &progressLog{w: w, live: live, start: now, said: now}
+}
+
+// update takes the counts a check, or a shrink replay, gives, and says
+// them: at once on a terminal, else if nothing was said for progressEvery.
+func (p *progressLog) update(s scenarios.Stats) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.latest = s
+	if !p.live && time.Since(p.said) < progressEvery {
+		return
 	}
+	p.say("")
+}
+
+// beat says the latest counts again, off a terminal, where nothing was
+// said for progressEvery: a check still running.
+func (p *progressLog) beat() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.live || time.Since(p.said) < progressEvery {
+		return
+	}
+	p.say("; a check is running")
+}
+
+// beats calls beat every tick until the returned stop is called, which
+// waits for it to end.
+func (p *progressLog) beats(tick time.Duration) (stop func()) {
+	done, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(tick)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				p.beat()
+			}
+		}
+	}()
+	return func() { close(done); <-ended }
+}
+
+// say writes the latest counts, with more said after them; p.mu held.
+func (p *progressLog) say(more string) {
+	p.said = time.Now()
+	s := p.latest
+	faults := 0
+	for _, n := range s.Faults {
+		faults += n
+	}
+	elapsed := time.Since(p.start)
+	line := fmt.Sprintf("%d checks, %.0f requests/s, %d faults injected, %s", s.Checks,
+		float64(s.Steps)/max(elapsed.Seconds(), 1e-3), faults, elapsed.Round(time.Second))
+	switch {
+	case s.Shrinking != "":
+		line += fmt.Sprintf("; shrinking %s: %d replays so far", s.Shrinking, s.ShrinkRuns)
+	case s.ShrinkRuns > 0:
+		line += fmt.Sprintf("; %d shrink replays", s.ShrinkRuns)
+	}
+	line += more
+	if p.live {
+		fmt.Fprintf(p.w, "\r\033[K%s", line)
+		return
+	}
+	fmt.Fprintf(p.w, "turncheck: %s\n", line)
 }

@@ -15,11 +15,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/internal/pgserver"
+	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
@@ -467,6 +469,23 @@ func TestProgressLine(t *testing.T) {
 	progress(&b, true)(scenarios.Stats{Checks: 7, ShrinkRuns: 5, Shrinking: "the T4 failure, at 3 step(s)"})
 	assert.Contains(t, b.String(), "7 checks")
 	assert.Contains(t, b.String(), "; shrinking the T4 failure, at 3 step(s): 5 replays so far")
+}
+
+// TestProgressWhileACheckRuns: off a terminal, a check that takes longer
+// than progressEvery is no silence: a beat says the latest counts again,
+// and that a check is running; one soon after a line says nothing.
+func TestProgressWhileACheckRuns(t *testing.T) {
+	var b syncbuf.Buffer
+	p := newProgressLog(&b, false)
+	p.update(scenarios.Stats{Checks: 2})
+	p.beat()
+	assert.Empty(t, b.String(), "said less than progressEvery ago")
+	p.said = p.said.Add(-progressEvery)
+	p.beat()
+	assert.Contains(t, b.String(), "turncheck: 2 checks, ")
+	assert.Contains(t, b.String(), "; a check is running\n")
+	stop := p.beats(time.Millisecond)
+	stop()
 }
 
 // TestShardsThroughTheCLI: the shards of one run, each a conform --shard

@@ -136,3 +136,43 @@ func Trigger(ops []Op) []string {
 	slices.Sort(out)
 	return slices.Compact(out)
 }
+
+// Title is what the step that starts at ops[i] does, said from the steps
+// before it in ops: the action that drew it, where that still fits. A
+// shrunk failure keeps a step whose action no longer does: a "retry
+// failed turn" whose failed attempt was shrunk away, or that ended
+// otherwise on replay; a "same id, other key" with no other key's
+// conversation left; a "continue" of a conversation no step before it
+// started.
+func Title(ops []Op, i int) string {
+	op := ops[i]
+	before := ops[:i]
+	onConv := slices.ContainsFunc(before, func(o Op) bool { return o.Send.Conv == op.Send.Conv && o.Restart == nil })
+	switch op.Action {
+	case "retry failed turn":
+		if slices.ContainsFunc(before, func(o Op) bool { return o.Send.Token == op.Send.Token && o.Turn.Outcome == model.Fail }) {
+			return op.Action
+		}
+		for _, o := range slices.Backward(before) {
+			if o.Send.Token == op.Send.Token && o.Send.Token != "" {
+				return "the same message again, after a turn that ended " + o.Turn.Outcome.String()
+			}
+		}
+	case "same id, other key":
+		if slices.ContainsFunc(before, func(o Op) bool {
+			return o.Send.Conv.ID == op.Send.Conv.ID && o.Send.Conv.Key != op.Send.Conv.Key && o.Restart == nil
+		}) {
+			return op.Action
+		}
+	case "continue":
+		if onConv {
+			return op.Action
+		}
+	default:
+		return op.Action
+	}
+	if onConv {
+		return "continue"
+	}
+	return "new conversation"
+}

@@ -104,7 +104,7 @@ func writeStepHeader(b *strings.Builder, ops []history.Op, i int) {
 		}
 		burst = append(burst, op)
 	}
-	fmt.Fprintf(b, "  %d. %s\n", first.Step, first.Action)
+	fmt.Fprintf(b, "  %d. %s\n", first.Step, history.Title(ops, i))
 	if len(burst) < 2 {
 		return
 	}

@@ -102,9 +102,9 @@ type failureView struct {
 func view(f *Failure) (failureView, error) {
 	data := failureView{Failure: f, Size: historySize(f.History)}
 	var v *model.Violation = f.Violation
-	for _, op := range f.History {
+	for i, op := range f.History {
 		if len(data.Steps) == 0 || data.Steps[len(data.Steps)-1].N != op.Step {
-			data.Steps = append(data.Steps, htmlStep{N: op.Step, Action: op.Action})
+			data.Steps = append(data.Steps, htmlStep{N: op.Step, Action: history.Title(f.History, i)})
 		}
 		s := &data.Steps[len(data.Steps)-1]
 		violating := v != nil && op.Send.Conv == v.Conv && op.Send.Token == v.Turn &&

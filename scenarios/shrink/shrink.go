@@ -1,6 +1,7 @@
 // Package shrink minimises a failing run to a short sequence of steps that
 // still breaks the same invariant, replaying candidates in labs within a
-// hard wall-clock bound.
+// wall-clock bound: no replay starts after it, the one in flight is cut,
+// and stopping that replay's server may take its stop grace more.
 package shrink
 
 import (
