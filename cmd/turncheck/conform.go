@@ -435,6 +435,10 @@ func (p *progressLog) beat() {
 	if p.live || time.Since(p.said) < progressEvery {
 		return
 	}
+	if p.latest.Shrinking != "" {
+		p.say("") // the line says what runs
+		return
+	}
 	p.say("; a check is running")
 }
 
