@@ -300,17 +300,16 @@ func (m *Model) Forget(tok model.Token) {
 	delete(m.dropped, tok)
 }
 
-// Reset forgets every script, recorded call and tool run, and the askings
-// of tool rounds, and lets any held call or lookup go on: the model is as
-// new, on the same address. A
-// server started once, pointed at this model, can then serve check after
-// check. With an epoch, only calls that carry it in the text of some
-// message are recorded and scripted from now on; any other call (a late
-// one, about a conversation of an earlier check) is answered as a plain
-// reply and otherwise ignored, so that it cannot pass for a call of this
-// check's turn with the same token. Lookup keys carry the epoch too, and a
-// lookup without it is answered but not recorded or held. "" records
-// every call and lookup.
+// Reset forgets every script, recorded call and tool run, and the count of
+// each tool round's askings, and lets any held call or lookup go on: the
+// model is as new, on the same address. A server started once, pointed at
+// this model, can then serve check after check. With an epoch, only calls
+// that carry it in the text of some message are recorded and scripted from
+// now on; any other call (a late one, about a conversation of an earlier
+// check) is answered as a plain reply and otherwise ignored, so that it
+// cannot pass for a call of this check's turn with the same token. Lookup
+// keys carry the epoch too, and a lookup without it is answered but not
+// recorded or held. "" records every call and lookup.
 func (m *Model) Reset(epoch string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -64,8 +64,8 @@ type Point struct {
 	// held before it is answered.
 	Chunks int `json:"chunks,omitempty"`
 	// Tool, if > 0, holds instead the Tool-th tool call (from 1) of round
-	// Round (Round >= 1), which must be a lookup: its GET /tools/lookup
-	// request is held.
+	// Round (Round >= 1), of whichever asking of the round runs first,
+	// which must be a lookup: its GET /tools/lookup request is held.
 	Tool int `json:"tool,omitempty"`
 }
 
@@ -144,11 +144,11 @@ func offers(tools []openai.Tool, round Round) bool {
 }
 
 // toolAnswer asks for the tool calls of round r (from 1) of the turn tok,
-// as its asking-th asking (ids model.ToolCallRef.ID). A lookup's key
-// carries the model's epoch, if any, after a space, so that
-// a late lookup of an earlier check on a shared server can be told apart.
-// Each call streams as three chunks: its id and name, then each half of
-// its arguments, as OpenAI splits them.
+// as the round's asking-th asking (ids model.ToolCallRef.ID). A lookup's
+// key carries the model's epoch, if any, after a space, so that a late
+// lookup of an earlier check on a shared server can be told apart. Each
+// call streams as three chunks: its id and name, then each half of its
+// arguments, as OpenAI splits them.
 func toolAnswer(tok model.Token, r, asking int, names Round, epoch string) answerText {
 	a := answerText{
 		message: openai.Message{Role: openai.RoleAssistant},
