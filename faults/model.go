@@ -90,6 +90,17 @@ type Model struct {
 	servedBy map[model.Token]int
 	// dropped are the turns whose client went away (Drop).
 	dropped map[model.Token]*drop
+	// asked counts the askings of each round of each turn's tool loop
+	// (Reply), which number their tool call ids: it outlives a turn's
+	// script, so that a retry of the turn, scripted anew, is asked for
+	// under ids of its own.
+	asked map[roundOf]int
+}
+
+// roundOf names a round (from 1) of the tool loop of the turn tok.
+type roundOf struct {
+	tok   model.Token
+	round int
 }
 
 // script is what the model does for one turn's token.
@@ -173,6 +184,7 @@ func StartModel(cfg ModelConfig) (*Model, error) {
 		scripts: map[model.Token]*script{}, servedBy: map[model.Token]int{},
 		holding: map[*Gate]bool{},
 		dropped: map[model.Token]*drop{},
+		asked:   map[roundOf]int{},
 	}
 	m.srv = &http.Server{Handler: m, ReadHeaderTimeout: 10 * time.Second,
 		// Each request knows its connection: whether the server closed the
@@ -288,16 +300,16 @@ func (m *Model) Forget(tok model.Token) {
 	delete(m.dropped, tok)
 }
 
-// Reset forgets every script, recorded call and tool run, and lets any
-// held call or lookup go on: the model is as new, on the same address. A
-// server started once, pointed at this model, can then serve check after
-// check. With an epoch, only calls that carry it in the text of some
-// message are recorded and scripted from now on; any other call (a late
-// one, about a conversation of an earlier check) is answered as a plain
-// reply and otherwise ignored, so that it cannot pass for a call of this
-// check's turn with the same token. Lookup keys carry the epoch too, and a
-// lookup without it is answered but not recorded or held. "" records
-// every call and lookup.
+// Reset forgets every script, recorded call and tool run, and the count of
+// each tool round's askings, and lets any held call or lookup go on: the
+// model is as new, on the same address. A server started once, pointed at
+// this model, can then serve check after check. With an epoch, only calls
+// that carry it in the text of some message are recorded and scripted from
+// now on; any other call (a late one, about a conversation of an earlier
+// check) is answered as a plain reply and otherwise ignored, so that it
+// cannot pass for a call of this check's turn with the same token. Lookup
+// keys carry the epoch too, and a lookup without it is answered but not
+// recorded or held. "" records every call and lookup.
 func (m *Model) Reset(epoch string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -313,6 +325,7 @@ func (m *Model) Reset(epoch string) {
 	m.scripts = map[model.Token]*script{}
 	m.dropped = map[model.Token]*drop{}
 	m.servedBy = map[model.Token]int{}
+	m.asked = map[roundOf]int{}
 	m.calls = nil
 	m.runs = nil
 	m.seq = 0
@@ -499,8 +512,10 @@ type plan struct {
 	// results of: the call's place in the tool loop.
 	round int
 	// ask is the round of tool calls to answer with; nil: the reply.
-	ask   Round
-	fault Fault
+	ask Round
+	// asking is which asking of round+1 ask is, for its tool call ids.
+	asking int
+	fault  Fault
 	// epoch is the model's epoch when the call arrived, for lookup keys.
 	epoch string
 	// first is the gate the call is held at before it is answered, taken
@@ -544,6 +559,15 @@ func (m *Model) record(call *model.Call, req *openai.ChatRequest) (plan, chan st
 		if f.Times == 0 || s.calls <= f.Times {
 			p.fault = f
 		}
+	}
+	if p.ask != nil && p.fault.Kind != Status && p.fault.Kind != Hold {
+		// Counted here, in the order calls are recorded, so that ids do
+		// not depend on how answers race; a call answered with an error,
+		// or held until the server gives up, shows no ids and asks for
+		// nothing.
+		r := roundOf{call.Turn, p.round + 1}
+		m.asked[r]++
+		p.asking = m.asked[r]
 	}
 	return p, arrived
 }
@@ -836,7 +860,7 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatR
 	var a answerText
 	switch {
 	case p.ask != nil:
-		a = toolAnswer(call.Turn, p.round+1, p.ask, p.epoch)
+		a = toolAnswer(call.Turn, p.round+1, p.asking, p.ask, p.epoch)
 	case answered(call):
 		// Its last user message has its reply already: the request brings
 		// nothing new to answer (a client tool's output, a blank message),

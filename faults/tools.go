@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -37,11 +36,17 @@ type Round []string
 // calls it asks for before it replies, and the fault it injects.
 //
 // The model reads where a call stands in the loop from the results it
-// carries: k rounds are done when every call of rounds 1..k (ids
-// model.ToolCallID(tok, r, i)) has a tool result in the request. While
-// k < len(Rounds) it asks for round k+1; then it replies. A request that
-// does not offer every tool of the next round gets the reply at once, so
-// that a server without tools is checked without tool rounds.
+// carries: k rounds are done when, for each of rounds 1..k, every call of
+// one asking of it (ids model.ToolCallRef{tok, r, i, asking}.ID()) has a
+// tool result in the request. While k < len(Rounds) it asks for round
+// k+1; then it replies. A request that does not offer every tool of the
+// next round gets the reply at once, so that a server without tools is
+// checked without tool rounds.
+//
+// Each answer that asks for a round is that round's next asking, counted
+// per turn and round over the check (see Reset), and its calls have ids
+// of their own: a retried turn, whose user token is the same, or a round
+// a server asks the model for again, never repeats an id.
 type Reply struct {
 	Rounds []Round `json:"rounds,omitempty"`
 	Fault  Fault   `json:"fault,omitzero"`
@@ -59,8 +64,8 @@ type Point struct {
 	// held before it is answered.
 	Chunks int `json:"chunks,omitempty"`
 	// Tool, if > 0, holds instead the Tool-th tool call (from 1) of round
-	// Round (Round >= 1), which must be a lookup: its GET /tools/lookup
-	// request is held.
+	// Round (Round >= 1), of whichever asking of the round runs first,
+	// which must be a lookup: its GET /tools/lookup request is held.
 	Tool int `json:"tool,omitempty"`
 }
 
@@ -93,23 +98,36 @@ func (m *Model) RunCount() int {
 }
 
 // completedRounds is how many of rounds the request's tool results complete,
-// in order: the largest k such that every call of rounds 1..k of the turn
-// tok has a result.
+// in order: the largest k such that, for each of rounds 1..k of the turn
+// tok, every call of one asking of it has a result. Any asking will do: a
+// server may keep the rounds an earlier attempt of the turn completed, or
+// complete a round the model asked for again.
 func completedRounds(tok model.Token, rounds []Round, msgs []openai.Message) int {
 	if len(rounds) == 0 {
 		return 0
 	}
-	answered := map[string]bool{}
+	answered := map[model.ToolCallRef]bool{}
+	askings := map[int][]int{} // by round, the askings with a result
 	for _, msg := range msgs {
-		if msg.Role == openai.RoleTool {
-			answered[msg.ToolCallID] = true
+		if msg.Role != openai.RoleTool {
+			continue
+		}
+		if r, ok := model.ParseToolCallID(msg.ToolCallID); ok && r.User == tok && !answered[r] {
+			answered[r] = true
+			askings[r.Round] = append(askings[r.Round], r.Asking)
 		}
 	}
 	for k, round := range rounds {
-		for i := range round {
-			if !answered[model.ToolCallID(tok, k+1, i+1)] {
-				return k
+		whole := func(asking int) bool {
+			for i := range round {
+				if !answered[model.ToolCallRef{User: tok, Round: k + 1, Call: i + 1, Asking: asking}] {
+					return false
+				}
 			}
+			return true
+		}
+		if !slices.ContainsFunc(askings[k+1], whole) {
+			return k
 		}
 	}
 	return len(rounds)
@@ -125,18 +143,19 @@ func offers(tools []openai.Tool, round Round) bool {
 	return true
 }
 
-// toolAnswer asks for the tool calls of round r (from 1) of the turn tok.
-// A lookup's key carries the model's epoch, if any, after a space, so that
-// a late lookup of an earlier check on a shared server can be told apart.
-// Each call streams as three chunks: its id and name, then each half of
-// its arguments, as OpenAI splits them.
-func toolAnswer(tok model.Token, r int, names Round, epoch string) answerText {
+// toolAnswer asks for the tool calls of round r (from 1) of the turn tok,
+// as the round's asking-th asking (ids model.ToolCallRef.ID). A lookup's
+// key carries the model's epoch, if any, after a space, so that a late
+// lookup of an earlier check on a shared server can be told apart. Each
+// call streams as three chunks: its id and name, then each half of its
+// arguments, as OpenAI splits them.
+func toolAnswer(tok model.Token, r, asking int, names Round, epoch string) answerText {
 	a := answerText{
 		message: openai.Message{Role: openai.RoleAssistant},
 		finish:  openai.FinishToolCalls,
 	}
 	for i, name := range names {
-		id := model.ToolCallID(tok, r, i+1)
+		id := model.ToolCallRef{User: tok, Round: r, Call: i + 1, Asking: asking}.ID()
 		args := map[string]string{"text": id}
 		if name == ToolLookup {
 			key := id
@@ -165,7 +184,7 @@ func toolAnswer(tok model.Token, r int, names Round, epoch string) answerText {
 
 // serveLookup runs the lookup tool: GET /tools/lookup?key=K (or under /v1)
 // answers 200 text/plain "value of K", the same for the same K. K is a
-// tool call id the model gave (model.ToolCallID), then, when the model
+// tool call id the model gave (model.ToolCallRef.ID), then, when the model
 // has an epoch, a space and the epoch. A lookup of this check (no epoch
 // set, or K carries the current one) is recorded as a model.ToolRun of
 // that id, and held if a gate is set at its point; any other is answered
@@ -185,12 +204,13 @@ func (m *Model) serveLookup(w http.ResponseWriter, r *http.Request) {
 	}
 	key := keys[0]
 	id, tag, _ := strings.Cut(key, " ")
-	tok, round, ok := model.ToolTurn(id)
+	call, ok := model.ParseToolCallID(id)
 	if !ok {
 		openai.WriteError(w, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf("key %q does not start with a tool call id", key))
 		return
 	}
-	recorded, gate := m.recordRun(id, tag, tok, Point{Round: round, Tool: toolIndex(id)})
+	// A point names a call of a round, whichever asking of it runs.
+	recorded, gate := m.recordRun(id, tag, call.User, Point{Round: call.Round, Tool: call.Call})
 	if m.cfg.Log != nil {
 		m.logMu.Lock()
 		fmt.Fprintf(m.cfg.Log, "lookup key=%q run=%s recorded=%t held=%t\n", key, id, recorded, gate != nil)
@@ -228,11 +248,4 @@ func (m *Model) recordRun(id, tag string, tok model.Token, at Point) (bool, *Gat
 		g.at = when
 	}
 	return true, g
-}
-
-// toolIndex is i of an id model.ToolCallID made; model.ToolTurn has
-// checked its form.
-func toolIndex(id string) int {
-	i, _ := strconv.Atoi(id[strings.LastIndexByte(id, '-')+1:])
-	return i
 }

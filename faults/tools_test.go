@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -130,6 +131,17 @@ func toolCall(tok model.Token, r, i int, name, args string) openai.ToolCall {
 		Function: openai.FunctionCall{Name: name, Arguments: args}}
 }
 
+// askedAgain is c as the asking-th asking of its round names it.
+func askedAgain(c openai.ToolCall, asking int) openai.ToolCall {
+	r, ok := model.ParseToolCallID(c.ID)
+	if !ok {
+		panic("not a tool call id of the model's: " + c.ID)
+	}
+	r.Asking = asking
+	c.ID = r.ID()
+	return c
+}
+
 // lookup runs the lookup tool with key in a goroutine and reports how it
 // ended on the returned channel.
 func (f *fixture) lookup(ctx context.Context, key string) <-chan result {
@@ -227,11 +239,17 @@ func TestToolRoundsInOrder(t *testing.T) {
 			a := f.ask(stream, bothTools, msgs...)
 			assert.Equal(t, answer{calls: round1, finish: openai.FinishToolCalls}, a)
 
-			// One result of two: round 1 is not done, the model asks again.
+			// One result of two: round 1 is not done, the model asks again,
+			// under ids of that second asking.
 			msgs = append(msgs, asked(round1...), toolResult(round1[0].ID))
 			a = f.ask(stream, bothTools, msgs...)
-			assert.Equal(t, answer{calls: round1, finish: openai.FinishToolCalls}, a)
+			again := []openai.ToolCall{
+				askedAgain(toolCall("tc-u1", 1, 1, faults.ToolEcho, `{"text":"tc-k1-1-1x2"}`), 2),
+				askedAgain(toolCall("tc-u1", 1, 2, faults.ToolLookup, `{"key":"tc-k1-1-2x2"}`), 2),
+			}
+			assert.Equal(t, answer{calls: again, finish: openai.FinishToolCalls}, a)
 
+			// The first asking's calls all answered complete the round.
 			msgs = append(msgs, toolResult(round1[1].ID))
 			round2 := []openai.ToolCall{toolCall("tc-u1", 2, 1, faults.ToolLookup, `{"key":"tc-k1-2-1"}`)}
 			a = f.ask(stream, bothTools, msgs...)
@@ -249,6 +267,114 @@ func TestToolRoundsInOrder(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRetriedToolTurnAskedUnderIDsOfItsOwn: a turn retried under its user
+// token, as a client retries a failed turn, is asked for its rounds again
+// under ids of their own, so that no request holds an id twice (T9) when
+// a server shows it an earlier attempt's calls beside the retry's; a
+// round is complete once every call of any one asking of it has its
+// result, and the loop goes on to the next round and the reply. Reset
+// starts the count again, as a check's tokens do.
+func TestRetriedToolTurnAskedUnderIDsOfItsOwn(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	rounds := faults.Reply{Rounds: []faults.Round{{faults.ToolEcho, faults.ToolLookup}, {faults.ToolEcho}}}
+	turn := []openai.Message{user("tc-u27"), msg(openai.RoleAssistant, "tc-a27"), user("tc-u28")}
+	with := func(msgs ...openai.Message) []openai.Message { return append(slices.Clone(turn), msgs...) }
+	results := func(calls []openai.ToolCall) []openai.Message {
+		out := []openai.Message{asked(calls...)}
+		for _, c := range calls {
+			out = append(out, toolResult(c.ID))
+		}
+		return out
+	}
+
+	// The first attempt asks for round 1, then round 2, where it fails.
+	f.m.ScriptReply("tc-u28", rounds)
+	round1 := []openai.ToolCall{
+		toolCall("tc-u28", 1, 1, faults.ToolEcho, `{"text":"tc-k28-1-1"}`),
+		toolCall("tc-u28", 1, 2, faults.ToolLookup, `{"key":"tc-k28-1-2"}`),
+	}
+	require.Equal(t, round1, f.ask(false, bothTools, turn...).calls)
+	attempt1 := results(round1)
+	require.Equal(t, []openai.ToolCall{toolCall("tc-u28", 2, 1, faults.ToolEcho, `{"text":"tc-k28-2-1"}`)},
+		f.ask(false, bothTools, with(attempt1...)...).calls)
+
+	// The retry, scripted anew as the harness scripts it, on a history
+	// without the failed attempt: each round is asked for a second time,
+	// under other ids, which name the same turn and round.
+	f.m.ScriptReply("tc-u28", rounds)
+	held := f.m.HoldAt("tc-u28", faults.Point{Round: 1, Tool: 2})
+	again := f.ask(true, bothTools, turn...).calls
+	assert.Equal(t, []openai.ToolCall{
+		askedAgain(toolCall("tc-u28", 1, 1, faults.ToolEcho, `{"text":"tc-k28-1-1x2"}`), 2),
+		askedAgain(toolCall("tc-u28", 1, 2, faults.ToolLookup, `{"key":"tc-k28-1-2x2"}`), 2),
+	}, again)
+	for i, c := range again {
+		assert.NotEqual(t, round1[i].ID, c.ID, "a retry's call has an id of its own")
+		user, round, ok := model.ToolTurn(c.ID)
+		require.True(t, ok, "ToolTurn(%q)", c.ID)
+		assert.Equal(t, model.Token("tc-u28"), user)
+		assert.Equal(t, 1, round)
+	}
+	// Its lookup is the run of its own id, and a gate at the round's
+	// second call holds it, whichever asking runs.
+	lookup := f.lookup(context.Background(), "tc-k28-1-2x2")
+	waitClosed(t, held.Arrived(), "the retry's lookup to be held")
+	held.Release()
+	assert.Equal(t, "value of tc-k28-1-2x2", string(waitResult(t, lookup).body))
+	assert.Equal(t, []string{"tc-k28-1-2x2"}, runIDs(f.m.RunsAfter(0)))
+
+	attempt2 := results(again)
+	round2 := f.ask(true, bothTools, with(attempt2...)...).calls
+	assert.Equal(t, []openai.ToolCall{askedAgain(toolCall("tc-u28", 2, 1, faults.ToolEcho, `{"text":"tc-k28-2-1x2"}`), 2)}, round2)
+	assert.Equal(t, answer{text: reply("tc-u28"), finish: openai.FinishStop},
+		f.ask(true, bothTools, with(append(attempt2, results(round2)...)...)...))
+
+	// A server that kept the first attempt's completed round 1 and shows
+	// it before the retry's message: that asking completes round 1, and
+	// round 2 is asked for a third time.
+	kept := with(append(attempt1, user("tc-u28"))...)
+	f.m.ScriptReply("tc-u28", rounds)
+	round2 = f.ask(false, bothTools, kept...).calls
+	assert.Equal(t, []openai.ToolCall{askedAgain(toolCall("tc-u28", 2, 1, faults.ToolEcho, `{"text":"tc-k28-2-1x3"}`), 3)}, round2)
+	assert.Equal(t, answer{text: reply("tc-u28"), finish: openai.FinishStop},
+		f.ask(false, bothTools, append(kept, results(round2)...)...))
+
+	// A retry drawn with a bigger round 1 than the kept attempt answered:
+	// round 1 is asked for again, beside the kept calls, and its results
+	// complete it.
+	f.m.ScriptReply("tc-u28", faults.Reply{Rounds: []faults.Round{{faults.ToolEcho, faults.ToolEcho, faults.ToolEcho}}})
+	bigger := f.ask(false, bothTools, kept...).calls
+	require.Len(t, bigger, 3)
+	assert.Equal(t, "tc-k28-1-1x3", bigger[0].ID)
+	assert.Equal(t, answer{text: reply("tc-u28"), finish: openai.FinishStop},
+		f.ask(false, bothTools, append(kept, results(bigger)...)...))
+
+	// No request the model saw asks for a tool call twice.
+	for _, c := range f.m.CallsAfter(0) {
+		seen := map[string]bool{}
+		for _, e := range c.Tools {
+			if e.Kind == model.ToolCalled {
+				assert.False(t, seen[e.ID], "a request asks for %s twice: %v", e.ID, c.Tools)
+				seen[e.ID] = true
+			}
+		}
+	}
+
+	// A new check counts afresh: its first asking has the first ids.
+	f.m.Reset("")
+	f.m.ScriptReply("tc-u28", rounds)
+	assert.Equal(t, round1, f.ask(false, bothTools, turn...).calls)
+}
+
+// runIDs are the ids of runs, in order.
+func runIDs(runs []model.ToolRun) []string {
+	var ids []string
+	for _, r := range runs {
+		ids = append(ids, r.ID)
+	}
+	return ids
 }
 
 // TestToolRoundsNeedOfferedTools: a request that does not offer a round's

@@ -266,35 +266,94 @@ type ToolRun struct {
 	At int64 `json:"at"`
 }
 
-// ToolCallID is the id the fake model gives the i-th tool call (from 1)
-// of round r (from 1) of the tool loop of the turn user: "tc-k7-2-1". The
-// turn it belongs to can be read back from it (ToolTurn), so that a tool
-// call seen in any request names its conversation and its turn.
-func ToolCallID(user Token, round, i int) string {
-	return fmt.Sprintf("tc-k%s-%d-%d", strings.TrimPrefix(string(user), "tc-u"), round, i)
+// ToolCallRef is what a tool call id the fake model makes names: the turn
+// it belongs to (the turn's user token), the round of the turn's tool loop
+// (from 1), the call within the round (from 1), and which asking of that
+// round it comes from (from 1). A turn's round is asked for more than once
+// when the turn is retried, the user token being the retry's too, or when
+// a server calls the model again for a round it did not complete: each
+// asking gets ids of its own, so that every id is unique in a check and a
+// model request that carries two askings of one round still holds each
+// call once (T9).
+type ToolCallRef struct {
+	User   Token
+	Round  int
+	Call   int
+	Asking int
 }
 
-// ToolTurn returns the user token of the turn a tool call id of
-// ToolCallID's belongs to, and its round; false for any other id.
-func ToolTurn(id string) (user Token, round int, ok bool) {
+// ID is the tool call's id: "tc-k7-2-1" for call 1 of round 2 of the turn
+// tc-u7 as first asked, "tc-k7-2-1x3" for the same call of its third
+// asking. The first asking carries no ordinal, so that a turn asked once
+// has the ids it always had. Only letters, digits and dashes: some agent
+// frameworks rewrite any other character of a tool call id (to the
+// pattern ^[a-zA-Z0-9_-]+$ that Anthropic's API requires), which would
+// hide the turn the id names.
+func (r ToolCallRef) ID() string {
+	id := fmt.Sprintf("tc-k%s-%d-%d", strings.TrimPrefix(string(r.User), "tc-u"), r.Round, r.Call)
+	if r.Asking > 1 {
+		id += "x" + strconv.Itoa(r.Asking)
+	}
+	return id
+}
+
+// ToolCallID is the id the fake model gives the i-th tool call (from 1)
+// of round r (from 1) of the tool loop of the turn user, as first asked:
+// "tc-k7-2-1" (ToolCallRef.ID). The turn it belongs to can be read back
+// from it (ToolTurn), so that a tool call seen in any request names its
+// conversation and its turn.
+func ToolCallID(user Token, round, i int) string {
+	return ToolCallRef{User: user, Round: round, Call: i, Asking: 1}.ID()
+}
+
+// ParseToolCallID reads a tool call id ToolCallRef.ID made back into what
+// it names; false for any other id, and for one ID would not make (a
+// leading zero, a round, call or asking of 0, an explicit first asking
+// "x1"), so that each tool call has one id.
+func ParseToolCallID(id string) (ToolCallRef, bool) {
 	rest, ok := strings.CutPrefix(id, "tc-k")
 	if !ok {
-		return "", 0, false
+		return ToolCallRef{}, false
 	}
 	parts := strings.Split(rest, "-")
 	if len(parts) != 3 {
-		return "", 0, false
+		return ToolCallRef{}, false
 	}
-	nums := [3]int{}
-	for i, p := range parts {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 || strconv.Itoa(n) != p {
-			return "", 0, false
+	call, asking, again := strings.Cut(parts[2], "x")
+	turn, okTurn := number(parts[0])
+	round, okRound := number(parts[1])
+	i, okCall := number(call)
+	if !okTurn || !okRound || !okCall || round < 1 || i < 1 {
+		return ToolCallRef{}, false
+	}
+	r := ToolCallRef{User: UserToken(turn), Round: round, Call: i, Asking: 1}
+	if again {
+		n, ok := number(asking)
+		if !ok || n < 2 {
+			return ToolCallRef{}, false
 		}
-		nums[i] = n
+		r.Asking = n
 	}
-	if nums[1] < 1 || nums[2] < 1 {
+	return r, true
+}
+
+// number reads s as a number written as strconv.Itoa writes one that is
+// not negative: no sign, no leading zero.
+func number(s string) (int, bool) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || strconv.Itoa(n) != s {
+		return 0, false
+	}
+	return n, true
+}
+
+// ToolTurn returns the user token of the turn a tool call id of
+// ToolCallRef.ID's belongs to, and its round, whichever asking of the
+// round it comes from; false for any other id.
+func ToolTurn(id string) (user Token, round int, ok bool) {
+	r, ok := ParseToolCallID(id)
+	if !ok {
 		return "", 0, false
 	}
-	return Token("tc-u" + parts[0]), nums[1], true
+	return r.User, r.Round, true
 }

@@ -126,6 +126,38 @@ func TestToolCallID(t *testing.T) {
 	// A tool call id is no message token: it never enters a history.
 	assert.Nil(t, model.Tokens(tk(7, 1, 1)))
 	assert.Nil(t, model.Tokens("calling "+tk(7, 1, 1)+" now"))
+	assert.Nil(t, model.Tokens("calling "+model.ToolCallRef{User: u(7), Round: 1, Call: 1, Asking: 2}.ID()+" now"))
+}
+
+// TestToolCallIDOfALaterAsking: a round asked again (a retried turn, whose
+// user token is the same) gets ids of its own, which still name the turn
+// and the round; the first asking keeps the ids it always had.
+func TestToolCallIDOfALaterAsking(t *testing.T) {
+	first := model.ToolCallRef{User: u(28), Round: 1, Call: 1, Asking: 1}
+	assert.Equal(t, "tc-k28-1-1", first.ID())
+	assert.Equal(t, model.ToolCallID(u(28), 1, 1), first.ID())
+	assert.Equal(t, "tc-k28-1-1", model.ToolCallRef{User: u(28), Round: 1, Call: 1}.ID(), "no asking is the first")
+	second := first
+	second.Asking = 2
+	assert.Equal(t, "tc-k28-1-1x2", second.ID())
+	assert.NotEqual(t, first.ID(), second.ID())
+
+	for _, r := range []model.ToolCallRef{
+		first, second,
+		{User: u(7), Round: 2, Call: 3, Asking: 10},
+		{User: u(0), Round: 1, Call: 1, Asking: 2},
+		{User: u(1234567), Round: 10, Call: 11, Asking: 123},
+	} {
+		id := r.ID()
+		assert.Regexp(t, `^[a-zA-Z0-9_-]+$`, id, "an id that frameworks keep as it is")
+		got, ok := model.ParseToolCallID(id)
+		require.True(t, ok, "ParseToolCallID(%q)", id)
+		assert.Equal(t, r, got, "what %q names", id)
+		user, round, ok := model.ToolTurn(id)
+		require.True(t, ok, "ToolTurn(%q)", id)
+		assert.Equal(t, r.User, user, "turn of %q", id)
+		assert.Equal(t, r.Round, round, "round of %q", id)
+	}
 }
 
 func TestToolTurnRejectsMalformedIDs(t *testing.T) {
@@ -144,11 +176,28 @@ func TestToolTurnRejectsMalformedIDs(t *testing.T) {
 		"tc-k7-1-1 ",  // trailing space
 		"call_1",      // another server's id
 		"",
+		// A later asking's ordinal.
+		"tc-k7-1-1x1",   // the first asking has none
+		"tc-k7-1-1x0",   // asking 0
+		"tc-k7-1-1x",    // no ordinal
+		"tc-k7-1-1x02",  // a leading zero
+		"tc-k7-1-1x+2",  // a sign
+		"tc-k7-1-1x2x3", // two ordinals
+		"tc-k7-1-1.2",   // another separator
+		"tc-k7-1x2-1",   // on the round
+		"tc-k7x2-1-1",   // on the turn
+		"tc-k7-1-x2",    // no index
+		"tc-k7-1-1x2 ",  // trailing space
+		"tc-k7-0-1x2",   // round 0
+		"tc-k7-1-1X2",   // another letter
 	} {
 		user, round, ok := model.ToolTurn(id)
 		assert.False(t, ok, "ToolTurn(%q) must reject it", id)
 		assert.Empty(t, user, "ToolTurn(%q)", id)
 		assert.Zero(t, round, "ToolTurn(%q)", id)
+		r, ok := model.ParseToolCallID(id)
+		assert.False(t, ok, "ParseToolCallID(%q) must reject it", id)
+		assert.Zero(t, r, "ParseToolCallID(%q)", id)
 	}
 }
 

@@ -39,4 +39,10 @@ func TestProtocolNamesWhatTheCodeNames(t *testing.T) {
 	for _, s := range []report.Status{report.Pass, report.Fail, report.NotApplicable, report.NotExercised, report.Skipped, report.SameCause} {
 		assert.True(t, strings.Contains(doc, "**"+strings.ToUpper(string(s))+"**"), "verdict %s", s)
 	}
+	// The tool call ids it shows are the fake model's, a round's first
+	// asking and a later one.
+	for _, asking := range []int{1, 2} {
+		id := model.ToolCallRef{User: model.UserToken(7), Round: 2, Call: 1, Asking: asking}.ID()
+		assert.True(t, strings.Contains(doc, "`"+id+"`"), "tool call id %s", id)
+	}
 }
