@@ -331,8 +331,11 @@ const (
 
 // Judged lists what a run gives a verdict on, in the order of its
 // verdicts: the invariants T1 to T11, then whether the server stays up
-// (model.Crash), a finding of its own kind beside them.
-func Judged() []model.Invariant { return append(model.Invariants(), model.Crash, model.Wire) }
+// (model.Crash) and starts (model.Start), and whether an agent keeps to
+// its protocol (model.Wire), findings of their own kinds beside them.
+func Judged() []model.Invariant {
+	return append(model.Invariants(), model.Crash, model.Start, model.Wire)
+}
 
 // Exercises say, for each invariant, what one evaluation that counts is:
 // a PASS line says how many of them the run saw.
@@ -351,6 +354,7 @@ var Exercises = map[model.Invariant]string{
 
 	// The crash finding: not an invariant of a conversation, beside them.
 	model.Crash: "step(s) after which the server was seen up: its process watched, or back from a restart drawn",
+	model.Start: "start(s) of the server, each ready: its first, restarts drawn, and starts between checks",
 	model.Wire:  "prompt(s) or task(s) answered by an agent that kept to its protocol: an ACP agent called back only what the client advertised and answered each cancelled prompt cancelled; an A2A agent's task stayed in its context, and tasks/get showed the task's own messages",
 }
 
