@@ -618,6 +618,7 @@ type StartError struct {
 	Output string
 }
 
+// Error says how the start failed, with the tail of the server's output.
 func (e *StartError) Error() string { return e.msg }
 
 // Unwrap is the wait's own error, for a start that was not ready in

@@ -824,7 +824,11 @@ func (l *Lab) Replay(ctx context.Context, plans []plan.Plan) ([]history.Op, *mod
 			break
 		}
 		if s.Dead != nil {
-			return s.History, nil, errors.Join(s.Dead, s.Close())
+			cerr := s.Close()
+			if errors.Is(cerr, s.Dead) {
+				cerr = nil // a server that did not start says so as it closes too
+			}
+			return s.History, nil, errors.Join(s.Dead, cerr)
 		}
 	}
 	if v == nil && ctx.Err() == nil {

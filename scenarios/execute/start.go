@@ -35,6 +35,8 @@ type NotStarted struct {
 	Err error
 }
 
+// Error says where in the run the server did not start, which start
+// failed, in how many tries, and what the last try came to.
 func (e *NotStarted) Error() string {
 	at := ""
 	switch {

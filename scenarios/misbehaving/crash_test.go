@@ -124,6 +124,7 @@ type staleLock struct {
 	tries int
 }
 
+// Profile is the reference target's, with tries as its start_tries.
 func (s staleLock) Profile() scenarios.Profile {
 	p := s.Target.Profile()
 	p.StartTries = s.tries
