@@ -248,8 +248,9 @@ type run struct {
 // picks the port then). If it exits for another reason, is not ready within
 // StartTimeout, or captures an address that is not a loopback one,
 // StartProcess kills its process group and returns an error that quotes
-// the tail of its output. A ReadyLine that is not a valid regular
-// expression is an error before anything runs.
+// the tail of its output: a *StartError where the server is to blame
+// (it exited, or was not ready in time). A ReadyLine that is not a valid
+// regular expression is an error before anything runs.
 func StartProcess(cfg ProcessConfig) (*Process, error) {
 	if len(cfg.Command) == 0 {
 		return nil, errors.New("start server: empty command")
@@ -540,6 +541,10 @@ func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err err
 	p.reported = false
 	p.mu.Unlock()
 
+	// badCapture says the start failed on the address the ready line
+	// captured: the pattern's doing, or the server's listening off
+	// loopback, never a server that did not get ready.
+	badCapture := false
 	if p.cfg.Handshake != nil {
 		err = handshake(ctx, r, p.cfg.Handshake, p.cfg.StartTimeout)
 	} else if r.watch != nil {
@@ -548,6 +553,7 @@ func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err err
 		if err == nil && p.capture {
 			var got string
 			if got, err = capturedAddr(captured); err != nil {
+				badCapture = true
 				err = fmt.Errorf("the address captured from the line %q: %w", line, err)
 			} else {
 				p.mu.Lock()
@@ -581,15 +587,43 @@ func (p *Process) startOn(ctx context.Context, addr string) (inUse bool, err err
 		// output is quoted.
 		_, _ = fmt.Fprintf(p.out, "[turncheck: the start above was cut short by the harness (%v): its last lines are no fault of the server's]\n", context.Cause(ctx))
 	}
-	if p.cfg.Handshake != nil && errors.Is(err, errExited) {
-		return false, fmt.Errorf("server %q %s before it answered the handshake%s", argv[0], exitString(r.err), quote(p.out.tail(r.mark, processErrorTail)))
-	}
 	out := p.out.tail(r.mark, processErrorTail)
-	if errors.Is(err, errExited) {
-		return suggestsInUse(out), fmt.Errorf("server %q on %s %s before it was ready%s", argv[0], addr, exitString(r.err), quote(out))
+	if p.cfg.Handshake != nil && errors.Is(err, errExited) {
+		return false, &StartError{msg: fmt.Sprintf("server %q %s before it answered the handshake%s", argv[0], exitString(r.err), quote(out)), Output: out}
 	}
-	return false, fmt.Errorf("server %q on %s: %w%s", argv[0], addr, err, quote(out))
+	if errors.Is(err, errExited) {
+		return suggestsInUse(out), &StartError{msg: fmt.Sprintf("server %q on %s %s before it was ready%s", argv[0], addr, exitString(r.err), quote(out)), Output: out}
+	}
+	err = fmt.Errorf("server %q on %s: %w%s", argv[0], addr, err, quote(out))
+	if badCapture || ctx.Err() != nil {
+		return false, err
+	}
+	// Not ready within StartTimeout, or a handshake the server failed.
+	return false, &StartError{msg: err.Error(), Output: out, err: err}
 }
+
+// StartError is the error of a start whose server ran but did not get
+// ready: it exited first, its ready probe (the HTTP path, the ready line,
+// the handshake) did not succeed within StartTimeout, or it failed its
+// handshake. The server is to blame: a harness may try the start again,
+// and judge a server that never gets ready. Any other error of a start
+// is not the server's: a command that could not be run, a file that
+// could not be written, a ready line whose capture is no loopback
+// address, a wait the context cut short.
+type StartError struct {
+	msg string
+	err error
+	// Output is the tail of what the run wrote, its last words: why it
+	// did not get ready, most often.
+	Output string
+}
+
+// Error says how the start failed, with the tail of the server's output.
+func (e *StartError) Error() string { return e.msg }
+
+// Unwrap is the wait's own error, for a start that was not ready in
+// time or failed its handshake; nil for one that exited first.
+func (e *StartError) Unwrap() error { return e.err }
 
 // exec starts argv in a process group of its own, its stdout and stderr on
 // one pipe that is drained into the output ring, and a goroutine that reaps

@@ -226,13 +226,18 @@ func TestProcess(t *testing.T) {
 		assert.Contains(t, err.Error(), "exited with status")
 		assert.Contains(t, err.Error(), "before it was ready")
 		assert.Contains(t, err.Error(), "--model-url is required", "the error quotes the server's output")
+		var se *faults.StartError
+		require.ErrorAs(t, err, &se, "a server that exits before it is ready did not start")
+		assert.Contains(t, se.Output, "--model-url is required", "its last words")
 
 		_, err = faults.StartProcess(faults.ProcessConfig{Command: []string{"false"}})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "exited with status 1 before it was ready (no output)")
+		assert.ErrorAs(t, err, &se)
 
 		_, err = faults.StartProcess(faults.ProcessConfig{Command: []string{filepath.Join(t.TempDir(), "missing")}})
 		require.Error(t, err, "a command that cannot run")
+		assert.False(t, errors.As(err, &se), "a command that cannot run is no server that did not start: %v", err)
 	})
 
 	t.Run("a command that is never ready times out and leaves no process", func(t *testing.T) {
@@ -250,6 +255,8 @@ func TestProcess(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "not ready within 1s")
 		assert.Contains(t, err.Error(), "waiting", "the error quotes the output")
+		var se *faults.StartError
+		assert.ErrorAs(t, err, &se, "a server not ready in time did not start")
 		assert.GreaterOrEqual(t, took, time.Second)
 		assert.Less(t, took, 4*time.Second)
 		assert.True(t, procGone(readPID(t, filepath.Join(dir, "pid"))), "the shell is gone")
@@ -290,6 +297,8 @@ func TestProcess(t *testing.T) {
 			"the output of a start the harness cut short says so")
 		_, err := faults.StartProcess(faults.ProcessConfig{Command: []string{"sleep", "60"}, StartTimeout: time.Minute, Context: ctx})
 		require.ErrorIs(t, err, context.Canceled, "a start under an ended context does not wait")
+		var se *faults.StartError
+		assert.False(t, errors.As(err, &se), "a start the harness cut short is no server that did not start")
 	})
 
 	t.Run("output is drained and bounded", func(t *testing.T) {
@@ -587,6 +596,8 @@ func TestProcessTemplate(t *testing.T) {
 				assert.Contains(t, err.Error(), strconv.Quote(tc.printed), "the error names what was seen")
 				assert.Contains(t, err.Error(), tc.why)
 				assert.Contains(t, err.Error(), "its output ends:\nup at "+tc.printed)
+				var se *faults.StartError
+				assert.False(t, errors.As(err, &se), "an address the pattern captured is the profile's or the listening's business, not a start that failed")
 				pid := readPID(t, filepath.Join(dir, "pid"))
 				assert.Eventually(t, func() bool { return procGone(pid) }, guard, 10*time.Millisecond, "the server is killed")
 			})

@@ -28,11 +28,20 @@ const (
 )
 
 // Crash names the finding of a server that went down without being told
-// to: it exited on its own, or did not come back from a restart or crash
-// the harness drew (PROTOCOL.md, "A server stays up"). It is no property
+// to: its process exited on its own while it served (PROTOCOL.md, "A
+// server stays up"); one that does not come back from a restart or crash
+// the harness drew is Start's. It is no property
 // of a conversation's history, and this package never evaluates it: the
 // harness sees it, and gives it a verdict beside T1 to T11.
 const Crash Invariant = "crash"
+
+// Start names the finding of a server that did not start: its process
+// ran and did not get ready within the tries its profile allows, at the
+// run's first start, a start between two checks, or a restart or crash
+// the harness drew (PROTOCOL.md, "A server starts"). A crash is a
+// server that went down while it served; this is one that never came up
+// to serve. Like Crash, this package never evaluates it.
+const Start Invariant = "start"
 
 // Wire names the finding of an ACP or A2A agent that does what the
 // protocol does not allow it: it calls back a method the client did not
@@ -66,6 +75,7 @@ var invariantTitles = map[Invariant]string{
 	T11: "no leaks from the working copy",
 
 	Crash: "the server stays up",
+	Start: "the server starts",
 	Wire:  "the agent keeps to the protocol",
 }
 

@@ -210,13 +210,19 @@ func check(l *execute.Lab, opts Options) (*report.Result, error) {
 	runs := r.drive(opts.numbers(), opts.Seed)
 	res := &report.Result{Seed: opts.Seed}
 	var last *checkRun
+	if len(runs) > 0 {
+		// A server that did not start where a check stopped is said
+		// there, though the check's close met it again.
+		last = runs[len(runs)-1]
+		notStartedAt(last.setupErr, last.n, false)
+	}
 	var teardownErr error
 	for _, c := range runs {
 		r.stats.Add(*c.stats)
 		if teardownErr == nil {
 			teardownErr = c.teardownErr
+			notStartedAt(teardownErr, c.n, true)
 		}
-		last = c
 	}
 	if last != nil && last.setupErr != nil {
 		l.Last = last.lab.Last // its output says why
@@ -232,12 +238,25 @@ func check(l *execute.Lab, opts Options) (*report.Result, error) {
 	if r.interrupted() || (last != nil && last.interrupted && res.Failure == nil) {
 		return res, ErrInterrupted
 	}
-	if teardownErr != nil && res.Failure != nil {
+	var ns *execute.NotStarted
+	if teardownErr != nil && res.Failure != nil && !errors.As(teardownErr, &ns) {
 		// The violation comes first; the leftover is said after it.
 		res.Failure.Report += "\nAlso: " + teardownErr.Error() + "\n"
 		return res, nil
 	}
 	return res, teardownErr
+}
+
+// notStartedAt says where in the run a server that did not start (err,
+// if it is execute.NotStarted) stopped it: at check n, or, closing, as
+// check n closed, after its last step. Where it is said already (a lab
+// that said so as a check closed says so again as the next starts), it
+// stays.
+func notStartedAt(err error, n int, closing bool) {
+	var ns *execute.NotStarted
+	if errors.As(err, &ns) && ns.Check == 0 {
+		ns.Check, ns.Closing = n, closing
+	}
 }
 
 // failure describes what check c found: its failing run shrunk, the run
@@ -370,6 +389,11 @@ func Run(t *testing.T, target targets.Target, options ...Options) {
 				t.Logf("%s (%s): %d %s", v.Invariant, v.Invariant.Title(), v.Evaluations, report.Exercises[v.Invariant])
 			case report.Fail:
 				f := v.Failure
+				if f == nil {
+					// No steps show it (a server that did not start, or
+					// exited between two checks): its reason says it all.
+					t.Fatalf("turncheck: %s (%s): %s", v.Invariant, v.Invariant.Title(), v.Reason)
+				}
 				res := &report.Result{Stats: c.Stats, Seed: f.Seed, Elapsed: c.Elapsed, Failure: f}
 				t.Fatalf("turncheck: %s\n%s\n%s", f.Report, f.ShrinkStats(), saveForTest(t.Name(), res, target))
 			case report.NotExercised:

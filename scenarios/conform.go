@@ -1,6 +1,7 @@
 package scenarios
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,11 +22,14 @@ import (
 // the whole run in wall-clock time; when it ends, the verdicts say what
 // the checks run so far found, and Stopped says why the run is short.
 //
-// The error says the run could not be carried out: the server did not
-// start, stopped answering, could not be started again after it went
-// down, or the harness failed (a setup error: a profile that cannot
-// express the server, say). A server that went down on its own is a
-// finding, the crash verdict's, not an error.
+// The error says the run could not be carried out: the server stopped
+// answering, its command could not be run at all, or the harness failed
+// (a setup error: a profile that cannot express the server, say). A
+// server that went down on its own is a finding, the crash verdict's,
+// not an error; one that did not start in the tries its profile allows
+// (targets.Profile.StartTries), wherever in the run, is the start
+// verdict's: the run ends there, with the verdicts of the checks that
+// ran, and Stopped says how many of the checks asked did.
 func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
 	if err := opts.Shard.check(); err != nil {
 		return nil, err
@@ -43,7 +47,13 @@ func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
 	}
 	c := &report.Conformance{Seed: opts.Seed, Stats: *report.NewStats(), Asked: len(opts.numbers()), Shard: opts.Shard.String()}
 	found := map[model.Invariant]*report.Failure{}
-	runErr := conformIn(l, opts, c, found)
+	var notStarted *execute.NotStarted
+	runErr := conformIn(l, opts, c, found, &notStarted)
+	if notStarted == nil && runErr == nil {
+		// Where no check met it since: a start for a replay that shrank
+		// the last check's failure, say.
+		notStarted = labNotStarted(l)
+	}
 	notes, cerr := StopNotes(l.Close())
 	runErr = errors.Join(runErr, cerr)
 	if runErr != nil {
@@ -53,19 +63,100 @@ func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
 	}
 	c.Notes = append(c.Notes, notes...)
 	c.Elapsed = time.Since(start)
-	c.Verdicts = verdicts(target.Profile(), target, l.CanRestart(), l.CanWatch(), opts.Skip, c.Stats, found)
+	restartable, watched := l.CanRestart(), l.CanWatch()
+	if n := starts(l); n > 0 {
+		c.Stats.Invariants[model.Start] += n
+	} else {
+		// No server started to show whether the harness can restart or
+		// watch it: what the profile declares is judged, as not
+		// exercised, rather than ruled out.
+		restartable, watched = true, true
+	}
+	c.Verdicts = verdicts(target.Profile(), target, restartable, watched, opts.Skip, c.Stats, found)
+	c.Notes = append(c.Notes, retried(l)...)
 	if between := exitedBetween(l); len(between) > 0 {
 		c.Notes = append(c.Notes, between...)
 		crashUnshown(c.Verdicts, len(between))
 	}
 	out := l.Output()
+	if notStarted != nil {
+		didNotStart(c.Verdicts, notStarted)
+		// What the server wrote as it failed to start says why; a server
+		// that never started has no output of its own but that.
+		out = cmp.Or(notStarted.Output(), out)
+	}
 	if runErr != nil && out != "" && !strings.Contains(runErr.Error(), out) {
 		runErr = fmt.Errorf("%w\nthe server's last output:\n%s", runErr, out)
 	}
-	if runErr == nil && (len(found) > 0 || !slices.ContainsFunc(c.Verdicts, func(v report.Verdict) bool { return v.Status == report.Pass })) {
+	if runErr == nil && (len(found) > 0 || notStarted != nil || !slices.ContainsFunc(c.Verdicts, func(v report.Verdict) bool { return v.Status == report.Pass })) {
 		c.ServerOutput = out
 	}
 	return c, runErr
+}
+
+// starts counts the starts of the server that got ready, in l and its
+// workers: what a pass of the start verdict rests on.
+func starts(l *execute.Lab) int {
+	n := 0
+	for _, lab := range append([]*execute.Lab{l}, l.Helpers...) {
+		n += lab.Starts
+	}
+	return n
+}
+
+// labNotStarted is the first of l and its workers whose server did not
+// start, nil if every one did.
+func labNotStarted(l *execute.Lab) *execute.NotStarted {
+	for _, lab := range append([]*execute.Lab{l}, l.Helpers...) {
+		if lab.NotStarted != nil {
+			return lab.NotStarted
+		}
+	}
+	return nil
+}
+
+// retried are the notes of the starts l and its workers tried again.
+func retried(l *execute.Lab) []string {
+	var out []string
+	for _, lab := range append([]*execute.Lab{l}, l.Helpers...) {
+		out = append(out, lab.Retried...)
+	}
+	return out
+}
+
+// didNotStart makes the start verdict the FAIL of a server that did not
+// start (ns): its reason says where, in how many tries, and what the
+// server last wrote.
+func didNotStart(vs []report.Verdict, ns *execute.NotStarted) {
+	for i := range vs {
+		if v := &vs[i]; v.Invariant == model.Start {
+			v.Status, v.Failure, v.Reason = report.Fail, nil, ns.Error()
+		}
+	}
+}
+
+// stoppedAt says how many of the checks asked (nums, in order) ran,
+// where a server that did not start (ns) stopped the run; "" if every
+// one ran.
+func stoppedAt(nums []int, ns *execute.NotStarted) string {
+	i := slices.Index(nums, ns.Check)
+	if i < 0 {
+		return ""
+	}
+	var where string
+	switch {
+	case ns.Closing:
+		i++ // the check ran, and closed
+		where = fmt.Sprintf("the server did not start again after check %d", ns.Check)
+	case ns.Step > 0:
+		where = fmt.Sprintf("the server did not start again at step %d of check %d", ns.Step, ns.Check)
+	default:
+		where = fmt.Sprintf("the server did not start at check %d", ns.Check)
+	}
+	if i == len(nums) {
+		return ""
+	}
+	return fmt.Sprintf("%d of %d checks asked ran: %s", i, len(nums), where)
 }
 
 // noRestarter says why a server the harness cannot restart is never
@@ -84,9 +175,11 @@ func noteErr(notes []string) error {
 }
 
 // conformIn runs rounds of checks in l until the checks are spent, the
-// context ends, or a round finds nothing more.
-func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[model.Invariant]*report.Failure) error {
+// context ends, a round finds nothing more, or the server does not start
+// (said in notStarted, with how many checks ran in c.Stopped).
+func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[model.Invariant]*report.Failure, notStarted **execute.NotStarted) error {
 	nums := opts.numbers()
+	asked := nums
 	// done counts every check of the rounds before, the ones run again in
 	// a later round too, and last what this round has said so far: the
 	// progress said is their sum, which only ever grows.
@@ -144,11 +237,16 @@ func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[mo
 			c.Stopped = "the first failure was found (fail fast)"
 			return nil
 		}
+		var ns *execute.NotStarted
 		switch {
+		case errors.As(err, &ns):
+			// A finding, the start verdict's: what ran stands.
+			*notStarted, c.Stopped = ns, stoppedAt(asked, ns)
+			return nil
 		case errors.Is(err, ErrInterrupted):
 			c.Stopped = "interrupted"
 			if errors.Is(o.Context.Err(), context.DeadlineExceeded) {
-				c.Stopped = "the time bound was reached"
+				c.Stopped = report.TimeBound
 			}
 			return nil
 		case err != nil:
@@ -195,6 +293,10 @@ func verdicts(p targets.Profile, target targets.Target, restartable, watched boo
 	for _, inv := range report.Judged() {
 		v := report.Verdict{Invariant: inv, Evaluations: s.Invariants[inv]}
 		switch {
+		case inv == model.Start:
+			// Never skipped: a run whose server does not start ends there,
+			// asked or not. A FAIL is said by didNotStart.
+			v.Status, v.Reason = startVerdict(p, target, v.Evaluations)
 		case found[inv] != nil:
 			v.Status, v.Failure = report.Fail, found[inv]
 		case s.SameCause[inv] > 0:
@@ -243,6 +345,22 @@ func verdicts(p targets.Profile, target targets.Target, restartable, watched boo
 	return out
 }
 
+// startVerdict is the start verdict of a run whose server did start, n
+// times, each ready within its tries: a pass, unless the harness starts
+// no server (a fixed URL) or never started one.
+func startVerdict(p targets.Profile, target targets.Target, n int) (report.Status, string) {
+	if _, remote := target.(targets.Remote); remote {
+		return report.NotApplicable, "the server runs at a fixed URL: the harness does not start it"
+	}
+	if n == 0 {
+		return report.NotExercised, preconditions[model.Start]
+	}
+	if t := p.StartTriesOrDefault(); t > 1 {
+		return report.Pass, fmt.Sprintf("each within %d tries (server.start_tries); the notes say each start tried again", t)
+	}
+	return report.Pass, ""
+}
+
 // alsoBroken is the finding whose violating request breaks inv too
 // (model.Violation.Also), nil if none does.
 func alsoBroken(found map[model.Invariant]*report.Failure, inv model.Invariant) *report.Failure {
@@ -281,6 +399,7 @@ var preconditions = map[model.Invariant]string{
 	model.T11: "no turn failed between two turns of a conversation with committed tool calls that both reached the model",
 
 	model.Crash: "no step ran on a server whose process the harness watches, and no restart was drawn",
+	model.Start: "the server was never started",
 	model.Wire:  "no prompt or task was answered",
 }
 

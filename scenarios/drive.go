@@ -236,7 +236,8 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 	began := time.Now()
 	sess, err := l.Session(ctx)
 	if err != nil {
-		c.setupErr = err
+		// No step ran: no check to count.
+		c.setupErr, c.stats.Checks = err, 0
 		t.Fatalf("setup: %v", err)
 	}
 	t.Cleanup(func() { c.teardownErr = sess.Close() })

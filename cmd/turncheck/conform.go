@@ -21,9 +21,11 @@ const conformHelp = `Usage: turncheck conform --profile FILE [--checks N] [--see
        turncheck conform --url URL [--model-addr HOST:PORT] [flags]
 
 Checks a session server, in any language, against the whole contract of
-PROTOCOL.md and gives a verdict per invariant, and one (crash) on whether
-the server stays up: its process never exits on its own, and it comes
-back from every restart and crash drawn:
+PROTOCOL.md and gives a verdict per invariant, one (crash) on whether the
+server stays up (its process never exits on its own while it serves),
+and one (start) on whether it starts: at the run's start, between
+checks, and again at every restart and crash drawn, within the tries its
+profile allows (server.start_tries, default 1):
 
   PASS            exercised, and never broken: the line says how often,
                   counting only what could have broken it
@@ -99,9 +101,13 @@ their verdicts.json into the run's verdicts.
 
 --timeout bounds the whole run, shrinking included. A server that hangs,
 streams forever or dies gets a verdict or a clear error within it. One
-whose process exits on its own, or that does not come back from a
-restart, is a crash finding (shrunk and saved, with its last output),
-and the run starts it again and goes on; one that stops answering (8
+whose process exits on its own is a crash finding (shrunk and saved,
+with its last output), and the run starts it again and goes on. One that
+does not start (it exits, or is not ready within server.ready.timeout)
+in server.start_tries tries, wherever in the run, is the start finding,
+its last output quoted: the run stops there, keeps and writes the
+verdicts of the checks that ran, and says how many of the checks asked
+ran; each try tried again is a note. One that stops answering (8
 requests in a row get no connection or no answer) ends the run with exit
 2, never a pass. One that exits with a failure status on SIGTERM at the
 end, or outlives its stop_grace and is killed, is a note beside the
@@ -112,18 +118,18 @@ A run ends in one of three outcomes, each with its word and exit status:
   CONFORMS          0  every applicable invariant turncheck checks was
                        exercised and passed (skipped ones, and known ones
                        under --baseline, aside) in every check asked, and
-                       the server stayed up
+                       the server started and stayed up
   DOES NOT CONFORM  1  broken: an invariant FAILed (a finding not in the
-                       baseline), or the server went down
+                       baseline), or the server went down or did not start
   NOT PROVEN        4  nothing broke, but nothing is proven either: an
                        invariant was NOT EXERCISED (each is named, with
                        what would exercise it), or --timeout cut the run
                        short of the checks asked
 
 Exit status 2 says the run could not be carried out (bad profile, a
-profile that cannot express the server, server did not start, stopped
-answering, or did not come back after it went down), or was
-interrupted. A CI gate fails on 1; whether it fails on 4 is its choice.
+profile that cannot express the server, a command that cannot be run at
+all, a server that stopped answering), or was interrupted. A CI gate
+fails on 1; whether it fails on 4 is its choice.
 
 Examples:
   turncheck conform --profile profiles/reference.yaml
@@ -250,7 +256,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprint(stderr, "\r\033[K")
 	}
 	if err != nil && (c == nil || c.Stats.Steps == 0) {
-		// Nothing was sent (the server did not start, say): the cause
+		// Nothing was sent (a command that cannot run, say): the cause
 		// alone, not a table of verdicts that rest on nothing. The
 		// results say it too.
 		fail(io.MultiWriter(stderr, &text), "conform", err)
@@ -374,6 +380,9 @@ type skipFlag []model.Invariant
 func (s *skipFlag) String() string { return fmt.Sprint([]model.Invariant(*s)) }
 
 func (s *skipFlag) Set(v string) error {
+	if strings.EqualFold(strings.TrimSpace(v), string(model.Start)) {
+		return errors.New("start cannot be skipped: a server that does not start leaves nothing to check (a profile's server.start_tries lets a start be tried again)")
+	}
 	for _, known := range report.Judged() {
 		if strings.EqualFold(strings.TrimSpace(v), string(known)) {
 			*s = append(*s, known)

@@ -78,13 +78,14 @@ func TestConformReferenceProfile(t *testing.T) {
 				"--seed", "1", "--save", save, "--junit", filepath.Join(save, "junit.xml"))
 			require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 			assert.Contains(t, stdout, "CONFORMS")
-			// It stays up, watched: a correct server is no crash.
-			for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11", "crash"} {
+			// It stays up, watched, and starts: a correct server is no
+			// crash, and comes back from every restart.
+			for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10", "T11", "crash", "start"} {
 				assert.Regexp(t, `PASS +[1-9]\d* `, verdictLine(stdout, inv), inv)
 			}
 			junit, err := os.ReadFile(filepath.Join(save, "junit.xml"))
 			require.NoError(t, err)
-			assert.Contains(t, string(junit), `tests="13"`, "T1 to T11, crash and wire")
+			assert.Contains(t, string(junit), `tests="14"`, "T1 to T11, crash, start and wire")
 		})
 	}
 }

@@ -5,8 +5,9 @@
 // a first finding (PROTOCOL.md, "One root cause, one finding"). Each is the reference server with
 // one defect: it panics after a streamed turn whose client went away, as
 // docker-agent's "send on closed channel" does; a kill -9 leaves a lock
-// behind that fails the next start once; or its command line takes one
-// agent reference only. A test binary whose TestMain calls Main first
+// behind that fails the next start once; it fails the starts it is told
+// to, for the start finding (PROTOCOL.md, "A server starts"); or its
+// command line takes one agent reference only. A test binary whose TestMain calls Main first
 // plays one, re-executed with Env set (Profile writes the profile that
 // does so); Target runs the first in process.
 package crashtest
@@ -24,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -65,11 +67,25 @@ const (
 	// agent that keeps sessions in memory refuses it. Its profile declares
 	// it durable: T7, and nothing else, is its finding.
 	ACPForgets Mode = "acp-forgets"
+	// FailStarts fails the starts StartsEnv lists, each counted across
+	// every process its profile starts (StartsProfile): such a start
+	// exits with status 3 before it listens, saying so, as a gateway that
+	// fails to start under load does; every other start serves as the
+	// reference server.
+	FailStarts Mode = "fail-starts"
 	// SharedHistory keeps every conversation in one history, as a server
 	// whose sessions share one list does: it stays up, and leaks each
 	// conversation into every other (T5), across the checks of a run
 	// too, which share the process.
 	SharedHistory Mode = "shared-history"
+)
+
+// StartsEnv names the starts FailStarts fails: numbers from 1, by commas
+// ("1,2": its first two starts), and N- for the N-th and every one after
+// ("4-"). CountEnv names the directory its starts are counted in.
+const (
+	StartsEnv = "TURNCHECK_CRASHTEST_FAIL_STARTS"
+	CountEnv  = "TURNCHECK_CRASHTEST_STARTS_DIR"
 )
 
 // Main plays the server of the mode Env names, when it is set, and never
@@ -89,6 +105,13 @@ func Main() {
 // crashes, with the agent helper for OneAgent (which does not say that it
 // loads one source at a time: that is the setup error it shows).
 func Profile(tb testing.TB, m Mode) string {
+	tb.Helper()
+	return ProfileWith(tb, m)
+}
+
+// ProfileWith is Profile, with more lines in the profile's server
+// section ("start_tries: 2"); not for the ACP modes.
+func ProfileWith(tb testing.TB, m Mode, server ...string) string {
 	tb.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -115,6 +138,9 @@ policies:
 `, exe, Env, m)
 		return writeProfile(tb, m, yaml)
 	}
+	for _, line := range server {
+		agent += "\n  " + line
+	}
 	yaml := fmt.Sprintf(`server:
   command: [%q, "{addr}", "{model_url}", "{data_dir}", "{agents}"]
   env: {%s: %s}%s
@@ -125,6 +151,97 @@ policies:
   durability: {restart: true, crash: true}
 `, exe, Env, m, agent, model)
 	return writeProfile(tb, m, yaml)
+}
+
+// StartsProfile writes a profile (YAML) that starts this test binary as
+// FailStarts's server, failing the starts fail names (StartsEnv), and
+// returns its path. Its starts are counted in a directory of tb's,
+// whatever process makes them: the first start, one for each check
+// (server lines "fresh_per_check: true"), restarts. durable declares
+// that committed turns survive a restart and a crash, so that the
+// harness draws them, never rationed whatever the machine's speed
+// (restart_share: 1); server are more lines of its server section
+// ("start_tries: 2").
+func StartsProfile(tb testing.TB, fail string, durable bool, server ...string) string {
+	tb.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	policies := ""
+	if durable {
+		policies = "\npolicies:\n  durability: {restart: true, crash: true}"
+		server = append(server, "restart_share: 1")
+	}
+	extra := ""
+	for _, line := range server {
+		extra += "\n  " + line
+	}
+	yaml := fmt.Sprintf(`server:
+  command: [%q, "{addr}", "{model_url}", "{data_dir}", "{agents}"]
+  env: {%s: %s, %s: %q, %s: %q}
+  stop_grace: 2s
+  ready: {timeout: 30s}%s
+model: turncheck
+model_timeout: 1s%s
+`, exe, Env, FailStarts, StartsEnv, fail, CountEnv, tb.TempDir(), extra, policies)
+	return writeProfile(tb, FailStarts, yaml)
+}
+
+// Starts is how many starts FailStarts's servers made under the profile
+// at path (StartsProfile), the failed ones included.
+func Starts(tb testing.TB, path string) int {
+	tb.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	_, dir, ok := strings.Cut(string(b), CountEnv+": ")
+	if !ok {
+		tb.Fatalf("%s is no profile of FailStarts", path)
+	}
+	dir, err = strconv.Unquote(strings.SplitN(dir, "}", 2)[0])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return len(entries)
+}
+
+// countStart counts a start in dir and returns its number, from 1: the
+// first name start-N that this process creates, which no other can
+// create too (O_EXCL), whatever starts at once.
+func countStart(dir string) (int, error) {
+	for n := 1; ; n++ {
+		f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("start-%d", n)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		return n, f.Close()
+	}
+}
+
+// fails reports whether spec (StartsEnv) names start n.
+func fails(spec string, n int) bool {
+	for _, part := range strings.Split(spec, ",") {
+		part = strings.TrimSpace(part)
+		if from, ok := strings.CutSuffix(part, "-"); ok {
+			if k, err := strconv.Atoi(from); err == nil && n >= k {
+				return true
+			}
+			continue
+		}
+		if k, err := strconv.Atoi(part); err == nil && n == k {
+			return true
+		}
+	}
+	return false
 }
 
 // writeProfile writes yaml as mode m's profile in a temp dir of tb's.
@@ -165,6 +282,16 @@ func serve(mode Mode, args []string) int {
 		if err := os.WriteFile(lock, []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, "crashtest:", err)
 			return 2
+		}
+	case FailStarts:
+		n, err := countStart(os.Getenv(CountEnv))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "crashtest:", err)
+			return 2
+		}
+		if fails(os.Getenv(StartsEnv), n) {
+			fmt.Fprintf(os.Stderr, "crashtest: start %d: the gateway failed to start (%s=%s)\n", n, StartsEnv, os.Getenv(StartsEnv))
+			return 3
 		}
 	case PanicOnAbort, SharedHistory:
 	case ACPExitOnEmpty:

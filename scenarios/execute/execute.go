@@ -50,6 +50,12 @@ type executor struct {
 	cutRestart bool
 	// aux are the instructions of the server's auxiliary calls, its lab's.
 	aux *AuxInstructions
+	// lab is the session's: its starts are tried, counted and noted
+	// there.
+	lab *Lab
+	// notStarted is set once a restart a step drew did not start in any
+	// of its tries: the start finding, which ends the run.
+	notStarted *NotStarted
 }
 
 // timeSpent is where a run's wall time went, by what it waited on.
@@ -153,11 +159,12 @@ func frontAnswered(r *protocol.Response, lost bool) {
 
 // restart carries out p's restart, the index-th op of step: the server is
 // stopped, or killed, and started again on the same data, loading the
-// agent from the references p says; the client then speaks to it wherever
-// it now listens. The op's Response.Detail is "" for a server that came
-// back, or what went wrong; its HarnessError says the harness could not
-// carry the restart out as drawn (a setup error, never the server's
-// doing).
+// agent from the references p says, up to its tries (Lab.tryStart); the
+// client then speaks to it wherever it now listens. The op's
+// Response.Detail is "" for a server that came back, or what went wrong;
+// its HarnessError says the harness could not carry the restart out as
+// drawn (a setup error, never the server's doing). A server that did not
+// start again is notStarted.
 func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	defer e.spent.since(spentRestarts, time.Now())
 	op := history.Op{Step: step, Index: index, Action: p.Action, Restart: p.Restart, Response: protocol.Response{Outcome: model.OK}}
@@ -188,7 +195,21 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 			return rr.RestartReplica(cmp.Or(e.ctx, context.Background()), *i, crash)
 		}
 	}
-	if err := restart(p.Restart.Crash, refs); err != nil {
+	what := fmt.Sprintf("its restart drawn at step %d (%s)", step, p.Restart)
+	if p.Action == recoverAction {
+		what = fmt.Sprintf("its start again after it went down on its own at step %d (its crash a finding already, or skipped)", step)
+	}
+	if e.lab.NotStarted != nil {
+		op.Response.Outcome, op.Response.Detail = model.Fail, "the server did not start again: "+e.lab.NotStarted.Error()
+		e.notStarted = e.lab.NotStarted
+		return op
+	}
+	tries, err := e.lab.tryStart(e.ctx, what, func() error { return restart(p.Restart.Crash, refs) }, func(err error) bool {
+		// Two references refused in a usage error are the profile's
+		// business (oneSource): no try can mend them.
+		return restartFailed(err) && !(len(refs) > 1 && usageError.MatchString(err.Error()))
+	})
+	if err != nil {
 		e.cutRestart = e.ctx != nil && e.ctx.Err() != nil
 		switch {
 		case errors.Is(err, targets.ErrHarness):
@@ -196,7 +217,10 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 		case len(refs) > 1 && !e.cutRestart:
 			op.HarnessError = e.oneSource(restart, refs, err)
 		}
-		op.Response.Outcome, op.Response.Detail = model.Fail, "the server did not come back: "+err.Error()
+		op.Response.Outcome, op.Response.Detail = model.Fail, "the server did not start again: "+err.Error()
+		if op.HarnessError == "" && !e.cutRestart {
+			e.notStarted = e.lab.notStarted(what, step, tries, err)
+		}
 		return op
 	}
 	e.client.Rebase(targets.URLs(e.srv))

@@ -43,9 +43,9 @@ func (l *Lab) FreshReplay(ctx context.Context, plans []plan.Plan) (ops []history
 		}
 		l.down = false
 	}
-	srv, err := l.start(ctx)
+	srv, err := l.start(ctx, "its start for a replay of a failure's steps")
 	if err != nil {
-		return nil, nil, fmt.Errorf("start the server under test: %w", err)
+		return nil, nil, err
 	}
 	l.shared = srv
 	defer func() {

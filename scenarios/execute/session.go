@@ -81,23 +81,47 @@ type Lab struct {
 	// finding, or skipped) and did not come back when that session
 	// closed: the next session starts it again, and says nothing more.
 	down bool
+	// NotStarted, once set, says the server did not start within its
+	// tries: the start finding. Every later start of the lab's returns
+	// it without trying: the run ends at it.
+	NotStarted *NotStarted
+	// Retried notes each try of a start that failed and was tried again
+	// (targets.Profile.StartTries), with what the server last wrote.
+	Retried []string
+	// Starts counts the starts of the lab's servers that got ready: its
+	// first, restarts, and starts again after it went down.
+	Starts int
 }
 
-// start starts a server of l's target, cut short when ctx (if not nil)
-// ends.
-func (l *Lab) start(ctx context.Context) (targets.Server, error) {
-	began := time.Now()
+// start starts a server of l's target (what says which start, in
+// words), up to its tries, cut short when ctx (if not nil) ends. A
+// server that ran and did not get ready in any try is NotStarted; any
+// other error says that the server could not be started at all.
+func (l *Lab) start(ctx context.Context, what string) (targets.Server, error) {
+	if l.NotStarted != nil {
+		return nil, l.NotStarted
+	}
 	var srv targets.Server
-	var err error
-	if cs, ok := l.Target.(targets.ContextStarter); ok {
-		srv, err = cs.StartContext(cmp.Or(ctx, context.Background()), l.fake.URL())
-	} else {
-		srv, err = l.Target.Start(l.fake.URL())
+	tries, err := l.tryStart(ctx, what, func() error {
+		began := time.Now()
+		var err error
+		if cs, ok := l.Target.(targets.ContextStarter); ok {
+			srv, err = cs.StartContext(cmp.Or(ctx, context.Background()), l.fake.URL())
+		} else {
+			srv, err = l.Target.Start(l.fake.URL())
+		}
+		if err == nil {
+			l.Pace.started(time.Since(began))
+		}
+		return err
+	}, firstStartFailed)
+	switch {
+	case err == nil:
+		return srv, nil
+	case firstStartFailed(err) && !ended(ctx):
+		return nil, l.notStarted(what, 0, tries, err)
 	}
-	if err == nil {
-		l.Pace.started(time.Since(began))
-	}
-	return srv, err
+	return nil, fmt.Errorf("start the server under test: %w", err)
 }
 
 // revive starts the shared server again if it exited after the last
@@ -121,14 +145,16 @@ func (l *Lab) revive(ctx context.Context) error {
 		return fmt.Errorf("the server under test exited between two checks, and cannot be started again: %w",
 			cmp.Or(exited, errors.New("it is down")))
 	}
+	what := "its start again after it went down in the check before (a crash found, or skipped)"
 	if !l.down {
 		l.ExitedBetween = append(l.ExitedBetween, exited.Error())
+		what = "its start again after it exited on its own between two checks"
 	}
-	restart := r.Restart
-	if rc, ok := r.(targets.ContextRestarter); ok && ctx != nil {
-		restart = func(crash bool, refs []string) error { return rc.RestartContext(ctx, crash, refs) }
-	}
-	if err := restart(true, l.firstRefs()); err != nil {
+	if err := l.restart(ctx, r, true, l.firstRefs(), what); err != nil {
+		var ns *NotStarted
+		if errors.As(err, &ns) {
+			return err
+		}
 		if l.down {
 			return fmt.Errorf("the server under test went down (a finding), and did not come back when started again: %w", err)
 		}
@@ -281,12 +307,17 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 	clock := &atomic.Int64{}
 	l.clock.Store(clock)
 	l.sessions++
+	if l.NotStarted != nil {
+		// The server did not start since the session before (as it
+		// closed, or in a replay): there is none to check.
+		return nil, l.NotStarted
+	}
 	srv, own, ns := l.shared, false, ""
 	if l.reuses() {
 		if l.shared == nil {
-			s, err := l.start(l.Context)
+			s, err := l.start(l.Context, "its start")
 			if err != nil {
-				return nil, fmt.Errorf("start the server under test: %w", err)
+				return nil, err
 			}
 			l.shared = s
 		}
@@ -295,9 +326,9 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 		}
 		srv, ns = l.shared, fmt.Sprintf("%s-%d-", l.run, l.sessions)
 	} else {
-		s, err := l.start(ctx)
+		s, err := l.start(ctx, "its start")
 		if err != nil {
-			return nil, fmt.Errorf("start the server under test: %w", err)
+			return nil, err
 		}
 		srv, own = s, true
 	}
@@ -319,7 +350,7 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 		own:     own,
 		fake:    l.fake,
 		client:  cl,
-		Exec:    &executor{srv: srv, fake: l.fake, client: cl, profile: l.Profile, clock: clock, ctx: ctx, spent: spent, aux: l.Aux},
+		Exec:    &executor{srv: srv, fake: l.fake, client: cl, profile: l.Profile, clock: clock, ctx: ctx, spent: spent, aux: l.Aux, lab: l},
 		Ref:     model.NewWith(l.Profile.Policies()),
 		Aside:   map[model.ConversationRef]bool{},
 		Skipped: map[model.Invariant]int{}, Consequences: map[model.Invariant]int{}, SameCause: map[model.Invariant]int{},
@@ -350,6 +381,12 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 			s.Dead = fmt.Errorf("step %d (%s): %s: the run stops, judging nothing by it", op.Step, op.Action, op.HarnessError)
 			return ops, nil
 		}
+	}
+	if ns := s.Exec.notStarted; ns != nil {
+		// A restart the step drew did not start in any try: no server is
+		// left to judge anything by. The start finding; the run stops.
+		s.Dead, s.down = ns, true
+		return ops, nil
 	}
 	if ctx := s.Exec.ctx; ctx != nil && ctx.Err() != nil {
 		// The run's end cut the step short (its requests aborted, a
@@ -556,25 +593,16 @@ func (s *Session) watch(ops []history.Op) {
 }
 
 // wentDown says whether the server went down in the step that came to
-// ops without being told to (PROTOCOL.md, "A server stays up"): a restart
-// the plan drew that did not come back, or, for a server whose process
-// the harness watches, an exit. Its violation quotes what the server last
-// wrote. A step after which the server was seen up, watched or back from
-// a restart, counts as an evaluation of the finding (Up).
+// ops without being told to (PROTOCOL.md, "A server stays up"): for a
+// server whose process the harness watches, an exit. Its violation
+// quotes what the server last wrote. A restart the plan drew that did
+// not come back is no crash: the server did not start (Step stops at
+// it, the start finding). A step after which the server was seen up,
+// watched or back from a restart, counts as an evaluation of the finding
+// (Up).
 func (s *Session) wentDown(ops []history.Op) *model.Violation {
 	step := s.Exec.steps
-	drawn := false
-	for _, op := range ops {
-		if op.Restart == nil {
-			continue
-		}
-		drawn = true
-		if op.Response.Outcome != model.OK {
-			s.down = true
-			return &model.Violation{Invariant: model.Crash,
-				Reason: fmt.Sprintf("step %d, %s: %s", step, op.Restart, op.Response.Detail)}
-		}
-	}
+	drawn := slices.ContainsFunc(ops, func(op history.Op) bool { return op.Restart != nil })
 	w, watched := s.Server.(targets.ServerWatcher)
 	if watched {
 		exited := w.Exited()
@@ -698,10 +726,14 @@ func (s *Session) recover(drawn *plan.Restart) {
 	if drawn != nil && drawn.Replica == nil {
 		r.Sources = drawn.Sources
 	}
-	op := s.Exec.restart(plan.Plan{Action: "start again", Restart: &r}, s.Exec.steps, 0)
+	op := s.Exec.restart(plan.Plan{Action: recoverAction, Restart: &r}, s.Exec.steps, 0)
 	if ctx := s.Exec.ctx; op.Response.Outcome != model.OK && ctx != nil && ctx.Err() != nil {
 		// The run's end cut the start short (the executor says so,
 		// cutRestart): no finding, and no error.
+		return
+	}
+	if ns := s.Exec.notStarted; ns != nil {
+		s.Dead = ns
 		return
 	}
 	if op.Response.Outcome != model.OK {
@@ -720,6 +752,10 @@ func (s *Session) recover(drawn *plan.Restart) {
 		}
 	}
 }
+
+// recoverAction is the action of the start again of a server that went
+// down on its own (Session.recover), as its history names it.
+const recoverAction = "start again"
 
 // Close stops the session's server, if it started it, and checks that a
 // shared server is still alive. A server that does not stop cleanly, or
@@ -740,10 +776,20 @@ func (s *Session) Close() error {
 			r, ok := s.Server.(targets.Restarter)
 			if ok {
 				s.lab.down = s.down
-				err := r.Restart(s.down, s.lab.firstRefs())
+				what := "its restart after a check, for the next to start as every check does"
+				if s.down {
+					what = "its start again after it went down in a check (a crash found, or skipped)"
+				}
+				err := s.lab.restart(nil, r, s.down, s.lab.firstRefs(), what)
+				var ns *NotStarted
 				switch {
 				case err == nil:
 					s.lab.down = false
+				case errors.As(err, &ns):
+					// Said by the check that closes, and by every later
+					// start of the lab's.
+					s.lab.down = true
+					return err
 				case !s.down:
 					return fmt.Errorf("restart the server under test with its first agent source: %w", err)
 				}
@@ -778,7 +824,11 @@ func (l *Lab) Replay(ctx context.Context, plans []plan.Plan) ([]history.Op, *mod
 			break
 		}
 		if s.Dead != nil {
-			return s.History, nil, errors.Join(s.Dead, s.Close())
+			cerr := s.Close()
+			if errors.Is(cerr, s.Dead) {
+				cerr = nil // a server that did not start says so as it closes too
+			}
+			return s.History, nil, errors.Join(s.Dead, cerr)
 		}
 	}
 	if v == nil && ctx.Err() == nil {

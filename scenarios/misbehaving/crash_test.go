@@ -27,8 +27,8 @@ import (
 // to its promise: a server that goes down without being told to is a
 // finding of its own, with the server's last words, shrunk and saved to
 // replay; the run goes on past it; a restart that does not come back is
-// that finding, never T7; and a profile that cannot express its server
-// is a setup error, never a verdict.
+// the start finding (start_test.go), never a crash nor T7; and a profile
+// that cannot express its server is a setup error, never a verdict.
 
 // assertCrashFound checks that c found a crash, quoting want, with
 // steps that replay it against target, and broke nothing else.
@@ -118,8 +118,18 @@ func TestCrashThroughAProfile(t *testing.T) {
 
 // staleLock is the reference server whose start after a kill -9 fails
 // once (a lock the killed run left, which the failed start clears), as
-// StaleLock's process does.
-type staleLock struct{ reference.Target }
+// StaleLock's process does; tries is its profile's start_tries.
+type staleLock struct {
+	reference.Target
+	tries int
+}
+
+// Profile is the reference target's, with tries as its start_tries.
+func (s staleLock) Profile() scenarios.Profile {
+	p := s.Target.Profile()
+	p.StartTries = s.tries
+	return p
+}
 
 func (s staleLock) Start(modelURL string) (scenarios.Server, error) {
 	srv, err := s.Target.Start(modelURL)
@@ -152,31 +162,52 @@ func (s *staleLockServer) Restart(crash bool, agents []string) error {
 	return errors.New("server exited with status 1 before it was ready: the store is locked by an earlier run (stale lock)")
 }
 
+// staleLockProfile is StaleLock's profile, with server lines added.
+func staleLockProfile(t *testing.T, server ...string) scenarios.Target {
+	t.Helper()
+	target, err := scenarios.LoadProfile(crashtest.ProfileWith(t, crashtest.StaleLock, server...))
+	require.NoError(t, err)
+	return target
+}
+
 // TestRestartThatDoesNotComeBack: a crash the harness draws that the
-// server does not come back from is the crash finding, never T7 (which
-// judges what a server that came back still has), in process and through
-// a profile; the run starts the server again and goes on.
+// server does not come back from, in the one try its profile allows, is
+// the start finding, never a crash (the server did not go down while it
+// served) nor T7 (which judges what a server that came back holds), in
+// process and through a profile: the run stops there. With a second try
+// (start_tries: 2) it comes back, the failed try is a note, and the run
+// goes on to judge T7.
 func TestRestartThatDoesNotComeBack(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
-	fromProfile, err := scenarios.LoadProfile(crashtest.Profile(t, crashtest.StaleLock))
-	require.NoError(t, err)
 	for _, tc := range []struct {
-		name   string
-		target scenarios.Target
-		checks int
+		name        string
+		once, twice scenarios.Target
+		checks      int
 	}{
-		{"in process", staleLock{}, 12},
-		{"profile", fromProfile, 8},
+		{"in process", staleLock{}, staleLock{tries: 2}, 12},
+		{"profile", staleLockProfile(t, "restart_share: 1"), staleLockProfile(t, "restart_share: 1", "start_tries: 2"), 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c, err := scenarios.Conform(tc.target, scenarios.Options{Checks: tc.checks, Seed: 5, ShrinkTime: 60 * time.Second})
+			c, err := scenarios.Conform(tc.once, scenarios.Options{Checks: tc.checks, Seed: 5, ShrinkTime: 60 * time.Second, Parallel: 1})
 			require.NoError(t, err)
-			f := assertCrashFound(t, tc.target, c, "did not come back")
-			assert.Contains(t, f.Violation.Reason, "stale lock")
-			assert.Contains(t, f.Violation.Reason, "crash (kill -9) and restart")
+			assertOnlyFinding(t, c, model.Start)
+			v := c.Verdict(model.Start)
+			assert.Regexp(t, `^the server did not start at step \d+ of check \d+: its restart drawn at step \d+ \(crash \(kill -9\) and restart\) failed in 1 try`, v.Reason)
+			assert.Contains(t, v.Reason, "stale lock")
+			assert.Regexp(t, `^\d+ of \d+ checks asked ran: the server did not start again at step`, c.Stopped)
+			assert.NotEqual(t, scenarios.Fail, c.Verdict(model.Crash).Status, "a restart that did not come back judged as a crash")
 			assert.NotEqual(t, scenarios.Fail, c.Verdict(model.T7).Status, "a restart that did not come back judged as T7")
-			assert.Positive(t, c.Stats.SetAside[model.Crash], "the run went on past the finding, and met the crash again")
+
+			c, err = scenarios.Conform(tc.twice, scenarios.Options{Checks: tc.checks, Seed: 5, ShrinkTime: 60 * time.Second, Parallel: 1})
+			require.NoError(t, err)
+			for _, v := range c.Verdicts {
+				assert.NotEqual(t, scenarios.Fail, v.Status, "%s: %s", v.Invariant, v.Reason)
+			}
+			assert.Empty(t, c.Stopped)
+			assert.Contains(t, strings.Join(c.Notes, "\n"), "the server's start failed, and was tried again (try 1 of 2, server.start_tries): its restart drawn at step")
+			assert.Contains(t, strings.Join(c.Notes, "\n"), "stale lock")
+			assert.Equal(t, scenarios.Pass, c.Verdict(model.T7).Status, "the run went on past the restart tried again: %+v", c.Verdict(model.T7))
 		})
 	}
 }

@@ -364,8 +364,11 @@ const (
 
 // Judged lists what a run gives a verdict on, in the order of its
 // verdicts: the invariants T1 to T11, then whether the server stays up
-// (model.Crash), a finding of its own kind beside them.
-func Judged() []model.Invariant { return append(model.Invariants(), model.Crash, model.Wire) }
+// (model.Crash) and starts (model.Start), and whether an agent keeps to
+// its protocol (model.Wire), findings of their own kinds beside them.
+func Judged() []model.Invariant {
+	return append(model.Invariants(), model.Crash, model.Start, model.Wire)
+}
 
 // Exercises say, for each invariant, what one evaluation that counts is:
 // a PASS line says how many of them the run saw.
@@ -384,8 +387,12 @@ var Exercises = map[model.Invariant]string{
 
 	// The crash finding: not an invariant of a conversation, beside them.
 	model.Crash: "step(s) after which the server was seen up: its process watched, or back from a restart drawn",
+	model.Start: "start(s) of the server, each ready: its first, restarts drawn, and starts between checks",
 	model.Wire:  "prompt(s) or task(s) answered by an agent that kept to its protocol: an ACP agent called back only what the client advertised and answered each cancelled prompt cancelled; an A2A agent's task stayed in its context, and tasks/get showed the task's own messages",
 }
+
+// TimeBound is Stopped for a run its time bound (--timeout) ended.
+const TimeBound = "the time bound was reached"
 
 // WouldExercise says, for each invariant, what a run needs to exercise
 // it: what a NOT PROVEN run names beside each invariant it did not.
@@ -416,8 +423,11 @@ func (c *Conformance) NotProvenText() string {
 	}
 	var b strings.Builder
 	b.WriteString("NOT PROVEN: nothing broke")
-	if c.Stopped != "" {
+	switch {
+	case c.Stopped == TimeBound:
 		fmt.Fprintf(&b, " in the %d of %d checks asked that ran, but %s first: run longer (--timeout) or ask fewer checks (--checks) for a verdict", c.Stats.Checks, c.Asked, c.Stopped)
+	case c.Stopped != "":
+		fmt.Fprintf(&b, " in the checks that ran, but the run stopped early: %s", c.Stopped)
 	}
 	if un := c.Unexercised(); len(un) > 0 {
 		names := make([]string, len(un))

@@ -96,6 +96,7 @@ type serverSection struct {
 	Ready         readySection      `yaml:"ready"`
 	StopGrace     time.Duration     `yaml:"stop_grace"`
 	StopStatus    []int             `yaml:"stop_status"`
+	StartTries    *int              `yaml:"start_tries"`
 	FreshPerCheck bool              `yaml:"fresh_per_check"`
 	Parallel      int               `yaml:"parallel"`
 	RestartShare  float64           `yaml:"restart_share"`
@@ -362,6 +363,12 @@ func (f *profileFile) target() (Target, error) {
 			return nil, fmt.Errorf("server.restart_share: %v is no share of the steps drawn: give one from 0 (excluded) to 1 (restarts never rationed, the default)", r)
 		}
 		p.RestartShare = f.Server.RestartShare
+		if n := f.Server.StartTries; n != nil {
+			if *n < 1 {
+				return nil, fmt.Errorf("server.start_tries: %d: want how many times a start is tried before the server counts as not started, at least 1", *n)
+			}
+			p.StartTries = *n
+		}
 	}
 	if p.Model == "" {
 		p.Model = "turncheck"

@@ -441,3 +441,25 @@ func TestOpenclawProfile(t *testing.T) {
 	assert.Equal(t, "sh", acp.Command[0])
 	assert.Contains(t, acp.Command[2], "openclaw acp --url ws://127.0.0.1:{port}")
 }
+
+// TestStartTries: server.start_tries says how many times a start is
+// tried; left out, a start is tried once (DefaultStartTries); fewer than
+// one, or no number, is an error that names the field.
+func TestStartTries(t *testing.T) {
+	const server = "server:\n  command: [srv, \"{addr}\", \"{model_url}\"]\n"
+	target, err := ParseProfile([]byte(server + "  start_tries: 3\n"))
+	require.NoError(t, err)
+	assert.Equal(t, 3, target.Profile().StartTriesOrDefault())
+
+	target, err = ParseProfile([]byte(server))
+	require.NoError(t, err)
+	assert.Equal(t, DefaultStartTries, target.Profile().StartTriesOrDefault())
+	assert.Equal(t, 1, DefaultStartTries)
+
+	for _, bad := range []string{"0", "-2"} {
+		_, err = ParseProfile([]byte(server + "  start_tries: " + bad + "\n"))
+		assert.ErrorContains(t, err, "server.start_tries: "+bad+": want how many times a start is tried", bad)
+	}
+	_, err = ParseProfile([]byte(server + "  start_tries: twice\n"))
+	assert.ErrorContains(t, err, "into a whole number", "a start_tries that is no number")
+}

@@ -114,6 +114,13 @@ type Profile struct {
 	// restart declares less than 1, and a restart drawn past it gives way
 	// to a turn. 0 means DefaultRestartShare; 1 never rations them.
 	RestartShare float64
+	// StartTries is how many times a start of the server (its first, one
+	// between two checks, a restart or crash a step drew) is tried
+	// before the server counts as not started, the start finding
+	// (model.Start): a try the server failed (it exited, or was not
+	// ready in time) is tried again, and said in the run's notes. 0
+	// means DefaultStartTries.
+	StartTries int
 	// Agent names the agent the server loads from the fake model, at
 	// http://MODEL/agents/AGENT.yaml?QUERY; "" if it loads none. The
 	// harness restarts such a server with the reference's query changed,
@@ -138,6 +145,23 @@ type Profile struct {
 	// calls, and tool pairs (T9) and working-copy leaks (T11) are checked.
 	// Without it they are not applicable.
 	Tools bool
+}
+
+// DefaultStartTries is how many times a start is tried when a profile
+// does not say: once. A server that does not start on its first try is
+// broken, and said so at once: a retry that hid it, unasked, would pass
+// a server whose users meet the same failures, and double the wait for
+// a command that can never start (a profile being written). A server
+// known to start only on a second try under load declares it
+// (server.start_tries), and each retry is still said.
+const DefaultStartTries = 1
+
+// StartTriesOrDefault is how many times p has a start tried.
+func (p Profile) StartTriesOrDefault() int {
+	if p.StartTries <= 0 {
+		return DefaultStartTries
+	}
+	return p.StartTries
 }
 
 // AppendsInput reports whether the server appends a turn's input whole to
