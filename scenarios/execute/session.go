@@ -840,7 +840,9 @@ func (s *Session) Close() error {
 // Replay executes plans in a new session of l, stopped when ctx ends: the
 // requests in flight are aborted, and the run decides nothing. Steps of
 // earlier checks (plan.Plan.Earlier) run first, each check's in a
-// session of its own on the same server, as they ran in the run; the
+// session of its own, as they ran in the run: on the one server the
+// lab's sessions share (where each session starts a server of its own,
+// so does each of these, and no leak between checks comes back); the
 // history numbers the steps through, on one timeline.
 //
 // On a server the lab's sessions share, where a fresh one can stand in
