@@ -817,6 +817,7 @@ func readCall(msgs []openai.Message, epoch string) model.Call {
 	if call.History == nil {
 		call.History = []model.Token{}
 	}
+	call.ForeignFrom = leaks.From()
 	if tooled {
 		// Only then: a plain history stays as small as it was.
 		call.Tools = events

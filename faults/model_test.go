@@ -1188,7 +1188,8 @@ func TestResetEpoch(t *testing.T) {
 // carries a message of an earlier check's conversation (a server that
 // leaks one into another) has that message's tokens, and its reply's, as
 // Foreign, not as its history: tc-u6 of another check is never read as
-// this check's tc-u6.
+// this check's tc-u6. The other check is named by its tag, so that its
+// steps can be run again before this check's.
 func TestForeignTokens(t *testing.T) {
 	f := start(t, faults.ModelConfig{})
 	f.m.Reset("(tc0a1b2c-2)")
@@ -1199,6 +1200,7 @@ func TestForeignTokens(t *testing.T) {
 	require.Len(t, calls, 1)
 	assert.Equal(t, []model.Token{"tc-u1"}, calls[0].History)
 	assert.Equal(t, []model.Token{"tc-u6", "tc-a6"}, calls[0].Foreign)
+	assert.Equal(t, []string{"(tc0a1b2c-1)"}, calls[0].ForeignFrom)
 	assert.Equal(t, model.Token("tc-u1"), calls[0].Turn)
 }
 

@@ -170,6 +170,26 @@ func TestTokenReply(t *testing.T) {
 	assert.Equal(t, model.Token("tc-a3"), model.UserToken(3).Reply())
 }
 
+// TestLeaksNameTheirChecks: the messages of other checks a shared
+// server's request carries are told apart from the check's own, and the
+// checks they came from are named by their tags, each once, in the order
+// met: their steps are what a replay of the leak runs first.
+func TestLeaksNameTheirChecks(t *testing.T) {
+	const own, first, second = "(tc0a1b2c-3)", "(tc0a1b2c-1)", "(tc0a1b2c-2)"
+	assert.Equal(t, []string{first, second}, model.OtherChecks("tc-u1 "+first+" tc-u2 "+second+" "+first+" "+own, own))
+	assert.Empty(t, model.OtherChecks("Please remember tc-u1. "+own, own))
+	assert.Empty(t, model.OtherChecks("Please remember tc-u1. (tc0a1b2c)", own), "no check's tag")
+
+	leaks := model.Leaks{Tag: own}
+	assert.True(t, leaks.Foreign("Please remember tc-u6. "+second, h(u(6)), true))
+	assert.True(t, leaks.Foreign("tc-a6", h(a(6)), false), "the reply to a leaked message")
+	assert.False(t, leaks.Foreign("Please remember tc-u1. "+own, h(u(1)), true))
+	assert.True(t, leaks.Foreign("Please remember tc-u6. "+first, h(u(6)), true))
+	assert.True(t, leaks.Foreign("Please remember tc-u9. "+second, h(u(9)), true))
+	assert.Equal(t, []string{second, first}, leaks.From())
+	assert.Empty(t, (&model.Leaks{}).From(), "on a server of its own, none")
+}
+
 func TestFormatTokens(t *testing.T) {
 	assert.Equal(t, "(empty)", model.FormatTokens(nil))
 	assert.Equal(t, "(empty)", model.FormatTokens([]model.Token{}))

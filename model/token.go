@@ -11,6 +11,7 @@ package model
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -35,6 +36,20 @@ func OfAnotherCheck(text, tag string) bool {
 	return tag != "" && !strings.Contains(text, tag) && checkTag.MatchString(text)
 }
 
+// OtherChecks returns the tags of checks other than tag's that text
+// carries, in order, each once: which checks the messages of a leak
+// came from, so that their steps can be run again before the check they
+// leaked into (a saved failure replays on a fresh server).
+func OtherChecks(text, tag string) []string {
+	var out []string
+	for _, t := range checkTag.FindAllString(text, -1) {
+		if t != tag && !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 // Leaks tells, message by message in the order a history holds them, which
 // are of another check's conversation, on a server shared by several
 // checks whose current check's tag is Tag: a user message that carries
@@ -44,7 +59,12 @@ func OfAnotherCheck(text, tag string) bool {
 type Leaks struct {
 	Tag    string
 	leaked map[Token]bool
+	from   []string
 }
+
+// From are the tags of the other checks whose messages Foreign told so
+// far, in the order first met, each once.
+func (l *Leaks) From() []string { return l.from }
 
 // Foreign reports whether the message with text, whose tokens are toks,
 // a user's (user) or a reply, is another check's.
@@ -60,6 +80,13 @@ func (l *Leaks) Foreign(text string, toks []Token, user bool) bool {
 	}
 	for _, t := range toks {
 		l.leaked[t.User()] = true
+	}
+	if user {
+		for _, t := range OtherChecks(text, l.Tag) {
+			if !slices.Contains(l.from, t) {
+				l.from = append(l.from, t)
+			}
+		}
 	}
 	return true
 }
@@ -236,6 +263,10 @@ type Call struct {
 	// message names its check), left out of History: they can reach this
 	// check only through a leak between conversations (T5).
 	Foreign []Token `json:"foreign,omitempty"`
+	// ForeignFrom are the tags of the checks whose messages Foreign's
+	// are (OtherChecks), each once: the earlier checks on the server
+	// whose steps a replay of the leak runs first.
+	ForeignFrom []string `json:"foreignFrom,omitempty"`
 }
 
 // ToolEventKind is what a ToolEvent marks.

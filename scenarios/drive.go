@@ -78,6 +78,27 @@ type failingRun struct {
 	violation *model.Violation
 }
 
+// withEarlier is run with, before its steps, those of the earlier checks
+// on the shared server whose messages its violating step showed
+// (execute.Session.Earlier): a leak between checks, which a saved
+// failure, replayed on a fresh server, shows again only after them. Its
+// history numbers its own steps after theirs.
+func withEarlier(sess *execute.Session, run *failingRun) *failingRun {
+	if len(run.history) == 0 {
+		return run
+	}
+	last := run.history[len(run.history)-1].Step
+	earlier := sess.Earlier(slices.DeleteFunc(slices.Clone(run.history), func(op history.Op) bool { return op.Step != last }))
+	if len(earlier) == 0 {
+		return run
+	}
+	ops := slices.Clone(run.history)
+	for i := range ops {
+		ops[i].Step += len(earlier)
+	}
+	return &failingRun{plans: slices.Concat(earlier, run.plans), history: ops, violation: run.violation}
+}
+
 // ended reports whether the check ends the run: a failure, a harness
 // failure, or a server that could not be used.
 func (c *checkRun) ended() bool {
@@ -240,9 +261,10 @@ func (r *runner) property(t *rapid.T, ctx context.Context, l *execute.Lab, c *ch
 		c.setupErr, c.stats.Checks = err, 0
 		t.Fatalf("setup: %v", err)
 	}
+	sess.Check = c.n
 	t.Cleanup(func() { c.teardownErr = sess.Close() })
 	m := traffic.New(sess, c.stats, func(v *model.Violation, plans []plan.Plan, ops []history.Op) {
-		c.failing, c.foundIn, c.took = &failingRun{plans: plans, history: ops, violation: v}, time.Since(r.start), time.Since(began)
+		c.failing, c.foundIn, c.took = withEarlier(sess, &failingRun{plans: plans, history: ops, violation: v}), time.Since(r.start), time.Since(began)
 	}, func(err error) { c.setupErr = err })
 	t.Cleanup(func() {
 		s := c.stats

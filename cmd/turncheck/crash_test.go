@@ -32,3 +32,31 @@ func TestCrashFindingThroughTheCLI(t *testing.T) {
 	assert.Contains(t, stdout, "FAIL: crash (the server stays up) broken\n")
 	assert.Contains(t, stdout, "panic: send on closed channel")
 }
+
+// TestLeakBetweenChecksThroughTheCLI: a server that leaks one check's
+// conversation into a later check's of the same name (crashtest.ShortIDs),
+// its one process shared by the run's checks, does not conform (T5,
+// exit 1), and the failure it saves holds the earlier check's steps
+// before the failing check's: 'turncheck replay', against a fresh
+// process, breaks T5 again (exit 1) where the failing check's steps
+// alone would show nothing.
+func TestLeakBetweenChecksThroughTheCLI(t *testing.T) {
+	t.Parallel() // it mostly waits on servers
+	out := t.TempDir()
+	code, stdout, stderr := runCLI(t, "conform", "--profile", crashtest.Profile(t, crashtest.ShortIDs),
+		"--checks", "4", "--steps", "10", "--seed", "1", "--fail-fast", "--shrink-time", "20s", "--out", out)
+	require.Equal(t, exitViolation, code, stdout+stderr)
+	assert.Regexp(t, `(?m)^T5 +isolation +FAIL +T5 \(isolation\) violated .* of a conversation of an earlier check on the same server`, stdout)
+	// Shrunk, each earlier step says whose it is; cut short before any
+	// replay, the run as it failed says its earlier steps are not shown.
+	assert.Regexp(t, `\(a step of check \d+\)|\(not shown\): earlier checks' steps`, stdout)
+	saved, err := filepath.Glob(filepath.Join(out, "failures", "T5-conform-*.json"))
+	require.NoError(t, err)
+	require.Len(t, saved, 1, stdout)
+
+	code, stdout, stderr = runCLI(t, "replay", saved[0])
+	require.Equal(t, exitViolation, code, stdout+stderr)
+	assert.Contains(t, stdout, "FAIL: T5 (isolation) broken\n")
+	assert.Contains(t, stdout, "of a conversation of an earlier check on the same server")
+	assert.Contains(t, stdout, "(a step of check ")
+}

@@ -1,8 +1,9 @@
 // Package crashtest holds servers that go down, for the harness's own
 // tests of its crash finding (PROTOCOL.md, "A server stays up") and of
-// the setup errors a profile causes, and one that stays up but shares
-// one history among its conversations, for what the harness says after
-// a first finding (PROTOCOL.md, "One root cause, one finding"). Each is the reference server with
+// the setup errors a profile causes, and two that stay up but leak
+// conversations into each other, for what the harness says after a
+// first finding (PROTOCOL.md, "One root cause, one finding") and how a
+// leak between checks replays. Each is the reference server with
 // one defect: it panics after a streamed turn whose client went away, as
 // docker-agent's "send on closed channel" does; a kill -9 leaves a lock
 // behind that fails the next start once; it fails the starts it is told
@@ -78,6 +79,12 @@ const (
 	// conversation into every other (T5), across the checks of a run
 	// too, which share the process.
 	SharedHistory Mode = "shared-history"
+	// ShortIDs names a conversation by the last six characters of its
+	// id (ShortenIDs), as a server that keeps ids that short does: one
+	// check's conversations stay apart, but the harness's namespace goes,
+	// and two checks' conversations of one name ("conv-1") are one on
+	// the process the run's checks share. A leak between checks alone.
+	ShortIDs Mode = "short-ids"
 )
 
 // StartsEnv names the starts FailStarts fails: numbers from 1, by commas
@@ -87,6 +94,18 @@ const (
 	StartsEnv = "TURNCHECK_CRASHTEST_FAIL_STARTS"
 	CountEnv  = "TURNCHECK_CRASHTEST_STARTS_DIR"
 )
+
+// ShortenIDs serves h with each conversation id (X-Conversation-Id) cut
+// to its last six characters, as ShortIDs does: in process too, for a
+// target that shares its server among a run's checks.
+func ShortenIDs(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get("X-Conversation-Id"); len(id) > 6 {
+			r.Header.Set("X-Conversation-Id", id[len(id)-6:])
+		}
+		h.ServeHTTP(w, r)
+	})
+}
 
 // Main plays the server of the mode Env names, when it is set, and never
 // returns then: the test binary is re-executed with {addr}, {model_url},
@@ -293,7 +312,7 @@ func serve(mode Mode, args []string) int {
 			fmt.Fprintf(os.Stderr, "crashtest: start %d: the gateway failed to start (%s=%s)\n", n, StartsEnv, os.Getenv(StartsEnv))
 			return 3
 		}
-	case PanicOnAbort, SharedHistory:
+	case PanicOnAbort, SharedHistory, ShortIDs:
 	case ACPExitOnEmpty:
 		return serveACP(modelURL, dataDir, agents, true)
 	case ACPForgets:
@@ -330,6 +349,8 @@ func serve(mode Mode, args []string) int {
 			}
 			srv.ServeHTTP(w, r)
 		})
+	case ShortIDs:
+		h = ShortenIDs(srv)
 	}
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)

@@ -43,11 +43,10 @@ func (l *Lab) FreshReplay(ctx context.Context, plans []plan.Plan) (ops []history
 		}
 		l.down = false
 	}
-	srv, err := l.start(ctx, "its start for a replay of a failure's steps")
-	if err != nil {
+	if err := l.startShared(ctx, "its start for a replay of a failure's steps"); err != nil {
 		return nil, nil, err
 	}
-	l.shared = srv
+	srv := l.shared
 	defer func() {
 		// Started under the replay's bound, which its restarts would
 		// still hold to: the next session starts one under the run's.
@@ -57,5 +56,6 @@ func (l *Lab) FreshReplay(ctx context.Context, plans []plan.Plan) (ops []history
 		}
 		l.down = false
 	}()
-	return l.Replay(ctx, plans)
+	ops, v, _, err = l.replay(ctx, plans)
+	return ops, v, err
 }

@@ -91,6 +91,34 @@ type Lab struct {
 	// Starts counts the starts of the lab's servers that got ready: its
 	// first, restarts, and starts again after it went down.
 	Starts int
+	// held are the sessions the shared server served since it started,
+	// by their tag (protocol.EpochTag): a later session that meets their
+	// messages, a leak between checks, shows it again only after their
+	// steps (Session.Earlier).
+	held map[string]heldSession
+	// leaks says a replay here broke an invariant with messages of a
+	// session it did not run (left on the shared server by a check, or by
+	// another replay): the server leaks between sessions, and every later
+	// replay runs on a fresh server, where only its own steps are.
+	leaks bool
+}
+
+// heldSession is a session a shared server served: its number among the
+// lab's sessions, its check's number (0 for a replay), and its steps.
+type heldSession struct {
+	n, check int
+	plans    []plan.Plan
+}
+
+// startShared starts the server the lab's sessions share, which holds
+// no session yet; what says which start it is, in words (Lab.start).
+func (l *Lab) startShared(ctx context.Context, what string) error {
+	s, err := l.start(ctx, what)
+	if err != nil {
+		return err
+	}
+	l.shared, l.held = s, map[string]heldSession{}
+	return nil
 }
 
 // start starts a server of l's target (what says which start, in
@@ -293,6 +321,14 @@ type Session struct {
 	Up int
 	// sources are the queries of the agent references the server loads.
 	sources []string
+	// Check is the number of the check the session runs, from 1, or 0
+	// for a replay: set by the check, it names the session to a later
+	// one its messages leak into (Earlier).
+	Check int
+	// n numbers the session among its lab's, and tag is what its user
+	// messages carry on a shared server ("" on a server of its own).
+	n   int
+	tag string
 
 	Plans   []plan.Plan
 	History []history.Op
@@ -302,9 +338,14 @@ type Session struct {
 // fresh namespace, with the fake model reset. Its requests in flight are
 // aborted when ctx ends (nil: never). The caller closes it.
 func (l *Lab) Session(ctx context.Context) (*Session, error) {
+	return l.session(ctx, &atomic.Int64{})
+}
+
+// session is Session on the timeline clock: a new one for a check, the
+// one of the sessions before it for a replay's later session.
+func (l *Lab) session(ctx context.Context, clock *atomic.Int64) (*Session, error) {
 	spent := timeSpent{}
 	defer spent.since(spentStarting, time.Now())
-	clock := &atomic.Int64{}
 	l.clock.Store(clock)
 	l.sessions++
 	if l.NotStarted != nil {
@@ -315,11 +356,9 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 	srv, own, ns := l.shared, false, ""
 	if l.reuses() {
 		if l.shared == nil {
-			s, err := l.start(l.Context, "its start")
-			if err != nil {
+			if err := l.startShared(l.Context, "its start"); err != nil {
 				return nil, err
 			}
-			l.shared = s
 		}
 		if err := l.revive(ctx); err != nil {
 			return nil, err
@@ -357,7 +396,37 @@ func (l *Lab) Session(ctx context.Context) (*Session, error) {
 		Folded:      map[model.Invariant]model.Violation{},
 		asideTokens: map[model.Token]bool{},
 		sources:     []string{targets.FirstSource},
+		n:           l.sessions,
+		tag:         protocol.EpochTag(ns),
 	}, nil
+}
+
+// Earlier returns the steps of the earlier sessions on the shared server
+// whose messages ops showed (history.Op.ForeignFrom): a leak between
+// checks, which a fresh server shows again only once those steps ran on
+// it. They come in the order the sessions ran, each step marked with its
+// session (plan.Plan.Earlier), to be run first, each session's in a
+// session of its own. nil where ops show no session the server served
+// since it started.
+func (s *Session) Earlier(ops []history.Op) []plan.Plan {
+	var met []heldSession
+	for _, op := range ops {
+		for _, tag := range op.ForeignFrom() {
+			h, ok := s.lab.held[tag]
+			if ok && !slices.ContainsFunc(met, func(m heldSession) bool { return m.n == h.n }) {
+				met = append(met, h)
+			}
+		}
+	}
+	slices.SortFunc(met, func(a, b heldSession) int { return a.n - b.n })
+	var out []plan.Plan
+	for _, h := range met {
+		for _, p := range h.plans {
+			p.Earlier = plan.Origin{Check: h.check, Session: h.n}
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Pace is what the session's server costs, as its run measures it.
@@ -373,6 +442,9 @@ func (s *Session) Pace() *Pace { return s.lab.Pace }
 func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 	began := time.Now()
 	ops := s.Exec.execute(p)
+	for i := range ops {
+		ops[i].Earlier = p.Earlier
+	}
 	s.lab.Pace.stepped(p.Restart != nil, time.Since(began))
 	s.Plans = append(s.Plans, p)
 	s.History = append(s.History, ops...)
@@ -762,6 +834,9 @@ const recoverAction = "start again"
 // died on its own, is a defect.
 func (s *Session) Close() error {
 	s.client.Close()
+	if !s.own && s.tag != "" && len(s.Plans) > 0 && s.lab.held != nil {
+		s.lab.held[s.tag] = heldSession{n: s.n, check: s.Check, plans: s.Plans}
+	}
 	if !s.own {
 		if a := s.answers(3); len(a) > 0 {
 			s.lab.earlier = a
@@ -809,32 +884,89 @@ func (s *Session) Close() error {
 }
 
 // Replay executes plans in a new session of l, stopped when ctx ends: the
-// requests in flight are aborted, and the run decides nothing.
+// requests in flight are aborted, and the run decides nothing. Steps of
+// earlier checks (plan.Plan.Earlier) run first, each check's in a
+// session of its own, as they ran in the run: on the one server the
+// lab's sessions share (where each session starts a server of its own,
+// so does each of these, and no leak between checks comes back); the
+// history numbers the steps through, on one timeline.
+//
+// On a server the lab's sessions share, where a fresh one can stand in
+// (FreshServers), a replay that broke an invariant with messages of a
+// session it did not run (one of an earlier check, or of another
+// replay, left on the server) showed what the server held, not what its
+// plans do: it is run again on a fresh server, and so is every later
+// replay of the lab.
 func (l *Lab) Replay(ctx context.Context, plans []plan.Plan) ([]history.Op, *model.Violation, error) {
-	s, err := l.Session(ctx)
-	if err != nil {
-		return nil, nil, err
+	if l.leaks && l.FreshServers() {
+		return l.FreshReplay(ctx, plans)
 	}
-	var v *model.Violation
-	for _, p := range plans {
-		if ctx.Err() != nil {
-			break
+	h, v, tags, err := l.replay(ctx, plans)
+	if v == nil || err != nil || ctx.Err() != nil || !l.FreshServers() || !leftBehind(h, tags) {
+		return h, v, err
+	}
+	l.leaks = true
+	return l.FreshReplay(ctx, plans)
+}
+
+// replay is Replay on whatever server the lab's sessions have, and the
+// tags of the sessions it ran.
+func (l *Lab) replay(ctx context.Context, plans []plan.Plan) (ops []history.Op, v *model.Violation, tags []string, err error) {
+	clock := &atomic.Int64{}
+	steps := 0
+	for _, session := range plan.Sessions(plans) {
+		s, err := l.session(ctx, clock)
+		if err != nil {
+			return ops, nil, tags, err
 		}
-		if _, v = s.Step(p); v != nil {
-			break
-		}
-		if s.Dead != nil {
-			cerr := s.Close()
-			if errors.Is(cerr, s.Dead) {
-				cerr = nil // a server that did not start says so as it closes too
+		tags = append(tags, s.tag)
+		s.Exec.steps = steps // numbered through the sessions
+		for _, p := range session {
+			if ctx.Err() != nil {
+				break
 			}
-			return s.History, nil, errors.Join(s.Dead, cerr)
+			if _, v = s.Step(p); v != nil {
+				break
+			}
+			if s.Dead != nil {
+				cerr := s.Close()
+				if errors.Is(cerr, s.Dead) {
+					cerr = nil // a server that did not start says so as it closes too
+				}
+				return append(ops, s.History...), nil, tags, errors.Join(s.Dead, cerr)
+			}
+		}
+		if v == nil && ctx.Err() == nil {
+			v = s.End()
+		}
+		ops = append(ops, s.History...)
+		if err := s.Close(); err != nil || v != nil || ctx.Err() != nil {
+			return ops, v, tags, err
+		}
+		steps += len(session)
+	}
+	return ops, v, tags, nil
+}
+
+// leftBehind reports whether the last step of a replay's history showed
+// messages of a session other than the replay's own (tags): what another
+// session left on the server.
+func leftBehind(ops []history.Op, tags []string) bool {
+	if len(ops) == 0 {
+		return false
+	}
+	last := ops[len(ops)-1].Step
+	for _, op := range ops {
+		if op.Step != last {
+			continue
+		}
+		for _, t := range op.ForeignFrom() {
+			if !slices.Contains(tags, t) {
+				return true
+			}
 		}
 	}
-	if v == nil && ctx.Err() == nil {
-		v = s.End()
-	}
-	return s.History, v, s.Close()
+	return false
 }
 
 // Workers returns n labs for checks and replays to run in at once: l

@@ -20,9 +20,12 @@ type Op struct {
 	// that plan's Sends (the client that sent it, in a burst).
 	Step  int `json:"step"`
 	Index int `json:"index"`
-	// Action is the state-machine action that drew the plan.
-	Action string    `json:"action"`
-	Send   plan.Send `json:"send"`
+	// Action is the state-machine action that drew the plan, and
+	// Earlier the plan's origin: an earlier check's step, run before the
+	// failing check's (plan.Plan.Earlier), or zero for its own.
+	Action  string      `json:"action"`
+	Earlier plan.Origin `json:"earlier,omitzero"`
+	Send    plan.Send   `json:"send"`
 	// Request is the request exactly as sent.
 	Request  protocol.Request  `json:"request"`
 	Response protocol.Response `json:"response"`
@@ -47,6 +50,30 @@ type Op struct {
 	// after a restart), "" if nothing: not the server's doing, and so
 	// never judged; the run stops with it as an error.
 	HarnessError string `json:"harnessError,omitempty"`
+}
+
+// ForeignFrom are the tags of the other checks whose messages op showed
+// (model.OtherChecks), each once, in the order met: in a model call of
+// its turn, in what an ACP session/load replayed before it, in an A2A
+// task's history read back. They name the earlier checks whose steps a
+// leak replays after.
+func (op Op) ForeignFrom() []string {
+	var out []string
+	add := func(tags []string) {
+		for _, t := range tags {
+			if !slices.Contains(out, t) {
+				out = append(out, t)
+			}
+		}
+	}
+	add(op.Request.ReplayForeignFrom)
+	for _, calls := range [2][]model.Call{op.Turn.Calls, op.Turn.Aux} {
+		for _, c := range calls {
+			add(c.ForeignFrom)
+		}
+	}
+	add(op.Response.ForeignFrom)
+	return out
 }
 
 // NetBroken is Op.Net for a network fault that held from the turn's
@@ -146,7 +173,8 @@ func Trigger(ops []Op) []string {
 // started.
 func Title(ops []Op, i int) string {
 	op := ops[i]
-	before := ops[:i]
+	// Only its own check's steps: names repeat between checks.
+	before := slices.DeleteFunc(slices.Clone(ops[:i]), func(o Op) bool { return o.Earlier != op.Earlier })
 	onConv := slices.ContainsFunc(before, func(o Op) bool { return o.Send.Conv == op.Send.Conv && o.Restart == nil })
 	switch op.Action {
 	case "retry failed turn":

@@ -278,12 +278,17 @@ func TestNoProcessIsNoExit(t *testing.T) {
 // history leaks each into every other, and, its process shared by the
 // run's checks, into every later check: one finding, T5, after the first
 // finding too. A token of an earlier check's conversation is never read
-// as this check's token of the same number (T1, T2, T6).
+// as this check's token of the same number (T1, T2, T6). The finding
+// replays on a fresh process: the shrinker's replays, which met what the
+// checks before them left in the shared one, ran on fresh ones.
 func TestSharedHistoryIsOneLeak(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
-	_, c := conformMode(t, crashtest.SharedHistory, scenarios.Options{Checks: 6, Seed: 1, ShrinkTime: 10 * time.Second})
+	target, c := conformMode(t, crashtest.SharedHistory, scenarios.Options{Checks: 6, Seed: 1, ShrinkTime: 10 * time.Second})
 	assertOnlyFinding(t, c, model.T5)
 	assert.Positive(t, c.Stats.SetAside[model.T5]+c.Stats.Consequences[model.T5], "the leak was met again after the finding")
+	r, err := scenarios.ReplayFailureTries(context.Background(), target, c.Verdict(model.T5).Failure, 3)
+	require.NoError(t, err)
+	assert.True(t, r.Reproduced, "%s", r.NotReproduced())
 }
 
 // TestACPAgentThatForgetsItsSessions: an ACP agent that advertises

@@ -39,6 +39,53 @@ type Plan struct {
 	// while that request's model call is held: the turn is in flight when
 	// the server dies.
 	Restart *Restart `json:"restart,omitempty"`
+	// Earlier, if set, says the step is not the failing check's own but
+	// one of an earlier check on the server the run's checks shared,
+	// whose messages the failing check met (a leak between checks): only
+	// on a server that served those steps first does the failure show
+	// again. A replay runs each earlier check's steps, in order, in a
+	// session of its own on one server, before the failing check's
+	// (Sessions).
+	Earlier Origin `json:"earlier,omitzero"`
+}
+
+// Origin names the earlier session on a shared server a step of a saved
+// failure comes from (Plan.Earlier); the zero Origin is the failing
+// check's own.
+type Origin struct {
+	// Check is that session's check, its number in the run from 1; 0 for
+	// a replay the harness ran on the server (shrinking a finding).
+	Check int `json:"check,omitempty"`
+	// Session numbers the session among those the server served in the
+	// run, from 1: steps of one session share it.
+	Session int `json:"session"`
+}
+
+// String names the origin for a person: "check 3", "a replay the
+// shrinker ran (session 5 on the server)", or "the failing check" for
+// the zero Origin.
+func (o Origin) String() string {
+	switch {
+	case o.Check > 0:
+		return fmt.Sprintf("check %d", o.Check)
+	case o.Session > 0:
+		return fmt.Sprintf("a replay the shrinker ran (session %d on the server)", o.Session)
+	}
+	return "the failing check"
+}
+
+// Sessions splits plans into the sessions a replay runs them in, in
+// order: each run of consecutive steps of one origin (Plan.Earlier) is
+// one, the earlier checks' and the failing check's own alike.
+func Sessions(plans []Plan) [][]Plan {
+	var out [][]Plan
+	for i, p := range plans {
+		if i == 0 || p.Earlier != plans[i-1].Earlier {
+			out = append(out, nil)
+		}
+		out[len(out)-1] = append(out[len(out)-1], p)
+	}
+	return out
 }
 
 // Restart stops the server and starts it again on the same data.

@@ -778,7 +778,8 @@ func (s *a2aSending) judge(task *a2aTask, busy bool, out Response) Response {
 		}
 	}
 	if task.id != "" && (task.state == stateCompleted || task.state == stateFailed || task.state == stateCanceled || task.state == stateRejected) {
-		out.Breaches = append(out.Breaches, s.window(task)...)
+		breaches, from := s.window(task)
+		out.Breaches, out.ForeignFrom = append(out.Breaches, breaches...), from
 	}
 	return out
 }
@@ -786,27 +787,36 @@ func (s *a2aSending) judge(task *a2aTask, busy bool, out Response) Response {
 // window reads the finished task back (tasks/get): its history must hold
 // the task's own user message, as the model was sent it, and no other,
 // and no reply but the one to it. A task the agent no longer has, or one
-// without history, shows nothing: A2A lets an agent keep neither.
-func (s *a2aSending) window(task *a2aTask) []string {
+// without history, shows nothing: A2A lets an agent keep neither. from
+// are the tags of the other checks whose messages it showed.
+func (s *a2aSending) window(task *a2aTask) (breaches, from []string) {
 	raw, err := s.call(a2aGet, map[string]any{"id": task.id, "historyLength": 100})
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	var r a2aResult
 	if json.Unmarshal(raw, &r) != nil || len(r.History) == 0 {
-		return nil
+		return nil, nil
 	}
 	var own, other []model.Token
 	for _, m := range r.History {
-		for _, t := range model.Tokens(text(m.Parts)) {
+		body := text(m.Parts)
+		mine := true
+		for _, t := range model.Tokens(body) {
 			if t == s.req.tok || t == s.req.tok.Reply() {
 				own = append(own, t)
 			} else {
-				other = append(other, t)
+				other, mine = append(other, t), false
+			}
+		}
+		if !mine && model.OfAnotherCheck(body, EpochTag(s.c.ns)) {
+			for _, t := range model.OtherChecks(body, EpochTag(s.c.ns)) {
+				if !slices.Contains(from, t) {
+					from = append(from, t)
+				}
 			}
 		}
 	}
-	var breaches []string
 	if len(other) > 0 {
 		breaches = append(breaches, fmt.Sprintf("tasks/get of task %s shows %s in its history: messages the task did not send the model (it sent %s)",
 			task.id, model.FormatTokens(other), cmp.Or(string(s.req.tok), "no user message")))
@@ -814,7 +824,7 @@ func (s *a2aSending) window(task *a2aTask) []string {
 	if s.req.tok != "" && !slices.Contains(own, s.req.tok) {
 		breaches = append(breaches, fmt.Sprintf("tasks/get of task %s shows a history without the task's own message, %s", task.id, s.req.tok))
 	}
-	return breaches
+	return breaches, from
 }
 
 // learnContext keeps the context the agent named for a conversation that

@@ -278,6 +278,31 @@ func TestA2AHostileAgent(t *testing.T) {
 	}
 }
 
+// TestA2AHistoryOfAnEarlierCheck: a task read back whose history holds a
+// message of another check's conversation (on an agent shared by a
+// run's checks, each message names its check) is a breach that names
+// that check, so that its steps can be run again before this one's.
+func TestA2AHistoryOfAnEarlierCheck(t *testing.T) {
+	const ns, ctx = "tc0a1b2c-2-", "tc0a1b2c-2-conv-1"
+	agent := &a2aAgent{
+		answer: func(w http.ResponseWriter, _ *http.Request) { events(w, status("t1", ctx, stateCompleted)) },
+		get: func(string) string {
+			return task("t1", ctx, stateCompleted, msg("user", "Please remember tc-u6. (tc0a1b2c-1)"), msg("agent", "tc-a6"),
+				msg("user", "Please remember tc-u1. (tc0a1b2c-2)"))
+		},
+	}
+	srv := httptest.NewServer(agent)
+	t.Cleanup(srv.Close)
+	api := targets.A2AAPI{Path: "/rpc", ContextIDs: targets.ContextsClient}
+	c := NewClient([]string{srv.URL}, targets.Profile{Protocol: targets.A2A, A2AAPI: &api, Model: "m", ClientTimeout: 5 * time.Second}, ns)
+	t.Cleanup(c.Close)
+	out := c.Send(context.Background(), c.NewRequest(context.Background(), turn("tc-u1", true)))
+	assert.Equal(t, model.OK, out.Outcome, out.Detail)
+	require.NotEmpty(t, out.Breaches)
+	assert.Contains(t, strings.Join(out.Breaches, "; "), "shows tc-u6 tc-a6 in its history")
+	assert.Equal(t, []string{"(tc0a1b2c-1)"}, out.ForeignFrom)
+}
+
 // TestA2AAbort: the client's abort is tasks/cancel, sent once the task is
 // known; a task that then ends canceled is an interrupted turn
 // (Cancelled), one that completed first is ok. A dropped connection is

@@ -340,15 +340,15 @@ func (w *acpWire) session(ctx context.Context, c *Client, conv model.Conversatio
 		op.status, op.err = setupFailed(ctx, conn, "session/load", err, http.StatusNotFound)
 		return s.id, op.status, op.err
 	}
-	req.Replay, req.ReplayForeign = r.tokens(EpochTag(c.ns))
+	req.Replay, req.ReplayForeign, req.ReplayForeignFrom = r.tokens(EpochTag(c.ns))
 	return s.id, 0, nil
 }
 
 // tokens are the tokens the replay showed, in order: of this check's
 // (tag's) conversations, and, apart, of another check's (a user message
 // with another check's tag, and the agent's reply after it), which reach
-// this session only through a leak (T5).
-func (r *acpReplay) tokens(tag string) (own, foreign []model.Token) {
+// this session only through a leak (T5), with the tags of those checks.
+func (r *acpReplay) tokens(tag string) (own, foreign []model.Token, from []string) {
 	own = []model.Token{}
 	leaks := model.Leaks{Tag: tag}
 	for i, text := range r.texts {
@@ -359,7 +359,7 @@ func (r *acpReplay) tokens(tag string) (own, foreign []model.Token) {
 		}
 		own = append(own, toks...)
 	}
-	return own, foreign
+	return own, foreign, leaks.From()
 }
 
 // ACP reports whether r is an ACP prompt (session/prompt), sent to an

@@ -529,16 +529,19 @@ func TestACPPromptsWaitForTheLoad(t *testing.T) {
 
 // TestReplayTokensOfAnotherCheck: what a session/load replays of another
 // check's conversation (a user message with its tag, and the reply after
-// it) is set apart from the session's own tokens: a leak, not history.
+// it) is set apart from the session's own tokens: a leak, not history;
+// the other check is named by its tag.
 func TestReplayTokensOfAnotherCheck(t *testing.T) {
 	r := &acpReplay{
 		texts: []string{"Please remember tc-u6. (tc0a1b2c-1)", "tc-a6 [call 3]", "Please remember tc-u1. (tc0a1b2c-2)", "tc-a1 [call 9]"},
 		kinds: []string{"user", "agent", "user", "agent"},
 	}
-	own, foreign := r.tokens("(tc0a1b2c-2)")
+	own, foreign, from := r.tokens("(tc0a1b2c-2)")
 	assert.Equal(t, []model.Token{"tc-u1", "tc-a1"}, own)
 	assert.Equal(t, []model.Token{"tc-u6", "tc-a6"}, foreign)
-	own, foreign = r.tokens("")
+	assert.Equal(t, []string{"(tc0a1b2c-1)"}, from)
+	own, foreign, from = r.tokens("")
 	assert.Len(t, own, 4, "on a server of its own, a check has no other to tell apart")
 	assert.Empty(t, foreign)
+	assert.Empty(t, from)
 }

@@ -80,8 +80,10 @@ type Request struct {
 	Replay []model.Token `json:"replay,omitempty"`
 	// ReplayForeign are the tokens a load replayed of another check's
 	// conversations (a user message with another check's tag, and the
-	// reply after it), left out of Replay.
-	ReplayForeign []model.Token `json:"replayForeign,omitempty"`
+	// reply after it), left out of Replay, and ReplayForeignFrom the
+	// tags of those checks (model.OtherChecks).
+	ReplayForeign     []model.Token `json:"replayForeign,omitempty"`
+	ReplayForeignFrom []string      `json:"replayForeignFrom,omitempty"`
 	// deny says to deny the agent's permission requests while the turn
 	// runs (ACP), and unsentStatus is the status a request not sent is
 	// read as failing with (0: none).
@@ -138,6 +140,10 @@ type Response struct {
 	// protocol does not allow it: a call back the client did not
 	// advertise, an answer other than cancelled after session/cancel.
 	Breaches []string `json:"breaches,omitempty"`
+	// ForeignFrom are the tags of other checks (model.OtherChecks) whose
+	// messages a breach showed: an A2A task's history read back holding
+	// an earlier check's messages.
+	ForeignFrom []string `json:"foreignFrom,omitempty"`
 	// Preempted reports a turn the server gave up (ACP: answered
 	// cancelled, not asked) once a later request of its conversation came:
 	// the later one was neither queued nor refused (T4).

@@ -25,6 +25,7 @@ func FormatFailure(v *model.Violation, history []history.Op, p targets.Profile) 
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", v.Error())
 	fmt.Fprintf(&b, "%s:\n", historySize(history))
+	b.WriteString(earlierSteps(history))
 	// Where requests went to several replicas, each says which.
 	replicated := false
 	for _, op := range history {
@@ -58,6 +59,52 @@ func historySize(history []history.Op) string {
 		steps = history[len(history)-1].Step - history[0].Step + 1
 	}
 	return fmt.Sprintf("%d step(s), %d request(s)", steps, len(history))
+}
+
+// earlierSteps says which steps of a failing run are earlier checks'
+// (history.Op.Earlier), whose messages the failing check met on the
+// server the run's checks shared, and how a replay runs them; or, where
+// the history starts after step 1, that the steps before it, not shown,
+// are such steps (the run as it failed holds its own steps only). ""
+// where there are none.
+func earlierSteps(history []history.Op) string {
+	const how = ": earlier checks' steps on the same server, whose messages the failing check met (a leak\n" +
+		"  between checks). A replay runs them first, each check's in a session of its own on one server, then\n" +
+		"  the failing check's own steps.\n"
+	if len(history) > 0 && history[0].Step > 1 {
+		return fmt.Sprintf("  %s (not shown)%s", stepSpan(1, history[0].Step-1, true), how)
+	}
+	var spans []string
+	for i, op := range history {
+		if op.Earlier == (plan.Origin{}) || i > 0 && history[i-1].Earlier == op.Earlier {
+			continue
+		}
+		last := op.Step
+		for _, o := range history[i:] {
+			if o.Earlier != op.Earlier {
+				break
+			}
+			last = o.Step
+		}
+		spans = append(spans, fmt.Sprintf("%s (%s)", stepSpan(op.Step, last, len(spans) == 0), op.Earlier))
+	}
+	if len(spans) == 0 {
+		return ""
+	}
+	return "  " + strings.Join(spans, ", ") + how
+}
+
+// stepSpan names steps first to last: "step 2", "steps 1-3"; capitalised
+// to start a sentence.
+func stepSpan(first, last int, capital bool) string {
+	word := "step"
+	if capital {
+		word = "Step"
+	}
+	if last > first {
+		return fmt.Sprintf("%ss %d-%d", word, first, last)
+	}
+	return fmt.Sprintf("%s %d", word, first)
 }
 
 // serverIDs names the ids the server made in a history (response ids,
@@ -104,7 +151,11 @@ func writeStepHeader(b *strings.Builder, ops []history.Op, i int) {
 		}
 		burst = append(burst, op)
 	}
-	fmt.Fprintf(b, "  %d. %s\n", first.Step, history.Title(ops, i))
+	fmt.Fprintf(b, "  %d. %s", first.Step, history.Title(ops, i))
+	if first.Earlier != (plan.Origin{}) {
+		fmt.Fprintf(b, " (a step of %s)", first.Earlier)
+	}
+	b.WriteString("\n")
 	if len(burst) < 2 {
 		return
 	}

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"html/template"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios/history"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/scenarios/validate"
 )
@@ -38,7 +40,7 @@ const failureTemplate = `{{define "failure"}}
 {{if .Flaky}}<p class="fail">The failure did not reproduce when its steps were replayed.</p><p class="fail">This is the run that failed:</p>{{end}}
 {{if .Violation}}<p class="muted" id="shrink">{{.ShrinkStats}}</p>{{end}}{{end}}
 <h3>Timeline: <span id="size">{{.Size}}</span></h3>
-{{range .Steps}}<div class="step"><b>{{.N}}. {{.Action}}</b>
+{{range .Steps}}<div class="step"><b>{{.N}}. {{.Action}}</b>{{with .Earlier}} (a step of {{.}}, an earlier check on the same server whose messages the failing check met){{end}}
 {{range .Ops}}{{if .Op.Restart}}<div class="op">server: {{.Op.Restart}}{{with .Op.Response.Detail}}: {{.}}{{end}}</div>{{else}}<div class="op{{if .Violating}} violating{{end}}"{{if .Violating}} id="violating-step"{{end}}>
 <b>{{letter .Op.Index}})</b> {{.Op.Send.Conv}}{{with .Op.Send.Token}}, message <code>{{.}}</code>{{end}}{{if .Op.Request.ACP}}, a prompt{{else if .Op.Send.Stream}}, streamed{{end}}<br>
 fault: {{.Op.Send}}<br>
@@ -82,7 +84,10 @@ body{font-family:system-ui,sans-serif;margin:2em;max-width:72em}
 type htmlStep struct {
 	N      int
 	Action string
-	Ops    []htmlOp
+	// Earlier names the earlier check the step is of, "" for the failing
+	// check's own.
+	Earlier string
+	Ops     []htmlOp
 }
 
 type htmlOp struct {
@@ -105,6 +110,9 @@ func view(f *Failure) (failureView, error) {
 	for i, op := range f.History {
 		if len(data.Steps) == 0 || data.Steps[len(data.Steps)-1].N != op.Step {
 			data.Steps = append(data.Steps, htmlStep{N: op.Step, Action: history.Title(f.History, i)})
+			if op.Earlier != (plan.Origin{}) {
+				data.Steps[len(data.Steps)-1].Earlier = op.Earlier.String()
+			}
 		}
 		s := &data.Steps[len(data.Steps)-1]
 		violating := v != nil && op.Send.Conv == v.Conv && op.Send.Token == v.Turn &&
@@ -112,7 +120,13 @@ func view(f *Failure) (failureView, error) {
 		s.Ops = append(s.Ops, htmlOp{Op: op, Violating: violating})
 	}
 	var b bytes.Buffer
-	if err := validate.WriteLinearizability(&b, f.History); err != nil {
+	// The failing session's own: an earlier check's conversations are
+	// others, whatever their names.
+	own := f.History
+	if n := len(own); n > 0 {
+		own = slices.DeleteFunc(slices.Clone(own), func(op history.Op) bool { return op.Earlier != f.History[n-1].Earlier })
+	}
+	if err := validate.WriteLinearizability(&b, own); err != nil {
 		return data, err
 	}
 	data.Porcupine = b.String()

@@ -325,3 +325,34 @@ func TestA2AReportSpeaksOfTasks(t *testing.T) {
 	assert.Contains(t, text, "the client cancelled the task (tasks/cancel)")
 	assert.NotContains(t, text, "task-77", "a server's id is named by its turn")
 }
+
+// TestReportNamesEarlierChecksSteps: a failure that holds the steps of an
+// earlier check whose messages leaked into the failing one says which
+// steps are that check's, and how a replay runs them, in text and in
+// HTML; the run as it failed, which holds its own steps only, says that
+// the steps before them are such steps.
+func TestReportNamesEarlierChecksSteps(t *testing.T) {
+	conv := model.ConversationRef{ID: "conv-1"}
+	op := func(step int, tok model.Token, o plan.Origin) history.Op {
+		return history.Op{Step: step, Action: "continue", Earlier: o, Send: plan.Send{Conv: conv, Token: tok},
+			Request: protocol.Request{Conv: conv}, Response: protocol.Response{Outcome: model.OK, Status: 200}}
+	}
+	earlier := plan.Origin{Check: 2, Session: 2}
+	ops := []history.Op{op(1, "tc-u4", earlier), op(2, "tc-u5", earlier), op(3, "tc-u1", plan.Origin{})}
+	v := &model.Violation{Invariant: model.T5, Conv: conv, Turn: "tc-u1"}
+	text := report.FormatFailure(v, ops, targets.Profile{})
+	assert.Contains(t, text, "3 step(s), 3 request(s):\n  Steps 1-2 (check 2): earlier checks' steps on the same server, whose messages the failing check met")
+	assert.Contains(t, text, "A replay runs them first, each check's in a session of its own on one server")
+	assert.Contains(t, text, "  1. new conversation (a step of check 2)\n", "titled by its own check's steps")
+	assert.Contains(t, text, "  3. new conversation\n", "the earlier check's conv-1 is another conversation")
+
+	var page bytes.Buffer
+	r := report.NewReport(&report.Result{Seed: 1, Failure: &report.Failure{Violation: v, History: ops}}, targets.ServerSpec{Kind: "go"})
+	require.NoError(t, r.WriteHTML(&page))
+	assert.Contains(t, page.String(), "(a step of check 2, an earlier check on the same server whose messages the failing check met)")
+
+	text = report.FormatFailure(v, ops[2:], targets.Profile{})
+	assert.Contains(t, text, "1 step(s), 1 request(s):\n  Steps 1-2 (not shown): earlier checks' steps on the same server")
+	assert.Contains(t, report.FormatFailure(v, ops[1:], targets.Profile{}), "\n  Step 1 (not shown): earlier checks' steps")
+	assert.NotContains(t, report.FormatFailure(v, ops[:1], targets.Profile{}), "not shown")
+}

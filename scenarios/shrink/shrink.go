@@ -257,9 +257,10 @@ func showsReplay(ops []history.Op, v *model.Violation) bool {
 	if len(ops) == 0 {
 		return false
 	}
-	last := ops[len(ops)-1].Step
+	last := ops[len(ops)-1]
 	for _, op := range ops {
-		if op.Step < last && op.Send.Conv == v.Conv && op.Send.Token != "" && op.Response.Outcome == model.OK {
+		// An earlier check's conversation of the same name is another.
+		if op.Step < last.Step && op.Earlier == last.Earlier && op.Send.Conv == v.Conv && op.Send.Token != "" && op.Response.Outcome == model.OK {
 			return true
 		}
 	}
@@ -485,7 +486,10 @@ func (s *Shrinker) needs(c *candidate) int {
 // first without a restart, then with every restart they may depend on,
 // and reports whether one broke the invariant: most failures need
 // nothing else, and on a server that is slow to start the one or two
-// replays save many of ddmin's, each restart most of all.
+// replays save many of ddmin's, each restart most of all. The steps of
+// earlier checks (plan.Plan.Earlier), whose conversations are others
+// whatever their names, stay: they are what a leak between checks
+// leaked, and ddmin tells which of them it needs.
 func (s *Shrinker) slice() bool {
 	conv := s.Violation.Conv
 	if conv == (model.ConversationRef{}) {
@@ -493,6 +497,10 @@ func (s *Shrinker) slice() bool {
 	}
 	var alone, restarted []plan.Plan
 	for _, p := range s.Plans {
+		if p.Earlier != (plan.Origin{}) {
+			alone, restarted = append(alone, p), append(restarted, p)
+			continue
+		}
 		touches := slices.ContainsFunc(p.Sends, func(x plan.Send) bool { return x.Conv == conv })
 		if touches && p.Restart == nil {
 			alone = append(alone, p)
@@ -543,7 +551,10 @@ func (s *Shrinker) simplify() bool {
 		}
 		var cands [][]plan.Plan
 		branches := s.labs[0].Profile.Protocol == targets.Responses
-		for _, p := range simpler(s.Plans[i], s.Plans, branches) {
+		// Its session's steps alone: an earlier check's conversations are
+		// others, whatever their names.
+		session := slices.DeleteFunc(slices.Clone(s.Plans), func(p plan.Plan) bool { return p.Earlier != s.Plans[i].Earlier })
+		for _, p := range simpler(s.Plans[i], session, branches) {
 			cands = append(cands, slices.Concat(s.Plans[:i], []plan.Plan{p}, s.Plans[i+1:]))
 		}
 		if s.tryFirst(cands) {
@@ -557,14 +568,14 @@ func (s *Shrinker) simplify() bool {
 // without one of its requests, then one request without its fault, with
 // its abort at its first call, without its network fault, with fewer or plainer tool calls, without
 // its stream, or sent to the first replica, then the burst's requests on
-// fewer conversations,
+// fewer conversations (of all, the steps of p's session),
 // where that keeps a branch (branches: under the Responses API) a branch.
 func simpler(p plan.Plan, all []plan.Plan, branches bool) []plan.Plan {
 	var out []plan.Plan
 	if p.Restart != nil && len(p.Sends) > 0 {
 		// A crash with a turn in flight: the crash alone, or the turn alone.
-		out = append(out, plan.Plan{Action: "crash", Restart: p.Restart},
-			plan.Plan{Action: "continue", Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release)})
+		out = append(out, plan.Plan{Action: "crash", Restart: p.Restart, Earlier: p.Earlier},
+			plan.Plan{Action: "continue", Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release), Earlier: p.Earlier})
 	}
 	if len(p.Sends) > 1 {
 		for k := range p.Sends {
@@ -627,7 +638,7 @@ func simpler(p plan.Plan, all []plan.Plan, branches bool) []plan.Plan {
 // withoutSend is p without its k-th request; the release order keeps the
 // others' order.
 func withoutSend(p plan.Plan, k int) plan.Plan {
-	q := plan.Plan{Action: p.Action, Sends: slices.Delete(slices.Clone(p.Sends), k, k+1), Restart: p.Restart}
+	q := plan.Plan{Action: p.Action, Sends: slices.Delete(slices.Clone(p.Sends), k, k+1), Restart: p.Restart, Earlier: p.Earlier}
 	if p.Action == plan.BurstAction(len(p.Sends)) {
 		q.Action = plan.BurstAction(len(q.Sends))
 	}
@@ -691,13 +702,19 @@ func cloneRounds(rounds []faults.Round) []faults.Round {
 // longer send that message before it, is the conversation's latest one
 // sent before it instead, or is left out where there is none. A shrunk
 // failure then never quotes a message its steps do not send, nor calls
-// it an earlier one (T3). Plans needing no change are returned as they
+// it an earlier one (T3). Each session's steps (plan.Sessions) are read
+// apart: an earlier check's tokens and conversations are others,
+// whatever their names. Plans needing no change are returned as they
 // are, shared.
 func onlySent(plans []plan.Plan) []plan.Plan {
 	latest := map[model.ConversationRef]openai.Message{}
 	sent := map[model.Token]bool{}
 	var out []plan.Plan // a copy, once a plan changes
 	for i, p := range plans {
+		if i > 0 && p.Earlier != plans[i-1].Earlier {
+			clear(latest)
+			clear(sent)
+		}
 		cloned := false
 		for k, send := range p.Sends {
 			if send.Token != "" {
@@ -742,7 +759,7 @@ func onlySent(plans []plan.Plan) []plan.Plan {
 }
 
 func clonePlan(p plan.Plan) plan.Plan {
-	return plan.Plan{Action: p.Action, Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release), Restart: p.Restart}
+	return plan.Plan{Action: p.Action, Sends: slices.Clone(p.Sends), Release: slices.Clone(p.Release), Restart: p.Restart, Earlier: p.Earlier}
 }
 
 // firstConv is the conversation the run's first request was sent on.
