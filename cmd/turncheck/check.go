@@ -51,11 +51,10 @@ disconnects leaves nothing), keep-consistent (it may keep its user
 message and completed tool rounds) or complete (it runs on to its end and
 is committed whole or not at all).
 
---protocol says how the harness reaches the server: chat (POST
-/v1/chat/completions with a conversation header; the default), responses
-(the Responses API, each conversation a chain of previous_response_id) or
-sessions (its session API: a session is created, then turns run in it).
-A mutant whose bug lives in one protocol is reached through it.
+--protocol says how the harness reaches the server, one of:
+{protocols}The reference server speaks each (under acp, as an agent in process, over
+pipes that stand for its stdin and stdout). A mutant whose bug lives in
+one protocol is reached through it.
 
 Ctrl-C stops the run cleanly after the step in flight.
 
@@ -130,8 +129,8 @@ func addRunFlags(fs *flagSet, mutantHelp string) runFlags {
 		concurrency: fs.String("concurrency", string(sut.Serialize), "the reference server's policy for a turn on a busy conversation: serialize or reject"),
 		interruption: fs.String("interruption", "", "the reference server's policy for a turn whose client disconnects: rollback, keep-consistent "+
 			"(it keeps the user message and completed tool pairs) or complete (it runs on to its end); default rollback, keep-consistent for the orphan-tool-call-on-interrupt mutant"),
-		protocol: fs.String("protocol", "", "the client protocol the reference server is reached through: chat, responses (the Responses API) or sessions "+
-			"(its session API); default chat, or the protocol of the mutant's bug"),
+		protocol: fs.String("protocol", "", "the client protocol the reference server is reached through: "+targets.ProtocolNames()+
+			"; default chat, or the protocol of the mutant's bug"),
 		out: fs.String("out", "", "directory for the run's results (the report as text, JSON, JUnit and index.html, and the failure); "+
 			"default "+resultsRoot+"/TIME, with "+resultsRoot+"/latest naming the newest"),
 		save:  fs.String("save", "", "directory where a failure is saved (as JSON, for 'turncheck replay FILE', and as HTML); default: failures/ in the results"),
@@ -159,12 +158,11 @@ func (rf runFlags) server() (reference.Target, error) {
 		}
 	}
 	if rf.protocol != nil && *rf.protocol != "" {
-		switch p := targets.Protocol(*rf.protocol); p {
-		case targets.Chat, targets.Responses, targets.Sessions:
-			r.Protocol = p
-		default:
-			return reference.Target{}, fmt.Errorf("--protocol: %q; want chat, responses or sessions", *rf.protocol)
+		p, err := targets.ParseProtocol(*rf.protocol)
+		if err != nil {
+			return reference.Target{}, fmt.Errorf("--protocol: %w", err)
 		}
+		r.Protocol = p
 	}
 	return r, nil
 }

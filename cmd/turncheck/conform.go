@@ -57,12 +57,8 @@ whether the server offers the tool loop's tools (echo and lookup), and the
 policies it declares. One server serves the whole run; each
 check uses conversation ids of its own.
 
-The profile's protocol says how turns reach the server: chat (POST
-/v1/chat/completions under a conversation header, the default), responses
-(the OpenAI Responses API, chained by previous_response_id), sessions (a
-session API the profile describes) or acp (the Agent Client Protocol: an
-agent started as a child process and driven over its stdin and stdout).
-server.replicas: N starts N processes
+The profile's protocol says how turns reach the server:
+{protocols}server.replicas: N starts N processes
 over one store (server.store: postgres starts a throwaway PostgreSQL for
 them) and breaks their links to the store and to the client mid-turn;
 server.front names a load balancer you run in front of them. profiles/

@@ -32,6 +32,7 @@ import (
 	// Profiles with replicas over a PostgreSQL of the harness's, or
 	// behind a front, run with the proxies and the database it brings.
 	_ "github.com/turncheck/turncheck/scenarios/fleet"
+	"github.com/turncheck/turncheck/scenarios/targets"
 )
 
 // version says which turncheck this is: the module version, or the
@@ -72,10 +73,10 @@ const (
 const usage = `turncheck checks that a server which keeps LLM conversations server-side keeps
 them transactional: a failed turn changes nothing, a committed turn stays, a
 request without a new user message is refused, and conversations never leak
-into each other. It reaches the server through chat completions under a
-conversation header, the OpenAI Responses API, a session API, or the Agent
-Client Protocol (an agent on stdio, as editors drive one), as one process,
-as replicas over one store, or behind a front (profiles/README.md).
+into each other. It reaches the server through the client protocol its
+profile names, one of:
+{protocols}as one process, as replicas over one store, or behind a front
+(profiles/README.md).
 
 Usage:
   turncheck <command> [flags]
@@ -125,7 +126,7 @@ func main() {
 // run is the whole CLI, minus the process: it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, helpText(usage))
 		return exitUsage
 	}
 	cmd, rest := args[0], args[1:]
@@ -161,7 +162,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if len(rest) > 0 && rest[0] != "help" && !strings.HasPrefix(rest[0], "-") {
 			return run(ctx, []string{rest[0], "--help"}, stdout, stderr) // turncheck help check
 		}
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, helpText(usage))
 		return exitOK
 	default:
 		fmt.Fprintf(stderr, "turncheck: unknown command %q (see 'turncheck --help')\n", cmd)
@@ -178,6 +179,13 @@ type flagSet struct {
 	stdout, stderr io.Writer
 	// positional is how many arguments may follow the flags.
 	positional int
+}
+
+// helpText is a help text with its lists of protocols filled in from
+// the one registry (targets.Protocols): {protocols}, a line for each, and
+// {protocol names}, their names in a sentence.
+func helpText(text string) string {
+	return strings.NewReplacer("{protocols}", targets.ProtocolsHelp("  "), "{protocol names}", targets.ProtocolNames()).Replace(text)
 }
 
 func newFlags(name, help string, stdout, stderr io.Writer) *flagSet {
@@ -197,7 +205,7 @@ func (fs *flagSet) parse(args []string) int {
 	err := fs.parseAnywhere(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprintf(fs.stdout, "%s\n\nFlags:\n", strings.TrimSpace(fs.help))
+		fmt.Fprintf(fs.stdout, "%s\n\nFlags:\n", strings.TrimSpace(helpText(fs.help)))
 		fs.printFlags()
 		return exitOK
 	case err != nil:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -25,6 +26,8 @@ import (
 	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
+	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/targets"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -119,8 +122,8 @@ func TestHelpTeaches(t *testing.T) {
 // run their own), where the mutants of replicas are caught.
 func TestHelpSaysWhatItDoes(t *testing.T) {
 	for cmd, wants := range map[string][]string{
-		"":        {"chat completions", "Responses API", "session API", "replicas", "front"},
-		"conform": {"responses\n(the OpenAI Responses API", "sessions (a\nsession API", "server.replicas: N", "server.front", "profiles/"},
+		"":        {"replicas", "front"},
+		"conform": {"server.replicas: N", "server.front", "profiles/"},
 		"check":   {"Exit status: 0", "crash finding", "Ctrl-C"},
 		"model":   {"/tools/lookup", "injects no fault", "'turncheck conform'"},
 		"mutants": {"profiles/reference-replicas.yaml"},
@@ -135,6 +138,46 @@ func TestHelpSaysWhatItDoes(t *testing.T) {
 		for _, want := range wants {
 			assert.Contains(t, stdout, want, "turncheck %s --help", cmd)
 		}
+	}
+}
+
+// TestOneListOfProtocols: every help text that names the protocols names
+// each of the one registry's (targets.Protocols), as do the error for one
+// that is none of them and the documents a person reads; check reaches
+// the reference server through each.
+func TestOneListOfProtocols(t *testing.T) {
+	for _, cmd := range []string{"", "conform", "check"} {
+		args := []string{"--help"}
+		if cmd != "" {
+			args = []string{cmd, "--help"}
+		}
+		code, stdout, _ := runCLI(t, args...)
+		require.Equal(t, exitOK, code, cmd)
+		for _, p := range targets.Protocols {
+			assert.Contains(t, stdout, fmt.Sprintf("  %-10s %s\n", p.Name, p.Says), "turncheck %s --help", cmd)
+		}
+		assert.NotContains(t, stdout, "{protocol", "turncheck %s --help", cmd)
+	}
+	names := targets.ProtocolNames()
+	code, _, stderr := runCLI(t, "check", "--protocol", "grpc")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, `--protocol: "grpc"; want `+names)
+	_, err := scenarios.ParseProfile([]byte("url: http://127.0.0.1:1\nprotocol: grpc\n"))
+	assert.ErrorContains(t, err, `protocol: "grpc"; want `+names)
+	commands, err := os.ReadFile("../../docs/commands.md")
+	require.NoError(t, err)
+	assert.Contains(t, string(commands), "[--protocol "+strings.ReplaceAll(strings.ReplaceAll(names, ", ", `\|`), " or ", `\|`)+"]", "docs/commands.md: check's --protocol")
+	for _, doc := range []string{"../../README.md", "../../docs/checks.md", "../../profiles/README.md", "../../PROTOCOL.md"} {
+		text, err := os.ReadFile(doc)
+		require.NoError(t, err)
+		for _, p := range targets.Protocols {
+			assert.Contains(t, string(text), "`"+string(p.Name)+"`", "%s names no protocol %s", doc, p.Name)
+		}
+	}
+	for _, p := range []targets.Protocol{targets.ACP, targets.A2A} {
+		code, stdout, stderr := runCLI(t, "check", "--protocol", string(p), "--checks", "1", "--steps", "5", "--seed", "1", "--out", t.TempDir())
+		assert.Equal(t, exitOK, code, stdout+stderr)
+		assert.Contains(t, stdout, "protocol "+string(p)+", seed 1")
 	}
 }
 

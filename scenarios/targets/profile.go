@@ -183,7 +183,10 @@ func (f *profileFile) protocol(p *Profile) error {
 		p.SessionsAPI = f.Sessions
 		return nil
 	default:
-		return fmt.Errorf("protocol: %q; want chat, responses, sessions, acp or a2a", f.Protocol)
+		if _, err := ParseProtocol(string(f.Protocol)); err != nil {
+			return fmt.Errorf("protocol: %w", err)
+		}
+		return fmt.Errorf("protocol: %q is not one a profile can name yet", f.Protocol)
 	}
 	if f.ACP != nil {
 		return fmt.Errorf("acp: says what the harness advertises to an ACP agent, but the protocol is %s", p.Protocol)

@@ -34,6 +34,56 @@ const (
 	A2A Protocol = "a2a"
 )
 
+// ProtocolInfo is one protocol turncheck speaks, as a person reads of it.
+type ProtocolInfo struct {
+	Name Protocol
+	// Says what it is, in a few words, for a help text.
+	Says string
+}
+
+// Protocols are the protocols turncheck speaks, in the order every list a
+// person reads gives them: the one registry that help texts, error
+// messages and the documents' lists (tested) derive theirs from, so that
+// a protocol added here is named everywhere.
+var Protocols = []ProtocolInfo{
+	{Chat, "POST /v1/chat/completions under a conversation header (default)"},
+	{Responses, "the OpenAI Responses API, chained by previous_response_id"},
+	{Sessions, "a session API the profile describes (create, then turns)"},
+	{ACP, "the Agent Client Protocol: an agent driven over its stdio"},
+	{A2A, "the Agent2Agent protocol: JSON-RPC, a context per conversation"},
+}
+
+// ProtocolNames lists the protocols' names for a sentence: "chat,
+// responses, sessions, acp or a2a".
+func ProtocolNames() string {
+	names := make([]string, len(Protocols))
+	for i, p := range Protocols {
+		names[i] = string(p.Name)
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// ParseProtocol is the protocol named s; an error that lists them for any
+// other.
+func ParseProtocol(s string) (Protocol, error) {
+	for _, p := range Protocols {
+		if string(p.Name) == s {
+			return p.Name, nil
+		}
+	}
+	return "", fmt.Errorf("%q; want %s", s, ProtocolNames())
+}
+
+// ProtocolsHelp is one line per protocol, its name and what it says, each
+// after indent: the list a help text shows.
+func ProtocolsHelp(indent string) string {
+	var b strings.Builder
+	for _, p := range Protocols {
+		fmt.Fprintf(&b, "%s%-10s %s\n", indent, p.Name, p.Says)
+	}
+	return b.String()
+}
+
 // SessionsAPI describes a session API: how a session is created, how a turn
 // runs in it, and how the turn's event stream says how it ended. Its
 // templates take {session} (the id the create call returned), {agent} (the
