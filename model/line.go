@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 )
@@ -519,7 +520,7 @@ func (l Line) refuse(t Turn) *Violation {
 		how := fmt.Sprintf("ended %s with status %d; want 400", t.Outcome, t.Status)
 		switch {
 		case t.AnyRefusal:
-			how = fmt.Sprintf("ended %s; want it refused (a JSON-RPC error, or stopReason refusal)", t.Outcome)
+			how = fmt.Sprintf("ended %s; want it refused (%s)", t.Outcome, cmp.Or(t.RefusalSays, "a JSON-RPC error, or stopReason refusal"))
 		case t.Status == 0:
 			how = fmt.Sprintf("ended %s, with no status; want 400", t.Outcome)
 		}

@@ -331,10 +331,14 @@ type Turn struct {
 	// that answers a running prompt cancelled when a second comes does.
 	Preempted bool `json:"preempted,omitempty"`
 	// AnyRefusal reports a protocol whose refusals carry no HTTP status
-	// (ACP: a JSON-RPC error, or stopReason refusal): any failure of a
-	// request without a usable message, before any model call, refuses it
-	// (T3), whatever status it was read as.
+	// (ACP: a JSON-RPC error, or stopReason refusal; A2A: a JSON-RPC
+	// error, or a task rejected or failed): any failure of a request
+	// without a usable message, before any model call, refuses it (T3),
+	// whatever status it was read as.
 	AnyRefusal bool `json:"anyRefusal,omitempty"`
+	// RefusalSays is how such a protocol refuses, in its own words, for a
+	// T3 violation to say what it wanted; "" says ACP's.
+	RefusalSays string `json:"refusalSays,omitempty"`
 	// Unsent reports a request that never reached the server: the
 	// protocol's call before it failed (a session's creation, an ACP
 	// session/load), or no server ran to send it to. It is evidence of

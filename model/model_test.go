@@ -1369,4 +1369,22 @@ func TestAnyRefusalUnderACP(t *testing.T) {
 	assert.Equal(t, model.T3, v.Invariant)
 	assert.Contains(t, v.Reason, "ended ok; want it refused (a JSON-RPC error, or stopReason refusal)")
 	assert.NotContains(t, v.Reason, "status")
+
+	// A2A, in its own words: a context that holds nothing committed (its
+	// only task failed) answered "context not found", read as 404, after
+	// a restart, is refused, as any JSON-RPC error before a model call is.
+	a2a := func(tr model.Turn) model.Turn {
+		tr.AnyRefusal, tr.RefusalSays = true, "a JSON-RPC error, or a task rejected or failed before any model call"
+		return tr
+	}
+	m = model.New()
+	require.Nil(t, m.Apply(fail(convA, u(1), call(u(1), u(1)))))
+	require.Nil(t, m.Apply(a2a(invalid(convA, "", model.Fail, 404))), "a JSON-RPC error read as 404 refuses it")
+	v = m.Apply(a2a(invalid(convA, "", model.OK, 0)))
+	require.NotNil(t, v)
+	assert.Contains(t, v.Reason, "ended ok; want it refused (a JSON-RPC error, or a task rejected or failed before any model call)")
+	require.Nil(t, m.Apply(invalid(convB, "", model.Fail, 400)))
+	v = m.Apply(invalid(convB, "", model.Fail, 404))
+	require.NotNil(t, v, "chat refuses with 400")
+	assert.Contains(t, v.Reason, "with status 404; want 400")
 }

@@ -488,7 +488,9 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		op.Turn.ReplayForeign = op.Request.ReplayForeign
 		op.Turn.Preempted = op.Response.Preempted
 		op.Turn.Unsent = op.Response.Cause == protocol.CauseUnsent
-		op.Turn.AnyRefusal = e.profile.Protocol == targets.ACP
+		// Each protocol says how its refusals read (targets.Protocols).
+		refusal := e.profile.Protocol.Info().Refusal
+		op.Turn.AnyRefusal, op.Turn.RefusalSays = refusal != "", refusal
 	}
 	// A call of no request's goes with the first request that was sent.
 	first := max(slices.IndexFunc(ops, func(op history.Op) bool { return !op.Turn.Unsent }), 0)

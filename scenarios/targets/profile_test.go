@@ -463,3 +463,20 @@ func TestStartTries(t *testing.T) {
 	_, err = ParseProfile([]byte(server + "  start_tries: twice\n"))
 	assert.ErrorContains(t, err, "into a whole number", "a start_tries that is no number")
 }
+
+// TestEachProtocolSaysHowItRefuses: a protocol whose refusals carry no
+// HTTP status (ACP, A2A) says how it refuses, and is judged by it (any
+// failure before a model call refuses a request without a usable
+// message); one that refuses with 400, as chat does, says nothing.
+func TestEachProtocolSaysHowItRefuses(t *testing.T) {
+	for _, p := range Protocols {
+		switch p.Name {
+		case ACP, A2A:
+			assert.NotEmpty(t, p.Refusal, "%s refuses with a JSON-RPC error, not a status", p.Name)
+		default:
+			assert.Empty(t, p.Refusal, "%s refuses with 400", p.Name)
+		}
+	}
+	assert.Equal(t, Chat, Protocol("").Info().Name, "the default is chat")
+	assert.Contains(t, A2A.Info().Refusal, "a task rejected or failed")
+}

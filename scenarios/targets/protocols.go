@@ -1,6 +1,7 @@
 package targets
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -34,11 +35,18 @@ const (
 	A2A Protocol = "a2a"
 )
 
-// ProtocolInfo is one protocol turncheck speaks, as a person reads of it.
+// ProtocolInfo is one protocol turncheck speaks: its name, what it is,
+// and the rules by which it is judged where they differ from chat's.
 type ProtocolInfo struct {
 	Name Protocol
 	// Says what it is, in a few words, for a help text.
 	Says string
+	// Refusal says how the protocol refuses a request, where its
+	// refusals carry no HTTP status: then any failure of a request
+	// without a usable message, before any model call, refuses it (T3;
+	// model.Turn.AnyRefusal). "" for a protocol that refuses with 400,
+	// as chat does.
+	Refusal string
 }
 
 // Protocols are the protocols turncheck speaks, in the order every list a
@@ -46,11 +54,22 @@ type ProtocolInfo struct {
 // messages and the documents' lists (tested) derive theirs from, so that
 // a protocol added here is named everywhere.
 var Protocols = []ProtocolInfo{
-	{Chat, "POST /v1/chat/completions under a conversation header (default)"},
-	{Responses, "the OpenAI Responses API, chained by previous_response_id"},
-	{Sessions, "a session API the profile describes (create, then turns)"},
-	{ACP, "the Agent Client Protocol: an agent driven over its stdio"},
-	{A2A, "the Agent2Agent protocol: JSON-RPC, a context per conversation"},
+	{Chat, "POST /v1/chat/completions under a conversation header (default)", ""},
+	{Responses, "the OpenAI Responses API, chained by previous_response_id", ""},
+	{Sessions, "a session API the profile describes (create, then turns)", ""},
+	{ACP, "the Agent Client Protocol: an agent driven over its stdio", "a JSON-RPC error, or stopReason refusal"},
+	{A2A, "the Agent2Agent protocol: JSON-RPC, a context per conversation", "a JSON-RPC error, or a task rejected or failed before any model call"},
+}
+
+// Info is p's entry of the registry; chat's for "" (the default), and a
+// bare one, judged as chat, for a name it does not hold.
+func (p Protocol) Info() ProtocolInfo {
+	for _, info := range Protocols {
+		if info.Name == cmp.Or(p, Chat) {
+			return info
+		}
+	}
+	return ProtocolInfo{Name: p}
 }
 
 // ProtocolNames lists the protocols' names for a sentence: "chat,
