@@ -282,6 +282,11 @@ type Turn struct {
 	CarriedAfter []int64 `json:"carriedAfter,omitempty"`
 	// Runs are the tool runs of the turn the harness saw start.
 	Runs []ToolRun `json:"runs,omitempty"`
+	// LateRuns are tool runs the harness saw start while this turn's step
+	// ran that belong to no turn of the step: a turn of an earlier step's
+	// run, started after its step ended. One of an interrupted turn the
+	// harness had let go of is T10's, however late it came.
+	LateRuns []ToolRun `json:"lateRuns,omitempty"`
 	// Detached reports that the client disconnected mid-turn from a
 	// server that declares the complete policy: the turn runs on to its
 	// end, and is committed whole or not at all, as an unknown turn is
@@ -397,6 +402,10 @@ type Policies struct {
 // concurrent use. The zero value is not ready; use New.
 type Model struct {
 	policies Policies
+	// released holds each interrupted turn the harness let go of (its
+	// Released set), by its token, for a tool run of it that starts in a
+	// later step (Turn.LateRuns).
+	released map[Token]Turn
 	// convs holds what the model knows of each conversation a step has
 	// touched: one map, looked up once for each turn.
 	convs map[ConversationRef]*conv
@@ -515,6 +524,7 @@ func NewWith(p Policies) *Model {
 		policies: p,
 		convs:    map[ConversationRef]*conv{},
 		owner:    map[Token]*conv{},
+		released: map[Token]Turn{},
 	}
 }
 
@@ -587,6 +597,16 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 			return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User,
 				Reason: fmt.Sprintf("the server gave %s up, unasked, once a later request of the conversation came, and ran that one: "+
 					"a request on a busy conversation must wait its turn or be refused, as declared", t.User)}
+		}
+	}
+	for _, t := range turns {
+		if t.Interrupted && t.Released != 0 {
+			m.released[t.User] = t
+		}
+	}
+	for _, t := range turns {
+		if v := m.checkLateRuns(t); v != nil {
+			return v
 		}
 	}
 	// Each turn's conversation is looked up once, here, and each turn's
@@ -1344,6 +1364,29 @@ func (m *Model) checkStopped(t Turn) *Violation {
 		case t.Released != 0 && r.At > t.Released:
 			return stop("the tool call "+r.ID, r.At, released)
 		}
+	}
+	return nil
+}
+
+// checkLateRuns checks the tool runs that came in t's step for a turn of
+// an earlier step (Turn.LateRuns): one of an interrupted turn that
+// started after the harness let go of what it waited on is T10's, as it
+// would have been had it come within its own step (checkStopped). How
+// long a server takes to start it decides only in which step it is seen.
+func (m *Model) checkLateRuns(t Turn) *Violation {
+	for _, r := range t.LateRuns {
+		user, _, ok := ToolTurn(r.ID)
+		if !ok {
+			continue
+		}
+		was, ok := m.released[user]
+		if !ok || r.At <= was.Released {
+			continue
+		}
+		m.checked.add(T10)
+		return &Violation{Invariant: T10, Conv: was.Conv, Turn: was.User,
+			Reason: fmt.Sprintf("the client disconnected mid-turn, and the server started the tool call %s (at tick %d, after the turn's step had ended) "+
+				"once the harness let go of what it waited on (at tick %d); the server must stop the turn", r.ID, r.At, was.Released)}
 	}
 	return nil
 }

@@ -1222,3 +1222,27 @@ func TestAppendedAfterKeptInterrupted(t *testing.T) {
 	runWith(t, keep, []step{{turn: kept},
 		{turn: appended(invalid(convA, "", model.OK, 200, model.Call{History: h(u(5)), Turn: u(5)})), want: model.T3}})
 }
+
+// TestToolRunAfterItsStep: a tool run of an interrupted turn that starts
+// after the harness let go of what the server waited on is T10's even when
+// it comes after the turn's step ended, in a later step (Turn.LateRuns):
+// how fast the server starts it decides only where it is seen. One that
+// started before the let-go, or of a turn never let go of, is not.
+func TestToolRunAfterItsStep(t *testing.T) {
+	late := func(tt model.Turn, runs ...model.ToolRun) model.Turn {
+		tt.LateRuns = runs
+		return tt
+	}
+	const released = 10
+	m := model.NewWith(rollback)
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	require.Nil(t, m.Apply(interrupted(convA, u(2), released, call(u(2), u(1), a(1), u(2)))))
+	require.Nil(t, m.Apply(late(ok(convB, u(3), call(u(3), u(3))), model.ToolRun{ID: tk(2, 1, 1), At: 9})), "started before the let-go")
+	require.Nil(t, m.Apply(late(ok(convB, u(4), call(u(4), u(3), a(3), u(4))), model.ToolRun{ID: tk(9, 1, 1), At: 12})), "no turn let go of")
+	v := m.Apply(late(ok(convB, u(5), call(u(5), u(3), a(3), u(4), a(4), u(5))), model.ToolRun{ID: tk(2, 1, 3), At: 14}))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T10, v.Invariant)
+	assert.Equal(t, convA, v.Conv, "the interrupted turn's conversation")
+	assert.Equal(t, u(2), v.Turn)
+	assert.Contains(t, v.Reason, "started the tool call "+tk(2, 1, 3)+" (at tick 14, after the turn's step had ended) once the harness let go of what it waited on (at tick 10)")
+}

@@ -511,11 +511,16 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 	// names the turn in the call's id.
 	for _, r := range runs {
 		user, _, ok := model.ToolTurn(r.ID)
-		for i := range ops {
-			if ok && ops[i].Send.Token != "" && ops[i].Send.Token == user {
-				ops[i].Turn.Runs = append(ops[i].Turn.Runs, r)
-				break
-			}
+		i := slices.IndexFunc(ops, func(op history.Op) bool { return ok && op.Send.Token != "" && op.Send.Token == user })
+		if i >= 0 {
+			ops[i].Turn.Runs = append(ops[i].Turn.Runs, r)
+			continue
+		}
+		// A run of no turn of the step: one of an earlier step's, started
+		// after that step ended. It goes with the step's first request,
+		// whose turn the model judges it by (model.Turn.LateRuns).
+		if ok && len(ops) > 0 {
+			ops[first].Turn.LateRuns = append(ops[first].Turn.LateRuns, r)
 		}
 	}
 }
