@@ -98,7 +98,7 @@ func Conform(target targets.Target, opts Options) (*report.Conformance, error) {
 // workers: what a pass of the start verdict rests on.
 func starts(l *execute.Lab) int {
 	n := 0
-	for _, lab := range append([]*execute.Lab{l}, l.Helpers...) {
+	for _, lab := range l.All() {
 		n += lab.Starts
 	}
 	return n
@@ -107,7 +107,7 @@ func starts(l *execute.Lab) int {
 // labNotStarted is the first of l and its workers whose server did not
 // start, nil if every one did.
 func labNotStarted(l *execute.Lab) *execute.NotStarted {
-	for _, lab := range append([]*execute.Lab{l}, l.Helpers...) {
+	for _, lab := range l.All() {
 		if lab.NotStarted != nil {
 			return lab.NotStarted
 		}
@@ -118,7 +118,7 @@ func labNotStarted(l *execute.Lab) *execute.NotStarted {
 // retried are the notes of the starts l and its workers tried again.
 func retried(l *execute.Lab) []string {
 	var out []string
-	for _, lab := range append([]*execute.Lab{l}, l.Helpers...) {
+	for _, lab := range l.All() {
 		out = append(out, lab.Retried...)
 	}
 	return out
@@ -182,7 +182,8 @@ func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[mo
 	asked := nums
 	// done counts every check of the rounds before, the ones run again in
 	// a later round too, and last what this round has said so far: the
-	// progress said is their sum, which only ever grows.
+	// progress said is their sum, which only ever grows, but for its
+	// count of checks, each counted once (below).
 	done, last := report.NewStats(), report.NewStats()
 	// A round's check counts its findings from the round's start; a
 	// finding says how far into the whole run it came (Failure.FoundAfter).
@@ -265,7 +266,7 @@ func conformIn(l *execute.Lab, opts Options, c *report.Conformance, found map[mo
 // caused it (execute.Lab.ExitedBetween).
 func exitedBetween(l *execute.Lab) []string {
 	var out []string
-	for _, lab := range append([]*execute.Lab{l}, l.Helpers...) {
+	for _, lab := range l.All() {
 		for _, e := range lab.ExitedBetween {
 			out = append(out, "the server exited without being told to between two checks, after the last step of one "+
 				"was answered and looked at, and was started again; no step shows what caused it: "+e)

@@ -223,9 +223,11 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	live := isTerminal(stderr)
 	pl := newProgressLog(stderr, live)
 	opts.Progress = pl.update
-	// A check of a slow server may take minutes: a line every
-	// progressEvery all the same.
-	defer pl.beats(progressEvery / 6)()
+	if !live {
+		// A check of a slow server may take minutes: a line every
+		// progressEvery all the same.
+		defer pl.beats(progressEvery / 6)()
+	}
 	// Each finding is printed, and saved, as soon as it is shrunk: on a
 	// slow server the first one may come minutes before the run ends.
 	printed := 0

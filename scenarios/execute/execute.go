@@ -178,12 +178,7 @@ func (e *executor) restart(p plan.Plan, step, index int) history.Op {
 	if p.Restart.Sources != nil {
 		refs = e.profile.SourceRefs(e.fake.URL(), p.Restart.Sources)
 	}
-	restart := r.Restart
-	if rc, ok := e.srv.(targets.ContextRestarter); ok && e.ctx != nil {
-		// The run's or the shrink's time bound holds through a restart
-		// of a server slow to start.
-		restart = func(crash bool, refs []string) error { return rc.RestartContext(e.ctx, crash, refs) }
-	}
+	restart := restartIn(e.ctx, r)
 	if i := p.Restart.Replica; i != nil {
 		rr, ok := e.srv.(targets.Replicated)
 		if !ok {

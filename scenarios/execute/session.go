@@ -969,6 +969,9 @@ func leftBehind(ops []history.Op, tags []string) bool {
 	return false
 }
 
+// All are l and its helpers: every lab whose servers a run used.
+func (l *Lab) All() []*Lab { return append([]*Lab{l}, l.Helpers...) }
+
 // Workers returns n labs for checks and replays to run in at once: l
 // and n-1 more, each with a fake model and servers of its own, kept until
 // l closes. They set aside what l sets aside.

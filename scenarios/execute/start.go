@@ -135,15 +135,22 @@ func (l *Lab) restart(ctx context.Context, r targets.Restarter, crash bool, refs
 	if l.NotStarted != nil {
 		return l.NotStarted
 	}
-	restart := r.Restart
-	if rc, ok := r.(targets.ContextRestarter); ok && ctx != nil {
-		restart = func(crash bool, refs []string) error { return rc.RestartContext(ctx, crash, refs) }
-	}
+	restart := restartIn(ctx, r)
 	tries, err := l.tryStart(ctx, what, func() error { return restart(crash, refs) }, restartFailed)
 	if err == nil || !restartFailed(err) || ended(ctx) {
 		return err
 	}
 	return l.notStarted(what, 0, tries, err)
+}
+
+// restartIn is r's restart, bounded by ctx (if set) where r takes one: the
+// run's or the shrink's time bound holds through a restart of a server
+// slow to start.
+func restartIn(ctx context.Context, r targets.Restarter) func(crash bool, refs []string) error {
+	if rc, ok := r.(targets.ContextRestarter); ok && ctx != nil {
+		return func(crash bool, refs []string) error { return rc.RestartContext(ctx, crash, refs) }
+	}
+	return r.Restart
 }
 
 // clipLines is text with at most n lines after its first, the last ones:
