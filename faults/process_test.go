@@ -283,6 +283,10 @@ func TestProcess(t *testing.T) {
 		go func() { restarted <- p.Restart() }()
 		require.Eventually(t, func() bool { _, err := os.Stat(filepath.Join(dir, "again")); return err == nil }, guard, 10*time.Millisecond,
 			"the restart runs the command again")
+		// Its "waiting" is read from the pipe on the harness's own time:
+		// the cut comes after it, as the cut of a server's start does.
+		require.Eventually(t, func() bool { return strings.Contains(p.Stderr(), "waiting") }, guard, 10*time.Millisecond,
+			"the restart says it waits")
 		cancel()
 		select {
 		case err := <-restarted:
