@@ -368,7 +368,10 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 		return l, nil // it never reached the server
 	}
 	if !t.Usable {
-		return l, l.refuse(*t)
+		if v := l.refuse(*t); v != nil {
+			return l, v
+		}
+		return l.continued(t), nil
 	}
 	// The first call of the turn resolves the unknown turns before it; every
 	// further call (a server's retry of the model call) must carry the very
@@ -450,6 +453,43 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
 	}
 	return next, nil
+}
+
+// continued is the line after t, a request without a usable new user
+// message that the server appended and ran (Turn.Appends). Its input
+// carries no token, so it leaves nothing to follow, but for one thing: a
+// model call of it that ran on a message with no reply after it (an
+// interrupted turn's, kept by keep-consistent, with t's input merged in
+// or after it) gets the fake model's reply to that message. A reply
+// belongs to the request whose model call made it: when t ended ok with
+// that reply, the kept message and the reply are committed as t left
+// them, and a later turn that sees the reply sees t's, not a leftover of
+// the interrupted turn (T10).
+func (l Line) continued(t *Turn) Line {
+	if !t.Appends || t.Outcome != OK {
+		return l
+	}
+	for i := len(t.Calls) - 1; i >= 0; i-- {
+		call := t.Calls[i]
+		if call.Turn == "" || !call.Tail || !l.holds(call.Turn) {
+			continue
+		}
+		reply, ok := replyIn(t.Reply, call.Turn)
+		if !ok {
+			continue
+		}
+		const none = Token("tc-u-none") // stands for the input, tokenless
+		got, ok := l.match(append(slices.Clone(call.History), none), none)
+		if !ok || got.last == nil || got.last.user != call.Turn || got.last.reply != "" {
+			continue
+		}
+		s := got.last.segment
+		s.reply, s.done = reply, t.Return
+		next := got
+		next.last = got.last.prev
+		return next.appended(s)
+	}
+	return l
 }
 
 // unstoredStatus is the status a turn that ended ok without being stored

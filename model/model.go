@@ -1038,6 +1038,11 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		}
 		return v
 	}
+	if !t.Usable && next.last != line.last {
+		// A continuation that committed a reply of its own on a kept
+		// message (Line.continued).
+		cv.line, cv.lined, cv.committed = next, true, true
+	}
 	if t.Usable {
 		if v := m.checkKept(t, cv, next); v != nil {
 			return v

@@ -1246,3 +1246,36 @@ func TestToolRunAfterItsStep(t *testing.T) {
 	assert.Equal(t, u(2), v.Turn)
 	assert.Contains(t, v.Reason, "started the tool call "+tk(2, 1, 3)+" (at tick 14, after the turn's step had ended) once the harness let go of what it waited on (at tick 10)")
 }
+
+// A continuation without a user message of its own that a server appends
+// and runs on an interrupted turn's kept message (docker-agent's serve api
+// merges a client tool's output into it) gets the fake model's reply to
+// that message: the reply is the continuation's own, committed with it,
+// and a later turn that sees it sees no leftover of the interrupted turn
+// (a false T10 before). The same reply with no continuation to own it
+// stays T10's.
+func TestContinuationOwnsItsReply(t *testing.T) {
+	merged := call(u(2), u(1), a(1), u(2))
+	merged.Tail, merged.Trailing = true, true
+	continuation := appended(invalid(convA, u(3), model.OK, 200, merged))
+	continuation.Reply = string(a(2)) + " acknowledges your message."
+	later := ok(convA, u(4), call(u(4), u(1), a(1), u(2), a(2), u(4)))
+
+	t.Run("the continuation's reply", func(t *testing.T) {
+		m := runWith(t, keep, withSteps(interrupted2(), step{turn: continuation}, step{turn: later}))
+		assert.Equal(t, h(u(1), a(1), u(2), a(2), u(4), a(4)), m.Committed(convA))
+	})
+	t.Run("refused, the reply is the interrupted turn's", func(t *testing.T) {
+		refused := appended(invalid(convA, u(3), model.Fail, 400))
+		runWith(t, keep, withSteps(interrupted2(), step{turn: refused}, step{turn: later, want: model.T10}))
+	})
+	t.Run("answered with no such reply", func(t *testing.T) {
+		other := continuation
+		other.Reply = "acknowledged."
+		runWith(t, keep, withSteps(interrupted2(), step{turn: other}, step{turn: later, want: model.T10}))
+	})
+	t.Run("then lost", func(t *testing.T) {
+		lost := ok(convA, u(4), call(u(4), u(1), a(1), u(4)))
+		runWith(t, keep, withSteps(interrupted2(), step{turn: continuation}, step{turn: lost, want: model.T10}))
+	})
+}
