@@ -614,8 +614,11 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 	// turn's calls.
 	type ran struct {
 		at int64
-		i  int
-		cv *conv
+		// pos orders turns placed at one at (placeShown): -1, or where
+		// the step's latest history shows the turn.
+		pos int
+		i   int
+		cv  *conv
 	}
 	order := make([]ran, len(turns))
 	m.sent = slices.Grow(m.sent, len(turns))
@@ -638,7 +641,12 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 		if t.Usable {
 			m.sent = append(m.sent, sentTurn{t.User, cv})
 		}
-		order[i] = ran{t.RanAt(), i, cv}
+		order[i] = ran{t.RanAt(), -1, i, cv}
+	}
+	for _, cv := range touched {
+		for i, p := range placeShown(turns, cv.ref) {
+			order[i].at, order[i].pos = p.at, p.pos
+		}
 	}
 	branches := map[*conv]int{}
 	for _, cv := range touched {
@@ -669,7 +677,7 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 			return v
 		}
 	}
-	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Compare(a.at, b.at) })
+	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.pos, b.pos)) })
 	for _, r := range order {
 		var k *Known
 		if r.i < len(known) {
@@ -726,6 +734,69 @@ func (t *Turn) reached() bool {
 		}
 	}
 	return false
+}
+
+// placement is where a turn that reached no model stands in a step's
+// order: at the RanAt of the turn the history shows before it, pos after.
+type placement struct {
+	at  int64
+	pos int
+}
+
+// placeShown places the turns of conversation c in the step turns that
+// reached no model, which RanAt can only place by when they were sent,
+// where the step's latest model call of c shows them: right after the
+// turn before them there, in the order shown. A server took them in that
+// order, whatever order they were sent in: an agent that takes a burst of
+// prompts out of order, and keeps those it cancels before their model
+// call (keep-consistent), keeps them in the order it took them. Turns
+// that reached the model keep their place (the model saw when they ran),
+// so a history that moves one of them is judged as it was. It returns
+// the placements by index into turns.
+func placeShown(turns []Turn, c ConversationRef) map[int]placement {
+	var latest *Call
+	byUser := map[Token]int{}
+	for i := range turns {
+		t := &turns[i]
+		if t.Conv != c || !t.Usable {
+			continue
+		}
+		byUser[t.User] = i
+		for j := range t.Calls {
+			if call := &t.Calls[j]; call.Turn == t.User && (latest == nil || call.At > latest.At) {
+				latest = call
+			}
+		}
+	}
+	if latest == nil {
+		return nil
+	}
+	var out map[int]placement
+	for pos, tok := range latest.History {
+		i, ok := byUser[tok]
+		if !ok || turns[i].reachedOwn() {
+			continue
+		}
+		// Back to the nearest turn of the step shown before it that
+		// reached the model.
+		for k := pos - 1; k >= 0; k-- {
+			j, ok := byUser[latest.History[k]]
+			if ok && turns[j].reachedOwn() {
+				if out == nil {
+					out = map[int]placement{}
+				}
+				out[i] = placement{turns[j].RanAt(), pos}
+				break
+			}
+		}
+	}
+	return out
+}
+
+// reachedOwn reports whether a call of t's own (one whose last user token
+// is t's) reached the model.
+func (t *Turn) reachedOwn() bool {
+	return t.Usable && slices.ContainsFunc(t.Calls, func(c Call) bool { return c.Turn == t.User })
 }
 
 // RanAt is when the server ran t, as far as the client can tell: when its

@@ -216,3 +216,33 @@ func TestBranches(t *testing.T) {
 		requireViolation(t, v, tc.breaks, turn)
 	}
 }
+
+// A burst a supersede agent took out of the order sent (docker-agent's
+// ACP handlers take prompts as they are scheduled): prompts 2 and 4 ran
+// (calls at 5 and 6), prompt 3 was taken after 4 and cancelled before it
+// reached the model, and each cancelled prompt's message was kept
+// (keep-consistent) in the order taken. A turn that reached no model is
+// placed where the step's latest history shows it: after the turn before
+// it there, not by when it was sent.
+func TestApplyStepTakesTheOrderShown(t *testing.T) {
+	setup := at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)
+	burst := func(last model.Call) []model.Turn {
+		i2 := at(interrupted(convA, u(2), 0, call(u(2), u(1), a(1), u(2))), 10, 15, 20)
+		i3 := at(interrupted(convA, u(3), 0), 11, 0, 20)
+		i4 := at(interrupted(convA, u(4), 0, call(u(4), u(1), a(1), u(2), u(4))), 12, 16, 20)
+		ok5 := at(ok(convA, u(5), last), 13, 18, 21)
+		return []model.Turn{i2, i3, i4, ok5}
+	}
+	t.Run("kept in the order taken", func(t *testing.T) {
+		m := model.NewWith(keep)
+		require.Nil(t, m.Apply(setup))
+		require.Nil(t, m.ApplyStep(burst(call(u(5), u(1), a(1), u(2), u(4), u(3), u(5)))))
+		assert.Equal(t, h(u(1), a(1), u(2), u(4), u(3), u(5), a(5)), m.Committed(convA))
+	})
+	t.Run("prompts that ran, kept out of the order they ran in", func(t *testing.T) {
+		m := model.NewWith(keep)
+		require.Nil(t, m.Apply(setup))
+		v := m.ApplyStep(burst(call(u(5), u(1), a(1), u(4), u(2), u(3), u(5))))
+		require.NotNil(t, v, "a history that moves prompt 2 after prompt 4, which saw it first, passes")
+	})
+}
