@@ -486,13 +486,40 @@ func DrawNet(t *rapid.T, s *Send, links []targets.Link) {
 	s.Net = &f
 }
 
+// Shape is a continuation without a usable new user message: its name,
+// as a step's title says what was sent, and its messages, built from the
+// conversation's latest user message (prev) and how many such
+// continuations the run drew before (n).
+type Shape struct {
+	Name  string
+	Build func(prev openai.Message, n int) []openai.Message
+}
+
+// Shapes are the continuations without a usable new user message that
+// protocol p can send, named in its own words: a protocol whose request
+// carries one message (ACP, A2A: targets.ProtocolInfo.Unusable) can send
+// only a message with no content and one with blank content, however the
+// messages before it were drawn; a server that appends its input whole
+// (appends) gets AppendedShapes; any other, InvalidShapes.
+func Shapes(p targets.Protocol, appends bool) []Shape {
+	switch one := p.Info().Unusable; {
+	case one[0] != "":
+		return []Shape{
+			{one[0], func(openai.Message, int) []openai.Message { return []openai.Message{} }},
+			{one[1], func(openai.Message, int) []openai.Message {
+				return []openai.Message{{Role: openai.RoleUser, Content: " \n\t "}}
+			}},
+		}
+	case appends:
+		return AppendedShapes
+	}
+	return InvalidShapes
+}
+
 // InvalidShapes are continuations without a usable new user message. Each
 // carries the conversation's latest user message as an earlier element
 // where it can, as a naive client resending history would.
-var InvalidShapes = []struct {
-	Name  string
-	Build func(prev openai.Message, n int) []openai.Message
-}{
+var InvalidShapes = []Shape{
 	{"empty messages array", func(openai.Message, int) []openai.Message { return []openai.Message{} }},
 	{"last message from the assistant", func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleAssistant, Content: "Noted."}}
@@ -524,10 +551,7 @@ var InvalidShapes = []struct {
 // the n-th such continuation of the run: a client tool's call has an id
 // of its own each time (ClientCallID), as a client's calls do, for a
 // server whose chain keeps it (a line, an appending session API).
-var AppendedShapes = []struct {
-	Name  string
-	Build func(prev openai.Message, n int) []openai.Message
-}{
+var AppendedShapes = []Shape{
 	{"a client tool's call and its output", func(_ openai.Message, n int) []openai.Message {
 		return []openai.Message{
 			{Role: openai.RoleAssistant, ToolCalls: []openai.ToolCall{{ID: ClientCallID(n), Type: openai.TypeFunction,

@@ -263,13 +263,10 @@ func (m *Machine) invalidContinuation(t *rapid.T) {
 		t.Skip("no conversation yet")
 	}
 	c := newest(t, live, "conversation")
-	shapes := plan.InvalidShapes
-	if m.Profile.AppendsInput() {
-		// The input is appended whole (OpenAI's semantics, a session API
-		// such as docker-agent's): what is judged is that no committed
-		// user message is run again as new (T3).
-		shapes = plan.AppendedShapes
-	}
+	// Where the input is appended whole (OpenAI's semantics, a session
+	// API such as docker-agent's), what is judged is that no committed
+	// user message is run again as new (T3).
+	shapes := plan.Shapes(m.Profile.Protocol, m.Profile.AppendsInput())
 	if c.inConv {
 		// Its input would be kept in the conversation, a turn without a
 		// token the model does not follow.
