@@ -871,6 +871,24 @@ func (l Line) match(history []Token, user Token) (Line, bool) {
 	return next, true
 }
 
+// without returns l without the segments of the turns whose user tokens
+// users holds (as keys), the others as they stand, in order.
+func (l Line) without(users map[Token]Token) Line {
+	out := Line{rare: l.rare}
+	changed := false
+	for _, s := range l.segs() {
+		if _, ok := users[s.user]; ok {
+			changed = true
+			continue
+		}
+		out = out.appended(s)
+	}
+	if !changed {
+		return l
+	}
+	return out
+}
+
 // pendingIn reports whether user is the turn of a pending segment of segs.
 func pendingIn(segs []segment, user Token) bool {
 	return slices.ContainsFunc(segs, func(s segment) bool { return s.pending && s.user == user })

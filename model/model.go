@@ -1073,6 +1073,9 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	} else {
 		next, v = line.Step(t)
 	}
+	if v != nil {
+		v = forkOf(t, line, step, v)
+	}
 	if v != nil && m.mayHaveForgotten(cv) {
 		// Forgotten whole, and starting over: the turn runs on nothing
 		// but itself, as on a new conversation. Half a history is no
@@ -1116,7 +1119,7 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 	}
 	if t.Usable {
 		if v := m.checkKept(t, cv, next); v != nil {
-			return v
+			return forkOf(t, line, step, v)
 		}
 		first := true
 		for _, call := range t.Calls {
@@ -1156,6 +1159,99 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 		}
 	}
 	return nil
+}
+
+// forkOf names T4 a violation v of turn t, stepped from line, that turns
+// of the same step running at once with t on its conversation explain: a
+// fork is T4 wherever it shows. Where two turns of one conversation run
+// at once on one history, each may see the other's message without its
+// reply, or in an order no line has, or the message of one that went on
+// to fail or be interrupted, while it still ran; the same tokens on a
+// line run one turn at a time would be a leftover (T1, T6, T10) or a
+// loss (T2), and the violation is named so before this. It is the fork
+// only if the history, without the tokens of the turns beside t (each at
+// most once), is the line without them: nothing else is wrong with it. A
+// turn beside t is one of its conversation in the step, sent before t
+// returned and returned after t was sent, that may still have run when
+// t's model request came (runningAt): what a turn kept after it ended is
+// its own invariant's.
+func forkOf(t Turn, line Line, step []Turn, v *Violation) *Violation {
+	if v.Invariant == T4 || len(v.Observed) == 0 || !t.Usable {
+		return v
+	}
+	at := int64(-1)
+	for _, c := range t.Calls {
+		if c.Turn == t.User && slices.Equal(c.History, v.Observed) {
+			at = c.At
+			break
+		}
+	}
+	beside := map[Token]Token{} // a token of a turn beside t: that turn
+	for _, o := range step {
+		if o.Conv != t.Conv || o.User == t.User || !o.Usable || o.Unsent || o.Unstored || o.Status == 409 ||
+			o.Invoke >= t.Return || t.Invoke >= o.Return || at < 0 || !o.runningAt(at) {
+			continue
+		}
+		beside[o.User], beside[o.User.Reply()] = o.User, o.User
+	}
+	if len(beside) == 0 {
+		return v
+	}
+	var rest []Token
+	seen := map[Token]bool{}
+	var shown []Token
+	for _, tok := range v.Observed {
+		o, ok := beside[tok]
+		switch {
+		case !ok:
+			rest = append(rest, tok)
+		case seen[tok]:
+			return v // twice: no fork explains it
+		default:
+			seen[tok] = true
+			if !slices.Contains(shown, o) {
+				shown = append(shown, o)
+			}
+		}
+	}
+	if len(shown) == 0 {
+		return v
+	}
+	if _, ok := line.without(beside).match(rest, t.User); !ok {
+		return v
+	}
+	return &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User, Expected: v.Expected, Observed: v.Observed,
+		Reason: fmt.Sprintf("this turn ran at the same time as %s, on one history: its model request shows %s while that ran, a fork; "+
+			"turns on one conversation must form one line (were they run one at a time: %s)", FormatTokens(shown),
+			tokensOf(v.Observed, seen), v.Reason)}
+}
+
+// runningAt reports whether the server may still have run t at tick at,
+// as far as the client can tell: before its client learned it ended ok or
+// failed; for one whose client disconnected (Interrupted), before the
+// harness let go of it, once the server said it saw the disconnect or its
+// time was up; for one whose outcome the client never learned, at any
+// time of its step.
+func (t Turn) runningAt(at int64) bool {
+	switch {
+	case t.Interrupted:
+		return at < max(t.Return, t.Released)
+	case t.Outcome == OK, t.Outcome == Fail:
+		return at < t.Return
+	}
+	return true
+}
+
+// tokensOf are the tokens of history that pick holds, in order, for a
+// reason.
+func tokensOf(history []Token, pick map[Token]bool) string {
+	var out []Token
+	for _, tok := range history {
+		if pick[tok] {
+			out = append(out, tok)
+		}
+	}
+	return FormatTokens(out)
 }
 
 // mayHaveForgotten reports whether a server that forgets (Policies.Forgets)

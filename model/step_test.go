@@ -246,3 +246,88 @@ func TestApplyStepTakesTheOrderShown(t *testing.T) {
 		require.NotNil(t, v, "a history that moves prompt 2 after prompt 4, which saw it first, passes")
 	})
 }
+
+// A fork is T4 wherever it shows: turns of one conversation that ran at
+// once on one history (docker-agent's serve a2a: each task adds its
+// message to the context's session, then runs, with nothing between two
+// tasks) show each other's halves in the model's histories. What
+// concurrent turns explain is named T4, never the leftover or loss the
+// same tokens would be on a line run one turn at a time.
+func TestForkNamedT4WhereverItShows(t *testing.T) {
+	t.Run("a turn sees another's message, which reached the model after it", func(t *testing.T) {
+		// The burst: a's call came after b's, and b saw a's
+		// message without its reply.
+		m := model.New()
+		a1 := at(ok(convA, u(1), call(u(1), u(1))), 1, 6, 9)
+		b := at(ok(convA, u(2), call(u(2), u(1), u(2))), 2, 4, 8)
+		v := m.ApplyStep([]model.Turn{a1, b})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T4, v.Invariant, "%v", v)
+		assert.Contains(t, v.Reason, "fork")
+	})
+	t.Run("a detached turn seen in part by one beside it", func(t *testing.T) {
+		m := model.New()
+		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		gone := at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 6)
+		gone.Detached = true
+		c := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 9)
+		v := m.ApplyStep([]model.Turn{gone, c})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T4, v.Invariant, "%v", v)
+	})
+	t.Run("the halves interleaved in a later history", func(t *testing.T) {
+		m := model.New()
+		a1 := at(ok(convA, u(1), call(u(1), u(1))), 1, 3, 8)
+		b := at(ok(convA, u(2), call(u(2), u(1), u(2))), 2, 4, 9)
+		v := m.ApplyStep([]model.Turn{a1, b})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T4, v.Invariant, "%v", v)
+	})
+	t.Run("a turn that went on to fail, seen while it ran", func(t *testing.T) {
+		m := model.New()
+		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		failed := at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9)
+		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10)
+		v := m.ApplyStep([]model.Turn{failed, next})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T4, v.Invariant, "%v", v)
+	})
+	t.Run("an interrupted turn, seen while it ran, under rollback", func(t *testing.T) {
+		m := model.New()
+		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		cut := at(interrupted(convA, u(2), 9, call(u(2), u(1), a(1), u(2))), 4, 5, 6)
+		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10)
+		v := m.ApplyStep([]model.Turn{cut, next})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T4, v.Invariant, "%v", v)
+	})
+	// What no concurrent turn explains keeps its own name: a turn kept
+	// after it ended.
+	t.Run("a failed turn's message, beside", func(t *testing.T) {
+		m := model.New()
+		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		failed := at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 6)
+		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 9)
+		v := m.ApplyStep([]model.Turn{failed, next})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T1, v.Invariant, "%v", v)
+	})
+	t.Run("an interrupted turn's reply, beside", func(t *testing.T) {
+		m := model.NewWith(keep)
+		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		cut := at(interrupted(convA, u(2), 6, call(u(2), u(1), a(1), u(2))), 4, 5, 6)
+		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3))), 5, 7, 9)
+		v := m.ApplyStep([]model.Turn{cut, next})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T10, v.Invariant, "%v", v)
+	})
+	t.Run("a committed turn of an earlier step lost", func(t *testing.T) {
+		m := model.New()
+		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		b := at(ok(convA, u(2), call(u(2), u(2))), 4, 5, 8)
+		c := at(ok(convA, u(3), call(u(3), u(2), u(3))), 4, 6, 9)
+		v := m.ApplyStep([]model.Turn{b, c})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T2, v.Invariant, "%v", v)
+	})
+}
