@@ -374,4 +374,3 @@ func TestACPSupersede(t *testing.T) {
 	require.NotNil(t, bug.Failure.Violation, bug.Failure.Report)
 	assert.Equal(t, model.T10, bug.Failure.Violation.Invariant, bug.Failure.Report)
 }
-
