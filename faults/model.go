@@ -572,6 +572,19 @@ func (m *Model) record(call *model.Call, req *openai.ChatRequest) (plan, chan st
 	return p, arrived
 }
 
+// answering marks the recorded call that arrived at as begun to be
+// answered (model.Call.Unanswered), before anything of its answer is
+// written, so that no server can have acted on the answer before: with
+// the arrival of the latest call recorded, not a tick of its own, which
+// would move every later one.
+func (m *Model) answering(at int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if i, ok := slices.BinarySearchFunc(m.calls, at, func(c model.Call, at int64) int { return cmp.Compare(c.At, at) }); ok {
+		m.calls[i].Unanswered = m.calls[len(m.calls)-1].At
+	}
+}
+
 // stamp is the time of an arrival on the model's timeline; m.mu is held.
 func (m *Model) stamp() int64 {
 	if m.cfg.Clock != nil {
@@ -886,6 +899,7 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatR
 	if p.first != nil && !m.hold(r, p.first) || !m.holdCall(r, p, 0, upTo(0)) {
 		return // the server gave up on the call
 	}
+	m.answering(call.At)
 	f := p.fault
 	switch f.Kind {
 	case Status:

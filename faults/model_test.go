@@ -879,9 +879,9 @@ func TestCallsAfterAndCallCount(t *testing.T) {
 
 	all := f.m.CallsAfter(0)
 	assert.Equal(t, []model.Call{
-		{History: []model.Token{"tc-u1"}, Turn: "tc-u1", At: 1},
-		{History: []model.Token{"tc-u1", "tc-a1", "tc-u2"}, Turn: "tc-u2", At: 2},
-		{History: []model.Token{"tc-u1", "tc-a1", "tc-u3"}, Turn: "tc-u3", At: 3},
+		{History: []model.Token{"tc-u1"}, Turn: "tc-u1", At: 1, Unanswered: 1},
+		{History: []model.Token{"tc-u1", "tc-a1", "tc-u2"}, Turn: "tc-u2", At: 2, Unanswered: 2},
+		{History: []model.Token{"tc-u1", "tc-a1", "tc-u3"}, Turn: "tc-u3", At: 3, Unanswered: 3},
 	}, all)
 	assert.Equal(t, all[1:], f.m.CallsAfter(1))
 	assert.Equal(t, all[2:], f.m.CallsAfter(2))
@@ -1301,4 +1301,27 @@ func TestReplyNamesItsCall(t *testing.T) {
 	var c openai.Completion
 	require.NoError(t, json.Unmarshal(first, &c))
 	assert.Equal(t, []model.Token{"tc-a1"}, model.Tokens(c.Text()))
+}
+
+// A call held while others arrive says so: Unanswered is the arrival of
+// the latest call the model had seen when it began to answer it, so that
+// a turn whose call came meanwhile ran while it was at the model.
+func TestUnansweredWhileHeld(t *testing.T) {
+	f := start(t, faults.ModelConfig{})
+	g := f.m.Gate("tc-u1")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.post(false, user("tc-u1"))
+	}()
+	<-g.Arrived()
+	f.post(false, user("tc-u2"))
+	f.post(false, user("tc-u3"))
+	g.Release()
+	<-done
+	calls := f.m.CallsAfter(0)
+	require.Len(t, calls, 3)
+	assert.Equal(t, model.Token("tc-u1"), calls[0].Turn)
+	assert.Equal(t, calls[2].At, calls[0].Unanswered, "held while tc-u2 and tc-u3 came")
+	assert.Equal(t, calls[1].At, calls[1].Unanswered)
 }

@@ -1173,8 +1173,9 @@ func (m *Model) apply(t Turn, cv *conv, step []Turn, k *Known) *Violation {
 // most once), is the line without them: nothing else is wrong with it. A
 // turn beside t is one of its conversation in the step, sent before t
 // returned and returned after t was sent, that may still have run when
-// t's model request came (runningAt): what a turn kept after it ended is
-// its own invariant's.
+// t's model request came (runningAt): what a turn kept after it ended,
+// and the reply of one that failed or was interrupted, are their own
+// invariants'.
 func forkOf(t Turn, line Line, step []Turn, v *Violation) *Violation {
 	if v.Invariant == T4 || len(v.Observed) == 0 || !t.Usable {
 		return v
@@ -1192,7 +1193,12 @@ func forkOf(t Turn, line Line, step []Turn, v *Violation) *Violation {
 			o.Invoke >= t.Return || t.Invoke >= o.Return || at < 0 || !o.runningAt(at) {
 			continue
 		}
-		beside[o.User], beside[o.User.Reply()] = o.User, o.User
+		beside[o.User] = o.User
+		if !o.Interrupted && o.Outcome != Fail {
+			// A reply of a turn that failed or was interrupted is never
+			// one a turn may see, running or not: its own invariant's.
+			beside[o.User.Reply()] = o.User
+		}
 	}
 	if len(beside) == 0 {
 		return v
@@ -1226,20 +1232,29 @@ func forkOf(t Turn, line Line, step []Turn, v *Violation) *Violation {
 			tokensOf(v.Observed, seen), v.Reason)}
 }
 
-// runningAt reports whether the server may still have run t at tick at,
-// as far as the client can tell: before its client learned it ended ok or
-// failed; for one whose client disconnected (Interrupted), before the
-// harness let go of it, once the server said it saw the disconnect or its
-// time was up; for one whose outcome the client never learned, at any
-// time of its step.
+// runningAt reports whether the server was still running t at tick at, as
+// far as the client can tell: before its client learned it ended ok; for
+// one whose client disconnected (Interrupted), before it disconnected;
+// for one that failed, or whose outcome is unknown, while it had a model
+// call the model had not begun to answer, or one still to make
+// (Call.Unanswered: it cannot have ended before); for one the server runs
+// on after its client left (Detached, Abandoned), at any time of its
+// step.
 func (t Turn) runningAt(at int64) bool {
 	switch {
 	case t.Interrupted:
-		return at < max(t.Return, t.Released)
-	case t.Outcome == OK, t.Outcome == Fail:
+		return at < cmp.Or(t.Dropped, t.Return)
+	case t.Outcome == OK:
 		return at < t.Return
+	case t.Detached, t.Abandoned:
+		return true
 	}
-	return true
+	for _, c := range t.Calls {
+		if c.Turn == t.User && (c.At > at || c.At < at && at <= c.Unanswered) {
+			return true
+		}
+	}
+	return false
 }
 
 // tokensOf are the tokens of history that pick holds, in order, for a

@@ -286,7 +286,10 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 	t.Run("a turn that went on to fail, seen while it ran", func(t *testing.T) {
 		m := model.New()
 		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		// Its call was answered (with an error) only after the next
+		// turn's call came.
 		failed := at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9)
+		failed.Calls[0].Unanswered = 7
 		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10)
 		v := m.ApplyStep([]model.Turn{failed, next})
 		require.NotNil(t, v)
@@ -295,11 +298,25 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 	t.Run("an interrupted turn, seen while it ran, under rollback", func(t *testing.T) {
 		m := model.New()
 		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
-		cut := at(interrupted(convA, u(2), 9, call(u(2), u(1), a(1), u(2))), 4, 5, 6)
+		// Its client left only after the next turn's call came.
+		cut := at(interrupted(convA, u(2), 9, call(u(2), u(1), a(1), u(2))), 4, 5, 8)
+		cut.Dropped = 8
 		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10)
 		v := m.ApplyStep([]model.Turn{cut, next})
 		require.NotNil(t, v)
 		assert.Equal(t, model.T4, v.Invariant, "%v", v)
+	})
+	t.Run("a turn that failed, seen after its call was answered", func(t *testing.T) {
+		// Under its lock, a server that keeps a failed turn shows it to
+		// the next turn before the client hears of the failure: no fork.
+		m := model.New()
+		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		failed := at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9)
+		failed.Calls[0].Unanswered = 5
+		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10)
+		v := m.ApplyStep([]model.Turn{failed, next})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T1, v.Invariant, "%v", v)
 	})
 	// What no concurrent turn explains keeps its own name: a turn kept
 	// after it ended.
@@ -317,6 +334,16 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
 		cut := at(interrupted(convA, u(2), 6, call(u(2), u(1), a(1), u(2))), 4, 5, 6)
 		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), a(2), u(3))), 5, 7, 9)
+		v := m.ApplyStep([]model.Turn{cut, next})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T10, v.Invariant, "%v", v)
+	})
+	t.Run("an interrupted turn's reply, committed while it ran on", func(t *testing.T) {
+		// An agent that answers a cancel canceled and runs the task on:
+		// the next turn, while it still ran, saw it whole.
+		m := model.New()
+		cut := at(interrupted(convA, u(2), 6, call(u(2), u(2))), 1, 2, 12)
+		next := at(ok(convA, u(3), call(u(3), u(2), a(2), u(3))), 3, 8, 10)
 		v := m.ApplyStep([]model.Turn{cut, next})
 		require.NotNil(t, v)
 		assert.Equal(t, model.T10, v.Invariant, "%v", v)

@@ -246,6 +246,13 @@ type Call struct {
 	// At is when the call reached the model, on the run's timeline (the
 	// one Turn.Invoke and Turn.Return count on).
 	At int64 `json:"at"`
+	// Unanswered is the At of the latest call the model had seen arrive
+	// when it began to answer this one (its holds over): every call that
+	// arrived after this one and at or before it came while this one was
+	// at the model, unanswered, and the turn that made it cannot have
+	// ended. 0 if the model never began to answer it (the server gave the
+	// call up first).
+	Unanswered int64 `json:"unanswered,omitempty"`
 	// Prompt is a hash of the request's system and developer messages,
 	// 0 if it had none. The calls on one turn's way to its answer share
 	// it; a call a server makes beside the turn (a title, a summary) has

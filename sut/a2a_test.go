@@ -303,6 +303,22 @@ var a2aMutantCases = []struct {
 		hist, _ := e.okTask(t, ctx, "tc-u3")
 		return assert.ObjectsAreEqual(toks("u1", "a1", "u2", "u3"), hist)
 	}},
+	{sut.A2ACancelIgnored, func(t *testing.T, e *env, _ *sut.Gauge) bool {
+		_, ctx := e.okTask(t, "", "tc-u1")
+		id, held, rest := e.streamUntilHeld(t, ctx, "tc-u2")
+		require.Equal(t, "canceled", e.rpc(t, "", "tasks/cancel", map[string]string{"id": id})[0].Result.Status.State)
+		// The model answers once the agent said canceled: an agent that
+		// stopped the task has given its call up by then.
+		held.Release()
+		answers := <-rest
+		for _, a := range answers {
+			if a.Result.Status.State != "" {
+				require.Equal(t, "canceled", a.Result.Status.State, "the stream says what tasks/cancel said")
+			}
+		}
+		hist, _ := e.okTask(t, ctx, "tc-u3")
+		return assert.ObjectsAreEqual(toks("u1", "a1", "u2", "a2", "u3"), hist)
+	}},
 	{sut.A2ATaskHistoryContext, func(t *testing.T, e *env, _ *sut.Gauge) bool {
 		_, ctx := e.okTask(t, "", "tc-u1")
 		second := e.send(t, ctx, "tc-u2")

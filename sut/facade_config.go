@@ -273,6 +273,9 @@ const (
 	// A2ATaskHistoryContext answers tasks/get with the context's whole
 	// history as the task's.
 	A2ATaskHistoryContext = config.A2ATaskHistoryContext
+	// A2ACancelIgnored answers tasks/cancel canceled but runs the task
+	// on, and commits it.
+	A2ACancelIgnored = config.A2ACancelIgnored
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug

@@ -103,8 +103,12 @@ type flight struct {
 	// unknown outcome (runsOn).
 	runsOn bool
 	// doneAt is when the harness first saw the server say it was done with
-	// the dropped request (a DisconnectReporter).
+	// the dropped request (a DisconnectReporter, or told).
 	doneAt time.Time
+	// told is set once the server said, in its answers to the client, that
+	// it stopped the turn the client cancelled (protocol.Request.Stopped,
+	// Response.SaysStopped).
+	told atomic.Bool
 	// released is when the harness let go of what the model held of this
 	// dropped turn (0: the server gave up on all of it first).
 	released int64

@@ -90,7 +90,10 @@ func (e *executor) releaseDropped(flights []*flight) bool {
 		if !e.stopping(f) {
 			continue
 		}
-		done := reports && dr.DoneWith(f.tag)
+		// A server says it saw the disconnect (a DisconnectReporter), or
+		// tells its client it stopped the turn (A2A's canceled, ACP's
+		// cancelled): either way, what it still waits on is its own.
+		done := reports && dr.DoneWith(f.tag) || f.told.Load()
 		if done && f.doneAt.IsZero() {
 			f.doneAt = time.Now()
 		}

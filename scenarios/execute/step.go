@@ -128,6 +128,7 @@ func (s *step) send() {
 		f.cancel = cancel
 		req := e.client.NewRequest(ctx, send)
 		req.Tag = f.tag
+		req.Stopped = func() { f.told.Store(true) }
 		op := &s.ops[i]
 		*op = history.Op{Step: e.steps, Index: i, Action: s.p.Action, Send: send, Request: req}
 		op.Turn.Invoke = e.tick()
@@ -141,6 +142,9 @@ func (s *step) send() {
 				op.Response.Cause = protocol.CauseRunEnded
 			}
 			op.Turn.Return = e.tick()
+			if op.Response.SaysStopped() {
+				f.told.Store(true)
+			}
 			// Wall time only ever excuses: a refusal after this long may
 			// be a bounded wait ending (T4).
 			op.Turn.WaitedOut = time.Since(sent) >= e.profile.QueueTimeoutOrDefault()

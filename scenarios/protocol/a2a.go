@@ -431,6 +431,16 @@ type a2aSending struct {
 	task               string
 	aborted, cancelled bool
 	calls              sync.WaitGroup
+	// stopped calls the request's Stopped once.
+	stopped sync.Once
+}
+
+// saidStopped tells the harness, once, that the agent said the task the
+// client cancelled ended canceled (Request.Stopped).
+func (s *a2aSending) saidStopped() {
+	if s.req.Stopped != nil {
+		s.stopped.Do(s.req.Stopped)
+	}
 }
 
 // known tells the sending the task's id: the client's cancel, if it asked
@@ -463,9 +473,13 @@ func (s *a2aSending) cancelLocked() {
 	s.calls.Add(1)
 	go func() {
 		defer s.calls.Done()
-		// Its answer is not read: the task's own stream, or tasks/get,
-		// says what the task came to.
-		_, _ = s.call(a2aCancel, map[string]string{"id": s.task})
+		// The task's own stream, or tasks/get, says what the task came
+		// to; the answer says only whether the agent stopped it.
+		raw, err := s.call(a2aCancel, map[string]string{"id": s.task})
+		var r a2aResult
+		if err == nil && json.Unmarshal(raw, &r) == nil && r.Status != nil && r.Status.State == stateCanceled {
+			s.saidStopped()
+		}
 	}()
 }
 
@@ -665,6 +679,12 @@ func (s *a2aSending) apply(task *a2aTask, r a2aResult) error {
 		return err
 	}
 	s.known(task.id)
+	s.mu.Lock()
+	asked := s.cancelled
+	s.mu.Unlock()
+	if asked && task.state == stateCanceled {
+		s.saidStopped()
+	}
 	if had == "" && task.context != "" {
 		s.w.learnContext(s.req, task)
 	}

@@ -64,6 +64,13 @@ type Request struct {
 	// reports which client it saw go away names the request by it. It is
 	// the harness's, not the turn's, and is not saved.
 	Tag string `json:"-"`
+	// Stopped, if set, is called at most once, while the request is
+	// still open, when the server says it stopped the turn its client
+	// cancelled: an A2A task answered canceled, in the answer to
+	// tasks/cancel or on the task's stream. From then on what the server
+	// still waits on is its own doing (PROTOCOL.md, "Time"). It is the
+	// harness's, and is not saved.
+	Stopped func() `json:"-"`
 	// Named are the headers that name the conversation, as sent, its
 	// session's namespace on its id (chat's conversation header; a
 	// Responses API conversation's where responses.named_by is header):
@@ -165,6 +172,13 @@ type Response struct {
 // CodeNotFound is the code of OpenAI's answer to a previous_response_id it
 // does not have: 400 previous_response_not_found.
 const CodeNotFound = "previous_response_not_found"
+
+// SaysStopped reports whether the answer says the server stopped the turn
+// its client cancelled: an ACP prompt answered cancelled, an A2A task that
+// ended canceled once the client asked.
+func (r Response) SaysStopped() bool {
+	return r.Cancelled && (r.StopReason == "cancelled" || r.StopReason == "canceled")
+}
 
 // NotFound reports whether r says that what the request names is not
 // found: 404, or OpenAI's 400 previous_response_not_found.

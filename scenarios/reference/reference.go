@@ -44,6 +44,11 @@ type Target struct {
 	// Store gives each start of a replicated server a fresh, empty
 	// PostgreSQL store, as a URL (in a test, internal/pgtest's Schema).
 	Store func() (string, error)
+	// ModelTimeout, if not 0, is the server's own bound on a model call
+	// (sut.Config.RequestTimeout), declared as the profile's model
+	// timeout: a server that gives a held call up by itself, sooner than
+	// the harness would let go of it.
+	ModelTimeout time.Duration
 	// Stall, if not 0, makes the server as slow as a busy machine would
 	// (sut.Config.Stall): a random pause of up to it before each model
 	// call, commit and write, and before a turn sees its client gone.
@@ -138,7 +143,8 @@ const agent = "helper"
 // it runs with, durable storage, the tools, and one agent.
 func (r Target) Profile() targets.Profile {
 	p := targets.Profile{Keys: keys, Model: agent, Agent: agent, Tools: true,
-		Durability: targets.Durability{Restart: true, Crash: true}, Interruption: targets.Rollback, RestartShare: r.RestartShare}
+		Durability: targets.Durability{Restart: true, Crash: true}, Interruption: targets.Rollback, RestartShare: r.RestartShare,
+		ModelTimeout: r.ModelTimeout}
 	switch r.Concurrency {
 	case sut.Reject:
 		p.Concurrency = model.Reject
@@ -194,6 +200,7 @@ func (r Target) Start(modelURL string) (targets.Server, error) {
 		StartDelay:       r.StartDelay,
 		Titles:           r.Titles,
 		ResponsesLine:    r.Line,
+		RequestTimeout:   r.ModelTimeout,
 	}
 	if r.Protocol == targets.ACP {
 		// An ACP agent serves one client, its parent: no keys.

@@ -220,7 +220,13 @@ func (h *Handler) message(w http.ResponseWriter, r *http.Request, scope string, 
 		(&client{HTTP: turn.NewHTTP(w), w: w, id: req.ID}).Refuse(refusal)
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
+	run := r.Context()
+	if h.ignoresCancel() {
+		// The bug: the task runs detached from its request, as an
+		// executor run in a goroutine of its own does.
+		run = context.WithoutCancel(run)
+	}
+	ctx, cancel := context.WithCancel(run)
 	defer cancel()
 	t.cancel = cancel
 	t.user.Parts = []part{{Kind: "text", Text: text.String()}}
@@ -381,6 +387,15 @@ func (h *Handler) cancelTask(w http.ResponseWriter, r *http.Request, scope strin
 		rpcError(w, req.ID, codeNotCancelable, "the task has ended: "+t.state, http.StatusConflict)
 		return
 	}
+	if h.ignoresCancel() {
+		// The bug: the task is answered canceled, and runs on.
+		h.mu.Lock()
+		t.state = "canceled"
+		h.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(rpcResult(req.ID, h.object(t))))
+		return
+	}
 	t.cancel()
 	select {
 	case <-t.done:
@@ -443,6 +458,8 @@ type responder struct {
 	o      *turn.Output
 	begun  bool
 	chunks int
+	// said: a2a-cancel-ignored's canceled was answered.
+	said bool
 }
 
 // Begin announces the task, before its first model call: a client may
@@ -461,8 +478,42 @@ func (p *responder) Begin(o *turn.Output) {
 // Started does nothing: the stream opened with the task.
 func (p *responder) Started(*turn.Output) {}
 
+// ignoresCancel reports the a2a-cancel-ignored mutant.
+func (h *Handler) ignoresCancel() bool { return h.Cfg.Mutant == config.A2ACancelIgnored }
+
+// canceledAnyway reports, under a2a-cancel-ignored, a task the client
+// cancelled, which runs on: the stream says canceled, once, and nothing
+// more of it.
+func (p *responder) canceledAnyway(o *turn.Output) bool {
+	if !p.h.ignoresCancel() {
+		return false
+	}
+	p.h.mu.Lock()
+	cancelled := p.task.cancelled
+	if cancelled {
+		p.task.state = "canceled"
+	}
+	p.h.mu.Unlock()
+	if !cancelled {
+		return false
+	}
+	if !p.said {
+		p.said = true
+		if p.stream {
+			o.Write("", rpcResult(p.id, statusUpdate{Kind: "status-update", TaskID: p.task.id, ContextID: p.task.context,
+				Status: status{State: "canceled"}, Final: true}))
+		} else {
+			o.JSON(http.StatusOK, rpcResult(p.id, p.h.object(p.task)))
+		}
+	}
+	return true
+}
+
 // Delta adds text to the task's reply artifact.
 func (p *responder) Delta(o *turn.Output, text string) {
+	if p.canceledAnyway(o) {
+		return
+	}
 	p.h.mu.Lock()
 	p.task.reply += text
 	p.h.mu.Unlock()
@@ -475,6 +526,9 @@ func (p *responder) Delta(o *turn.Output, text string) {
 
 // Succeeded ends the task completed, its turn committed.
 func (p *responder) Succeeded(o *turn.Output, reply string) {
+	if p.canceledAnyway(o) {
+		return
+	}
 	p.h.mu.Lock()
 	p.task.state, p.task.reply = "completed", reply
 	p.h.mu.Unlock()
@@ -488,6 +542,9 @@ func (p *responder) Succeeded(o *turn.Output, reply string) {
 
 // Failed ends the task failed, on its stream.
 func (p *responder) Failed(o *turn.Output, _, msg string) {
+	if p.canceledAnyway(o) {
+		return
+	}
 	p.h.mu.Lock()
 	p.task.state = "failed"
 	p.h.mu.Unlock()

@@ -184,6 +184,11 @@ const (
 	// history as the task's: the task shows turns it never sent the
 	// model.
 	A2ATaskHistoryContext Mutant = "a2a-task-history-context"
+	// A2ACancelIgnored answers tasks/cancel canceled at once, on the
+	// answer and the task's stream, but runs the task on, detached from
+	// its request (a dropped stream does not stop it either), and
+	// commits it whole if its model call is answered.
+	A2ACancelIgnored Mutant = "a2a-cancel-ignored"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -286,6 +291,8 @@ func Mutants() []MutantInfo {
 			"tasks/cancel ends the task, answered canceled, but its message is committed, whatever the interruption policy: under rollback the next task's model call carries it", "", string(ProtoA2A), 0},
 		{A2ATaskHistoryContext, "PROTOCOL.md wire (A2A: tasks/get shows the task's own messages)", "wire",
 			"tasks/get answers a task's history with its context's whole history: the task shows messages it never sent the model", "", string(ProtoA2A), 0},
+		{A2ACancelIgnored, "a2a-go executors (AgentExecutor.Cancel writes a canceled event; Execute never hears of it)", "T10",
+			"tasks/cancel is answered canceled, and the task's stream ends canceled, but the task runs on, detached from its request (a dropped stream does not stop it either): once its model call is answered, the whole turn is committed, whatever the interruption policy", "", string(ProtoA2A), 0},
 	}
 }
 
