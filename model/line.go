@@ -532,8 +532,12 @@ func (l Line) refuse(t Turn) *Violation {
 					"; its input is appended as it stands, after the history it continues",
 				Observed: call.History}
 		default:
+			want := "with 400"
+			if t.AnyRefusal {
+				want = "(" + cmp.Or(t.RefusalSays, "a JSON-RPC error, or stopReason refusal") + ")"
+			}
 			return &Violation{Invariant: T3, Conv: t.Conv, Turn: t.User,
-				Reason:   "a request without a usable new user message reached the model, " + reason + "; it must be refused with 400",
+				Reason:   "a request without a usable new user message reached the model, " + reason + "; it must be refused " + want,
 				Observed: call.History}
 		}
 	}

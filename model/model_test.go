@@ -1383,6 +1383,15 @@ func TestAnyRefusalUnderACP(t *testing.T) {
 	v = m.Apply(a2a(invalid(convA, "", model.OK, 0)))
 	require.NotNil(t, v)
 	assert.Contains(t, v.Reason, "ended ok; want it refused (a JSON-RPC error, or a task rejected or failed before any model call)")
+	// One that reached the model, run as the conversation stands, is
+	// held to the same words.
+	m2 := model.New()
+	require.Nil(t, m2.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	v = m2.Apply(a2a(invalid(convA, "", model.OK, 0, call(u(1), u(1), a(1)))))
+	require.NotNil(t, v)
+	assert.Equal(t, model.T3, v.Invariant)
+	assert.Contains(t, v.Reason, "it must be refused (a JSON-RPC error, or a task rejected or failed before any model call)")
+	assert.NotContains(t, v.Reason, "400")
 	require.Nil(t, m.Apply(invalid(convB, "", model.Fail, 400)))
 	v = m.Apply(invalid(convB, "", model.Fail, 404))
 	require.NotNil(t, v, "chat refuses with 400")
