@@ -688,11 +688,14 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		user := tok.User()
 		status := l.failedWith(user)
 		switch {
-		case l.wasInterrupted(user) && !tok.IsUser():
+		case l.wasInterrupted(user) && !tok.IsUser() && allowed[tok] == 0:
+			// (A reply the line holds is a continuation's own, committed
+			// on the interrupted turn's kept message (continued): shown
+			// twice, a committed reply shown twice.)
 			v.Invariant, v.Kind = T10, LeftoverInterrupted
 			v.Reason = fmt.Sprintf("%s, the reply of a turn whose client disconnected mid-turn, reached the model in a later turn: "+
 				"an interrupted turn is rolled back, or keeps at most its user message and completed tool pairs", tok)
-		case l.wasInterrupted(user):
+		case l.wasInterrupted(user) && tok.IsUser():
 			v.Invariant, v.Kind = T10, LeftoverInterrupted
 			v.Reason = fmt.Sprintf("%s, of a turn whose client disconnected mid-turn, appears %d times, or again after an earlier history "+
 				"showed it rolled back: an interrupted turn is rolled back, or kept once as a consistent prefix", tok, seen[tok])

@@ -1274,6 +1274,12 @@ func TestContinuationOwnsItsReply(t *testing.T) {
 		other.Reply = "acknowledged."
 		runWith(t, keep, withSteps(interrupted2(), step{turn: other}, step{turn: later, want: model.T10}))
 	})
+	t.Run("then shown twice", func(t *testing.T) {
+		// docker-agent's serve api, after a blank body: the reply stored
+		// again, as a user message. A committed reply, twice: T2.
+		twice := ok(convA, u(4), call(u(4), u(1), a(1), u(2), a(2), a(2), u(4)))
+		runWith(t, keep, withSteps(interrupted2(), step{turn: continuation}, step{turn: twice, want: model.T2}))
+	})
 	t.Run("then lost", func(t *testing.T) {
 		lost := ok(convA, u(4), call(u(4), u(1), a(1), u(4)))
 		runWith(t, keep, withSteps(interrupted2(), step{turn: continuation}, step{turn: lost, want: model.T10}))
