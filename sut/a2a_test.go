@@ -319,6 +319,16 @@ var a2aMutantCases = []struct {
 		hist, _ := e.okTask(t, ctx, "tc-u3")
 		return assert.ObjectsAreEqual(toks("u1", "a1", "u2", "a2", "u3"), hist)
 	}},
+	{sut.A2ATaskRerun, func(t *testing.T, e *env, _ *sut.Gauge) bool {
+		_, ctx := e.okTask(t, "", "tc-u1")
+		first := e.send(t, ctx, "tc-u2")
+		require.Equal(t, "completed", first.Result.Status.State)
+		n := e.model.CallCount()
+		m := a2aMessage(ctx, "tc-u2 hello")
+		m["message"].(map[string]any)["taskId"] = first.Result.ID
+		again := e.rpc(t, "", "message/send", m)[0]
+		return again.Error == nil && e.model.CallCount() > n
+	}},
 	{sut.A2ATaskHistoryContext, func(t *testing.T, e *env, _ *sut.Gauge) bool {
 		_, ctx := e.okTask(t, "", "tc-u1")
 		second := e.send(t, ctx, "tc-u2")

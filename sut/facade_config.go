@@ -276,6 +276,9 @@ const (
 	// A2ACancelIgnored answers tasks/cancel canceled but runs the task
 	// on, and commits it.
 	A2ACancelIgnored = config.A2ACancelIgnored
+	// A2ATaskRerun runs a message naming a task that ended as that task
+	// again.
+	A2ATaskRerun = config.A2ATaskRerun
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug

@@ -166,6 +166,11 @@ type Send struct {
 	// task's connection (always so for a message/send, whose task the
 	// client learns of only at its end).
 	TaskAbort string `json:"taskAbort,omitempty"`
+	// FinishedTask says that an A2A message names its conversation's last
+	// finished task (taskId), as a follow-up to it: an invalid
+	// continuation, which A2A refuses (a task that ended does not run
+	// again).
+	FinishedTask bool `json:"finishedTask,omitempty"`
 	// Net, if set, breaks a link of the replica the request goes to (of a
 	// targets.LinkBreaker; behind a front, the one that serves it, as its
 	// model calls show) once the model holds the turn's first call,
@@ -493,23 +498,33 @@ func DrawNet(t *rapid.T, s *Send, links []targets.Link) {
 type Shape struct {
 	Name  string
 	Build func(prev openai.Message, n int) []openai.Message
+	// NamesTask: the message names the conversation's last finished
+	// task (Send.FinishedTask).
+	NamesTask bool
 }
 
 // Shapes are the continuations without a usable new user message that
 // protocol p can send, named in its own words: a protocol whose request
 // carries one message (ACP, A2A: targets.ProtocolInfo.Unusable) can send
 // only a message with no content and one with blank content, however the
-// messages before it were drawn; a server that appends its input whole
+// messages before it were drawn, and A2A one that names a finished task
+// (a task that ended does not run again: A2A's follow-up is a new task),
+// with that task's message again; a server that appends its input whole
 // (appends) gets AppendedShapes; any other, InvalidShapes.
 func Shapes(p targets.Protocol, appends bool) []Shape {
 	switch one := p.Info().Unusable; {
-	case one[0] != "":
-		return []Shape{
-			{one[0], func(openai.Message, int) []openai.Message { return []openai.Message{} }},
-			{one[1], func(openai.Message, int) []openai.Message {
+	case len(one) > 0:
+		shapes := []Shape{
+			{Name: one[0], Build: func(openai.Message, int) []openai.Message { return []openai.Message{} }},
+			{Name: one[1], Build: func(openai.Message, int) []openai.Message {
 				return []openai.Message{{Role: openai.RoleUser, Content: " \n\t "}}
 			}},
 		}
+		if len(one) > 2 {
+			shapes = append(shapes, Shape{Name: one[2], NamesTask: true,
+				Build: func(prev openai.Message, _ int) []openai.Message { return []openai.Message{prev} }})
+		}
+		return shapes
 	case appends:
 		return AppendedShapes
 	}
@@ -520,23 +535,23 @@ func Shapes(p targets.Protocol, appends bool) []Shape {
 // carries the conversation's latest user message as an earlier element
 // where it can, as a naive client resending history would.
 var InvalidShapes = []Shape{
-	{"empty messages array", func(openai.Message, int) []openai.Message { return []openai.Message{} }},
-	{"last message from the assistant", func(p openai.Message, _ int) []openai.Message {
+	{Name: "empty messages array", Build: func(openai.Message, int) []openai.Message { return []openai.Message{} }},
+	{Name: "last message from the assistant", Build: func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleAssistant, Content: "Noted."}}
 	}},
-	{"last message a system message", func(p openai.Message, _ int) []openai.Message {
+	{Name: "last message a system message", Build: func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleSystem, Content: "Be brief."}}
 	}},
-	{"last message a tool result", func(p openai.Message, _ int) []openai.Message {
+	{Name: "last message a tool result", Build: func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleTool, Content: "42"}}
 	}},
-	{"blank last user message", func(p openai.Message, _ int) []openai.Message {
+	{Name: "blank last user message", Build: func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleUser, Content: ""}}
 	}},
-	{"whitespace-only last user message", func(p openai.Message, _ int) []openai.Message {
+	{Name: "whitespace-only last user message", Build: func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{p, {Role: openai.RoleUser, Content: " \n\t "}}
 	}},
-	{"only an earlier user message, then a blank one", func(p openai.Message, _ int) []openai.Message {
+	{Name: "only an earlier user message, then a blank one", Build: func(p openai.Message, _ int) []openai.Message {
 		return []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}, p, {Role: openai.RoleAssistant, Content: "Noted."}, {Role: openai.RoleUser, Content: "   "}}
 	}},
 }
@@ -552,23 +567,23 @@ var InvalidShapes = []Shape{
 // of its own each time (ClientCallID), as a client's calls do, for a
 // server whose chain keeps it (a line, an appending session API).
 var AppendedShapes = []Shape{
-	{"a client tool's call and its output", func(_ openai.Message, n int) []openai.Message {
+	{Name: "a client tool's call and its output", Build: func(_ openai.Message, n int) []openai.Message {
 		return []openai.Message{
 			{Role: openai.RoleAssistant, ToolCalls: []openai.ToolCall{{ID: ClientCallID(n), Type: openai.TypeFunction,
 				Function: openai.FunctionCall{Name: "clock", Arguments: "{}"}}}},
 			{Role: openai.RoleTool, ToolCallID: ClientCallID(n), Content: "noon"},
 		}
 	}},
-	{"a client tool's output answering no call", func(_ openai.Message, n int) []openai.Message {
+	{Name: "a client tool's output answering no call", Build: func(_ openai.Message, n int) []openai.Message {
 		return []openai.Message{{Role: openai.RoleTool, ToolCallID: ClientCallID(n), Content: "noon"}}
 	}},
-	{"a blank user message", func(openai.Message, int) []openai.Message {
+	{Name: "a blank user message", Build: func(openai.Message, int) []openai.Message {
 		return []openai.Message{{Role: openai.RoleUser, Content: " \n\t "}}
 	}},
-	{"a system message", func(openai.Message, int) []openai.Message {
+	{Name: "a system message", Build: func(openai.Message, int) []openai.Message {
 		return []openai.Message{{Role: openai.RoleSystem, Content: "Be brief."}}
 	}},
-	{"an assistant message", func(openai.Message, int) []openai.Message {
+	{Name: "an assistant message", Build: func(openai.Message, int) []openai.Message {
 		return []openai.Message{{Role: openai.RoleAssistant, Content: "Noted."}}
 	}},
 }

@@ -77,6 +77,9 @@ type a2aWire struct {
 	// context_ids: server), whose answer will name it.
 	busy     map[string]int
 	founding map[model.ConversationRef]*founder
+	// finished is, per conversation, the id of its last task that ended,
+	// for a message that names it (plan.Send.FinishedTask).
+	finished map[model.ConversationRef]string
 	n        int
 }
 
@@ -128,7 +131,7 @@ func (f *founder) settle() { f.once.Do(func() { close(f.named) }) }
 
 func newA2A(api *targets.A2AAPI) *a2aWire {
 	return &a2aWire{api: api, contexts: map[model.ConversationRef]string{}, busy: map[string]int{},
-		founding: map[model.ConversationRef]*founder{}}
+		founding: map[model.ConversationRef]*founder{}, finished: map[model.ConversationRef]string{}}
 }
 
 // The JSON-RPC and A2A shapes the client writes and reads.
@@ -157,6 +160,7 @@ type (
 		Role      string    `json:"role"`
 		MessageID string    `json:"messageId"`
 		ContextID string    `json:"contextId,omitempty"`
+		TaskID    string    `json:"taskId,omitempty"`
 		Parts     []a2aPart `json:"parts"`
 	}
 	a2aSendParams struct {
@@ -252,6 +256,14 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 	var params a2aSendParams
 	params.Message = a2aMessage{Kind: "message", Role: "user", MessageID: fmt.Sprintf("%s%s-m%d", c.ns, s.Conv.ID, n),
 		ContextID: contextID, Parts: messageParts(msgs)}
+	if s.FinishedTask {
+		w.mu.Lock()
+		params.Message.TaskID = w.finished[s.Conv]
+		w.mu.Unlock()
+		if params.Message.TaskID == "" {
+			unsent = "no task of its conversation is known to have ended, to name"
+		}
+	}
 	params.Configuration.Blocking = true
 	params.Configuration.AcceptedOutputModes = []string{"text/plain"}
 	abort := s.TaskAbort
@@ -829,6 +841,11 @@ func (s *a2aSending) judge(task *a2aTask, busy bool, out Response) Response {
 		if asked {
 			out.Cancelled = true
 		}
+	}
+	if task.id != "" && terminal(task.state) {
+		s.w.mu.Lock()
+		s.w.finished[s.req.Conv] = task.id
+		s.w.mu.Unlock()
 	}
 	if task.id != "" && (task.state == stateCompleted || task.state == stateFailed || task.state == stateCanceled || task.state == stateRejected) {
 		breaches, from := s.window(task)

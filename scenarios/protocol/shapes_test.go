@@ -20,9 +20,17 @@ func TestShapesNamedAsSent(t *testing.T) {
 	prev := openai.Message{Role: openai.RoleUser, Content: "Please remember tc-u1."}
 	for _, p := range []targets.Protocol{targets.A2A, targets.ACP} {
 		shapes := plan.Shapes(p, false)
-		require.Len(t, shapes, 2, "%s", p)
+		require.Len(t, shapes, map[targets.Protocol]int{targets.A2A: 3, targets.ACP: 2}[p], "%s", p)
 		for i, shape := range shapes {
 			msgs := shape.Build(prev, i)
+			if shape.NamesTask {
+				// A2A's follow-up to a task that ended: that task's
+				// message again, naming the task.
+				require.Equal(t, targets.A2A, p)
+				assert.Contains(t, shape.Name, "finished task")
+				assert.Equal(t, []openai.Message{prev}, msgs)
+				continue
+			}
 			var texts []string
 			if p == targets.A2A {
 				for _, part := range messageParts(msgs) {

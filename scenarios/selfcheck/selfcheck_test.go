@@ -96,6 +96,7 @@ var caughtAs = map[sut.Mutant][]model.Invariant{
 	sut.A2ACancelCommits:      {model.T10},
 	sut.A2ATaskHistoryContext: {model.Wire},
 	sut.A2ACancelIgnored:      {model.T10},
+	sut.A2ATaskRerun:          {model.T3},
 }
 
 // maxShrunkSteps is what "shrinks to a short sequence" means here: the

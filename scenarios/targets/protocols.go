@@ -47,12 +47,14 @@ type ProtocolInfo struct {
 	// model.Turn.AnyRefusal). "" for a protocol that refuses with 400,
 	// as chat does.
 	Refusal string
-	// Unusable names, in the protocol's words, the two requests without a
+	// Unusable names, in the protocol's words, the requests without a
 	// usable message that a protocol whose request carries one message
 	// (its last user message's text, and nothing else) can send: one with
-	// no content at all, and one whose only content is blank. Empty for a
-	// protocol whose request carries a list of messages.
-	Unusable [2]string
+	// no content at all, one whose only content is blank, and, where the
+	// protocol has tasks that end (A2A), one that names the conversation's
+	// finished task, carrying its message again. Empty for a protocol
+	// whose request carries a list of messages.
+	Unusable []string
 }
 
 // Protocols are the protocols turncheck speaks, in the order every list a
@@ -60,13 +62,14 @@ type ProtocolInfo struct {
 // messages and the documents' lists (tested) derive theirs from, so that
 // a protocol added here is named everywhere.
 var Protocols = []ProtocolInfo{
-	{Chat, "POST /v1/chat/completions under a conversation header (default)", "", [2]string{}},
-	{Responses, "the OpenAI Responses API, chained by previous_response_id", "", [2]string{}},
-	{Sessions, "a session API the profile describes (create, then turns)", "", [2]string{}},
+	{Chat, "POST /v1/chat/completions under a conversation header (default)", "", nil},
+	{Responses, "the OpenAI Responses API, chained by previous_response_id", "", nil},
+	{Sessions, "a session API the profile describes (create, then turns)", "", nil},
 	{ACP, "the Agent Client Protocol: an agent driven over its stdio", "a JSON-RPC error, or stopReason refusal",
-		[2]string{"a prompt without content blocks", "a prompt of one blank text block"}},
+		[]string{"a prompt without content blocks", "a prompt of one blank text block"}},
 	{A2A, "the Agent2Agent protocol: JSON-RPC, a context per conversation", "a JSON-RPC error, or a task rejected or failed before any model call",
-		[2]string{"a message without parts", "a message of one blank text part"}},
+		[]string{"a message without parts", "a message of one blank text part",
+			"a message naming its conversation's finished task, with that task's message again"}},
 }
 
 // Info is p's entry of the registry; chat's for "" (the default), and a

@@ -274,7 +274,7 @@ func (m *Machine) invalidContinuation(t *rapid.T) {
 	}
 	shape := shapes[rapid.IntRange(0, len(shapes)-1).Draw(t, "shape")]
 	m.invalid++
-	s := plan.Send{Conv: c.ref, Messages: shape.Build(c.lastUser, m.invalid), Stream: rapid.Bool().Draw(t, "stream")}
+	s := plan.Send{Conv: c.ref, Messages: shape.Build(c.lastUser, m.invalid), Stream: rapid.Bool().Draw(t, "stream"), FinishedTask: shape.NamesTask}
 	m.step(t, plan.Single("invalid continuation: "+shape.Name, s))
 }
 

@@ -202,6 +202,20 @@ func (h *Handler) message(w http.ResponseWriter, r *http.Request, scope string, 
 		}
 		text.WriteString(pt.Text)
 	}
+	if m.TaskID != "" && h.Cfg.Mutant == config.A2ATaskRerun {
+		h.mu.Lock()
+		old := h.tasks[m.TaskID]
+		if old != nil && old.scope == scope && terminal(old.state) {
+			// The bug: a message naming a task that ended runs that
+			// task's message again, as a new task of its context.
+			text.Reset()
+			for _, pt := range old.user.Parts {
+				text.WriteString(pt.Text)
+			}
+			m.ContextID, m.TaskID = old.context, ""
+		}
+		h.mu.Unlock()
+	}
 	switch {
 	case m.Role != "user":
 		rpcError(w, req.ID, codeInvalidParams, `message.role: want "user"`, http.StatusBadRequest)

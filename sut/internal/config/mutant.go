@@ -189,6 +189,9 @@ const (
 	// its request (a dropped stream does not stop it either), and
 	// commits it whole if its model call is answered.
 	A2ACancelIgnored Mutant = "a2a-cancel-ignored"
+	// A2ATaskRerun runs a message that names a task that ended as that
+	// task again: its message, as a new task of its context.
+	A2ATaskRerun Mutant = "a2a-task-rerun"
 )
 
 // MutantInfo documents a mutant: the bug it brings back and where that bug
@@ -291,6 +294,8 @@ func Mutants() []MutantInfo {
 			"tasks/cancel ends the task, answered canceled, but its message is committed, whatever the interruption policy: under rollback the next task's model call carries it", "", string(ProtoA2A), 0},
 		{A2ATaskHistoryContext, "PROTOCOL.md wire (A2A: tasks/get shows the task's own messages)", "wire",
 			"tasks/get answers a task's history with its context's whole history: the task shows messages it never sent the model", "", string(ProtoA2A), 0},
+		{A2ATaskRerun, "PROTOCOL.md A2A T3 (a task that ended does not run again)", "T3",
+			"a message that names a task that ended (its taskId) runs that task's message again, as a new task of its context, where A2A refuses it: the model is sent a committed user message again as the new one", "", string(ProtoA2A), 0},
 		{A2ACancelIgnored, "a2a-go executors (AgentExecutor.Cancel writes a canceled event; Execute never hears of it)", "T10",
 			"tasks/cancel is answered canceled, and the task's stream ends canceled, but the task runs on, detached from its request (a dropped stream does not stop it either): once its model call is answered, the whole turn is committed, whatever the interruption policy", "", string(ProtoA2A), 0},
 	}
