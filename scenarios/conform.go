@@ -302,8 +302,13 @@ func verdicts(p targets.Profile, target targets.Target, restartable, watched boo
 			v.Status, v.Failure = report.Fail, found[inv]
 		case s.SameCause[inv] > 0:
 			v.Status = report.SameCause
-			v.Reason = fmt.Sprintf("broken %d time(s), each time in the way of the finding of %s: one root cause, reported there",
-				s.SameCause[inv], kindFinding(found))
+			by := "the finding of " + kindFinding(found)
+			if inv == model.Wire {
+				// Breaches come beside another finding of their step.
+				by = "a step whose turns another invariant's finding judged first"
+			}
+			v.Reason = fmt.Sprintf("broken %d time(s), each time in the way of %s: one root cause, reported there",
+				s.SameCause[inv], by)
 			if ex, ok := s.Folded[inv]; ok {
 				v.Reason += fmt.Sprintf("; the first: on conversation %s, turn %s: %s", ex.Conv, ex.Turn, ex.Reason)
 			}

@@ -266,6 +266,23 @@ func TestSameCauseIsNotAPass(t *testing.T) {
 	assert.Contains(t, junit.String(), `<skipped message="same cause: broken 2 time(s)`)
 }
 
+// TestBreachBesideT3: a breach the report printed under a T3 finding's
+// step is the wire finding's SAME CAUSE, saying so, never a PASS.
+func TestBreachBesideT3(t *testing.T) {
+	s := report.NewStats()
+	s.Invariants[model.T3], s.Invariants[model.Wire] = 5, 40
+	s.SameCause[model.Wire] = 1
+	s.Folded = map[model.Invariant]model.Violation{model.Wire: {Invariant: model.Wire, Conv: model.ConversationRef{ID: "c"},
+		Reason: "tasks/get of task t1 shows tc-a3"}}
+	found := map[model.Invariant]*report.Failure{model.T3: {Violation: &model.Violation{Invariant: model.T3, Reason: "replayed"}}}
+	p := targets.Profile{Protocol: targets.A2A}
+	c := &report.Conformance{Stats: *s, Verdicts: verdicts(p, refuseAll{}, false, false, nil, *s, found)}
+	v := c.Verdict(model.Wire)
+	assert.Equal(t, report.SameCause, v.Status)
+	assert.Contains(t, v.Reason, "another invariant's finding")
+	assert.Contains(t, v.Reason, "shows tc-a3")
+}
+
 // TestAlsoBrokenIsSameCause: a finding whose very request breaks another
 // invariant by the same trigger (an interrupted turn's orphaned tool call,
 // T9, in a request that also carries the turn's message, T10's) leaves

@@ -496,6 +496,8 @@ func (s *Session) Step(p plan.Plan) ([]history.Op, *model.Violation) {
 	}
 	if v == nil {
 		v = s.wire(ops)
+	} else {
+		s.breachesBeside(v, ops)
 	}
 	down := s.wentDown(ops)
 	if restart != nil && down == nil {
@@ -545,6 +547,26 @@ func (s *Session) wire(ops []history.Op) *model.Violation {
 		}
 	}
 	return nil
+}
+
+// breachesBeside counts what an agent did in the step ops that its
+// protocol does not allow, where the step broke another invariant first
+// (v): a breach a report prints under another finding is counted, as the
+// wire finding's SAME CAUSE, never left as a pass (an A2A agent that runs
+// a blank message again as a turn of its context, T3, and shows that turn
+// in tasks/get as the task's own).
+func (s *Session) breachesBeside(v *model.Violation, ops []history.Op) {
+	if v.Invariant == model.Wire {
+		return
+	}
+	w := s.wire(ops)
+	if w == nil {
+		return
+	}
+	s.SameCause[model.Wire]++
+	if _, ok := s.Folded[model.Wire]; !ok {
+		s.Folded[model.Wire] = *w
+	}
 }
 
 // judge sorts the violation v the step ops (of turns) came to: a finding,
