@@ -1527,7 +1527,7 @@ func (m *Model) checkStopped(t Turn) *Violation {
 	m.checked.add(T10)
 	stop := func(what string, at int64, how string) *Violation {
 		return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User,
-			Reason: fmt.Sprintf("the client disconnected mid-turn, and the server started %s (at tick %d) %s; the server must stop the turn", what, at, how)}
+			Reason: fmt.Sprintf("the client interrupted the turn (left, or cancelled it), and the server started %s (at tick %d) %s; the server must stop the turn", what, at, how)}
 	}
 	carried := "after it gave up on what the model held for the turn, with nothing of the turn answered since: it carried the turn on"
 	released := fmt.Sprintf("once the harness let go of what it waited on (at tick %d)", t.Released)
@@ -1572,7 +1572,7 @@ func (m *Model) checkLateRuns(t Turn) *Violation {
 		}
 		m.checked.add(T10)
 		return &Violation{Invariant: T10, Conv: was.Conv, Turn: was.User,
-			Reason: fmt.Sprintf("the client disconnected mid-turn, and the server started the tool call %s (at tick %d, after the turn's step had ended) "+
+			Reason: fmt.Sprintf("the client interrupted the turn (left, or cancelled it), and the server started the tool call %s (at tick %d, after the turn's step had ended) "+
 				"once the harness let go of what it waited on (at tick %d); the server must stop the turn", r.ID, r.At, was.Released)}
 	}
 	return nil
@@ -1604,7 +1604,7 @@ func (m *Model) checkKept(t Turn, cv *conv, next Line) *Violation {
 	for nd := next.last; nd != nil; nd = nd.prev {
 		if !nd.pending && nd.reply == "" {
 			return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User,
-				Reason: fmt.Sprintf("%s, of a turn whose client disconnected mid-turn, reached the model in a later turn: "+
+				Reason: fmt.Sprintf("%s, of a turn its client interrupted mid-turn (left, or cancelled), reached the model in a later turn: "+
 					"the server declares the rollback policy, so an interrupted turn must leave nothing", nd.user),
 				Expected: expected(cv.line.segs(), t.User), Observed: firstOwnHistory(t), Kind: LeftoverInterrupted}
 		}
@@ -1640,7 +1640,7 @@ func (m *Model) checkToolOwners(t Turn, cv *conv, next Line, call Call, first bo
 			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, which belongs to conversation %s", e.ID, user, owner.ref)
 		case next.wasInterrupted(user):
 			v.Kind, v.Invariant = LeftoverInterrupted, T10
-			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, whose client disconnected mid-turn, without that turn's user message: "+
+			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, its client interrupted mid-turn (left, or cancelled), without that turn's user message: "+
 				"an interrupted turn is rolled back, or kept as its user message followed by its completed tool pairs", e.ID, user)
 		case next.failedWith(user) != 0:
 			v.Kind, v.Invariant = LeftoverFailed, T1

@@ -333,6 +333,9 @@ func verdicts(p targets.Profile, target targets.Target, restartable, watched boo
 			v.Status, v.Reason = report.NotExercised, "no turn ended ok: the server committed nothing a check could judge"
 		default:
 			v.Status = report.Pass
+			if inv == model.Wire {
+				v.Reason = wireKept[p.Protocol]
+			}
 			if inv == model.T2 && p.Eviction == targets.Forgets {
 				v.Reason = fmt.Sprintf("%d turn(s) found their conversation forgotten (evicted, capacity %d) and started over", s.Evictions, p.Capacity)
 				if s.Evictions == 0 {
@@ -389,6 +392,13 @@ func kindFinding(found map[model.Invariant]*report.Failure) string {
 	return strings.Join(names, " or ")
 }
 
+// wireKept says, per protocol, what an agent that kept to it did: the
+// wire finding's PASS, in the protocol's own words.
+var wireKept = map[targets.Protocol]string{
+	targets.ACP: "it called back only what the client advertised, and answered each cancelled prompt cancelled",
+	targets.A2A: "each task stayed in its context, and tasks/get showed the task's own messages",
+}
+
 // preconditions say, for each invariant, what a run must reach to
 // evaluate it: the reason it was not exercised.
 var preconditions = map[model.Invariant]string{
@@ -401,7 +411,7 @@ var preconditions = map[model.Invariant]string{
 	model.T7:  "no conversation with a committed turn was continued after a restart",
 	model.T8:  "no conversation with a committed turn was resumed after a restart that changed its agent source",
 	model.T9:  "no model request carried a tool call or a tool result",
-	model.T10: "no client disconnected mid-turn while the server waited on the model or a tool",
+	model.T10: "no client interrupted a turn (left, or cancelled it) while the server waited on the model or a tool",
 	model.T11: "no turn failed between two turns of a conversation with committed tool calls that both reached the model",
 
 	model.Crash: "no step ran on a server whose process the harness watches, and no restart was drawn",

@@ -283,6 +283,21 @@ func TestBreachBesideT3(t *testing.T) {
 	assert.Contains(t, v.Reason, "shows tc-a3")
 }
 
+// TestWirePassInItsProtocolsWords: the wire finding's PASS says what an
+// agent of the run's own protocol kept to, and nothing of another's.
+func TestWirePassInItsProtocolsWords(t *testing.T) {
+	s := report.NewStats()
+	s.Invariants[model.Wire] = 7
+	for proto, other := range map[targets.Protocol]string{targets.ACP: "A2A", targets.A2A: "ACP"} {
+		c := &report.Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Protocol: proto}, refuseAll{}, false, false, nil, *s, nil)}
+		line := c.Verdict(model.Wire)
+		require.Equal(t, report.Pass, line.Status, "%s", proto)
+		text := c.Text(targets.Profile{Protocol: proto})
+		assert.Contains(t, text, "7 prompt(s) or task(s) answered", "%s", proto)
+		assert.NotContains(t, text, other, "%s", proto)
+	}
+}
+
 // TestAlsoBrokenIsSameCause: a finding whose very request breaks another
 // invariant by the same trigger (an interrupted turn's orphaned tool call,
 // T9, in a request that also carries the turn's message, T10's) leaves

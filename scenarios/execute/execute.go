@@ -68,7 +68,7 @@ const (
 	spentSettling = "waiting for the server to come to rest"
 	spentQuiet    = "quiet periods (the server reports no activity)"
 	spentTimeouts = "held calls waiting out the server's model timeout"
-	spentStopping = "dropped turns waiting for the server to let go of the model"
+	spentStopping = "interrupted turns (dropped or cancelled) waiting for the server to let go of the model"
 	SpentShrink   = "shrinking"
 )
 

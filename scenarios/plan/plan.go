@@ -199,7 +199,11 @@ func (s Send) DropsTask() bool {
 
 // String says what the fake model does, and what is injected, for a
 // person reading a report.
-func (s Send) String() string {
+func (s Send) String() string { return s.In("") }
+
+// In is String in the words of protocol p: an ACP client's abort is its
+// session/cancel, not a dropped connection.
+func (s Send) In(p targets.Protocol) string {
 	var parts []string
 	if len(s.Rounds) > 0 {
 		rounds := make([]string, len(s.Rounds))
@@ -213,6 +217,8 @@ func (s Send) String() string {
 		parts = append(parts, "client-abort: the client sends tasks/cancel while the model holds the turn at "+abortPoint(s.AbortAt))
 	case s.Abort && s.DropsTask():
 		parts = append(parts, "client-abort: the client drops the task's connection while the model holds the turn at "+abortPoint(s.AbortAt))
+	case s.Abort && p == targets.ACP:
+		parts = append(parts, "client-abort: the client sends session/cancel while the model holds the turn at "+abortPoint(s.AbortAt))
 	case s.Abort:
 		parts = append(parts, "client-abort: the client drops the connection while the model holds the turn at "+abortPoint(s.AbortAt))
 	case s.Net != nil:

@@ -382,13 +382,13 @@ var Exercises = map[model.Invariant]string{
 	model.T7:  "resume(s) after a restart or crash, history intact",
 	model.T8:  "resume(s) after the agent's source changed or became ambiguous",
 	model.T9:  "model request(s) carrying tool calls or results, all paired",
-	model.T10: "judgement(s) of a turn whose client disconnected mid-turn",
+	model.T10: "judgement(s) of a turn its client interrupted mid-turn (left, or cancelled)",
 	model.T11: "first request(s) compared across turns that failed",
 
 	// The crash finding: not an invariant of a conversation, beside them.
 	model.Crash: "step(s) after which the server was seen up: its process watched, or back from a restart drawn",
 	model.Start: "start(s) of the server, each ready: its first, restarts drawn, and starts between checks",
-	model.Wire:  "prompt(s) or task(s) answered by an agent that kept to its protocol: an ACP agent called back only what the client advertised and answered each cancelled prompt cancelled; an A2A agent's task stayed in its context, and tasks/get showed the task's own messages",
+	model.Wire:  "prompt(s) or task(s) answered by an agent that kept to its protocol",
 }
 
 // TimeBound is Stopped for a run its time bound (--timeout) ended.

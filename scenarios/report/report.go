@@ -206,7 +206,7 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 	}
 	send := op.Send
 	send.Net = nil
-	fmt.Fprintf(b, "\n        model does: %s\n", send)
+	fmt.Fprintf(b, "\n        model does: %s\n", send.In(p.Protocol))
 	if f := op.Send.Net; f != nil {
 		// What the harness did to the replica's link, and whether it did.
 		what := op.Net
@@ -216,7 +216,9 @@ func writeOp(b *strings.Builder, op history.Op, p targets.Profile, replicated bo
 		fmt.Fprintf(b, "        network: %s, from the turn's first model call to its end: %s\n", f, what)
 	}
 	fmt.Fprintf(b, "        outcome: %s", op.Response.Outcome)
-	if op.Response.Status != 0 {
+	if op.Response.Status != 0 && !acp {
+		// An ACP answer has no status: what the harness read it as is
+		// its own business.
 		fmt.Fprintf(b, " (status %d)", op.Response.Status)
 	}
 	if op.Response.Detail != "" {

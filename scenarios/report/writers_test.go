@@ -326,6 +326,26 @@ func TestA2AReportSpeaksOfTasks(t *testing.T) {
 	assert.NotContains(t, text, "task-77", "a server's id is named by its turn")
 }
 
+// TestACPReportSpeaksACP: an ACP client's abort is its session/cancel, and
+// an ACP answer has no status to print.
+func TestACPReportSpeaksACP(t *testing.T) {
+	p := targets.Profile{Protocol: targets.ACP}
+	conv := model.ConversationRef{ID: "conv-1"}
+	ops := []history.Op{
+		{Step: 1, Index: 0, Send: plan.Send{Conv: conv, Token: "tc-u1", Abort: true},
+			Request:  protocol.Request{Conv: conv, Method: "session/prompt"},
+			Response: protocol.Response{Outcome: model.Unknown, StopReason: "cancelled", Cancelled: true}},
+		{Step: 2, Index: 0, Send: plan.Send{Conv: conv, Token: "tc-u2"},
+			Request:  protocol.Request{Conv: conv, Method: "session/prompt"},
+			Response: protocol.Response{Outcome: model.Fail, Status: 502, Detail: "end_turn, and the reply is not the model's"}},
+	}
+	text := report.FormatFailure(&model.Violation{Invariant: model.T10, Conv: conv, Turn: "tc-u2"}, ops, p)
+	assert.Contains(t, text, "client-abort: the client sends session/cancel while the model holds the turn")
+	assert.NotContains(t, text, "drops the connection")
+	assert.Contains(t, text, "outcome: fail: end_turn")
+	assert.NotContains(t, text, "status 502")
+}
+
 // TestReportNamesEarlierChecksSteps: a failure that holds the steps of an
 // earlier check whose messages leaked into the failing one says which
 // steps are that check's, and how a replay runs them, in text and in
