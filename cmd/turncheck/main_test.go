@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -569,4 +570,47 @@ func TestFlagsAnywhere(t *testing.T) {
 	code, stdout, _ = runCLI(t, "version")
 	assert.Equal(t, exitOK, code)
 	assert.True(t, strings.HasPrefix(stdout, "turncheck "), stdout)
+}
+
+// TestInvariantTableHolds: every test and mutant PROTOCOL.md's table of
+// invariants per protocol names as holding a cell exists, so that the
+// table cannot point at a test or a mutant that is gone.
+func TestInvariantTableHolds(t *testing.T) {
+	doc, err := os.ReadFile("../../PROTOCOL.md")
+	require.NoError(t, err)
+	text := string(doc)
+	start := strings.Index(text, "### Which rule judges each invariant, per protocol")
+	require.GreaterOrEqual(t, start, 0, "PROTOCOL.md has the table")
+	end := strings.Index(text[start:], "\n### ")
+	require.Greater(t, end, 0)
+	table := text[start : start+end]
+	header := table[strings.Index(table, "| invariant |"):]
+	header = header[:strings.Index(header, "\n")]
+	for _, p := range targets.Protocols {
+		assert.Contains(t, header, "| "+string(p.Name)+" |", "the table has a column per protocol")
+	}
+	var sources strings.Builder
+	require.NoError(t, filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		sources.Write(b)
+		return err
+	}))
+	for _, m := range regexp.MustCompile("`(Test[A-Za-z0-9]+)`").FindAllStringSubmatch(table, -1) {
+		if m[1] == "TestInvariantTableHolds" || m[1] == "TestMutantsCaught" || m[1] == "TestConformMutantsThroughProfile" {
+			continue
+		}
+		assert.Contains(t, sources.String(), "func "+m[1]+"(", "PROTOCOL.md's table names %s", m[1])
+	}
+	mutants := map[string]bool{}
+	for _, info := range sut.Mutants() {
+		mutants[string(info.Mutant)] = true
+	}
+	named := regexp.MustCompile("mutant `([a-z0-9-]+)`").FindAllStringSubmatch(table, -1)
+	require.NotEmpty(t, named)
+	for _, m := range named {
+		assert.True(t, mutants[m[1]], "PROTOCOL.md's table names mutant %s", m[1])
+	}
 }
