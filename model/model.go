@@ -574,7 +574,8 @@ func (m *Model) Apply(t Turn) *Violation { return m.ApplyStep([]Turn{t}) }
 // The turns of a conversation are applied in the order the server ran
 // them, as the model saw it: by the arrival of each turn's first call (a
 // turn that reached no model, by when it was sent), that is by RanAt,
-// turns that ran at the same time in the order given. Where a serializing
+// turns that ran at the same time in the order given; those a model call
+// of the step shows, in the order it shows them (placeShown). Where a serializing
 // server ran them one by one, each must then see the one before; where
 // two ran at once on one history, the second is the fork (T4). Every such
 // order is consistent with real time, so a history this accepts is
@@ -614,11 +615,8 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 	// turn's calls.
 	type ran struct {
 		at int64
-		// pos orders turns placed at one at (placeShown): -1, or where
-		// the step's latest history shows the turn.
-		pos int
-		i   int
-		cv  *conv
+		i  int
+		cv *conv
 	}
 	order := make([]ran, len(turns))
 	m.sent = slices.Grow(m.sent, len(turns))
@@ -641,11 +639,11 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 		if t.Usable {
 			m.sent = append(m.sent, sentTurn{t.User, cv})
 		}
-		order[i] = ran{t.RanAt(), -1, i, cv}
+		order[i] = ran{t.RanAt(), i, cv}
 	}
 	for _, cv := range touched {
-		for i, p := range placeShown(turns, cv.ref) {
-			order[i].at, order[i].pos = p.at, p.pos
+		for i, at := range placeShown(turns, cv.ref) {
+			order[i].at = at
 		}
 	}
 	branches := map[*conv]int{}
@@ -677,7 +675,7 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 			return v
 		}
 	}
-	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.pos, b.pos)) })
+	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Compare(a.at, b.at) })
 	for _, r := range order {
 		var k *Known
 		if r.i < len(known) {
@@ -736,67 +734,58 @@ func (t *Turn) reached() bool {
 	return false
 }
 
-// placement is where a turn that reached no model stands in a step's
-// order: at the RanAt of the turn the history shows before it, pos after.
-type placement struct {
-	at  int64
-	pos int
-}
-
-// placeShown places the turns of conversation c in the step turns that
-// reached no model, which RanAt can only place by when they were sent,
-// where the step's latest model call of c shows them: right after the
-// turn before them there, in the order shown. A server took them in that
-// order, whatever order they were sent in: an agent that takes a burst of
-// prompts out of order, and keeps those it cancels before their model
-// call (keep-consistent), keeps them in the order it took them. Turns
-// that reached the model keep their place (the model saw when they ran),
-// so a history that moves one of them is judged as it was. It returns
-// the placements by index into turns.
-func placeShown(turns []Turn, c ConversationRef) map[int]placement {
-	var latest *Call
+// placeShown orders the turns of conversation c in the step turns as the
+// step's model call of c that shows the most of them shows them: a
+// server took them in that order, whatever order they were sent in, and
+// whenever their own model calls reached the model. An agent that takes a
+// burst of prompts out of the order sent, and keeps those it cancels
+// (keep-consistent), keeps them in the order it took them, and a prompt
+// it took, stored, then cancelled for the next may reach the model after
+// that next one's call. The turns shown keep the places RanAt gave them
+// as a set; only who stands where among them changes. It returns, by
+// index into turns, the place each shown turn takes.
+func placeShown(turns []Turn, c ConversationRef) map[int]int64 {
 	byUser := map[Token]int{}
 	for i := range turns {
-		t := &turns[i]
-		if t.Conv != c || !t.Usable {
-			continue
+		if t := &turns[i]; t.Conv == c && t.Usable {
+			byUser[t.User] = i
 		}
-		byUser[t.User] = i
+	}
+	// The call that shows the most of the step's turns: the conversation
+	// as the server last had it in the step (of two, the later).
+	var shown []int
+	var at int64
+	for _, i := range byUser {
+		t := &turns[i]
 		for j := range t.Calls {
-			if call := &t.Calls[j]; call.Turn == t.User && (latest == nil || call.At > latest.At) {
-				latest = call
+			call := &t.Calls[j]
+			if call.Turn != t.User {
+				continue
+			}
+			var these []int
+			for _, tok := range call.History {
+				if k, ok := byUser[tok]; ok && !slices.Contains(these, k) {
+					these = append(these, k)
+				}
+			}
+			if len(these) > len(shown) || len(these) == len(shown) && call.At > at {
+				shown, at = these, call.At
 			}
 		}
 	}
-	if latest == nil {
+	if len(shown) < 2 {
 		return nil
 	}
-	var out map[int]placement
-	for pos, tok := range latest.History {
-		i, ok := byUser[tok]
-		if !ok || turns[i].reachedOwn() {
-			continue
-		}
-		// Back to the nearest turn of the step shown before it that
-		// reached the model.
-		for k := pos - 1; k >= 0; k-- {
-			j, ok := byUser[latest.History[k]]
-			if ok && turns[j].reachedOwn() {
-				if out == nil {
-					out = map[int]placement{}
-				}
-				out[i] = placement{turns[j].RanAt(), pos}
-				break
-			}
-		}
+	places := make([]int64, len(shown))
+	for k, i := range shown {
+		places[k] = turns[i].RanAt()
+	}
+	slices.Sort(places)
+	out := make(map[int]int64, len(shown))
+	for k, i := range shown {
+		out[i] = places[k]
 	}
 	return out
-}
-
-// reachedOwn reports whether a call of t's own (one whose last user token
-// is t's) reached the model.
-func (t *Turn) reachedOwn() bool {
-	return t.Usable && slices.ContainsFunc(t.Calls, func(c Call) bool { return c.Turn == t.User })
 }
 
 // RanAt is when the server ran t, as far as the client can tell: when its

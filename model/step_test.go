@@ -239,6 +239,17 @@ func TestApplyStepTakesTheOrderShown(t *testing.T) {
 		require.Nil(t, m.ApplyStep(burst(call(u(5), u(1), a(1), u(2), u(4), u(3), u(5)))))
 		assert.Equal(t, h(u(1), a(1), u(2), u(4), u(3), u(5), a(5)), m.Committed(convA))
 	})
+	t.Run("a prompt taken, then superseded, whose call came after the next one's", func(t *testing.T) {
+		// docker-agent's serve acp: prompt 3 was stored and superseded
+		// by prompt 4, and its model call reached the model after 4's.
+		m := model.NewWith(keep)
+		require.Nil(t, m.Apply(setup))
+		i2 := at(interrupted(convA, u(2), 0, call(u(2), u(1), a(1), u(2))), 10, 14, 20)
+		i3 := at(interrupted(convA, u(3), 0, call(u(3), u(1), a(1), u(2), u(3))), 11, 17, 20)
+		ok4 := at(ok(convA, u(4), call(u(4), u(1), a(1), u(2), u(3), u(4))), 12, 16, 21)
+		require.Nil(t, m.ApplyStep([]model.Turn{i2, i3, ok4}))
+		assert.Equal(t, h(u(1), a(1), u(2), u(3), u(4), a(4)), m.Committed(convA))
+	})
 	t.Run("prompts that ran, kept out of the order they ran in", func(t *testing.T) {
 		m := model.NewWith(keep)
 		require.Nil(t, m.Apply(setup))
