@@ -693,11 +693,11 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 			// on the interrupted turn's kept message (continued): shown
 			// twice, a committed reply shown twice.)
 			v.Invariant, v.Kind = T10, LeftoverInterrupted
-			v.Reason = fmt.Sprintf("%s, the reply of a turn its client interrupted mid-turn (left, or cancelled), reached the model in a later turn: "+
+			v.Reason = fmt.Sprintf("%s, the reply of a turn whose client interrupted it mid-turn (left, or cancelled it), reached the model in a later turn: "+
 				"an interrupted turn is rolled back, or keeps at most its user message and completed tool pairs", tok)
 		case l.wasInterrupted(user) && tok.IsUser():
 			v.Invariant, v.Kind = T10, LeftoverInterrupted
-			v.Reason = fmt.Sprintf("%s, of a turn its client interrupted mid-turn (left, or cancelled), appears %d times, or again after an earlier history "+
+			v.Reason = fmt.Sprintf("%s, of a turn whose client interrupted it mid-turn (left, or cancelled it), appears %d times, or again after an earlier history "+
 				"showed it rolled back: an interrupted turn is rolled back, or kept once as a consistent prefix", tok, seen[tok])
 		case slices.Contains(l.dropped(), user) || slices.Contains(dropped, user):
 			v.Invariant, v.Kind = T6, LeftoverUnknown
@@ -745,7 +745,7 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 				what := "whose outcome was unknown"
 				if l.wasInterrupted(s.user) || s.abandoned {
 					v.Invariant = T10
-					what = "its client interrupted mid-turn (left, or cancelled)"
+					what = "whose client interrupted it mid-turn (left, or cancelled it)"
 				}
 				v.Reason = fmt.Sprintf("%s, of a turn %s, was in an earlier history of the conversation and is missing now: "+
 					"such a turn is kept whole, once and for good, or not at all", tok, what)
@@ -784,7 +784,7 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 			switch {
 			case s.detached:
 				v.Invariant = T10
-				v.Reason = fmt.Sprintf("the turn %s, its client interrupted mid-turn (left, or cancelled), appears in part: the server runs such a turn to its end, "+
+				v.Reason = fmt.Sprintf("the turn %s, whose client interrupted it mid-turn (left, or cancelled it), appears in part: the server runs such a turn to its end, "+
 					"as it declares (the complete policy; an A2A task that outlives its connection), and commits it whole or not at all", s.user)
 			case s.abandoned:
 				v.Invariant = T10

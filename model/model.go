@@ -575,8 +575,9 @@ func (m *Model) Apply(t Turn) *Violation { return m.ApplyStep([]Turn{t}) }
 // them, as the model saw it: by the arrival of each turn's first call (a
 // turn that reached no model, by when it was sent), that is by RanAt,
 // turns that ran at the same time in the order given; those a model call
-// of the step shows, in the order it shows them (placeShown). Where a serializing
-// server ran them one by one, each must then see the one before; where
+// of the step shows, in the order it shows them (placeShown). Where a
+// serializing server ran them one by one, each must then see the one
+// before; where
 // two ran at once on one history, the second is the fork (T4). Every such
 // order is consistent with real time, so a history this accepts is
 // linearizable; linearizability is checked on its own all the same.
@@ -1169,17 +1170,15 @@ func forkOf(t Turn, line Line, step []Turn, v *Violation) *Violation {
 	if v.Invariant == T4 || len(v.Observed) == 0 || !t.Usable {
 		return v
 	}
-	at := int64(-1)
-	for _, c := range t.Calls {
-		if c.Turn == t.User && slices.Equal(c.History, v.Observed) {
-			at = c.At
-			break
-		}
+	i := slices.IndexFunc(t.Calls, func(c Call) bool { return c.Turn == t.User && slices.Equal(c.History, v.Observed) })
+	if i < 0 {
+		return v // not a call of the turn's own that broke it
 	}
+	at := t.Calls[i].At
 	beside := map[Token]Token{} // a token of a turn beside t: that turn
 	for _, o := range step {
 		if o.Conv != t.Conv || o.User == t.User || !o.Usable || o.Unsent || o.Unstored || o.Status == 409 ||
-			o.Invoke >= t.Return || t.Invoke >= o.Return || at < 0 || !o.runningAt(at) {
+			o.Invoke >= t.Return || t.Invoke >= o.Return || !o.runningAt(at) {
 			continue
 		}
 		beside[o.User] = o.User
@@ -1593,7 +1592,7 @@ func (m *Model) checkKept(t Turn, cv *conv, next Line) *Violation {
 	for nd := next.last; nd != nil; nd = nd.prev {
 		if !nd.pending && nd.reply == "" {
 			return &Violation{Invariant: T10, Conv: t.Conv, Turn: t.User,
-				Reason: fmt.Sprintf("%s, of a turn its client interrupted mid-turn (left, or cancelled), reached the model in a later turn: "+
+				Reason: fmt.Sprintf("%s, of a turn whose client interrupted it mid-turn (left, or cancelled it), reached the model in a later turn: "+
 					"the server declares the rollback policy, so an interrupted turn must leave nothing", nd.user),
 				Expected: expected(cv.line.segs(), t.User), Observed: firstOwnHistory(t), Kind: LeftoverInterrupted}
 		}
@@ -1629,7 +1628,7 @@ func (m *Model) checkToolOwners(t Turn, cv *conv, next Line, call Call, first bo
 			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, which belongs to conversation %s", e.ID, user, owner.ref)
 		case next.wasInterrupted(user):
 			v.Kind, v.Invariant = LeftoverInterrupted, T10
-			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, its client interrupted mid-turn (left, or cancelled), without that turn's user message: "+
+			v.Reason = fmt.Sprintf("the model request carries the tool call %s of turn %s, whose client interrupted it mid-turn (left, or cancelled it), without that turn's user message: "+
 				"an interrupted turn is rolled back, or kept as its user message followed by its completed tool pairs", e.ID, user)
 		case next.failedWith(user) != 0:
 			v.Kind, v.Invariant = LeftoverFailed, T1

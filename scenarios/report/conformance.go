@@ -382,7 +382,7 @@ var Exercises = map[model.Invariant]string{
 	model.T7:  "resume(s) after a restart or crash, history intact",
 	model.T8:  "resume(s) after the agent's source changed or became ambiguous",
 	model.T9:  "model request(s) carrying tool calls or results, all paired",
-	model.T10: "judgement(s) of a turn its client interrupted mid-turn (left, or cancelled)",
+	model.T10: "judgement(s) of a turn whose client interrupted it mid-turn (left, or cancelled it)",
 	model.T11: "first request(s) compared across turns that failed",
 
 	// The crash finding: not an invariant of a conversation, beside them.
