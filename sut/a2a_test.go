@@ -355,3 +355,27 @@ func TestA2AMutantsBite(t *testing.T) {
 		})
 	}
 }
+
+// TestA2ABodiesAsStrictAsAnyAPI: an A2A call is read as every other API's
+// body is: one JSON value, in valid UTF-8, with no key twice (a method
+// given twice never runs the last one), and a message's text at most
+// MaxContentBytes; each refused with a JSON-RPC error, no model call.
+func TestA2ABodiesAsStrictAsAnyAPI(t *testing.T) {
+	e := newEnv(t, sut.Config{})
+	msg := func(text string) string {
+		return `{"kind":"message","role":"user","messageId":"m1","parts":[{"kind":"text","text":"` + text + `"}]}`
+	}
+	for name, body := range map[string]string{
+		"a method twice":  `{"jsonrpc":"2.0","id":1,"method":"tasks/get","method":"message/send","params":{"message":` + msg("tc-u1 hello") + `}}`,
+		"invalid UTF-8":   `{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":` + msg("tc-u1 \xff") + `}}`,
+		"over the cap":    `{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":` + msg("tc-u1 "+strings.Repeat("x", 300<<10)) + `}}`,
+		"trailing things": `{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":` + msg("tc-u1 hello") + `}} {}`,
+	} {
+		n := e.model.CallCount()
+		r := postURL(t, e.client, e.srv.URL()+"/a2a", body, headers("", ""))
+		var a a2aAnswer
+		require.NoError(t, json.Unmarshal(r.body, &a), "%s: %s", name, r.body)
+		assert.NotNil(t, a.Error, "%s: refused with a JSON-RPC error: %s", name, r.body)
+		assert.Equal(t, n, e.model.CallCount(), "%s: no model call", name)
+	}
+}

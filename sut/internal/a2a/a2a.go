@@ -12,6 +12,7 @@ package a2a
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -139,7 +140,10 @@ func (h *Handler) Card(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) RPC(w http.ResponseWriter, r *http.Request) {
 	h.Gate.AdmitHTTP(w, r, nil, func(scope string, body []byte) {
 		var req rpcRequest
-		if err := json.Unmarshal(body, &req); err != nil {
+		// Read as every API's body is (openai.DecodeStrict): one JSON
+		// value in valid UTF-8, no key twice (a method given twice must
+		// not run the last one).
+		if err := openai.DecodeStrict(body, &req); err != nil {
 			if strings.HasPrefix(strings.TrimSpace(string(body)), "[") {
 				rpcError(w, nil, codeInvalidRequest, "batches are not served: send one call", http.StatusBadRequest)
 				return
@@ -201,6 +205,10 @@ func (h *Handler) message(w http.ResponseWriter, r *http.Request, scope string, 
 			return
 		}
 		text.WriteString(pt.Text)
+	}
+	if text.Len() > turn.MaxContentBytes {
+		rpcError(w, req.ID, codeInvalidParams, fmt.Sprintf("message: its text is over %d bytes", turn.MaxContentBytes), http.StatusBadRequest)
+		return
 	}
 	if m.TaskID != "" && h.Cfg.Mutant == config.A2ATaskRerun {
 		h.mu.Lock()
