@@ -75,6 +75,12 @@ type segment struct {
 	// timeline. A turn sent before then ran alongside it, so a history of
 	// that turn without it is a fork (T4), not a lost turn (T2).
 	done int64
+	// left is when the client of an interrupted turn left it (Turn.Dropped;
+	// 0 if unknown). Until then the turn ran, at the model, holding its
+	// conversation: a call of another turn that came before then and left
+	// it out ran beside it on one history (T4), and shows nothing of
+	// whether it was rolled back.
+	left int64
 }
 
 // node is a segment in a line's list.
@@ -396,9 +402,22 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 			// of this very call. Only the segments from the oldest pending
 			// one on can be pending; they are listed oldest first.
 			for nd := l.last; nd != nil && nd.pend > 0; nd = nd.prev {
-				if nd.pending && !got.holds(nd.user) {
-					dropped = append(dropped, nd.user)
+				if !nd.pending || got.holds(nd.user) {
+					continue
 				}
+				if nd.left != 0 && call.At < nd.left {
+					// Not rolled back: it was at the model, its client still
+					// there, when this call came.
+					if !why {
+						return l, rejected
+					}
+					return l, &Violation{Invariant: T4, Conv: t.Conv, Turn: t.User, Observed: call.History,
+						Expected: expected(l.segs(), t.User),
+						Reason: fmt.Sprintf("the turn %s was still at the model, its client not gone (it left at tick %d), when this turn's model "+
+							"request came (at tick %d) without it: the two ran at once on one history, a fork; turns on one conversation "+
+							"must form one line", nd.user, nd.left, call.At)}
+				}
+				dropped = append(dropped, nd.user)
 			}
 			slices.Reverse(dropped)
 		}
@@ -439,7 +458,7 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 			// Rolled back, or kept as its user message and completed tool
 			// pairs (keep-consistent): which of them the policy allows is
 			// Model's to judge; a reply is never kept.
-			s.reply, s.partial = "", true
+			s.reply, s.partial, s.left = "", true, t.Dropped
 			next = next.withInterrupted(t.User)
 		case t.Detached:
 			// Whole or nothing, as any unknown turn (T6); only a part of

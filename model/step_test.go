@@ -329,6 +329,26 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		require.NotNil(t, v)
 		assert.Equal(t, model.T1, v.Invariant, "%v", v)
 	})
+	t.Run("a turn that left out one still at the model", func(t *testing.T) {
+		// docker-agent's serve a2a: a task ran while another's call was
+		// held, its client still there: a fork at its cause, whatever
+		// later histories show of the other.
+		m := model.NewWith(keep)
+		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		held := at(interrupted(convA, u(2), 12, call(u(2), u(1), a(1), u(2))), 4, 5, 11)
+		held.Dropped = 10
+		beside := at(fail(convA, u(3), call(u(3), u(1), a(1), u(3))), 4, 7, 9)
+		v := m.ApplyStep([]model.Turn{held, beside})
+		require.NotNil(t, v)
+		assert.Equal(t, model.T4, v.Invariant, "%v", v)
+		assert.Contains(t, v.Reason, "still at the model")
+
+		// After its client left, the same history shows it rolled back.
+		m = model.NewWith(keep)
+		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		after := at(fail(convA, u(3), call(u(3), u(1), a(1), u(3))), 4, 11, 13)
+		require.Nil(t, m.ApplyStep([]model.Turn{held, after}))
+	})
 	// What no concurrent turn explains keeps its own name: a turn kept
 	// after it ended.
 	t.Run("a failed turn's message, beside", func(t *testing.T) {
