@@ -75,8 +75,8 @@ type segment struct {
 	// timeline. A turn sent before then ran alongside it, so a history of
 	// that turn without it is a fork (T4), not a lost turn (T2).
 	done int64
-	// left is when the client of an interrupted turn left it (Turn.Dropped;
-	// 0 if unknown). Until then the turn ran, at the model, holding its
+	// left is when the client of an interrupted turn left it (Turn.Held;
+	// 0 if unknown, or where another turn may take over from it). Until then the turn ran, at the model, holding its
 	// conversation: a call of another turn that came before then and left
 	// it out ran beside it on one history (T4), and shows nothing of
 	// whether it was rolled back.
@@ -360,7 +360,7 @@ func (k *Known) knows(l Line, t *Turn) bool {
 	// step reads, with the calls, histories included, compared by identity.
 	o := k.turn
 	return t.User == o.User && t.Usable == o.Usable && t.Appends == o.Appends && t.Unstored == o.Unstored && t.Outcome == o.Outcome && t.Status == o.Status && t.TimedOut == o.TimedOut &&
-		t.Interrupted == o.Interrupted && t.Abandoned == o.Abandoned &&
+		t.Interrupted == o.Interrupted && t.Abandoned == o.Abandoned && t.Held == o.Held &&
 		t.Return == o.Return && t.Reply == o.Reply && sameSlice(t.Calls, o.Calls)
 }
 
@@ -458,7 +458,7 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 			// Rolled back, or kept as its user message and completed tool
 			// pairs (keep-consistent): which of them the policy allows is
 			// Model's to judge; a reply is never kept.
-			s.reply, s.partial, s.left = "", true, t.Dropped
+			s.reply, s.partial, s.left = "", true, t.Held
 			next = next.withInterrupted(t.User)
 		case t.Detached:
 			// Whole or nothing, as any unknown turn (T6); only a part of

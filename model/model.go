@@ -268,6 +268,13 @@ type Turn struct {
 	// Dropped is when the client disconnected, on the run's timeline:
 	// from then on the model answers nothing of the turn until Released.
 	Dropped int64 `json:"dropped,omitempty"`
+	// Held is, for an interrupted turn of a server that runs a
+	// conversation's turns one at a time (serialize or reject; not an
+	// agent that supersedes), when its client left it: until then it held
+	// its conversation at the model, and a model request of another turn
+	// of the conversation that came before then ran beside it (T4). 0
+	// where another turn may take over from it.
+	Held int64 `json:"held,omitempty"`
 	// CarriedOn is when a model call or tool run of the turn arrived
 	// after the server gave up on one the model held for it since the
 	// disconnect, with nothing of the turn answered in between: the
@@ -1222,7 +1229,8 @@ func forkOf(t Turn, line Line, step []Turn, v *Violation) *Violation {
 
 // runningAt reports whether the server was still running t at tick at, as
 // far as the client can tell: before its client learned it ended ok; for
-// one whose client disconnected (Interrupted), before it disconnected;
+// one whose client disconnected (Interrupted), before it disconnected,
+// where no other turn may take over from it (Held);
 // for one that failed, or whose outcome is unknown, while it had a model
 // call the model had not begun to answer, or one still to make
 // (Call.Unanswered: it cannot have ended before); for one the server runs
@@ -1231,7 +1239,7 @@ func forkOf(t Turn, line Line, step []Turn, v *Violation) *Violation {
 func (t Turn) runningAt(at int64) bool {
 	switch {
 	case t.Interrupted:
-		return at < cmp.Or(t.Dropped, t.Return)
+		return at < t.Held
 	case t.Outcome == OK:
 		return at < t.Return
 	case t.Detached, t.Abandoned:

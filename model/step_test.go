@@ -311,7 +311,7 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
 		// Its client left only after the next turn's call came.
 		cut := at(interrupted(convA, u(2), 9, call(u(2), u(1), a(1), u(2))), 4, 5, 8)
-		cut.Dropped = 8
+		cut.Dropped, cut.Held = 8, 8
 		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10)
 		v := m.ApplyStep([]model.Turn{cut, next})
 		require.NotNil(t, v)
@@ -336,12 +336,19 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		m := model.NewWith(keep)
 		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
 		held := at(interrupted(convA, u(2), 12, call(u(2), u(1), a(1), u(2))), 4, 5, 11)
-		held.Dropped = 10
+		held.Dropped, held.Held = 10, 10
 		beside := at(fail(convA, u(3), call(u(3), u(1), a(1), u(3))), 4, 7, 9)
 		v := m.ApplyStep([]model.Turn{held, beside})
 		require.NotNil(t, v)
 		assert.Equal(t, model.T4, v.Invariant, "%v", v)
 		assert.Contains(t, v.Reason, "still at the model")
+
+		// Where another turn may take over from it (supersede), no fork.
+		m = model.NewWith(keep)
+		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+		superseded := held
+		superseded.Held = 0
+		require.Nil(t, m.ApplyStep([]model.Turn{superseded, beside}))
 
 		// After its client left, the same history shows it rolled back.
 		m = model.NewWith(keep)

@@ -291,6 +291,11 @@ func (s *step) end() {
 		default:
 			s.ops[i].Turn.Interrupted = true
 			s.ops[i].Turn.Dropped, s.ops[i].Turn.Released = f.dropped, f.released
+			if !e.profile.Supersede {
+				// Until its client left, it held its conversation: an
+				// agent that supersedes lets the next prompt take over.
+				s.ops[i].Turn.Held = f.dropped
+			}
 			if at, after, ok := e.fake.CarriedOn(f.tok); ok {
 				s.ops[i].Turn.CarriedOn, s.ops[i].Turn.CarriedAfter = at, after
 			}
