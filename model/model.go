@@ -3,6 +3,7 @@ package model
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"maps"
 	"slices"
 	"strings"
@@ -623,8 +624,11 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 	// turn's calls.
 	type ran struct {
 		at int64
-		i  int
-		cv *conv
+		// before: placed just before the turn whose place it took
+		// (placeBefore).
+		before bool
+		i      int
+		cv     *conv
 	}
 	order := make([]ran, len(turns))
 	m.sent = slices.Grow(m.sent, len(turns))
@@ -647,12 +651,16 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 		if t.Usable {
 			m.sent = append(m.sent, sentTurn{t.User, cv})
 		}
-		order[i] = ran{t.RanAt(), i, cv}
+		order[i] = ran{at: t.RanAt(), i: i, cv: cv}
 	}
 	for _, cv := range touched {
 		for i, at := range placeShown(turns, cv.ref) {
 			order[i].at = at
 		}
+	}
+	at := func(i int) int64 { return order[i].at }
+	for i, y := range placeBefore(turns, at) {
+		order[i].at, order[i].before = order[y].at, true
 	}
 	branches := map[*conv]int{}
 	for _, cv := range touched {
@@ -683,7 +691,9 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 			return v
 		}
 	}
-	slices.SortStableFunc(order, func(a, b ran) int { return cmp.Compare(a.at, b.at) })
+	slices.SortStableFunc(order, func(a, b ran) int {
+		return cmp.Or(cmp.Compare(a.at, b.at), -cmp.Compare(b2i(a.before), b2i(b.before)))
+	})
 	for _, r := range order {
 		var k *Known
 		if r.i < len(known) {
@@ -792,6 +802,58 @@ func placeShown(turns []Turn, c ConversationRef) map[int]int64 {
 	out := make(map[int]int64, len(shown))
 	for k, i := range shown {
 		out[i] = places[k]
+	}
+	return out
+}
+
+// placeBefore finds the interrupted turns of the step turns whose own
+// model request reached the model, by at (their places so far), after
+// that of another turn of their conversation that ended ok, where neither
+// shows the other (and after every turn its own request shows): the interrupted one ran first, on the history before the other,
+// and was then stopped and rolled back (its request stamped late, on a
+// busy machine), or taken over by the other (an agent that supersedes).
+// Run after the other, it would have seen it. It returns, for each, the
+// index of the earliest such turn, whose place it takes, just before it.
+func placeBefore(turns []Turn, at func(int) int64) map[int]int {
+	var out map[int]int
+	for x := range turns {
+		t := &turns[x]
+		first := slices.IndexFunc(t.Calls, func(c Call) bool { return c.Turn == t.User })
+		if !t.Usable || !t.Interrupted || first < 0 {
+			continue
+		}
+		// Never before a turn its own request shows: it ran after that.
+		after := int64(math.MinInt64)
+		for y := range turns {
+			if o := &turns[y]; y != x && o.Conv == t.Conv && slices.Contains(t.Calls[first].History, o.User) {
+				after = max(after, at(y))
+			}
+		}
+		best := -1
+		for y := range turns {
+			o := &turns[y]
+			if y == x || o.Conv != t.Conv || !o.Usable || o.Outcome != OK || at(y) >= at(x) || at(y) <= after ||
+				slices.Contains(t.Calls[first].History, o.User) {
+				continue
+			}
+			shows := false
+			reached := false
+			for _, c := range o.Calls {
+				if c.Turn == o.User {
+					reached = true
+					shows = shows || slices.Contains(c.History, t.User)
+				}
+			}
+			if reached && !shows && (best < 0 || at(y) < at(best)) {
+				best = y
+			}
+		}
+		if best >= 0 {
+			if out == nil {
+				out = map[int]int{}
+			}
+			out[x] = best
+		}
 	}
 	return out
 }

@@ -250,6 +250,27 @@ func TestApplyStepTakesTheOrderShown(t *testing.T) {
 		require.Nil(t, m.ApplyStep([]model.Turn{i2, i3, ok4}))
 		assert.Equal(t, h(u(1), a(1), u(2), u(3), u(4), a(4)), m.Committed(convA))
 	})
+	t.Run("a superseded prompt's call stamped after the next one's, rolled back", func(t *testing.T) {
+		// The reference agent under rollback, on a busy machine: prompt 2
+		// ran first, on the history before 3, and was superseded by it;
+		// its model request reached the model after 3's did.
+		m := model.New()
+		require.Nil(t, m.Apply(setup))
+		i2 := at(interrupted(convA, u(2), 0, call(u(2), u(1), a(1), u(2))), 10, 18, 20)
+		ok3 := at(ok(convA, u(3), call(u(3), u(1), a(1), u(3))), 11, 15, 21)
+		require.Nil(t, m.ApplyStep([]model.Turn{i2, ok3}))
+		assert.Equal(t, h(u(1), a(1), u(3), a(3)), m.Committed(convA))
+	})
+	t.Run("an interrupted turn stays after the turns its request shows", func(t *testing.T) {
+		// Serialized: 4 failed, 5 ran, then 6, which saw 5 and was
+		// interrupted. A turn that failed, or one 6 shows, is no turn 6
+		// ran before.
+		m := model.New()
+		f4 := at(fail(convA, u(4), call(u(4), u(4))), 1, 2, 3)
+		ok5 := at(ok(convA, u(5), call(u(5), u(5))), 1, 4, 5)
+		i6 := at(interrupted(convA, u(6), 0, call(u(6), u(5), a(5), u(6))), 1, 6, 8)
+		require.Nil(t, m.ApplyStep([]model.Turn{f4, ok5, i6}))
+	})
 	t.Run("prompts that ran, kept out of the order they ran in", func(t *testing.T) {
 		m := model.NewWith(keep)
 		require.Nil(t, m.Apply(setup))
