@@ -3,8 +3,8 @@ package model
 import (
 	"cmp"
 	"fmt"
-	"math"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 )
