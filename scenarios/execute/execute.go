@@ -105,8 +105,6 @@ type flight struct {
 	// doneAt is when the harness first saw the server say it was done with
 	// the dropped request (a DisconnectReporter, or told).
 	doneAt time.Time
-	// waits is the request's protocol.Request.Waits.
-	waits <-chan struct{}
 	// told is set once the server said, in its answers to the client, that
 	// it stopped the turn the client cancelled (protocol.Request.Stopped,
 	// Response.SaysStopped).
@@ -148,21 +146,6 @@ func (f *flight) finished() bool {
 // held reports whether the model holds the request's call, waiting for the
 // harness.
 func (f *flight) held() bool { return f.arrived.Load() && !f.acted && !f.finished() }
-
-// parked reports whether the client holds the request back, waiting on
-// another of the step (protocol.Request.Waits): at rest until that one
-// moves.
-func (f *flight) parked() bool {
-	if f.waits == nil || f.finished() {
-		return false
-	}
-	select {
-	case <-f.waits:
-		return false
-	default:
-		return true
-	}
-}
 
 // frontAnswered makes unknown the outcome of a turn that failed with a
 // status from 500 up, behind a front, when the harness broke the front's
@@ -312,7 +295,7 @@ func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
 	for {
 		resting := 0
 		for _, f := range flights {
-			if f.finished() || f.held() || f.parked() {
+			if f.finished() || f.held() {
 				resting++
 			}
 		}
@@ -368,7 +351,7 @@ func (e *executor) settleParked(pr targets.ParkReporter, flights []*flight, wake
 	for {
 		var tags []string
 		for _, f := range flights {
-			if !f.finished() && !f.held() && !f.parked() {
+			if !f.finished() && !f.held() {
 				tags = append(tags, f.tag)
 			}
 		}

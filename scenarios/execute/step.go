@@ -129,7 +129,6 @@ func (s *step) send() {
 		req := e.client.NewRequest(ctx, send)
 		req.Tag = f.tag
 		req.Stopped = func() { f.told.Store(true) }
-		f.waits = req.Waits
 		op := &s.ops[i]
 		*op = history.Op{Step: e.steps, Index: i, Action: s.p.Action, Send: send, Request: req}
 		op.Turn.Invoke = e.tick()
@@ -138,10 +137,6 @@ func (s *step) send() {
 			defer s.wg.Done()
 			sent := time.Now()
 			op.Response = e.client.Send(ctx, req)
-			if sent := op.Response.Sent; sent != nil {
-				// Held back until it could go, and completed then.
-				op.Request, op.Response.Sent = *sent, nil
-			}
 			if op.Response.Cause == protocol.CauseAborted && base.Err() != nil {
 				// Not an abort the plan drew: the run ended with it open.
 				op.Response.Cause = protocol.CauseRunEnded

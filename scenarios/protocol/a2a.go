@@ -83,47 +83,14 @@ type a2aWire struct {
 	n        int
 }
 
-// founder is a conversation's turn sent without a context, in flight:
-// named is closed once its answer named the context (a stream's first
-// event; a message/send's answer, at the task's end), or it ended.
+// founder is a conversation's turn sent without a context, in flight.
 type founder struct {
-	named chan struct{}
-	once  sync.Once
-}
-
-// a2aBeside is a turn beside its conversation's first, held back until
-// that one names the context: the JSON-RPC call it makes then.
-type a2aBeside struct {
-	first  *founder
-	n      int
-	method string
-	params a2aSendParams
-}
-
-// awaitContext holds req, a turn beside its conversation's first, until
-// that one named the context, and returns req in it. It returns why it
-// is not sent where the first ended without naming one (it failed
-// before its task began), or the client gave up first.
-func (w *a2aWire) awaitContext(ctx context.Context, c *Client, req Request) (Request, string) {
-	timer := time.NewTimer(c.profile.RequestTimeout())
-	defer timer.Stop()
-	select {
-	case <-req.beside.first.named:
-	case <-ctx.Done():
-		return req, "the client gave it up while its conversation's first turn, still in flight, had not named the context"
-	case <-timer.C:
-		return req, "its conversation's first turn named no context within the client's time"
-	}
-	w.mu.Lock()
-	contextID := w.contexts[req.Conv]
-	w.mu.Unlock()
-	if contextID == "" {
-		return req, "its conversation's first turn ended without naming a context"
-	}
-	b := req.beside
-	b.params.Message.ContextID = contextID
-	req.Session, req.Body, req.beside, req.Waits = contextID, rpcBody(b.n, b.method, b.params), nil, nil
-	return req, ""
+	// stream says it is streamed: its first event names the context, so
+	// a turn beside it waits for that (named); a message/send's answer
+	// comes only at its end.
+	stream bool
+	named  chan struct{}
+	once   sync.Once
 }
 
 // settle closes f.named: the context is known, or the turn ended.
@@ -238,17 +205,35 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 		}
 		switch f := w.founding[s.Conv]; {
 		case contextID != "":
-		case f != nil:
-			// Two messages without a context are two contexts, not two
-			// turns of one: a turn beside its conversation's first goes
-			// once the context is known (send).
+		case f != nil && f.stream:
 			wait = f
+		case f != nil:
+			unsent = firstInFlight
 		default:
 			founds = true
-			w.founding[s.Conv] = &founder{named: make(chan struct{})}
+			w.founding[s.Conv] = &founder{stream: s.Stream, named: make(chan struct{})}
 		}
 	}
 	w.mu.Unlock()
+	if wait != nil {
+		// Two messages without a context are two contexts, not two turns
+		// of one: a turn beside its conversation's first waits for the
+		// context its first event names. An agent that names none before
+		// the model answers would hold it to the end of the client's
+		// time: the turn is then not sent.
+		timer := time.NewTimer(c.profile.RequestTimeout())
+		select {
+		case <-wait.named:
+		case <-ctx.Done():
+		case <-timer.C:
+		}
+		timer.Stop()
+		w.mu.Lock()
+		if contextID = w.contexts[s.Conv]; contextID == "" {
+			unsent = firstInFlight
+		}
+		w.mu.Unlock()
+	}
 	method := a2aSend
 	if s.Stream {
 		method = a2aStream
@@ -272,10 +257,6 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 	}
 	req := Request{Conv: s.Conv, Stream: s.Stream, Session: contextID, taskAbort: abort,
 		tok: s.Token, noUser: s.Token == "", founds: founds, OtherKey: otherKey}
-	if wait != nil {
-		req.beside = &a2aBeside{first: wait, n: n, method: method, params: params}
-		req.Waits = wait.named
-	}
 	if unsent != "" {
 		req.Unsent = unsent
 		return req
@@ -562,20 +543,6 @@ func (w *a2aWire) send(ctx context.Context, c *Client, req Request) Response {
 	if req.Unsent != "" {
 		return Response{Outcome: model.Fail, Detail: req.Unsent, Cause: CauseUnsent}
 	}
-	if req.beside != nil {
-		var why string
-		if req, why = w.awaitContext(ctx, c, req); why != "" {
-			return Response{Outcome: model.Fail, Detail: why, Cause: CauseUnsent}
-		}
-		out := w.sendNow(ctx, c, req)
-		out.Sent = &req
-		return out
-	}
-	return w.sendNow(ctx, c, req)
-}
-
-// sendNow is send for a request complete as it stands.
-func (w *a2aWire) sendNow(ctx context.Context, c *Client, req Request) Response {
 	s := &a2aSending{w: w, c: c, req: req}
 	defer s.calls.Wait()
 	w.mu.Lock()
@@ -913,3 +880,7 @@ func (w *a2aWire) learnContext(req Request, task *a2aTask) {
 		f.settle()
 	}
 }
+
+// firstInFlight says why a turn beside its conversation's first is not
+// sent.
+const firstInFlight = "its conversation's first turn is still in flight, and has not named its context: the context, which the agent names, is not known"

@@ -64,11 +64,6 @@ type Request struct {
 	// reports which client it saw go away names the request by it. It is
 	// the harness's, not the turn's, and is not saved.
 	Tag string `json:"-"`
-	// Waits, if not nil, is closed once the request may go: until then
-	// the client holds it back, waiting on another request of the step
-	// (an A2A turn beside its conversation's first, until that one names
-	// the context). It is the harness's, and is not saved.
-	Waits <-chan struct{} `json:"-"`
 	// Stopped, if set, is called at most once, while the request is
 	// still open, when the server says it stopped the turn its client
 	// cancelled: an A2A task answered canceled, in the answer to
@@ -110,11 +105,8 @@ type Request struct {
 	tok       model.Token
 	taskAbort string
 	// founds marks an A2A turn sent without a context, whose answer names
-	// its conversation's context; beside is an A2A turn beside its
-	// conversation's first, sent once that one named the context (or
-	// ended), and its body built then.
+	// its conversation's context.
 	founds bool
-	beside *a2aBeside
 	// run is the run of the server a Responses API request was made for
 	// (responses.runs).
 	run int
@@ -169,10 +161,6 @@ type Response struct {
 	// Its outcome is unknown, and it is judged as an interrupted turn
 	// (T10), whether or not the plan drew an abort of it.
 	Cancelled bool `json:"cancelled,omitempty"`
-	// Sent, if not nil, is the request as it finally went, where the
-	// client completed it only once it could go (Request.Waits): what a
-	// report shows. Not saved apart from the request.
-	Sent *Request `json:"-"`
 	// RanOn reports a turn the client aborted whose server ran it on all
 	// the same, as far as the harness can tell: an A2A task whose
 	// tasks/cancel could not be sent (its id not known yet). Its outcome
