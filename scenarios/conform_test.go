@@ -288,13 +288,16 @@ func TestBreachBesideT3(t *testing.T) {
 func TestWirePassInItsProtocolsWords(t *testing.T) {
 	s := report.NewStats()
 	s.Invariants[model.Wire] = 7
-	for proto, other := range map[targets.Protocol]string{targets.ACP: "A2A", targets.A2A: "ACP"} {
+	// Each protocol's words, and the other's that must not show.
+	words := map[targets.Protocol]string{targets.ACP: "answered each cancelled prompt cancelled", targets.A2A: "tasks/get showed"}
+	for proto, other := range map[targets.Protocol]targets.Protocol{targets.ACP: targets.A2A, targets.A2A: targets.ACP} {
 		c := &report.Conformance{Stats: *s, Verdicts: verdicts(targets.Profile{Protocol: proto}, refuseAll{}, false, false, nil, *s, nil)}
 		line := c.Verdict(model.Wire)
 		require.Equal(t, report.Pass, line.Status, "%s", proto)
 		text := c.Text(targets.Profile{Protocol: proto})
 		assert.Contains(t, text, "7 prompt(s) or task(s) answered", "%s", proto)
-		assert.NotContains(t, text, other, "%s", proto)
+		assert.Contains(t, text, words[proto], "%s", proto)
+		assert.NotContains(t, text, words[other], "%s", proto)
 	}
 }
 
