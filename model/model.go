@@ -653,14 +653,18 @@ func (m *Model) ApplyStepKnown(turns []Turn, known []Known) *Violation {
 		}
 		order[i] = ran{at: t.RanAt(), i: i, cv: cv}
 	}
-	for _, cv := range touched {
-		for i, at := range placeShown(turns, cv.ref) {
-			order[i].at = at
+	if len(turns) > 1 {
+		// Only turns of one step can stand out of RanAt's order: a step
+		// of one turn, most of them, is spared the search.
+		for _, cv := range touched {
+			for i, at := range placeShown(turns, cv.ref) {
+				order[i].at = at
+			}
 		}
-	}
-	at := func(i int) int64 { return order[i].at }
-	for i, y := range placeBefore(turns, at) {
-		order[i].at, order[i].before = order[y].at, true
+		at := func(i int) int64 { return order[i].at }
+		for i, y := range placeBefore(turns, at) {
+			order[i].at, order[i].before = order[y].at, true
+		}
 	}
 	branches := map[*conv]int{}
 	for _, cv := range touched {
