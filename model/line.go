@@ -43,7 +43,16 @@ type rare struct {
 	// interrupted holds the turns whose client disconnected mid-turn: what
 	// of them may stand in a later history is T10's business.
 	interrupted []Token
+	// forks are the dropped turns a call of another turn left out while
+	// they were at the model (segment.ran): should one appear later after
+	// all, it was committed, so it ran beside that turn on one history
+	// (T4), not a turn shown not committed that came back (T6).
+	forks []fork
 }
+
+// fork is a dropped turn, user, that the model request of the turn by
+// left out while user's own request was at the model, unanswered.
+type fork struct{ user, by Token }
 
 // segment is one turn in a line: its user message and its reply. A pending
 // segment is a turn with an unknown outcome, not resolved yet. A segment
@@ -81,6 +90,12 @@ type segment struct {
 	// it out ran beside it on one history (T4), and shows nothing of
 	// whether it was rolled back.
 	left int64
+	// ran is the span, on the run's timeline, from the first model
+	// request of a turn whose outcome is unknown (not interrupted) to the
+	// latest arrival the model had seen when it began to answer the last
+	// of them (Call.Unanswered): the turn was at the model, and had not
+	// ended, all that time. Zero if unknown.
+	ran [2]int64
 }
 
 // node is a segment in a line's list.
@@ -133,11 +148,11 @@ func (l Line) withRare(failed *failure, dropped []Token) Line {
 	if failed == l.failed() && sameSlice(dropped, l.dropped()) {
 		return l
 	}
-	interrupted := l.interrupted()
-	if failed == nil && len(dropped) == 0 && len(interrupted) == 0 {
+	interrupted, forks := l.interrupted(), l.forks()
+	if failed == nil && len(dropped) == 0 && len(interrupted) == 0 && len(forks) == 0 {
 		l.rare = nil
 	} else {
-		l.rare = &rare{failed: failed, dropped: dropped, interrupted: interrupted}
+		l.rare = &rare{failed: failed, dropped: dropped, interrupted: interrupted, forks: forks}
 	}
 	return l
 }
@@ -146,10 +161,43 @@ func (l Line) withRare(failed *failure, dropped []Token) Line {
 func (l Line) withInterrupted(user Token) Line {
 	r := rare{interrupted: append(slices.Clip(l.interrupted()), user)}
 	if l.rare != nil {
-		r.failed, r.dropped = l.rare.failed, l.rare.dropped
+		r.failed, r.dropped, r.forks = l.rare.failed, l.rare.dropped, l.rare.forks
 	}
 	l.rare = &r
 	return l
+}
+
+// forks is the line's dropped turns left out while at the model (see
+// rare).
+func (l Line) forks() []fork {
+	if l.rare == nil {
+		return nil
+	}
+	return l.rare.forks
+}
+
+// withForks returns l with fs added to its forks.
+func (l Line) withForks(fs []fork) Line {
+	if len(fs) == 0 {
+		return l
+	}
+	r := rare{forks: append(slices.Clip(l.forks()), fs...)}
+	if l.rare != nil {
+		r.failed, r.dropped, r.interrupted = l.rare.failed, l.rare.dropped, l.rare.interrupted
+	}
+	l.rare = &r
+	return l
+}
+
+// forkedBy is the turn that left user out while it was at the model, ""
+// if none did.
+func (l Line) forkedBy(user Token) Token {
+	for _, f := range l.forks() {
+		if f.user == user {
+			return f.by
+		}
+	}
+	return ""
 }
 
 // wasInterrupted reports whether user's turn was interrupted on this line.
@@ -385,6 +433,7 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 	next := l
 	reached := false // a call of this turn reached the model
 	var dropped []Token
+	var forks []fork
 	for _, call := range t.Calls {
 		if call.Turn != t.User {
 			continue
@@ -418,13 +467,16 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 							"must form one line", nd.user, nd.left, call.At)}
 				}
 				dropped = append(dropped, nd.user)
+				if nd.ran[0] < call.At && call.At <= nd.ran[1] {
+					forks = append(forks, fork{user: nd.user, by: t.User})
+				}
 			}
 			slices.Reverse(dropped)
 		}
 		next, reached = got, true
 	}
 	if len(dropped) > 0 {
-		next = next.withRare(next.failed(), append(slices.Clip(next.dropped()), dropped...))
+		next = next.withRare(next.failed(), append(slices.Clip(next.dropped()), dropped...)).withForks(forks)
 	}
 	switch t.Outcome {
 	case OK:
@@ -463,10 +515,12 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 		case t.Detached:
 			// Whole or nothing, as any unknown turn (T6); only a part of
 			// it is T10's.
-			s.detached = true
+			s.detached, s.ran = true, t.ranSpan()
 		case t.Abandoned:
 			// Whole, nothing, or its user message alone (see match).
 			s.abandoned = true
+		default:
+			s.ran = t.ranSpan()
 		}
 		next = next.appended(s)
 		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
@@ -718,6 +772,11 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 			v.Invariant, v.Kind = T10, LeftoverInterrupted
 			v.Reason = fmt.Sprintf("%s, of a turn whose client interrupted it mid-turn (left, or cancelled it), appears %d times, or again after an earlier history "+
 				"showed it rolled back: an interrupted turn is rolled back, or kept once as a consistent prefix", tok, seen[tok])
+		case l.forkedBy(user) != "":
+			v.Invariant = T4
+			v.Reason = fmt.Sprintf("the turn %s, whose outcome was unknown, was still at the model when the model request of %s came without it; "+
+				"it was committed after all, as %s here shows: the two ran at once on one history, a fork; turns on one conversation must form one line",
+				user, l.forkedBy(user), tok)
 		case slices.Contains(l.dropped(), user) || slices.Contains(dropped, user):
 			v.Invariant, v.Kind = T6, LeftoverUnknown
 			v.Reason = fmt.Sprintf("%s belongs to a turn with an unknown outcome that an earlier history showed was not committed; it may not appear later", tok)

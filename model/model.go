@@ -1319,6 +1319,27 @@ func (t Turn) runningAt(at int64) bool {
 	return false
 }
 
+// ranSpan is the span from t's first model request to the latest
+// arrival the model had seen when it began to answer the last of them
+// (Call.Unanswered): all that time t was at the model, and had not ended.
+// Zero if the model began to answer none of them.
+func (t Turn) ranSpan() [2]int64 {
+	var span [2]int64
+	for _, c := range t.Calls {
+		if c.Turn != t.User {
+			continue
+		}
+		if span[0] == 0 {
+			span[0] = c.At
+		}
+		span[1] = max(span[1], c.Unanswered)
+	}
+	if span[1] == 0 {
+		return [2]int64{}
+	}
+	return span
+}
+
 // tokensOf are the tokens of history that pick holds, in order, for a
 // reason.
 func tokensOf(history []Token, pick map[Token]bool) string {

@@ -377,6 +377,32 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		after := at(fail(convA, u(3), call(u(3), u(1), a(1), u(3))), 4, 11, 13)
 		require.Nil(t, m.ApplyStep([]model.Turn{held, after}))
 	})
+	t.Run("a detached turn left out while at the model, committed after all", func(t *testing.T) {
+		// docker-agent's serve a2a: a task ran while another, whose client
+		// had left it to run on, was at the model; a later history shows
+		// the two interleaved.
+		later := func(gone, beside model.Turn) *model.Violation {
+			m := model.New()
+			require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+			require.Nil(t, m.ApplyStep([]model.Turn{gone, beside}))
+			return m.Apply(at(ok(convA, u(4), call(u(4), u(1), a(1), u(3), u(2), a(3), a(2), u(4))), 10, 11, 12))
+		}
+		gone := at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 8)
+		gone.Detached, gone.Calls[0].Unanswered = true, 6
+		beside := at(ok(convA, u(3), call(u(3), u(1), a(1), u(3))), 4, 6, 7)
+		beside.Calls[0].Unanswered = 6
+		v := later(gone, beside)
+		require.NotNil(t, v)
+		assert.Equal(t, model.T4, v.Invariant, "%v", v)
+		assert.Contains(t, v.Reason, "still at the model")
+
+		// Its call answered before the other came: shown not committed,
+		// it may not come back.
+		gone.Calls[0].Unanswered = 5
+		v = later(gone, beside)
+		require.NotNil(t, v)
+		assert.Equal(t, model.T6, v.Invariant, "%v", v)
+	})
 	// What no concurrent turn explains keeps its own name: a turn kept
 	// after it ended.
 	t.Run("a failed turn's message, beside", func(t *testing.T) {
