@@ -105,6 +105,12 @@ type flight struct {
 	// doneAt is when the harness first saw the server say it was done with
 	// the dropped request (a DisconnectReporter, or told).
 	doneAt time.Time
+	// waits is the request's protocol.Request.Waits; goes its
+	// protocol.Request.Goes, closed (gone set) when the harness lets it
+	// go (letParkedGo).
+	waits <-chan struct{}
+	goes  chan struct{}
+	gone  bool
 	// told is set once the server said, in its answers to the client, that
 	// it stopped the turn the client cancelled (protocol.Request.Stopped,
 	// Response.SaysStopped).
@@ -146,6 +152,24 @@ func (f *flight) finished() bool {
 // held reports whether the model holds the request's call, waiting for the
 // harness.
 func (f *flight) held() bool { return f.arrived.Load() && !f.acted && !f.finished() }
+
+// parked reports whether the client holds the request back, waiting on
+// another of the step (protocol.Request.Waits): at rest until that one
+// moves.
+func (f *flight) parked() bool { return f.waits != nil && !f.gone && !f.finished() }
+
+// mayGo reports whether f is parked and what it waited on has moved.
+func (f *flight) mayGo() bool {
+	if !f.parked() {
+		return false
+	}
+	select {
+	case <-f.waits:
+		return true
+	default:
+		return false
+	}
+}
 
 // frontAnswered makes unknown the outcome of a turn that failed with a
 // status from 500 up, behind a front, when the harness broke the front's
@@ -275,6 +299,23 @@ func (e *executor) breakLink(s plan.Send) (func() error, string) {
 // held by the model, or (as the server reports it) queued behind another
 // turn, or parked. A server that reports neither gets a quiet period.
 func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
+	for {
+		e.settleOnce(flights, wake)
+		// A request held back that may go now goes, the first in send
+		// order, once all the others are at rest; then the next, once
+		// it too came to rest: one at a time, so that what reaches the
+		// server first is the seed's to say, not a race.
+		i := slices.IndexFunc(flights, (*flight).mayGo)
+		if i < 0 {
+			return
+		}
+		flights[i].gone = true
+		close(flights[i].goes)
+	}
+}
+
+// settleOnce is settle, with no request held back let go.
+func (e *executor) settleOnce(flights []*flight, wake <-chan struct{}) {
 	if pr, ok := e.srv.(targets.ParkReporter); ok {
 		e.settleParked(pr, flights, wake)
 		return
@@ -295,7 +336,7 @@ func (e *executor) settle(flights []*flight, wake <-chan struct{}) {
 	for {
 		resting := 0
 		for _, f := range flights {
-			if f.finished() || f.held() {
+			if f.finished() || f.held() || f.parked() {
 				resting++
 			}
 		}
@@ -351,7 +392,7 @@ func (e *executor) settleParked(pr targets.ParkReporter, flights []*flight, wake
 	for {
 		var tags []string
 		for _, f := range flights {
-			if !f.finished() && !f.held() {
+			if !f.finished() && !f.held() && !f.parked() {
 				tags = append(tags, f.tag)
 			}
 		}
@@ -486,7 +527,7 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		op.Turn.Replay, op.Turn.Replayed = op.Request.Replay, op.Request.Replay != nil
 		op.Turn.ReplayForeign = op.Request.ReplayForeign
 		op.Turn.Preempted = op.Response.Preempted
-		op.Turn.Unsent = op.Response.Cause == protocol.CauseUnsent
+		op.Turn.Unsent = protocol.NotSent(op.Response.Cause)
 		// Each protocol says how its refusals read (targets.Protocols).
 		refusal := e.profile.Protocol.Info().Refusal
 		op.Turn.AnyRefusal, op.Turn.RefusalSays = refusal != "", refusal

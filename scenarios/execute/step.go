@@ -129,6 +129,18 @@ func (s *step) send() {
 		req := e.client.NewRequest(ctx, send)
 		req.Tag = f.tag
 		req.Stopped = func() { f.told.Store(true) }
+		if req.Waits != nil {
+			f.waits, f.goes = req.Waits, make(chan struct{})
+			req.Goes = f.goes
+			go func() {
+				// What it waits on moving is a change to settle for.
+				select {
+				case <-f.waits:
+					s.poke()
+				case <-f.done:
+				}
+			}()
+		}
 		op := &s.ops[i]
 		*op = history.Op{Step: e.steps, Index: i, Action: s.p.Action, Send: send, Request: req}
 		op.Turn.Invoke = e.tick()
@@ -137,6 +149,10 @@ func (s *step) send() {
 			defer s.wg.Done()
 			sent := time.Now()
 			op.Response = e.client.Send(ctx, req)
+			if sent := op.Response.Sent; sent != nil {
+				// Held back until it could go, and completed then.
+				op.Request, op.Response.Sent = *sent, nil
+			}
 			if op.Response.Cause == protocol.CauseAborted && base.Err() != nil {
 				// Not an abort the plan drew: the run ended with it open.
 				op.Response.Cause = protocol.CauseRunEnded

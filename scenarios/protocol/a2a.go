@@ -83,14 +83,57 @@ type a2aWire struct {
 	n        int
 }
 
-// founder is a conversation's turn sent without a context, in flight.
+// founder is a conversation's turn sent without a context, in flight:
+// named is closed once its answer named the context (a stream's first
+// event; a message/send's answer, at the task's end), or it ended.
 type founder struct {
-	// stream says it is streamed: its first event names the context, so
-	// a turn beside it waits for that (named); a message/send's answer
-	// comes only at its end.
-	stream bool
-	named  chan struct{}
-	once   sync.Once
+	named chan struct{}
+	once  sync.Once
+}
+
+// a2aBeside is a turn beside its conversation's first, held back until
+// that one names the context: the JSON-RPC call it makes then.
+type a2aBeside struct {
+	first  *founder
+	n      int
+	method string
+	params a2aSendParams
+}
+
+// awaitContext holds req, a turn beside its conversation's first, until
+// that one named the context, and returns req in it. It returns why it
+// is not sent where the first ended without naming one (it failed
+// before its task began), or the client gave up first.
+func (w *a2aWire) awaitContext(ctx context.Context, c *Client, req Request) (Request, string, string) {
+	timer := time.NewTimer(c.profile.RequestTimeout())
+	defer timer.Stop()
+	select {
+	case <-req.beside.first.named:
+	case <-ctx.Done():
+		return req, "the client gave it up while its conversation's first turn, still in flight, had not named the context", CauseNothingToName
+	case <-timer.C:
+		return req, "its conversation's first turn named no context within the client's time", CauseUnsent
+	}
+	if req.Goes != nil {
+		// The harness lets the turns held back go one at a time, in the
+		// order they were sent, so that they reach the server in an order
+		// the seed decides, not a race.
+		select {
+		case <-req.Goes:
+		case <-ctx.Done():
+			return req, "the client gave it up before it could go", CauseNothingToName
+		}
+	}
+	w.mu.Lock()
+	contextID := w.contexts[req.Conv]
+	w.mu.Unlock()
+	if contextID == "" {
+		return req, "its conversation's first turn ended without naming a context", CauseUnsent
+	}
+	b := req.beside
+	b.params.Message.ContextID = contextID
+	req.Session, req.Body, req.beside, req.Waits, req.Goes = contextID, rpcBody(b.n, b.method, b.params), nil, nil, nil
+	return req, "", ""
 }
 
 // settle closes f.named: the context is known, or the turn ended.
@@ -193,7 +236,7 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 	w.n++
 	n := w.n
 	contextID := c.ns + s.Conv.ID
-	unsent, founds, otherKey := "", false, false
+	unsent, founds, otherKey, nothingToName := "", false, false, false
 	var wait *founder
 	if !w.api.ClientNamesContexts() {
 		var ok bool
@@ -205,35 +248,17 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 		}
 		switch f := w.founding[s.Conv]; {
 		case contextID != "":
-		case f != nil && f.stream:
-			wait = f
 		case f != nil:
-			unsent = firstInFlight
+			// Two messages without a context are two contexts, not two
+			// turns of one: a turn beside its conversation's first goes
+			// once the context is known (send).
+			wait = f
 		default:
 			founds = true
-			w.founding[s.Conv] = &founder{stream: s.Stream, named: make(chan struct{})}
+			w.founding[s.Conv] = &founder{named: make(chan struct{})}
 		}
 	}
 	w.mu.Unlock()
-	if wait != nil {
-		// Two messages without a context are two contexts, not two turns
-		// of one: a turn beside its conversation's first waits for the
-		// context its first event names. An agent that names none before
-		// the model answers would hold it to the end of the client's
-		// time: the turn is then not sent.
-		timer := time.NewTimer(c.profile.RequestTimeout())
-		select {
-		case <-wait.named:
-		case <-ctx.Done():
-		case <-timer.C:
-		}
-		timer.Stop()
-		w.mu.Lock()
-		if contextID = w.contexts[s.Conv]; contextID == "" {
-			unsent = firstInFlight
-		}
-		w.mu.Unlock()
-	}
 	method := a2aSend
 	if s.Stream {
 		method = a2aStream
@@ -246,7 +271,7 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 		params.Message.TaskID = w.finished[s.Conv]
 		w.mu.Unlock()
 		if params.Message.TaskID == "" {
-			unsent = "no task of its conversation is known to have ended, to name"
+			unsent, nothingToName = "no task of its conversation is known to have ended, to name", true
 		}
 	}
 	params.Configuration.Blocking = true
@@ -257,8 +282,15 @@ func (w *a2aWire) request(ctx context.Context, c *Client, s plan.Send, msgs []op
 	}
 	req := Request{Conv: s.Conv, Stream: s.Stream, Session: contextID, taskAbort: abort,
 		tok: s.Token, noUser: s.Token == "", founds: founds, OtherKey: otherKey}
+	if wait != nil {
+		req.beside = &a2aBeside{first: wait, n: n, method: method, params: params}
+		req.Waits = wait.named
+	}
 	if unsent != "" {
 		req.Unsent = unsent
+		if nothingToName {
+			req.unsentCause = CauseNothingToName
+		}
 		return req
 	}
 	path, err := w.endpoint(ctx, c, s.Replica)
@@ -541,8 +573,22 @@ func (w *a2aWire) send(ctx context.Context, c *Client, req Request) Response {
 		}()
 	}
 	if req.Unsent != "" {
-		return Response{Outcome: model.Fail, Detail: req.Unsent, Cause: CauseUnsent}
+		return Response{Outcome: model.Fail, Detail: req.Unsent, Cause: cmp.Or(req.unsentCause, CauseUnsent)}
 	}
+	if req.beside != nil {
+		var why, cause string
+		if req, why, cause = w.awaitContext(ctx, c, req); why != "" {
+			return Response{Outcome: model.Fail, Detail: why, Cause: cause}
+		}
+		out := w.sendNow(ctx, c, req)
+		out.Sent = &req
+		return out
+	}
+	return w.sendNow(ctx, c, req)
+}
+
+// sendNow is send for a request complete as it stands.
+func (w *a2aWire) sendNow(ctx context.Context, c *Client, req Request) Response {
 	s := &a2aSending{w: w, c: c, req: req}
 	defer s.calls.Wait()
 	w.mu.Lock()
@@ -880,7 +926,3 @@ func (w *a2aWire) learnContext(req Request, task *a2aTask) {
 		f.settle()
 	}
 }
-
-// firstInFlight says why a turn beside its conversation's first is not
-// sent.
-const firstInFlight = "its conversation's first turn is still in flight, and has not named its context: the context, which the agent names, is not known"

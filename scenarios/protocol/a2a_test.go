@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -51,6 +52,7 @@ func (a *a2aAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.methods = append(a.methods, call.Method)
 	a.bodies = append(a.bodies, raw)
 	a.mu.Unlock()
+	r.Body = io.NopCloser(bytes.NewReader(raw)) // for answer to read again
 	var p struct {
 		ID string `json:"id"`
 	}
@@ -140,46 +142,95 @@ func TestA2AContextFromTheAnswer(t *testing.T) {
 }
 
 // TestA2AFirstTurnAlone: while a conversation's first turn is in flight,
-// a turn beside it has no context to name: beside a message/send it is
-// not sent; beside a stream it waits for the context the stream's first
-// event names.
+// a turn beside it has no context to name: it is held back (Waits), and
+// goes once the first turn's answer named the context: a stream's first
+// event, or a message/send's answer at the task's end. Only where the
+// first turn ended without naming one is it not sent, and it says so.
 func TestA2AFirstTurnAlone(t *testing.T) {
-	c := a2aClient(t, &a2aAgent{}, targets.A2AAPI{})
-	first := c.NewRequest(context.Background(), turn("tc-u1", false))
-	assert.Empty(t, first.Unsent)
-	second := c.NewRequest(context.Background(), turn("tc-u2", true))
-	assert.Contains(t, second.Unsent, "first turn is still in flight")
-	out := c.Send(context.Background(), second)
-	assert.Equal(t, model.Fail, out.Outcome)
-	assert.Equal(t, CauseUnsent, out.Cause)
-
 	release := make(chan struct{})
+	var asked sync.Map // the contextId each message came with, by its text
 	agent := &a2aAgent{
 		answer: func(w http.ResponseWriter, r *http.Request) {
-			events(w, task("t1", "ctx-7", "working"))
-			select {
-			case <-release:
-			case <-r.Context().Done():
+			var call struct {
+				Method string `json:"method"`
+				Params struct {
+					Message struct {
+						ContextID string            `json:"contextId"`
+						Parts     []json.RawMessage `json:"parts"`
+					} `json:"message"`
+				} `json:"params"`
 			}
-			events(w, status("t1", "ctx-7", stateCompleted))
+			body, _ := io.ReadAll(r.Body)
+			require.NoError(t, json.Unmarshal(body, &call))
+			asked.Store(string(call.Params.Message.Parts[0]), call.Params.Message.ContextID)
+			if call.Params.Message.ContextID == "" {
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+			}
+			if call.Method == a2aSend {
+				fmt.Fprintf(w, `{"jsonrpc":"2.0","id":1,"result":%s}`, task("t1", "ctx-7", stateCompleted))
+				return
+			}
+			events(w, task("t1", "ctx-7", "working"), status("t1", "ctx-7", stateCompleted))
 		},
 		get: func(string) string { return task("t1", "ctx-7", stateCompleted) },
 	}
-	c = a2aClient(t, agent, targets.A2AAPI{})
-	first = c.NewRequest(context.Background(), turn("tc-u1", true))
+	for _, firstStreams := range []bool{false, true} {
+		release = make(chan struct{})
+		c := a2aClient(t, agent, targets.A2AAPI{})
+		first := c.NewRequest(context.Background(), turn("tc-u1", firstStreams))
+		assert.Nil(t, first.Waits)
+		done := make(chan Response)
+		go func() { done <- c.Send(context.Background(), first) }()
+		second := c.NewRequest(context.Background(), turn("tc-u2", true))
+		assert.Empty(t, second.Unsent, "beside a first turn in flight, it waits")
+		require.NotNil(t, second.Waits)
+		sent := make(chan Response)
+		go func() { sent <- c.Send(context.Background(), second) }()
+		select {
+		case <-second.Waits:
+			if !firstStreams {
+				t.Fatal("beside a message/send, it went before the first turn's answer")
+			}
+		case <-time.After(100 * time.Millisecond):
+		}
+		close(release)
+		assert.Equal(t, model.OK, (<-done).Outcome)
+		out := <-sent
+		assert.Equal(t, model.OK, out.Outcome, out.Detail)
+		require.NotNil(t, out.Sent, "the request as it went")
+		assert.Equal(t, "ctx-7", out.Sent.Session, "in the context the first turn's answer named")
+		assert.Contains(t, string(out.Sent.Body), `"contextId":"ctx-7"`)
+	}
+
+	// The first turn is refused before its task began: no context, and
+	// the one beside it is not sent, saying why.
+	refusing := &a2aAgent{answer: func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		fmt.Fprint(w, `{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"no"}}`)
+	}}
+	release = make(chan struct{})
+	c := a2aClient(t, refusing, targets.A2AAPI{})
+	first := c.NewRequest(context.Background(), turn("tc-u1", false))
 	done := make(chan Response)
 	go func() { done <- c.Send(context.Background(), first) }()
-	second = c.NewRequest(context.Background(), turn("tc-u2", true))
-	assert.Empty(t, second.Unsent)
-	assert.Equal(t, "ctx-7", second.Session, "named by the first turn's first event")
+	second := c.NewRequest(context.Background(), turn("tc-u2", false))
+	sent := make(chan Response)
+	go func() { sent <- c.Send(context.Background(), second) }()
 	close(release)
-	assert.Equal(t, model.OK, (<-done).Outcome)
+	assert.Equal(t, model.Fail, (<-done).Outcome)
+	out := <-sent
+	assert.Equal(t, CauseUnsent, out.Cause)
+	assert.Contains(t, out.Detail, "ended without naming a context")
 
 	named := a2aClient(t, &a2aAgent{}, targets.A2AAPI{ContextIDs: targets.ContextsClient})
 	a, b := named.NewRequest(context.Background(), turn("tc-u1", true)), named.NewRequest(context.Background(), turn("tc-u2", true))
 	assert.Equal(t, "conv-1", a.Session, "the client names the context")
 	assert.Equal(t, a.Session, b.Session)
 	assert.Empty(t, b.Unsent)
+	assert.Nil(t, b.Waits)
 }
 
 // TestA2AHostileAgent: what an agent answers that A2A does not allow, or

@@ -64,6 +64,15 @@ type Request struct {
 	// reports which client it saw go away names the request by it. It is
 	// the harness's, not the turn's, and is not saved.
 	Tag string `json:"-"`
+	// Waits, if not nil, is closed once the request may go: until then
+	// the client holds it back, waiting on another request of the step
+	// (an A2A turn beside its conversation's first, until that one names
+	// the context). It is the harness's, and is not saved.
+	Waits <-chan struct{} `json:"-"`
+	// Goes, if not nil, is closed by the harness once a request held back
+	// (Waits) may go, after Waits closed: it lets such requests go one
+	// at a time, in the order sent. Not saved.
+	Goes <-chan struct{} `json:"-"`
 	// Stopped, if set, is called at most once, while the request is
 	// still open, when the server says it stopped the turn its client
 	// cancelled: an A2A task answered canceled, in the answer to
@@ -105,8 +114,14 @@ type Request struct {
 	tok       model.Token
 	taskAbort string
 	// founds marks an A2A turn sent without a context, whose answer names
-	// its conversation's context.
+	// its conversation's context; beside is an A2A turn beside its
+	// conversation's first, sent once that one named the context (or
+	// ended), and its body built then.
 	founds bool
+	// unsentCause is the cause a request not sent (Unsent) ends with,
+	// where it is not CauseUnsent.
+	unsentCause string
+	beside      *a2aBeside
 	// run is the run of the server a Responses API request was made for
 	// (responses.runs).
 	run int
@@ -161,6 +176,10 @@ type Response struct {
 	// Its outcome is unknown, and it is judged as an interrupted turn
 	// (T10), whether or not the plan drew an abort of it.
 	Cancelled bool `json:"cancelled,omitempty"`
+	// Sent, if not nil, is the request as it finally went, where the
+	// client completed it only once it could go (Request.Waits): what a
+	// report shows. Not saved apart from the request.
+	Sent *Request `json:"-"`
 	// RanOn reports a turn the client aborted whose server ran it on all
 	// the same, as far as the harness can tell: an A2A task whose
 	// tasks/cancel could not be sent (its id not known yet). Its outcome
@@ -199,11 +218,20 @@ const (
 	CauseChunk     = "error chunk"
 	CauseRunEnded  = "still open when the run ended"
 	CauseUnsent    = "not sent (the protocol's call before it failed)"
+	// CauseNothingToName is a request not sent though nothing failed:
+	// what it was to name was not there (an A2A message naming a
+	// finished task, before any task of its conversation ended), or the
+	// client gave it up while it waited to go.
+	CauseNothingToName = "not sent (nothing failed: what it was to name was not there, or it was given up while it waited)"
 	// The Responses API's and session APIs' own.
 	CauseNoResponse   = "200 without a response object"
 	CauseNotCompleted = "stream ended before the turn completed"
 	CauseFailedEvent  = "failure event"
 )
+
+// NotSent reports whether cause is a request's that never reached the
+// server.
+func NotSent(cause string) bool { return cause == CauseUnsent || cause == CauseNothingToName }
 
 // ErrorDrain bounds how long the client keeps reading a stream after an
 // error chunk, for the server to end the response: a server may finish

@@ -1,0 +1,54 @@
+package execute
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestParkedGoOneAtATime: requests the client held back (an A2A turn
+// beside its conversation's first, until that one names the context) go
+// one at a time, in the order sent, each once the others are at rest, so
+// that which reaches the server first is the seed's to say, not a race of
+// goroutines let go at once.
+func TestParkedGoOneAtATime(t *testing.T) {
+	e := &executor{spent: timeSpent{}}
+	wake := make(chan struct{}, 16)
+	named := make(chan struct{}) // the first turn named the context
+	first := &flight{done: make(chan struct{})}
+	first.arrived.Store(true) // held by the model
+	var beside []*flight
+	var order []int
+	for i := range 3 {
+		f := &flight{done: make(chan struct{}), waits: named, goes: make(chan struct{})}
+		beside = append(beside, f)
+		go func() {
+			<-f.goes
+			for _, o := range beside[:i] {
+				// Each one before it had come to rest when it went.
+				if !o.held() {
+					order = append(order, -1)
+				}
+			}
+			order = append(order, i)
+			f.arrived.Store(true) // reached the model, held there
+			wake <- struct{}{}
+		}()
+	}
+	flights := append([]*flight{first}, beside...)
+
+	// Until the first names the context, they wait, at rest.
+	e.settle(flights, wake)
+	for _, f := range beside {
+		assert.False(t, f.gone)
+	}
+
+	close(named)
+	e.settle(flights, wake)
+	for _, f := range beside {
+		require.True(t, f.gone)
+		require.True(t, f.held())
+	}
+	assert.Equal(t, []int{0, 1, 2}, order)
+}
