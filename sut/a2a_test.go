@@ -37,8 +37,9 @@ type a2aAnswer struct {
 			} `json:"parts"`
 		} `json:"artifact"`
 		History []struct {
-			Role  string `json:"role"`
-			Parts []struct {
+			Role      string `json:"role"`
+			MessageID string `json:"messageId"`
+			Parts     []struct {
 				Text string `json:"text"`
 			} `json:"parts"`
 		} `json:"history"`
@@ -166,7 +167,7 @@ func TestA2AServesContextsAndTasks(t *testing.T) {
 		"a blank message": {"message/send", a2aMessage(ctx, "  \n"), -32602, http.StatusBadRequest},
 		"a message with no parts": {"message/send", map[string]any{"message": map[string]any{"role": "user", "parts": []any{},
 			"contextId": ctx}}, -32602, http.StatusBadRequest},
-		"an unknown context":  {"message/send", a2aMessage("ctx-nowhere", "tc-u4 hello"), -32603, http.StatusNotFound},
+		"an unknown context":  {"message/send", a2aMessage("ctx-nowhere", "tc-u4 hello"), -32602, http.StatusNotFound},
 		"an unknown method":   {"tasks/resubscribe", map[string]string{"id": first.ID}, -32601, http.StatusNotFound},
 		"an unknown task":     {"tasks/get", map[string]string{"id": "task-x"}, -32001, http.StatusNotFound},
 		"a message to a task": {"message/send", map[string]any{"message": map[string]any{"role": "user", "taskId": first.ID, "parts": []map[string]string{{"kind": "text", "text": "tc-u5"}}}}, -32602, http.StatusBadRequest},
@@ -378,4 +379,51 @@ func TestA2ABodiesAsStrictAsAnyAPI(t *testing.T) {
 		assert.NotNil(t, a.Error, "%s: refused with a JSON-RPC error: %s", name, r.body)
 		assert.Equal(t, n, e.model.CallCount(), "%s: no model call", name)
 	}
+}
+
+// TestA2AJSONRPCByTheBook: the endpoint keeps JSON-RPC 2.0's rules as
+// written, whatever a lenient client would get away with: an id is a
+// string, a number or null; a call without one is a notification, which
+// gets no answer and runs nothing; "jsonrpc" is "2.0"; and the agent's
+// own messages carry a messageId. (An unknown method, context or task:
+// TestA2AServesContextsAndTasks.)
+func TestA2AJSONRPCByTheBook(t *testing.T) {
+	e := newEnv(t, sut.Config{})
+	msg := `{"message":{"kind":"message","role":"user","messageId":"m1","parts":[{"kind":"text","text":"tc-u1 hello"}]}}`
+	for name, c := range map[string]struct {
+		body string
+		code int
+	}{
+		"id true":      {`{"jsonrpc":"2.0","id":true,"method":"message/send","params":` + msg + `}`, -32600},
+		"id an object": {`{"jsonrpc":"2.0","id":{},"method":"message/send","params":` + msg + `}`, -32600},
+		"id an array":  {`{"jsonrpc":"2.0","id":[],"method":"message/send","params":` + msg + `}`, -32600},
+		"jsonrpc 1.0":  {`{"jsonrpc":"1.0","id":1,"method":"message/send","params":` + msg + `}`, -32600},
+	} {
+		n := e.model.CallCount()
+		r := postURL(t, e.client, e.srv.URL()+"/a2a", c.body, headers("", ""))
+		var a a2aAnswer
+		require.NoError(t, json.Unmarshal(r.body, &a), "%s: %s", name, r.body)
+		require.NotNil(t, a.Error, "%s: %s", name, r.body)
+		assert.Equal(t, c.code, a.Error.Code, "%s: %s", name, r.body)
+		assert.Equal(t, n, e.model.CallCount(), "%s: no model call", name)
+	}
+
+	n := e.model.CallCount()
+	r := postURL(t, e.client, e.srv.URL()+"/a2a", `{"jsonrpc":"2.0","method":"message/send","params":`+msg+`}`, headers("", ""))
+	assert.Equal(t, http.StatusNoContent, r.status, "a notification: %s", r.body)
+	assert.Empty(t, r.body)
+	assert.Equal(t, n, e.model.CallCount(), "a notification runs nothing")
+
+	a := e.send(t, "", "tc-u3")
+	require.Nil(t, a.Error)
+	got := e.rpc(t, "", "tasks/get", map[string]string{"id": a.Result.ID})
+	require.Len(t, got, 1)
+	var agent int
+	for _, m := range got[0].Result.History {
+		if m.Role == "agent" {
+			agent++
+			assert.NotEmpty(t, m.MessageID, "the agent's message carries a messageId")
+		}
+	}
+	assert.Equal(t, 1, agent)
 }

@@ -57,7 +57,8 @@ type Handler struct {
 type task struct {
 	id, context, scope string
 	user               message
-	// state is the task's A2A state; reply the text its turn streamed.
+	// state is the task's A2A state; reply the text its turn answered,
+	// kept at its end.
 	state, reply string
 	// cancel ends the task's turn (tasks/cancel); cancelled says it was
 	// asked, done that the turn ended.
@@ -151,8 +152,19 @@ func (h *Handler) RPC(w http.ResponseWriter, r *http.Request) {
 			rpcError(w, nil, codeParse, "the body is not a JSON-RPC call: "+err.Error(), http.StatusBadRequest)
 			return
 		}
+		if !validID(req.ID) {
+			// An id the answer could not carry back as the client sent it.
+			rpcError(w, nil, codeInvalidRequest, "id: want a string, a number or null", http.StatusBadRequest)
+			return
+		}
 		if req.JSONRPC != "2.0" || req.Method == "" {
 			rpcError(w, req.ID, codeInvalidRequest, `a call needs "jsonrpc": "2.0" and a method`, http.StatusBadRequest)
+			return
+		}
+		if req.ID == nil {
+			// A notification: JSON-RPC answers none, and A2A defines none
+			// to act on, so nothing is run for it.
+			w.WriteHeader(http.StatusNoContent)
 			return
 		}
 		switch req.Method {
@@ -178,6 +190,19 @@ func rpcError(w http.ResponseWriter, id json.RawMessage, code int, msg string, s
 // rpcResult is a JSON-RPC answer carrying result.
 func rpcResult(id json.RawMessage, result any) string {
 	return string(turn.MustJSON(map[string]any{"jsonrpc": "2.0", "id": rawID(id), "result": result}))
+}
+
+// validID reports whether id, as a call carried it, is one JSON-RPC
+// allows: a string, a number, null, or none (a notification).
+func validID(id json.RawMessage) bool {
+	if len(id) == 0 || string(id) == "null" {
+		return true
+	}
+	switch c := id[0]; {
+	case c == '"', c == '-', c >= '0' && c <= '9':
+		return true
+	}
+	return false
 }
 
 func rawID(id json.RawMessage) json.RawMessage {
@@ -386,7 +411,7 @@ func (h *Handler) object(t *task) taskObject {
 	if t.state == "completed" {
 		reply := []part{{Kind: "text", Text: t.reply}}
 		obj.Artifacts = []artifact{{ArtifactID: "reply", Parts: reply}}
-		obj.History = append(obj.History, message{Kind: "message", Role: "agent", ContextID: t.context, TaskID: t.id, Parts: reply})
+		obj.History = append(obj.History, message{Kind: "message", Role: "agent", MessageID: t.id + "-reply", ContextID: t.context, TaskID: t.id, Parts: reply})
 	}
 	return obj
 }
@@ -454,18 +479,25 @@ func (c *client) Refuse(r *admission.Refusal) {
 		c.resp.h.mu.Unlock()
 		obj := c.resp.h.object(t)
 		if t.state == "failed" {
-			obj.Status.Message = &message{Kind: "message", Role: "agent", ContextID: t.context, TaskID: t.id, Parts: []part{{Kind: "text", Text: r.Message}}}
+			obj.Status.Message = &message{Kind: "message", Role: "agent", MessageID: t.id + "-status", ContextID: t.context, TaskID: t.id, Parts: []part{{Kind: "text", Text: r.Message}}}
 		}
 		c.w.Header().Set("Content-Type", "application/json")
 		_, _ = c.w.Write([]byte(rpcResult(c.id, obj)))
 		return
 	}
-	if r.RetryAfter {
-		c.w.Header().Set("Retry-After", "1")
-	}
 	code := codeInternal
-	if r.Status == http.StatusBadRequest {
+	switch r.Status {
+	case http.StatusBadRequest, http.StatusNotFound:
+		// A context that is not there is a parameter the server cannot
+		// serve, not a fault of its own.
 		code = codeInvalidParams
+	}
+	if r.RetryAfter {
+		// Overload reads as the gate's does: a 503 with Retry-After,
+		// its body the JSON-RPC error.
+		c.w.Header().Set("Retry-After", "1")
+		c.w.Header().Set("Content-Type", "application/json")
+		c.w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	rpcError(c.w, c.id, code, r.Message, r.Status)
 }
@@ -536,9 +568,9 @@ func (p *responder) Delta(o *turn.Output, text string) {
 	if p.canceledAnyway(o) {
 		return
 	}
-	p.h.mu.Lock()
-	p.task.reply += text
-	p.h.mu.Unlock()
+	// The reply is kept whole at the task's end (Succeeded); a task
+	// shows none before, so the pieces are not summed here, which costs
+	// the square of the reply's length in its pieces.
 	if p.stream {
 		o.Write("", rpcResult(p.id, artifactUpdate{Kind: "artifact-update", TaskID: p.task.id, ContextID: p.task.context,
 			Artifact: artifact{ArtifactID: "reply", Parts: []part{{Kind: "text", Text: text}}}, Append: p.chunks > 0}))
@@ -571,6 +603,6 @@ func (p *responder) Failed(o *turn.Output, _, msg string) {
 	p.task.state = "failed"
 	p.h.mu.Unlock()
 	o.Write("", rpcResult(p.id, statusUpdate{Kind: "status-update", TaskID: p.task.id, ContextID: p.task.context, Final: true,
-		Status: status{State: "failed", Message: &message{Kind: "message", Role: "agent", ContextID: p.task.context, TaskID: p.task.id,
+		Status: status{State: "failed", Message: &message{Kind: "message", Role: "agent", MessageID: p.task.id + "-status", ContextID: p.task.context, TaskID: p.task.id,
 			Parts: []part{{Kind: "text", Text: msg}}}}}))
 }
