@@ -457,27 +457,36 @@ func TestACPModelFailureAndRefusal(t *testing.T) {
 	assert.Equal(t, toks("u1", "a1", "u5"), e.ok(s, "tc-u5"), "nothing of the failed, cut or refused turns")
 }
 
-// TestACPMalformedLines: a line that is no JSON-RPC message is answered
-// with a JSON-RPC error (id null) and skipped, an oversized one unread;
-// the server goes on.
+// TestACPMalformedLines: a line that is no JSON-RPC 2.0 message is
+// answered with a JSON-RPC error (its id where it had a valid one, else
+// null) and skipped, an oversized one unread; the server goes on.
 func TestACPMalformedLines(t *testing.T) {
 	e := startACP(t, sut.Config{MaxBodyBytes: 4096})
 	s := e.c.newSession()
 	for _, tc := range []struct {
 		line string
 		code int
+		id   string
 	}{
-		{"this is not JSON", -32700},
-		{`{"jsonrpc":"2.0","id":7,"method":"session/prompt"`, -32700},
-		{"[1,2,3]", -32600},
-		{`"a string"`, -32600},
-		{`{"jsonrpc":"2.0","params":{}}`, -32600},
-		{`{"jsonrpc":"2.0","id":8,"method":"session/prompt","params":"` + strings.Repeat("x", 8000) + `"}`, -32600},
+		{"this is not JSON", -32700, "null"},
+		{`{"jsonrpc":"2.0","id":7,"method":"session/prompt"`, -32700, "null"},
+		{"[1,2,3]", -32600, "null"},
+		{`"a string"`, -32600, "null"},
+		{`{"jsonrpc":"2.0","params":{}}`, -32600, "null"},
+		{`{"jsonrpc":"2.0","id":8,"method":"session/prompt","params":"` + strings.Repeat("x", 8000) + `"}`, -32600, "null"},
+		// JSON-RPC 2.0 as written: an id a string, a number or null; the
+		// version said; a method named.
+		{`{"jsonrpc":"2.0","id":true,"method":"initialize","params":{"protocolVersion":1}}`, -32600, "null"},
+		{`{"jsonrpc":"2.0","id":{},"method":"initialize","params":{"protocolVersion":1}}`, -32600, "null"},
+		{`{"jsonrpc":"1.0","id":9,"method":"initialize","params":{"protocolVersion":1}}`, -32600, "9"},
+		{`{"id":"x","method":"initialize","params":{"protocolVersion":1}}`, -32600, `"x"`},
+		{`{"jsonrpc":"2.0","id":10,"method":"","params":{}}`, -32601, "10"},
+		{`{"jsonrpc":"2.0","id":11,"method":"session/rerun","params":{}}`, -32601, "11"},
 	} {
 		mark := e.c.mark()
 		e.c.raw(tc.line)
 		m := e.c.awaitMsg(mark, func(m rpcMsg) bool { return m.Error != nil })
-		assert.Equal(t, "null", string(m.ID), "%.40s", tc.line)
+		assert.Equal(t, tc.id, string(m.ID), "%.40s", tc.line)
 		assert.Equal(t, tc.code, m.Error.Code, "%.40s", tc.line)
 	}
 	e.c.raw("")

@@ -138,6 +138,7 @@ type rpcErrorDetail struct {
 const (
 	rpcParseError     = -32700
 	rpcInvalidRequest = -32600
+	rpcMethodNotFound = -32601
 )
 
 // ReadLines reads the client's lines from in and hands every one that is
@@ -193,13 +194,38 @@ func forwardLine(sdk io.Writer, out io.Writer, line []byte, onRequest func(), on
 		return true
 	}
 	var msg struct {
-		Method *string          `json:"method"`
-		ID     *json.RawMessage `json:"id"`
+		JSONRPC *string          `json:"jsonrpc"`
+		Method  *string          `json:"method"`
+		ID      *json.RawMessage `json:"id"`
 	}
 	if trimmed[0] != '{' || json.Unmarshal(trimmed, &msg) != nil || (msg.Method == nil && msg.ID == nil) {
 		onBad("invalid request")
 		writeRPCError(out, rpcInvalidRequest, "Invalid request",
 			`the line is not a JSON-RPC message: want an object with a "method" (a request or a notification) or an "id" (a response)`)
+		return true
+	}
+	if msg.ID != nil && !validID(*msg.ID) {
+		onBad("invalid id")
+		writeRPCError(out, rpcInvalidRequest, "Invalid request", "id: want a string, a number or null")
+		return true
+	}
+	// The id, where one came, is answered back: the client can tell
+	// which of its calls was refused.
+	id := json.RawMessage("null")
+	if msg.ID != nil {
+		id = *msg.ID
+	}
+	if msg.JSONRPC == nil || *msg.JSONRPC != "2.0" {
+		onBad("not JSON-RPC 2.0")
+		writeRPCErrorID(out, id, rpcInvalidRequest, "Invalid request", `want "jsonrpc": "2.0"`)
+		return true
+	}
+	if msg.Method != nil && *msg.Method == "" {
+		// Read on as a response (no method), it would get no answer.
+		onBad("empty method")
+		if msg.ID != nil {
+			writeRPCErrorID(out, id, rpcMethodNotFound, "Method not found", "the method is empty")
+		}
 		return true
 	}
 	if msg.Method != nil && msg.ID != nil {
@@ -212,6 +238,24 @@ func forwardLine(sdk io.Writer, out io.Writer, line []byte, onRequest func(), on
 
 // writeRPCError writes a JSON-RPC error response with a null id.
 func writeRPCError(out io.Writer, code int, message, data string) {
-	b, _ := json.Marshal(rpcError{JSONRPC: "2.0", ID: json.RawMessage("null"), Error: rpcErrorDetail{Code: code, Message: message, Data: data}})
+	writeRPCErrorID(out, json.RawMessage("null"), code, message, data)
+}
+
+// writeRPCErrorID writes a JSON-RPC error response to the call with id.
+func writeRPCErrorID(out io.Writer, id json.RawMessage, code int, message, data string) {
+	b, _ := json.Marshal(rpcError{JSONRPC: "2.0", ID: id, Error: rpcErrorDetail{Code: code, Message: message, Data: data}})
 	_, _ = out.Write(append(b, '\n'))
+}
+
+// validID reports whether id is one JSON-RPC allows: a string, a number,
+// or null.
+func validID(id json.RawMessage) bool {
+	if string(id) == "null" {
+		return true
+	}
+	switch c := id[0]; {
+	case c == '"', c == '-', c >= '0' && c <= '9':
+		return true
+	}
+	return false
 }
