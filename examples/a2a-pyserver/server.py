@@ -50,8 +50,15 @@ args = None
 BUGS = set()
 
 
+LOG_FILE = os.environ.get("A2A_LOG")  # also append the log to this file, if set
+
+
 def log(*a):
-    print(time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
+    line = " ".join([time.strftime("%H:%M:%S")] + [str(x) for x in a])
+    print(line, file=sys.stderr, flush=True)
+    if LOG_FILE:
+        with open(LOG_FILE, "a") as f:
+            f.write("%d %s\n" % (os.getpid(), line))
 
 
 def now():

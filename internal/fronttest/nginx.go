@@ -31,7 +31,8 @@ func NginxPath() (string, error) {
 }
 
 // nginxConf is an nginx front for a server's replicas as its operators
-// would write one: round robin over the upstreams, keep-alive connections
+// would write one: each request to the upstream with the fewest in flight
+// (least_conn), keep-alive connections
 // to them, streams passed on unbuffered, the client's Host passed on (a
 // server that guards against DNS rebinding answers only to its own,
 // loopback names: nginx would send "replicas"), nginx's defaults
@@ -55,6 +56,7 @@ http {
 	uwsgi_temp_path %[2]s/uwsgi;
 	scgi_temp_path %[2]s/scgi;
 	upstream replicas {
+		least_conn;
 %[3]s		keepalive 16;
 	}
 	server {
