@@ -1008,6 +1008,14 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 		// of how the resume went.
 		return nil, false
 	}
+	if t.Outcome == Fail && !called && slices.ContainsFunc(step, func(o Turn) bool {
+		return o.Conv == t.Conv && o.User != t.User && o.overlaps(t) && o.resumed()
+	}) {
+		// A turn sent at once with it resumed the conversation: this one
+		// failing before its model call shows how the server takes two
+		// turns at once (T4), not that the conversation did not resume.
+		return nil, false
+	}
 	inv := cv.resume
 	m.checked.add(inv)
 	if t.Outcome == Fail && !called && (t.Status == 404 || t.Status >= 500) {
@@ -1028,6 +1036,12 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 	resumed := called || t.Outcome == OK
 	m.survived = m.survived || resumed && inv == T7
 	return nil, resumed
+}
+
+// resumed reports whether t reached the model with a request of its own,
+// or ended ok: its conversation was there to run it on.
+func (t Turn) resumed() bool {
+	return t.Outcome == OK || slices.ContainsFunc(t.Calls, func(c Call) bool { return c.Turn == t.User })
 }
 
 // apply applies t, a turn of step, on its conversation cv; k, if not nil,

@@ -1169,6 +1169,21 @@ func TestRestartSourceChange(t *testing.T) {
 	require.Nil(t, m.Apply(ok(convA, u(3), call(u(3), u(1), a(1), u(3)))))
 	assert.Equal(t, 1, m.Checked()[model.T8])
 
+	// Two turns at once after the change (docker-agent's serve a2a: both
+	// create the context's session, one fails "already exists"): one
+	// resumed, so the other's failure before its model call is the way
+	// the server takes two turns at once (T4's), not a failed resume.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	require.Nil(t, m.Apply(ok(convA, u(2), call(u(2), u(1), a(1), u(2)))))
+	m.Restart(true, false)
+	lost := at(failedBefore(convA, u(3), 502), 1, 0, 4)
+	resumed := at(ok(convA, u(4), call(u(4), u(1), a(1), u(2), a(2), u(4))), 2, 3, 5)
+	v = m.ApplyStep([]model.Turn{lost, resumed})
+	require.NotNil(t, v, "refused while the other ran, under serialize")
+	assert.Equal(t, model.T4, v.Invariant, v.Reason)
+
 	// A conversation with nothing committed binds anew: no resume.
 	m = model.New()
 	require.Nil(t, m.Apply(fail(convA, u(1), call(u(1), u(1)))))
