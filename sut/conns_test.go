@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -298,9 +300,10 @@ func TestConnCapRefusesWhenEveryConnectionHasATurn(t *testing.T) {
 }
 
 // TestRequestCapAnswers503: past MaxRequests turns at once, a request gets
-// 503 with Retry-After, and nothing changes.
+// 503 with Retry-After, and nothing changes; the log says who refused it.
 func TestRequestCapAnswers503(t *testing.T) {
-	e := newRaceEnv(t, sut.Config{MaxRequests: 1})
+	var log syncbuf.Buffer
+	e := newRaceEnv(t, sut.Config{MaxRequests: 1, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	g := e.model.hold("tc-u1")
 	f := e.send(t, "c1", "tc-u1", false)
 	arrive(t, g, "tc-u1")
@@ -309,6 +312,7 @@ func TestRequestCapAnswers503(t *testing.T) {
 	requireErrorBody(t, r, http.StatusServiceUnavailable, "overloaded")
 	assert.Equal(t, "1", r.header.Get("Retry-After"))
 	assert.Empty(t, e.model.callsOf("tc-u2"), "a refused request must not reach the model")
+	assert.Contains(t, log.String(), `msg="refused for load" by=max_requests`)
 
 	g.open()
 	requireOK(t, f.wait(t), false)

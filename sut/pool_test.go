@@ -2,6 +2,7 @@ package sut_test
 
 import (
 	"database/sql"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/internal/pgtest"
+	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/sut"
 )
 
@@ -61,7 +63,9 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // so is a session's creation then.
 func TestATurnNeedsOneStoreConnection(t *testing.T) {
 	t.Parallel()
-	a, _, _ := poolReplica(t, "one_conn", 1, sut.Config{MaxStoreConns: 3, RequestTimeout: 2 * time.Second, Deadlines: &sut.ManualDeadlines{}})
+	var log syncbuf.Buffer
+	a, _, _ := poolReplica(t, "one_conn", 1, sut.Config{MaxStoreConns: 3, RequestTimeout: 2 * time.Second, Deadlines: &sut.ManualDeadlines{},
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	assert.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
 	assert.Equal(t, hist("u1", "a1", "u2"), a.ok(t, "c1", "tc-u2", true))
 
@@ -71,6 +75,8 @@ func TestATurnNeedsOneStoreConnection(t *testing.T) {
 	r := a.send(t, "c2", "tc-u4", false).wait(t)
 	requireErrorBody(t, r, http.StatusServiceUnavailable, "overloaded")
 	assert.Equal(t, "1", r.header.Get("Retry-After"))
+	assert.Contains(t, string(r.body), "PostgreSQL took no new connection", "who refused")
+	assert.Contains(t, log.String(), `msg="refused for load" by=postgresql`)
 	assert.Empty(t, a.model.callsOf("tc-u4"), "a turn refused for want of a connection reaches no model")
 	created := postURL(t, a.client, a.srv.URL()+"/api/sessions", "{}", nil)
 	requireErrorBody(t, created, http.StatusServiceUnavailable, "overloaded")
@@ -88,7 +94,9 @@ func TestATurnNeedsOneStoreConnection(t *testing.T) {
 // call, though PostgreSQL would take more; the two held are answered.
 func TestStoreConnectionsAreBounded(t *testing.T) {
 	t.Parallel()
-	a, _, _ := poolReplica(t, "three_conns", 9, sut.Config{MaxStoreConns: 3, RequestTimeout: 2 * time.Second, Deadlines: &sut.ManualDeadlines{}})
+	var log syncbuf.Buffer
+	a, _, _ := poolReplica(t, "three_conns", 9, sut.Config{MaxStoreConns: 3, RequestTimeout: 2 * time.Second, Deadlines: &sut.ManualDeadlines{},
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	h1, h2 := a.model.hold("tc-u1"), a.model.hold("tc-u2")
 	r1 := a.send(t, "c1", "tc-u1", false)
 	arrive(t, h1, "tc-u1")
@@ -97,6 +105,9 @@ func TestStoreConnectionsAreBounded(t *testing.T) {
 	r := a.send(t, "c3", "tc-u3", false).wait(t)
 	requireErrorBody(t, r, http.StatusServiceUnavailable, "overloaded")
 	assert.Equal(t, "1", r.header.Get("Retry-After"))
+	assert.Contains(t, string(r.body), "store pool (--max-store-conns 3)", "who refused")
+	assert.Contains(t, log.String(), `msg="refused for load" by=store_pool`)
+	assert.NotContains(t, log.String(), "by=postgresql", "PostgreSQL would take more")
 	assert.Empty(t, a.model.callsOf("tc-u3"), "a turn refused for want of a connection reaches no model")
 	h1.open()
 	h2.open()

@@ -316,7 +316,7 @@ func (h *Handler) open(ctx context.Context, scope string, m message) (*task, *ad
 		t.context = turn.NewID("ctx-")
 		if err := h.Store.CreateSession(contextKey(scope, t.context)); err != nil {
 			if store.StoreFull(err) {
-				return nil, admission.Overloaded("the server's store takes no more connections; no context was created: retry shortly")
+				return nil, h.StoreFullRefusal(err, "no context was created")
 			}
 			h.Log.Error("create context", "err", err)
 			return nil, admission.Refuse(http.StatusInternalServerError, "server_error", "the context could not be created")

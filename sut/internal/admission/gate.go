@@ -8,6 +8,7 @@ package admission
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -118,6 +119,9 @@ type Gate struct {
 	// waits for the dropped ones to be answered.
 	handling atomic.Int64
 
+	// Refusals logs the requests refused for load, by whom.
+	Refusals *RefusalLog
+
 	// active counts requests in flight; once closed, none starts.
 	mu     sync.Mutex
 	closed bool
@@ -138,11 +142,13 @@ type GateConfig struct {
 	Life, Turns context.Context
 	// HTTP is what an HTTP request is checked against (AdmitHTTP).
 	HTTP HTTPConfig
+	// Log hears of the requests refused for load (RefusalLog).
+	Log *slog.Logger
 }
 
 // NewGate returns a gate open to requests.
 func NewGate(c GateConfig) *Gate {
-	g := &Gate{gauge: c.Gauge, mem: c.Memory, delay: c.Delay, life: c.Life, turns: c.Turns, http: c.HTTP}
+	g := &Gate{gauge: c.Gauge, mem: c.Memory, delay: c.Delay, life: c.Life, turns: c.Turns, http: c.HTTP, Refusals: NewRefusalLog(c.Log)}
 	g.slots.Max = int64(c.MaxRequests)
 	return g
 }
@@ -277,15 +283,18 @@ func (t *Ticket) Admit(ctx context.Context, check func() *Refusal, cost int64, r
 		t.mem.Shrink(bodyFactor * unused)
 	}
 	if !g.slots.take() {
-		return nil, Overloaded(fmt.Sprintf("the server is working on %d requests, its limit; nothing was changed: retry shortly", g.slots.Max))
+		why := fmt.Sprintf("the server is working on %d requests, its limit (--max-requests)", g.slots.Max)
+		g.Refusals.Refused("max_requests", why)
+		return nil, Overloaded(why + "; nothing was changed: retry shortly")
 	}
 	return g.slots.give, nil
 }
 
 // OverBudget is the refusal of a request for want of memory.
 func (g *Gate) OverBudget() *Refusal {
-	return Overloaded(fmt.Sprintf("the server's memory budget (%d bytes) is taken by the requests in flight; nothing was changed: retry shortly",
-		g.mem.Max))
+	why := fmt.Sprintf("the server's memory budget (%d bytes, --max-memory) is taken by the requests in flight", g.mem.Max)
+	g.Refusals.Refused("memory", why)
+	return Overloaded(why + "; nothing was changed: retry shortly")
 }
 
 // MaxMemory is the memory budget in bytes.

@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/turncheck/turncheck/internal/openai"
-	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/config"
 	"github.com/turncheck/turncheck/sut/internal/store"
 	"github.com/turncheck/turncheck/sut/internal/turn"
@@ -51,7 +50,7 @@ func (s *Handler) CreateSession(w http.ResponseWriter, r *http.Request) {
 		id := turn.NewID("")
 		if err := s.Store.CreateSession(store.Key{Scope: scope, ID: turn.NsSession + id}); err != nil {
 			if store.StoreFull(err) {
-				admission.Overloaded("the server's store takes no more connections; no session was created: retry shortly").Write(w)
+				s.StoreFullRefusal(err, "no session was created").Write(w)
 				return
 			}
 			s.Log.Error("create session", "err", err)

@@ -96,6 +96,17 @@ func DefaultMaxStoreConns(maxRequests int) int {
 // refused before any model call (503, Retry-After).
 var errStoreBusy = errors.New("every connection to the store is in use")
 
+// RefusedBy names who refused a turn a connection (err, StoreFull):
+// "postgresql", where the database took no new one, or "store_pool",
+// where the server's own connections were all held by turns.
+func RefusedBy(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return "postgresql"
+	}
+	return "store_pool"
+}
+
 // StoreFull reports whether err is PostgreSQL refusing a connection for
 // want of room (too many clients, the slots left reserved, a server
 // starting or stopping): it may take one a moment later, and a turn
@@ -188,6 +199,10 @@ type AdvisoryLocks struct {
 	schema string
 	// budget bounds the connections turns hold, one a turn.
 	budget *connBudget
+	// Refused, if set, hears of each time PostgreSQL refused a new
+	// connection for want of room (StoreFull), though a later try may
+	// have got one: set once, before any turn.
+	Refused func(err error)
 }
 
 // key is k's advisory lock key: a 64-bit FNV-1a hash of the store's
@@ -259,6 +274,9 @@ func (a *AdvisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.C
 		conn, err := a.db.Conn(ctx)
 		if err == nil || !StoreFull(err) {
 			return conn, err
+		}
+		if a.Refused != nil {
+			a.Refused(err)
 		}
 		if !b.wait(ctx) {
 			if time.Until(deadline) <= 0 {

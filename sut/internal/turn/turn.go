@@ -349,9 +349,23 @@ func (s *Engine) Refuse(rctx context.Context, c Client, t *Turn, err error) {
 // no connection to the store was to be had within its wait: the server's
 // own were all held by turns (MaxStoreConns), or the database took no
 // more. It is load, not a fault: 503 with Retry-After, nothing changed.
-func (s *Engine) refuseStoreFull(c Client, t *Turn, err error) {
-	s.Log.Warn("no connection to the store; turn refused", "conversation", t.Key.ID, "max_store_conns", s.Cfg.MaxStoreConns, "err", err)
-	c.Refuse(admission.Overloaded("every connection to the server's store is in use; nothing was changed: retry shortly"))
+func (s *Engine) refuseStoreFull(c Client, _ *Turn, err error) {
+	c.Refuse(s.StoreFullRefusal(err, "nothing was changed"))
+}
+
+// StoreFullRefusal is the refusal, for load, of a request that got no
+// connection to the store within its wait (err, store.StoreFull), saying
+// who refused it, PostgreSQL or the server's own pool; it is logged
+// (Gate.Refusals). undone says what the request did not do.
+func (s *Engine) StoreFullRefusal(err error, undone string) *admission.Refusal {
+	who, why := store.RefusedBy(err), ""
+	if who == "postgresql" {
+		why = "PostgreSQL took no new connection to the server's store (it is at its max_connections, or not taking any) within the request's wait"
+	} else {
+		why = fmt.Sprintf("every connection of the server's store pool (--max-store-conns %d) was held by other turns for the request's whole wait", s.Cfg.MaxStoreConns)
+	}
+	s.Gate.Refusals.Refused(who, why)
+	return admission.Overloaded(why + "; " + undone + ": retry shortly")
 }
 
 // Run runs the turn's tool loop on its working copy, answers the client in
@@ -670,6 +684,19 @@ type Parts struct {
 // NewEngine returns the engine of a server configured by cfg (its
 // defaults filled in) over p.
 func NewEngine(cfg config.Config, p Parts) *Engine {
+	e := newEngine(cfg, p)
+	if p.Store != nil && p.Store.Shared != nil {
+		// PostgreSQL's refusals of a connection are load, logged as
+		// such, though a later try may get one.
+		e.Store.Shared.Refused = func(err error) {
+			e.Gate.Refusals.Refused("postgresql", "PostgreSQL refused a new connection: "+err.Error())
+		}
+	}
+	return e
+}
+
+// newEngine is NewEngine, before the store hears of the gate.
+func newEngine(cfg config.Config, p Parts) *Engine {
 	life, kill := context.WithCancel(context.Background())
 	turns, endTurns := context.WithCancel(life)
 	up := newUpstream(p.ModelURL, cfg.ModelName, cfg.MaxRequests)
@@ -690,7 +717,8 @@ func NewEngine(cfg config.Config, p Parts) *Engine {
 		Redact:    NewRedactor(cfg.Keys, p.ModelURL).Redact,
 		Gate: admission.NewGate(admission.GateConfig{Gauge: cfg.Gauge, Memory: p.Mem, MaxRequests: cfg.MaxRequests,
 			Delay: cfg.TurnDelay, Life: life, Turns: turns,
-			HTTP: admission.HTTPConfig{Keys: cfg.Keys, Scopes: p.Scopes, MaxBodyBytes: cfg.MaxBodyBytes, BodyTimeout: cfg.BodyTimeout}}),
+			HTTP: admission.HTTPConfig{Keys: cfg.Keys, Scopes: p.Scopes, MaxBodyBytes: cfg.MaxBodyBytes, BodyTimeout: cfg.BodyTimeout},
+			Log:  p.Log}),
 	}
 }
 
