@@ -470,6 +470,57 @@ func TestExampleServerConforms(t *testing.T) {
 	}
 }
 
+// TestIndependentA2AServer: an A2A agent written from the A2A
+// specification alone (examples/a2a-pyserver, Python's standard library),
+// checked through its profile as a user would: correct, it breaks
+// nothing; with a real A2A bug switched on, that bug is found under its
+// own invariant: an executor that never hears of tasks/cancel (answered
+// canceled, committed all the same) is T10, and a message naming a
+// finished task that runs it again is T3.
+func TestIndependentA2AServer(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3 on this machine: the example server is a Python script")
+	}
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	shipped, err := os.ReadFile(filepath.Join(root, "examples/a2a-pyserver/profile.yaml"))
+	require.NoError(t, err)
+	profile := func(t *testing.T, bug string) string {
+		// The profile names its script from the repository's root: here
+		// by its absolute path, so that the subtests can run at once.
+		text := strings.Replace(string(shipped), "examples/a2a-pyserver/server.py", filepath.Join(root, "examples/a2a-pyserver/server.py"), 1)
+		if bug != "" {
+			text = strings.Replace(text, `--queue-wait, "8"]`, `--queue-wait, "8", --bug, `+bug+`]`, 1)
+			require.Contains(t, text, bug)
+		}
+		path := filepath.Join(t.TempDir(), "profile.yaml")
+		require.NoError(t, os.WriteFile(path, []byte(text), 0o644))
+		return path
+	}
+	for _, c := range []struct {
+		bug    string
+		checks string
+		inv    string
+	}{
+		{"", "4", ""},
+		{"ignore-cancel", "3", "T10"},
+		{"rerun-finished-task", "3", "T3"},
+	} {
+		t.Run(cmp.Or(c.bug, "correct"), func(t *testing.T) {
+			t.Parallel()
+			code, stdout, stderr := runCLI(t, "conform", "--profile", profile(t, c.bug), "--checks", c.checks, "--steps", "15",
+				"--seed", "1", "--save", t.TempDir())
+			if c.inv == "" {
+				assert.NotEqual(t, exitViolation, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+				assert.NotRegexp(t, `(?m)^\S+ +[a-z].* FAIL `, stdout)
+				return
+			}
+			require.Equal(t, exitViolation, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+			assert.Contains(t, verdictLine(stdout, c.inv), "FAIL", stdout)
+		})
+	}
+}
+
 // TestProgressLine: the progress line counts checks and names the failure
 // being shrunk.
 func TestProgressLine(t *testing.T) {

@@ -18,6 +18,7 @@ Bug switches for checking the checker (env A2A_BUG or --bug, comma-separated):
   ignore-cancel        tasks/cancel answers canceled, the task runs on and commits
   run-on-after-drop    a dropped connection does not stop its task
   rerun-finished-task  a message naming a finished task runs its message again
+A2A_LOG=FILE also appends the server's log lines to FILE.
 
     turncheck conform --profile examples/a2a-pyserver/profile.yaml
 """
