@@ -482,6 +482,9 @@ func TestACPMalformedLines(t *testing.T) {
 		{`{"id":"x","method":"initialize","params":{"protocolVersion":1}}`, -32600, `"x"`},
 		{`{"jsonrpc":"2.0","id":10,"method":"","params":{}}`, -32601, "10"},
 		{`{"jsonrpc":"2.0","id":11,"method":"session/rerun","params":{}}`, -32601, "11"},
+		// Read as strictly as any API's body: a key twice, invalid UTF-8.
+		{`{"jsonrpc":"2.0","id":12,"method":"session/cancel","method":"initialize","params":{"protocolVersion":1}}`, -32700, "null"},
+		{"{\"jsonrpc\":\"2.0\",\"id\":13,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1,\"x\":\"\xff\"}}", -32700, "null"},
 	} {
 		mark := e.c.mark()
 		e.c.raw(tc.line)

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/turncheck/turncheck/internal/openai"
 	"io"
 	"sync"
 	"time"
@@ -188,9 +189,13 @@ func forwardLine(sdk io.Writer, out io.Writer, line []byte, onRequest func(), on
 	if len(trimmed) == 0 {
 		return true
 	}
-	if !json.Valid(trimmed) {
+	// Read as every API's body is (openai.DecodeStrict): one JSON value in
+	// valid UTF-8, no key twice (a method given twice must not run the
+	// last one), nothing after it.
+	var top any
+	if err := openai.DecodeStrict(trimmed, &top); err != nil {
 		onBad("parse error")
-		writeRPCError(out, rpcParseError, "Parse error", "the line is not valid JSON; send one JSON-RPC message per line")
+		writeRPCError(out, rpcParseError, "Parse error", "the line is not one JSON-RPC message: "+err.Error()+"; send one JSON-RPC message per line")
 		return true
 	}
 	var msg struct {
