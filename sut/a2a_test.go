@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -426,4 +428,57 @@ func TestA2AJSONRPCByTheBook(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 1, agent)
+}
+
+// TestA2ATasksKeptWithinTheMemoryBudget: the tasks an A2A agent keeps for
+// tasks/get are counted in the memory budget, as the conversation cache
+// is: with replies of 1 MiB, finished tasks are let go of (oldest first)
+// so that what is kept stays inside the budget, and the newest is still
+// there. Bytes are counted, not measured: the same on any machine.
+func TestA2ATasksKeptWithinTheMemoryBudget(t *testing.T) {
+	const replySize = 1 << 20
+	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for left := replySize; left > 0; left -= 32 << 10 {
+			fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", strings.Repeat("x", min(left, 32<<10)))
+		}
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer model.Close()
+	// The least budget a turn at these limits takes is about 13 MiB (its
+	// reply may be as long as its history): 32 tasks of 1 MiB are more.
+	const budget = 16 << 20
+	srv, err := sut.Start(sut.Config{ModelURL: model.URL + "/v1", DataDir: t.TempDir(), MaxMemory: budget,
+		MaxBodyBytes: 64 << 10, MaxHistoryBytes: 256 << 10}, "127.0.0.1:0")
+	require.NoError(t, err)
+	defer srv.Close()
+	client := &http.Client{Timeout: requestDeadline}
+	defer client.CloseIdleConnections()
+	call := func(method string, params any) a2aAnswer {
+		body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+		require.NoError(t, err)
+		r := postURL(t, client, srv.URL()+"/a2a", string(body), nil)
+		var a a2aAnswer
+		require.NoError(t, json.Unmarshal(r.body, &a), "%.200s", r.body)
+		return a
+	}
+	var ids []string
+	for i := range 32 {
+		a := call("message/send", a2aMessage("", fmt.Sprintf("tc-u%d hello", i+1)))
+		require.Nil(t, a.Error)
+		require.Equal(t, "completed", a.Result.Status.State)
+		ids = append(ids, a.Result.ID)
+	}
+	kept := 0
+	for _, id := range ids {
+		if a := call("tasks/get", map[string]string{"id": id}); a.Error == nil {
+			kept++
+		} else {
+			assert.Equal(t, -32001, a.Error.Code)
+		}
+	}
+	assert.LessOrEqual(t, kept*replySize, budget, "%d tasks of 1 MiB kept", kept)
+	assert.Nil(t, call("tasks/get", map[string]string{"id": ids[len(ids)-1]}).Error, "the newest task is kept")
+	assert.NotNil(t, call("tasks/get", map[string]string{"id": ids[0]}).Error, "the oldest is let go of")
 }

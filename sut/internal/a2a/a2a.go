@@ -34,6 +34,10 @@ const (
 // first.
 const maxTasks = 4096
 
+// taskOverhead is what a kept task costs besides its text: the task, its
+// ids, its message and artifact (measured: under 400 bytes on amd64).
+const taskOverhead = 512
+
 // JSON-RPC's and A2A's error codes the server answers with.
 const (
 	codeParse          = -32700
@@ -65,6 +69,8 @@ type task struct {
 	cancel    context.CancelFunc
 	cancelled bool
 	done      chan struct{}
+	// cost is what the task holds of the memory budget (charge).
+	cost int64
 }
 
 // The shapes of the protocol.
@@ -351,11 +357,47 @@ func (h *Handler) add(t *task) {
 	h.order = append(h.order, t.id)
 	for i := 0; len(h.tasks) > maxTasks && i < len(h.order); i++ {
 		if old := h.tasks[h.order[i]]; old != nil && terminal(old.state) {
-			delete(h.tasks, h.order[i])
-			h.order = append(h.order[:i], h.order[i+1:]...)
+			h.drop(i)
 			i--
 		}
 	}
+	h.charge(t, taskOverhead+int64(len(t.user.Parts[0].Text))) // its one text part (message)
+}
+
+// charge counts n more bytes of t in the memory budget, and lets go of
+// finished tasks while the budget is over: first those that ended
+// without a reply (failed, canceled, rejected: nothing of theirs was
+// committed), then completed ones, oldest first. A running task is never
+// let go of; tasks/get of one let go of finds no task, as after a
+// restart. h.mu is held.
+func (h *Handler) charge(t *task, n int64) {
+	mem := h.Gate.Memory()
+	if mem == nil {
+		return
+	}
+	t.cost += n
+	mem.Charge(n)
+	for _, replied := range []bool{false, true} {
+		for i := 0; mem.Over() && i < len(h.order); i++ {
+			if old := h.tasks[h.order[i]]; old != nil && terminal(old.state) && (old.state == "completed") == replied {
+				h.drop(i)
+				i--
+			}
+		}
+	}
+}
+
+// drop lets go of the task at place i of h.order, giving back its charge.
+// h.mu is held.
+func (h *Handler) drop(i int) {
+	id := h.order[i]
+	if t := h.tasks[id]; t != nil {
+		if mem := h.Gate.Memory(); mem != nil {
+			mem.Release(t.cost)
+		}
+		delete(h.tasks, id)
+	}
+	h.order = append(h.order[:i], h.order[i+1:]...)
 }
 
 // find is scope's task named by params ({"id"}), or nil.
@@ -585,6 +627,7 @@ func (p *responder) Succeeded(o *turn.Output, reply string) {
 	}
 	p.h.mu.Lock()
 	p.task.state, p.task.reply = "completed", reply
+	p.h.charge(p.task, int64(len(reply)))
 	p.h.mu.Unlock()
 	if !p.stream {
 		o.JSON(http.StatusOK, rpcResult(p.id, p.h.object(p.task)))

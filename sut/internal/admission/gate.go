@@ -300,6 +300,10 @@ func (g *Gate) OverBudget() *Refusal {
 // MaxMemory is the memory budget in bytes.
 func (g *Gate) MaxMemory() int64 { return g.mem.Max }
 
+// Memory is the memory budget, for what the server keeps beside its
+// cache (an A2A agent's tasks) to be counted in; nil for none.
+func (g *Gate) Memory() *Budget { return g.mem }
+
 // Tag is the tag the request came with (RequestTagHeader); "" for none,
 // or for no ticket.
 func (t *Ticket) Tag() string {
