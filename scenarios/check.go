@@ -286,7 +286,20 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 				left = max(time.Until(end), time.Millisecond)
 			}
 		}
-		bound, said = shrink.ReplayBound(c.took, left)
+		still := 0
+		if opts.checks != nil {
+			// A Conform goes on after its finding: the checks left are
+			// run from its next one.
+			still = max(len(opts.checks)-(c.i+1), 0)
+		}
+		each := time.Since(r.start) / time.Duration(c.i+1)
+		bound, said = shrink.ReplayBound(c.took, left, still, each)
+		if bound <= 0 {
+			f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
+			f.Report = report.FormatFailure(f.Violation, f.History, profile)
+			f.Shrink, f.ShrinkNote = report.NotShrunk, "not shrunk: the checks still to run need the time left ("+strings.TrimPrefix(said, "0s: ")+")"
+			return f
+		}
 	}
 	ctx, cancel := shrink.Budget(opts.Context, bound, said)
 	defer cancel()

@@ -798,17 +798,24 @@ const (
 )
 
 // ReplayBound is the bound of a shrink of a failing run that took took,
-// and how it is said. left, if not 0, is the time the run has left: a
-// shrink takes at most half of it, so that the checks after it still run.
-func ReplayBound(took, left time.Duration) (time.Duration, string) {
+// and how it is said. left, if not 0, is the time the run has left, and
+// still the checks that are to run after the shrink, each, as the checks
+// so far, taking each: a run's time goes to its checks first, and a
+// shrink takes what they leave, never what they need. A bound of 0 (or
+// less) is no shrink at all.
+func ReplayBound(took, left time.Duration, still int, each time.Duration) (time.Duration, string) {
 	d := min(max(ShrinkReplays*took, MinShrink), MaxShrink)
 	said := fmt.Sprintf("%d replays of the failing run at the %s it took, within %s and %s",
 		ShrinkReplays, took.Round(10*time.Millisecond), MinShrink, MaxShrink)
-	if left > 0 && left/2 < d {
-		d = left / 2
-		said += ", and half the run's time left"
+	if left > 0 {
+		need := time.Duration(still) * each
+		if spare := left - need; spare < d {
+			d = spare
+			said += fmt.Sprintf(", and what the run's time left (%s) leaves beside the %d check(s) still to run (%s, at the %s a check took so far)",
+				left.Round(time.Second), still, need.Round(time.Second), each.Round(10*time.Millisecond))
+		}
 	}
-	return d, d.Round(time.Second).String() + ": " + said
+	return d, max(d, 0).Round(time.Second).String() + ": " + said
 }
 
 // Unreplayed says why a failure that did not reproduce could not be

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"html"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,21 +55,31 @@ func TestShrinkStateInEveryReport(t *testing.T) {
 
 // TestReplayBound: with no bound in time, a shrink gets ShrinkReplays
 // replays of the failing run at the speed it ran, never under MinShrink
-// nor over MaxShrink, nor over half the run's time left, and says so.
+// nor over MaxShrink; within a run's time bound, only what the checks
+// still to run leave of it, and it says so: the run's time goes to its
+// checks first.
 func TestReplayBound(t *testing.T) {
 	for took, want := range map[time.Duration]time.Duration{
 		100 * time.Millisecond: MinShrink,
 		time.Second:            100 * time.Second,
 		20 * time.Second:       MaxShrink,
 	} {
-		d, said := ReplayBound(took, 0)
+		d, said := ReplayBound(took, 0, 0, 0)
 		assert.Equal(t, want, d, "took %s", took)
 		assert.Contains(t, said, fmt.Sprintf("%d replays of the failing run at the %s it took", ShrinkReplays, took))
 	}
-	// A run with 8 minutes left shrinks for 4 at most, and says why.
-	d, said := ReplayBound(20*time.Second, 8*time.Minute)
-	assert.Equal(t, 4*time.Minute, d)
-	assert.Equal(t, "4m0s: 100 replays of the failing run at the 20s it took, within 30s and 10m0s, and half the run's time left", said)
-	d, _ = ReplayBound(100*time.Millisecond, time.Hour)
+	// 8 minutes left, 3 checks of a minute each still to run: 5 minutes.
+	d, said := ReplayBound(20*time.Second, 8*time.Minute, 3, time.Minute)
+	assert.Equal(t, 5*time.Minute, d)
+	assert.Equal(t, "5m0s: 100 replays of the failing run at the 20s it took, within 30s and 10m0s, and what the run's time left (8m0s) "+
+		"leaves beside the 3 check(s) still to run (3m0s, at the 1m0s a check took so far)", said)
+	// The last check: the time left is the shrink's.
+	d, _ = ReplayBound(20*time.Second, 8*time.Minute, 0, time.Minute)
+	assert.Equal(t, 8*time.Minute, d)
+	// Checks that need all the time left: no shrink.
+	d, said = ReplayBound(20*time.Second, 8*time.Minute, 9, time.Minute)
+	assert.LessOrEqual(t, d, time.Duration(0))
+	assert.True(t, strings.HasPrefix(said, "0s: "), said)
+	d, _ = ReplayBound(100*time.Millisecond, time.Hour, 5, time.Second)
 	assert.Equal(t, MinShrink, d, "a run with time enough")
 }
