@@ -308,13 +308,32 @@ func findingText(inv model.Invariant, f *Failure) string {
 	return b.String()
 }
 
+// fullRun says, for a run its time bound ended, how long all the checks
+// asked would take at the pace of those that ran (their time, shrinks
+// apart, which a run spends once per finding): what --timeout a full run
+// needs. "" for any other run.
+func (c *Conformance) fullRun() string {
+	if c.Stopped != TimeBound || c.Stats.Checks == 0 || c.Asked <= c.Stats.Checks {
+		return ""
+	}
+	shrinking := time.Duration(c.Stats.TimeMS[spentShrink]) * time.Millisecond
+	each := max(c.Elapsed-shrinking, 0) / time.Duration(c.Stats.Checks)
+	need := each*time.Duration(c.Asked) + shrinking
+	return fmt.Sprintf(" after %d of the %d checks asked; at the %s a check took here (shrinks apart), all %d would need about %s: --timeout %s",
+		c.Stats.Checks, c.Asked, each.Round(100*time.Millisecond), c.Asked, need.Round(time.Minute), (need + time.Minute - 1).Truncate(time.Minute))
+}
+
+// spentShrink is the time summary's key for shrinking
+// (execute.SpentShrink).
+const spentShrink = "shrinking"
+
 // Closing is what the run did: its counts and warnings, why it stopped
 // early, notes, the server's last output where it helps, the seed.
 func (c *Conformance) Closing() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n", c.Stats.Summary())
 	if c.Stopped != "" {
-		fmt.Fprintf(&b, "stopped early: %s\n", c.Stopped)
+		fmt.Fprintf(&b, "stopped early: %s%s\n", c.Stopped, c.fullRun())
 	}
 	for _, n := range c.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)

@@ -376,3 +376,19 @@ func TestReportNamesEarlierChecksSteps(t *testing.T) {
 	assert.Contains(t, report.FormatFailure(v, ops[1:], targets.Profile{}), "\n  Step 1 (not shown): earlier checks' steps")
 	assert.NotContains(t, report.FormatFailure(v, ops[:1], targets.Profile{}), "not shown")
 }
+
+// TestStoppedEarlySaysWhatAFullRunNeeds: a run its time bound ended says
+// how long all the checks asked would take at the pace of those that ran,
+// their shrinks apart: the --timeout a full run needs.
+func TestStoppedEarlySaysWhatAFullRunNeeds(t *testing.T) {
+	s := *report.NewStats()
+	s.Checks = 20
+	s.TimeMS["shrinking"] = time.Minute.Milliseconds()
+	c := report.Conformance{Stats: s, Asked: 100, Stopped: report.TimeBound, Elapsed: 10 * time.Minute}
+	// 9 minutes of checks, 27 s each: 100 take 45 minutes, and the
+	// shrink one more.
+	assert.Contains(t, c.Closing(), "stopped early: the time bound was reached after 20 of the 100 checks asked; "+
+		"at the 27s a check took here (shrinks apart), all 100 would need about 46m0s: --timeout 46m0s\n")
+	c.Stopped = "interrupted"
+	assert.Contains(t, c.Closing(), "stopped early: interrupted\n")
+}
