@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/turncheck/turncheck/faults"
+	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -1018,4 +1019,21 @@ func BenchmarkACPPrompt(b *testing.B) {
 	_ = inW.Close()
 	require.NoError(b, <-done)
 	<-c.read
+}
+
+// TestACPClientWritesNoErrorLines: what a client sends never reaches the
+// server's log raw, nor as an ERROR line: a notification of a method the
+// agent does not serve, with a newline and a forged log line in its
+// name, is logged at WARN, the name quoted.
+func TestACPClientWritesNoErrorLines(t *testing.T) {
+	var log syncbuf.Buffer
+	e := startACP(t, sut.Config{Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	s := e.c.newSession()
+	e.c.raw(`{"jsonrpc":"2.0","method":"session/forged\nlevel=ERROR msg=forged","params":{}}`)
+	assert.Equal(t, toks("u1"), e.ok(s, "tc-u1"), "the server goes on")
+	assert.Contains(t, log.String(), `session/forged\nlevel=ERROR msg=forged`, "the client's text, quoted")
+	assert.NotContains(t, log.String(), "level=ERROR msg=\"failed", "no ERROR line of the client's doing")
+	for _, line := range strings.Split(log.String(), "\n") {
+		assert.False(t, strings.HasPrefix(line, "level=ERROR msg=forged"), "a forged line: %q", line)
+	}
 }

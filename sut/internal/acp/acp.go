@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -48,7 +49,7 @@ func Serve(ctx context.Context, s *turn.Engine, closeServer func() error, in io.
 	a := &acpAgent{s: s, sessions: map[acp.SessionId]*acpSession{}}
 	answers := stdio.NewAnswerCount(w)
 	a.conn = acp.NewAgentSideConnection(a, answers, sdkIn)
-	a.conn.SetLogger(s.Log)
+	a.conn.SetLogger(slog.New(clientCaused{s.Log.Handler()}))
 	// A client may wait for this line (on stderr, in 'turncheck serve
 	// acp') as a sign the store is open; initialize is the protocol's own.
 	s.Log.Info("acp: serving the Agent Client Protocol on stdin and stdout", "protocol_version", acp.ProtocolVersionNumber)
@@ -622,4 +623,36 @@ func (*acpAgent) SetSessionConfigOption(context.Context, acp.SetSessionConfigOpt
 // SetSessionMode is not offered: the server has no modes.
 func (*acpAgent) SetSessionMode(context.Context, acp.SetSessionModeRequest) (acp.SetSessionModeResponse, error) {
 	return acp.SetSessionModeResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionSetMode)
+}
+
+// clientCaused is the handler of the ACP SDK's own log: what it logs is
+// what the client sent it (a notification of no method, a line it could
+// not read), never the server's fault, so none of it is an ERROR line a
+// client could fill the server's log with: it is WARN at most. Its
+// values, the client's text among them, are quoted by the handler below
+// as any value is.
+type clientCaused struct{ slog.Handler }
+
+// Handle logs r, at WARN if it was above.
+func (h clientCaused) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level <= slog.LevelWarn {
+		return h.Handler.Handle(ctx, r)
+	}
+	capped := slog.NewRecord(r.Time, slog.LevelWarn, "acp client: "+r.Message, r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		capped.AddAttrs(a)
+		return true
+	})
+	capped.AddAttrs(slog.String("sdk_level", r.Level.String()))
+	return h.Handler.Handle(ctx, capped)
+}
+
+// WithAttrs keeps the level cap on the handler with attrs.
+func (h clientCaused) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return clientCaused{h.Handler.WithAttrs(attrs)}
+}
+
+// WithGroup keeps the level cap on the handler with the group.
+func (h clientCaused) WithGroup(name string) slog.Handler {
+	return clientCaused{h.Handler.WithGroup(name)}
 }
