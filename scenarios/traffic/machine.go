@@ -441,6 +441,12 @@ func (m *Machine) record(op history.Op) {
 		// Not found is what a request naming another key's session or
 		// context calls for (T5).
 		declared = declared || op.Request.OtherKey && r.NotFound()
+		// An A2A context whose tasks all failed holds nothing, and the
+		// agent may keep no record of it (PROTOCOL.md, T3): a message in
+		// it refused before any model call is what the failures drawn
+		// before it call for.
+		declared = declared || m.Profile.Protocol == targets.A2A && op.Request.Session != "" && r.Outcome == model.Fail &&
+			len(op.Turn.Calls) == 0 && len(m.Ref.Committed(op.Turn.Conv)) == 0
 		if !injected && !declared && op.Restart == nil && op.Action != "crash mid-turn" && !op.Send.Abort && !op.Turn.Unsent && !r.Cancelled {
 			m.stats.CountUninjected(r.Cause, r.Detail)
 		}
