@@ -881,12 +881,24 @@ func (s *a2aSending) window(task *a2aTask) (breaches, from []string) {
 	if json.Unmarshal(raw, &r) != nil || len(r.History) == 0 {
 		return nil, nil
 	}
+	// The task's own are the tokens of the message the client sent (a
+	// message sent again, say, carries an earlier turn's) and their
+	// replies.
+	var sent struct {
+		Params struct {
+			Message struct {
+				Parts []a2aPart `json:"parts"`
+			} `json:"message"`
+		} `json:"params"`
+	}
+	_ = json.Unmarshal(s.req.Body, &sent)
+	sentToks := model.Tokens(text(sent.Params.Message.Parts))
 	var own, other []model.Token
 	for _, m := range r.History {
 		body := text(m.Parts)
 		mine := true
 		for _, t := range model.Tokens(body) {
-			if t == s.req.tok || t == s.req.tok.Reply() {
+			if t == s.req.tok || t == s.req.tok.Reply() || slices.Contains(sentToks, t) || slices.Contains(sentToks, t.User()) {
 				own = append(own, t)
 			} else {
 				other, mine = append(other, t), false
@@ -902,7 +914,7 @@ func (s *a2aSending) window(task *a2aTask) (breaches, from []string) {
 	}
 	if len(other) > 0 {
 		breaches = append(breaches, fmt.Sprintf("tasks/get of task %s shows %s in its history: messages the task did not send the model (it sent %s)",
-			task.id, model.FormatTokens(other), cmp.Or(string(s.req.tok), "no user message")))
+			task.id, model.FormatTokens(other), whatSent(sentToks)))
 	}
 	if s.req.tok != "" && !slices.Contains(own, s.req.tok) {
 		breaches = append(breaches, fmt.Sprintf("tasks/get of task %s shows a history without the task's own message, %s", task.id, s.req.tok))
@@ -925,4 +937,12 @@ func (w *a2aWire) learnContext(req Request, task *a2aTask) {
 	if f := w.founding[req.Conv]; f != nil && req.founds {
 		f.settle()
 	}
+}
+
+// whatSent says what a task sent of tokens, for a breach.
+func whatSent(toks []model.Token) string {
+	if len(toks) == 0 {
+		return "no message with a token"
+	}
+	return model.FormatTokens(toks)
 }

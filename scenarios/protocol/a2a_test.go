@@ -406,3 +406,33 @@ func TestA2AAbort(t *testing.T) {
 		})
 	}
 }
+
+// TestA2AMessageSentAgainIsTheTasksOwn: a message that carries an earlier
+// turn's text again (an invalid continuation naming a finished task, with
+// that task's message) is the task's own message: tasks/get showing it,
+// and the reply to it, is no breach; another turn's message still is.
+func TestA2AMessageSentAgainIsTheTasksOwn(t *testing.T) {
+	for name, c := range map[string]struct {
+		get    string
+		breach bool
+	}{
+		"its own message, sent again": {task("t1", "conv-1", stateCompleted, msg("user", "Please remember tc-u5."), msg("agent", "tc-a5")), false},
+		"another turn's message":      {task("t1", "conv-1", stateCompleted, msg("user", "Please remember tc-u5."), msg("user", "tc-u4")), true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			agent := &a2aAgent{
+				answer: func(w http.ResponseWriter, _ *http.Request) { events(w, status("t1", "conv-1", stateCompleted)) },
+				get:    func(string) string { return c.get },
+			}
+			cl := a2aClient(t, agent, targets.A2AAPI{Path: "/rpc", ContextIDs: targets.ContextsClient})
+			again := plan.Send{Conv: convA2A, Messages: userMessage("Please remember tc-u5."), Stream: true}
+			out := cl.Send(context.Background(), cl.NewRequest(context.Background(), again))
+			if c.breach {
+				require.NotEmpty(t, out.Breaches)
+				assert.Contains(t, strings.Join(out.Breaches, "; "), "shows tc-u4 in its history: messages the task did not send the model (it sent tc-u5)")
+			} else {
+				assert.Empty(t, out.Breaches)
+			}
+		})
+	}
+}
