@@ -107,7 +107,7 @@ type flight struct {
 	doneAt time.Time
 	// waits is the request's protocol.Request.Waits; goes its
 	// protocol.Request.Goes, closed (gone set) when the harness lets it
-	// go (letParkedGo).
+	// go (settle).
 	waits <-chan struct{}
 	goes  chan struct{}
 	gone  bool
