@@ -72,7 +72,7 @@ func OpenPostgres(url string, maxConns int) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store %s: %w", where, err)
 	}
-	st.Shared = &AdvisoryLocks{db: db, schema: schema, budget: newConnBudget(maxConns - 1)}
+	st.Shared = &AdvisoryLocks{db: db, schema: schema, budget: newConnBudget(maxConns - 1), dialing: newConnBudget(1)}
 	return st, nil
 }
 
@@ -199,6 +199,11 @@ type AdvisoryLocks struct {
 	schema string
 	// budget bounds the connections turns hold, one a turn.
 	budget *connBudget
+	// dialing is the line the turns of this process wait in for a new
+	// connection to the database (connect): one tries at a time, in the
+	// order they came, at one pace, so that no turn that came later gets
+	// in before one that has waited, and every replica tries as often.
+	dialing *connBudget
 	// Refused, if set, hears of each time PostgreSQL refused a new
 	// connection for want of room (StoreFull), though a later try may
 	// have got one: set once, before any turn.
@@ -268,8 +273,18 @@ func (a *AdvisoryLocks) Lock(ctx context.Context, k Key, policy config.Concurren
 // past it the error is errStoreBusy, with the database's. It gives up
 // only once deadline has passed, never before: a turn on a busy
 // conversation is refused only after the wait the server declares.
+//
+// The turns of this process try one at a time, in the order they came
+// (dialing), each again every dialPace while the database is full: an
+// exponential backoff of each turn's own would let a turn that came
+// later, still trying often, take the connection freed before one that
+// has waited long, and a replica whose turns had waited longest would
+// starve beside the others.
 func (a *AdvisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.Conn, error) {
-	b := backoff{deadline: deadline}
+	if err := a.dialing.take(ctx, deadline); err != nil {
+		return nil, err
+	}
+	defer a.dialing.give()
 	for {
 		conn, err := a.db.Conn(ctx)
 		if err == nil || !StoreFull(err) {
@@ -278,14 +293,23 @@ func (a *AdvisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.C
 		if a.Refused != nil {
 			a.Refused(err)
 		}
-		if !b.wait(ctx) {
-			if time.Until(deadline) <= 0 {
-				return nil, errors.Join(errStoreBusy, err)
-			}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, errors.Join(errStoreBusy, err)
+		}
+		select {
+		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-time.After(min(dialPace, left)):
 		}
 	}
 }
+
+// dialPace is how often the turn first in line tries the database again
+// while it takes no new connection: often enough that a connection freed
+// is taken at once, seldom enough that a few replicas' tries cost the
+// database little (each refused one is a backend started and ended).
+const dialPace = 20 * time.Millisecond
 
 // Wait blocks on conn until it holds lock key, for at most maxWait
 // (PostgreSQL's lock_timeout, which leaves the connection usable). On
