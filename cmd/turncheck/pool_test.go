@@ -75,8 +75,10 @@ func TestPoolProbe(t *testing.T) {
 
 	m := startSlowModel(t, *poolProbeModel)
 	var bases []string
+	var logs []*syncbuf.Buffer
 	for i := range *poolProbeReplicas {
-		bases = append(bases, startReplica(t, bin, m.url, storeURL, i))
+		base, log := startReplica(t, bin, m.url, storeURL, i)
+		bases, logs = append(bases, base), append(logs, log)
 	}
 
 	// The peak of connections PostgreSQL holds for the replicas, polled
@@ -105,6 +107,7 @@ func TestPoolProbe(t *testing.T) {
 	var (
 		mu      sync.Mutex
 		took    []time.Duration // of every turn
+		byBase  = make([][]time.Duration, len(bases))
 		tookOK  []time.Duration // of the turns answered 200
 		codes   = map[string]int{}
 		wrong   = map[string]int{}
@@ -121,12 +124,13 @@ func TestPoolProbe(t *testing.T) {
 		clients.Go(func() {
 			for n := 0; time.Now().Before(end); n++ {
 				text := fmt.Sprintf("pool-%d-%d", c, n)
-				base := bases[(c+n)%len(bases)]
+				r := (c + n) % len(bases)
 				start := time.Now()
-				code, retryAfter, reply, err := poolTurn(client, base, "pool-"+strconv.Itoa(c), text)
+				code, retryAfter, reply, err := poolTurn(client, bases[r], "pool-"+strconv.Itoa(c), text)
 				d := time.Since(start)
 				mu.Lock()
 				took = append(took, d)
+				byBase[r] = append(byBase[r], d)
 				switch {
 				case err != nil:
 					codes[err.Error()]++
@@ -190,6 +194,20 @@ func TestPoolProbe(t *testing.T) {
 		*poolProbeReplicas, *poolProbeMaxConns, peak.Load(), *poolProbeClients, *poolProbeModel, *poolProbe,
 		len(took), codes, quantile(took, 0.5), quantile(took, 0.99), quantile(took, 1),
 		quantile(tookOK, 0.5), quantile(tookOK, 0.99), quantile(tookOK, 1), load, loadAvg())
+	// Per replica: its turns' latencies, and the refusals its log says
+	// (each kind's lines, rate-limited, sum its counts).
+	for r, d := range byBase {
+		slices.Sort(d)
+		logged := map[string]int{}
+		for _, line := range strings.Split(logs[r].String(), "\n") {
+			if by := fieldOf(line, "by="); by != "" && strings.Contains(line, `msg="refused for load"`) {
+				n, _ := strconv.Atoi(fieldOf(line, "refused_since_last_line="))
+				logged[by] += n
+			}
+		}
+		t.Logf("replica %d: %d turns, p50 %s, p99 %s, max %s; refusals logged, by whom: %v",
+			r, len(d), quantile(d, 0.5), quantile(d, 0.99), quantile(d, 1), logged)
+	}
 	if len(wrong) > 0 {
 		t.Errorf("answers no correct server gives, however loaded: %v", wrong)
 	}
@@ -279,12 +297,12 @@ func startSlowModel(t *testing.T, delay time.Duration) *slowModel {
 // startReplica starts `turncheck serve` on storeURL and returns its base
 // URL; the test stops it (SIGTERM) as it ends. Its log is the test's if
 // it fails.
-func startReplica(t *testing.T, bin, modelURL, storeURL string, i int) string {
+func startReplica(t *testing.T, bin, modelURL, storeURL string, i int) (string, *syncbuf.Buffer) {
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--model-url", modelURL, "--store", storeURL}
 	args = append(args, strings.Fields(*poolProbeArgs)...)
 	srv := exec.Command(bin, args...)
-	var log syncbuf.Buffer
-	srv.Stderr = &log
+	log := &syncbuf.Buffer{}
+	srv.Stderr = log
 	out, err := srv.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, srv.Start())
@@ -304,7 +322,21 @@ func startReplica(t *testing.T, bin, modelURL, storeURL string, i int) string {
 	})
 	line, err := bufio.NewReader(out).ReadString('\n')
 	require.NoError(t, err, "replica %d did not say where it listens:\n%s", i, log.String())
-	return strings.TrimSpace(line[strings.LastIndex(line, " "):])
+	return strings.TrimSpace(line[strings.LastIndex(line, " "):]), log
+}
+
+// fieldOf is the value of a log line's field that starts with key
+// (key=value, as slog's text handler writes it), "" if it has none.
+func fieldOf(line, key string) string {
+	i := strings.Index(line, " "+key)
+	if i < 0 {
+		return ""
+	}
+	v := line[i+1+len(key):]
+	if j := strings.IndexByte(v, ' '); j >= 0 {
+		v = v[:j]
+	}
+	return v
 }
 
 // tail is the last n bytes of s.
