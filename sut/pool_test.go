@@ -68,6 +68,8 @@ func TestATurnNeedsOneStoreConnection(t *testing.T) {
 		Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	assert.Equal(t, hist("u1"), a.ok(t, "c1", "tc-u1", false))
 	assert.Equal(t, hist("u1", "a1", "u2"), a.ok(t, "c1", "tc-u2", true))
+	assert.Contains(t, log.String(), "fewer connections than --max-store-conns", "said at start")
+	assert.Contains(t, log.String(), "max_store_conns=3 postgresql_room=1")
 
 	held := a.model.hold("tc-u3")
 	r3 := a.send(t, "c1", "tc-u3", false)
@@ -108,6 +110,7 @@ func TestStoreConnectionsAreBounded(t *testing.T) {
 	assert.Contains(t, string(r.body), "store pool (--max-store-conns 3)", "who refused")
 	assert.Contains(t, log.String(), `msg="refused for load" by=store_pool`)
 	assert.NotContains(t, log.String(), "by=postgresql", "PostgreSQL would take more")
+	assert.Contains(t, log.String(), "postgresql_room=9 max_store_conns=3 replicas_that_fit=3", "said at start")
 	assert.Empty(t, a.model.callsOf("tc-u3"), "a turn refused for want of a connection reaches no model")
 	h1.open()
 	h2.open()

@@ -146,6 +146,7 @@ func New(cfg config.Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	sayConnRoom(st, cfg.MaxStoreConns, log)
 	mem := &admission.Budget{Max: cfg.MaxMemory}
 	convs, err := store.NewConversations(st, cfg.ConversationsMax, mem, cfg.Mutant, log)
 	if err != nil {
@@ -173,6 +174,27 @@ func New(cfg config.Config) (*Server, error) {
 		allowedHosts: allowedHosts,
 	}
 	return s, nil
+}
+
+// sayConnRoom says at start, for a store in PostgreSQL, how many replicas
+// of this one's --max-store-conns the connections PostgreSQL lets its
+// role open make room for, and warns where not even this one's fit: its
+// turns would then wait for connections the database refuses, and the
+// replicas beside it starve.
+func sayConnRoom(st *store.Store, maxConns int, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	room, ok := st.ConnRoom(ctx)
+	switch {
+	case !ok:
+	case room < maxConns:
+		log.Warn("PostgreSQL lets this server's role open fewer connections than --max-store-conns: its turns will wait for connections "+
+			"the database refuses, and replicas beside it starve; lower --max-store-conns, or raise max_connections",
+			"max_store_conns", maxConns, "postgresql_room", room)
+	default:
+		log.Info("PostgreSQL's connections for this server's role", "postgresql_room", room, "max_store_conns", maxConns,
+			"replicas_that_fit", room/maxConns)
+	}
 }
 
 // openConfiguredStore opens the store cfg names: PostgreSQL at Store, or SQLite in

@@ -76,6 +76,33 @@ func OpenPostgres(url string, maxConns int) (*Store, error) {
 	return st, nil
 }
 
+// ConnRoom is how many connections PostgreSQL lets the store's role open
+// at once: max_connections, less the slots kept for superusers (and, from
+// PostgreSQL 16, for roles with pg_use_reserved_connections) unless the
+// role is a superuser, and at most the role's CONNECTION LIMIT. ok is
+// false where the store is no PostgreSQL one, or the database did not
+// say.
+func (s *Store) ConnRoom(ctx context.Context) (room int, ok bool) {
+	if s.Shared == nil {
+		return 0, false
+	}
+	var reserved, limit int
+	var super bool
+	err := s.Shared.db.QueryRowContext(ctx, `SELECT current_setting('max_connections')::int,
+		current_setting('superuser_reserved_connections')::int + COALESCE(NULLIF(current_setting('reserved_connections', true), '')::int, 0),
+		rolconnlimit, rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&room, &reserved, &limit, &super)
+	if err != nil {
+		return 0, false
+	}
+	if !super {
+		room -= reserved
+	}
+	if limit >= 0 {
+		room = min(room, limit)
+	}
+	return room, true
+}
+
 // pgIdleTime is how long an unused connection to PostgreSQL stays open.
 const pgIdleTime = time.Minute
 
