@@ -297,7 +297,8 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		if bound <= 0 {
 			f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 			f.Report = report.FormatFailure(f.Violation, f.History, profile)
-			f.Shrink, f.ShrinkNote = report.NotShrunk, "not shrunk: the checks still to run need the time left ("+strings.TrimPrefix(said, "0s: ")+")"
+			f.Shrink, f.ShrinkNote = report.NotShrunk, fmt.Sprintf("the %d check(s) still to run need %s of the %s left, at the %s a check took so far",
+				still, (time.Duration(still) * each).Round(time.Second), left.Round(time.Second), each.Round(10*time.Millisecond))
 			return f
 		}
 	}
