@@ -298,7 +298,7 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 			f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 			f.Report = report.FormatFailure(f.Violation, f.History, profile)
 			f.Shrink, f.ShrinkNote = report.NotShrunk, fmt.Sprintf("the %d check(s) still to run need %s of the %s left, at the %s a check took so far",
-				still, (time.Duration(still) * each).Round(time.Second), left.Round(time.Second), each.Round(10*time.Millisecond))
+				still, (time.Duration(still)*each).Round(time.Second), left.Round(time.Second), each.Round(10*time.Millisecond))
 			return f
 		}
 	}
