@@ -813,9 +813,10 @@ func placeShown(turns []Turn, c ConversationRef) map[int]int64 {
 // placeBefore finds the interrupted turns of the step turns whose own
 // model request reached the model, by at (their places so far), after
 // that of another turn of their conversation that ended ok, where neither
-// shows the other (and after every turn its own request shows): the interrupted one ran first, on the history before the other,
-// and was then stopped and rolled back (its request stamped late, on a
-// busy machine), or taken over by the other (an agent that supersedes).
+// shows the other (and after every turn its own request shows): the
+// interrupted one ran first, on the history before the other, and was
+// then stopped and rolled back (its request stamped late, on a busy
+// machine), or taken over by the other (an agent that supersedes).
 // Run after the other, it would have seen it. It returns, for each, the
 // index of the earliest such turn, whose place it takes, just before it.
 func placeBefore(turns []Turn, at func(int) int64) map[int]int {
@@ -965,10 +966,7 @@ const replayEnd Token = ""
 // call is a silent pick or a wrong refusal (T8). It reports whether the
 // resume is decided.
 func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
-	called := false
-	for _, c := range t.Calls {
-		called = called || c.Turn == t.User
-	}
+	called := t.reached()
 	if t.Outcome == Unknown && t.Status == 0 && !called || t.Outcome == Fail && !called && t.Gateway {
 		// It showed nothing (a front's status, for a replica it lost,
 		// included): the next turn will.
@@ -1040,9 +1038,7 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 
 // resumed reports whether t reached the model with a request of its own,
 // or ended ok: its conversation was there to run it on.
-func (t Turn) resumed() bool {
-	return t.Outcome == OK || slices.ContainsFunc(t.Calls, func(c Call) bool { return c.Turn == t.User })
-}
+func (t Turn) resumed() bool { return t.Outcome == OK || t.reached() }
 
 // apply applies t, a turn of step, on its conversation cv; k, if not nil,
 // is a step known ahead for it.

@@ -315,17 +315,29 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		require.NotNil(t, v)
 		assert.Equal(t, model.T4, v.Invariant, "%v", v)
 	})
-	t.Run("a turn that went on to fail, seen while it ran", func(t *testing.T) {
-		m := model.New()
-		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
-		// Its call was answered (with an error) only after the next
-		// turn's call came.
-		failed := at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9)
-		failed.Calls[0].Unanswered = 7
-		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10)
-		v := m.ApplyStep([]model.Turn{failed, next})
-		require.NotNil(t, v)
-		assert.Equal(t, model.T4, v.Invariant, "%v", v)
+	t.Run("a turn that went on to fail, seen while it ran or after", func(t *testing.T) {
+		for _, c := range []struct {
+			why        string
+			unanswered int64 // the arrival the model had seen when it began to answer
+			want       model.Invariant
+		}{
+			// Its call was answered (with an error) only after the next
+			// turn's call came: the two ran at once.
+			{"seen while it ran", 7, model.T4},
+			// Under its lock, a server that keeps a failed turn shows it
+			// to the next turn before the client hears of the failure: no
+			// fork.
+			{"seen after its call was answered", 5, model.T1},
+		} {
+			m := model.New()
+			require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+			failed := at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9)
+			failed.Calls[0].Unanswered = c.unanswered
+			next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10)
+			v := m.ApplyStep([]model.Turn{failed, next})
+			require.NotNil(t, v, c.why)
+			assert.Equal(t, c.want, v.Invariant, "%s: %v", c.why, v)
+		}
 	})
 	t.Run("an interrupted turn, seen while it ran, under rollback", func(t *testing.T) {
 		m := model.New()
@@ -337,18 +349,6 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		v := m.ApplyStep([]model.Turn{cut, next})
 		require.NotNil(t, v)
 		assert.Equal(t, model.T4, v.Invariant, "%v", v)
-	})
-	t.Run("a turn that failed, seen after its call was answered", func(t *testing.T) {
-		// Under its lock, a server that keeps a failed turn shows it to
-		// the next turn before the client hears of the failure: no fork.
-		m := model.New()
-		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
-		failed := at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9)
-		failed.Calls[0].Unanswered = 5
-		next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10)
-		v := m.ApplyStep([]model.Turn{failed, next})
-		require.NotNil(t, v)
-		assert.Equal(t, model.T1, v.Invariant, "%v", v)
 	})
 	t.Run("a turn that left out one still at the model", func(t *testing.T) {
 		// docker-agent's serve a2a: a task ran while another's call was

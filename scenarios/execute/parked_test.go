@@ -13,7 +13,10 @@ import (
 // that which reaches the server first is the seed's to say, not a race of
 // goroutines let go at once.
 func TestParkedGoOneAtATime(t *testing.T) {
-	e := &executor{spent: timeSpent{}}
+	// A server that reports its activity: the executor waits for each
+	// request to come to rest, never for a quiet period to pass, so that
+	// how soon a goroutine runs on a busy machine decides nothing.
+	e := &executor{spent: timeSpent{}, srv: quietServer{}}
 	wake := make(chan struct{}, 16)
 	named := make(chan struct{}) // the first turn named the context
 	first := &flight{done: make(chan struct{})}
@@ -51,4 +54,14 @@ func TestParkedGoOneAtATime(t *testing.T) {
 		require.True(t, f.held())
 	}
 	assert.Equal(t, []int{0, 1, 2}, order)
+}
+
+// quietServer reports its activity, and none: nothing of it waits, and
+// nothing changes.
+type quietServer struct{}
+
+func (quietServer) URL() string  { return "" }
+func (quietServer) Close() error { return nil }
+func (quietServer) Activity() (working, waiting int, changed <-chan struct{}) {
+	return 0, 0, nil
 }

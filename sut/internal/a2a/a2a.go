@@ -158,7 +158,7 @@ func (h *Handler) RPC(w http.ResponseWriter, r *http.Request) {
 			rpcError(w, nil, codeParse, "the body is not a JSON-RPC call: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		if !validID(req.ID) {
+		if len(req.ID) > 0 && !turn.ValidRPCID(req.ID) {
 			// An id the answer could not carry back as the client sent it.
 			rpcError(w, nil, codeInvalidRequest, "id: want a string, a number or null", http.StatusBadRequest)
 			return
@@ -196,19 +196,6 @@ func rpcError(w http.ResponseWriter, id json.RawMessage, code int, msg string, s
 // rpcResult is a JSON-RPC answer carrying result.
 func rpcResult(id json.RawMessage, result any) string {
 	return string(turn.MustJSON(map[string]any{"jsonrpc": "2.0", "id": rawID(id), "result": result}))
-}
-
-// validID reports whether id, as a call carried it, is one JSON-RPC
-// allows: a string, a number, null, or none (a notification).
-func validID(id json.RawMessage) bool {
-	if len(id) == 0 || string(id) == "null" {
-		return true
-	}
-	switch c := id[0]; {
-	case c == '"', c == '-', c >= '0' && c <= '9':
-		return true
-	}
-	return false
 }
 
 func rawID(id json.RawMessage) json.RawMessage {

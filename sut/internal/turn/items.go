@@ -89,6 +89,21 @@ func Member(top map[string]json.RawMessage, name string, v any, want string) (bo
 // IsNullJSON reports whether raw is JSON null.
 func IsNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
+// ValidRPCID reports whether id, a JSON-RPC call's id as it came, is one
+// JSON-RPC allows: a string, a number or null (A2A's and ACP's calls).
+func ValidRPCID(id json.RawMessage) bool {
+	if IsNullJSON(id) {
+		return true
+	}
+	switch c := bytes.TrimSpace(id); {
+	case len(c) == 0:
+		return false
+	case c[0] == '"', c[0] == '-', c[0] >= '0' && c[0] <= '9':
+		return true
+	}
+	return false
+}
+
 // DecodeItems decodes an array of input items, as the Responses API's
 // "input" array and the sessions API's body are: each a message, an
 // object with a "role" and a "content" that is a string or an array of

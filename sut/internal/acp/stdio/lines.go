@@ -9,12 +9,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/turncheck/turncheck/internal/openai"
 	"io"
 	"sync"
 	"time"
 
+	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/sut/internal/config"
+	"github.com/turncheck/turncheck/sut/internal/turn"
 )
 
 // The ACP connection's two ends, as the server guards them. JSON-RPC
@@ -209,7 +210,7 @@ func forwardLine(sdk io.Writer, out io.Writer, line []byte, onRequest func(), on
 			`the line is not a JSON-RPC message: want an object with a "method" (a request or a notification) or an "id" (a response)`)
 		return true
 	}
-	if msg.ID != nil && !validID(*msg.ID) {
+	if msg.ID != nil && !turn.ValidRPCID(*msg.ID) {
 		onBad("invalid id")
 		writeRPCError(out, rpcInvalidRequest, "Invalid request", "id: want a string, a number or null")
 		return true
@@ -250,17 +251,4 @@ func writeRPCError(out io.Writer, code int, message, data string) {
 func writeRPCErrorID(out io.Writer, id json.RawMessage, code int, message, data string) {
 	b, _ := json.Marshal(rpcError{JSONRPC: "2.0", ID: id, Error: rpcErrorDetail{Code: code, Message: message, Data: data}})
 	_, _ = out.Write(append(b, '\n'))
-}
-
-// validID reports whether id is one JSON-RPC allows: a string, a number,
-// or null.
-func validID(id json.RawMessage) bool {
-	if string(id) == "null" {
-		return true
-	}
-	switch c := id[0]; {
-	case c == '"', c == '-', c >= '0' && c <= '9':
-		return true
-	}
-	return false
 }
