@@ -89,6 +89,28 @@ func TestATurnNeedsOneStoreConnection(t *testing.T) {
 	assert.Equal(t, hist("u1", "a1", "u2", "a2", "u3", "a3", "u6"), a.ok(t, "c1", "tc-u6", false))
 }
 
+// TestPostgresRefusalsLoggedThoughARetryGetsOne: PostgreSQL refusing a
+// turn a connection is logged at the refusal, by=postgresql, though the
+// turn waits on and gets one once the turn holding the only one ends:
+// an operator sees the refusals behind a slow turn, not only the turns
+// that were refused in the end.
+func TestPostgresRefusalsLoggedThoughARetryGetsOne(t *testing.T) {
+	t.Parallel()
+	var log syncbuf.Buffer
+	a, _, _ := poolReplica(t, "retried_conn", 1, sut.Config{MaxStoreConns: 3, RequestTimeout: 8 * time.Second, Deadlines: &sut.ManualDeadlines{},
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	held := a.model.hold("tc-u1")
+	r1 := a.send(t, "c1", "tc-u1", false)
+	arrive(t, held, "tc-u1")
+	r2 := a.send(t, "c2", "tc-u2", false)
+	// Logged while the turn still waits: no turn has been refused yet.
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), `msg="refused for load" by=postgresql`) },
+		requestDeadline, 10*time.Millisecond, "PostgreSQL's refusal, logged as it came")
+	held.open()
+	requireOK(t, r1.wait(t), false)
+	requireOK(t, r2.wait(t), false)
+}
+
 // TestStoreConnectionsAreBounded: with MaxStoreConns 3, two turns may
 // hold a connection at once (the third is for what runs beside turns): a
 // third turn, on a conversation of its own, waits for one for its
