@@ -32,8 +32,9 @@ import (
 // A lease taken over so from a process that is still at work is fenced:
 // every taking adds one to the epoch, and a commit checks, in its own
 // transaction and with the lease's row locked, that the epoch is still
-// the one its turn took (ErrLeaseLost). So only the last holder of a
-// conversation ever commits to it.
+// the one its turn took (ErrLeaseLost), and gives the lease back in that
+// same transaction. So only the last holder of a conversation ever
+// commits to it.
 type Leases struct {
 	db *sql.DB
 	// cfg dials the connection of life, which is not one of the pool's:
@@ -271,8 +272,12 @@ func (a *Leases) take(ctx context.Context, conn *sql.Conn, k Key, deadline time.
 	if err != nil {
 		return 0, err
 	}
+	// Not ended by ctx: a statement cut short may have taken the lease
+	// all the same, which nobody would then give back.
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+	defer cancel()
 	var epoch int64
-	err = conn.QueryRowContext(ctx, `INSERT INTO leases AS l (scope, conversation, holder, epoch) VALUES ($1, $2, $3, 1)
+	err = conn.QueryRowContext(tctx, `INSERT INTO leases AS l (scope, conversation, holder, epoch) VALUES ($1, $2, $3, 1)
 		ON CONFLICT (scope, conversation) DO UPDATE SET holder = EXCLUDED.holder, epoch = l.epoch + 1
 		WHERE CASE WHEN l.holder = 0 THEN true ELSE pg_try_advisory_xact_lock_shared(l.holder) END
 		RETURNING epoch`, k.Scope, k.ID, holder).Scan(&epoch)
@@ -280,6 +285,10 @@ func (a *Leases) take(ctx context.Context, conn *sql.Conn, k Key, deadline time.
 		return 0, ErrConversationBusy
 	}
 	if err != nil {
+		// Whether it was taken is not known (the connection broke, or
+		// the statement timed out): every lease of this process's
+		// number is let go, so that this one is not held for ever.
+		a.endLife()
 		return 0, fmt.Errorf("take conversation: %w", err)
 	}
 	return epoch, nil
