@@ -122,7 +122,7 @@ func (a *Leases) watch(ctx context.Context, conn *pgx.Conn) {
 	for {
 		// Nothing is ever notified on it: the wait ends when the
 		// connection breaks, or ctx does.
-		_ = conn.PgConn().WaitForNotification(ctx) //nolint:errcheck // either way it is over
+		_ = conn.PgConn().WaitForNotification(ctx)
 		a.mu.Lock()
 		a.holder, a.life = 0, nil
 		a.mu.Unlock()
@@ -223,7 +223,7 @@ func (a *Leases) Lock(ctx context.Context, k Key, policy config.Concurrency, max
 		}
 	}()
 	for {
-		conn, err := a.borrow(ctx, deadline)
+		conn, err := a.borrow(ctx, deadline, false)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -295,12 +295,14 @@ func (a *Leases) take(ctx context.Context, conn *sql.Conn, k Key, deadline time.
 }
 
 // borrow takes a place in line and a connection, within deadline: for
-// a statement or two, given back with giveBack.
-func (a *Leases) borrow(ctx context.Context, deadline time.Time) (*sql.Conn, error) {
-	if err := a.budget.take(ctx, deadline); err != nil {
+// a statement or two, given back with giveBack. A turn already at work
+// (its commit, its lease given back) waits ahead of the turns not
+// started yet (connBudget.takeAhead).
+func (a *Leases) borrow(ctx context.Context, deadline time.Time, ahead bool) (*sql.Conn, error) {
+	if err := a.budget.wait(ctx, deadline, ahead); err != nil {
 		return nil, err
 	}
-	conn, err := a.connect(ctx, deadline)
+	conn, err := a.connect(ctx, deadline, ahead)
 	if err != nil {
 		a.budget.give()
 		return nil, err
@@ -343,7 +345,7 @@ func (l *Lease) release() {
 	l.conn = nil
 	if conn == nil {
 		var err error
-		if conn, err = l.a.borrow(ctx, time.Now().Add(unlockTimeout)); err != nil {
+		if conn, err = l.a.borrow(ctx, time.Now().Add(unlockTimeout), true); err != nil {
 			l.a.endLife()
 			return
 		}

@@ -161,6 +161,18 @@ func newConnBudget(n int) *connBudget { return &connBudget{free: n} }
 // take takes a connection's place, waiting in line until one is free,
 // ctx ends (ctx's error) or deadline passes (errStoreBusy).
 func (b *connBudget) take(ctx context.Context, deadline time.Time) error {
+	return b.wait(ctx, deadline, false)
+}
+
+// takeAhead is take for a turn already at work (its commit, its lease
+// given back), which waits at the head of the line: a turn that has had
+// its model's answer is finished before new turns are started, so that
+// no commit waits out a crowd of them.
+func (b *connBudget) takeAhead(ctx context.Context, deadline time.Time) error {
+	return b.wait(ctx, deadline, true)
+}
+
+func (b *connBudget) wait(ctx context.Context, deadline time.Time, ahead bool) error {
 	b.mu.Lock()
 	if b.free > 0 && len(b.queue) == 0 {
 		b.free--
@@ -168,7 +180,11 @@ func (b *connBudget) take(ctx context.Context, deadline time.Time) error {
 		return nil
 	}
 	granted := make(chan struct{})
-	b.queue = append(b.queue, granted)
+	if ahead {
+		b.queue = slices.Insert(b.queue, 0, granted)
+	} else {
+		b.queue = append(b.queue, granted)
+	}
 	b.mu.Unlock()
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -229,8 +245,8 @@ var driverBadConn = driver.ErrBadConn
 // later, still trying often, take the connection freed before one that
 // has waited long, and a replica whose turns had waited longest would
 // starve beside the others.
-func (a *Leases) connect(ctx context.Context, deadline time.Time) (*sql.Conn, error) {
-	if err := a.dialing.take(ctx, deadline); err != nil {
+func (a *Leases) connect(ctx context.Context, deadline time.Time, ahead bool) (*sql.Conn, error) {
+	if err := a.dialing.wait(ctx, deadline, ahead); err != nil {
 		return nil, err
 	}
 	defer a.dialing.give()

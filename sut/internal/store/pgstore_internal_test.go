@@ -50,6 +50,41 @@ func TestConnBudgetFirstComeFirstServed(t *testing.T) {
 	assert.Equal(t, 0, queued())
 }
 
+// TestConnBudgetTurnsAtWorkGoFirst: a turn that has had its model's
+// answer and waits for a connection to commit on (takeAhead) is served
+// before the turns not started yet, though they came before it; those
+// are then served in the order they came.
+func TestConnBudgetTurnsAtWorkGoFirst(t *testing.T) {
+	ctx := context.Background()
+	far := time.Now().Add(time.Hour)
+	b := newConnBudget(1)
+	require.NoError(t, b.take(ctx, far))
+	queued := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue)
+	}
+	served := make(chan string, 3)
+	for i, who := range []string{"new 1", "new 2", "commit"} {
+		take := b.take
+		if who == "commit" {
+			take = b.takeAhead
+		}
+		go func() {
+			if take(ctx, far) == nil {
+				served <- who
+			}
+		}()
+		for queued() != i+1 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for _, want := range []string{"commit", "new 1", "new 2"} {
+		b.give()
+		assert.Equal(t, want, <-served)
+	}
+}
+
 // TestStoreFull: what PostgreSQL answers a connection it has no room
 // for, and the server's own budget running out, are load (storeFull);
 // other errors are not.

@@ -361,7 +361,7 @@ func (s *Store) writeMessages(ctx context.Context, conflict onConflict, k Key, c
 		var err error
 		if lease != nil {
 			var conn *sql.Conn
-			if conn, err = lease.a.borrow(wctx, deadline); err == nil {
+			if conn, err = lease.a.borrow(wctx, deadline, true); err == nil {
 				err = s.writeOnce(wctx, conn, lease, conflict, k, ch)
 				lease.a.giveBack(conn, err)
 			}
