@@ -151,9 +151,13 @@ func StoreFull(err error) bool {
 // first served: database/sql hands a freed connection to a random waiter,
 // which under load leaves some turns waiting far longer than others.
 type connBudget struct {
-	mu    sync.Mutex
-	free  int
-	queue []chan struct{} // the waiters, in the order they came; closed when served
+	mu   sync.Mutex
+	free int
+	// queue is the waiters, each closed when served: those ahead
+	// (takeAhead) first, then the others, each in the order they came.
+	queue []chan struct{}
+	// ahead is how many of queue's first waiters are ahead.
+	ahead int
 }
 
 func newConnBudget(n int) *connBudget { return &connBudget{free: n} }
@@ -165,9 +169,10 @@ func (b *connBudget) take(ctx context.Context, deadline time.Time) error {
 }
 
 // takeAhead is take for a turn already at work (its commit, its lease
-// given back), which waits at the head of the line: a turn that has had
-// its model's answer is finished before new turns are started, so that
-// no commit waits out a crowd of them.
+// given back), which waits ahead of every waiter that is not, after
+// those ahead already: a turn that has had its model's answer is
+// finished before new turns are started, so that no commit waits out a
+// crowd of them.
 func (b *connBudget) takeAhead(ctx context.Context, deadline time.Time) error {
 	return b.wait(ctx, deadline, true)
 }
@@ -181,7 +186,8 @@ func (b *connBudget) wait(ctx context.Context, deadline time.Time, ahead bool) e
 	}
 	granted := make(chan struct{})
 	if ahead {
-		b.queue = slices.Insert(b.queue, 0, granted)
+		b.queue = slices.Insert(b.queue, b.ahead, granted)
+		b.ahead++
 	} else {
 		b.queue = append(b.queue, granted)
 	}
@@ -204,7 +210,11 @@ func (b *connBudget) wait(ctx context.Context, deadline time.Time, ahead bool) e
 		// Served while giving up: the place is ours, so pass it on.
 		b.giveLocked()
 	default:
-		b.queue = slices.DeleteFunc(b.queue, func(q chan struct{}) bool { return q == granted })
+		i := slices.Index(b.queue, granted)
+		b.queue = slices.Delete(b.queue, i, i+1)
+		if i < b.ahead {
+			b.ahead--
+		}
 	}
 	return err
 }
@@ -223,6 +233,7 @@ func (b *connBudget) giveLocked() {
 	}
 	close(b.queue[0])
 	b.queue = slices.Delete(b.queue, 0, 1)
+	b.ahead = max(b.ahead-1, 0)
 }
 
 // unlockTimeout bounds giving a lease back, and opening a connection of

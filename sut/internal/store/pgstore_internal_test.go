@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,10 +51,10 @@ func TestConnBudgetFirstComeFirstServed(t *testing.T) {
 	assert.Equal(t, 0, queued())
 }
 
-// TestConnBudgetTurnsAtWorkGoFirst: a turn that has had its model's
-// answer and waits for a connection to commit on (takeAhead) is served
-// before the turns not started yet, though they came before it; those
-// are then served in the order they came.
+// TestConnBudgetTurnsAtWorkGoFirst: turns that have had their model's
+// answer and wait for a connection to commit on (takeAhead) are served
+// before the turns not started yet, though those came before them; each
+// kind is served in the order it came.
 func TestConnBudgetTurnsAtWorkGoFirst(t *testing.T) {
 	ctx := context.Background()
 	far := time.Now().Add(time.Hour)
@@ -64,10 +65,10 @@ func TestConnBudgetTurnsAtWorkGoFirst(t *testing.T) {
 		defer b.mu.Unlock()
 		return len(b.queue)
 	}
-	served := make(chan string, 3)
-	for i, who := range []string{"new 1", "new 2", "commit"} {
+	served := make(chan string, 4)
+	for i, who := range []string{"new 1", "commit 1", "new 2", "commit 2"} {
 		take := b.take
-		if who == "commit" {
+		if strings.HasPrefix(who, "commit") {
 			take = b.takeAhead
 		}
 		go func() {
@@ -79,7 +80,7 @@ func TestConnBudgetTurnsAtWorkGoFirst(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	for _, want := range []string{"commit", "new 1", "new 2"} {
+	for _, want := range []string{"commit 1", "commit 2", "new 1", "new 2"} {
 		b.give()
 		assert.Equal(t, want, <-served)
 	}
