@@ -300,7 +300,8 @@ func TestConnCapRefusesWhenEveryConnectionHasATurn(t *testing.T) {
 }
 
 // TestRequestCapAnswers503: past MaxRequests turns at once, a request gets
-// 503 with Retry-After, and nothing changes; the log says who refused it.
+// 503 with Retry-After, and nothing changes; the log says who refused it,
+// and, when the server stops, how many it refused since its last line.
 func TestRequestCapAnswers503(t *testing.T) {
 	var log syncbuf.Buffer
 	e := newRaceEnv(t, sut.Config{MaxRequests: 1, Logger: slog.New(slog.NewTextHandler(&log, nil))})
@@ -314,9 +315,14 @@ func TestRequestCapAnswers503(t *testing.T) {
 	assert.Empty(t, e.model.callsOf("tc-u2"), "a refused request must not reach the model")
 	assert.Contains(t, log.String(), `msg="refused for load" by=max_requests`)
 
+	requireErrorBody(t, e.send(t, "c2", "tc-u4", false).wait(t), http.StatusServiceUnavailable, "overloaded")
+
 	g.open()
 	requireOK(t, f.wait(t), false)
 	assert.Equal(t, hist("u3"), e.ok(t, "c2", "tc-u3", false), "c2 is as it was")
+	assert.NotContains(t, log.String(), "refused_in_all=2", "a line every 10 s at most")
+	require.NoError(t, e.srv.Close())
+	assert.Contains(t, log.String(), "refused_since_last_line=1 refused_in_all=2", "the refusal since the last line, at the stop")
 }
 
 // TestShutdownDoesNotWaitForStalledClients: a graceful stop closes the

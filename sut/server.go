@@ -269,6 +269,7 @@ func (s *Server) Close() error {
 		return s.closeErr
 	}
 	s.engine.Gate.Wait()
+	s.engine.Gate.Refusals.Flush()
 	s.engine.Convs.Close()
 	s.engine.Up.Close()
 	s.engine.Kill()
@@ -293,6 +294,7 @@ func (s *Server) crash() (bool, error) {
 	s.engine.Convs.Crash()
 	s.engine.Kill()
 	s.engine.Gate.Wait()
+	s.engine.Gate.Refusals.Flush()
 	s.engine.Up.Close()
 	err := s.engine.Store.Close()
 	close(s.stopped)

@@ -76,9 +76,10 @@ func TestPoolProbe(t *testing.T) {
 	m := startSlowModel(t, *poolProbeModel)
 	var bases []string
 	var logs []*syncbuf.Buffer
+	var stops []func()
 	for i := range *poolProbeReplicas {
-		base, log := startReplica(t, bin, m.url, storeURL, i)
-		bases, logs = append(bases, base), append(logs, log)
+		base, log, stop := startReplica(t, bin, m.url, storeURL, i)
+		bases, logs, stops = append(bases, base), append(logs, log), append(stops, stop)
 	}
 
 	// The peak of connections PostgreSQL holds for the replicas, polled
@@ -195,7 +196,12 @@ func TestPoolProbe(t *testing.T) {
 		len(took), codes, quantile(took, 0.5), quantile(took, 0.99), quantile(took, 1),
 		quantile(tookOK, 0.5), quantile(tookOK, 0.99), quantile(tookOK, 1), load, loadAvg())
 	// Per replica: its turns' latencies, and the refusals its log says
-	// (each kind's lines, rate-limited, sum its counts).
+	// (each kind's lines, rate-limited, sum its counts), once it has
+	// stopped and logged those it had not yet.
+	for _, stop := range stops {
+		stop()
+	}
+	inLog := 0
 	for r, d := range byBase {
 		slices.Sort(d)
 		logged := map[string]int{}
@@ -203,6 +209,7 @@ func TestPoolProbe(t *testing.T) {
 			if by := fieldOf(line, "by="); by != "" && strings.Contains(line, `msg="refused for load"`) {
 				n, _ := strconv.Atoi(fieldOf(line, "refused_since_last_line="))
 				logged[by] += n
+				inLog += n
 			}
 		}
 		t.Logf("replica %d: %d turns, p50 %s, p99 %s, max %s; refusals logged, by whom: %v",
@@ -210,6 +217,12 @@ func TestPoolProbe(t *testing.T) {
 	}
 	if len(wrong) > 0 {
 		t.Errorf("answers no correct server gives, however loaded: %v", wrong)
+	}
+	if inLog < codes["503"] {
+		// PostgreSQL's refusals of a connection are logged though a
+		// later try got one: the log may say more than the 503s, never
+		// fewer.
+		t.Errorf("%d turns refused 503, and the replicas' logs count %d refusals", codes["503"], inLog)
 	}
 	if lost > 0 {
 		t.Errorf("%d of %d acknowledged turns are not in the store", lost, len(acked))
@@ -295,34 +308,41 @@ func startSlowModel(t *testing.T, delay time.Duration) *slowModel {
 }
 
 // startReplica starts `turncheck serve` on storeURL and returns its base
-// URL; the test stops it (SIGTERM) as it ends. Its log is the test's if
+// URL, its log, and its stop (SIGTERM, then SIGKILL past 20 s), which the
+// test calls as it ends if it did not before. Its log is the test's if
 // it fails.
-func startReplica(t *testing.T, bin, modelURL, storeURL string, i int) (string, *syncbuf.Buffer) {
+func startReplica(t *testing.T, bin, modelURL, storeURL string, i int) (base string, log *syncbuf.Buffer, stop func()) {
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--model-url", modelURL, "--store", storeURL}
 	args = append(args, strings.Fields(*poolProbeArgs)...)
 	srv := exec.Command(bin, args...)
-	log := &syncbuf.Buffer{}
+	log = &syncbuf.Buffer{}
 	srv.Stderr = log
 	out, err := srv.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, srv.Start())
 	exited := make(chan struct{})
 	go func() { _ = srv.Wait(); close(exited) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = srv.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(20 * time.Second):
+				_ = srv.Process.Kill()
+				<-exited
+			}
+		})
+	}
 	t.Cleanup(func() {
-		_ = srv.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = srv.Process.Kill()
-			<-exited
-		}
+		stop()
 		if t.Failed() {
 			t.Logf("replica %d's log (its last 4 KiB):\n%s", i, tail(log.String(), 4096))
 		}
 	})
 	line, err := bufio.NewReader(out).ReadString('\n')
 	require.NoError(t, err, "replica %d did not say where it listens:\n%s", i, log.String())
-	return strings.TrimSpace(line[strings.LastIndex(line, " "):]), log
+	return strings.TrimSpace(line[strings.LastIndex(line, " "):]), log, stop
 }
 
 // fieldOf is the value of a log line's field that starts with key

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 )
@@ -13,25 +14,35 @@ const refusalLogEvery = 10 * time.Second
 // RefusalLog logs the requests the server refuses for load, saying who
 // refused (the server's own cap on requests, its memory budget, its
 // store's pool, PostgreSQL): the first of each kind at once, then at most
-// one line per refusalLogEvery with how many came since. An operator who
-// sees slow or refused turns finds their cause in the log. A nil
-// RefusalLog logs nothing. It is safe for concurrent use.
+// one line per refusalLogEvery with how many came since. Refusals counted
+// and not yet logged are logged refusalLogEvery after the last line,
+// though no other comes, and at Flush: every refusal is in a line. An
+// operator who sees slow or refused turns finds their cause in the log.
+// A nil RefusalLog logs nothing. It is safe for concurrent use.
 type RefusalLog struct {
 	log *slog.Logger
 	now func() time.Time
-	mu  sync.Mutex
-	by  map[string]*refusals
+	// after runs f once d has passed (time.AfterFunc), returning what
+	// stops it.
+	after func(d time.Duration, f func()) (stop func() bool)
+	mu    sync.Mutex
+	by    map[string]*refusals
 }
 
 // refusals are one kind's counts: since its last line, and in all.
 type refusals struct {
 	logged       time.Time
 	since, total int64
+	// why is the last refusal's, for the line that counts it.
+	why string
+	// stop, while not nil, stops the line due for the refusals since.
+	stop func() bool
 }
 
 // NewRefusalLog returns a RefusalLog writing to log.
 func NewRefusalLog(log *slog.Logger) *RefusalLog {
-	return &RefusalLog{log: log, now: time.Now, by: map[string]*refusals{}}
+	return &RefusalLog{log: log, now: time.Now, by: map[string]*refusals{},
+		after: func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }}
 }
 
 // Refused counts a refusal by who (a short name: max_requests, memory,
@@ -49,13 +60,64 @@ func (l *RefusalLog) Refused(who, why string) {
 	}
 	r.since++
 	r.total++
+	r.why = why
 	now := l.now()
 	if !r.logged.IsZero() && now.Sub(r.logged) < refusalLogEvery {
+		if r.stop == nil {
+			r.stop = l.after(refusalLogEvery-now.Sub(r.logged), func() { l.due(who) })
+		}
 		l.mu.Unlock()
 		return
 	}
-	since, total := r.since, r.total
+	l.lineLocked(who, r, now)
+}
+
+// due logs who's refusals counted since its last line, once their line
+// is due.
+func (l *RefusalLog) due(who string) {
+	l.mu.Lock()
+	r := l.by[who]
+	r.stop = nil
+	if r.since == 0 {
+		l.mu.Unlock()
+		return
+	}
+	l.lineLocked(who, r, l.now())
+}
+
+// lineLocked logs r's line, called with l.mu held, which it releases.
+func (l *RefusalLog) lineLocked(who string, r *refusals, now time.Time) {
+	if r.stop != nil {
+		r.stop()
+		r.stop = nil
+	}
+	since, total, why := r.since, r.total, r.why
 	r.logged, r.since = now, 0
 	l.mu.Unlock()
 	l.log.Warn("refused for load", "by", who, "why", why, "refused_since_last_line", since, "refused_in_all", total)
+}
+
+// Flush logs, at once, the refusals of every kind not yet in a line: the
+// server is stopping.
+func (l *RefusalLog) Flush() {
+	if l == nil || l.log == nil {
+		return
+	}
+	l.mu.Lock()
+	var pending []string
+	for who, r := range l.by {
+		if r.since > 0 {
+			pending = append(pending, who)
+		}
+	}
+	l.mu.Unlock()
+	slices.Sort(pending)
+	for _, who := range pending {
+		l.mu.Lock()
+		if r := l.by[who]; r.since > 0 {
+			l.lineLocked(who, r, l.now())
+			continue
+		}
+		l.mu.Unlock()
+	}
 }
