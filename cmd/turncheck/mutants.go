@@ -95,16 +95,7 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if isTerminal(stderr) {
 			fmt.Fprintf(stderr, "\r\033[Kchecking %s...", mutantLabel(info.Mutant))
 		}
-		target := reference.WithMutant(info.Mutant)
-		if info.Mutant == sut.A2ACancelIgnored {
-			// Behind a model timeout of the server's own, shorter than the
-			// harness holds a dropped turn (as TestMutantsCaught runs it):
-			// the agent's own word that it cancelled the task lets the
-			// harness answer the held call at once, where otherwise the
-			// row waits out the default model timeout, 20 s, first.
-			target.ModelTimeout = 2 * time.Second
-		}
-		res, err := scenarios.Check(target, opts)
+		res, err := scenarios.Check(reference.WithMutant(info.Mutant), opts)
 		if isTerminal(stderr) {
 			fmt.Fprint(stderr, "\r\033[K")
 		}

@@ -118,8 +118,17 @@ const CompactAfter = 8
 // sut.Clean), declaring the interruption policy of the server its bug
 // comes from (sut.MutantInfo), rollback if it names none, and reached
 // through the protocol the bug lives in.
+//
+// a2a-cancel-ignored's server gives up a model call after 2 s of its
+// own, shorter than the harness holds a dropped turn's: only the agent's
+// own word that it cancelled the task lets the harness answer the held
+// call at once, where the default model timeout (20 s) would be waited
+// out first, every time the bug is looked for.
 func WithMutant(m sut.Mutant) Target {
 	r := Target{Mutant: m, Interruption: sut.Rollback}
+	if m == sut.A2ACancelIgnored {
+		r.ModelTimeout = 2 * time.Second
+	}
 	for _, info := range sut.Mutants() {
 		if info.Mutant != m {
 			continue
