@@ -63,8 +63,9 @@ type Options struct {
 	// no replay starts after it, and the one in flight is cut, though
 	// stopping its server may take the server's stop grace more; 0 counts
 	// it in replays: shrink.ShrinkReplays replays of the
-	// failing run at the speed it ran, within 30s and 10m, and at most half
-	// the time Context leaves the run.
+	// failing run at the speed it ran, within 30s and 10m, and at most
+	// what the time Context leaves the run leaves beside the checks still
+	// to run, at the pace of those so far (shrink.ReplayBound).
 	ShrinkTime time.Duration
 	// Progress, if set, is called after every state-machine run.
 	Progress func(report.Stats)
