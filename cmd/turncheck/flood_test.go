@@ -209,15 +209,7 @@ func runFlood(t *testing.T, bin, kind string, keepAlive bool, d time.Duration) (
 	// exited closes when the server exits: under the flood, it must not.
 	exited := make(chan struct{})
 	go func() { _ = srv.Wait(); close(exited) }()
-	defer func() {
-		_ = srv.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = srv.Process.Kill()
-			<-exited
-		}
-	}()
+	defer terminate(srv.Process, exited)
 	line, err := bufio.NewReader(out).ReadString('\n')
 	require.NoError(t, err, "the server did not say where it listens")
 	base := strings.TrimSpace(line[strings.LastIndex(line, " "):])
@@ -466,5 +458,17 @@ func TestLostTurn(t *testing.T) {
 		{},
 	} {
 		require.NotEmpty(t, lostTurn(hist, acked), "%v", hist)
+	}
+}
+
+// terminate stops a server process with SIGTERM, and SIGKILL if it has not
+// exited (exited closed) 20 s later, and returns once it has.
+func terminate(p *os.Process, exited <-chan struct{}) {
+	_ = p.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		_ = p.Kill()
+		<-exited
 	}
 }

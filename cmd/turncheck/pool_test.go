@@ -17,7 +17,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -323,17 +322,7 @@ func startReplica(t *testing.T, bin, modelURL, storeURL string, i int) (base str
 	exited := make(chan struct{})
 	go func() { _ = srv.Wait(); close(exited) }()
 	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			_ = srv.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(20 * time.Second):
-				_ = srv.Process.Kill()
-				<-exited
-			}
-		})
-	}
+	stop = func() { once.Do(func() { terminate(srv.Process, exited) }) }
 	t.Cleanup(func() {
 		stop()
 		if t.Failed() {
