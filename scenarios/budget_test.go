@@ -59,19 +59,6 @@ func TestASeedIsOneRunAtAnySpeed(t *testing.T) {
 	}
 }
 
-// TestCleanRunFailsNoTurnUnasked: on the correct reference server, every
-// turn that did not end ok ended so for what the harness drew, a refusal
-// while two loaded sources share one stable key (T8) included: no warning
-// blames the server for it.
-func TestCleanRunFailsNoTurnUnasked(t *testing.T) {
-	t.Parallel()
-	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 15, Seed: 1})
-	require.NoError(t, err)
-	require.Nil(t, res.Failure, "clean server failed")
-	require.Positive(t, res.Invariants[model.T8], "no resume after a source change was drawn")
-	assert.Empty(t, res.Uninjected, res.Summary())
-}
-
 // TestNothingToRationNoSteering: a server slow to start that is never
 // restarted (a Handler) has no restart to ration: its checks draw as
 // their seeds always have, and its pace is said.

@@ -216,7 +216,12 @@ func TestInterruptionPolicyIsJudged(t *testing.T) {
 		{"keeps, declared complete", sut.KeepConsistent, targets.Complete},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			target := misdeclared{reference.Target{Interruption: tc.runs}, func(p *targets.Profile) { p.Interruption = tc.declares }}
+			t.Parallel()
+			// Behind a model timeout of a second: a turn run on after its
+			// client left waits out no more than that for a held call,
+			// where the default 20s took most of a run under complete.
+			target := misdeclared{reference.Target{Interruption: tc.runs, ModelTimeout: time.Second},
+				func(p *targets.Profile) { p.Interruption = tc.declares }}
 			res, err := Check(target, Options{Checks: 100, Seed: 3, ShrinkTime: 2 * time.Second})
 			require.NoError(t, err)
 			require.NotNil(t, res.Failure, "a %s server went unnoticed under the %s policy", tc.runs, tc.declares)

@@ -27,14 +27,19 @@ func TestMain(m *testing.M) {
 }
 
 // TestCleanCheckPasses runs Check, the CLI's path, on the clean server.
+// Every turn that did not end ok ended so for what the harness drew, a
+// refusal while two loaded sources share one stable key (T8) included: no
+// warning blames the server for it.
 func TestCleanCheckPasses(t *testing.T) {
 	t.Parallel()
-	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 20})
+	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 15, Seed: 1})
 	require.NoError(t, err)
 	if res.Failure != nil {
 		t.Fatalf("clean reference server failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
 	}
-	assert.Equal(t, 20, res.Checks)
+	assert.Equal(t, 15, res.Checks)
+	require.Positive(t, res.Invariants[model.T8], "no resume after a source change was drawn")
+	assert.Empty(t, res.Uninjected, res.Summary())
 	assert.Positive(t, res.Steps)
 	for _, inv := range []model.Invariant{model.T1, model.T2, model.T3, model.T4, model.T5} {
 		assert.Positive(t, res.Invariants[inv], "invariant %s never evaluated", inv)
