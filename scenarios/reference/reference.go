@@ -119,15 +119,16 @@ const CompactAfter = 8
 // comes from (sut.MutantInfo), rollback if it names none, and reached
 // through the protocol the bug lives in.
 //
-// a2a-cancel-ignored's server gives up a model call after 2 s of its
+// a2a-cancel-ignored's server gives up a model call after 1 s of its
 // own, shorter than the harness holds a dropped turn's: only the agent's
 // own word that it cancelled the task lets the harness answer the held
-// call at once, where the default model timeout (20 s) would be waited
-// out first, every time the bug is looked for.
+// call at once. Every run of it waits that timeout and a second more
+// (the harness's stop bound), its shrink's replays too: the default
+// model timeout (20 s) would make each run of it last half a minute.
 func WithMutant(m sut.Mutant) Target {
 	r := Target{Mutant: m, Interruption: sut.Rollback}
 	if m == sut.A2ACancelIgnored {
-		r.ModelTimeout = 2 * time.Second
+		r.ModelTimeout = time.Second
 	}
 	for _, info := range sut.Mutants() {
 		if info.Mutant != m {

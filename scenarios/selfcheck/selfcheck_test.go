@@ -142,16 +142,6 @@ func TestMutantsCaught(t *testing.T) {
 			}
 			t.Parallel() // checks and replays of the in-process server run at once
 			target := reference.WithMutant(info.Mutant)
-			if info.Mutant == sut.A2ACancelIgnored {
-				// Behind a model timeout of the server's own, shorter than
-				// the harness holds a dropped turn: only the agent's own
-				// word that it stopped the task lets the harness answer
-				// the call before the server gives it up. Every run of it
-				// waits that timeout and a second more (the harness's
-				// stop bound), the dozen runs of its shrink too: a short
-				// one keeps them short.
-				target.ModelTimeout = time.Second
-			}
 			if info.Replicas > 0 {
 				// One server does not show the bug: replicas in process,
 				// each start on a fresh schema of the test's PostgreSQL
