@@ -28,10 +28,11 @@ import (
 // fences.
 
 // pgRole is the PostgreSQL side of a replica of poolReplica: the
-// superuser's connection to its schema's database, and the role the
-// replica connects as.
+// superuser's connection to its schema's database and URL of its schema,
+// and the role the replica connects as.
 type pgRole struct {
 	admin *sql.DB
+	url   string
 	role  string
 }
 
@@ -58,7 +59,7 @@ func poolReplica(t *testing.T, role string, roleConns int, cfg sut.Config) (*rac
 	m := startGateModel(t)
 	cfg.Store, cfg.ModelURL, cfg.DataDir = strings.Replace(url, "postgres@", role+"@", 1), m.URL(), "unused"
 	cfg.Gauge = &sut.Gauge{}
-	return &raceEnv{model: m, srv: startServer(t, nil, cfg), gauge: cfg.Gauge, client: newClient(t)}, pgRole{admin, role}
+	return &raceEnv{model: m, srv: startServer(t, nil, cfg), gauge: cfg.Gauge, client: newClient(t)}, pgRole{admin, url, role}
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
@@ -212,28 +213,26 @@ func TestCommitOutlivesItsConnectionOfLife(t *testing.T) {
 }
 
 // TestATakenLeaseFencesTheCommit: replica A's turn is at the model when
-// A's connection of life is cut, as a process killed would lose it.
+// A's connection of life is cut, as a process killed would lose it, and
+// A may open no new one (its role's CONNECTION LIMIT is 0 from then on).
 // Replica B's turn on the same conversation takes the lease at once (it
-// waits for no turn of a dead process), and reaches the model. A's turn,
-// answered, commits nothing: its lease is B's now (the epoch moved on),
-// and it fails. B's turn commits. The conversation holds B's turn alone.
+// waits for no turn of a process whose number nobody holds), and reaches
+// the model. A's turn, answered, commits nothing: its lease is B's now
+// (the epoch moved on), and it fails. B's turn commits. The conversation
+// holds B's turn alone.
 func TestATakenLeaseFencesTheCommit(t *testing.T) {
 	t.Parallel()
-	url := pgtest.Start(t)
-	admin, err := sql.Open("pgx", url)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = admin.Close() })
-	m, c := startGateModel(t), newClient(t)
-	cfg := sut.Config{Store: url, ModelURL: m.URL(), DataDir: "unused", Deadlines: &sut.ManualDeadlines{}}
-	a := &raceEnv{model: m, srv: startServer(t, nil, cfg), client: c}
-	b := &raceEnv{model: m, srv: startServer(t, nil, cfg), client: c}
+	a, pg := poolReplica(t, "fenced", 9, sut.Config{Deadlines: &sut.ManualDeadlines{}})
+	b := &raceEnv{model: a.model, client: a.client,
+		srv: startServer(t, nil, sut.Config{Store: pg.url, ModelURL: a.model.URL(), DataDir: "unused", Deadlines: &sut.ManualDeadlines{}})}
 
-	hA, hB := m.hold("tc-u1"), m.hold("tc-u2")
+	hA, hB := a.model.hold("tc-u1"), a.model.hold("tc-u2")
 	rA := a.send(t, "c1", "tc-u1", false)
 	arrive(t, hA, "tc-u1")
+	pg.exec(t, "ALTER ROLE "+pg.role+" CONNECTION LIMIT 0")
 	var cut int
-	require.NoError(t, admin.QueryRow(`SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
-		AND ((classid::bigint << 32) | objid::bigint) = (SELECT holder FROM leases WHERE conversation = 'c1')`).Scan(&cut))
+	require.NoError(t, pg.admin.QueryRow(`SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
+		JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND a.usename = $1`, pg.role).Scan(&cut))
 	require.Equal(t, 1, cut, "A's connection of life")
 	rB := b.send(t, "c1", "tc-u2", false)
 	arrive(t, hB, "tc-u2")
@@ -242,5 +241,5 @@ func TestATakenLeaseFencesTheCommit(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, r.status, "A's turn, fenced: body %s", r.body)
 	hB.open()
 	requireOK(t, rB.wait(t), false)
-	assert.Equal(t, hist("u2", "a2", "u3"), a.ok(t, "c1", "tc-u3", false))
+	assert.Equal(t, hist("u2", "a2", "u3"), b.ok(t, "c1", "tc-u3", false))
 }

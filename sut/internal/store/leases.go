@@ -26,8 +26,11 @@ import (
 // process that dies loses that connection, and PostgreSQL the lock with
 // it: its leases are then taken by the next turn that asks, at once, with
 // no timeout to wait out. A process whose connection of life breaks
-// (the database restarted, an administrator ended it) takes a new number
-// on a new one, and the leases under its old number are anybody's.
+// (the database restarted, a network fault, an administrator ended it)
+// holds its number again on a new one as soon as it can; meanwhile its
+// leases are anybody's, and it goes on taking leases under its number,
+// which the fence below keeps safe. Only where it let go of its leases
+// on purpose (endLife) does it take a new number.
 //
 // A lease taken over so from a process that is still at work is fenced:
 // every taking adds one to the epoch, and a commit checks, in its own
@@ -54,15 +57,14 @@ type Leases struct {
 	Refused func(err error)
 
 	mu sync.Mutex
-	// holder is this process's number while its connection of life
-	// holds the advisory lock of it; 0 while it holds none.
+	// holder is this process's number, which its connection of life
+	// holds the advisory lock of while it is open.
 	holder int64
-	// life is that connection.
+	// renew, set by endLife, gives the next connection of life a new
+	// number: the leases under the old one are let go for good.
+	renew bool
+	// life is the connection of life; nil while it is being opened.
 	life *pgx.Conn
-	// lifeErr is why the last try to open a connection of life failed.
-	lifeErr error
-	// alive is closed and renewed each time a holder is had again.
-	alive chan struct{}
 	// stop ends the watch of the connection of life (Close); done is
 	// closed when it has ended.
 	stop context.CancelFunc
@@ -80,7 +82,7 @@ var ErrLeaseLost = errors.New("the conversation was taken over by another turn w
 func newLeases(db *sql.DB, cfg *pgx.ConnConfig, turnConns int) (*Leases, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	a := &Leases{db: db, cfg: cfg, budget: newConnBudget(turnConns), dialing: newConnBudget(1),
-		alive: make(chan struct{}), stop: stop, done: make(chan struct{})}
+		stop: stop, done: make(chan struct{})}
 	conn, err := a.live(ctx)
 	if err != nil {
 		stop()
@@ -90,8 +92,8 @@ func newLeases(db *sql.DB, cfg *pgx.ConnConfig, turnConns int) (*Leases, error) 
 	return a, nil
 }
 
-// live opens a connection of life under a new holder's number, and makes
-// that number this process's.
+// live opens a connection of life under this process's number, or a new
+// one where it has none yet or is to renew it.
 func (a *Leases) live(ctx context.Context) (*pgx.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, unlockTimeout)
 	defer cancel()
@@ -99,23 +101,32 @@ func (a *Leases) live(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connection of life: %w", err)
 	}
-	// A positive number of 62 bits: a new one every time, never met
-	// again, and no other process's.
-	holder := rand.Int64N(1<<62-1) + 1
+	a.mu.Lock()
+	holder, fresh := a.holder, a.holder == 0 || a.renew
+	if fresh {
+		// A positive number of 62 bits: never met again, and no other
+		// process's.
+		holder = rand.Int64N(1<<62-1) + 1
+	}
+	a.mu.Unlock()
 	if _, err := conn.Exec(dctx, `SELECT pg_advisory_lock($1)`, holder); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, fmt.Errorf("connection of life: %w", err)
 	}
 	a.mu.Lock()
-	a.holder, a.life, a.lifeErr = holder, conn, nil
-	close(a.alive)
-	a.alive = make(chan struct{})
-	a.mu.Unlock()
+	defer a.mu.Unlock()
+	if a.renew && !fresh {
+		// Let go of meanwhile (endLife): the old number is not to be
+		// held again.
+		_ = conn.Close(context.Background())
+		return nil, errors.New("connection of life: its number was let go of")
+	}
+	a.holder, a.life, a.renew = holder, conn, false
 	return conn, nil
 }
 
 // watch waits on the connection of life until it breaks, then opens
-// another under a new number, trying again at a growing pace while the
+// another, trying again at a growing pace (at most lifePace) while the
 // database takes none, until ctx ends.
 func (a *Leases) watch(ctx context.Context, conn *pgx.Conn) {
 	defer close(a.done)
@@ -124,7 +135,7 @@ func (a *Leases) watch(ctx context.Context, conn *pgx.Conn) {
 		// connection breaks, or ctx does.
 		_ = conn.PgConn().WaitForNotification(ctx)
 		a.mu.Lock()
-		a.holder, a.life = 0, nil
+		a.life = nil
 		a.mu.Unlock()
 		_ = conn.Close(context.Background())
 		pace := 10 * time.Millisecond
@@ -137,43 +148,29 @@ func (a *Leases) watch(ctx context.Context, conn *pgx.Conn) {
 				conn = next
 				break
 			}
-			a.mu.Lock()
-			a.lifeErr = err
-			a.mu.Unlock()
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(pace):
 			}
-			pace = min(2*pace, time.Second)
+			pace = min(2*pace, lifePace)
 		}
 	}
 }
 
-// holderBy returns this process's holder number, waiting for one until
-// deadline while its connection of life is being opened again.
-func (a *Leases) holderBy(ctx context.Context, deadline time.Time) (int64, error) {
-	for {
-		a.mu.Lock()
-		holder, alive, lifeErr := a.holder, a.alive, a.lifeErr
-		a.mu.Unlock()
-		if holder != 0 {
-			return holder, nil
-		}
-		if lifeErr == nil {
-			lifeErr = errors.New("connection of life: being opened again")
-		}
-		timer := time.NewTimer(time.Until(deadline))
-		select {
-		case <-alive:
-			timer.Stop()
-		case <-ctx.Done():
-			timer.Stop()
-			return 0, ctx.Err()
-		case <-timer.C:
-			return 0, lifeErr
-		}
-	}
+// lifePace is how long, at most, a process whose connection of life
+// broke waits between tries to open another: its leases are anybody's
+// until it does.
+const lifePace = 250 * time.Millisecond
+
+// number is this process's holder number. A turn takes its lease under
+// it whether the connection of life is open or not: while it is not,
+// another process may take the lease over, and the fence fails this
+// turn's commit; a turn never waits for it.
+func (a *Leases) number() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.holder
 }
 
 // Close ends the connection of life: every lease of this process is
@@ -183,7 +180,7 @@ func (a *Leases) Close() {
 	<-a.done
 	a.mu.Lock()
 	life := a.life
-	a.holder, a.life = 0, nil
+	a.life = nil
 	a.mu.Unlock()
 	if life != nil {
 		_ = life.Close(context.Background())
@@ -227,7 +224,7 @@ func (a *Leases) Lock(ctx context.Context, k Key, policy config.Concurrency, max
 		if err != nil {
 			return nil, nil, err
 		}
-		epoch, err := a.take(ctx, conn, k, deadline)
+		epoch, err := a.take(ctx, conn, k)
 		if err == nil {
 			l := &Lease{a: a, k: k, epoch: epoch, conn: conn}
 			var once sync.Once
@@ -267,17 +264,14 @@ const leasePace = 10 * time.Millisecond
 // tells without holding it past the statement), or one never taken. It
 // returns the lease's new epoch, or ErrConversationBusy where a live
 // holder has it.
-func (a *Leases) take(ctx context.Context, conn *sql.Conn, k Key, deadline time.Time) (int64, error) {
-	holder, err := a.holderBy(ctx, deadline)
-	if err != nil {
-		return 0, err
-	}
+func (a *Leases) take(ctx context.Context, conn *sql.Conn, k Key) (int64, error) {
+	holder := a.number()
 	// Not ended by ctx: a statement cut short may have taken the lease
 	// all the same, which nobody would then give back.
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
 	defer cancel()
 	var epoch int64
-	err = conn.QueryRowContext(tctx, `INSERT INTO leases AS l (scope, conversation, holder, epoch) VALUES ($1, $2, $3, 1)
+	err := conn.QueryRowContext(tctx, `INSERT INTO leases AS l (scope, conversation, holder, epoch) VALUES ($1, $2, $3, 1)
 		ON CONFLICT (scope, conversation) DO UPDATE SET holder = EXCLUDED.holder, epoch = l.epoch + 1
 		WHERE CASE WHEN l.holder = 0 THEN true ELSE pg_try_advisory_xact_lock_shared(l.holder) END
 		RETURNING epoch`, k.Scope, k.ID, holder).Scan(&epoch)
@@ -359,10 +353,11 @@ func (l *Lease) release() {
 }
 
 // endLife ends the connection of life, which watch then opens again
-// under a new number.
+// under a new number: every lease under the old one is let go for good.
 func (a *Leases) endLife() {
 	a.mu.Lock()
 	life := a.life
+	a.renew = true
 	a.mu.Unlock()
 	if life != nil {
 		// Closing the network connection under WaitForNotification
