@@ -183,8 +183,7 @@ func (s *Handler) responseTurn(w http.ResponseWriter, r *http.Request, scope str
 	if req.previous != "" {
 		err = s.lockBase(r.Context(), t, req.previous)
 		if err == nil {
-			base, err = s.loadResponse(store.WithLease(r.Context(), t.Lease), scope, req.previous)
-			t.Lease.Rest()
+			base, err = s.loadResponse(store.WithConn(r.Context(), t.Conn), scope, req.previous)
 		}
 		if err != nil {
 			s.refuseResponse(w, r, t, req.previous, err)
@@ -230,12 +229,12 @@ func (s *Handler) lockBase(ctx context.Context, t *turn.Turn, previous string) e
 	if s.Cfg.Mutant != config.BranchMutatesBase {
 		return nil
 	}
-	lease, unlock, err := s.Locks.Lock(ctx, store.Key{Scope: t.Key.Scope, ID: turn.NsResponse + previous}, config.Serialize, s.Cfg.RequestTimeout)
+	conn, unlock, err := s.Locks.Lock(ctx, store.Key{Scope: t.Key.Scope, ID: turn.NsResponse + previous}, config.Serialize, s.Cfg.RequestTimeout)
 	if err != nil {
 		return err
 	}
-	// The turn loads on the lease's connection, and commits under it.
-	t.Lease = lease
+	// The turn loads and commits on the lock's connection.
+	t.Conn = conn
 	var once sync.Once
 	t.Release = func() {
 		once.Do(func() {

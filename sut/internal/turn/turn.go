@@ -7,6 +7,7 @@ package turn
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,10 +70,10 @@ type Turn struct {
 	// the client hears that outcome, so that a client that sends its next
 	// turn the moment it has read this one's end finds the lock free.
 	Release func()
-	// Lease is the conversation's lease in a store shared by other
-	// processes (PostgreSQL), until release: the turn commits under it
-	// (WithLease), and only while it is still the turn's. nil for none.
-	Lease *store.Lease
+	// Conn is the store connection the turn holds its conversation's
+	// shared lock on (PostgreSQL), until release: it loads and commits on
+	// it (withConn), never waiting for a second one. nil for none.
+	Conn *sql.Conn
 }
 
 // Converse runs turn t, whose key and protocol are set, on its
@@ -224,9 +225,10 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 		// The bug: a request that finds the lane taken by the first turn
 		// of a conversation not yet committed is refused as busy, where
 		// it should wait its turn (or, under Reject, get 409).
-		lease, unlock, err := s.Locks.Lock(ctx, t.Key, config.Reject, 0)
+		conn, unlock, err := s.Locks.Lock(ctx, t.Key, config.Reject, 0)
 		if err == nil {
-			return s.loadUnder(ctx, t, lease, unlock, s.Convs.Get)
+			t.Release, t.Conn = unlock, conn
+			return s.Convs.Get(store.WithConn(ctx, conn), t.Key)
 		}
 		if !errors.Is(err, store.ErrConversationBusy) {
 			return nil, err
@@ -253,10 +255,10 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 			// serves its cached copy unchecked, committing over whatever
 			// another replica committed meanwhile. Only a turn that waited
 			// for another replica's checks its cache.
-			lease, unlock, err := s.Locks.Lock(ctx, t.Key, config.Reject, 0)
+			conn, unlock, err := s.Locks.Lock(ctx, t.Key, config.Reject, 0)
 			if err == nil {
-				t.overwrite = true
-				return s.loadUnder(ctx, t, lease, unlock, s.Convs.GetUnchecked)
+				t.Release, t.overwrite, t.Conn = unlock, true, conn
+				return s.Convs.GetUnchecked(store.WithConn(ctx, conn), t.Key)
 			}
 			if !errors.Is(err, store.ErrConversationBusy) {
 				return nil, err
@@ -265,28 +267,18 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 			return s.acquireBaseFirst(ctx, t)
 		}
 	}
-	lease, unlock, err := s.Locks.Lock(ctx, t.Key, s.Cfg.Concurrency, s.Cfg.RequestTimeout)
+	conn, unlock, err := s.Locks.Lock(ctx, t.Key, s.Cfg.Concurrency, s.Cfg.RequestTimeout)
 	if err != nil {
 		return nil, err
 	}
-	return s.loadUnder(ctx, t, lease, unlock, s.Convs.Get)
-}
-
-// loadUnder loads t's base with get under lease, which t holds from now
-// until its release (unlock), and then gives back the connection the
-// lease was taken on: a turn holds no connection to the store while it
-// is at its model.
-func (s *Engine) loadUnder(ctx context.Context, t *Turn, lease *store.Lease, unlock func(),
-	get func(context.Context, store.Key) (*store.Conversation, error)) (*store.Conversation, error) {
-	t.Release, t.Lease = unlock, lease
-	defer lease.Rest()
-	return get(store.WithLease(ctx, lease), t.Key)
+	t.Release, t.Conn = unlock, conn
+	return s.Convs.Get(store.WithConn(ctx, conn), t.Key)
 }
 
 // sharedLocks is the cross-process lock of st for a server with mutant m:
 // none under replica-local-lock, whose turns take the lock of their own
 // process alone.
-func sharedLocks(st *store.Store, m config.Mutant) *store.Leases {
+func sharedLocks(st *store.Store, m config.Mutant) *store.AdvisoryLocks {
 	if m == config.ReplicaLocalLock {
 		return nil
 	}
@@ -311,16 +303,14 @@ func (s *Engine) acquireBaseFirst(ctx context.Context, t *Turn) (*store.Conversa
 		local()
 		return nil, err
 	}
-	lease, shared, err := s.Locks.Shared.Lock(ctx, t.Key, s.Cfg.Concurrency, time.Until(deadline), s.Locks.Gauge)
+	conn, shared, err := s.Locks.Shared.Lock(ctx, t.Key, s.Cfg.Concurrency, time.Until(deadline), s.Locks.Gauge)
 	if err != nil {
 		local()
 		return nil, err
 	}
-	// Taken, it is given back at once: the base is loaded already.
-	lease.Rest()
 	var once sync.Once
 	t.Release = func() { once.Do(func() { shared(); local() }) }
-	t.Lease = lease
+	t.Conn = conn
 	t.overwrite = true
 	return base, nil
 }
@@ -458,7 +448,7 @@ func (s *Engine) Run(rctx context.Context, c Client, t *Turn, resp responder) {
 			s.crashedUnder(c, t, o)
 			return
 		}
-		err := s.Convs.Commit(store.WithLease(ctx, t.Lease), t.Key, t.Committed, t.Hid, t.Work, t.overwrite)
+		err := s.Convs.Commit(store.WithConn(ctx, t.Conn), t.Key, t.Committed, t.Hid, t.Work, t.overwrite)
 		if err == nil {
 			// All of work is committed now: a release that takes back a
 			// turn that did not commit (branch-mutates-base's) keeps it.
@@ -492,7 +482,7 @@ func (s *Engine) Fail(c Client, t *Turn, o *Output, partial string, err error) {
 		if partial != "" {
 			t.Work.Messages = append(t.Work.Messages, &store.Message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)}})
 		}
-		_ = s.Convs.Commit(store.WithLease(context.Background(), t.Lease), t.Key, t.Committed, t.Hid, t.Work, t.overwrite)
+		_ = s.Convs.Commit(store.WithConn(context.Background(), t.Conn), t.Key, t.Committed, t.Hid, t.Work, t.overwrite)
 	}
 	// The turn is decided (rolled back, or committed by a mutant):
 	// release before the client hears of it.
