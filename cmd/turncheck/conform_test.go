@@ -223,7 +223,7 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 			checks = "4"
 		}
 		if testing.Short() && !short && m.Replicas == 0 {
-			continue // the slowest to find; TestMutantsCaught has them in process
+			continue // those found in the first check: TestMutantsCaught has them in process
 		}
 		r := &run{info: m, dir: t.TempDir()}
 		runs = append(runs, r)

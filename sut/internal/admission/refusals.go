@@ -3,6 +3,7 @@ package admission
 import (
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -69,7 +70,9 @@ func (l *RefusalLog) Refused(who, why string) {
 		l.mu.Unlock()
 		return
 	}
-	l.lineLocked(who, r, now)
+	ln := r.take(who, now)
+	l.mu.Unlock()
+	l.write(ln)
 }
 
 // due logs who's refusals counted since its last line, once their line
@@ -82,19 +85,9 @@ func (l *RefusalLog) due(who string) {
 		l.mu.Unlock()
 		return
 	}
-	l.lineLocked(who, r, l.now())
-}
-
-// lineLocked logs r's line, called with l.mu held, which it releases.
-func (l *RefusalLog) lineLocked(who string, r *refusals, now time.Time) {
-	if r.stop != nil {
-		r.stop()
-		r.stop = nil
-	}
-	since, total, why := r.since, r.total, r.why
-	r.logged, r.since = now, 0
+	ln := r.take(who, l.now())
 	l.mu.Unlock()
-	l.log.Warn("refused for load", "by", who, "why", why, "refused_since_last_line", since, "refused_in_all", total)
+	l.write(ln)
 }
 
 // Flush logs, at once, the refusals of every kind not yet in a line: the
@@ -104,20 +97,38 @@ func (l *RefusalLog) Flush() {
 		return
 	}
 	l.mu.Lock()
-	var pending []string
+	var lines []refusalLine
 	for who, r := range l.by {
 		if r.since > 0 {
-			pending = append(pending, who)
+			lines = append(lines, r.take(who, l.now()))
 		}
 	}
 	l.mu.Unlock()
-	slices.Sort(pending)
-	for _, who := range pending {
-		l.mu.Lock()
-		if r := l.by[who]; r.since > 0 {
-			l.lineLocked(who, r, l.now())
-			continue
-		}
-		l.mu.Unlock()
+	slices.SortFunc(lines, func(a, b refusalLine) int { return strings.Compare(a.who, b.who) })
+	for _, ln := range lines {
+		l.write(ln)
 	}
+}
+
+// refusalLine is one line of the log: who refused, why, and how many.
+type refusalLine struct {
+	who, why     string
+	since, total int64
+}
+
+// take is r's line at now, the count since it set back and the line due
+// for it called off; the caller holds the log's lock.
+func (r *refusals) take(who string, now time.Time) refusalLine {
+	if r.stop != nil {
+		r.stop()
+		r.stop = nil
+	}
+	ln := refusalLine{who: who, why: r.why, since: r.since, total: r.total}
+	r.logged, r.since = now, 0
+	return ln
+}
+
+// write logs ln.
+func (l *RefusalLog) write(ln refusalLine) {
+	l.log.Warn("refused for load", "by", ln.who, "why", ln.why, "refused_since_last_line", ln.since, "refused_in_all", ln.total)
 }
