@@ -27,6 +27,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/turncheck/turncheck/internal/loopback"
 )
 
 const (
@@ -496,7 +498,7 @@ func (p *Process) start(ctx context.Context, addr string) error {
 	var last error
 	for attempt := 0; attempt < startAttempts; attempt++ {
 		if addr == "" || attempt > 0 {
-			a, err := freeLoopbackAddr()
+			a, err := loopback.FreeAddr()
 			if err != nil {
 				return fmt.Errorf("start server: pick a port: %w", err)
 			}
@@ -940,17 +942,6 @@ func capturedAddr(s string) (string, error) {
 		}
 	}
 	return net.JoinHostPort(host, port), nil
-}
-
-// freeLoopbackAddr picks a port that is free now. Another process may take
-// it before the server binds it; start then tries another.
-func freeLoopbackAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	addr := ln.Addr().String()
-	return addr, ln.Close()
 }
 
 // suggestsInUse reports whether a server's output says that its address

@@ -7,13 +7,10 @@ package fronttest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -42,7 +39,7 @@ func Start(t testing.TB, n int) *Front {
 	f := &Front{served: make([]atomic.Int64, n),
 		transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 5 * time.Second}}
 	for range n {
-		addr, err := freeAddr(len(f.Upstreams))
+		addr, err := loopback.FreeAddr()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,32 +101,3 @@ func (f *Front) Close() {
 	}
 	f.transport.CloseIdleConnections()
 }
-
-// freeAddr is a loopback address free a moment ago, on a port below the
-// machine's range for outgoing connections, as a front's upstreams must
-// be (the harness refuses others: a connection may take such a port in
-// the moment the harness listens there anew). Tests in several processes
-// start their search at different ports.
-func freeAddr(skip int) (string, error) {
-	lo, _, known := loopback.EphemeralPorts()
-	if !known {
-		lo = 32768
-	}
-	const first = 10000
-	span := lo - first
-	start := (os.Getpid()*97 + int(picked.Add(1))*7 + skip) % span
-	for i := range span {
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(first+(start+i)%span))
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		ln.Close()
-		return addr, nil
-	}
-	return "", fmt.Errorf("no free loopback port from %d to %d", first, lo-1)
-}
-
-// picked counts the addresses picked by this process, so that two fronts
-// look in different places.
-var picked atomic.Int64

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/turncheck/turncheck/internal/loopback"
 )
 
 // ErrNoNginx is returned by NginxPath where no nginx is installed.
@@ -85,21 +89,21 @@ func Nginx(t testing.TB, n int) *Front {
 	f := &Front{}
 	var servers strings.Builder
 	for range n {
-		addr, err := freeAddr(len(f.Upstreams))
+		addr, err := loopback.FreeAddr()
 		if err != nil {
 			t.Fatal(err)
 		}
 		f.Upstreams = append(f.Upstreams, addr)
 		fmt.Fprintf(&servers, "\t\tserver %s;\n", addr)
 	}
-	listen := freeListen(t)
-	f.URL = "http://" + listen
 	user := ""
 	if os.Geteuid() == 0 {
 		// Its worker writes into the test's directory, which is root's.
 		user = "user root;"
 	}
-	runNginx(t, bin, dir, fmt.Appendf(nil, nginxConf, user, dir, servers.String(), listen), listen)
+	f.URL = "http://" + runNginx(t, bin, dir, func(listen string) []byte {
+		return fmt.Appendf(nil, nginxConf, user, dir, servers.String(), listen)
+	})
 	f.log = filepath.Join(dir, "access.log")
 	return f
 }
@@ -128,52 +132,71 @@ func NginxFile(t testing.TB, path, listen string, upstreams []string) *Front {
 	f := &Front{}
 	pairs := []string{}
 	for _, old := range upstreams {
-		addr, err := freeAddr(len(f.Upstreams))
+		addr, err := loopback.FreeAddr()
 		if err != nil {
 			t.Fatal(err)
 		}
 		f.Upstreams = append(f.Upstreams, addr)
 		pairs = append(pairs, old, addr)
 	}
-	addr := freeListen(t)
-	f.URL = "http://" + addr
-	pairs = append(pairs, listen, addr, "daemon on;", "daemon off;")
+	pairs = append(pairs, "daemon on;", "daemon off;")
 	for i := 0; i < len(pairs); i += 2 {
 		if !strings.Contains(text, pairs[i]) {
 			t.Fatalf("%s: no %q in it", path, pairs[i])
 		}
 	}
-	text = strings.NewReplacer(pairs...).Replace(text)
+	if !strings.Contains(text, listen) {
+		t.Fatalf("%s: no %q in it", path, listen)
+	}
 	if os.Geteuid() == 0 {
 		// Its worker writes into the test's directory, which is root's.
 		text = "user root;\n" + text
 	}
 	dir := t.TempDir()
-	runNginx(t, bin, dir, []byte(text), addr)
+	f.URL = "http://" + runNginx(t, bin, dir, func(addr string) []byte {
+		return []byte(strings.NewReplacer(append(pairs, listen, addr)...).Replace(text))
+	})
 	f.log = filepath.Join(dir, "access.log")
 	return f
 }
 
-// freeListen is a loopback address free a moment ago, for a front to
-// listen on.
-func freeListen(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// nginxTries is how many listen addresses runNginx tries before it
+// gives up: another process may take a free one before nginx binds it.
+const nginxTries = 5
+
+// runNginx runs nginx, in the foreground with prefix dir, with the
+// configuration conf gives for a listen address, until nginx itself
+// answers there, and returns that address; nginx stops when t ends.
+func runNginx(t testing.TB, bin, dir string, conf func(listen string) []byte) string {
+	t.Helper()
+	for try := 1; ; try++ {
+		listen, err := loopback.FreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		log, err := startNginx(t, bin, dir, conf(listen), listen)
+		switch {
+		case err == nil:
+			return listen
+		case try < nginxTries && strings.Contains(log, "Address already in use"):
+			continue
+		}
+		t.Fatalf("nginx on %s: %v\n%s", listen, err, log)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
-// runNginx runs nginx with conf, in the foreground, with prefix dir, until
-// it listens on listen; it stops when t ends.
-func runNginx(t testing.TB, bin, dir string, conf []byte, listen string) {
+// startNginx starts nginx with conf and waits until it answers on
+// listen: with its own Server header, for a port free a moment ago may
+// have gone to another process's server, which a mere connection would
+// reach as well. On failure nginx is stopped, and log is its error log.
+func startNginx(t testing.TB, bin, dir string, conf []byte, listen string) (log string, err error) {
 	t.Helper()
 	path := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(path, conf, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"-p", dir, "-c", path, "-e", filepath.Join(dir, "error.log")}
+	errorLog := filepath.Join(dir, "error.log")
+	args := []string{"-p", dir, "-c", path, "-e", errorLog}
 	if out, err := exec.Command(bin, append([]string{"-t"}, args...)...).CombinedOutput(); err != nil {
 		t.Fatalf("nginx -t: %v\n%s", err, out)
 	}
@@ -187,7 +210,7 @@ func runNginx(t testing.TB, bin, dir string, conf []byte, listen string) {
 		_ = cmd.Wait()
 		close(done)
 	}()
-	t.Cleanup(func() {
+	stop := func() {
 		// SIGQUIT: the master lets its worker finish, then both exit.
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGQUIT)
 		select {
@@ -196,22 +219,48 @@ func runNginx(t testing.TB, bin, dir string, conf []byte, listen string) {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-done
 		}
-	})
+	}
+	readLog := func() string {
+		b, _ := os.ReadFile(errorLog)
+		return string(b)
+	}
 	for start := time.Now(); ; {
-		if c, err := net.Dial("tcp", listen); err == nil {
-			c.Close()
-			return
+		if answersAsNginx(listen) {
+			t.Cleanup(stop)
+			return "", nil
 		}
 		select {
 		case <-done:
-			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
-			t.Fatalf("nginx exited at its start:\n%s", log)
+			return readLog(), errors.New("nginx exited at its start")
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Since(start) > 10*time.Second {
-			t.Fatal("nginx did not listen within 10s")
+			stop()
+			return readLog(), errors.New("nginx did not answer within 10s")
 		}
 	}
+}
+
+// answersAsNginx reports whether nginx itself answers on addr: a request
+// with no Host header is one nginx refuses (400) without sending it to an
+// upstream, which would count as a failure of that upstream, and its
+// answer names nginx in its Server header.
+func answersAsNginx(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nConnection: close\r\n\r\n"); err != nil {
+		return false
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return strings.HasPrefix(resp.Header.Get("Server"), "nginx")
 }
 
 // nginxServed counts, from nginx's access log, the requests each

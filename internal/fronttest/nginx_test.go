@@ -1,9 +1,11 @@
 package fronttest
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,4 +84,33 @@ func TestFrontBalancesByLoad(t *testing.T) {
 			require.NoError(t, <-held)
 		})
 	}
+}
+
+// TestNginxOnATakenPortIsNoFront: where another server took the port
+// picked for nginx before nginx bound it, that server answers on it, and
+// nginx, unable to bind, exits: the start fails, saying why, rather than
+// take the other server for the front (a harness would then check that
+// server, and the replies of another test's model would read as the
+// check's own).
+func TestNginxOnATakenPortIsNoFront(t *testing.T) {
+	bin, err := NginxPath()
+	if err != nil {
+		t.Skip(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	other := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "another server")
+	})}
+	go func() { _ = other.Serve(ln) }()
+	t.Cleanup(func() { _ = other.Close() })
+
+	dir := t.TempDir()
+	conf := fmt.Sprintf(nginxConf, "", dir, "\t\tserver 127.0.0.1:1;\n", ln.Addr().String())
+	if os.Geteuid() == 0 {
+		conf = "user root;\n" + conf
+	}
+	log, err := startNginx(t, bin, dir, []byte(conf), ln.Addr().String())
+	require.Error(t, err, "the other server was taken for nginx")
+	assert.Contains(t, log, "Address already in use")
 }

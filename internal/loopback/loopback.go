@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
+	"sync"
 )
 
 // Listen listens on addr ("127.0.0.1:0" when empty) with connections that
@@ -56,4 +58,52 @@ func EphemeralPorts() (lo, hi int, known bool) {
 		return 0, 0, false
 	}
 	return lo, hi, true
+}
+
+// FreeAddr is a loopback address ("127.0.0.1:PORT") free a moment ago, for
+// a server the harness starts to listen on. Its port lies below the
+// machine's range for outgoing connections (EphemeralPorts), where the
+// kernel never hands out a port of its own choosing: a port picked in
+// that range and closed may be given to any other process's listener on
+// port 0 before the server binds it, and a readiness probe then reaches
+// that other server and takes it for the one started. Below the range,
+// only a process that picks ports itself can take it: this process never
+// hands one out twice, and processes start their search at different
+// ports.
+func FreeAddr() (string, error) {
+	lo, _, known := EphemeralPorts()
+	if !known {
+		lo = 32768
+	}
+	const first = 10000
+	span := lo - first
+	if span <= 0 {
+		return "", fmt.Errorf("no ports below the range for outgoing connections (it starts at %d)", lo)
+	}
+	handed.Lock()
+	defer handed.Unlock()
+	if handed.ports == nil || len(handed.ports) >= span/2 {
+		handed.ports = map[int]bool{}
+	}
+	start := (os.Getpid()*97 + len(handed.ports)*7) % span
+	for i := range span {
+		port := first + (start+i)%span
+		if handed.ports[port] {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		_ = ln.Close()
+		handed.ports[port] = true
+		return ln.Addr().String(), nil
+	}
+	return "", fmt.Errorf("no free loopback port from %d to %d", first, lo-1)
+}
+
+// handed is the ports FreeAddr handed out in this process.
+var handed struct {
+	sync.Mutex
+	ports map[int]bool
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"syscall"
 	"testing"
 
@@ -45,4 +46,30 @@ func TestServerCloseResets(t *testing.T) {
 func TestListenError(t *testing.T) {
 	_, err := loopback.Listen("not an address")
 	assert.Error(t, err)
+}
+
+// TestFreeAddr: the addresses picked are loopback ones, on ports below the
+// machine's range for outgoing connections (where no listener on port 0
+// can be given them), free when picked, and never picked twice by one
+// process, though each was let go at once.
+func TestFreeAddr(t *testing.T) {
+	lo, _, known := loopback.EphemeralPorts()
+	seen := map[string]bool{}
+	for range 50 {
+		addr, err := loopback.FreeAddr()
+		require.NoError(t, err)
+		host, port, err := net.SplitHostPort(addr)
+		require.NoError(t, err)
+		assert.Equal(t, "127.0.0.1", host)
+		if known {
+			n, err := strconv.Atoi(port)
+			require.NoError(t, err)
+			assert.Less(t, n, lo, "a port in the range for outgoing connections")
+		}
+		assert.False(t, seen[addr], "%s picked twice", addr)
+		seen[addr] = true
+		ln, err := net.Listen("tcp", addr)
+		require.NoError(t, err, "free when picked")
+		require.NoError(t, ln.Close())
+	}
 }

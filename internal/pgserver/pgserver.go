@@ -20,6 +20,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
+	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/internal/syncbuf"
 )
 
@@ -127,10 +128,12 @@ func (s *Server) start(bin string, attr *syscall.SysProcAttr, settings []string)
 	if err := initdb.Run(); err != nil {
 		return fmt.Errorf("initdb: %w\n%s", err, s.log)
 	}
-	var err error
-	if s.port, err = freePort(); err != nil {
+	addr, err := loopback.FreeAddr()
+	if err != nil {
 		return err
 	}
+	_, port, _ := net.SplitHostPort(addr)
+	s.port, _ = strconv.Atoi(port)
 	args := []string{"-D", data, "-c", "listen_addresses=127.0.0.1", "-k", data, "-p", strconv.Itoa(s.port)}
 	for _, set := range settings {
 		args = append(args, "-c", set)
@@ -208,14 +211,4 @@ func (s *Server) Stop() error {
 		}
 	}
 	return errors.Join(err, os.RemoveAll(s.dir))
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	return port, ln.Close()
 }
