@@ -39,3 +39,9 @@ func DefaultMaxMemory() (int64, string) { return admission.DefaultMaxMemory() }
 // that works on at most maxRequests turns at once; see
 // Store.DefaultMaxStoreConns.
 func DefaultMaxStoreConns(maxRequests int) int { return store.DefaultMaxStoreConns(maxRequests) }
+
+// ConnectionOfLife is the application_name of the one connection to
+// PostgreSQL each server on a shared store keeps all its life, and says
+// it is alive on (its beats), as pg_stat_activity shows it; see
+// store.Leases.
+const ConnectionOfLife = store.LifeName

@@ -202,7 +202,7 @@ const (
 	// one P take a lock keyed by P, and so run one after the other.
 	BranchMutatesBase = config.BranchMutatesBase
 	// ReplicaLocalLock takes, on PostgreSQL, only the conversation lock of
-	// its own process, not the advisory lock every replica shares: turns
+	// its own process, not the lease every replica shares: turns
 	// on one conversation sent to two replicas at once run on the same
 	// committed base, and the later commit overwrites the earlier. One
 	// replica alone, or SQLite, serializes as it should.
@@ -216,7 +216,7 @@ const (
 	ReplicaStaleCache = config.ReplicaStaleCache
 	// ReplicaCommitUnlocked loads the turn's base, on PostgreSQL, and
 	// checks its cache against the store, under the lock of its own
-	// process, before it takes the advisory lock every replica shares,
+	// process, before it takes the lease every replica shares,
 	// and its commit writes without a check that nothing was committed
 	// since that base (last writer wins): a turn that waited there for
 	// another replica's turn runs on the base from before that turn, and

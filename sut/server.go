@@ -177,8 +177,9 @@ func New(cfg config.Config) (*Server, error) {
 }
 
 // sayConnRoom says at start, for a store in PostgreSQL, how many replicas
-// of this one's --max-store-conns the connections PostgreSQL lets its
-// role open make room for, and warns where not even this one's fit: its
+// of this one the connections PostgreSQL lets its role open make room
+// for, each opening its --max-store-conns and one more, its connection of
+// life (store.Leases), and warns where not even this one's fit: its
 // turns would then wait for connections the database refuses, and the
 // replicas beside it starve.
 func sayConnRoom(st *store.Store, maxConns int, log *slog.Logger) {
@@ -187,13 +188,13 @@ func sayConnRoom(st *store.Store, maxConns int, log *slog.Logger) {
 	room, ok := st.ConnRoom(ctx)
 	switch {
 	case !ok:
-	case room < maxConns:
-		log.Warn("PostgreSQL lets this server's role open fewer connections than --max-store-conns: its turns will wait for connections "+
-			"the database refuses, and replicas beside it starve; lower --max-store-conns, or raise max_connections",
+	case room < maxConns+1:
+		log.Warn("PostgreSQL lets this server's role open fewer connections than --max-store-conns and its connection of life: "+
+			"its turns will wait for connections the database refuses, and replicas beside it starve; lower --max-store-conns, or raise max_connections",
 			"max_store_conns", maxConns, "postgresql_room", room)
 	default:
 		log.Info("PostgreSQL's connections for this server's role", "postgresql_room", room, "max_store_conns", maxConns,
-			"replicas_that_fit", room/maxConns)
+			"replicas_that_fit", room/(maxConns+1))
 	}
 }
 

@@ -88,13 +88,14 @@ Limits and timeouts (flag, default):
                                    model connections kept idle for reuse
   --max-store-conns       auto     connections to PostgreSQL (--store); auto: one for
                                    every 20 --max-requests, at least 8 (26 at 512). A
-                                   turn does all it does in the store on one, held
-                                   from its conversation's lock to its end; one is
+                                   turn holds one only while in the store (its lease
+                                   and load, its commit), none at its model; one is
                                    kept for the rest. A turn that gets none within
                                    --request-timeout (all held: it waits its turn,
                                    first come first served; or PostgreSQL has no
                                    room): 503 with Retry-After: 1, before any model
-                                   call. Replicas on one database must fit in its
+                                   call. Each replica holds one more, its connection
+                                   of life; replicas on one database must fit in its
                                    max_connections together
   --max-body-bytes        1048576  a request body (413; at once when Content-Length says so)
   --max-history-messages  2000     a conversation's messages, its next reply included

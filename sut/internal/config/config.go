@@ -61,8 +61,8 @@ type Config struct {
 	// postgresql://) that holds the durable store in place of DataDir.
 	// Servers on one database are replicas of one server: a turn
 	// committed on one is seen by every other's next turn, turns on one
-	// conversation run one after another across all of them (a
-	// PostgreSQL advisory lock, waited for under Serialize for at most
+	// conversation run one after another across all of them (a lease
+	// in the store, waited for under Serialize for at most
 	// RequestTimeout, tried under Reject), and a commit is durable when
 	// acknowledged.
 	Store string
@@ -106,9 +106,11 @@ type Config struct {
 	MaxRequests int
 	// MaxStoreConns bounds the connections to PostgreSQL (Store) that the
 	// server opens; 0 means DefaultMaxStoreConns(MaxRequests), and it
-	// must be at least 2. A turn on a conversation does everything it does
-	// in the store on one, held from its conversation's lock to its end;
-	// all but one may be held so, the last is for what runs beside turns.
+	// must be at least 2. A turn on a conversation holds one only while
+	// it is in the store (its lease and load, its commit), never at its
+	// model; turns may hold all but one, the last is for what runs beside
+	// them. One more, the server's connection of life, says it is alive
+	// (store.Leases).
 	// A turn that finds none free waits its turn for one, first come first
 	// served, within RequestTimeout, and is otherwise refused before any
 	// model call (503 with Retry-After); so is one the database refuses a

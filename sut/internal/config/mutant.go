@@ -105,7 +105,7 @@ const (
 	// one P take a lock keyed by P, and so run one after the other.
 	BranchMutatesBase Mutant = "branch-mutates-base"
 	// ReplicaLocalLock takes, on PostgreSQL, only the conversation lock of
-	// its own process, not the advisory lock every replica shares: turns
+	// its own process, not the lease every replica shares: turns
 	// on one conversation sent to two replicas at once run on the same
 	// committed base, and the later commit overwrites the earlier. One
 	// replica alone, or SQLite, serializes as it should.
@@ -119,7 +119,7 @@ const (
 	ReplicaStaleCache Mutant = "replica-stale-cache"
 	// ReplicaCommitUnlocked loads the turn's base, on PostgreSQL, and
 	// checks its cache against the store, under the lock of its own
-	// process, before it takes the advisory lock every replica shares,
+	// process, before it takes the lease every replica shares,
 	// and its commit writes without a check that nothing was committed
 	// since that base (last writer wins): a turn that waited there for
 	// another replica's turn runs on the base from before that turn, and
@@ -267,11 +267,11 @@ func Mutants() []MutantInfo {
 		{BranchMutatesBase, "PROTOCOL.md T4 (responses: branches stay apart)", "T4",
 			"a request chained from a response runs on that response's cached history in place, not on a copy: a second request chained from it sees the first one's input and reply", "", string(ProtoResponses), 0},
 		{ReplicaLocalLock, "openclaw #84575 across replicas", "T4",
-			"on PostgreSQL the conversation lock is only the replica's own, not the advisory lock the replicas share: turns on one conversation sent to two replicas at once run on one base, and the later commit overwrites the earlier", "", "", 3},
+			"on PostgreSQL the conversation lock is only the replica's own, not the lease the replicas share: turns on one conversation sent to two replicas at once run on one base, and the later commit overwrites the earlier", "", "", 3},
 		{ReplicaStaleCache, "PROTOCOL.md T2 across replicas", "T2",
 			"a turn that finds the conversation's lock free serves the replica's cached copy without a check against the store: after another replica committed a turn, the next turn on this replica runs on its stale copy and commits over that turn", "", "", 3},
 		{ReplicaCommitUnlocked, "PROTOCOL.md T4 across replicas (the base loaded before the shared lock)", "T4",
-			"a turn's base is loaded, and the cache checked, under the replica's own lock, before the advisory lock the replicas share, and the commit writes over whatever is there: a turn that waited for another replica's turn runs on the base from before it, and its commit overwrites it", "", "", 3},
+			"a turn's base is loaded, and the cache checked, under the replica's own lock, before the lease the replicas share, and the commit writes over whatever is there: a turn that waited for another replica's turn runs on the base from before it, and its commit overwrites it", "", "", 3},
 		{StoreErrorAcked, "Gitlawb/zero #471 (session persistence errors discarded)", "T2",
 			"a commit's store write that fails is ignored and the turn acknowledged from the cache: when the network to the store breaks mid-turn, the acknowledged turn never reached the store, and the next turn, on any replica, runs without it", "", "", 3},
 		{ACPRefusalKeepsPrompt, "docker-agent #2890 (ACP: the prompt is added to the session before the model runs)", "T1",

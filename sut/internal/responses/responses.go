@@ -183,7 +183,8 @@ func (s *Handler) responseTurn(w http.ResponseWriter, r *http.Request, scope str
 	if req.previous != "" {
 		err = s.lockBase(r.Context(), t, req.previous)
 		if err == nil {
-			base, err = s.loadResponse(store.WithConn(r.Context(), t.Conn), scope, req.previous)
+			base, err = s.loadResponse(store.WithLease(r.Context(), t.Lease), scope, req.previous)
+			t.Lease.Rest()
 		}
 		if err != nil {
 			s.refuseResponse(w, r, t, req.previous, err)
@@ -229,12 +230,12 @@ func (s *Handler) lockBase(ctx context.Context, t *turn.Turn, previous string) e
 	if s.Cfg.Mutant != config.BranchMutatesBase {
 		return nil
 	}
-	conn, unlock, err := s.Locks.Lock(ctx, store.Key{Scope: t.Key.Scope, ID: turn.NsResponse + previous}, config.Serialize, s.Cfg.RequestTimeout)
+	lease, unlock, err := s.Locks.Lock(ctx, store.Key{Scope: t.Key.Scope, ID: turn.NsResponse + previous}, config.Serialize, s.Cfg.RequestTimeout)
 	if err != nil {
 		return err
 	}
-	// The turn loads and commits on the lock's connection.
-	t.Conn = conn
+	// The turn loads on the lease's connection, and commits under it.
+	t.Lease = lease
 	var once sync.Once
 	t.Release = func() {
 		once.Do(func() {

@@ -69,9 +69,23 @@ func (d dialect) q(query string) string {
 }
 
 // schema returns the statements that create the store's tables, in the
-// dialect.
+// dialect. PostgreSQL's has the conversations' leases (Leases) too: a
+// SQLite store is one process's, whose locks are its own.
 func (d dialect) schema() []string {
-	return []string{
+	var leases []string
+	if d.numbered {
+		leases = append(leases, `CREATE TABLE IF NOT EXISTS leases (
+	scope        TEXT   NOT NULL,
+	conversation TEXT   NOT NULL,
+	holder       BIGINT NOT NULL,
+	epoch        BIGINT NOT NULL,
+	PRIMARY KEY (scope, conversation)
+)`, `CREATE TABLE IF NOT EXISTS lease_holders (
+	holder BIGINT      NOT NULL PRIMARY KEY,
+	seen   TIMESTAMPTZ NOT NULL
+)`)
+	}
+	return append(leases, []string{
 		`CREATE TABLE IF NOT EXISTS messages (
 	scope        TEXT    NOT NULL,
 	conversation TEXT    NOT NULL,
@@ -98,7 +112,7 @@ func (d dialect) schema() []string {
 	name  TEXT NOT NULL PRIMARY KEY,
 	value ` + d.blob + ` NOT NULL
 )` + d.tableSuffix,
-	}
+	}...)
 }
 
 // textArg is s as an argument for a column of type d.text.

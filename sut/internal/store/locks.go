@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"slices"
 	"sync"
@@ -38,7 +37,7 @@ type Locks struct {
 	Gauge *admission.Gauge
 	// Shared is the store's cross-process lock; nil for a store one
 	// process alone opens.
-	Shared *AdvisoryLocks
+	Shared *Leases
 
 	mu    sync.Mutex
 	locks map[Key]*convLock
@@ -56,29 +55,30 @@ type convWaiter struct {
 	granted chan struct{}
 }
 
-// Lock takes k's lock, here and then, if the store is shared, in the
-// store. When it is held, it fails at once with errConversationBusy under
+// Lock takes k's lock, here and then, if the store is shared, its lease
+// in the store. When it is held, it fails at once with errConversationBusy under
 // Reject; under Serialize it waits until it gets both, ctx ends (ctx's
 // error) or maxWait passes (errWaitTimedOut), maxWait bounding both waits
 // together. The wait is timed by the clock, not by the server's
 // Deadlines: those decide when a model call times out, and a harness that
 // holds them must not thereby hold every waiter forever. The unlock it
-// returns may be called more than once. With a shared store, conn is the
-// connection the store's lock is held on, which the turn does all its
-// work in the store on (withConn) until unlock; nil otherwise.
-func (l *Locks) Lock(ctx context.Context, k Key, policy config.Concurrency, maxWait time.Duration) (conn *sql.Conn, unlock func(), err error) {
+// returns may be called more than once. With a shared store, lease is
+// the conversation's lease, which the turn loads (WithLease) and commits
+// under until unlock, and which holds a connection until its Rest; nil
+// otherwise.
+func (l *Locks) Lock(ctx context.Context, k Key, policy config.Concurrency, maxWait time.Duration) (lease *Lease, unlock func(), err error) {
 	deadline := time.Now().Add(maxWait)
 	local, err := l.LockLocal(ctx, k, policy, maxWait)
 	if err != nil || l.Shared == nil {
 		return nil, local, err
 	}
-	conn, shared, err := l.Shared.Lock(ctx, k, policy, time.Until(deadline), l.Gauge)
+	lease, shared, err := l.Shared.Lock(ctx, k, policy, time.Until(deadline), l.Gauge)
 	if err != nil {
 		local()
 		return nil, nil, err
 	}
 	var once sync.Once
-	return conn, func() { once.Do(func() { shared(); local() }) }, nil
+	return lease, func() { once.Do(func() { shared(); local() }) }, nil
 }
 
 // LockLocal takes k's lock in this process: waiting in line under

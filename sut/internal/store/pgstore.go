@@ -6,9 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,15 +14,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
-
-	"github.com/turncheck/turncheck/sut/internal/admission"
-	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // A store on PostgreSQL is shared by every replica of the server that
 // names it: each commit is durable when it returns (synchronous_commit
 // on, whatever the server's default), one conversation's turns run one
-// after another across all of them (advisoryLocks), and each replica's
+// after another across all of them (Leases), and each replica's
 // cache is checked against the store under the lock (conversations.fresh).
 
 // IsPostgresURL reports whether store names a PostgreSQL database.
@@ -33,13 +28,14 @@ func IsPostgresURL(store string) bool {
 }
 
 // OpenPostgres opens the store in the PostgreSQL database at url, with at
-// most maxConns connections open at once (at least 2). A turn does all it
-// does in the store (its lock, its load, its commit) on one connection,
-// which it holds from its lock to its release (advisoryLocks.lock): it
-// never waits for a second one while it holds a lock on the first. Turns
-// may hold all of them but one (connBudget), which is left to what runs
-// on the pool (a session's creation, a chained response's load and
-// commit), so that those never wait for a model call to end.
+// most maxConns connections open at once (at least 2) for its work, and
+// one more it holds all its life, which says it is alive (Leases). A
+// turn holds a connection only for what it does in the store: taking
+// its conversation's lease and loading it, on one; its commit, on
+// another; giving the lease back. None is held while it is at its
+// model. Turns may hold all of them but one (connBudget), which is left
+// to what runs on the pool (a session's creation, a chained response's
+// load and commit), so that those never wait in the turns' line.
 func OpenPostgres(url string, maxConns int) (*Store, error) {
 	if maxConns < 2 {
 		return nil, fmt.Errorf("max store conns %d: want at least 2, one for turns and one for the rest", maxConns)
@@ -67,12 +63,10 @@ func OpenPostgres(url string, maxConns int) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	var schema string
-	if err := db.QueryRow(`SELECT current_schema()`).Scan(&schema); err != nil {
+	if st.Shared, err = newLeases(db, cfg, maxConns-1); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store %s: %w", where, err)
 	}
-	st.Shared = &AdvisoryLocks{db: db, schema: schema, budget: newConnBudget(maxConns - 1), dialing: newConnBudget(1)}
 	return st, nil
 }
 
@@ -109,11 +103,12 @@ const pgIdleTime = time.Minute
 // DefaultMaxStoreConns is the default of Config.MaxStoreConns for a server
 // that works on at most maxRequests turns at once: a connection for every
 // 20 turns, and at least 8 (or one a turn and one more, where fewer turns
-// are allowed). A turn holds its connection for its model call, so the
-// turns past them wait their turn for one, first come first served. At
-// the default MaxRequests that is 26, and three replicas fit in the 97
-// connections an ordinary role gets of PostgreSQL's default 100, with
-// room for the operator's own.
+// are allowed). A turn holds one only while it is in the store, never at
+// its model; turns past them wait their turn for one, first come first
+// served. At the default MaxRequests that is 26, and three replicas, each
+// with its connection of life too, fit in the 97 connections an ordinary
+// role gets of PostgreSQL's default 100, with room for the operator's
+// own.
 func DefaultMaxStoreConns(maxRequests int) int {
 	return max((maxRequests+19)/20, min(maxRequests+1, 8))
 }
@@ -156,9 +151,13 @@ func StoreFull(err error) bool {
 // first served: database/sql hands a freed connection to a random waiter,
 // which under load leaves some turns waiting far longer than others.
 type connBudget struct {
-	mu    sync.Mutex
-	free  int
-	queue []chan struct{} // the waiters, in the order they came; closed when served
+	mu   sync.Mutex
+	free int
+	// queue is the waiters, each closed when served: those ahead
+	// (takeAhead) first, then the others, each in the order they came.
+	queue []chan struct{}
+	// ahead is how many of queue's first waiters are ahead.
+	ahead int
 }
 
 func newConnBudget(n int) *connBudget { return &connBudget{free: n} }
@@ -166,6 +165,19 @@ func newConnBudget(n int) *connBudget { return &connBudget{free: n} }
 // take takes a connection's place, waiting in line until one is free,
 // ctx ends (ctx's error) or deadline passes (errStoreBusy).
 func (b *connBudget) take(ctx context.Context, deadline time.Time) error {
+	return b.wait(ctx, deadline, false)
+}
+
+// takeAhead is take for a turn already at work (its commit, its lease
+// given back), which waits ahead of every waiter that is not, after
+// those ahead already: a turn that has had its model's answer is
+// finished before new turns are started, so that no commit waits out a
+// crowd of them.
+func (b *connBudget) takeAhead(ctx context.Context, deadline time.Time) error {
+	return b.wait(ctx, deadline, true)
+}
+
+func (b *connBudget) wait(ctx context.Context, deadline time.Time, ahead bool) error {
 	b.mu.Lock()
 	if b.free > 0 && len(b.queue) == 0 {
 		b.free--
@@ -173,7 +185,12 @@ func (b *connBudget) take(ctx context.Context, deadline time.Time) error {
 		return nil
 	}
 	granted := make(chan struct{})
-	b.queue = append(b.queue, granted)
+	if ahead {
+		b.queue = slices.Insert(b.queue, b.ahead, granted)
+		b.ahead++
+	} else {
+		b.queue = append(b.queue, granted)
+	}
 	b.mu.Unlock()
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -193,7 +210,11 @@ func (b *connBudget) take(ctx context.Context, deadline time.Time) error {
 		// Served while giving up: the place is ours, so pass it on.
 		b.giveLocked()
 	default:
-		b.queue = slices.DeleteFunc(b.queue, func(q chan struct{}) bool { return q == granted })
+		i := slices.Index(b.queue, granted)
+		b.queue = slices.Delete(b.queue, i, i+1)
+		if i < b.ahead {
+			b.ahead--
+		}
 	}
 	return err
 }
@@ -212,88 +233,16 @@ func (b *connBudget) giveLocked() {
 	}
 	close(b.queue[0])
 	b.queue = slices.Delete(b.queue, 0, 1)
+	b.ahead = max(b.ahead-1, 0)
 }
 
-// AdvisoryLocks are conversation locks that hold across processes: a
-// PostgreSQL session-level advisory lock, keyed by the conversation
-// (advisoryLocks.key) and taken on a connection that the turn keeps until it
-// releases the lock. A process that dies loses its connections, and
-// PostgreSQL releases their locks with them.
-type AdvisoryLocks struct {
-	db *sql.DB
-	// schema is the store's schema: advisory locks are the database's,
-	// and stores in other schemas of it are other servers.
-	schema string
-	// budget bounds the connections turns hold, one a turn.
-	budget *connBudget
-	// dialing is the line the turns of this process wait in for a new
-	// connection to the database (connect): one tries at a time, in the
-	// order they came, at one pace, so that no turn that came later gets
-	// in before one that has waited, and every replica tries as often.
-	dialing *connBudget
-	// Refused, if set, hears of each time PostgreSQL refused a new
-	// connection for want of room (StoreFull), though a later try may
-	// have got one: set once, before any turn.
-	Refused func(err error)
-}
-
-// key is k's advisory lock key: a 64-bit FNV-1a hash of the store's
-// schema and k's scope and id, the same in every process. Two
-// conversations that share one only wait for each other.
-func (a *AdvisoryLocks) key(k Key) int64 {
-	h := fnv.New64a()
-	for _, part := range []string{a.schema, k.Scope, k.ID} {
-		_, _ = h.Write([]byte(part))
-		_, _ = h.Write([]byte{0})
-	}
-	return int64(h.Sum64())
-}
-
-// unlockTimeout bounds giving a lock back: past it the connection is
-// dropped, which gives it back too.
+// unlockTimeout bounds giving a lease back, and opening a connection of
+// life.
 const unlockTimeout = 5 * time.Second
 
-// Lock takes k's advisory lock, on a connection that it returns: the
-// turn's, for everything it does in the store until unlock. It first
-// waits in line for a connection (connBudget), then for the database to
-// take it (storeFull), both within maxWait, or fails with errStoreBusy. A
-// lock held elsewhere then fails at once with errConversationBusy under
-// Reject; under Serialize the request waits, counted on gauge as
-// waiting, until it gets it, ctx ends (ctx's error) or what is left of
-// maxWait passes (errWaitTimedOut).
-func (a *AdvisoryLocks) Lock(ctx context.Context, k Key, policy config.Concurrency, maxWait time.Duration, gauge *admission.Gauge) (_ *sql.Conn, unlock func(), err error) {
-	deadline := time.Now().Add(maxWait)
-	if err := a.budget.take(ctx, deadline); err != nil {
-		return nil, nil, err
-	}
-	defer func() {
-		if err != nil {
-			a.budget.give()
-		}
-	}()
-	conn, err := a.connect(ctx, deadline)
-	if err != nil {
-		return nil, nil, err
-	}
-	key := a.key(k)
-	var got bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil {
-		return nil, nil, errors.Join(err, drop(conn))
-	}
-	if !got {
-		if policy == config.Reject {
-			return nil, nil, errors.Join(ErrConversationBusy, conn.Close())
-		}
-		gauge.Add(0, 1)
-		err := wait(ctx, conn, key, time.Until(deadline))
-		gauge.Add(0, -1)
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-	var once sync.Once
-	return conn, func() { once.Do(func() { release(conn, key); a.budget.give() }) }, nil
-}
+// driverBadConn, returned from a connection's Raw, makes the pool drop
+// it instead of keeping it: it broke.
+var driverBadConn = driver.ErrBadConn
 
 // connect returns a connection of the pool, trying again while the
 // database refuses new ones for want of room (storeFull) until deadline;
@@ -307,8 +256,8 @@ func (a *AdvisoryLocks) Lock(ctx context.Context, k Key, policy config.Concurren
 // later, still trying often, take the connection freed before one that
 // has waited long, and a replica whose turns had waited longest would
 // starve beside the others.
-func (a *AdvisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.Conn, error) {
-	if err := a.dialing.take(ctx, deadline); err != nil {
+func (a *Leases) connect(ctx context.Context, deadline time.Time, ahead bool) (*sql.Conn, error) {
+	if err := a.dialing.wait(ctx, deadline, ahead); err != nil {
 		return nil, err
 	}
 	defer a.dialing.give()
@@ -337,56 +286,3 @@ func (a *AdvisoryLocks) connect(ctx context.Context, deadline time.Time) (*sql.C
 // is taken at once, seldom enough that a few replicas' tries cost the
 // database little (each refused one is a backend started and ended).
 const dialPace = 20 * time.Millisecond
-
-// Wait blocks on conn until it holds lock key, for at most maxWait
-// (PostgreSQL's lock_timeout, which leaves the connection usable). On
-// any other failure the connection is dropped, as it may hold the lock
-// all the same (granted just as ctx ended); either way, on failure conn
-// is closed.
-func wait(ctx context.Context, conn *sql.Conn, key int64, maxWait time.Duration) error {
-	if maxWait <= 0 {
-		return errors.Join(ErrWaitTimedOut, conn.Close())
-	}
-	timeout := strconv.FormatInt(max(maxWait.Milliseconds(), 1), 10) + "ms"
-	if _, err := conn.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, false)`, timeout); err != nil {
-		return errors.Join(err, drop(conn))
-	}
-	_, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, key)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
-		if _, err := conn.ExecContext(ctx, `RESET lock_timeout`); err != nil {
-			return errors.Join(ErrWaitTimedOut, drop(conn))
-		}
-		return errors.Join(ErrWaitTimedOut, conn.Close())
-	case err != nil:
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
-		return errors.Join(err, drop(conn))
-	}
-	if _, err := conn.ExecContext(ctx, `RESET lock_timeout`); err != nil {
-		return errors.Join(err, drop(conn))
-	}
-	return nil
-}
-
-// Release gives lock key back and returns conn to the pool, or drops conn
-// (which gives the lock back too) if the unlock fails.
-func release(conn *sql.Conn, key int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
-	defer cancel()
-	var released bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_advisory_unlock($1)`, key).Scan(&released); err != nil || !released {
-		_ = drop(conn)
-		return
-	}
-	_ = conn.Close()
-}
-
-// drop closes conn's database connection instead of returning it to the
-// pool: PostgreSQL then releases whatever locks its session held.
-func drop(conn *sql.Conn) error {
-	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-	return conn.Close()
-}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,11 +22,6 @@ func TestConnBudgetFirstComeFirstServed(t *testing.T) {
 	far := time.Now().Add(time.Hour)
 	b := newConnBudget(1)
 	require.NoError(t, b.take(ctx, far))
-	queued := func() int {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.queue)
-	}
 	served := make(chan int, 3)
 	for i := range 3 {
 		go func() {
@@ -33,7 +29,7 @@ func TestConnBudgetFirstComeFirstServed(t *testing.T) {
 				served <- i
 			}
 		}()
-		for queued() != i+1 { // the next waiter comes after this one
+		for queued(b) != i+1 { // the next waiter comes after this one
 			time.Sleep(time.Millisecond)
 		}
 	}
@@ -47,7 +43,44 @@ func TestConnBudgetFirstComeFirstServed(t *testing.T) {
 	assert.ErrorIs(t, b.take(gone, far), context.Canceled)
 	b.give()
 	require.NoError(t, b.take(ctx, time.Now()), "the place given back is free, not lost to those who gave up")
-	assert.Equal(t, 0, queued())
+	assert.Equal(t, 0, queued(b))
+}
+
+// TestConnBudgetTurnsAtWorkGoFirst: turns that have had their model's
+// answer and wait for a connection to commit on (takeAhead) are served
+// before the turns not started yet, though those came before them; each
+// kind is served in the order it came.
+func TestConnBudgetTurnsAtWorkGoFirst(t *testing.T) {
+	ctx := context.Background()
+	far := time.Now().Add(time.Hour)
+	b := newConnBudget(1)
+	require.NoError(t, b.take(ctx, far))
+	served := make(chan string, 4)
+	for i, who := range []string{"new 1", "commit 1", "new 2", "commit 2"} {
+		take := b.take
+		if strings.HasPrefix(who, "commit") {
+			take = b.takeAhead
+		}
+		go func() {
+			if take(ctx, far) == nil {
+				served <- who
+			}
+		}()
+		for queued(b) != i+1 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for _, want := range []string{"commit 1", "commit 2", "new 1", "new 2"} {
+		b.give()
+		assert.Equal(t, want, <-served)
+	}
+}
+
+// queued is how many wait in b's line.
+func queued(b *connBudget) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
 }
 
 // TestStoreFull: what PostgreSQL answers a connection it has no room

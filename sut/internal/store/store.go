@@ -36,14 +36,14 @@ type Store struct {
 	// Shared, for PostgreSQL alone, takes the conversation locks that
 	// hold across every process on the database; nil for SQLite, whose
 	// store one process alone opens.
-	Shared *AdvisoryLocks
+	Shared *Leases
 	// CommitWithin bounds a commit on PostgreSQL, tries again included
 	// (writeMessages): the server's RequestTimeout.
 	CommitWithin time.Duration
 }
 
-// dbtx is what the store's statements run on: the pool, or the one
-// connection a turn holds its conversation's lock on (withConn).
+// dbtx is what the store's statements run on: the pool, or the
+// connection a turn took its conversation's lease on (WithLease).
 type dbtx interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -51,26 +51,31 @@ type dbtx interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
-// heldConn is the context key of the connection a turn holds.
-type heldConn struct{}
+// heldLease is the context key of the lease a turn holds.
+type heldLease struct{}
 
-// WithConn is ctx carrying conn, the connection the turn holds its
-// conversation's lock on (convLocks.lock): the store's reads and commits
-// made under ctx run on it, not on the pool, so that a turn holding a
-// lock never waits for a second connection, and what it commits it
-// commits under its lock. A nil conn leaves ctx as it is.
-func WithConn(ctx context.Context, conn *sql.Conn) context.Context {
-	if conn == nil {
+// WithLease is ctx carrying l, the lease the turn holds its conversation
+// by (Leases.Lock): the store's reads made under ctx run on the
+// connection l was taken on, while it holds it, and its commits check
+// that l is still the turn's (Lease.fence). A nil l leaves ctx as it is.
+func WithLease(ctx context.Context, l *Lease) context.Context {
+	if l == nil {
 		return ctx
 	}
-	return context.WithValue(ctx, heldConn{}, conn)
+	return context.WithValue(ctx, heldLease{}, l)
 }
 
-// on is what a statement made under ctx runs on: the connection ctx
-// carries (withConn), or the pool.
+// leaseOf is the lease ctx carries (WithLease), or nil.
+func leaseOf(ctx context.Context) *Lease {
+	l, _ := ctx.Value(heldLease{}).(*Lease)
+	return l
+}
+
+// on is what a statement made under ctx runs on: the connection the
+// lease ctx carries was taken on, while it holds it, or the pool.
 func (s *Store) on(ctx context.Context) dbtx {
-	if conn, ok := ctx.Value(heldConn{}).(*sql.Conn); ok {
-		return conn
+	if l := leaseOf(ctx); l != nil && l.conn != nil {
+		return l.conn
 	}
 	return s.db
 }
@@ -314,8 +319,8 @@ func (s *Store) loadMessages(ctx context.Context, k Key) ([]*Message, error) {
 // on, its hidden marks, and the conversation's source key when ch.seq is 0
 // and it has one. A conflicting seq means the conversation moved on under
 // us, which per-conversation serialization rules out; it fails the commit.
-// It runs on the connection ctx carries (withConn), if any, and is not
-// ended by ctx.
+// Under a lease (WithLease) it commits only while the lease is the
+// turn's (ErrLeaseLost). It is not ended by ctx.
 func (s *Store) appendMessages(ctx context.Context, k Key, ch change) error {
 	return s.writeMessages(ctx, conflictFails, k, ch)
 }
@@ -334,29 +339,38 @@ func (s *Store) overwriteMessages(ctx context.Context, k Key, ch change) error {
 //
 // The commit is not tied to the request's context: once a turn is
 // decided, a client that goes away must not leave it half-written. On
-// PostgreSQL, a commit that fails for want of a connection (the one the
-// turn holds broke, or the database takes no new one) is tried again on
-// the pool, for at most commitWithin: after the model answered, a turn
-// is failed only by what waiting cannot mend. A try again on the pool is
-// safe without the turn's lock: the messages' places are unique, so a
-// commit over a conversation that moved on fails (conflictFails); only a
-// commit that may have landed before its connection broke is then
-// reported failed, as a failed turn may be there or not.
+// PostgreSQL, a commit that fails for want of a connection (the one it
+// ran on broke, or the database takes no new one) is tried again, for at
+// most commitWithin: after the model answered, a turn is failed only by
+// what waiting cannot mend. Trying again is safe: the messages' places
+// are unique and the lease is checked, so a commit over a conversation
+// that moved on fails; only a commit that may have landed before its
+// connection broke is then reported failed, as a failed turn may be
+// there or not. A turn's commit takes its connection in the turns' line
+// (Leases.borrow), where it took its lease.
 func (s *Store) writeMessages(ctx context.Context, conflict onConflict, k Key, ch change) error {
-	db := s.on(ctx)
 	if s.Shared == nil {
-		return s.writeOnce(context.Background(), db, conflict, k, ch)
+		return s.writeOnce(context.Background(), s.on(ctx), nil, conflict, k, ch)
 	}
+	lease := leaseOf(ctx)
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.CommitWithin)
 	defer cancel()
 	deadline, _ := wctx.Deadline()
 	b := backoff{deadline: deadline}
 	for {
-		err := s.writeOnce(wctx, db, conflict, k, ch)
+		var err error
+		if lease != nil {
+			var conn *sql.Conn
+			if conn, err = lease.a.borrow(wctx, deadline, true); err == nil {
+				err = s.writeOnce(wctx, conn, lease, conflict, k, ch)
+				lease.a.giveBack(conn, err)
+			}
+		} else {
+			err = s.writeOnce(wctx, s.db, nil, conflict, k, ch)
+		}
 		if err == nil || !lostConnection(err) {
 			return err
 		}
-		db = s.db
 		if !b.wait(wctx) || wctx.Err() != nil {
 			return err // why it failed, not that its time ran out
 		}
@@ -370,6 +384,9 @@ func (s *Store) writeMessages(ctx context.Context, conflict onConflict, k Key, c
 // shutting down). Any other error the database answered a statement with
 // is neither.
 func lostConnection(err error) bool {
+	if errors.Is(err, ErrLeaseLost) {
+		return false
+	}
 	if StoreFull(err) {
 		return true
 	}
@@ -380,13 +397,18 @@ func lostConnection(err error) bool {
 	return !errors.Is(err, context.DeadlineExceeded)
 }
 
-// writeOnce is one try of writeMessages, on db.
-func (s *Store) writeOnce(ctx context.Context, db dbtx, conflict onConflict, k Key, ch change) error {
+// writeOnce is one try of writeMessages, on db, under lease if not nil.
+func (s *Store) writeOnce(ctx context.Context, db dbtx, lease *Lease, conflict onConflict, k Key, ch change) error {
 	insertMessage := s.d.insert(conflict, "messages", 3,
 		"scope", "conversation", "seq", "role", "content", "tool_calls", "tool_call_id", "hidden")
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("commit: %w", err)
+	}
+	if lease != nil {
+		if err := lease.fence(ctx, tx); err != nil {
+			return errors.Join(err, tx.Rollback())
+		}
 	}
 	for i, m := range ch.msgs {
 		calls := ""
@@ -416,6 +438,9 @@ func (s *Store) writeOnce(ctx context.Context, db dbtx, conflict onConflict, k K
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
+	}
+	if lease != nil {
+		lease.committed()
 	}
 	return nil
 }
@@ -496,5 +521,11 @@ func flag(b bool) int {
 	return 0
 }
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+// Close closes the database, and ends the connection of life on
+// PostgreSQL.
+func (s *Store) Close() error {
+	if s.Shared != nil {
+		s.Shared.Close()
+	}
+	return s.db.Close()
+}

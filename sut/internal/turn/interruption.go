@@ -77,7 +77,7 @@ func (s *Engine) interrupt(t *Turn) bool {
 		s.Log.Info("server stopped under the interrupted turn; turn rolled back", "conversation", t.Key.ID)
 		return false
 	}
-	if err := s.Convs.Commit(store.WithConn(context.Background(), t.Conn), t.Key, t.Committed, t.Hid, keep, t.overwrite); err != nil {
+	if err := s.Convs.Commit(store.WithLease(context.Background(), t.Lease), t.Key, t.Committed, t.Hid, keep, t.overwrite); err != nil {
 		s.Log.Error("commit of an interrupted turn", "conversation", t.Key.ID, "err", err)
 		return false
 	}

@@ -7,7 +7,6 @@ package turn
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -70,10 +69,10 @@ type Turn struct {
 	// the client hears that outcome, so that a client that sends its next
 	// turn the moment it has read this one's end finds the lock free.
 	Release func()
-	// Conn is the store connection the turn holds its conversation's
-	// shared lock on (PostgreSQL), until release: it loads and commits on
-	// it (withConn), never waiting for a second one. nil for none.
-	Conn *sql.Conn
+	// Lease is the conversation's lease in a store shared by other
+	// processes (PostgreSQL), until release: the turn commits under it
+	// (WithLease), and only while it is still the turn's. nil for none.
+	Lease *store.Lease
 }
 
 // Converse runs turn t, whose key and protocol are set, on its
@@ -225,10 +224,9 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 		// The bug: a request that finds the lane taken by the first turn
 		// of a conversation not yet committed is refused as busy, where
 		// it should wait its turn (or, under Reject, get 409).
-		conn, unlock, err := s.Locks.Lock(ctx, t.Key, config.Reject, 0)
+		lease, unlock, err := s.Locks.Lock(ctx, t.Key, config.Reject, 0)
 		if err == nil {
-			t.Release, t.Conn = unlock, conn
-			return s.Convs.Get(store.WithConn(ctx, conn), t.Key)
+			return s.loadUnder(ctx, t, lease, unlock, s.Convs.Get)
 		}
 		if !errors.Is(err, store.ErrConversationBusy) {
 			return nil, err
@@ -255,10 +253,10 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 			// serves its cached copy unchecked, committing over whatever
 			// another replica committed meanwhile. Only a turn that waited
 			// for another replica's checks its cache.
-			conn, unlock, err := s.Locks.Lock(ctx, t.Key, config.Reject, 0)
+			lease, unlock, err := s.Locks.Lock(ctx, t.Key, config.Reject, 0)
 			if err == nil {
-				t.Release, t.overwrite, t.Conn = unlock, true, conn
-				return s.Convs.GetUnchecked(store.WithConn(ctx, conn), t.Key)
+				t.overwrite = true
+				return s.loadUnder(ctx, t, lease, unlock, s.Convs.GetUnchecked)
 			}
 			if !errors.Is(err, store.ErrConversationBusy) {
 				return nil, err
@@ -267,18 +265,28 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 			return s.acquireBaseFirst(ctx, t)
 		}
 	}
-	conn, unlock, err := s.Locks.Lock(ctx, t.Key, s.Cfg.Concurrency, s.Cfg.RequestTimeout)
+	lease, unlock, err := s.Locks.Lock(ctx, t.Key, s.Cfg.Concurrency, s.Cfg.RequestTimeout)
 	if err != nil {
 		return nil, err
 	}
-	t.Release, t.Conn = unlock, conn
-	return s.Convs.Get(store.WithConn(ctx, conn), t.Key)
+	return s.loadUnder(ctx, t, lease, unlock, s.Convs.Get)
+}
+
+// loadUnder loads t's base with get under lease, which t holds from now
+// until its release (unlock), and then gives back the connection the
+// lease was taken on: a turn holds no connection to the store while it
+// is at its model.
+func (s *Engine) loadUnder(ctx context.Context, t *Turn, lease *store.Lease, unlock func(),
+	get func(context.Context, store.Key) (*store.Conversation, error)) (*store.Conversation, error) {
+	t.Release, t.Lease = unlock, lease
+	defer lease.Rest()
+	return get(store.WithLease(ctx, lease), t.Key)
 }
 
 // sharedLocks is the cross-process lock of st for a server with mutant m:
 // none under replica-local-lock, whose turns take the lock of their own
 // process alone.
-func sharedLocks(st *store.Store, m config.Mutant) *store.AdvisoryLocks {
+func sharedLocks(st *store.Store, m config.Mutant) *store.Leases {
 	if m == config.ReplicaLocalLock {
 		return nil
 	}
@@ -303,14 +311,16 @@ func (s *Engine) acquireBaseFirst(ctx context.Context, t *Turn) (*store.Conversa
 		local()
 		return nil, err
 	}
-	conn, shared, err := s.Locks.Shared.Lock(ctx, t.Key, s.Cfg.Concurrency, time.Until(deadline), s.Locks.Gauge)
+	lease, shared, err := s.Locks.Shared.Lock(ctx, t.Key, s.Cfg.Concurrency, time.Until(deadline), s.Locks.Gauge)
 	if err != nil {
 		local()
 		return nil, err
 	}
+	// Taken, it is given back at once: the base is loaded already.
+	lease.Rest()
 	var once sync.Once
 	t.Release = func() { once.Do(func() { shared(); local() }) }
-	t.Conn = conn
+	t.Lease = lease
 	t.overwrite = true
 	return base, nil
 }
@@ -331,6 +341,9 @@ func (s *Engine) Refuse(rctx context.Context, c Client, t *Turn, err error) {
 			Message: fmt.Sprintf("waited %s for a turn on this conversation already in flight; nothing was changed: retry", s.Cfg.RequestTimeout)})
 	case store.StoreFull(err):
 		s.refuseStoreFull(c, t, err)
+	case errors.Is(err, store.ErrLeaseLost):
+		s.Log.Warn("turn refused: this server could not reach its store for a while", "conversation", t.Key.ID)
+		c.Refuse(lapsed())
 	case errors.Is(err, errCrashing):
 		s.Log.Info("server crashing: turn dropped before it started", "conversation", t.Key.ID)
 		c.Refuse(admission.ClientGone(false))
@@ -368,6 +381,12 @@ func (s *Engine) StoreFullRefusal(err error, undone string) *admission.Refusal {
 	return admission.Overloaded(why + "; " + undone + ": retry shortly")
 }
 
+// lapsed is the answer to a turn whose process lost its hold on its
+// conversation (store.ErrLeaseLost), before the turn or during it.
+func lapsed() *admission.Refusal {
+	return admission.Overloaded("this server could not reach its store for a while; nothing was changed: retry shortly")
+}
+
 // Run runs the turn's tool loop on its working copy, answers the client in
 // its protocol (resp), and commits the turn if and only if it ended ok; an
 // interrupted turn leaves what the interruption policy says
@@ -380,6 +399,12 @@ func (s *Engine) Run(rctx context.Context, c Client, t *Turn, resp responder) {
 	// server ends it early.
 	ctx, cancel, completes := s.turnContext(rctx, t)
 	defer cancel()
+	if t.Lease != nil {
+		// A lease whose process lost its hold on it ends the turn,
+		// whatever the client does: another replica may take the
+		// conversation soon (store.Leases).
+		defer context.AfterFunc(t.Lease.Context(), cancel)()
+	}
 	// A client that stops reading must not hold the conversation: a write
 	// that fails, or blocks past StreamWriteTimeout, ends the turn; one
 	// that completes, it only stops writing to.
@@ -393,6 +418,11 @@ func (s *Engine) Run(rctx context.Context, c Client, t *Turn, resp responder) {
 	reply, err := s.loop(ctx, t, func() { resp.Started(o) }, func(text string) { resp.Delta(o, text) })
 	endTitle()
 	switch {
+	case err != nil && t.Lease.Lapsed() && !s.Crashing.Load():
+		t.Release()
+		s.Log.Warn("turn stopped and rolled back: this server could not reach its store for a while, and another may take the conversation", "conversation", t.Key.ID)
+		s.answer(c, o, lapsed())
+		return
 	case completes:
 		// Whether or not the client is still there: the turn ran to its
 		// end, and settles as if it had stayed, unless the server ended
@@ -448,7 +478,7 @@ func (s *Engine) Run(rctx context.Context, c Client, t *Turn, resp responder) {
 			s.crashedUnder(c, t, o)
 			return
 		}
-		err := s.Convs.Commit(store.WithConn(ctx, t.Conn), t.Key, t.Committed, t.Hid, t.Work, t.overwrite)
+		err := s.Convs.Commit(store.WithLease(ctx, t.Lease), t.Key, t.Committed, t.Hid, t.Work, t.overwrite)
 		if err == nil {
 			// All of work is committed now: a release that takes back a
 			// turn that did not commit (branch-mutates-base's) keeps it.
@@ -482,7 +512,7 @@ func (s *Engine) Fail(c Client, t *Turn, o *Output, partial string, err error) {
 		if partial != "" {
 			t.Work.Messages = append(t.Work.Messages, &store.Message{Message: openai.Message{Role: openai.RoleAssistant, Content: openai.Content(partial)}})
 		}
-		_ = s.Convs.Commit(store.WithConn(context.Background(), t.Conn), t.Key, t.Committed, t.Hid, t.Work, t.overwrite)
+		_ = s.Convs.Commit(store.WithLease(context.Background(), t.Lease), t.Key, t.Committed, t.Hid, t.Work, t.overwrite)
 	}
 	// The turn is decided (rolled back, or committed by a mutant):
 	// release before the client hears of it.
