@@ -321,6 +321,13 @@ type Turn struct {
 	// a refusal then may be a serializing server's bounded wait ending,
 	// not a refusal to wait (T4). It only ever excuses.
 	WaitedOut bool `json:"waitedOut,omitempty"`
+	// InTakeover reports that the request was sent within the server's
+	// declared takeover bound after a kill of the server (or its
+	// replica) under a turn of its conversation (its profile's
+	// takeover_after): the conversation may still be the dead turn's, and
+	// a refusal then says neither that it did not resume (T7) nor that
+	// the server refused to wait (T4). It only ever excuses.
+	InTakeover bool `json:"inTakeover,omitempty"`
 	// Gateway reports a failure whose status (502, 504) a front in front
 	// of the server's replicas answers for itself, when it loses its
 	// connection to a replica or gives up on one: such a refusal says
@@ -999,6 +1006,11 @@ func (m *Model) checkResume(t Turn, cv *conv, step []Turn) (*Violation, bool) {
 		return nil, false
 	}
 	busy := slices.ContainsFunc(step, func(o Turn) bool { return o.Conv == t.Conv && o.User != t.User && o.overlaps(t) })
+	if t.Outcome == Fail && !called && t.Status > 409 && t.InTakeover {
+		// Still the killed turn's, within the server's declared
+		// takeover bound: the next turn will show the resume.
+		return nil, false
+	}
 	if t.Status == 409 || t.Outcome == Fail && t.WaitedOut && busy {
 		// A refusal for a busy conversation, judged as such (T4): under
 		// reject, a turn sent at once with this one may be running; under
@@ -1430,7 +1442,7 @@ func (m *Model) checkWaited(t Turn, cv *conv, step []Turn) *Violation {
 	// (an error chunk, a failure event) before any model call: the same
 	// refusal in another form (openclaw #84575's streamed one).
 	streamed := t.Status >= 200 && t.Status <= 299
-	if m.policies.Concurrency != Serialize || !t.Usable || t.Outcome != Fail || t.Status <= 409 && !streamed || t.WaitedOut || t.Gateway ||
+	if m.policies.Concurrency != Serialize || !t.Usable || t.Outcome != Fail || t.Status <= 409 && !streamed || t.WaitedOut || t.InTakeover || t.Gateway ||
 		cv.ambiguous || m.ambiguous && !cv.committed || t.reached() {
 		return nil
 	}

@@ -1318,6 +1318,26 @@ func TestRestartEdges(t *testing.T) {
 	m.Restart(false, false)
 	require.Nil(t, m.Apply(unknown(convA, u(2))))
 	assert.Zero(t, m.Checked()[model.T7])
+
+	// A refusal sent within the server's declared takeover bound after a
+	// kill under a turn of the conversation is no failed resume, nor a
+	// refusal to wait beside a running turn (T4): the conversation may
+	// still be the dead turn's. The next turn judges the resume.
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	m.Restart(false, false)
+	held := failedBefore(convA, u(2), 503)
+	held.InTakeover = true
+	require.Nil(t, m.Apply(held))
+	assert.Zero(t, m.Checked()[model.T7])
+	v = m.Apply(failedBefore(convA, u(3), 503))
+	require.NotNil(t, v, "past the bound, a refusal is a failed resume")
+	assert.Equal(t, model.T7, v.Invariant)
+	m = model.New()
+	require.Nil(t, m.Apply(ok(convA, u(1), call(u(1), u(1)))))
+	held = at(failedBefore(convA, u(3), 503), 2, 0, 5)
+	held.InTakeover = true
+	require.Nil(t, m.ApplyStep([]model.Turn{at(ok(convA, u(2), call(u(2), u(1), a(1), u(2))), 1, 3, 6), held}))
 }
 
 // TestUnsentIsNoEvidence: a request that never reached the server (the

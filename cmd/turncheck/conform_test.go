@@ -311,7 +311,9 @@ func sendsAtOnce(t *testing.T, path string) bool {
 // trigger of its own, found on its own evidence.
 func namedAs(m sut.MutantInfo) []string {
 	switch m.Mutant {
-	case sut.LostOnEvict:
+	case sut.LostOnEvict, sut.StoreErrorAcked:
+		// A lost turn seen first after a restart is what the restart
+		// lost, as the harness can tell (T7); seen with none, T2.
 		return []string{"T2", "T7"}
 	case sut.MutateBeforeRun:
 		// An interrupted tool turn kept shows as its message (T10) or

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -180,4 +181,46 @@ func TestExitBetweenChecksIsSaid(t *testing.T) {
 	srv.died.Store(true)
 	require.NoError(t, l.Close(), "a server found exited as the run ends is said, not an error")
 	assert.Len(t, l.ExitedBetween, 2)
+}
+
+// takesOver is the reference server, declaring a takeover bound
+// (targets.Profile.TakeoverAfter).
+type takesOver struct {
+	reference.Target
+	after time.Duration
+}
+
+func (o takesOver) Profile() targets.Profile {
+	p := o.Target.Profile()
+	p.TakeoverAfter = o.after
+	return p
+}
+
+// TestAKillMarksItsTurnsConversationsInTakeover: a request sent on a
+// conversation whose turn was in flight when the server was killed, within
+// the profile's takeover bound, is marked so (model.Turn.InTakeover, which
+// only ever excuses); one on a conversation with no turn under the kill
+// is not, nor is any where the profile declares no bound.
+func TestAKillMarksItsTurnsConversationsInTakeover(t *testing.T) {
+	u := model.UserToken
+	for _, after := range []time.Duration{time.Hour, 0} {
+		t.Run(after.String(), func(t *testing.T) {
+			s := newSession(t, takesOver{after: after})
+			a, b := model.ConversationRef{Key: "key-a", ID: "a"}, model.ConversationRef{Key: "key-a", ID: "b"}
+			for i, c := range []model.ConversationRef{a, b} {
+				_, v := s.Step(plan.Single("new conversation", plan.TurnSend(c, u(i+1), false)))
+				require.Nil(t, v)
+			}
+			kill := plan.Restart{Crash: true}
+			_, v := s.Step(plan.Plan{Action: "crash mid-turn", Restart: &kill, Release: []int{0},
+				Sends: []plan.Send{plan.TurnSend(a, u(3), false)}})
+			require.Nil(t, v)
+			ops, v := s.Step(plan.Single("continue", plan.TurnSend(a, u(4), false)))
+			require.Nil(t, v)
+			assert.Equal(t, after > 0, ops[0].Turn.InTakeover, "the killed turn's conversation")
+			ops, v = s.Step(plan.Single("continue", plan.TurnSend(b, u(5), false)))
+			require.Nil(t, v)
+			assert.False(t, ops[0].Turn.InTakeover, "a conversation with no turn under the kill")
+		})
+	}
 }

@@ -56,6 +56,30 @@ type executor struct {
 	// notStarted is set once a restart a step drew did not start in any
 	// of its tries: the start finding, which ends the run.
 	notStarted *NotStarted
+	// killed is when each conversation last had a turn in flight under a
+	// kill of its server (a crash mid-turn), for the profile's takeover
+	// bound (inTakeover).
+	killed map[model.ConversationRef]time.Time
+}
+
+// killedUnder notes that the server is killed now under the turns of
+// sends.
+func (e *executor) killedUnder(sends []plan.Send) {
+	if e.killed == nil {
+		e.killed = map[model.ConversationRef]time.Time{}
+	}
+	now := time.Now()
+	for _, s := range sends {
+		e.killed[s.Conv] = now
+	}
+}
+
+// inTakeover reports whether a request on conv sent at sent falls within
+// the profile's takeover bound after a kill under a turn of conv
+// (model.Turn.InTakeover). Wall time only ever excuses.
+func (e *executor) inTakeover(conv model.ConversationRef, sent time.Time) bool {
+	at, ok := e.killed[conv]
+	return ok && sent.Sub(at) < e.profile.TakeoverAfter
 }
 
 // timeSpent is where a run's wall time went, by what it waited on.

@@ -144,6 +144,7 @@ func (s *step) send() {
 		op := &s.ops[i]
 		*op = history.Op{Step: e.steps, Index: i, Action: s.p.Action, Send: send, Request: req}
 		op.Turn.Invoke = e.tick()
+		op.Turn.InTakeover = e.inTakeover(send.Conv, time.Now())
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -216,6 +217,9 @@ func (s *step) drive() {
 // outcome.
 func (s *step) crash(i int) {
 	s.flights[i].acted = true
+	if s.p.Restart.Crash {
+		s.e.killedUnder(s.p.Sends)
+	}
 	op := s.e.restart(s.p, s.e.steps, len(s.p.Sends))
 	s.crashed = &op
 }

@@ -92,6 +92,7 @@ func howEnded(op history.Op) string {
 		{t.TimedOut, "got no answer within the client's time"},
 		{t.Open, "was left open by the server"},
 		{t.WaitedOut, "was answered only after the model timeout"},
+		{t.InTakeover, "was sent within the takeover bound after a kill under its conversation"},
 		{t.Gateway, "got a front's gateway status"},
 	} {
 		if c.set {

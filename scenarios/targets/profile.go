@@ -122,12 +122,13 @@ type readySection struct {
 }
 
 type policySection struct {
-	Concurrency  string        `yaml:"concurrency"`
-	QueueTimeout time.Duration `yaml:"queue_timeout"`
-	Eviction     string        `yaml:"eviction"`
-	Capacity     int           `yaml:"capacity"`
-	Interruption string        `yaml:"interruption"`
-	Durability   Durability    `yaml:"durability"`
+	Concurrency   string        `yaml:"concurrency"`
+	QueueTimeout  time.Duration `yaml:"queue_timeout"`
+	TakeoverAfter time.Duration `yaml:"takeover_after"`
+	Eviction      string        `yaml:"eviction"`
+	Capacity      int           `yaml:"capacity"`
+	Interruption  string        `yaml:"interruption"`
+	Durability    Durability    `yaml:"durability"`
 }
 
 // protocol sets p's protocol from the profile's.
@@ -603,6 +604,10 @@ func (ps policySection) apply(p *Profile) error {
 		return errors.New("queue_timeout: bounds how long a serialized turn waits; a server that rejects a request on a busy conversation makes none wait")
 	}
 	p.QueueTimeout = ps.QueueTimeout
+	if ps.TakeoverAfter < 0 {
+		return errors.New("takeover_after: must not be negative")
+	}
+	p.TakeoverAfter = ps.TakeoverAfter
 	switch Eviction(ps.Eviction) {
 	case "", Durable:
 		p.Eviction = Durable

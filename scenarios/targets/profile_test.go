@@ -85,6 +85,13 @@ policies:
 	p = target.Profile()
 	assert.Equal(t, 2*time.Minute, p.ModelTimeoutOrDefault())
 	assert.Equal(t, 10*time.Minute, p.QueueTimeoutOrDefault())
+	assert.Zero(t, p.TakeoverAfter, "undeclared: a conversation is free the moment its server is back")
+
+	// Replicas that wait out a silent peer before they take its
+	// conversations over.
+	target, err = ParseProfile([]byte("server: {command: [./srv, '{addr}', '{model_url}']}\npolicies: {takeover_after: 3s}\n"))
+	require.NoError(t, err)
+	assert.Equal(t, 3*time.Second, target.Profile().TakeoverAfter)
 
 	target, err = ParseProfile([]byte(front(`{url: "http://127.0.0.1:8080", upstreams: ["127.0.0.1:9701", "[::1]:9702"]}`)))
 	require.NoError(t, err)
@@ -117,6 +124,7 @@ func TestProfileErrors(t *testing.T) {
 		cmd + "model_timeout: soon":                                           "line 2",
 		cmd + "model_timeout: 5s\nclient_timeout: 5s":                         "client_timeout: must be longer",
 		cmd + "policies: {queue_timeout: -1s}":                                "queue_timeout: must not be negative",
+		cmd + "policies: {takeover_after: -1s}":                               "takeover_after: must not be negative",
 		cmd + "policies: {concurrency: reject, queue_timeout: 5s}":            "queue_timeout: bounds how long a serialized turn waits",
 		cmd + "keys: ['a b']":                                                 "keys[0]",
 		cmd + "conversation_header: 'a b'":                                    "conversation_header",

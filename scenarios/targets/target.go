@@ -91,6 +91,17 @@ type Profile struct {
 	// only a refusal after it passed may be one (T4). 0 means the model
 	// timeout, for a server that bounds the wait as it bounds a call.
 	QueueTimeout time.Duration
+	// TakeoverAfter is how long after a kill (kill -9) of the server, or
+	// of one of its replicas, a conversation that had a turn in flight
+	// then may stay busy: a server that runs as replicas cannot tell a
+	// dead peer from one cut off from their store, and takes over a
+	// peer's conversation only once the peer has been silent this long.
+	// A request on such a conversation sent within it may be refused
+	// (a status past 409 before any model call) without that being a
+	// conversation that did not resume (T7) nor a refusal to wait (T4).
+	// 0: none may be; a conversation is free the moment its server is
+	// back.
+	TakeoverAfter time.Duration
 	// Eviction is what the server declares becomes of an evicted
 	// conversation; "" means Durable. Capacity is how many conversations
 	// its cache holds (0: not declared). A server that forgets is given at

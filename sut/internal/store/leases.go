@@ -130,9 +130,12 @@ func newLeases(db *sql.DB, cfg *pgx.ConnConfig, turnConns int) (*Leases, error) 
 	return a, nil
 }
 
-// live opens a connection of life.
+// live opens a connection of life, within fenceAfter: a dial that hangs
+// (the network to the database down) is given up and tried again on
+// the next beat, so that a process comes back as soon as the network
+// does.
 func (a *Leases) live(ctx context.Context) (*pgx.Conn, error) {
-	dctx, cancel := context.WithTimeout(ctx, unlockTimeout)
+	dctx, cancel := context.WithTimeout(ctx, fenceAfter)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(dctx, a.cfg)
 	if err != nil {
@@ -288,7 +291,9 @@ func (l *Lease) Lapsed() bool {
 // Reject; under Serialize the request waits, counted on gauge as
 // waiting, holding no connection, asking again every leasePace, until
 // it gets it, ctx ends (ctx's error) or what is left of maxWait passes
-// (ErrWaitTimedOut).
+// (ErrWaitTimedOut). While this process's beats do not land it takes no
+// lease, under either policy: it waits for a beat as for a busy
+// conversation, and fails with ErrLeaseLost at the end of maxWait.
 func (a *Leases) Lock(ctx context.Context, k Key, policy config.Concurrency, maxWait time.Duration, gauge *admission.Gauge) (_ *Lease, unlock func(), err error) {
 	deadline := time.Now().Add(maxWait)
 	waiting := false
@@ -298,26 +303,13 @@ func (a *Leases) Lock(ctx context.Context, k Key, policy config.Concurrency, max
 		}
 	}()
 	for {
-		if a.isFenced() {
-			return nil, nil, errFenced
-		}
-		conn, err := a.borrow(ctx, deadline, false)
-		if err != nil {
-			return nil, nil, err
-		}
-		epoch, err := a.take(ctx, conn, k)
+		l, err := a.tryLock(ctx, k, deadline)
 		if err == nil {
-			l := &Lease{a: a, k: k, epoch: epoch, conn: conn}
-			l.ctx, l.lose = context.WithCancelCause(context.Background())
-			a.hold(l)
 			var once sync.Once
 			return l, func() { once.Do(l.release) }, nil
 		}
-		a.giveBack(conn, err)
-		if !errors.Is(err, ErrConversationBusy) {
-			return nil, nil, err
-		}
-		if policy == config.Reject {
+		busy := errors.Is(err, ErrConversationBusy)
+		if !busy && !errors.Is(err, errFenced) || busy && policy == config.Reject {
 			return nil, nil, err
 		}
 		if !waiting {
@@ -326,7 +318,10 @@ func (a *Leases) Lock(ctx context.Context, k Key, policy config.Concurrency, max
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, nil, ErrWaitTimedOut
+			if busy {
+				return nil, nil, ErrWaitTimedOut
+			}
+			return nil, nil, err
 		}
 		select {
 		case <-ctx.Done():
@@ -334,6 +329,29 @@ func (a *Leases) Lock(ctx context.Context, k Key, policy config.Concurrency, max
 		case <-time.After(min(leasePace, left)):
 		}
 	}
+}
+
+// tryLock takes k's lease once, with a connection borrowed within
+// deadline, or fails: ErrConversationBusy where a live holder has it,
+// errFenced while this process's beats do not land (it takes nothing
+// then, and waits for one as for a busy conversation).
+func (a *Leases) tryLock(ctx context.Context, k Key, deadline time.Time) (*Lease, error) {
+	if a.isFenced() {
+		return nil, errFenced
+	}
+	conn, err := a.borrow(ctx, deadline, false)
+	if err != nil {
+		return nil, err
+	}
+	epoch, err := a.take(ctx, conn, k)
+	if err != nil {
+		a.giveBack(conn, err)
+		return nil, err
+	}
+	l := &Lease{a: a, k: k, epoch: epoch, conn: conn}
+	l.ctx, l.lose = context.WithCancelCause(context.Background())
+	a.hold(l)
+	return l, nil
 }
 
 // leasePace is how often a turn waiting for a lease another process

@@ -228,17 +228,22 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 		if err == nil {
 			return s.loadUnder(ctx, t, lease, unlock, s.Convs.Get)
 		}
-		if !errors.Is(err, store.ErrConversationBusy) {
+		switch {
+		case errors.Is(err, store.ErrConversationBusy):
+			base, err := s.Convs.Peek(ctx, t.Key)
+			if err != nil {
+				return nil, err
+			}
+			if len(base.Messages) == 0 {
+				return nil, store.ErrSessionBusy
+			}
+			// A conversation with a committed turn: its lane as usual.
+		case errors.Is(err, store.ErrLeaseLost):
+			// A replica whose beats do not land: its lane as usual,
+			// which waits for one.
+		default:
 			return nil, err
 		}
-		base, err := s.Convs.Peek(ctx, t.Key)
-		if err != nil {
-			return nil, err
-		}
-		if len(base.Messages) == 0 {
-			return nil, store.ErrSessionBusy
-		}
-		// A conversation with a committed turn: its lane as usual.
 	}
 	if s.Store.Shared != nil {
 		switch s.Cfg.Mutant {
@@ -258,7 +263,9 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 				t.overwrite = true
 				return s.loadUnder(ctx, t, lease, unlock, s.Convs.GetUnchecked)
 			}
-			if !errors.Is(err, store.ErrConversationBusy) {
+			if !errors.Is(err, store.ErrConversationBusy) && !errors.Is(err, store.ErrLeaseLost) {
+				// Busy, or this replica's beats do not land: the lane
+				// as usual, which waits.
 				return nil, err
 			}
 		case config.ReplicaCommitUnlocked:
