@@ -33,6 +33,7 @@ func mutantInfo(t *testing.T, m sut.Mutant) sut.MutantInfo {
 // FAILs T1, new there, and its T3, exercised and passed, is FIXED. The
 // three show in the text, JSON, JUnit and HTML.
 func TestConformBaseline(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	onPath(t)
 	dir := t.TempDir()
 	replay := writeMutantProfile(t, dir, mutantInfo(t, sut.ReplayWithoutUser))

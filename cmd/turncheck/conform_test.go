@@ -30,13 +30,23 @@ import (
 )
 
 // onPath builds turncheck into a temporary dir and puts that dir first on
-// PATH, as profiles/reference.yaml expects, for the rest of the test.
+// PATH, as profiles/reference.yaml expects: once for the whole test
+// binary (the same build every time), so that tests that start servers
+// through profiles may run in parallel, which a test's own Setenv forbids.
 func onPath(t *testing.T) string {
 	t.Helper()
 	bin := testbin.Turncheck(t)
-	t.Setenv("PATH", filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	pathOnce.Do(func() {
+		pathErr = os.Setenv("PATH", filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	})
+	require.NoError(t, pathErr)
 	return bin
 }
+
+var (
+	pathOnce sync.Once
+	pathErr  error
+)
 
 const referenceProfile = "../../profiles/reference.yaml"
 
@@ -169,6 +179,7 @@ var replicated = flag.Bool("replicated", false, "also run the campaigns of repli
 // black-box path, and no other, and its saved failure replays through the
 // profile.
 func TestConformMutantsThroughProfile(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	bin := onPath(t)
 	type run struct {
 		info sut.MutantInfo
@@ -454,6 +465,7 @@ func TestConformUsage(t *testing.T) {
 // soon as it is shrunk, before the verdicts; --fail-fast ends the run
 // there.
 func TestConformFindingsAsTheyHappen(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	onPath(t)
 	dir := t.TempDir()
 	profile := writeMutantProfile(t, dir, sut.Mutants()[0])

@@ -32,6 +32,7 @@ import (
 // Without -replicated, one short check runs profiles/reference-replicas.yaml
 // as shipped: the profile starts, serves and breaks nothing.
 func TestConformReplicasOverPostgres(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	if err := pgserver.Installed(); errors.Is(err, pgserver.ErrNotInstalled) {
 		t.Skip(err)
 	}

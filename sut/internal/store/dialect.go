@@ -140,6 +140,12 @@ const (
 // says: SQLite's INSERT OR IGNORE and INSERT OR REPLACE, PostgreSQL's
 // ON CONFLICT clauses.
 func (d dialect) insert(conflict onConflict, table string, keyCols int, cols ...string) string {
+	return d.insertRows(conflict, table, keyCols, 1, cols...)
+}
+
+// insertRows is insert of rows rows at once, their values one after the
+// other: one statement, one round trip to the database.
+func (d dialect) insertRows(conflict onConflict, table string, keyCols, rows int, cols ...string) string {
 	verb := "INSERT"
 	if !d.numbered {
 		switch conflict {
@@ -149,8 +155,9 @@ func (d dialect) insert(conflict onConflict, table string, keyCols int, cols ...
 			verb = "INSERT OR REPLACE"
 		}
 	}
-	q := verb + " INTO " + table + " (" + strings.Join(cols, ", ") + ") VALUES (" +
-		strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ")"
+	row := "(" + strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ")"
+	q := verb + " INTO " + table + " (" + strings.Join(cols, ", ") + ") VALUES " +
+		strings.TrimSuffix(strings.Repeat(row+", ", rows), ", ")
 	if d.numbered {
 		q += d.upsert(conflict, keyCols, cols)
 	}

@@ -397,10 +397,13 @@ func lostConnection(err error) bool {
 	return !errors.Is(err, context.DeadlineExceeded)
 }
 
+// insertBatch is how many messages one INSERT writes at most: 8 values
+// each stays well within the bound on a statement's parameters (SQLite's
+// 32,766, PostgreSQL's 65,535).
+const insertBatch = 500
+
 // writeOnce is one try of writeMessages, on db, under lease if not nil.
 func (s *Store) writeOnce(ctx context.Context, db dbtx, lease *Lease, conflict onConflict, k Key, ch change) error {
-	insertMessage := s.d.insert(conflict, "messages", 3,
-		"scope", "conversation", "seq", "role", "content", "tool_calls", "tool_call_id", "hidden")
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("commit: %w", err)
@@ -410,17 +413,26 @@ func (s *Store) writeOnce(ctx context.Context, db dbtx, lease *Lease, conflict o
 			return errors.Join(err, tx.Rollback())
 		}
 	}
-	for i, m := range ch.msgs {
-		calls := ""
-		if len(m.ToolCalls) > 0 {
-			b, err := json.Marshal(m.ToolCalls)
-			if err != nil {
-				return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
+	// The messages go in batches of rows, each one statement: a turn's
+	// user message and reply, and its tool rounds, in one round trip.
+	for from := 0; from < len(ch.msgs); from += insertBatch {
+		batch := ch.msgs[from:min(from+insertBatch, len(ch.msgs))]
+		args := make([]any, 0, 8*len(batch))
+		for i, m := range batch {
+			calls := ""
+			if len(m.ToolCalls) > 0 {
+				b, err := json.Marshal(m.ToolCalls)
+				if err != nil {
+					return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
+				}
+				calls = string(b)
 			}
-			calls = string(b)
+			args = append(args, k.Scope, k.ID, ch.seq+from+i, m.Role, s.d.textArg(string(m.Content)), s.d.textArg(calls),
+				s.d.textArg(m.ToolCallID), flag(m.Hidden))
 		}
-		if _, err := tx.Exec(insertMessage,
-			k.Scope, k.ID, ch.seq+i, m.Role, s.d.textArg(string(m.Content)), s.d.textArg(calls), s.d.textArg(m.ToolCallID), flag(m.Hidden)); err != nil {
+		insert := s.d.insertRows(conflict, "messages", 3, len(batch),
+			"scope", "conversation", "seq", "role", "content", "tool_calls", "tool_call_id", "hidden")
+		if _, err := tx.ExecContext(ctx, insert, args...); err != nil {
 			return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
 		}
 	}
