@@ -264,10 +264,10 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 				return s.loadUnder(ctx, t, lease, unlock, s.Convs.GetUnchecked)
 			}
 			if !errors.Is(err, store.ErrConversationBusy) && !errors.Is(err, store.ErrLeaseLost) {
-				// Busy, or this replica's beats do not land: the lane
-				// as usual, which waits.
 				return nil, err
 			}
+			// Busy, or this replica's beats do not land: the lane as
+			// usual, which waits.
 		case config.ReplicaCommitUnlocked:
 			return s.acquireBaseFirst(ctx, t)
 		}
