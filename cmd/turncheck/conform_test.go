@@ -179,7 +179,6 @@ var replicated = flag.Bool("replicated", false, "also run the campaigns of repli
 // black-box path, and no other, and its saved failure replays through the
 // profile.
 func TestConformMutantsThroughProfile(t *testing.T) {
-	t.Parallel() // it mostly waits on the servers it starts
 	bin := onPath(t)
 	type run struct {
 		info sut.MutantInfo
