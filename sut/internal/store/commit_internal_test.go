@@ -11,6 +11,8 @@ import (
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/pgtest"
+	"github.com/turncheck/turncheck/sut/internal/admission"
+	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // TestACommitOfManyMessages: a commit writes its messages in batches of
@@ -53,4 +55,45 @@ func TestACommitOfManyMessages(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestALeasedCommitLandsWholeOrNotAtAll: on PostgreSQL, a commit under a
+// lease is one statement (commitLeased): its messages, the marks it
+// hides earlier ones by and the conversation's source key land together;
+// one whose messages take places already taken lands nothing, its marks
+// included, and gives the lease back to nobody (it is still the turn's,
+// to be given back by its release).
+func TestALeasedCommitLandsWholeOrNotAtAll(t *testing.T) {
+	s, err := OpenPostgres(pgtest.Start(t), 4)
+	require.NoError(t, err)
+	s.CommitWithin = 5 * time.Second
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, k := context.Background(), Key{Scope: "s", ID: "c1"}
+	msg := func(text string) Message {
+		return Message{Message: openai.Message{Role: openai.RoleUser, Content: openai.Content(text)}}
+	}
+	commit := func(ch change) error {
+		l, unlock, err := s.Shared.Lock(ctx, k, config.Reject, time.Second, &admission.Gauge{})
+		require.NoError(t, err)
+		l.Rest()
+		defer unlock()
+		return s.appendMessages(WithLease(ctx, l), k, ch)
+	}
+	require.NoError(t, commit(change{msgs: []Message{msg("u1"), msg("a1")}, source: "agent@v1"}))
+	assert.Error(t, commit(change{seq: 1, msgs: []Message{msg("again")}, hide: []int{0}}), "place 1 is taken")
+	require.NoError(t, commit(change{seq: 2, msgs: []Message{msg("u2")}, hide: []int{0}}))
+
+	c, err := s.load(ctx, k)
+	require.NoError(t, err)
+	require.Len(t, c.Messages, 3)
+	assert.Equal(t, "agent@v1", c.Source)
+	for i, want := range []struct {
+		text   string
+		hidden bool
+	}{{"u1", true}, {"a1", false}, {"u2", false}} {
+		assert.Equal(t, want.text, string(c.Messages[i].Content), i)
+		assert.Equal(t, want.hidden, c.Messages[i].Hidden, i)
+	}
+	_, _, err = s.Shared.Lock(ctx, k, config.Reject, time.Second, &admission.Gauge{})
+	require.NoError(t, err, "every lease was given back")
 }

@@ -362,7 +362,11 @@ func (s *Store) writeMessages(ctx context.Context, conflict onConflict, k Key, c
 		if lease != nil {
 			var conn *sql.Conn
 			if conn, err = lease.a.borrow(wctx, deadline, true); err == nil {
-				err = s.writeOnce(wctx, conn, lease, conflict, k, ch)
+				if len(ch.msgs) <= insertBatch {
+					err = s.commitLeased(wctx, conn, lease, conflict, k, ch)
+				} else {
+					err = s.writeOnce(wctx, conn, lease, conflict, k, ch)
+				}
 				lease.a.giveBack(conn, err)
 			}
 		} else {
@@ -395,6 +399,63 @@ func lostConnection(err error) bool {
 		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || strings.HasPrefix(pgErr.Code, "08")
 	}
 	return !errors.Is(err, context.DeadlineExceeded)
+}
+
+// commitLeased is writeOnce under lease on PostgreSQL, for a change of at
+// most insertBatch messages, in one statement and one round trip: the
+// lease's check and its giving back (Lease.fence), the messages, the
+// hidden marks and the source key, each a part of one WITH, all written
+// only if the lease is still the turn's. One statement is one
+// transaction: it lands whole or not at all.
+func (s *Store) commitLeased(ctx context.Context, conn *sql.Conn, lease *Lease, conflict onConflict, k Key, ch change) error {
+	args := []any{k.Scope, k.ID, lease.epoch}
+	arg := func(v any, cast string) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d::%s", len(args), cast)
+	}
+	var q strings.Builder
+	q.WriteString(`WITH f AS (UPDATE leases SET holder = 0 WHERE scope = $1 AND conversation = $2 AND epoch = $3 RETURNING 1)`)
+	if len(ch.msgs) > 0 {
+		rows := make([]string, len(ch.msgs))
+		for i, m := range ch.msgs {
+			calls := ""
+			if len(m.ToolCalls) > 0 {
+				b, err := json.Marshal(m.ToolCalls)
+				if err != nil {
+					return fmt.Errorf("commit: %w", err)
+				}
+				calls = string(b)
+			}
+			rows[i] = "(" + strings.Join([]string{arg(ch.seq+i, "integer"), arg(m.Role, "text"), arg([]byte(m.Content), "bytea"),
+				arg([]byte(calls), "bytea"), arg([]byte(m.ToolCallID), "bytea"), arg(flag(m.Hidden), "integer")}, ", ") + ")"
+		}
+		cols := []string{"scope", "conversation", "seq", "role", "content", "tool_calls", "tool_call_id", "hidden"}
+		fmt.Fprintf(&q, `, ins AS (INSERT INTO messages (%s) SELECT $1, $2, v.* FROM (VALUES %s) AS v WHERE EXISTS (SELECT 1 FROM f)%s RETURNING 1)`,
+			strings.Join(cols, ", "), strings.Join(rows, ", "), s.d.upsert(conflict, 3, cols))
+	}
+	if len(ch.hide) > 0 {
+		hide := make([]int64, len(ch.hide))
+		for i, seq := range ch.hide {
+			hide[i] = int64(seq)
+		}
+		fmt.Fprintf(&q, `, hid AS (UPDATE messages SET hidden = 1 WHERE scope = $1 AND conversation = $2 AND seq = ANY(%s) AND EXISTS (SELECT 1 FROM f) RETURNING 1)`,
+			arg(hide, "bigint[]"))
+	}
+	if ch.seq == 0 && ch.source != "" {
+		cols := []string{"scope", "conversation", "source"}
+		fmt.Fprintf(&q, `, src AS (INSERT INTO sources (%s) SELECT $1, $2, %s WHERE EXISTS (SELECT 1 FROM f)%s RETURNING 1)`,
+			strings.Join(cols, ", "), arg(ch.source, "text"), s.d.upsert(conflict, 2, cols))
+	}
+	q.WriteString(` SELECT count(*) FROM f`)
+	var fenced int
+	if err := conn.QueryRowContext(ctx, q.String(), args...).Scan(&fenced); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if fenced != 1 {
+		return ErrLeaseLost
+	}
+	lease.committed()
+	return nil
 }
 
 // insertBatch is how many messages one INSERT writes at most: 8 values
