@@ -79,6 +79,11 @@ type Conversation struct {
 	// loaded or committed: its version there (store.length). Messages a
 	// mutant appended in place since do not count.
 	stored int
+	// epoch is the epoch of the lease (PostgreSQL) under which this copy
+	// was last known to be the store's: loaded, checked or committed. 0:
+	// none. A lease taken next at epoch+1 shows that no other process
+	// held the conversation since, so nobody committed to it (fresh).
+	epoch int64
 }
 
 // Clone returns a copy that shares no mutable state with c: new message
@@ -89,14 +94,14 @@ func (c *Conversation) Clone() *Conversation {
 	for i, m := range c.Messages {
 		msgs[i] = m.copy()
 	}
-	return &Conversation{Messages: msgs, Source: c.Source, stored: c.stored}
+	return &Conversation{Messages: msgs, Source: c.Source, stored: c.stored, epoch: c.epoch}
 }
 
 // ShallowClone copies the slice of c's messages and not the messages: the
 // copy can grow on its own, but a mark on one of its messages is a mark on
 // c's. Only the shallow-clone mutant runs turns on it.
 func (c *Conversation) ShallowClone() *Conversation {
-	return &Conversation{Messages: slices.Clone(c.Messages), Source: c.Source, stored: c.stored}
+	return &Conversation{Messages: slices.Clone(c.Messages), Source: c.Source, stored: c.stored, epoch: c.epoch}
 }
 
 // Visible returns the messages the model is sent: all but the hidden.
@@ -188,11 +193,17 @@ func (cs *Conversations) Get(ctx context.Context, k Key) (*Conversation, error) 
 	cached, ok := cs.Cache.Get(k)
 	if ok {
 		fresh, err := cs.fresh(ctx, k, cached)
+		if err == nil && fresh {
+			cached.epoch = leaseEpoch(ctx)
+		}
 		if err != nil || fresh {
 			return cached, err
 		}
 	}
 	c, err := cs.load(ctx, k)
+	if err == nil {
+		c.epoch = leaseEpoch(ctx)
+	}
 	// A stale entry is replaced, not removed: a removal counts as an
 	// eviction (lost-on-evict would delete the conversation).
 	if err == nil && (ok || len(c.Messages) > 0) {
@@ -217,6 +228,11 @@ func (cs *Conversations) GetUnchecked(ctx context.Context, k Key) (*Conversation
 // history.
 func (cs *Conversations) fresh(ctx context.Context, k Key, c *Conversation) (bool, error) {
 	if !cs.verify {
+		return true, nil
+	}
+	if e := leaseEpoch(ctx); e != 0 && c.epoch != 0 && e == c.epoch+1 {
+		// Nobody held the conversation between this copy and this
+		// lease: nobody committed to it.
 		return true, nil
 	}
 	n, err := cs.store.length(ctx, k)
@@ -256,6 +272,9 @@ func (cs *Conversations) Commit(ctx context.Context, k Key, committedLen int, hi
 		next = next.Clone()
 	}
 	next.stored = len(next.Messages)
+	// Known to be the store's under no lease until a commit under one
+	// lands (below).
+	next.epoch = 0
 	ch := change{seq: committedLen, msgs: snapshot(next.Messages[committedLen:]), hide: slices.Clone(hid), source: next.Source}
 	if !overwrite {
 		if cs.behind != nil {
@@ -264,8 +283,14 @@ func (cs *Conversations) Commit(ctx context.Context, k Key, committedLen int, hi
 			cs.Cache.Add(k, next)
 			return nil
 		}
-		if err := cs.store.appendMessages(ctx, k, ch); err != nil && !cs.dropStoreErrors {
+		err := cs.store.appendMessages(ctx, k, ch)
+		if err != nil && !cs.dropStoreErrors {
 			return err
+		}
+		// Committed under the lease's epoch, which the commit gave back:
+		// the store's as of it. A copy whose commit failed is no one's.
+		if err == nil {
+			next.epoch = leaseEpoch(ctx)
 		}
 		cs.Cache.Add(k, next)
 		return nil

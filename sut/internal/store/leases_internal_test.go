@@ -63,3 +63,45 @@ func TestATakenLeaseFencesTheCommit(t *testing.T) {
 	require.Len(t, msgs, 1)
 	assert.Equal(t, "B's turn", string(msgs[0].Content))
 }
+
+// TestACachedCopyIsCheckedWhenAnotherHeldTheLease: replica A's cached copy
+// of a conversation is served unchecked only under the lease taken right
+// after A's own (its epoch the next): nobody held the conversation in
+// between. Once replica B has taken the lease and committed, A's next
+// turn sees B's turn.
+func TestACachedCopyIsCheckedWhenAnotherHeldTheLease(t *testing.T) {
+	url := pgtest.Start(t)
+	replica := func() (*Store, *Conversations) {
+		s, err := OpenPostgres(url, 4)
+		require.NoError(t, err)
+		s.CommitWithin = 5 * time.Second
+		t.Cleanup(func() { _ = s.Close() })
+		cs, err := NewConversations(s, 16, &admission.Budget{Max: 1 << 30}, "", nil)
+		require.NoError(t, err)
+		return s, cs
+	}
+	ctx, k := context.Background(), Key{Scope: "s", ID: "c1"}
+	turn := func(s *Store, cs *Conversations, text string) []string {
+		l, unlock, err := s.Shared.Lock(ctx, k, config.Reject, time.Second, &admission.Gauge{})
+		require.NoError(t, err)
+		defer unlock()
+		lctx := WithLease(ctx, l)
+		base, err := cs.Get(lctx, k)
+		require.NoError(t, err)
+		l.Rest()
+		var seen []string
+		for _, m := range base.Messages {
+			seen = append(seen, string(m.Content))
+		}
+		next := base.Clone()
+		next.Messages = append(next.Messages, &Message{Message: openai.Message{Role: openai.RoleUser, Content: openai.Content(text)}})
+		require.NoError(t, cs.Commit(lctx, k, len(base.Messages), nil, next, false))
+		return seen
+	}
+	a, aConvs := replica()
+	b, bConvs := replica()
+	assert.Empty(t, turn(a, aConvs, "a1"))
+	assert.Equal(t, []string{"a1"}, turn(a, aConvs, "a2"), "A's own copy, the lease's next epoch")
+	assert.Equal(t, []string{"a1", "a2"}, turn(b, bConvs, "b1"))
+	assert.Equal(t, []string{"a1", "a2", "b1"}, turn(a, aConvs, "a3"), "B held the lease since A's copy: A checks it")
+}

@@ -71,6 +71,14 @@ func leaseOf(ctx context.Context) *Lease {
 	return l
 }
 
+// leaseEpoch is the epoch of the lease ctx carries, 0 for none.
+func leaseEpoch(ctx context.Context) int64 {
+	if l := leaseOf(ctx); l != nil {
+		return l.epoch
+	}
+	return 0
+}
+
 // on is what a statement made under ctx runs on: the connection the
 // lease ctx carries was taken on, while it holds it, or the pool.
 func (s *Store) on(ctx context.Context) dbtx {
