@@ -238,9 +238,10 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 				return nil, store.ErrSessionBusy
 			}
 			// A conversation with a committed turn: its lane as usual.
-		case errors.Is(err, store.ErrLeaseLost):
-			// A replica whose beats do not land: its lane as usual,
-			// which waits for one.
+		case errors.Is(err, store.ErrLeaseLost) || store.StoreFull(err):
+			// A replica whose beats do not land, or a store with no
+			// connection free this instant: its lane as usual, which
+			// waits.
 		default:
 			return nil, err
 		}
@@ -263,11 +264,11 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 				t.overwrite = true
 				return s.loadUnder(ctx, t, lease, unlock, s.Convs.GetUnchecked)
 			}
-			if !errors.Is(err, store.ErrConversationBusy) && !errors.Is(err, store.ErrLeaseLost) {
+			if !errors.Is(err, store.ErrConversationBusy) && !errors.Is(err, store.ErrLeaseLost) && !store.StoreFull(err) {
 				return nil, err
 			}
-			// Busy, or this replica's beats do not land: the lane as
-			// usual, which waits.
+			// Busy, this replica's beats not landing, or no connection
+			// free this instant: the lane as usual, which waits.
 		case config.ReplicaCommitUnlocked:
 			return s.acquireBaseFirst(ctx, t)
 		}
