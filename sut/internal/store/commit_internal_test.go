@@ -24,18 +24,13 @@ func TestACommitOfManyMessages(t *testing.T) {
 		"sqlite": func(t *testing.T) *Store {
 			s, err := OpenStore(t.TempDir())
 			require.NoError(t, err)
+			t.Cleanup(func() { _ = s.Close() })
 			return s
 		},
-		"postgresql": func(t *testing.T) *Store {
-			s, err := OpenPostgres(pgtest.Start(t), 4)
-			require.NoError(t, err)
-			s.CommitWithin = 5 * time.Second
-			return s
-		},
+		"postgresql": func(t *testing.T) *Store { return openPostgres(t, pgtest.Start(t)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := open(t)
-			t.Cleanup(func() { _ = s.Close() })
 			ctx, k := context.Background(), Key{Scope: "s", ID: "c1"}
 			n := 2*insertBatch + 7
 			change := func(text string) change {
@@ -64,10 +59,7 @@ func TestACommitOfManyMessages(t *testing.T) {
 // included, and gives the lease back to nobody (it is still the turn's,
 // to be given back by its release).
 func TestALeasedCommitLandsWholeOrNotAtAll(t *testing.T) {
-	s, err := OpenPostgres(pgtest.Start(t), 4)
-	require.NoError(t, err)
-	s.CommitWithin = 5 * time.Second
-	t.Cleanup(func() { _ = s.Close() })
+	s := openPostgres(t, pgtest.Start(t))
 	ctx, k := context.Background(), Key{Scope: "s", ID: "c1"}
 	msg := func(text string) Message {
 		return Message{Message: openai.Message{Role: openai.RoleUser, Content: openai.Content(text)}}

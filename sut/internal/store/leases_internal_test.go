@@ -21,14 +21,7 @@ import (
 // conversation commits to it. A lease whose holder beats is never taken.
 func TestATakenLeaseFencesTheCommit(t *testing.T) {
 	url := pgtest.Start(t)
-	open := func() *Store {
-		s, err := OpenPostgres(url, 4)
-		require.NoError(t, err)
-		s.CommitWithin = time.Second
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
-	a, b := open(), open()
+	a, b := openPostgres(t, url), openPostgres(t, url)
 	ctx, k := context.Background(), Key{Scope: "s", ID: "c1"}
 	lock := func(s *Store) (*Lease, func(), error) {
 		return s.Shared.Lock(ctx, k, config.Reject, time.Second, &admission.Gauge{})
@@ -72,10 +65,7 @@ func TestATakenLeaseFencesTheCommit(t *testing.T) {
 func TestACachedCopyIsCheckedWhenAnotherHeldTheLease(t *testing.T) {
 	url := pgtest.Start(t)
 	replica := func() (*Store, *Conversations) {
-		s, err := OpenPostgres(url, 4)
-		require.NoError(t, err)
-		s.CommitWithin = 5 * time.Second
-		t.Cleanup(func() { _ = s.Close() })
+		s := openPostgres(t, url)
 		cs, err := NewConversations(s, 16, &admission.Budget{Max: 1 << 30}, "", nil)
 		require.NoError(t, err)
 		return s, cs

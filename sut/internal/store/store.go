@@ -426,13 +426,9 @@ func (s *Store) commitLeased(ctx context.Context, conn *sql.Conn, lease *Lease, 
 	if len(ch.msgs) > 0 {
 		rows := make([]string, len(ch.msgs))
 		for i, m := range ch.msgs {
-			calls := ""
-			if len(m.ToolCalls) > 0 {
-				b, err := json.Marshal(m.ToolCalls)
-				if err != nil {
-					return fmt.Errorf("commit: %w", err)
-				}
-				calls = string(b)
+			calls, err := toolCallsText(m)
+			if err != nil {
+				return err
 			}
 			rows[i] = "(" + strings.Join([]string{arg(ch.seq+i, "integer"), arg(m.Role, "text"), arg([]byte(m.Content), "bytea"),
 				arg([]byte(calls), "bytea"), arg([]byte(m.ToolCallID), "bytea"), arg(flag(m.Hidden), "integer")}, ", ") + ")"
@@ -466,6 +462,19 @@ func (s *Store) commitLeased(ctx context.Context, conn *sql.Conn, lease *Lease, 
 	return nil
 }
 
+// toolCallsText is m's tool calls as the store keeps them: JSON, or ""
+// for none.
+func toolCallsText(m Message) (string, error) {
+	if len(m.ToolCalls) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(m.ToolCalls)
+	if err != nil {
+		return "", fmt.Errorf("commit: %w", err)
+	}
+	return string(b), nil
+}
+
 // insertBatch is how many messages one INSERT writes at most: 8 values
 // each stays well within the bound on a statement's parameters (SQLite's
 // 32,766, PostgreSQL's 65,535).
@@ -488,13 +497,9 @@ func (s *Store) writeOnce(ctx context.Context, db dbtx, lease *Lease, conflict o
 		batch := ch.msgs[from:min(from+insertBatch, len(ch.msgs))]
 		args := make([]any, 0, 8*len(batch))
 		for i, m := range batch {
-			calls := ""
-			if len(m.ToolCalls) > 0 {
-				b, err := json.Marshal(m.ToolCalls)
-				if err != nil {
-					return errors.Join(fmt.Errorf("commit: %w", err), tx.Rollback())
-				}
-				calls = string(b)
+			calls, err := toolCallsText(m)
+			if err != nil {
+				return errors.Join(err, tx.Rollback())
 			}
 			args = append(args, k.Scope, k.ID, ch.seq+from+i, m.Role, s.d.textArg(string(m.Content)), s.d.textArg(calls),
 				s.d.textArg(m.ToolCallID), flag(m.Hidden))

@@ -224,12 +224,13 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 		// The bug: a request that finds the lane taken by the first turn
 		// of a conversation not yet committed is refused as busy, where
 		// it should wait its turn (or, under Reject, get 409).
-		lease, unlock, err := s.Locks.Lock(ctx, t.Key, config.Reject, 0)
-		if err == nil {
-			return s.loadUnder(ctx, t, lease, unlock, s.Convs.Get)
-		}
+		lease, unlock, busy, err := s.quickTry(ctx, t)
 		switch {
-		case errors.Is(err, store.ErrConversationBusy):
+		case err != nil:
+			return nil, err
+		case unlock != nil:
+			return s.loadUnder(ctx, t, lease, unlock, s.Convs.Get)
+		case busy:
 			base, err := s.Convs.Peek(ctx, t.Key)
 			if err != nil {
 				return nil, err
@@ -238,12 +239,6 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 				return nil, store.ErrSessionBusy
 			}
 			// A conversation with a committed turn: its lane as usual.
-		case errors.Is(err, store.ErrLeaseLost) || store.StoreFull(err):
-			// A replica whose beats do not land, or a store with no
-			// connection free this instant: its lane as usual, which
-			// waits.
-		default:
-			return nil, err
 		}
 	}
 	if s.Store.Shared != nil {
@@ -259,16 +254,14 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 			// serves its cached copy unchecked, committing over whatever
 			// another replica committed meanwhile. Only a turn that waited
 			// for another replica's checks its cache.
-			lease, unlock, err := s.Locks.Lock(ctx, t.Key, config.Reject, 0)
-			if err == nil {
+			lease, unlock, _, err := s.quickTry(ctx, t)
+			if err != nil {
+				return nil, err
+			}
+			if unlock != nil {
 				t.overwrite = true
 				return s.loadUnder(ctx, t, lease, unlock, s.Convs.GetUnchecked)
 			}
-			if !errors.Is(err, store.ErrConversationBusy) && !errors.Is(err, store.ErrLeaseLost) && !store.StoreFull(err) {
-				return nil, err
-			}
-			// Busy, this replica's beats not landing, or no connection
-			// free this instant: the lane as usual, which waits.
 		case config.ReplicaCommitUnlocked:
 			return s.acquireBaseFirst(ctx, t)
 		}
@@ -278,6 +271,25 @@ func (s *Engine) acquire(ctx context.Context, t *Turn) (*store.Conversation, err
 		return nil, err
 	}
 	return s.loadUnder(ctx, t, lease, unlock, s.Convs.Get)
+}
+
+// quickTry takes t's conversation lock at once, with no wait, as the
+// mutants that act on a lock found free do; lease is nil where the store
+// is one process's. Where it cannot be had this instant, unlock is nil:
+// busy says another turn holds it; otherwise the
+// store had no connection free, or this replica's beats did not land,
+// and the turn's usual lane waits for those. err is any other failure.
+func (s *Engine) quickTry(ctx context.Context, t *Turn) (lease *store.Lease, unlock func(), busy bool, err error) {
+	lease, unlock, err = s.Locks.Lock(ctx, t.Key, config.Reject, 0)
+	switch {
+	case err == nil:
+		return lease, unlock, false, nil
+	case errors.Is(err, store.ErrConversationBusy):
+		return nil, nil, true, nil
+	case errors.Is(err, store.ErrLeaseLost) || store.StoreFull(err):
+		return nil, nil, false, nil
+	}
+	return nil, nil, false, err
 }
 
 // loadUnder loads t's base with get under lease, which t holds from now
