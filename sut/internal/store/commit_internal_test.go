@@ -42,10 +42,10 @@ func TestACommitOfManyMessages(t *testing.T) {
 			}
 			require.NoError(t, s.appendMessages(ctx, k, change("first")))
 			assert.Error(t, s.appendMessages(ctx, k, change("second")), "the places are taken")
-			got, err := s.loadMessages(ctx, k)
+			c, err := s.load(ctx, k)
 			require.NoError(t, err)
-			require.Len(t, got, n)
-			for i, m := range got {
+			require.Len(t, c.Messages, n)
+			for i, m := range c.Messages {
 				require.Equal(t, fmt.Sprintf("first %d", i), string(m.Content))
 			}
 		})

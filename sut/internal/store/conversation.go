@@ -75,12 +75,8 @@ type Conversation struct {
 	// Source is the key of the agent source the conversation was started
 	// under; "" when it is bound to none (no agents were loaded).
 	Source string
-	// stored is how many messages the store held for it when it was
-	// loaded or committed: its version there (store.length). Messages a
-	// mutant appended in place since do not count.
-	stored int
 	// epoch is the epoch of the lease (PostgreSQL) under which this copy
-	// was last known to be the store's: loaded, checked or committed. 0:
+	// was last known to be the store's: loaded or committed. 0:
 	// none. A lease taken next at epoch+1 shows that no other process
 	// held the conversation since, so nobody committed to it (fresh).
 	epoch int64
@@ -94,14 +90,14 @@ func (c *Conversation) Clone() *Conversation {
 	for i, m := range c.Messages {
 		msgs[i] = m.copy()
 	}
-	return &Conversation{Messages: msgs, Source: c.Source, stored: c.stored, epoch: c.epoch}
+	return &Conversation{Messages: msgs, Source: c.Source, epoch: c.epoch}
 }
 
 // ShallowClone copies the slice of c's messages and not the messages: the
 // copy can grow on its own, but a mark on one of its messages is a mark on
 // c's. Only the shallow-clone mutant runs turns on it.
 func (c *Conversation) ShallowClone() *Conversation {
-	return &Conversation{Messages: slices.Clone(c.Messages), Source: c.Source, stored: c.stored, epoch: c.epoch}
+	return &Conversation{Messages: slices.Clone(c.Messages), Source: c.Source, epoch: c.epoch}
 }
 
 // Visible returns the messages the model is sent: all but the hidden.
@@ -187,18 +183,13 @@ func (cs *Conversations) Crash() {
 
 // Get returns the committed conversation k, empty if it was never
 // committed. The caller holds k's lock, so what it loads is current and may
-// go into the cache; a cached conversation that another process committed
-// to since is stale, and is loaded again (fresh).
+// go into the cache; a cached conversation that another process may have
+// committed to since is loaded again.
 func (cs *Conversations) Get(ctx context.Context, k Key) (*Conversation, error) {
 	cached, ok := cs.Cache.Get(k)
-	if ok {
-		fresh, err := cs.fresh(ctx, k, cached)
-		if err == nil && fresh {
-			cached.epoch = leaseEpoch(ctx)
-		}
-		if err != nil || fresh {
-			return cached, err
-		}
+	if ok && cs.fresh(ctx, cached) {
+		cached.epoch = leaseEpoch(ctx)
+		return cached, nil
 	}
 	c, err := cs.load(ctx, k)
 	if err == nil {
@@ -221,22 +212,20 @@ func (cs *Conversations) GetUnchecked(ctx context.Context, k Key) (*Conversation
 	return cs.Get(ctx, k)
 }
 
-// fresh reports whether the cached c is still k as committed: with verify,
-// whether the store holds as many messages for k as when c was cached.
-// Every commit adds messages, and a commit under k's lock starts from the
-// state the lock's previous holder left, so an equal count is the same
-// history.
-func (cs *Conversations) fresh(ctx context.Context, k Key, c *Conversation) (bool, error) {
+// fresh reports whether the cached c is surely still its conversation as
+// committed: always where no other process commits to the store (not
+// verify); else only under the lease taken right after the one c was
+// loaded or committed under, when nobody held the conversation in between
+// and so nobody committed to it. Otherwise it is loaded again, in one
+// statement: asking the store whether it changed first would cost a round
+// trip more whenever it did, which is every turn where replicas take a
+// conversation's turns in turn.
+func (cs *Conversations) fresh(ctx context.Context, c *Conversation) bool {
 	if !cs.verify {
-		return true, nil
+		return true
 	}
-	if e := leaseEpoch(ctx); e != 0 && c.epoch != 0 && e == c.epoch+1 {
-		// Nobody held the conversation between this copy and this
-		// lease: nobody committed to it.
-		return true, nil
-	}
-	n, err := cs.store.length(ctx, k)
-	return n == c.stored, err
+	e := leaseEpoch(ctx)
+	return e != 0 && c.epoch != 0 && e == c.epoch+1
 }
 
 // Peek returns the committed conversation k, as get does, without k's lock
@@ -271,7 +260,6 @@ func (cs *Conversations) Commit(ctx context.Context, k Key, committedLen int, hi
 	if cs.cacheCopies {
 		next = next.Clone()
 	}
-	next.stored = len(next.Messages)
 	// Known to be the store's under no lease until a commit under one
 	// lands (below).
 	next.epoch = 0

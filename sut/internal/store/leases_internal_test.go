@@ -51,10 +51,10 @@ func TestATakenLeaseFencesTheCommit(t *testing.T) {
 	unlockA()
 	require.NoError(t, commit(b, leaseB, 0, "B's turn"))
 	unlockB()
-	msgs, err := b.loadMessages(ctx, k)
+	c, err := b.load(ctx, k)
 	require.NoError(t, err)
-	require.Len(t, msgs, 1)
-	assert.Equal(t, "B's turn", string(msgs[0].Content))
+	require.Len(t, c.Messages, 1)
+	assert.Equal(t, "B's turn", string(c.Messages[0].Content))
 }
 
 // TestACachedCopyIsCheckedWhenAnotherHeldTheLease: replica A's cached copy

@@ -280,47 +280,42 @@ func (s *Store) Rescope(moves map[string]string) error {
 }
 
 // load returns the committed conversation k: its messages in order (none
-// if it has never been committed) and its source key ("" if unbound).
+// if it has never been committed) and its source key ("" if unbound), read
+// in one statement, one round trip: the source's row comes first, as seq
+// -1 with the source in the place of a role (of the same type on both
+// stores, where content is not).
 func (s *Store) load(ctx context.Context, k Key) (*Conversation, error) {
-	msgs, err := s.loadMessages(ctx, k)
-	if err != nil {
-		return nil, err
-	}
-	var source string
-	err = s.on(ctx).QueryRowContext(ctx, s.d.q(`SELECT source FROM sources WHERE scope = ? AND conversation = ?`), k.Scope, k.ID).Scan(&source)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("load conversation: %w", err)
-	}
-	return &Conversation{Messages: msgs, Source: source, stored: len(msgs)}, nil
-}
-
-func (s *Store) loadMessages(ctx context.Context, k Key) ([]*Message, error) {
-	rows, err := s.on(ctx).QueryContext(ctx,
-		s.d.q(`SELECT role, content, tool_calls, tool_call_id, hidden FROM messages WHERE scope = ? AND conversation = ? ORDER BY seq`),
-		k.Scope, k.ID)
+	rows, err := s.on(ctx).QueryContext(ctx, s.d.q(`SELECT -1, source, '', '', '', 0 FROM sources WHERE scope = ? AND conversation = ?
+		UNION ALL SELECT seq, role, content, tool_calls, tool_call_id, hidden FROM messages WHERE scope = ? AND conversation = ?
+		ORDER BY 1`), k.Scope, k.ID, k.Scope, k.ID)
 	if err != nil {
 		return nil, fmt.Errorf("load conversation: %w", err)
 	}
 	defer rows.Close()
-	var out []*Message
+	c := &Conversation{}
 	for rows.Next() {
 		m := &Message{}
+		var seq int64
 		var content, calls string
-		if err := rows.Scan(&m.Role, &content, &calls, &m.ToolCallID, &m.Hidden); err != nil {
+		if err := rows.Scan(&seq, &m.Role, &content, &calls, &m.ToolCallID, &m.Hidden); err != nil {
 			return nil, fmt.Errorf("load conversation: %w", err)
+		}
+		if seq < 0 {
+			c.Source = m.Role
+			continue
 		}
 		m.Content = openai.Content(content)
 		if calls != "" {
 			if err := json.Unmarshal([]byte(calls), &m.ToolCalls); err != nil {
-				return nil, fmt.Errorf("load conversation: message %d: tool calls: %w", len(out), err)
+				return nil, fmt.Errorf("load conversation: message %d: tool calls: %w", len(c.Messages), err)
 			}
 		}
-		out = append(out, m)
+		c.Messages = append(c.Messages, m)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("load conversation: %w", err)
 	}
-	return out, nil
+	return c, nil
 }
 
 // appendMessages commits ch in one transaction: its messages from ch.seq
@@ -584,19 +579,6 @@ func (s *Store) ScopeOf(ctx context.Context, id string) (string, bool, error) {
 		return "", false, fmt.Errorf("find conversation: %w", err)
 	}
 	return scope, true, nil
-}
-
-// length returns how many messages conversation k has in the store: its
-// version there, as every commit adds at least one (the turn's user
-// message) and only a commit adds any.
-func (s *Store) length(ctx context.Context, k Key) (int, error) {
-	var n int
-	err := s.on(ctx).QueryRowContext(ctx, s.d.q(`SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE scope = ? AND conversation = ?`),
-		k.Scope, k.ID).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("load conversation: %w", err)
-	}
-	return n, nil
 }
 
 // flag is b as the store keeps it: 1 or 0.
