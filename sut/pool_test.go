@@ -71,12 +71,19 @@ func (p pgRole) exec(t *testing.T, stmt string) {
 }
 
 // cutPool ends every connection the role holds but its connection of
-// life: the replica's pool must open new ones.
+// life, and waits until their backends are gone (a backend ends a moment
+// after it is told to): the replica's pool must open new ones.
 func (p pgRole) cutPool(t *testing.T) {
 	t.Helper()
 	_, err := p.admin.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1
 		AND application_name <> $2`, p.role, sut.ConnectionOfLife)
 	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var left int
+		err := p.admin.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND application_name <> $2`,
+			p.role, sut.ConnectionOfLife).Scan(&left)
+		return err == nil && left == 0
+	}, 10*time.Second, 10*time.Millisecond, "the pool's backends end")
 }
 
 // cutLife ends the role's connections of life, and reports how many.
