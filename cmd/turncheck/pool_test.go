@@ -32,17 +32,18 @@ import (
 // max_connections is small against the turns sent at once, every turn on
 // a conversation of its own client and a model that takes a while to
 // answer. It asserts only what no load excuses: no 500, every refusal a
-// 503 with Retry-After sent before any model call, and no acknowledged
-// turn missing from the store afterwards. The share of turns served and
-// their latencies are the machine's, and are logged.
+// 503 with Retry-After sent before any model call, every refusal in a
+// replica's log, and no acknowledged turn missing from the store
+// afterwards. The share of turns served and their latencies are the
+// machine's: TestPoolProbe logs them, BenchmarkPool reports them.
 
 var (
 	poolProbe         = flag.Duration("poolprobe", 0, "TestPoolProbe: how long the clients send turns (0 skips it)")
-	poolProbeReplicas = flag.Int("poolprobe.replicas", 3, "TestPoolProbe: replicas of the server")
-	poolProbeClients  = flag.Int("poolprobe.clients", 60, "TestPoolProbe: clients, each sending turns one after another on a conversation of its own")
-	poolProbeMaxConns = flag.Int("poolprobe.max-connections", 20, "TestPoolProbe: PostgreSQL's max_connections")
-	poolProbeModel    = flag.Duration("poolprobe.model", 300*time.Millisecond, "TestPoolProbe: how long the model takes to answer")
-	poolProbeArgs     = flag.String("poolprobe.serve-args", "", "TestPoolProbe: more arguments for each replica's `turncheck serve`, space-separated")
+	poolProbeReplicas = flag.Int("poolprobe.replicas", 3, "TestPoolProbe and BenchmarkPool: replicas of the server")
+	poolProbeClients  = flag.Int("poolprobe.clients", 60, "TestPoolProbe: clients, each sending turns one after another on a conversation of its own (BenchmarkPool: 1,000)")
+	poolProbeMaxConns = flag.Int("poolprobe.max-connections", 20, "TestPoolProbe: PostgreSQL's max_connections (BenchmarkPool: 100)")
+	poolProbeModel    = flag.Duration("poolprobe.model", 300*time.Millisecond, "TestPoolProbe and BenchmarkPool: how long the model takes to answer")
+	poolProbeArgs     = flag.String("poolprobe.serve-args", "", "TestPoolProbe and BenchmarkPool: more arguments for each replica's `turncheck serve`, space-separated")
 )
 
 // TestPoolProbe: -poolprobe.clients clients, each sending turns one after
@@ -59,32 +60,113 @@ func TestPoolProbe(t *testing.T) {
 	if *poolProbe == 0 {
 		t.Skip("replicas over a PostgreSQL with few connections: go test ./cmd/turncheck -run TestPoolProbe -poolprobe 10s -v")
 	}
-	if err := pgserver.Installed(); errors.Is(err, pgserver.ErrNotInstalled) {
-		t.Skip("TestPoolProbe runs a PostgreSQL of its own: ", err)
+	end := time.Now().Add(*poolProbe)
+	res := runPool(t, *poolProbeClients, *poolProbeMaxConns, func() bool { return time.Now().Before(end) })
+	t.Logf("%s for %s", res, *poolProbe)
+	for r, line := range res.perReplica() {
+		t.Logf("replica %d: %s", r, line)
 	}
-	bin := testbin.Turncheck(t)
-	load := loadAvg()
+}
 
-	pg, err := pgserver.Start("max_connections="+strconv.Itoa(*poolProbeMaxConns), "fsync=off")
-	require.NoError(t, err)
-	defer func() { require.NoError(t, pg.Stop()) }()
-	require.NoError(t, pg.Exec("postgres", "CREATE ROLE turns LOGIN"))
-	require.NoError(t, pg.Exec("postgres", "CREATE DATABASE pool OWNER turns"))
+// BenchmarkPool: b.N turns, from 1,000 clients each sending turns one
+// after another on a conversation of its own, over three replicas
+// (-poolprobe.replicas) on one PostgreSQL with max_connections 100, the
+// model taking 300 ms (-poolprobe.model). Its op is a turn; it reports
+// turns/s, the latencies of all turns (p50, p99, max, in ms) and each
+// replica's p99, the 503s (all with Retry-After, or it fails) and the
+// refusals the replicas logged. The clients start at once, so give it
+// turns enough for their start to be a small part of the run:
+//
+//	go test ./cmd/turncheck -run '^$' -bench BenchmarkPool -benchtime 20000x
+func BenchmarkPool(b *testing.B) {
+	var sent atomic.Int64
+	n := int64(b.N)
+	res := runPool(b, 1000, 100, func() bool { return sent.Add(1) <= n })
+	b.ReportMetric(float64(len(res.took))/res.elapsed.Seconds(), "turns/s")
+	b.ReportMetric(ms(quantile(res.took, 0.5)), "p50-ms")
+	b.ReportMetric(ms(quantile(res.took, 0.99)), "p99-ms")
+	b.ReportMetric(ms(quantile(res.took, 1)), "max-ms")
+	for r, d := range res.byReplica {
+		b.ReportMetric(ms(quantile(d, 0.99)), "replica"+strconv.Itoa(r)+"-p99-ms")
+	}
+	b.ReportMetric(float64(res.codes["500"]), "500s")
+	b.ReportMetric(float64(res.codes["503"]), "503s")
+	b.ReportMetric(float64(res.logged), "refusals-logged")
+	b.Logf("%s", res)
+	for r, line := range res.perReplica() {
+		b.Logf("replica %d: %s", r, line)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// poolResult is what a pool run saw.
+type poolResult struct {
+	replicas, clients, maxConns int
+	peak                        int64           // connections PostgreSQL held for the replicas, at most
+	elapsed                     time.Duration   // from the clients' start to the last answer
+	warmUp                      []time.Duration // of each client's first turn, sent all at once, sorted
+	took                        []time.Duration // of every turn, sorted
+	tookOK                      []time.Duration // of the turns answered 200, sorted
+	byReplica                   [][]time.Duration
+	loggedBy                    []map[string]int // per replica: the refusals its log counts, by who refused
+	logged                      int              // the refusals all logs count
+	codes                       map[string]int   // the turns by answer: "200", "503", another status, or how the call failed
+	loadBefore, loadAfter       string
+}
+
+func (r poolResult) String() string {
+	return fmt.Sprintf("%d replicas, PostgreSQL max_connections %d (peak %d held by the replicas), %d clients, model %s: "+
+		"warm-up (a turn per client, at once) p50 %s, p99 %s, max %s; then %d turns in %s (%.0f/s), %v; all turns p50 %s, p99 %s, max %s; turns answered 200 p50 %s, p99 %s, max %s; refusals logged %d; load %s -> %s",
+		r.replicas, r.maxConns, r.peak, r.clients, *poolProbeModel,
+		quantile(r.warmUp, 0.5), quantile(r.warmUp, 0.99), quantile(r.warmUp, 1), len(r.took), r.elapsed.Round(time.Millisecond), float64(len(r.took))/r.elapsed.Seconds(), r.codes,
+		quantile(r.took, 0.5), quantile(r.took, 0.99), quantile(r.took, 1),
+		quantile(r.tookOK, 0.5), quantile(r.tookOK, 0.99), quantile(r.tookOK, 1), r.logged, r.loadBefore, r.loadAfter)
+}
+
+// perReplica is a line per replica: its turns' latencies and the
+// refusals its log counts, by who refused.
+func (r poolResult) perReplica() []string {
+	var lines []string
+	for i, d := range r.byReplica {
+		lines = append(lines, fmt.Sprintf("%d turns, p50 %s, p99 %s, max %s; refusals logged, by whom: %v",
+			len(d), quantile(d, 0.5), quantile(d, 0.99), quantile(d, 1), r.loggedBy[i]))
+	}
+	return lines
+}
+
+// runPool starts PostgreSQL with maxConns connections, the slow model
+// and -poolprobe.replicas replicas, then clients that send turns while
+// more says so, each asking it before each turn, and fails tb on what no
+// load excuses. Under a benchmark, only the clients' turns are timed.
+func runPool(tb testing.TB, clients, maxConns int, more func() bool) poolResult {
+	tb.Helper()
+	if err := pgserver.Installed(); errors.Is(err, pgserver.ErrNotInstalled) {
+		tb.Skip("the pool probe runs a PostgreSQL of its own: ", err)
+	}
+	bin := testbin.Turncheck(tb)
+	res := poolResult{replicas: *poolProbeReplicas, clients: clients, maxConns: maxConns, codes: map[string]int{}, loadBefore: loadAvg()}
+
+	pg, err := pgserver.Start("max_connections="+strconv.Itoa(maxConns), "fsync=off")
+	require.NoError(tb, err)
+	defer func() { require.NoError(tb, pg.Stop()) }()
+	require.NoError(tb, pg.Exec("postgres", "CREATE ROLE turns LOGIN"))
+	require.NoError(tb, pg.Exec("postgres", "CREATE DATABASE pool OWNER turns"))
 	storeURL := strings.Replace(pg.URL("pool"), "postgres@", "turns@", 1)
 
-	m := startSlowModel(t, *poolProbeModel)
+	m := startSlowModel(tb, *poolProbeModel)
 	var bases []string
 	var logs []*syncbuf.Buffer
 	var stops []func()
-	for i := range *poolProbeReplicas {
-		base, log, stop := startReplica(t, bin, m.url, storeURL, i)
+	for i := range res.replicas {
+		base, log, stop := startReplica(tb, bin, m.url, storeURL, i)
 		bases, logs, stops = append(bases, base), append(logs, log), append(stops, stop)
 	}
 
 	// The peak of connections PostgreSQL holds for the replicas, polled
 	// as the superuser, whose reserved slots they cannot take.
 	admin, err := sql.Open("pgx", pg.URL("postgres"))
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	defer admin.Close()
 	admin.SetMaxOpenConns(1)
 	var peak atomic.Int64
@@ -106,59 +188,84 @@ func TestPoolProbe(t *testing.T) {
 
 	var (
 		mu      sync.Mutex
-		took    []time.Duration // of every turn
-		byBase  = make([][]time.Duration, len(bases))
-		tookOK  []time.Duration // of the turns answered 200
-		codes   = map[string]int{}
 		wrong   = map[string]int{}
 		refused []string // the user messages of the turns refused with 503
 		acked   []string // the user messages of the turns answered 200
 	)
+	res.byReplica = make([][]time.Duration, len(bases))
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = *poolProbeClients
+	tr.MaxIdleConnsPerHost = clients
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 2 * time.Minute}
-	end := time.Now().Add(*poolProbe)
-	var clients sync.WaitGroup
-	for c := range *poolProbeClients {
-		clients.Go(func() {
-			for n := 0; time.Now().Before(end); n++ {
-				text := fmt.Sprintf("pool-%d-%d", c, n)
-				r := (c + n) % len(bases)
-				start := time.Now()
-				code, retryAfter, reply, err := poolTurn(client, bases[r], "pool-"+strconv.Itoa(c), text)
-				d := time.Since(start)
-				mu.Lock()
-				took = append(took, d)
-				byBase[r] = append(byBase[r], d)
-				switch {
-				case err != nil:
-					codes[err.Error()]++
-				case code == http.StatusOK && reply == "reply to "+text:
-					codes["200"]++
-					acked = append(acked, text)
-					tookOK = append(tookOK, d)
-				case code == http.StatusOK:
-					wrong[fmt.Sprintf("a 200 with the reply %q", reply)]++
-				case code == http.StatusServiceUnavailable && retryAfter == "":
-					wrong["a 503 without Retry-After"]++
-				case code == http.StatusServiceUnavailable:
-					codes["503"]++
-					refused = append(refused, text)
-				default:
-					codes[strconv.Itoa(code)]++
-					wrong["status "+strconv.Itoa(code)]++
-				}
-				mu.Unlock()
-				if code == http.StatusServiceUnavailable {
-					time.Sleep(time.Second) // as Retry-After: 1 asks
-				}
+	// turn sends client c's turn n, counts it in res where timed, and
+	// after a 503 waits the second its Retry-After asks.
+	turn := func(c, n int, timed bool) {
+		text := fmt.Sprintf("pool-%d-%d", c, n)
+		r := (c + n) % len(bases)
+		sentAt := time.Now()
+		code, retryAfter, reply, err := poolTurn(client, bases[r], "pool-"+strconv.Itoa(c), text)
+		d := time.Since(sentAt)
+		if code == http.StatusServiceUnavailable {
+			defer time.Sleep(time.Second)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if timed {
+			res.took = append(res.took, d)
+			res.byReplica[r] = append(res.byReplica[r], d)
+		} else {
+			res.warmUp = append(res.warmUp, d)
+		}
+		switch {
+		case err != nil:
+			res.codes[err.Error()]++
+		case code == http.StatusOK && reply == "reply to "+text:
+			res.codes["200"]++
+			acked = append(acked, text)
+			if timed {
+				res.tookOK = append(res.tookOK, d)
+			}
+		case code == http.StatusOK:
+			wrong[fmt.Sprintf("a 200 with the reply %q", reply)]++
+		case code == http.StatusServiceUnavailable && retryAfter == "":
+			wrong["a 503 without Retry-After"]++
+		case code == http.StatusServiceUnavailable:
+			res.codes["503"]++
+			refused = append(refused, text)
+		default:
+			res.codes[strconv.Itoa(code)]++
+			wrong["status "+strconv.Itoa(code)]++
+		}
+	}
+	// The warm-up: each client's first turn, all at once, while the
+	// replicas open their connections to PostgreSQL. Its latencies are
+	// the start's, logged apart: the run measures the pool at work.
+	var sending sync.WaitGroup
+	for c := range clients {
+		sending.Go(func() { turn(c, 0, false) })
+	}
+	sending.Wait()
+	slices.Sort(res.warmUp)
+	if b, ok := tb.(*testing.B); ok {
+		b.ResetTimer()
+	}
+	start := time.Now()
+	for c := range clients {
+		sending.Go(func() {
+			for n := 1; more(); n++ {
+				turn(c, n, true)
 			}
 		})
 	}
-	clients.Wait()
+	sending.Wait()
+	res.elapsed = time.Since(start)
+	if b, ok := tb.(*testing.B); ok {
+		b.StopTimer()
+	}
 	close(stopPoll)
 	polling.Wait()
+	res.peak = peak.Load()
+	res.loadAfter = loadAvg()
 
 	for _, text := range refused {
 		if m.called(text) {
@@ -169,17 +276,17 @@ func TestPoolProbe(t *testing.T) {
 	// reply. Read as the superuser, as the replicas may hold every
 	// ordinary slot.
 	db, err := sql.Open("pgx", pg.URL("pool"))
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	defer db.Close()
 	stored := map[string]bool{}
 	rows, err := db.Query(`SELECT content FROM messages`)
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	for rows.Next() {
 		var content string
-		require.NoError(t, rows.Scan(&content))
+		require.NoError(tb, rows.Scan(&content))
 		stored[content] = true
 	}
-	require.NoError(t, errors.Join(rows.Err(), rows.Close()))
+	require.NoError(tb, errors.Join(rows.Err(), rows.Close()))
 	lost := 0
 	for _, text := range acked {
 		if !stored[text] || !stored["reply to "+text] {
@@ -187,46 +294,40 @@ func TestPoolProbe(t *testing.T) {
 		}
 	}
 
-	slices.Sort(took)
-	slices.Sort(tookOK)
-	t.Logf("%d replicas, PostgreSQL max_connections %d (peak %d held by the replicas), %d clients, model %s, for %s: "+
-		"%d turns, %v; all turns p50 %s, p99 %s, max %s; turns answered 200 p50 %s, p99 %s, max %s; load %s -> %s",
-		*poolProbeReplicas, *poolProbeMaxConns, peak.Load(), *poolProbeClients, *poolProbeModel, *poolProbe,
-		len(took), codes, quantile(took, 0.5), quantile(took, 0.99), quantile(took, 1),
-		quantile(tookOK, 0.5), quantile(tookOK, 0.99), quantile(tookOK, 1), load, loadAvg())
-	// Per replica: its turns' latencies, and the refusals its log says
-	// (each kind's lines, rate-limited, sum its counts), once it has
-	// stopped and logged those it had not yet.
+	slices.Sort(res.took)
+	slices.Sort(res.tookOK)
+	// The refusals each replica's log says (each kind's lines,
+	// rate-limited, sum its counts), once it has stopped and logged those
+	// it had not yet.
 	for _, stop := range stops {
 		stop()
 	}
-	inLog := 0
-	for r, d := range byBase {
+	for r, d := range res.byReplica {
 		slices.Sort(d)
 		logged := map[string]int{}
 		for _, line := range strings.Split(logs[r].String(), "\n") {
 			if by := fieldOf(line, "by="); by != "" && strings.Contains(line, `msg="refused for load"`) {
 				n, _ := strconv.Atoi(fieldOf(line, "refused_since_last_line="))
 				logged[by] += n
-				inLog += n
+				res.logged += n
 			}
 		}
-		t.Logf("replica %d: %d turns, p50 %s, p99 %s, max %s; refusals logged, by whom: %v",
-			r, len(d), quantile(d, 0.5), quantile(d, 0.99), quantile(d, 1), logged)
+		res.loggedBy = append(res.loggedBy, logged)
 	}
 	if len(wrong) > 0 {
-		t.Errorf("answers no correct server gives, however loaded: %v", wrong)
+		tb.Errorf("answers no correct server gives, however loaded: %v", wrong)
 	}
-	if inLog < codes["503"] {
+	if res.logged < res.codes["503"] {
 		// PostgreSQL's refusals of a connection are logged though a
 		// later try got one: the log may say more than the 503s, never
 		// fewer.
-		t.Errorf("%d turns refused 503, and the replicas' logs count %d refusals", codes["503"], inLog)
+		tb.Errorf("%d turns refused 503, and the replicas' logs count %d refusals", res.codes["503"], res.logged)
 	}
 	if lost > 0 {
-		t.Errorf("%d of %d acknowledged turns are not in the store", lost, len(acked))
+		tb.Errorf("%d of %d acknowledged turns are not in the store", lost, len(acked))
 	}
-	require.NotEmpty(t, acked, "no turn was served at all")
+	require.NotEmpty(tb, acked, "no turn was served at all")
+	return res
 }
 
 // poolTurn sends the chat turn text on conv to base, not streamed, and
@@ -277,7 +378,7 @@ func (m *slowModel) called(text string) bool {
 	return m.calls[text]
 }
 
-func startSlowModel(t *testing.T, delay time.Duration) *slowModel {
+func startSlowModel(t testing.TB, delay time.Duration) *slowModel {
 	m := &slowModel{calls: map[string]bool{}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -310,7 +411,7 @@ func startSlowModel(t *testing.T, delay time.Duration) *slowModel {
 // URL, its log, and its stop (SIGTERM, then SIGKILL past 20 s), which the
 // test calls as it ends if it did not before. Its log is the test's if
 // it fails.
-func startReplica(t *testing.T, bin, modelURL, storeURL string, i int) (base string, log *syncbuf.Buffer, stop func()) {
+func startReplica(t testing.TB, bin, modelURL, storeURL string, i int) (base string, log *syncbuf.Buffer, stop func()) {
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--model-url", modelURL, "--store", storeURL}
 	args = append(args, strings.Fields(*poolProbeArgs)...)
 	srv := exec.Command(bin, args...)
