@@ -202,42 +202,40 @@ func TestMutantsLists(t *testing.T) {
 	}
 }
 
-// TestTrackRecord: every mutant is caught and the clean server passes,
-// as a table and as JSON. The seed is fixed: whether 50 checks reach a
-// bug is the search's luck, not the command's behaviour (shallow-clone
-// went uncaught from a drawn seed).
+// TestTrackRecord: the mutants named are run after the clean server, a
+// row each, as a table and as JSON: the clean server passes and each
+// mutant is caught as the invariant its bug breaks. One mutant of each
+// protocol (chat, Responses, sessions, ACP, A2A) shows the command's
+// work; that every mutant is caught is TestMutantsCaught's (selfcheck).
+// The seed is fixed: whether a few checks reach a bug is the search's
+// luck, not the command's behaviour.
 func TestTrackRecord(t *testing.T) {
 	t.Parallel()
-	// From seed 1 every mutant is caught within five checks (TestMutantsCaught
-	// has the numbers); a short shrink is enough for the track record's
-	// rows, which TestMutantsCaught shrinks fully.
-	code, stdout, stderr := runCLI(t, "mutants", "--checks", "6", "--seed", "1", "--shrink-time", "200ms", "--json")
+	named := []sut.Mutant{sut.ReplayWithoutUser, sut.FailedResponseChainable, sut.SessionEmptyRuns, sut.ACPLoadDiffers,
+		sut.A2ATaskRerun, sut.ReplicaLocalLock}
+	args := []string{"mutants", "--checks", "6", "--seed", "1", "--shrink-time", "200ms", "--json"}
+	for _, m := range named {
+		args = append(args, string(m))
+	}
+	code, stdout, stderr := runCLI(t, args...)
 	require.Equal(t, exitOK, code, stdout+stderr)
 	var rows []trackRow
 	require.NoError(t, json.Unmarshal([]byte(stdout), &rows))
-	inProcess := 0
-	for _, m := range sut.Mutants() {
-		if m.Replicas == 0 {
-			inProcess++
-		}
-	}
-	// The mutants of replicas are caught through a replicated profile
-	// (TestConformMutantsThroughProfile), not in process.
-	require.Len(t, rows, inProcess+1)
+	// The mutant of replicas is caught through a replicated profile
+	// (TestConformMutantsThroughProfile), not in process: it is named
+	// as such, and has no row.
 	assert.Contains(t, stderr, string(sut.ReplicaLocalLock))
-	assert.False(t, rows[0].Caught, "the clean server")
+	require.Len(t, rows, len(named), "the clean server and each mutant named but the replicas' one")
+	assert.Equal(t, "none", rows[0].Mutant)
+	assert.True(t, rows[0].Passed, "the clean server")
 	caught := map[string]trackRow{}
 	for _, r := range rows[1:] {
 		assert.True(t, r.Caught, r.Mutant)
-		assert.NotEmpty(t, r.Invariant, r.Mutant)
 		assert.Contains(t, r.Reproduce, "--mutant "+r.Mutant)
 		caught[r.Mutant] = r
 	}
-	// Each in-process mutant has its row, whatever its protocol (the
-	// ACP mutants' agent runs in process over pipes), caught as the
-	// invariant its bug breaks.
 	for _, m := range sut.Mutants() {
-		if m.Replicas > 0 {
+		if !slices.Contains(named, m.Mutant) || m.Replicas > 0 {
 			continue
 		}
 		r, ok := caught[string(m.Mutant)]
@@ -245,6 +243,10 @@ func TestTrackRecord(t *testing.T) {
 			assert.Contains(t, namedAs(m), r.Invariant, m.Mutant)
 		}
 	}
+
+	code, _, stderr = runCLI(t, "mutants", "--checks", "1", string(sut.ReplayWithoutUser), "no-such-bug")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "no mutant named no-such-bug")
 }
 
 func TestCheckPassesOnCleanServer(t *testing.T) {

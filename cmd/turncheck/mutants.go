@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,7 +18,7 @@ import (
 	"github.com/turncheck/turncheck/sut"
 )
 
-const mutantsHelp = `Usage: turncheck mutants [--list] [--json] [--checks N] [--seed S] [--shrink-time D]
+const mutantsHelp = `Usage: turncheck mutants [--list] [--json] [--checks N] [--seed S] [--shrink-time D] [MUTANT...]
 
 The track record: runs the checker against the clean reference server and
 against every mutant, each of which brings back a real bug from a real
@@ -27,10 +30,12 @@ are caught through profiles/reference-replicas.yaml with "--mutant, NAME"
 added to its command. Exit status 0 only if every mutant was caught and
 the clean server passed.
 
---list only lists the mutants and the bugs they bring back.
+--list only lists the mutants and the bugs they bring back. Name mutants
+to run only those, after the clean server.
 
 Examples:
   turncheck mutants
+  turncheck mutants mutate-before-run acp-cancel-commits
   turncheck mutants --json > track-record.json
   turncheck mutants --list
 `
@@ -61,6 +66,7 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	checks := fs.Int("checks", 100, "state-machine runs to try per server")
 	seed := fs.Uint64("seed", 0, "seed of every server's first run; 0 draws one each")
 	shrink := fs.Duration("shrink-time", 10*time.Second, "time limit for shrinking each failure")
+	fs.positional = math.MaxInt // the mutants to run, all if none
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}
@@ -77,9 +83,17 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return fail(stderr, "mutants", errors.New("--checks and --shrink-time must be positive"))
 	}
 	opts := scenarios.Options{Checks: *checks, Seed: *seed, ShrinkTime: *shrink, Context: ctx}
+	named, unknown := map[string]bool{}, map[string]bool{}
+	for _, name := range fs.Args() {
+		named[name], unknown[name] = true, true
+	}
 	servers := []sut.MutantInfo{{Mutant: sut.Clean, Issue: "-", Breaks: "-"}}
 	var replicated []string
 	for _, m := range sut.Mutants() {
+		if len(named) > 0 && !named[string(m.Mutant)] {
+			continue
+		}
+		delete(unknown, string(m.Mutant))
 		if m.Replicas > 0 {
 			// A bug of replicas over one PostgreSQL: the command runs the
 			// server in process on SQLite, where it does not show; the
@@ -88,6 +102,11 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			continue
 		}
 		servers = append(servers, m)
+	}
+	if len(unknown) > 0 {
+		names := slices.Sorted(maps.Keys(unknown))
+		fmt.Fprintf(stderr, "turncheck mutants: no mutant named %s (see 'turncheck mutants --list')\n", strings.Join(names, ", "))
+		return exitUsage
 	}
 	var rows []trackRow
 	ok := true
