@@ -13,12 +13,13 @@ import (
 // TestCrashFindingThroughTheCLI: a server that panics, checked through
 // its profile, does not conform (exit 1) with a crash verdict that quotes
 // the panic, saved as a file that 'turncheck replay' breaks again (exit
-// 1), against a fresh process.
+// 1), against a fresh process. Shrunk or not (its bound is short: a
+// crash replays the same), the saved failure breaks again.
 func TestCrashFindingThroughTheCLI(t *testing.T) {
 	t.Parallel() // it mostly waits on servers
 	out := t.TempDir()
 	code, stdout, stderr := runCLI(t, "conform", "--profile", crashtest.Profile(t, crashtest.PanicOnAbort),
-		"--checks", "6", "--seed", "5", "--out", out)
+		"--checks", "6", "--seed", "5", "--shrink-time", "1s", "--out", out)
 	require.Equal(t, exitViolation, code, stdout+stderr)
 	assert.Regexp(t, `(?m)^crash the server stays up +FAIL +crash \(the server stays up\) violated: the server exited without being told to`, stdout)
 	assert.Contains(t, stdout, "panic: send on closed channel")
@@ -39,12 +40,14 @@ func TestCrashFindingThroughTheCLI(t *testing.T) {
 // exit 1), and the failure it saves holds the earlier check's steps
 // before the failing check's: 'turncheck replay', against a fresh
 // process, breaks T5 again (exit 1) where the failing check's steps
-// alone would show nothing.
+// alone would show nothing. Shrunk or not within its bound (2 s, a few
+// candidates; a loaded machine may try none), the saved failure breaks
+// again.
 func TestLeakBetweenChecksThroughTheCLI(t *testing.T) {
 	t.Parallel() // it mostly waits on servers
 	out := t.TempDir()
 	code, stdout, stderr := runCLI(t, "conform", "--profile", crashtest.Profile(t, crashtest.ShortIDs),
-		"--checks", "4", "--steps", "10", "--seed", "1", "--fail-fast", "--shrink-time", "20s", "--out", out)
+		"--checks", "4", "--steps", "10", "--seed", "1", "--fail-fast", "--shrink-time", "2s", "--out", out)
 	require.Equal(t, exitViolation, code, stdout+stderr)
 	assert.Regexp(t, `(?m)^T5 +isolation +FAIL +T5 \(isolation\) violated .* of a conversation of an earlier check on the same server`, stdout)
 	// Shrunk, each earlier step says whose it is; cut short before any
