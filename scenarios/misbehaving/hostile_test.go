@@ -194,7 +194,9 @@ func TestHostileGarbage(t *testing.T) {
 // run's bound aborts it; Conform then stops, says so, and claims nothing.
 func TestHostileHang(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
+	// Each case waits out its run's bound: the four wait at once.
 	t.Run("no headers", func(t *testing.T) {
+		t.Parallel()
 		// It answers a GET (a liveness probe) but holds every POST.
 		url := "http://" + silentServer(t, true)
 		target := scenarios.Remote{URL: url, ModelAt: freeLoopbackAddr(t), Reaches: hostileProfile}
@@ -206,6 +208,7 @@ func TestHostileHang(t *testing.T) {
 		assertHonest(t, r.c, nil)
 	})
 	t.Run("not even a probe", func(t *testing.T) {
+		t.Parallel()
 		// It holds every request, a liveness probe too: the error says
 		// that no server answers there, even though the probe ran past
 		// the time bound.
@@ -221,6 +224,7 @@ func TestHostileHang(t *testing.T) {
 	})
 	for _, ct := range []string{"application/json", "text/event-stream"} {
 		t.Run("headers only, "+ct, func(t *testing.T) {
+			t.Parallel()
 			target := hostileHandler(chatOnly(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", ct)
 				w.WriteHeader(http.StatusOK)
