@@ -40,11 +40,12 @@ func TestMain(m *testing.M) {
 // reference server the way a Go server's own test would: through Run, one
 // subtest per invariant, each of which must be exercised and pass. The
 // checks and seed are set rather than rapid's 100 from a drawn seed: every
-// invariant is exercised by the second check of seed 1, and Run's reading
-// of rapid's flags is TestRunSubtests' business (package scenarios).
+// invariant is exercised by the second check of seed 1 (two more explore
+// on), and Run's reading of rapid's flags is TestRunSubtests' business
+// (package scenarios).
 func TestReferenceServerPasses(t *testing.T) {
 	t.Parallel()
-	scenarios.Run(t, reference.Target{}, scenarios.Options{Checks: 20, Seed: 1})
+	scenarios.Run(t, reference.Target{}, scenarios.Options{Checks: 4, Seed: 1})
 }
 
 // caughtAs lists, per mutant, the invariants a shrunk failure may name. A
@@ -212,8 +213,9 @@ func TestMutantsCaught(t *testing.T) {
 // the history, and nothing is found: T3 is exercised and passes.
 func TestCleanResponsesPasses(t *testing.T) {
 	t.Parallel()
-	// Seed 1 exercises all it holds to by its second check: ten explore on.
-	res, err := scenarios.Check(reference.Target{Protocol: targets.Responses}, scenarios.Options{Checks: 10, Seed: 1})
+	// Seed 1 exercises all it holds to by its second check: a third
+	// explores on.
+	res, err := scenarios.Check(reference.Target{Protocol: targets.Responses}, scenarios.Options{Checks: 3, Seed: 1})
 	require.NoError(t, err)
 	if res.Failure != nil {
 		t.Fatalf("clean reference server failed through the Responses API (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
@@ -230,8 +232,9 @@ func TestCleanResponsesPasses(t *testing.T) {
 // after restarts (T7).
 func TestCleanACPPasses(t *testing.T) {
 	t.Parallel()
-	// Seed 1 exercises all it holds to by its second check: ten explore on.
-	res, err := scenarios.Check(reference.Target{Protocol: targets.ACP}, scenarios.Options{Checks: 10, Seed: 1})
+	// Seed 1 exercises all it holds to by its second check: a third
+	// explores on.
+	res, err := scenarios.Check(reference.Target{Protocol: targets.ACP}, scenarios.Options{Checks: 3, Seed: 1})
 	require.NoError(t, err)
 	if res.Failure != nil {
 		t.Fatalf("clean reference server failed through ACP (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
@@ -282,8 +285,8 @@ func (a appendedSessions) Profile() targets.Profile {
 // passes T3 in the same shapes.
 func TestSessionsAppendedShapes(t *testing.T) {
 	t.Parallel()
-	// Seed 1 judges T3 in its first check: ten explore on.
-	clean, err := scenarios.Check(appendedSessions{reference.Target{Protocol: targets.Sessions}}, scenarios.Options{Checks: 10, Seed: 1})
+	// Seed 1 judges T3 in its first check: two more explore on.
+	clean, err := scenarios.Check(appendedSessions{reference.Target{Protocol: targets.Sessions}}, scenarios.Options{Checks: 3, Seed: 1})
 	require.NoError(t, err)
 	if clean.Failure != nil {
 		t.Fatalf("clean reference sessions under appended input failed (seed %d):\n%s", clean.Failure.Seed, clean.Failure.Report)
@@ -325,8 +328,9 @@ func (a treeAsLine) Profile() targets.Profile {
 func TestResponsesDeclaredLine(t *testing.T) {
 	t.Parallel()
 	line := reference.Target{Protocol: targets.Responses, Line: true}
-	// Seed 1 exercises all it holds to by its second check: ten explore on.
-	res, err := scenarios.Check(line, scenarios.Options{Checks: 10, Seed: 1})
+	// Seed 1 exercises all it holds to by its second check: a third
+	// explores on.
+	res, err := scenarios.Check(line, scenarios.Options{Checks: 3, Seed: 1})
 	require.NoError(t, err)
 	if res.Failure != nil {
 		t.Fatalf("the reference server run as a line failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
@@ -362,9 +366,9 @@ func (a supersedeAsSerialize) Profile() targets.Profile {
 func TestACPSupersede(t *testing.T) {
 	t.Parallel()
 	agent := reference.Target{Protocol: targets.ACP, Concurrency: sut.Supersede}
-	// Seed 1 overlaps prompts and interrupts one in its first check: ten
-	// explore on.
-	res, err := scenarios.Check(agent, scenarios.Options{Checks: 10, Seed: 1})
+	// Seed 1 overlaps prompts and interrupts one in its first check: two
+	// more explore on.
+	res, err := scenarios.Check(agent, scenarios.Options{Checks: 3, Seed: 1})
 	require.NoError(t, err)
 	if res.Failure != nil {
 		t.Fatalf("the reference ACP agent with supersede failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
