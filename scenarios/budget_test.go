@@ -1,6 +1,7 @@
 package scenarios_test
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/turncheck/turncheck/examples/memserver"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/execute"
 	"github.com/turncheck/turncheck/scenarios/reference"
 )
 
@@ -37,25 +39,34 @@ func TestSlowServerSpendsItsTime(t *testing.T) {
 // TestASeedIsOneRunAtAnySpeed: what a check draws and carries out comes
 // from its seed, its profile and the server's answers, never from what a
 // start or a step cost: the same seed sends the same steps and faults to
-// a server that starts at once and to one that takes a second and a half,
-// with restarts rationed or not.
+// a server that starts at once and to one slow to start (over
+// execute.SlowCost, the second from which the run's old design rationed
+// restarts by what they were measured to cost: under it the slow run drew
+// otherwise), with restarts rationed or not. Seed 6's one check of 10
+// steps restarts or crashes the server under either share, and under
+// share 0.02 rations restarts too: a few slow starts, the two shares side
+// by side.
 func TestASeedIsOneRunAtAnySpeed(t *testing.T) {
 	t.Parallel() // it mostly waits on starts
+	slowStart := execute.SlowCost + 200*time.Millisecond
 	for _, share := range []float64{0, 0.02} {
-		var runs [2]*scenarios.Result
-		for i, delay := range []time.Duration{0, 1500 * time.Millisecond} {
-			res, err := scenarios.Check(reference.Target{StartDelay: delay, RestartShare: share}, scenarios.Options{Checks: 3, Steps: 15, Seed: 5})
-			require.NoError(t, err)
-			require.Nil(t, res.Failure, "clean server failed")
-			runs[i] = res
-		}
-		fast, slow := runs[0].Stats, runs[1].Stats
-		require.Positive(t, fast.Faults["restart"]+fast.Faults["crash"]+fast.Rationed, "share %v: no restart drawn: the test shows nothing", share)
-		assert.Equal(t, fast.Steps, slow.Steps, "share %v: steps", share)
-		assert.Equal(t, fast.Faults, slow.Faults, "share %v: faults", share)
-		assert.Equal(t, fast.Outcomes, slow.Outcomes, "share %v: outcomes", share)
-		assert.Equal(t, fast.Rationed, slow.Rationed, "share %v: restarts rationed", share)
-		assert.Equal(t, fast.Steered, slow.Steered, "share %v: steps steered", share)
+		t.Run(fmt.Sprint(share), func(t *testing.T) {
+			t.Parallel() // it mostly waits on starts
+			var runs [2]*scenarios.Result
+			for i, delay := range []time.Duration{0, slowStart} {
+				res, err := scenarios.Check(reference.Target{StartDelay: delay, RestartShare: share}, scenarios.Options{Checks: 1, Steps: 10, Seed: 6})
+				require.NoError(t, err)
+				require.Nil(t, res.Failure, "clean server failed")
+				runs[i] = res
+			}
+			fast, slow := runs[0].Stats, runs[1].Stats
+			require.Positive(t, fast.Faults["restart"]+fast.Faults["crash"]+fast.Rationed, "share %v: no restart drawn: the test shows nothing", share)
+			assert.Equal(t, fast.Steps, slow.Steps, "share %v: steps", share)
+			assert.Equal(t, fast.Faults, slow.Faults, "share %v: faults", share)
+			assert.Equal(t, fast.Outcomes, slow.Outcomes, "share %v: outcomes", share)
+			assert.Equal(t, fast.Rationed, slow.Rationed, "share %v: restarts rationed", share)
+			assert.Equal(t, fast.Steered, slow.Steered, "share %v: steps steered", share)
+		})
 	}
 }
 
