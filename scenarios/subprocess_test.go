@@ -37,11 +37,14 @@ func TestSubprocessTarget(t *testing.T) {
 		}
 	}
 	// A fixed seed: what a check draws comes from it, so that the test is
-	// the same run every time.
-	res, err := scenarios.Check(serve(), scenarios.Options{Checks: 3, Seed: 1})
+	// the same run every time: its one short check restarts the server
+	// and crashes it, as a longer run would.
+	res, err := scenarios.Check(serve(), scenarios.Options{Checks: 1, Steps: 15, Seed: 1})
 	require.NoError(t, err)
 	require.Nil(t, res.Failure, "the clean server as a subprocess failed")
 	assert.Positive(t, res.Steps)
+	assert.Positive(t, res.Faults["restart"], "no restart: pick a seed that draws one")
+	assert.Positive(t, res.Faults["crash"], "no crash: pick a seed that draws one")
 
 	res, err = scenarios.Check(serve("--mutant", "fork-new-session"), scenarios.Options{Checks: 20, Seed: 1, ShrinkTime: 20 * time.Second})
 	require.NoError(t, err)
@@ -72,7 +75,9 @@ policies: {durability: {restart: true, crash: true}}
 model_timeout: 1s
 `))
 	require.NoError(t, err)
-	res, err := scenarios.Check(target, scenarios.Options{Checks: 3, Steps: 15, Seed: 1})
+	// One check of seed 1 restarts and crashes the server: the file is
+	// written again before those starts.
+	res, err := scenarios.Check(target, scenarios.Options{Checks: 1, Steps: 15, Seed: 1})
 	require.NoError(t, err)
 	require.Nil(t, res.Failure, "the clean server configured by a file failed")
 	assert.Positive(t, res.Outcomes["ok"], "no turn reached the model through the file's URL")
