@@ -30,7 +30,8 @@ func forgetting() misdeclared {
 // which T2 allows; the T2 line says how many evictions it judged.
 func TestForgetsIsExercised(t *testing.T) {
 	t.Parallel()
-	c, err := Conform(forgetting(), Options{Checks: 12, Seed: 9})
+	// Seed 9 judges dozens of evictions in four checks.
+	c, err := Conform(forgetting(), Options{Checks: 4, Seed: 9})
 	require.NoError(t, err)
 	for _, v := range c.Verdicts {
 		assert.NotEqual(t, report.Fail, v.Status, "%s: %s", v.Invariant, c.Text(targets.Profile{}))
@@ -52,8 +53,11 @@ func TestLossOnEvictionDeclaredDurable(t *testing.T) {
 	durable := misdeclared{reference.Target{Mutant: sut.LostOnEvict, ConversationsMax: 2}, func(p *targets.Profile) {
 		p.Eviction, p.Capacity = targets.Durable, 2
 	}}
-	for _, seed := range []uint64{1} { // it meets the loss first after a restart
-		c, err := Conform(durable, Options{Checks: 30, Seed: seed})
+	// Seed 1 meets the loss first after a restart, in its first check,
+	// and again after a restart in its fifth, with T2 found: named T7
+	// there, were a kind of wrong state found not skipped.
+	for _, seed := range []uint64{1} {
+		c, err := Conform(durable, Options{Checks: 10, Seed: seed})
 		require.NoError(t, err)
 		t2, t7 := c.Verdict(model.T2), c.Verdict(model.T7)
 		if t7.Status == report.Fail {
