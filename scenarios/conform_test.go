@@ -71,13 +71,14 @@ func TestConformGoesOnAfterAFailure(t *testing.T) {
 	var found []*Failure
 	var mu sync.Mutex
 	said := 0 // the most checks progress said were done
-	c, err := Conform(reference.Target{Mutant: sut.MutateBeforeRun}, Options{Checks: 40, Seed: 11, Parallel: 2,
+	// Seed 11 finds T1 and T10 in its first two checks: eight more go on.
+	c, err := Conform(reference.Target{Mutant: sut.MutateBeforeRun}, Options{Checks: 10, Seed: 11, Parallel: 2,
 		ShrinkTime: 2 * time.Second, Found: func(f *Failure, _ Stats) { found = append(found, f) },
 		Progress: func(s Stats) { mu.Lock(); said = max(said, s.Checks); mu.Unlock() }})
 	require.NoError(t, err)
 	// Checks that ran past a finding run again after it: progress counts
 	// each check once, never past those asked.
-	assert.Equal(t, 40, said, "progress counts the checks done")
+	assert.Equal(t, 10, said, "progress counts the checks done")
 	// The mutant keeps a failed turn's message (T1) and an aborted turn's
 	// (T10): two findings, the second in a round of its own.
 	require.GreaterOrEqual(t, len(found), 2, "%s", c.Text(Profile{}))
@@ -390,7 +391,9 @@ func (s oneSourceServer) Restart(crash bool, refs []string) error {
 // on the server (neither T7 nor a crash).
 func TestOneSourceAtATime(t *testing.T) {
 	t.Parallel() // it mostly waits on servers and bounds
-	c, err := Conform(oneSource{declared: true}, Options{Checks: 15, Seed: 7})
+	// Seed 7 draws a restart with two sources in its first check: five
+	// checks of the declared server would meet some.
+	c, err := Conform(oneSource{declared: true}, Options{Checks: 5, Seed: 7})
 	require.NoError(t, err)
 	assert.True(t, c.Passed(), c.Text(targets.Profile{}))
 	v := c.Verdict(model.T8)
