@@ -32,7 +32,7 @@ func handlerOf(m sut.Mutant) scenarios.Target {
 // that runs two turns of one conversation on one base is caught so.
 func TestHandlerBurstsRestByTheirGoroutines(t *testing.T) {
 	t.Parallel() // it mostly waits on the model
-	res, err := scenarios.Check(handlerOf(""), scenarios.Options{Checks: 3, Seed: 1})
+	res, err := scenarios.Check(handlerOf(""), scenarios.Options{Checks: 1, Seed: 1})
 	require.NoError(t, err)
 	require.Nil(t, res.Failure, "clean handler failed")
 	require.Positive(t, res.Invariants[model.T4], "no burst was judged")
@@ -79,7 +79,7 @@ func TestHandlerAsleepRestsAfterAQuietPeriod(t *testing.T) {
 		func(modelURL, dataDir string) (http.Handler, error) {
 			return &pollingLock{next: memserver.New(modelURL), convs: map[string]*sync.Mutex{}}, nil
 		})
-	res, err := scenarios.Check(target, scenarios.Options{Checks: 3, Seed: 1, Steps: 20})
+	res, err := scenarios.Check(target, scenarios.Options{Checks: 1, Seed: 1, Steps: 10})
 	require.NoError(t, err)
 	require.Nil(t, res.Failure, "a correct handler failed")
 	assert.Positive(t, res.TimeMS["quiet periods (the server reports no activity)"], "no request was seen asleep")
@@ -113,7 +113,8 @@ func TestHandlerThatLabelsItsGoroutines(t *testing.T) {
 			func(modelURL, dataDir string) (http.Handler, error) {
 				return labelling{next: memserver.New(modelURL), wipe: wipe}, nil
 			})
-		res, err := scenarios.Check(target, scenarios.Options{Checks: 3, Seed: 1, Steps: 20})
+		// Seed 1's one check of 10 steps judges bursts.
+		res, err := scenarios.Check(target, scenarios.Options{Checks: 1, Seed: 1, Steps: 10})
 		require.NoError(t, err)
 		require.Nil(t, res.Failure, "a correct handler failed")
 		require.Positive(t, res.Invariants[model.T4], "no burst was judged")
