@@ -32,12 +32,12 @@ func TestMain(m *testing.M) {
 // warning blames the server for it.
 func TestCleanCheckPasses(t *testing.T) {
 	t.Parallel()
-	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 15, Seed: 1})
+	res, err := scenarios.Check(reference.Target{}, scenarios.Options{Checks: 8, Seed: 1})
 	require.NoError(t, err)
 	if res.Failure != nil {
 		t.Fatalf("clean reference server failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
 	}
-	assert.Equal(t, 15, res.Checks)
+	assert.Equal(t, 8, res.Checks)
 	require.Positive(t, res.Invariants[model.T8], "no resume after a source change was drawn")
 	assert.Empty(t, res.Uninjected, res.Summary())
 	assert.Positive(t, res.Steps)
@@ -71,7 +71,7 @@ func TestCleanReplicasPass(t *testing.T) {
 // sent and refused.
 func TestCleanCheckPassesUnderReject(t *testing.T) {
 	t.Parallel()
-	res, err := scenarios.Check(reference.Target{Concurrency: sut.Reject}, scenarios.Options{Checks: 20})
+	res, err := scenarios.Check(reference.Target{Concurrency: sut.Reject}, scenarios.Options{Checks: 8})
 	require.NoError(t, err)
 	if res.Failure != nil {
 		t.Fatalf("clean reference server under reject failed (seed %d):\n%s", res.Failure.Seed, res.Failure.Report)
