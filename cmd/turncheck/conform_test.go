@@ -70,6 +70,7 @@ func verdictLine(out, inv string) string {
 // profile as any third-party server is, conforms: every invariant
 // turncheck checks passes, exercised, and it stays up.
 func TestConformReferenceProfile(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	onPath(t)
 	base, err := os.ReadFile(referenceProfile)
 	require.NoError(t, err)
@@ -104,6 +105,7 @@ func TestConformReferenceProfile(t *testing.T) {
 // profile for each client protocol, the Responses API (where turns sent at
 // once branch, T4) and its session API, as under chat.
 func TestConformEachProtocol(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	onPath(t)
 	// Checks from seed 1 until every invariant is exercised: T11 (a failed
 	// turn between two with committed tools) comes in the tenth under the
@@ -137,6 +139,7 @@ func TestConformEachProtocol(t *testing.T) {
 // alone, conforms in every protocol: its title calls are set apart as
 // auxiliary, never judged as a turn's history.
 func TestConformTitlesThroughProfile(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	onPath(t)
 	for _, protocol := range []string{"", "responses", "sessions", "acp", "a2a"} {
 		t.Run(cmp.Or(protocol, "chat"), func(t *testing.T) {
@@ -505,6 +508,7 @@ func TestExampleServerConforms(t *testing.T) {
 // canceled, committed all the same) is T10, and a message naming a
 // finished task that runs it again is T3.
 func TestIndependentA2AServer(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("no python3 on this machine: the example server is a Python script")
 	}
@@ -588,6 +592,7 @@ func TestProgressWhileACheckRuns(t *testing.T) {
 // every one run once); merge refuses shards that do not make a whole run,
 // and conform a shard without a seed.
 func TestShardsThroughTheCLI(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	onPath(t)
 	t.Run("three shards", func(t *testing.T) {
 		t.Parallel() // it mostly waits on its servers
@@ -645,6 +650,7 @@ func shardsThroughTheCLI(t *testing.T) {
 // stale cached copy and loses the other's turn (T2). The saved failure
 // replays on the replicas the plan names.
 func TestReplicasShareNothingButTheStore(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	onPath(t)
 	t.Run("two replicas", func(t *testing.T) {
 		t.Parallel() // it mostly waits on its servers

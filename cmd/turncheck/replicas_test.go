@@ -88,6 +88,7 @@ func TestConformReplicasOverPostgres(t *testing.T) {
 // turns the front sends to two replicas (T4). Which replica serves a turn
 // is the front's choice, not the plan's.
 func TestConformThroughAFront(t *testing.T) {
+	t.Parallel() // it mostly waits on the servers it starts
 	if err := pgserver.Installed(); errors.Is(err, pgserver.ErrNotInstalled) {
 		t.Skip(err)
 	}
