@@ -32,6 +32,7 @@ func statuses(c *report.Conformance) map[model.Invariant]report.Status {
 // invariant of the contract, each exercised, under either interruption
 // policy, and stays up (it came back from every restart drawn).
 func TestConformCleanServer(t *testing.T) {
+	t.Parallel() // its runs are the in-process server's, and share nothing with other tests
 	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent, sut.Complete} {
 		t.Run(string(policy), func(t *testing.T) {
 			t.Parallel()
@@ -117,6 +118,7 @@ func TestConformGoesOnAfterAFailure(t *testing.T) {
 // TestConformSkip: a known failure left out is reported as skipped, and
 // the server conforms on the rest.
 func TestConformSkip(t *testing.T) {
+	t.Parallel() // its runs are the in-process server's, and share nothing with other tests
 	c, err := Conform(reference.Target{Mutant: sut.ReplayWithoutUser}, Options{Checks: 20, Seed: 3, Skip: []model.Invariant{model.T3}})
 	require.NoError(t, err)
 	assert.Equal(t, report.Skipped, c.Verdict(model.T3).Status)

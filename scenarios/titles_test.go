@@ -39,6 +39,7 @@ func TestTitleCallsRaiseNoFalseAlarm(t *testing.T) {
 // real bug: a failed turn's message left in the history is T1 still, and
 // a title call that leaks another key's conversation is T5.
 func TestTitleCallsHideNoBug(t *testing.T) {
+	t.Parallel() // its runs are the in-process server's, and share nothing with other tests
 	for _, tc := range []struct {
 		mutant sut.Mutant
 		want   model.Invariant

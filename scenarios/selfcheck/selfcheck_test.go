@@ -131,6 +131,7 @@ var ports = regexp.MustCompile(`127\.0\.0\.1(:|%3A)\d+`)
 // a real bug, and the state machine must find it, shrink it, and replay it
 // from its seed to the same broken invariant.
 func TestMutantsCaught(t *testing.T) {
+	t.Parallel() // its runs are the in-process server's, and share nothing with other tests
 	require.Len(t, caughtAs, len(sut.Mutants()), "every mutant needs an entry")
 	for _, info := range sut.Mutants() {
 		t.Run(string(info.Mutant), func(t *testing.T) {
