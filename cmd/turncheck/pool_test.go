@@ -61,11 +61,7 @@ func TestPoolProbe(t *testing.T) {
 		t.Skip("replicas over a PostgreSQL with few connections: go test ./cmd/turncheck -run TestPoolProbe -poolprobe 10s -v")
 	}
 	end := time.Now().Add(*poolProbe)
-	res := runPool(t, *poolProbeClients, *poolProbeMaxConns, func() bool { return time.Now().Before(end) })
-	t.Logf("%s for %s", res, *poolProbe)
-	for r, line := range res.perReplica() {
-		t.Logf("replica %d: %s", r, line)
-	}
+	runPool(t, *poolProbeClients, *poolProbeMaxConns, func() bool { return time.Now().Before(end) }).log(t)
 }
 
 // BenchmarkPool: b.N turns, from 1,000 clients each sending turns one
@@ -92,10 +88,7 @@ func BenchmarkPool(b *testing.B) {
 	b.ReportMetric(float64(res.codes["500"]), "500s")
 	b.ReportMetric(float64(res.codes["503"]), "503s")
 	b.ReportMetric(float64(res.logged), "refusals-logged")
-	b.Logf("%s", res)
-	for r, line := range res.perReplica() {
-		b.Logf("replica %d: %s", r, line)
-	}
+	res.log(b)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -111,7 +104,7 @@ type poolResult struct {
 	byReplica                   [][]time.Duration
 	loggedBy                    []map[string]int // per replica: the refusals its log counts, by who refused
 	logged                      int              // the refusals all logs count
-	codes                       map[string]int   // the turns by answer: "200", "503", another status, or how the call failed
+	codes                       map[string]int   // the turns by answer, the warm-up's too: "200", "503", another status, or how the call failed
 	loadBefore, loadAfter       string
 }
 
@@ -124,15 +117,14 @@ func (r poolResult) String() string {
 		quantile(r.tookOK, 0.5), quantile(r.tookOK, 0.99), quantile(r.tookOK, 1), r.logged, r.loadBefore, r.loadAfter)
 }
 
-// perReplica is a line per replica: its turns' latencies and the
+// log logs r, then a line per replica: its turns' latencies and the
 // refusals its log counts, by who refused.
-func (r poolResult) perReplica() []string {
-	var lines []string
+func (r poolResult) log(tb testing.TB) {
+	tb.Logf("%s", r)
 	for i, d := range r.byReplica {
-		lines = append(lines, fmt.Sprintf("%d turns, p50 %s, p99 %s, max %s; refusals logged, by whom: %v",
-			len(d), quantile(d, 0.5), quantile(d, 0.99), quantile(d, 1), r.loggedBy[i]))
+		tb.Logf("replica %d: %d turns, p50 %s, p99 %s, max %s; refusals logged, by whom: %v",
+			i, len(d), quantile(d, 0.5), quantile(d, 0.99), quantile(d, 1), r.loggedBy[i])
 	}
-	return lines
 }
 
 // runPool starts PostgreSQL with maxConns connections, the slow model

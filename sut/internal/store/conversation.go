@@ -76,9 +76,9 @@ type Conversation struct {
 	// under; "" when it is bound to none (no agents were loaded).
 	Source string
 	// epoch is the epoch of the lease (PostgreSQL) under which this copy
-	// was last known to be the store's: loaded or committed. 0:
-	// none. A lease taken next at epoch+1 shows that no other process
-	// held the conversation since, so nobody committed to it (fresh).
+	// was last known to be the store's: loaded or committed. 0: none. A
+	// lease taken next at epoch+1 shows that no other process held the
+	// conversation since, so nobody committed to it (fresh).
 	epoch int64
 }
 

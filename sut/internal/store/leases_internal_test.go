@@ -70,22 +70,10 @@ func TestACachedCopyIsCheckedWhenAnotherHeldTheLease(t *testing.T) {
 		require.NoError(t, err)
 		return s, cs
 	}
-	ctx, k := context.Background(), Key{Scope: "s", ID: "c1"}
+	k := Key{Scope: "s", ID: "c1"}
 	turn := func(s *Store, cs *Conversations, text string) []string {
-		l, unlock, err := s.Shared.Lock(ctx, k, config.Reject, time.Second, &admission.Gauge{})
+		seen, err := leasedTurn(s, cs, k, text)
 		require.NoError(t, err)
-		defer unlock()
-		lctx := WithLease(ctx, l)
-		base, err := cs.Get(lctx, k)
-		require.NoError(t, err)
-		l.Rest()
-		var seen []string
-		for _, m := range base.Messages {
-			seen = append(seen, string(m.Content))
-		}
-		next := base.Clone()
-		next.Messages = append(next.Messages, &Message{Message: openai.Message{Role: openai.RoleUser, Content: openai.Content(text)}})
-		require.NoError(t, cs.Commit(lctx, k, len(base.Messages), nil, next, false))
 		return seen
 	}
 	a, aConvs := replica()

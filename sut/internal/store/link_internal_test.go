@@ -1,7 +1,6 @@
 package store
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -13,10 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/sut/internal/admission"
-	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // TestAConnectionABrokenLinkClosedFailsNoTurn: the link to PostgreSQL
@@ -33,31 +30,15 @@ func TestAConnectionABrokenLinkClosedFailsNoTurn(t *testing.T) {
 	s := openPostgres(t, u.String())
 	cs, err := NewConversations(s, 16, &admission.Budget{Max: 1 << 30}, "", nil)
 	require.NoError(t, err)
-	ctx := context.Background()
-	turn := func(conv, text string) error {
-		k := Key{Scope: "s", ID: conv}
-		l, unlock, err := s.Shared.Lock(ctx, k, config.Reject, time.Second, &admission.Gauge{})
-		if err != nil {
-			return err
-		}
-		defer unlock()
-		lctx := WithLease(ctx, l)
-		base, err := cs.Get(lctx, k)
-		if err != nil {
-			return err
-		}
-		l.Rest()
-		next := base.Clone()
-		next.Messages = append(next.Messages, &Message{Message: openai.Message{Role: openai.RoleUser, Content: openai.Content(text)}})
-		return cs.Commit(lctx, k, len(base.Messages), nil, next, false)
-	}
 	// Turns at once fill the pool: each conversation's turn holds a
 	// connection for its take and load, then another for its commit.
 	turns := func(round int) []error {
 		errs := make([]error, 3)
 		var wg sync.WaitGroup
 		for i := range errs {
-			wg.Go(func() { errs[i] = turn(fmt.Sprint("c", i), fmt.Sprint("turn ", round)) })
+			wg.Go(func() {
+				_, errs[i] = leasedTurn(s, cs, Key{Scope: "s", ID: fmt.Sprint("c", i)}, fmt.Sprint("turn ", round))
+			})
 		}
 		wg.Wait()
 		return errs
