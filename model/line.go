@@ -847,11 +847,16 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		// message alone: the policy's to judge (checkKept), not a part.
 		keptUser := s.abandoned && seen[s.user] > 0
 		if s.pending && !s.partial && !keptUser && (seen[s.user] > 0) != (seen[s.reply] > 0) {
-			if s.done > t.Invoke && !s.abandoned {
+			if s.done > t.Invoke && !s.abandoned && (!s.detached || s.ran[0] < call.At && call.At <= s.ran[1]) {
 				// The client had not given the turn up when this one was
 				// sent, and the server ran both: this one saw the other
 				// half done, on one history with it, whatever the other
-				// came to.
+				// came to. A detached turn runs on after its client left,
+				// so its client's end says nothing of the server's: a
+				// server that runs one turn at a time may end it in part
+				// (T10) and only then run this one. Only its call still
+				// at the model when this one's came shows the two ran at
+				// once.
 				v.Invariant = T4
 				v.Reason = fmt.Sprintf("the turn %s, which ran at the same time as this one, appears in part: "+
 					"this turn ran on its history half done, a fork; turns on one conversation must form one line", s.user)

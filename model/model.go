@@ -1321,16 +1321,19 @@ func forkOf(t Turn, line Line, step []Turn, v *Violation) *Violation {
 // where no other turn may take over from it (Held);
 // for one that failed, or whose outcome is unknown, while it had a model
 // call the model had not begun to answer, or one still to make
-// (Call.Unanswered: it cannot have ended before); for one the server runs
-// on after its client left (Detached, Abandoned), at any time of its
-// step.
+// (Call.Unanswered: it cannot have ended before); for one whose client
+// gave up waiting (Abandoned), at any time of its step. One the server
+// runs on after its client left (Detached) counts by its calls too: a
+// server that runs one turn at a time may end it in part at any time
+// after its client left (T10, under the complete policy) and only then
+// run the next, so its client's leaving shows nothing of when it ended.
 func (t Turn) runningAt(at int64) bool {
 	switch {
 	case t.Interrupted:
 		return at < t.Held
 	case t.Outcome == OK:
 		return at < t.Return
-	case t.Detached, t.Abandoned:
+	case t.Abandoned:
 		return true
 	}
 	for _, c := range t.Calls {

@@ -298,14 +298,28 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		assert.Contains(t, v.Reason, "fork")
 	})
 	t.Run("a detached turn seen in part by one beside it", func(t *testing.T) {
-		m := model.New()
-		require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
-		gone := at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 6)
-		gone.Detached = true
-		c := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 9)
-		v := m.ApplyStep([]model.Turn{gone, c})
-		require.NotNil(t, v)
-		assert.Equal(t, model.T4, v.Invariant, "%v", v)
+		for _, c := range []struct {
+			why        string
+			unanswered int64 // the arrival the model had seen when it began to answer
+			want       model.Invariant
+		}{
+			// Its call was still at the model when the other's came: the
+			// two ran at once.
+			{"while at the model", 7, model.T4},
+			// Its call was answered first: a server that runs one turn at
+			// a time may have ended it in part after its client left, and
+			// only then run the other (T10 under the complete policy).
+			{"after its call was answered", 5, model.T10},
+		} {
+			m := model.New()
+			require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+			gone := at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 6)
+			gone.Detached, gone.Calls[0].Unanswered = true, c.unanswered
+			beside := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 9)
+			v := m.ApplyStep([]model.Turn{gone, beside})
+			require.NotNil(t, v, c.why)
+			assert.Equal(t, c.want, v.Invariant, "%s: %v", c.why, v)
+		}
 	})
 	t.Run("the halves interleaved in a later history", func(t *testing.T) {
 		m := model.New()
