@@ -25,7 +25,6 @@ import (
 	"github.com/turncheck/turncheck/internal/crashtest"
 	"github.com/turncheck/turncheck/internal/procs"
 	"github.com/turncheck/turncheck/internal/syncbuf"
-	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/targets"
@@ -45,7 +44,7 @@ func TestMain(m *testing.M) {
 		os.Exit(hog())
 	}
 	procs.WaitBound(3)
-	goleak.VerifyTestMain(procs.Checked(testbin.Main(m)))
+	goleak.VerifyTestMain(procs.Checked(m))
 }
 
 // runCLI runs the CLI with args and returns its exit status and output.

@@ -1,8 +1,10 @@
-// Package testbin builds the turncheck command for tests that run the
-// reference server as a subprocess, as any server in another language is.
+// Package testbin gives tests the turncheck command, for tests that run
+// the reference server as a subprocess, as any server in another language
+// is.
 package testbin
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,80 +14,64 @@ import (
 	"testing"
 )
 
-// The binary shared by a test binary's tests, when its TestMain wraps m
-// with Main: linking cmd/turncheck costs seconds of CPU, and a package's
-// tests would otherwise link it once each.
-var (
-	wrapped bool
-	shared  struct {
-		once sync.Once
-		dir  string
-		bin  string
-		err  error
-	}
-)
-
-// Main wraps a test binary's m (a *testing.M, or a wrapper of one): its
-// tests then share one build of cmd/turncheck, removed after they have
-// run. Use it as procs.Checked(testbin.Main(m)).
-func Main(m interface{ Run() int }) interface{ Run() int } {
-	wrapped = true
-	return mainRunner{m}
+// The binary of this test binary's tests: found once, as linking
+// cmd/turncheck costs seconds of CPU.
+var shared struct {
+	once sync.Once
+	bin  string
+	err  error
 }
 
-type mainRunner struct{ m interface{ Run() int } }
-
-func (r mainRunner) Run() int {
-	code := r.m.Run()
-	if shared.dir != "" {
-		if err := os.RemoveAll(shared.dir); err != nil {
-			fmt.Fprintf(os.Stderr, "testbin: %v\n", err)
-			return 1
-		}
-	}
-	return code
-}
-
-// Turncheck builds cmd/turncheck and returns the binary's path: once for
-// the test binary where its TestMain uses Main, else into a temporary
-// directory of tb's. It skips tb when the go tool is missing: such tests
-// need a real server to run.
+// Turncheck returns the path of the turncheck command built from this
+// module's source, in a directory that holds nothing else (a test may put
+// it first on PATH). It is the go tool's own cached build (go.mod names
+// cmd/turncheck a tool): the test binaries of one 'go test ./...' share
+// one link, and a later run none at all, where each used to link its own.
+// It skips tb when the go tool is missing: such tests need a real server
+// to run.
 func Turncheck(tb testing.TB) string {
 	tb.Helper()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		tb.Skip("building cmd/turncheck needs the go tool on PATH: ", err)
 	}
-	if !wrapped {
-		bin, err := build(goTool, tb.TempDir())
-		if err != nil {
-			tb.Fatal(err)
-		}
-		return bin
-	}
-	shared.once.Do(func() {
-		if shared.dir, shared.err = os.MkdirTemp("", "turncheck-bin-*"); shared.err == nil {
-			shared.bin, shared.err = build(goTool, shared.dir)
-		}
-	})
+	shared.once.Do(func() { shared.bin, shared.err = build(goTool) })
 	if shared.err != nil {
 		tb.Fatal(shared.err)
 	}
 	return shared.bin
 }
 
-// build builds cmd/turncheck into dir.
-func build(goTool, dir string) (string, error) {
+// build builds cmd/turncheck into the go tool's cache, or finds it there,
+// and returns its path. The test binaries of one 'go test' start at once:
+// a lock on the module's directory lets one of them link while the others
+// wait, then find its build. (Not on go.mod: the go tool locks that
+// itself.)
+func build(goTool string) (string, error) {
 	out, err := exec.Command(goTool, "env", "GOMOD").Output()
 	gomod := strings.TrimSpace(string(out))
-	if err != nil || gomod == "" {
+	if err != nil || gomod == "" || gomod == os.DevNull {
 		return "", fmt.Errorf("go env GOMOD names no module: %v", err)
 	}
-	bin := filepath.Join(dir, "turncheck")
-	build := exec.Command(goTool, "build", "-o", bin, "./cmd/turncheck")
-	build.Dir = filepath.Dir(gomod)
-	if msgs, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/turncheck: %v\n%s", err, msgs)
+	root := filepath.Dir(gomod)
+	unlock, err := lock(root)
+	if err != nil {
+		return "", fmt.Errorf("locking %s for the build of cmd/turncheck: %w", root, err)
+	}
+	defer unlock()
+	var stderr strings.Builder
+	find := exec.Command(goTool, "tool", "-n", "turncheck")
+	find.Dir, find.Stderr = root, &stderr
+	out, err = find.Output()
+	if err != nil {
+		return "", fmt.Errorf("go tool -n turncheck: %v\n%s", err, stderr.String())
+	}
+	bin := strings.TrimSpace(string(out))
+	if filepath.Base(bin) != "turncheck" {
+		return "", fmt.Errorf("go tool -n turncheck named %q, not a turncheck binary", bin)
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return "", errors.Join(errors.New("go tool -n turncheck named a binary that is not there"), err)
 	}
 	return bin, nil
 }

@@ -7,12 +7,11 @@ import (
 
 	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/internal/procs"
-	"github.com/turncheck/turncheck/internal/testbin"
 )
 
 func TestMain(m *testing.M) {
 	// A leaked goroutine fails the tests, and so does a server process
 	// that outlived them; the replicas over PostgreSQL share one, started
 	// while the first tests run.
-	goleak.VerifyTestMain(procs.Checked(testbin.Main(pgtest.Main(m))))
+	goleak.VerifyTestMain(procs.Checked(pgtest.Main(m)))
 }

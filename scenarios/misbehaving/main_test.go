@@ -18,7 +18,6 @@ import (
 
 	"github.com/turncheck/turncheck/internal/crashtest"
 	"github.com/turncheck/turncheck/internal/procs"
-	"github.com/turncheck/turncheck/internal/testbin"
 )
 
 func TestMain(m *testing.M) {
@@ -28,5 +27,5 @@ func TestMain(m *testing.M) {
 	procs.WaitBound(3)
 	// A leaked goroutine fails the tests, and so does a server process
 	// that outlived them.
-	goleak.VerifyTestMain(procs.Checked(testbin.Main(m)))
+	goleak.VerifyTestMain(procs.Checked(m))
 }

@@ -19,7 +19,6 @@ import (
 
 	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/internal/procs"
-	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/protocol"
@@ -33,7 +32,7 @@ func TestMain(m *testing.M) {
 	procs.WaitBound(3)
 	// A leaked goroutine fails the tests, and so does a server process
 	// that outlived them.
-	goleak.VerifyTestMain(procs.Checked(testbin.Main(pgtest.Main(m))))
+	goleak.VerifyTestMain(procs.Checked(pgtest.Main(m)))
 }
 
 // TestReferenceServerPasses runs the state machine against the clean

@@ -6,11 +6,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/turncheck/turncheck/internal/procs"
-	"github.com/turncheck/turncheck/internal/testbin"
 )
 
 func TestMain(m *testing.M) {
 	// A leaked goroutine fails the tests, and so does a server process
 	// that outlived them.
-	goleak.VerifyTestMain(procs.Checked(testbin.Main(m)))
+	goleak.VerifyTestMain(procs.Checked(m))
 }
