@@ -35,8 +35,9 @@ func TestForkIsT4Alone(t *testing.T) {
 	// Its model timeout, declared, is long enough that no call the
 	// harness holds in a burst while the server comes to rest times out
 	// on a loaded machine (at a second, beside six CPU hogs, 2 of 3
-	// seeds failed a turn so, and its message, seen by a turn beside it
-	// after the model had given up on it, was an honest T1).
+	// seeds failed a turn so: a turn beside it saw its message, and as
+	// the model never began to answer the failed turn's call, nothing
+	// showed that turn still ran then: a failed turn's message kept, T1).
 	interleaving := scenarios.Handler(scenarios.Profile{Model: "fork", ModelTimeout: interleavingTimeout},
 		func(modelURL, _ string) (http.Handler, error) { return newInterleaving(modelURL), nil })
 	for _, c := range []struct {
