@@ -2,7 +2,9 @@
 // free port, with its data and its socket in a temporary directory it
 // removes when it stops. Tests start one through package pgtest; the
 // harness starts one for a profile whose server keeps its store in
-// PostgreSQL (store: postgres).
+// PostgreSQL (store: postgres). Its cluster is a copy of one initdb made
+// once, kept in the user's cache directory (turncheck/pgserver, a few
+// tens of MB a PostgreSQL; safe to remove).
 package pgserver
 
 import (
@@ -123,10 +125,8 @@ func (s *Server) start(bin string, attr *syscall.SysProcAttr, settings []string)
 	if err := prepareDirs(s.dir, data, attr); err != nil {
 		return err
 	}
-	initdb := s.command(attr, filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "--auth=trust",
-		"-E", "UTF8", "--locale=C", "--no-sync")
-	if err := initdb.Run(); err != nil {
-		return fmt.Errorf("initdb: %w\n%s", err, s.log)
+	if err := s.makeCluster(bin, data, attr); err != nil {
+		return err
 	}
 	addr, err := loopback.FreeAddr()
 	if err != nil {
