@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -20,24 +21,34 @@ import (
 	"github.com/turncheck/turncheck/sut"
 )
 
-// BenchmarkSteps measures the harness end to end: sequential state-machine
-// steps per second against the in-process reference server, faults, checks
-// and per-run server start-up included, against the same target the tests
-// and the CLI use. The metric to compare is steps/s against
-// BenchmarkBaseline's turns/s.
+// BenchmarkSteps measures the harness end to end: steps per second (the
+// requests a run sends, as its summary counts them) against the
+// in-process reference server, faults, checks and per-run server start-up
+// included, against the same target the tests and the CLI use: its checks
+// one at a time, and one per core, as the CLI runs them by default. The
+// metric to compare is steps/s against BenchmarkBaseline's turns/s, and
+// the requests a check sends include the model calls of tool loops,
+// restarts and faults that a bare turn has none of.
 func BenchmarkSteps(b *testing.B) {
-	target := reference.Target{}
-	steps := 0
-	start := time.Now()
-	for b.Loop() {
-		res, err := scenarios.Check(target, scenarios.Options{Checks: 10})
-		require.NoError(b, err)
-		if res.Failure != nil {
-			b.Fatalf("clean server failed:\n%s", res.Failure.Report)
-		}
-		steps += res.Steps
+	for _, c := range []struct {
+		name     string
+		parallel int
+	}{{"one-at-a-time", 1}, {"one-per-core", runtime.GOMAXPROCS(0)}} {
+		b.Run(c.name, func(b *testing.B) {
+			target := reference.Target{}
+			steps := 0
+			start := time.Now()
+			for b.Loop() {
+				res, err := scenarios.Check(target, scenarios.Options{Checks: 10, Parallel: c.parallel})
+				require.NoError(b, err)
+				if res.Failure != nil {
+					b.Fatalf("clean server failed:\n%s", res.Failure.Report)
+				}
+				steps += res.Steps
+			}
+			b.ReportMetric(float64(steps)/time.Since(start).Seconds(), "steps/s")
+		})
 	}
-	b.ReportMetric(float64(steps)/time.Since(start).Seconds(), "steps/s")
 }
 
 // BenchmarkBaseline is what one step costs without the harness: one
