@@ -397,12 +397,16 @@ func (e *executor) settleOnce(flights []*flight, wake <-chan struct{}) {
 // settleParked waits until every request in flights is answered, held by
 // the model, or parked in the server. Nothing announces that a goroutine
 // parked, so the server is looked at whenever a while passes with no
-// request answered or held, a short while at first, then up to
-// pollInterval: how soon it parks never decides whether it has, and a
-// look, which costs the process a stop, is spared a request on its way to
-// the model. A request asleep on a timer (a lock polled, a backoff) waits
-// for what no look can see: once nothing has changed for a quiet period,
-// it is taken to be at rest, as a server that reports nothing is.
+// request answered or held, a short while at first, then further apart
+// the longer nothing has changed, an eighth of that time at most: how
+// soon it parks never decides whether it has, and a look, which stops the
+// whole process and writes out every goroutine's stack, is spared a
+// request on its way to the model, and one that waits seconds for a
+// call the model holds until the server gives up (a look every
+// pollInterval made such waits most of a check's CPU). A request asleep
+// on a timer (a lock polled, a backoff) waits for what no look can see:
+// once nothing has changed for a quiet period, it is taken to be at rest,
+// as a server that reports nothing is.
 func (e *executor) settleParked(pr targets.ParkReporter, flights []*flight, wake <-chan struct{}) {
 	start, wait, changed := time.Now(), pollInterval/4, time.Now()
 	quieted := false
@@ -425,10 +429,10 @@ func (e *executor) settleParked(pr targets.ParkReporter, flights []*flight, wake
 		}
 		select {
 		case <-wake:
-			changed = time.Now()
+			changed, wait = time.Now(), pollInterval/4
 			continue
 		case <-time.After(wait):
-			wait = min(2*wait, pollInterval)
+			wait = min(2*wait, max(pollInterval, time.Since(changed)/8))
 		}
 		switch least := slices.Min(pr.Parked(tags)); {
 		case least == goroutines.Parked:

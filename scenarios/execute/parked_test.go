@@ -1,10 +1,14 @@
 package execute
 
 import (
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/turncheck/turncheck/internal/goroutines"
 )
 
 // TestParkedGoOneAtATime: requests the client held back (an A2A turn
@@ -64,4 +68,45 @@ func (quietServer) URL() string  { return "" }
 func (quietServer) Close() error { return nil }
 func (quietServer) Activity() (working, waiting int, changed <-chan struct{}) {
 	return 0, 0, nil
+}
+
+// TestAWorkingRequestIsLookedAtLessAndLessOften: a request that works on
+// for a second (its call held by the model until the server gives up)
+// costs a few dozen looks at the server's goroutines, each a stop of the
+// whole process, not one every pollInterval. A slower machine only makes
+// fewer.
+func TestAWorkingRequestIsLookedAtLessAndLessOften(t *testing.T) {
+	t.Parallel() // it waits a second
+	srv := &lookCounter{}
+	e := &executor{spent: timeSpent{}, srv: srv}
+	wake := make(chan struct{}, 1)
+	f := &flight{done: make(chan struct{}), tag: "r1"}
+	go func() {
+		time.Sleep(time.Second)
+		close(f.done)
+		wake <- struct{}{}
+	}()
+	e.settle([]*flight{f}, wake)
+	looks := srv.looks.Load()
+	t.Logf("%d looks in a second", looks)
+	assert.Positive(t, looks, "the working request was never looked at")
+	// A look every pollInterval is 500 in the second; less and less
+	// often, at most an eighth of the time since the last change, about
+	// 60 at most.
+	assert.LessOrEqual(t, looks, int64(100), "looks at a request that worked for a second")
+}
+
+// lookCounter is a server whose every request works on, and that counts
+// the looks at its goroutines.
+type lookCounter struct{ looks atomic.Int64 }
+
+func (*lookCounter) URL() string  { return "" }
+func (*lookCounter) Close() error { return nil }
+func (s *lookCounter) Parked(tags []string) []goroutines.State {
+	s.looks.Add(1)
+	states := make([]goroutines.State, len(tags))
+	for i := range states {
+		states[i] = goroutines.Working
+	}
+	return states
 }
