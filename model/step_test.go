@@ -298,11 +298,7 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		assert.Contains(t, v.Reason, "fork")
 	})
 	t.Run("a detached turn seen in part by one beside it", func(t *testing.T) {
-		for _, c := range []struct {
-			why        string
-			unanswered int64 // the arrival the model had seen when it began to answer
-			want       model.Invariant
-		}{
+		for _, c := range []answeredAt{
 			// Its call was still at the model when the other's came: the
 			// two ran at once.
 			{"while at the model", 7, model.T4},
@@ -311,14 +307,9 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 			// only then run the other (T10 under the complete policy).
 			{"after its call was answered", 5, model.T10},
 		} {
-			m := model.New()
-			require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
 			gone := at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 6)
-			gone.Detached, gone.Calls[0].Unanswered = true, c.unanswered
-			beside := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 9)
-			v := m.ApplyStep([]model.Turn{gone, beside})
-			require.NotNil(t, v, c.why)
-			assert.Equal(t, c.want, v.Invariant, "%s: %v", c.why, v)
+			gone.Detached = true
+			c.check(t, gone, at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 9))
 		}
 	})
 	t.Run("the halves interleaved in a later history", func(t *testing.T) {
@@ -330,11 +321,7 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		assert.Equal(t, model.T4, v.Invariant, "%v", v)
 	})
 	t.Run("a turn that went on to fail, seen while it ran or after", func(t *testing.T) {
-		for _, c := range []struct {
-			why        string
-			unanswered int64 // the arrival the model had seen when it began to answer
-			want       model.Invariant
-		}{
+		for _, c := range []answeredAt{
 			// Its call was answered (with an error) only after the next
 			// turn's call came: the two ran at once.
 			{"seen while it ran", 7, model.T4},
@@ -343,14 +330,8 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 			// fork.
 			{"seen after its call was answered", 5, model.T1},
 		} {
-			m := model.New()
-			require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
-			failed := at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9)
-			failed.Calls[0].Unanswered = c.unanswered
-			next := at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10)
-			v := m.ApplyStep([]model.Turn{failed, next})
-			require.NotNil(t, v, c.why)
-			assert.Equal(t, c.want, v.Invariant, "%s: %v", c.why, v)
+			c.check(t, at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9),
+				at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10))
 		}
 	})
 	t.Run("an interrupted turn, seen while it ran, under rollback", func(t *testing.T) {
@@ -456,4 +437,26 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		require.NotNil(t, v)
 		assert.Equal(t, model.T2, v.Invariant, "%v", v)
 	})
+}
+
+// answeredAt is a case of a turn seen by one beside it, judged by when the
+// model began to answer its call: unanswered is the arrival the model had
+// seen by then, and want the verdict.
+type answeredAt struct {
+	why        string
+	unanswered int64
+	want       model.Invariant
+}
+
+// check applies, after an ok turn u1, one step of seen (u2, its one call
+// answered as c says) and beside (a turn whose call shows u2), and
+// asserts the verdict.
+func (c answeredAt) check(t *testing.T, seen, beside model.Turn) {
+	t.Helper()
+	m := model.New()
+	require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+	seen.Calls[0].Unanswered = c.unanswered
+	v := m.ApplyStep([]model.Turn{seen, beside})
+	require.NotNil(t, v, c.why)
+	assert.Equal(t, c.want, v.Invariant, "%s: %v", c.why, v)
 }

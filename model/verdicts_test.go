@@ -155,11 +155,7 @@ func TestDetachedTurn(t *testing.T) {
 		// answered first, a server that runs one turn at a time may have
 		// ended it in part (an interruption kept in part, T10) and only
 		// then run the next: the send times alone show no fork.
-		for _, c := range []struct {
-			why        string
-			unanswered int64 // the arrival the model had seen when it began to answer
-			want       model.Invariant
-		}{
+		for _, c := range []answeredAt{
 			{"its call still at the model", 7, model.T4},
 			{"its call answered first", 5, model.T10},
 		} {
