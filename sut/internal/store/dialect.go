@@ -28,17 +28,7 @@ type dialect struct {
 	// migrates the schema, before it: replicas that start at once on one
 	// database must not create the same table twice.
 	lockSchema string
-	// stamped marks a database that keeps its schema's version in its
-	// header (SQLite's user_version): an open that finds schemaVersion
-	// there runs none of the schema's statements, whose parsing was most
-	// of what opening a store cost a start.
-	stamped bool
 }
-
-// schemaVersion is the version of the schema that schema and migrate
-// make: change it with them, so that a stamped store from before is
-// migrated.
-const schemaVersion = 1
 
 var (
 	sqliteDialect = dialect{
@@ -47,7 +37,6 @@ var (
 		blob:        "BLOB",
 		text:        "TEXT",
 		columns:     `SELECT name FROM pragma_table_info('messages')`,
-		stamped:     true,
 	}
 	postgresDialect = dialect{
 		name:     "postgres",

@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -155,18 +154,8 @@ func initStore(db *sql.DB, d dialect, where string) (*Store, error) {
 }
 
 // prepareSchema creates the tables a store lacks and migrates those from
-// before, in one transaction: a store is never found half made. A stamped
-// store says whether it is made already (dialect.stamped).
+// before, in one transaction: a store is never found half made.
 func (s *Store) prepareSchema() error {
-	if s.d.stamped {
-		var version int
-		if err := s.db.QueryRow(`PRAGMA user_version`).Scan(&version); err != nil {
-			return err
-		}
-		if version == schemaVersion {
-			return nil
-		}
-	}
 	tx, err := s.db.Begin()
 	if err != nil {
 		return err
@@ -182,12 +171,6 @@ func (s *Store) prepareSchema() error {
 	}
 	if err := s.migrate(tx); err != nil {
 		return errors.Join(err, tx.Rollback())
-	}
-	if s.d.stamped {
-		// In the transaction: the stamp lands with the schema or not at all.
-		if _, err := tx.Exec(`PRAGMA user_version = ` + strconv.Itoa(schemaVersion)); err != nil {
-			return errors.Join(err, tx.Rollback())
-		}
 	}
 	return tx.Commit()
 }
