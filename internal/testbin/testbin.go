@@ -26,7 +26,7 @@ var shared struct {
 // module's source, in a directory that holds nothing else (a test may put
 // it first on PATH). It is the go tool's own cached build (go.mod names
 // cmd/turncheck a tool): the test binaries of one 'go test ./...' share
-// one link, and a later run none at all, where each used to link its own.
+// one link, and a later run none at all.
 // It skips tb when the go tool is missing: such tests need a real server
 // to run.
 func Turncheck(tb testing.TB) string {
