@@ -199,36 +199,27 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 	var runs []*run
 	var wg sync.WaitGroup
 	for _, m := range sut.Mutants() {
-		// Each runs the checks until its bug is found, and two more that
-		// leave room for a second FAIL, which must not come: no more, for
-		// every check is a server's worth of steps, restarts and quiet
-		// periods.
-		checks, seed := "6", "2"
+		// Each runs two checks, from a seed whose first finds its bug:
+		// the second leaves room for a second FAIL, which must not come.
+		// No more: every check is a server's worth of steps, restarts
+		// and quiet periods, and TestMutantsCaught searches longer.
+		checks, seed := "2", "2"
 		short := true // run under -short too
 		switch m.Mutant {
 		case sut.MutateBeforeRun, sut.CrossKeyLeak, sut.ForkNewSession, sut.NoConversationLock, sut.RefuseConcurrentNew,
 			sut.FailedResponseChainable, sut.ResponseCrossKey, sut.ShallowClone,
-			sut.A2AContextRace, sut.A2AFailedTaskStays, sut.A2ACancelCommits, sut.A2ATaskHistoryContext:
-			// Found in the first check from seed 2.
-			checks, short = "3", false
-		case sut.ReplayOnToolOutput, sut.StoreFalseKept, sut.BranchMutatesBase, sut.ACPRefusalKeepsPrompt,
-			sut.ACPCancelCommitsPrompt, sut.ACPConcurrentPrompts, sut.ACPLoadDiffers, sut.ACPCancelAnswersError:
-			// Found in the first check from seed 2 too.
-			checks = "3"
-		case sut.CommitOnStreamError:
-			checks = "5" // found in the third check from seed 2
-		case sut.LostOnEvict:
-			// It needs a conversation evicted, then continued: found in
-			// the first check from seed 2, on a cache of two.
-			checks, short = "3", false
+			sut.A2AContextRace, sut.A2AFailedTaskStays, sut.A2ACancelCommits, sut.A2ATaskHistoryContext,
+			sut.LostOnEvict: // on a cache of two
+			short = false // TestMutantsCaught has them in process
+		case sut.A2ACancelIgnored, sut.A2ATaskRerun, sut.AckBeforeDurable, sut.CommitOnStreamError,
+			sut.ExactSourceKeyOnly, sut.ReplayWithoutUser, sut.SessionEmptyRuns, sut.SessionExactSourceKey:
+			seed = "1" // from seed 2, found after 3 to 5 checks
 		case sut.OrphanToolCallOnInterrupt:
-			// A tool loop interrupted while a tool runs: from seed 10,
-			// found in the first check of 20 steps (from seed 2, after 15).
-			checks, seed = "3", "10"
+			// A tool loop interrupted while a tool runs (from seed 2,
+			// found after 15 checks).
+			seed = "10"
 		case sut.ToolRunsAfterCancel:
-			// The same, found in the second check from seed 10 (from seed
-			// 2, after 10).
-			checks, seed = "4", "10"
+			seed = "11" // the same (from seed 2, after 10)
 		}
 		if m.Replicas > 0 {
 			// Found after 1 to 3 checks from seed 2; each check of three
@@ -236,7 +227,7 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 			checks = "4"
 		}
 		if testing.Short() && !short && m.Replicas == 0 {
-			continue // those found in the first check: TestMutantsCaught has them in process
+			continue
 		}
 		r := &run{info: m, dir: t.TempDir()}
 		runs = append(runs, r)
@@ -255,8 +246,11 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// Unshrunk (the shrink has tests of its own, in process and
+			// through profiles): the failing check's steps are saved as
+			// found, and replayed below.
 			r.out, r.err = exec.Command(bin, "conform", "--profile", profile, "--checks", checks, "--steps", "20", "--seed", seed,
-				"--save", r.dir, "--out", filepath.Join(r.dir, "out"), "--timeout", "2m", "--shrink-time", "3s", "--parallel", "1").CombinedOutput()
+				"--save", r.dir, "--out", filepath.Join(r.dir, "out"), "--timeout", "2m", "--shrink-time", "1ms", "--parallel", "1").CombinedOutput()
 		}()
 	}
 	wg.Wait()
