@@ -61,7 +61,7 @@ func BenchmarkBaseline(b *testing.B) {
 		require.NoError(b, err)
 		defer fake.Close()
 		db, err := sql.Open("sqlite", "file:"+filepath.Join(b.TempDir(), "bare.db")+
-			"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)")
+			"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
 		require.NoError(b, err)
 		defer db.Close()
 		db.SetMaxOpenConns(1)
