@@ -155,10 +155,12 @@ func TestConformTitlesThroughProfile(t *testing.T) {
 			require.NotEqual(t, string(base), text, "the profile's command ends as the test expects")
 			profile := filepath.Join(t.TempDir(), "profile.yaml")
 			require.NoError(t, os.WriteFile(profile, []byte(text), 0o644))
-			_, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "4", "--steps", "20", "--seed", "3")
+			// Two checks from seed 1, 40 to 130 requests, where
+			// TestTitleCallsRaiseNoFalseAlarm runs twelve in process:
+			// they may leave the rarest (T11) not exercised; no FAIL
+			// through a profile is what this proves.
+			_, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "2", "--steps", "20", "--seed", "1")
 			for _, inv := range model.Invariants() {
-				// Four checks may leave the rarest (T11) not exercised: no
-				// FAIL is what this proves.
 				assert.NotContains(t, verdictLine(stdout, string(inv)), "FAIL", "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 			}
 			assert.Regexp(t, `auxiliary model calls \(made beside a turn, .*\): [1-9]`, stdout)
