@@ -36,7 +36,10 @@ func TestConformCleanServer(t *testing.T) {
 	for _, policy := range []sut.Interruption{sut.Rollback, sut.KeepConsistent, sut.Complete} {
 		t.Run(string(policy), func(t *testing.T) {
 			t.Parallel()
-			c, err := Conform(reference.Target{Interruption: policy}, Options{Checks: 15, Seed: 7})
+			// Four checks from seed 7 exercise every invariant and reach
+			// every fault under each policy; one more for a machine that
+			// runs a burst another way.
+			c, err := Conform(reference.Target{Interruption: policy}, Options{Checks: 5, Seed: 7})
 			require.NoError(t, err)
 			st := statuses(c)
 			for _, inv := range report.Judged() {
