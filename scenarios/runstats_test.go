@@ -48,10 +48,11 @@ func TestWhereTheTimeGoes(t *testing.T) {
 // TestChecksCountWhatWasAsked: --checks N runs at most N checks, however
 // many failures a Conform finds and rapid replays.
 func TestChecksCountWhatWasAsked(t *testing.T) {
-	c, err := scenarios.Conform(reference.WithMutant(sut.MutateBeforeRun), scenarios.Options{Checks: 15, Seed: 1, ShrinkTime: 2 * time.Second})
+	// Seed 1 finds T1 and T10 in the first two checks, and shrinks each.
+	c, err := scenarios.Conform(reference.WithMutant(sut.MutateBeforeRun), scenarios.Options{Checks: 5, Seed: 1, ShrinkTime: 2 * time.Second})
 	require.NoError(t, err)
 	require.NotEmpty(t, c.Failures())
-	assert.LessOrEqual(t, c.Stats.Checks, 15)
+	assert.LessOrEqual(t, c.Stats.Checks, 5)
 	assert.Positive(t, c.Stats.Checks)
 }
 
