@@ -85,10 +85,14 @@ type segment struct {
 	// that turn without it is a fork (T4), not a lost turn (T2).
 	done int64
 	// left is when the client of an interrupted turn left it (Turn.Held;
-	// 0 if unknown, or where another turn may take over from it). Until then the turn ran, at the model, holding its
-	// conversation: a call of another turn that came before then and left
-	// it out ran beside it on one history (T4), and shows nothing of
-	// whether it was rolled back.
+	// 0 if unknown, where another turn may take over from it, or where
+	// no call of the turn's own had reached the model by then). Until
+	// then the turn ran, at the model, holding its conversation: a call
+	// of another turn that came before then and left it out ran beside
+	// it on one history (T4), and shows nothing of whether it was rolled
+	// back. A turn whose only call at the model was made beside it (a
+	// title, held where the harness holds the turn's first arrival) may
+	// have waited for its conversation all that time: no fork.
 	left int64
 	// ran is the span, on the run's timeline, from the first model
 	// request of a turn whose outcome is unknown (not interrupted) to the
@@ -510,7 +514,10 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 			// Rolled back, or kept as its user message and completed tool
 			// pairs (keep-consistent): which of them the policy allows is
 			// Model's to judge; a reply is never kept.
-			s.reply, s.partial, s.left = "", true, t.Held
+			s.reply, s.partial = "", true
+			if t.atModelBefore(t.Held) {
+				s.left = t.Held
+			}
 			next = next.withInterrupted(t.User)
 		case t.Detached:
 			// Whole or nothing, as any unknown turn (T6); only a part of

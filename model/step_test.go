@@ -372,6 +372,28 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		after := at(fail(convA, u(3), call(u(3), u(1), a(1), u(3))), 4, 11, 13)
 		require.Nil(t, m.ApplyStep([]model.Turn{held, after}))
 	})
+	t.Run("an interrupted turn not yet at the model itself", func(t *testing.T) {
+		// The reference server with titles: a turn queued behind another
+		// of its conversation makes its title call at once, and the
+		// harness holds that call (its first arrival) for the client to
+		// leave. The turn itself waited its turn: a call of the other
+		// that left it out, before its own first call came or with none
+		// of its own at all, is no fork.
+		for _, c := range []struct {
+			name  string
+			calls []model.Call
+		}{
+			{"with no call of its own", nil},
+			{"its own call after the other's", []model.Call{call(u(2), u(1), a(1), u(3), a(3), u(2))}},
+		} {
+			m := model.New()
+			require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
+			queued := at(interrupted(convA, u(2), 12, c.calls...), 4, 8, 11)
+			queued.Dropped, queued.Held = 10, 10
+			first := at(ok(convA, u(3), call(u(3), u(1), a(1), u(3))), 4, 6, 7)
+			assert.Nil(t, m.ApplyStep([]model.Turn{queued, first}), c.name)
+		}
+	})
 	t.Run("a detached turn left out while at the model, committed after all", func(t *testing.T) {
 		// docker-agent's serve a2a: a task ran while another, whose client
 		// had left it to run on, was at the model; a later history shows
