@@ -86,13 +86,13 @@ type segment struct {
 	done int64
 	// left is when the client of an interrupted turn left it (Turn.Held;
 	// 0 if unknown, where another turn may take over from it, or where
-	// no call of the turn's own had reached the model by then). Until
-	// then the turn ran, at the model, holding its conversation: a call
-	// of another turn that came before then and left it out ran beside
-	// it on one history (T4), and shows nothing of whether it was rolled
-	// back. A turn whose only call at the model was made beside it (a
-	// title, held where the harness holds the turn's first arrival) may
-	// have waited for its conversation all that time: no fork.
+	// no call of the turn's own reached the model). Until then the turn
+	// ran, at the model, holding its conversation: a call of another
+	// turn that came before then and left it out ran beside it on one
+	// history (T4), and shows nothing of whether it was rolled back. A
+	// turn whose only call at the model was made beside it (a title, held
+	// where the harness holds the turn's first arrival) may have waited
+	// for its conversation all that time: no fork.
 	left int64
 	// ran is the span, on the run's timeline, from the first model
 	// request of a turn whose outcome is unknown (not interrupted) to the
@@ -515,7 +515,7 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 			// pairs (keep-consistent): which of them the policy allows is
 			// Model's to judge; a reply is never kept.
 			s.reply, s.partial = "", true
-			if t.atModelBefore(t.Held) {
+			if t.reached() {
 				s.left = t.Held
 			}
 			next = next.withInterrupted(t.User)

@@ -272,10 +272,10 @@ type Turn struct {
 	// Held is, for an interrupted turn of a server that runs a
 	// conversation's turns one at a time (serialize or reject; not an
 	// agent that supersedes), when its client left it: until then it held
-	// its conversation at the model, once a call of its own had reached
-	// it, and a model request of another turn of the conversation that
-	// came before then ran beside it (T4). 0 where another turn may take
-	// over from it.
+	// its conversation at the model, where a call of its own reached it
+	// (not only one made beside it, a title), and a model request of
+	// another turn of the conversation that came before then ran beside
+	// it (T4). 0 where another turn may take over from it.
 	Held int64 `json:"held,omitempty"`
 	// CarriedOn is when a model call or tool run of the turn arrived
 	// after the server gave up on one the model held for it since the
@@ -1343,12 +1343,6 @@ func (t Turn) runningAt(at int64) bool {
 		}
 	}
 	return false
-}
-
-// atModelBefore reports whether a model call of t's own (not one made
-// beside it, SplitAuxiliary) reached the model before tick at.
-func (t Turn) atModelBefore(at int64) bool {
-	return slices.ContainsFunc(t.Calls, func(c Call) bool { return c.Turn == t.User && c.At < at })
 }
 
 // ranSpan is the span from t's first model request to the latest

@@ -1,6 +1,7 @@
 package model_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -376,22 +377,38 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		// The reference server with titles: a turn queued behind another
 		// of its conversation makes its title call at once, and the
 		// harness holds that call (its first arrival) for the client to
-		// leave. The turn itself waited its turn: a call of the other
-		// that left it out, before its own first call came or with none
-		// of its own at all, is no fork.
+		// leave. The turn itself waited its turn: with no call of its own
+		// at the model, a call of the other that left it out is no fork.
+		// Where a call of its own came, and left out the other's commit,
+		// it is.
+		title := model.Call{History: []model.Token{u(1), u(2)}, Turn: u(2), At: 5}
 		for _, c := range []struct {
 			name  string
 			calls []model.Call
+			want  model.Invariant
 		}{
-			{"with no call of its own", nil},
-			{"its own call after the other's", []model.Call{call(u(2), u(1), a(1), u(3), a(3), u(2))}},
+			{"with no call of its own", nil, ""},
+			{"its own call after the other's, showing it", []model.Call{call(u(2), u(1), a(1), u(3), a(3), u(2))}, ""},
+			{"its own call before its client left, not showing the other's", []model.Call{call(u(2), u(1), a(1), u(2))}, model.T4},
+			{"its own call after its client left, not showing the other's", []model.Call{call(u(2), u(1), a(1), u(2))}, model.T4},
 		} {
 			m := model.New()
 			require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
-			queued := at(interrupted(convA, u(2), 12, c.calls...), 4, 8, 11)
-			queued.Dropped, queued.Held = 10, 10
+			own := int64(8)
+			if strings.Contains(c.name, "after its client left") {
+				own = 11
+			}
+			queued := at(interrupted(convA, u(2), 12, c.calls...), 4, own, 13)
+			queued.Dropped, queued.Held, queued.Aux = 10, 10, []model.Call{title}
 			first := at(ok(convA, u(3), call(u(3), u(1), a(1), u(3))), 4, 6, 7)
-			assert.Nil(t, m.ApplyStep([]model.Turn{queued, first}), c.name)
+			v := m.ApplyStep([]model.Turn{queued, first})
+			if c.want == "" {
+				assert.Nil(t, v, c.name)
+				continue
+			}
+			if assert.NotNil(t, v, c.name) {
+				assert.Equal(t, c.want, v.Invariant, "%s: %v", c.name, v)
+			}
 		}
 	})
 	t.Run("a detached turn left out while at the model, committed after all", func(t *testing.T) {

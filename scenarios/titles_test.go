@@ -36,8 +36,9 @@ func TestTitleCallsRaiseNoFalseAlarm(t *testing.T) {
 }
 
 // TestTitleCallsHideNoBug: title calls beside the turns do not hide a
-// real bug: a failed turn's message left in the history is T1 still, and
-// a title call that leaks another key's conversation is T5.
+// real bug: a failed turn's message left in the history is T1 still, a
+// title call that leaks another key's conversation is T5, and turns of one
+// conversation run at once are T4.
 func TestTitleCallsHideNoBug(t *testing.T) {
 	t.Parallel() // its runs are the in-process server's, and share nothing with other tests
 	for _, tc := range []struct {
@@ -46,13 +47,15 @@ func TestTitleCallsHideNoBug(t *testing.T) {
 	}{
 		{sut.MutateBeforeRun, model.T1},
 		{sut.CrossKeyLeak, model.T5},
+		{sut.NoConversationLock, model.T4},
 	} {
 		t.Run(string(tc.mutant), func(t *testing.T) {
 			t.Parallel()
 			// The verdict is what is held, not how short the failure
-			// gets: its shrink is cut at once. Each bug is found in the
-			// first check from seed 11; two more leave room for another
-			// interleaving of a burst on a loaded machine.
+			// gets: its shrink is cut at once. Each bug is found within
+			// three checks from seed 11 (the first two in the first),
+			// room for another interleaving of a burst on a loaded
+			// machine.
 			c, err := Conform(reference.Target{Mutant: tc.mutant, Titles: true}, Options{Checks: 3, Seed: 11, ShrinkTime: time.Millisecond})
 			require.NoError(t, err)
 			assert.Equal(t, report.Fail, c.Verdict(tc.want).Status, "%s", c.Text(targets.Profile{}))

@@ -25,8 +25,9 @@ var shared struct {
 // Turncheck returns the path of the turncheck command built from this
 // module's source, in a directory that holds nothing else (a test may put
 // it first on PATH). It is the go tool's own cached build (go.mod names
-// cmd/turncheck a tool): the test binaries of one 'go test ./...' share
-// one link, and a later run none at all.
+// cmd/turncheck a tool), linked statically (CGO_ENABLED=0): the test
+// binaries of one 'go test ./...' share one link, and a later run none at
+// all.
 // It skips tb when the go tool is missing: such tests need a real server
 // to run.
 func Turncheck(tb testing.TB) string {
@@ -63,9 +64,9 @@ func build(goTool string) (string, error) {
 	find := exec.Command(goTool, "tool", "-n", "turncheck")
 	find.Dir, find.Stderr = root, &stderr
 	// Linked statically, without cgo: the suite starts the server
-	// hundreds of times, and a start and stop costs 40 ms of CPU where
-	// the cgo build's costs 51 (the dynamic loader, libc's own start).
-	// Nothing in the module needs cgo; net and os/user have Go's own.
+	// hundreds of times, and each start of a cgo build runs the dynamic
+	// loader and libc's own start first. Nothing in the module needs
+	// cgo; net and os/user have Go's own.
 	find.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err = find.Output()
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 // of times is linked statically, with no dynamic loader to run first.
 func TestTheServerStartsWithoutALoader(t *testing.T) {
 	if runtime.GOOS != "linux" {
-		t.Skip("only Linux links Go binaries statically")
+		t.Skip("the check reads the binary as ELF, and runs on Linux alone")
 	}
 	f, err := elf.Open(Turncheck(t))
 	require.NoError(t, err)

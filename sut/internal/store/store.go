@@ -30,8 +30,7 @@ import (
 // synchronous=NORMAL, its own advice for WAL, is enough for that: a
 // commit is in the WAL file, written through to the operating system,
 // when it returns; only the machine's own crash could take the last
-// commits, which no check does. FULL would add an fsync to every commit
-// (a tenth of a check's CPU and a sixth of its time).
+// commits, which no check does. FULL would add an fsync to every commit.
 type Store struct {
 	db *sql.DB
 	// d is the SQL dialect of db.
