@@ -1,7 +1,6 @@
 package model_test
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -385,20 +384,17 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		for _, c := range []struct {
 			name  string
 			calls []model.Call
+			at    int64 // when its own call came
 			want  model.Invariant
 		}{
-			{"with no call of its own", nil, ""},
-			{"its own call after the other's, showing it", []model.Call{call(u(2), u(1), a(1), u(3), a(3), u(2))}, ""},
-			{"its own call before its client left, not showing the other's", []model.Call{call(u(2), u(1), a(1), u(2))}, model.T4},
-			{"its own call after its client left, not showing the other's", []model.Call{call(u(2), u(1), a(1), u(2))}, model.T4},
+			{"with no call of its own", nil, 8, ""},
+			{"its own call after the other's, showing it", []model.Call{call(u(2), u(1), a(1), u(3), a(3), u(2))}, 8, ""},
+			{"its own call before its client left, not showing the other's", []model.Call{call(u(2), u(1), a(1), u(2))}, 8, model.T4},
+			{"its own call after its client left, not showing the other's", []model.Call{call(u(2), u(1), a(1), u(2))}, 11, model.T4},
 		} {
 			m := model.New()
 			require.Nil(t, m.Apply(at(ok(convA, u(1), call(u(1), u(1))), 1, 2, 3)))
-			own := int64(8)
-			if strings.Contains(c.name, "after its client left") {
-				own = 11
-			}
-			queued := at(interrupted(convA, u(2), 12, c.calls...), 4, own, 13)
+			queued := at(interrupted(convA, u(2), 12, c.calls...), 4, c.at, 13)
 			queued.Dropped, queued.Held, queued.Aux = 10, 10, []model.Call{title}
 			first := at(ok(convA, u(3), call(u(3), u(1), a(1), u(3))), 4, 6, 7)
 			v := m.ApplyStep([]model.Turn{queued, first})
