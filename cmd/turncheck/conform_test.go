@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/turncheck/turncheck/internal/testbin"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
+	"github.com/turncheck/turncheck/scenarios/plan"
 	"github.com/turncheck/turncheck/scenarios/report"
 	"github.com/turncheck/turncheck/sut"
 )
@@ -302,27 +304,23 @@ func TestConformMutantsThroughProfile(t *testing.T) {
 // invariant at a step that sends more than one request at once (a burst):
 // its last.
 func breaksInABurst(t *testing.T, path string) bool {
-	t.Helper()
-	saved, err := report.ReadReport(path)
-	require.NoError(t, err)
-	require.NotNil(t, saved.Failure)
-	plans := saved.Failure.Plans
+	plans := savedPlans(t, path)
 	return len(plans) > 0 && len(plans[len(plans)-1].Sends) > 1
 }
 
 // sendsAtOnce reports whether the failure saved at path has a step that
 // sends more than one request at once (a burst).
 func sendsAtOnce(t *testing.T, path string) bool {
+	return slices.ContainsFunc(savedPlans(t, path), func(p plan.Plan) bool { return len(p.Sends) > 1 })
+}
+
+// savedPlans are the steps of the failure saved at path.
+func savedPlans(t *testing.T, path string) []plan.Plan {
 	t.Helper()
 	saved, err := report.ReadReport(path)
 	require.NoError(t, err)
 	require.NotNil(t, saved.Failure)
-	for _, p := range saved.Failure.Plans {
-		if len(p.Sends) > 1 {
-			return true
-		}
-	}
-	return false
+	return saved.Failure.Plans
 }
 
 // namedAs lists the invariants a mutant's bug may be found under: its own,
