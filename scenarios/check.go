@@ -312,7 +312,7 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		r.shrinking(fmt.Sprintf("the %s failure, at %d step(s)", inv, steps))
 	}
 	defer r.shrinking("")
-	s, ok := shrink.Run(ctx, r.labs, run.plans, run.violation, after)
+	s, ok := shrink.Run(ctx, r.labs, run.plans, run.violation, c.took, after)
 	f.ShrinkRuns, f.ShrunkIn = s.Runs, time.Since(start)
 	r.stats.TimeMS[execute.SpentShrink] += f.ShrunkIn.Milliseconds()
 	switch {
@@ -320,9 +320,9 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		f.Violation, f.Plans, f.History = s.Violation, s.Plans, s.History
 		f.Report = report.FormatFailure(f.Violation, f.History, profile)
 		f.Shrink, f.ShrinkNote = s.State()
-	case ctx.Err() != nil:
-		// Interrupted, or out of time, before the replay said anything: the
-		// run as it failed, unshrunk.
+	case ctx.Err() != nil || s.GaveUp():
+		// Interrupted, out of time, or given up, before the replays said
+		// anything: the run as it failed, unshrunk, and the note says why.
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 		f.Report = report.FormatFailure(f.Violation, f.History, profile)
 		f.Shrink, f.ShrinkNote = s.State()

@@ -92,6 +92,17 @@ type Shrinker struct {
 	// the first run kept did not, on a fresh server; unreplayed that the
 	// replays to confirm it failed to run.
 	confirmed, unconfirmed, unreplayed bool
+	// took is how long the failing run ran, and reproduceBy when the
+	// share of the bound a failure has to reproduce in (reproduceIn,
+	// ReproduceShare) ends: before the failure broke its invariant again, no
+	// replay starts that would not end by then at the failing run's pace.
+	// gaveUp says the shrinker stopped so, after the replays it had made.
+	// now is the clock (time.Now, but for tests of the shrinker itself).
+	took        time.Duration
+	reproduceIn time.Duration
+	reproduceBy time.Time
+	gaveUp      bool
+	now         func() time.Time
 	// replayShown says the failing run showed a T3 violation as a replay:
 	// the request without a usable message came after a committed turn
 	// of its conversation. A smaller candidate is kept only if it shows
@@ -119,14 +130,39 @@ type candidate struct {
 }
 
 // Run returns the smallest run it finds, within ctx, that breaks v's
-// invariant as plans did, replaying candidates in labs. ok is false if
-// plans, replayed, did not break it at all: the failure did not reproduce.
-func Run(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.Violation, after func(steps int)) (s *Shrinker, ok bool) {
+// invariant as plans did, replaying candidates in labs; took is how long
+// plans ran when they failed. ok is false if plans, replayed, did not
+// break it at all: the failure did not reproduce, or the shrinker gave
+// up before it did (GaveUp).
+func Run(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.Violation, took time.Duration, after func(steps int)) (s *Shrinker, ok bool) {
 	s = &Shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), Plans: plans, Violation: v,
 		replayOn: (*execute.Lab).Replay, freshOn: (*execute.Lab).FreshReplay,
-		reports: reportsActivity(labs), fresh: labs[0].FreshServers()}
+		reports: reportsActivity(labs), fresh: labs[0].FreshServers(), took: took, now: time.Now}
+	if bound, ok := ctx.Value(boundKey{}).(time.Duration); ok {
+		s.reproduceWithin(bound)
+	}
 	return s, s.run(plans)
 }
+
+// reproduceWithin gives the failure its share of bound, from now, to
+// break its invariant again in.
+func (s *Shrinker) reproduceWithin(bound time.Duration) {
+	s.reproduceIn = time.Duration(float64(bound) * ReproduceShare)
+	s.reproduceBy = s.now().Add(s.reproduceIn)
+}
+
+// ReproduceShare is the share of a shrink's bound a failure has to break
+// its invariant again in. On a server whose replays take minutes, the
+// tries that show a failure does not reproduce would fill the bound, and
+// the time they take is the run's next checks': the shrinker gives up
+// before a replay that would end past it, and says so (GaveUp). Once the
+// failure reproduced, the rest of the bound is the search's.
+const ReproduceShare = 0.5
+
+// GaveUp says the shrinker stopped before the failure broke its
+// invariant again, as no replay at the failing run's pace would have
+// ended within the share of the bound it had for that (ReproduceShare).
+func (s *Shrinker) GaveUp() bool { return s.gaveUp }
 
 // reportsActivity reports whether the servers the labs' last sessions
 // used report their activity: all of a target's servers do, or none.
@@ -146,7 +182,8 @@ func (s *Shrinker) run(plans []plan.Plan) bool {
 	// restarts on a server slow to start), is spared.
 	if !s.slice() {
 		if !s.reproduce(plans) {
-			s.Cut = s.done()
+			// Given up, the shrinker stopped before the bound did.
+			s.Cut = !s.gaveUp && s.ctx.Err() != nil
 			return false
 		}
 		// The failure may have needed more tries than the slice gave its
@@ -164,11 +201,23 @@ func (s *Shrinker) run(plans []plan.Plan) bool {
 	s.confirm()
 	// A candidate the bound cut short decided nothing: the shrinker may
 	// have stopped short of where it would have ended.
-	s.Cut = s.done()
+	s.Cut = s.ctx.Err() != nil
 	return true
 }
 
-func (s *Shrinker) done() bool { return s.ctx.Err() != nil }
+// done says the shrink is to stop: its bound ran out, its run was
+// stopped, or it gave up before the failure reproduced.
+func (s *Shrinker) done() bool { return s.gaveUp || s.ctx.Err() != nil }
+
+// givesUp reports whether no replay is to start, as the failure has not
+// broken its invariant again and a replay at the failing run's pace would
+// end past the share of the bound it had for that; it then gives up.
+func (s *Shrinker) givesUp() bool {
+	if len(s.found) == 0 && !s.reproduceBy.IsZero() && s.now().Add(s.took).After(s.reproduceBy) {
+		s.gaveUp = true
+	}
+	return s.gaveUp
+}
 
 // reproduce replays plans until they break the invariant again, and
 // reports whether they did. A server that does not report its activity
@@ -293,6 +342,9 @@ func withoutUntidyStop(err error) error {
 // replay replays the candidates, at most one per lab, at once.
 func (s *Shrinker) replay(cands [][]plan.Plan, replayOn replayFunc) []replayed {
 	out := make([]replayed, len(cands))
+	if s.givesUp() {
+		return out // none ran: done says so to every caller
+	}
 	var wg sync.WaitGroup
 	for i, plans := range cands {
 		wg.Go(func() {
@@ -780,8 +832,13 @@ func Budget(parent context.Context, d time.Duration, said string) (context.Conte
 	if parent == nil {
 		parent = context.Background()
 	}
-	return context.WithTimeoutCause(parent, d, boundError{said})
+	ctx, cancel := context.WithTimeoutCause(parent, d, boundError{said})
+	return context.WithValue(ctx, boundKey{}, d), cancel
 }
+
+// boundKey is the key of a Budget's bound in its context: the share of it
+// a failure has to reproduce in is the shrinker's (ReproduceShare).
+type boundKey struct{}
 
 // boundError is why a shrink's context ended when its budget ran out.
 type boundError struct{ said string }

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/turncheck/turncheck/scenarios/report"
 )
@@ -19,8 +20,8 @@ import (
 // PartlyShrunk where the run reported is smaller than the failing run,
 // NotShrunk where it is the failing run itself. The note says how many
 // candidates were tried how often, and what kept the state from Shrunk.
-// Where the bound ended before the failure reproduced, it is NotShrunk,
-// and the note says so.
+// Where the bound ended, or the shrinker gave up (GaveUp), before the
+// failure reproduced, it is NotShrunk, and the note says so.
 func (s *Shrinker) State() (report.ShrinkState, string) {
 	notes := []string{s.tally()}
 	undecided := 0
@@ -51,6 +52,15 @@ func (s *Shrinker) State() (report.ShrinkState, string) {
 			ended = b.Error() + " before " + what
 		}
 		notes = append(notes, ended)
+	}
+	if s.gaveUp {
+		after := "before any replay"
+		if s.Runs > 0 {
+			after = "after " + count(s.Runs, "replay") + ", in which the failure did not break it again"
+		}
+		bound := time.Duration(float64(s.reproduceIn) / ReproduceShare)
+		notes = append(notes, fmt.Sprintf("gave up %s: one at the %s the failing run took would have ended past %s, the %.0f%% of its %s bound a failure has to reproduce in",
+			after, roughly(s.took), roughly(s.reproduceIn), ReproduceShare*100, roughly(bound)))
 	}
 	switch {
 	case len(s.found) == 0:
@@ -115,4 +125,16 @@ func count(n int, noun string) string {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// roughly is d rounded to a unit that suits it: seconds from a second
+// up, milliseconds below.
+func roughly(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Second)
+	case d >= time.Millisecond:
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(time.Microsecond)
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -220,4 +221,49 @@ func TestShrinkUnreplayedIsNoMiss(t *testing.T) {
 	s = newShrinker(context.Background(), singleSteps(2), f.replay)
 	require.False(t, s.run(singleSteps(2)))
 	assert.NoError(t, s.Unreplayed(), "replays that ran and broke nothing: the failure did not reproduce")
+}
+
+// TestShrinkGivesUpOnASlowServer: on a server whose replays take a fifth
+// of the bound, a failure that does not break its invariant again is
+// replayed only while a replay, at the failing run's pace, ends within
+// the half of the bound it has to reproduce in: twice, not the three
+// tries that would fill the bound; the shrinker then gives up, and says
+// so. One that reproduces on its first replay is shrunk on past that
+// half, and one whose replay alone would end past it is not replayed at
+// all. The clock is the replays' own: each moves it on by a replay.
+func TestShrinkGivesUpOnASlowServer(t *testing.T) {
+	const bound, took = 10 * time.Minute, 2 * time.Minute
+	tok := model.UserToken(3)
+	for _, tc := range []struct {
+		name    string
+		took    time.Duration
+		breaks  bool
+		ok      bool
+		runs    int
+		state   report.ShrinkState
+		gaveUp  bool
+		noteHas string
+	}{
+		{"does not reproduce", took, false, false, 2, report.NotShrunk, true,
+			"gave up after 2 replays, in which the failure did not break it again: one at the 2m0s the failing run took would have ended past 5m0s, the 50% of its 10m0s bound a failure has to reproduce in"},
+		{"a replay alone ends past the half", 6 * time.Minute, false, false, 0, report.NotShrunk, true, "gave up before any replay"},
+		// Replays at 0, 2, 4 and 6 minutes: the last past the half.
+		{"reproduces", took, true, true, 4, report.Shrunk, false, "candidates tried"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			f := &fakeServer{at: tok, breaks: func(plans []plan.Plan, _ int) bool { return tc.breaks && anySends(plans, tok) },
+				onReplay: func(int) { clock = clock.Add(tc.took) }}
+			s := newShrinker(context.Background(), singleSteps(4), f.replay)
+			s.now, s.took = func() time.Time { return clock }, tc.took
+			s.reproduceWithin(bound)
+			require.Equal(t, tc.ok, s.run(singleSteps(4)))
+			assert.Equal(t, tc.gaveUp, s.GaveUp())
+			assert.Equal(t, tc.runs, s.Runs, "replays made")
+			assert.False(t, s.Cut, "the bound itself did not run out")
+			state, note := s.State()
+			assert.Equal(t, tc.state, state, note)
+			assert.Contains(t, note, tc.noteHas)
+		})
+	}
 }
