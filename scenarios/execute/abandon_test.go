@@ -50,6 +50,7 @@ func (i impatient) Start(modelURL string) (targets.Server, error) {
 // open): the same (docker-agent's serve api, whose event stream opens at
 // once).
 func TestClientTimeoutIsAnInterruption(t *testing.T) {
+	t.Parallel() // its subtests wait on their servers
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%t", stream), func(t *testing.T) {
 			t.Parallel()

@@ -10,6 +10,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// Its tests mostly wait on their servers' stalls and timeouts.
+	procs.WaitBound(3)
 	// A leaked goroutine fails the tests, and so does a server process
 	// that outlived them; the replicas over PostgreSQL share one, started
 	// while the first tests run.

@@ -252,6 +252,7 @@ func prompt(cl *Client, ctx context.Context, tok model.Token) Response {
 // end_turn is ok; one whose reply lacks the call mark (a part of the
 // model's reply, the agent's error text after it) failed in the model.
 func TestACPTurn(t *testing.T) {
+	t.Parallel() // it waits on an agent of its own
 	_, cl, err := startScripted(t, "ok", 10*time.Second)
 	require.NoError(t, err)
 	r := prompt(cl, context.Background(), "tc-u7")
@@ -273,6 +274,7 @@ func TestACPTurn(t *testing.T) {
 // stdout are kept in its output, never read as messages, and the turn
 // still comes through.
 func TestACPLogsOnStdout(t *testing.T) {
+	t.Parallel() // it waits on an agent of its own
 	srv, cl, err := startScripted(t, "logs", 10*time.Second)
 	require.NoError(t, err)
 	r := prompt(cl, context.Background(), "tc-u3")
@@ -286,6 +288,7 @@ func TestACPLogsOnStdout(t *testing.T) {
 // TestACPNeverInitializes: an agent that never answers initialize is not
 // ready: its start fails within the start timeout, saying so.
 func TestACPNeverInitializes(t *testing.T) {
+	t.Parallel() // it waits on an agent of its own
 	_, _, err := startScripted(t, "noinit", time.Second)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "did not answer initialize")
@@ -294,6 +297,7 @@ func TestACPNeverInitializes(t *testing.T) {
 // TestACPExitMidPrompt: an agent that exits mid-prompt leaves the turn's
 // outcome unknown, said so, at once.
 func TestACPExitMidPrompt(t *testing.T) {
+	t.Parallel() // it waits on an agent of its own
 	_, cl, err := startScripted(t, "exit", 30*time.Second)
 	require.NoError(t, err)
 	start := time.Now()
@@ -307,6 +311,7 @@ func TestACPExitMidPrompt(t *testing.T) {
 // advertise with an error (method not found), and the turn says the
 // agent breached the protocol.
 func TestACPUnadvertisedCallBack(t *testing.T) {
+	t.Parallel() // it waits on an agent of its own
 	_, cl, err := startScripted(t, "callback", 10*time.Second)
 	require.NoError(t, err)
 	r := prompt(cl, context.Background(), "tc-u2")
@@ -322,6 +327,7 @@ func TestACPUnadvertisedCallBack(t *testing.T) {
 // TestACPCancel: the client's abort sends session/cancel; an answer other
 // than cancelled is a breach, and the outcome unknown.
 func TestACPCancel(t *testing.T) {
+	t.Parallel() // it waits on an agent of its own
 	_, cl, err := startScripted(t, "ignorecancel", 10*time.Second)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -342,6 +348,7 @@ func TestACPCancel(t *testing.T) {
 // an interrupted turn as well, and no breach: ACP does not say what
 // becomes of a prompt waiting behind the cancelled turn.
 func TestACPCancelAnsweredWithAnError(t *testing.T) {
+	t.Parallel() // it waits on an agent of its own
 	_, cl, err := startScripted(t, "errorcancel", 10*time.Second)
 	require.NoError(t, err)
 	conv := model.ConversationRef{ID: "c"}
@@ -378,6 +385,7 @@ func TestACPCancelAnsweredWithAnError(t *testing.T) {
 // prompt's reply is the text streamed before its own answer, not the
 // oldest prompt's.
 func TestACPRepliesOfPromptsRunOutOfOrder(t *testing.T) {
+	t.Parallel() // it waits on an agent of its own
 	srv, cl, err := startScripted(t, "outoforder", 10*time.Second)
 	require.NoError(t, err)
 	// The requests are made one after the other, as the harness makes a
@@ -414,6 +422,7 @@ func TestACPRepliesOfPromptsRunOutOfOrder(t *testing.T) {
 // model that failed), and as the client's own reading of its code
 // otherwise (500).
 func TestACPErrorStatus(t *testing.T) {
+	t.Parallel() // it waits on an agent of its own
 	_, cl, err := startScripted(t, "errors", 10*time.Second)
 	require.NoError(t, err)
 	r := prompt(cl, context.Background(), "tc-u1")

@@ -57,22 +57,30 @@ func TestErrorChunkReadToTheEnd(t *testing.T) {
 	assert.Equal(t, CauseChunk, r.Cause)
 	assert.False(t, r.Open, "the server ended the response")
 
-	pr, pw := io.Pipe()
-	go func() { _, _ = pw.Write([]byte(errChunk)) }() // and never ends
-	r = readStream(context.Background(), pr, pr, Response{Status: 200})
-	assert.Equal(t, model.Fail, r.Outcome)
-	assert.True(t, r.Open, "the server never ended the response")
-	_ = pw.Close()
-
+	neverEnds(t, "the server never ended the response", errChunk, func(r Response) {
+		assert.Equal(t, model.Fail, r.Outcome)
+	})
 	// docker-agent's serve chat writes [DONE] after the error chunk, and
 	// commits and releases the conversation only then: [DONE] is not the
 	// end of the response, its body's end is.
-	pr, pw = io.Pipe()
-	go func() { _, _ = pw.Write([]byte(errChunk + "data: [DONE]\n\n")) }() // and never ends
-	r = readStream(context.Background(), pr, pr, Response{Status: 200})
-	assert.Equal(t, model.Fail, r.Outcome)
-	assert.True(t, r.Open, "the server never ended the response after [DONE]")
-	_ = pw.Close()
+	neverEnds(t, "the server never ended the response after [DONE]", errChunk+"data: [DONE]\n\n", func(r Response) {
+		assert.Equal(t, model.Fail, r.Outcome)
+	})
+}
+
+// neverEnds reads a chat stream that sends what and never ends, in a
+// parallel subtest named said (each waits out ErrorDrain): the response
+// is marked open, and check judges the rest.
+func neverEnds(t *testing.T, said, what string, check func(Response)) {
+	t.Run(said, func(t *testing.T) {
+		t.Parallel()
+		pr, pw := io.Pipe()
+		go func() { _, _ = pw.Write([]byte(what)) }() // and never ends
+		r := readStream(context.Background(), pr, pr, Response{Status: 200})
+		check(r)
+		assert.True(t, r.Open, said)
+		_ = pw.Close()
+	})
 }
 
 // TestFailureEventReadToTheEnd: under the Responses API and a session API
@@ -123,21 +131,21 @@ func TestDoneReadToTheEnd(t *testing.T) {
 	assert.Equal(t, model.OK, r.Outcome, r.Detail)
 	assert.False(t, r.Open, "the server ended the response")
 
-	pr, pw := io.Pipe()
-	go func() { _, _ = pw.Write([]byte(stop + "data: [DONE]\n\n")) }() // and never ends
-	r = readStream(context.Background(), pr, pr, Response{Status: 200})
-	assert.Equal(t, model.OK, r.Outcome, r.Detail)
-	assert.True(t, r.Open, "the server never ended the response after [DONE]")
-	_ = pw.Close()
+	neverEnds(t, "the server never ended the response after [DONE]", stop+"data: [DONE]\n\n", func(r Response) {
+		assert.Equal(t, model.OK, r.Outcome, r.Detail)
+	})
 
 	sessions := &sessions{api: &targets.SessionsAPI{Events: targets.EventRules{TypeField: "type", Text: "agent_choice", TextField: "content",
 		Done: []string{"stream_stopped"}}}}
-	pr, pw = io.Pipe()
-	go func() {
-		_, _ = pw.Write([]byte(`data: {"type":"agent_choice","content":"tc-a1"}` + "\n\n" + `data: {"type":"stream_stopped"}` + "\n\n"))
-	}()
-	r = sessions.readEvents(context.Background(), pr, pr, Response{Status: 200})
-	assert.Equal(t, model.OK, r.Outcome, r.Detail)
-	assert.True(t, r.Open, "the server never ended the response after stream_stopped")
-	_ = pw.Close()
+	t.Run("the server never ended the response after stream_stopped", func(t *testing.T) {
+		t.Parallel()
+		pr, pw := io.Pipe()
+		go func() {
+			_, _ = pw.Write([]byte(`data: {"type":"agent_choice","content":"tc-a1"}` + "\n\n" + `data: {"type":"stream_stopped"}` + "\n\n"))
+		}()
+		r := sessions.readEvents(context.Background(), pr, pr, Response{Status: 200})
+		assert.Equal(t, model.OK, r.Outcome, r.Detail)
+		assert.True(t, r.Open, "the server never ended the response after stream_stopped")
+		_ = pw.Close()
+	})
 }
