@@ -186,6 +186,7 @@ var replicated = flag.Bool("replicated", false, "also run the campaigns of repli
 // black-box path, and no other, and its saved failure replays through the
 // profile.
 func TestConformMutantsThroughProfile(t *testing.T) {
+	t.Parallel() // its runs are processes of their own
 	bin := onPath(t)
 	type run struct {
 		info sut.MutantInfo
@@ -495,12 +496,16 @@ func TestConformFindingsAsTheyHappen(t *testing.T) {
 // TestExampleServerConforms: the README's walkthrough server, a few lines
 // of Python, conforms through its profile, so the walkthrough never rots.
 func TestExampleServerConforms(t *testing.T) {
+	t.Parallel() // it mostly waits on the server it starts
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("no python3 on this machine: the example server is a Python script")
 	}
-	t.Chdir("../..") // the profile names the script from the repository's root
-	code, stdout, stderr := runCLI(t, "conform", "--profile", "examples/pyserver/profile.yaml", "--checks", "4", "--steps", "15",
-		"--seed", "1", "--save", t.TempDir())
+	// The profile names the script from the repository's root: it runs
+	// from there, in a process of its own, so that other tests run beside.
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	code, stdout, stderr := runIn(t, root, onPath(t), "conform", "--profile", "examples/pyserver/profile.yaml", "--checks", "4", "--steps", "15",
+		"--seed", "1", "--save", t.TempDir(), "--out", t.TempDir())
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	assert.Contains(t, stdout, "CONFORMS")
 	for _, inv := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T10"} {

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -47,14 +49,40 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(procs.Checked(m))
 }
 
+// outOfTheWay is args of a run of check or conform with results kept in
+// a temporary directory unless args say where (--out): never in the
+// package's, nor the repository's.
+func outOfTheWay(t *testing.T, args []string) []string {
+	if len(args) > 0 && slices.Contains([]string{"check", "self-check", "conform"}, args[0]) && !slices.Contains(args, "--out") {
+		return append(slices.Clone(args), "--out", t.TempDir())
+	}
+	return args
+}
+
+// runIn runs the turncheck binary bin with args in dir, as a user would
+// from there, and returns its exit status and output: tests that need a
+// working directory of their own run at once with the others, where
+// t.Chdir would make them run alone.
+func runIn(t *testing.T, dir, bin string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), stdout.String(), stderr.String()
+	}
+	require.NoError(t, err, "turncheck %s did not run", strings.Join(args, " "))
+	return 0, stdout.String(), stderr.String()
+}
+
 // runCLI runs the CLI with args and returns its exit status and output.
 // A run of check or conform keeps its results in a temporary directory
 // unless args say where (--out): never in the package's.
 func runCLI(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	if len(args) > 0 && slices.Contains([]string{"check", "self-check", "conform"}, args[0]) && !slices.Contains(args, "--out") {
-		args = append(slices.Clone(args), "--out", t.TempDir())
-	}
+	args = outOfTheWay(t, args)
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), args, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()

@@ -170,7 +170,8 @@ func cheap(t *testing.T, args []string) []string {
 // running server, a front) only has its flags checked
 // (TestREADMEFlagsParse); go commands are left to the reader.
 func TestREADMECommands(t *testing.T) {
-	onPath(t)
+	t.Parallel() // its commands run as processes of their own, from the repository's root
+	bin := onPath(t)
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("the five-minute walkthrough's server needs python3")
 	}
@@ -198,10 +199,9 @@ func TestREADMECommands(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, len(runnable), 4, "the README's commands: %v", runnable)
-	t.Chdir(repoRoot)
 	for _, args := range runnable {
-		args = cheap(t, args)
-		code, stdout, stderr := runCLI(t, args...)
+		args = outOfTheWay(t, cheap(t, args))
+		code, stdout, stderr := runIn(t, repoRoot, bin, args...)
 		t.Logf("turncheck %s: exit %d", strings.Join(args, " "), code)
 		assert.Contains(t, []int{exitOK, exitViolation, exitNotProven}, code, "turncheck %s:\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), stdout, stderr)
 		if slices.Contains(args, "mutate-before-run") {

@@ -24,26 +24,26 @@ import (
 // text, JSON and JUnit, each failure as a replay file and a page, and
 // index.html, which a browser opens to every verdict and the failure.
 func TestConformResults(t *testing.T) {
-	onPath(t)
+	t.Parallel() // its runs are processes of their own, in a directory of their own
+	bin := onPath(t)
 	dir := t.TempDir()
 	profile := writeMutantProfile(t, dir, sut.MutantInfo{Mutant: sut.ForkNewSession})
-	t.Chdir(dir)
 
 	// From seed 1 the fork is found in the first check.
 	var runs []string
 	for range 2 {
-		code, stdout, stderr := runCLI(t, "conform", "--profile", profile, "--checks", "2", "--steps", "15", "--seed", "1", "--out", "")
+		code, stdout, stderr := runIn(t, dir, bin, "conform", "--profile", profile, "--checks", "2", "--steps", "15", "--seed", "1")
 		require.Equal(t, exitViolation, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 		m := regexp.MustCompile(`(?m)^results: (turncheck-results/\S+) \(open `).FindStringSubmatch(stdout)
 		require.NotNil(t, m, stdout)
 		runs = append(runs, m[1])
 	}
 	require.NotEqual(t, runs[0], runs[1], "two runs share a results directory")
-	latest, err := os.Readlink(filepath.Join("turncheck-results", "latest"))
+	latest, err := os.Readlink(filepath.Join(dir, "turncheck-results", "latest"))
 	require.NoError(t, err)
 	assert.Equal(t, filepath.Base(runs[1]), latest, "latest names the newest run")
 
-	out := runs[1]
+	out := filepath.Join(dir, runs[1])
 	text, err := os.ReadFile(filepath.Join(out, "verdicts.txt"))
 	require.NoError(t, err)
 	assert.Contains(t, string(text), "DOES NOT CONFORM")
@@ -70,7 +70,7 @@ func TestConformResults(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, failures, 1, "the T4 failure's replay file")
 	assert.FileExists(t, strings.TrimSuffix(failures[0], ".json")+".html")
-	code, stdout, stderr := runCLI(t, "replay", failures[0])
+	code, stdout, stderr := runIn(t, dir, bin, "replay", failures[0])
 	assert.Equal(t, exitViolation, code, "the saved failure replays: stdout:\n%s\nstderr:\n%s", stdout, stderr)
 
 	// The page, as a browser builds it: each invariant's verdict, as the

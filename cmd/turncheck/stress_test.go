@@ -143,7 +143,8 @@ func shareOfDeadline(t *testing.T, bound time.Duration, runs int) time.Duration 
 //
 // It sets the stall of every fake model of the process and the
 // GOMAXPROCS of the test binary, so it never runs beside other tests (no
-// t.Parallel): its protocols run one after another.
+// t.Parallel): the full campaign's protocols run one after another, the
+// short one's at once.
 func TestStress(t *testing.T) {
 	onPath(t)
 	checks, steps, hogs, bound := shortStressChecks, shortStressSteps, 0, 10*time.Minute
@@ -159,6 +160,12 @@ func TestStress(t *testing.T) {
 	protocols := []string{"chat", "responses", "sessions", "a2a"}
 	for i, protocol := range protocols {
 		t.Run(protocol, func(t *testing.T) {
+			if *stressChecks == 0 {
+				// The short campaign's runs mostly wait out their stalls:
+				// they run at once, still apart from the other tests (their
+				// parent is not parallel, and ends after them).
+				t.Parallel()
+			}
 			bound := shareOfDeadline(t, bound, len(protocols)-i)
 			profile := stressProfile(t, strings.TrimPrefix(protocol, "chat"), *stressStall, *stressProcs)
 			dir := t.TempDir()
