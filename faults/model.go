@@ -690,7 +690,7 @@ func firstHold(stream bool) int {
 
 // holdCall holds a call of p at its gates for chunk counts from lo to hi,
 // in order; false if the server gave up on it meanwhile.
-func (m *Model) holdCall(r *http.Request, p plan, lo, hi int) bool {
+func (m *Model) holdCall(r *http.Request, p plan, lo, hi int, flush func()) bool {
 	if p.auxiliary {
 		return true
 	}
@@ -698,6 +698,9 @@ func (m *Model) holdCall(r *http.Request, p plan, lo, hi int) bool {
 		g := m.takeGate(p.s, p.gatesAt(lo, hi))
 		if g == nil {
 			return true
+		}
+		if flush != nil {
+			flush() // what was streamed before the hold is the server's
 		}
 		m.mu.Lock()
 		g.at = p.at
@@ -896,7 +899,7 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatR
 	}
 	// The first gate was taken when the call was recorded; any others
 	// before the answer (a call answered whole) hold it in turn.
-	if p.first != nil && !m.hold(r, p.first) || !m.holdCall(r, p, 0, upTo(0)) {
+	if p.first != nil && !m.hold(r, p.first) || !m.holdCall(r, p, 0, upTo(0), nil) {
 		return // the server gave up on the call
 	}
 	m.answering(call.At)
@@ -927,16 +930,21 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatR
 		m.answerWhole(w, a, usage, f)
 		return
 	}
-	sw := sse.NewWriter(w)
+	// The chunks go out together, not one write each: a reply's pieces
+	// arrive as the server reads them, and no check depends on one
+	// read a chunk. Where the stream stops (a hold, a cut) all before it
+	// is sent first.
+	sw := sse.NewBufferedWriter(w)
 	w.WriteHeader(http.StatusOK)
 	_ = sw.Data(openai.Encode(chunk(openai.Delta{Role: openai.RoleAssistant}, nil)))
 	for c := 0; c <= n; c++ {
-		if c > 0 && !m.holdCall(r, p, c, upTo(c)) {
+		if c > 0 && !m.holdCall(r, p, c, upTo(c), sw.Flush) {
 			panic(http.ErrAbortHandler) // the server gave up mid-stream
 		}
 		if c == f.After || (c == n && f.After > n) {
 			switch f.Kind {
 			case Cut:
+				sw.Flush()
 				panic(http.ErrAbortHandler) // the connection drops mid-stream
 			case Malformed:
 				_ = sw.Data(malformedChunk)

@@ -74,10 +74,13 @@ func (r *Reader) Next() (string, error) {
 	return "", io.EOF
 }
 
-// Writer writes events and flushes each one at once.
+// Writer writes events and flushes each one at once, or, made by
+// NewBufferedWriter, only when told to (Flush) and when the handler
+// returns.
 type Writer struct {
-	w http.ResponseWriter
-	f http.Flusher
+	w        http.ResponseWriter
+	f        http.Flusher
+	buffered bool
 }
 
 // NewWriter sets the event-stream headers on w and returns a Writer. It does
@@ -89,6 +92,22 @@ func NewWriter(w http.ResponseWriter) *Writer {
 	h.Set("Connection", "keep-alive")
 	f, _ := w.(http.Flusher)
 	return &Writer{w: w, f: f}
+}
+
+// NewBufferedWriter is NewWriter for a stream whose events need not
+// reach the reader one by one: they go in as few writes as the response's
+// buffer allows, and at once where the writer says (Flush).
+func NewBufferedWriter(w http.ResponseWriter) *Writer {
+	sw := NewWriter(w)
+	sw.buffered = true
+	return sw
+}
+
+// Flush sends the events written so far.
+func (w *Writer) Flush() {
+	if w.f != nil {
+		w.f.Flush()
+	}
 }
 
 // Data writes one event with the given payload, which must not contain a
@@ -107,8 +126,8 @@ func (w *Writer) write(format string, args ...any) error {
 	if _, err := fmt.Fprintf(w.w, format, args...); err != nil {
 		return err
 	}
-	if w.f != nil {
-		w.f.Flush()
+	if !w.buffered {
+		w.Flush()
 	}
 	return nil
 }

@@ -312,3 +312,17 @@ func TestWriterEvent(t *testing.T) {
 	assert.ErrorIs(t, err, io.EOF)
 	assert.Equal(t, []string{`{"a":1}`}, got, "the Reader reads the data of a named event")
 }
+
+// TestBufferedWriter: a buffered Writer writes its events without
+// flushing them, and sends them when told to.
+func TestBufferedWriter(t *testing.T) {
+	rec := httptest.NewRecorder()
+	w := sse.NewBufferedWriter(rec)
+	assert.Equal(t, "text/event-stream", rec.Header().Get("Content-Type"))
+	require.NoError(t, w.Data("x"))
+	require.NoError(t, w.Event("done", "y"))
+	assert.False(t, rec.Flushed, "no event is flushed on its own")
+	w.Flush()
+	assert.True(t, rec.Flushed, "Flush sends what was written")
+	assert.Equal(t, "data: x\n\nevent: done\ndata: y\n\n", rec.Body.String())
+}
