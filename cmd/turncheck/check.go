@@ -22,6 +22,11 @@ import (
 	"github.com/turncheck/turncheck/sut"
 )
 
+// shrinkBoundHelp says, for --shrink-time, how a shrink is bounded.
+const shrinkBoundHelp = "(no replay starts after it; stopping the one cut short may take the server's stop grace more); " +
+	"0 counts it in replays: 100 replays of the failing run at the speed it ran, within 30s and 10m, and only what the checks still to run leave of the run's time; " +
+	"a failure has half of either bound to break its invariant again in, and its shrink gives up before a replay that would end past that"
+
 const checkHelp = `Usage: turncheck check [--mutant NAME] [--concurrency POLICY] [--interruption POLICY] [--protocol P] [--checks N] [--steps N] [--seed S] [--shrink-time D]
 
 Runs the state machine against the embedded reference server: new
@@ -195,7 +200,7 @@ func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	checks := fs.Int("checks", 100, "state-machine runs to try")
 	steps := fs.Int("steps", 30, "average steps per run")
 	seed := fs.Uint64("seed", 0, "seed of the first run; 0 draws one")
-	shrink := fs.Duration("shrink-time", 0, "time limit for shrinking a failure (no replay starts after it; stopping the one cut short may take the server's stop grace more); 0 counts it in replays: 100 replays of the failing run at the speed it ran, within 30s and 10m, and only what the checks still to run leave of the run's time")
+	shrink := fs.Duration("shrink-time", 0, "time limit for shrinking a failure "+shrinkBoundHelp)
 	parallel := fs.Int("parallel", 0, "checks run at once, each on a server of its own; 0: one per core (the verdict is the same either way)")
 	if code := fs.parse(args); code >= 0 {
 		return code
@@ -215,7 +220,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	seed := fs.Uint64("seed", 0, "replay the check this seed starts, searching and shrinking again")
 	tries := fs.Int("tries", shrink.ReproduceTries, "with FILE: replay the saved steps up to `N` times, each in a fresh session, until they break the saved invariant")
 	steps := fs.Int("steps", 30, "with --seed: average steps per run, the value the seed was found with")
-	shrink := fs.Duration("shrink-time", 0, "with --seed: time limit for shrinking the failure (no replay starts after it; stopping the one cut short may take the server's stop grace more); 0 counts it in replays: 100 replays of the failing run at the speed it ran, within 30s and 10m, and only what the checks still to run leave of the run's time")
+	shrink := fs.Duration("shrink-time", 0, "with --seed: time limit for shrinking the failure "+shrinkBoundHelp)
 	if code := fs.parse(args); code >= 0 {
 		return code
 	}

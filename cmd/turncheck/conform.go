@@ -142,7 +142,7 @@ func cmdConform(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	steps := fs.Int("steps", 30, "average steps per run")
 	seed := fs.Uint64("seed", 0, "seed of the first run; 0 draws one")
 	timeout := fs.Duration("timeout", 10*time.Minute, "wall-clock bound on the whole run, shrinking included")
-	shrink := fs.Duration("shrink-time", 0, "time limit for shrinking each failure (no replay starts after it; stopping the one cut short may take the server's stop grace more); 0 counts it in replays: 100 replays of the failing run at the speed it ran, within 30s and 10m, and only what the checks still to run leave of the run's time")
+	shrink := fs.Duration("shrink-time", 0, "time limit for shrinking each failure "+shrinkBoundHelp)
 	var skip skipFlag
 	fs.Var(&skip, "skip", "leave out a known failure, e.g. T3, or crash (repeatable)")
 	out := fs.String("out", "", "directory for the run's results (verdicts as text, JSON and JUnit, index.html, each failure); default "+resultsRoot+"/TIME, with "+resultsRoot+"/latest naming the newest")
