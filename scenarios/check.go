@@ -320,9 +320,9 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		f.Violation, f.Plans, f.History = s.Violation, s.Plans, s.History
 		f.Report = report.FormatFailure(f.Violation, f.History, profile)
 		f.Shrink, f.ShrinkNote = s.State()
-	case ctx.Err() != nil || s.GaveUp():
-		// Interrupted, out of time, or given up, before the replays said
-		// anything: the run as it failed, unshrunk, and the note says why.
+	case ctx.Err() != nil:
+		// Interrupted, or out of time, before the replays said anything:
+		// the run as it failed, unshrunk.
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
 		f.Report = report.FormatFailure(f.Violation, f.History, profile)
 		f.Shrink, f.ShrinkNote = s.State()
@@ -332,6 +332,12 @@ func (r *runner) failure(c *checkRun, opts Options) *report.Failure {
 		f.Shrink, f.ShrinkNote = report.NotShrunk, "its steps could not be replayed: "+s.Unreplayed().Error()
 		f.Report = fmt.Sprintf("The failure's steps could not be replayed to shrink it (%v).\nThis is the run that failed:\n\n", s.Unreplayed()) +
 			report.FormatFailure(f.Violation, f.History, profile)
+	case s.GaveUp():
+		// Given up before the replays said anything: the run as it
+		// failed, unshrunk, and not flaky; the note says why.
+		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history
+		f.Report = report.FormatFailure(f.Violation, f.History, profile)
+		f.Shrink, f.ShrinkNote = s.State()
 	default:
 		f.Flaky, f.Shrink = true, report.NotShrunk
 		f.Violation, f.Plans, f.History = run.violation, run.plans, run.history

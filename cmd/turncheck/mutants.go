@@ -65,7 +65,7 @@ func cmdMutants(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	asJSON := fs.Bool("json", false, "print the track record as JSON")
 	checks := fs.Int("checks", 100, "state-machine runs to try per server")
 	seed := fs.Uint64("seed", 0, "seed of every server's first run; 0 draws one each")
-	shrink := fs.Duration("shrink-time", 10*time.Second, "time limit for shrinking each failure")
+	shrink := fs.Duration("shrink-time", 10*time.Second, "time limit for shrinking each failure; a failure has half of it to break its invariant again in, and its shrink gives up before a replay that would end past that")
 	fs.positional = math.MaxInt // the mutants to run, all if none
 	if code := fs.parse(args); code >= 0 {
 		return code

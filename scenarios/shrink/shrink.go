@@ -103,6 +103,10 @@ type Shrinker struct {
 	reproduceBy time.Time
 	gaveUp      bool
 	now         func() time.Time
+	// slicing says the first slice is being tried, before the failing
+	// run's own steps were replayed: a slice starts only if a replay of
+	// those still ends by reproduceBy after it; sliced says one did not.
+	slicing, sliced bool
 	// replayShown says the failing run showed a T3 violation as a replay:
 	// the request without a usable message came after a committed turn
 	// of its conversation. A smaller candidate is kept only if it shows
@@ -135,6 +139,13 @@ type candidate struct {
 // break it at all: the failure did not reproduce, or the shrinker gave
 // up before it did (GaveUp).
 func Run(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.Violation, took time.Duration, after func(steps int)) (s *Shrinker, ok bool) {
+	// A failing check on a server earlier checks shared is replayed with
+	// their steps first (plan.Plan.Earlier): at its own pace, they take
+	// longer than it did.
+	own := len(plans) - countEarlier(plans)
+	if own > 0 {
+		took = took * time.Duration(len(plans)) / time.Duration(own)
+	}
 	s = &Shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), Plans: plans, Violation: v,
 		replayOn: (*execute.Lab).Replay, freshOn: (*execute.Lab).FreshReplay,
 		reports: reportsActivity(labs), fresh: labs[0].FreshServers(), took: took, now: time.Now}
@@ -142,6 +153,17 @@ func Run(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.V
 		s.reproduceWithin(bound)
 	}
 	return s, s.run(plans)
+}
+
+// countEarlier is how many of plans are earlier checks' steps.
+func countEarlier(plans []plan.Plan) int {
+	n := 0
+	for _, p := range plans {
+		if p.Earlier != (plan.Origin{}) {
+			n++
+		}
+	}
+	return n
 }
 
 // reproduceWithin gives the failure its share of bound, from now, to
@@ -180,7 +202,10 @@ func (s *Shrinker) run(plans []plan.Plan) bool {
 	// first: when they break the invariant, the failure reproduces, and
 	// the replay of the whole run, often the costliest of all (its
 	// restarts on a server slow to start), is spared.
-	if !s.slice() {
+	s.slicing = true
+	kept := s.slice()
+	s.slicing, s.sliced = false, false
+	if !kept {
 		if !s.reproduce(plans) {
 			// Given up, the shrinker stopped before the bound did.
 			s.Cut = !s.gaveUp && s.ctx.Err() != nil
@@ -205,18 +230,27 @@ func (s *Shrinker) run(plans []plan.Plan) bool {
 	return true
 }
 
-// done says the shrink is to stop: its bound ran out, its run was
-// stopped, or it gave up before the failure reproduced.
-func (s *Shrinker) done() bool { return s.gaveUp || s.ctx.Err() != nil }
+// done says the shrink, or its first slice, is to stop: its bound ran
+// out, its run was stopped, or it gave up before the failure reproduced.
+func (s *Shrinker) done() bool { return s.gaveUp || s.sliced || s.ctx.Err() != nil }
 
 // givesUp reports whether no replay is to start, as the failure has not
 // broken its invariant again and a replay at the failing run's pace would
-// end past the share of the bound it had for that; it then gives up.
+// end past the share of the bound it had for that; it then gives up. A
+// slice, tried first, must leave time for one replay of the failing
+// run's own steps after it: where it would not, the slice stops instead.
 func (s *Shrinker) givesUp() bool {
-	if len(s.found) == 0 && !s.reproduceBy.IsZero() && s.now().Add(s.took).After(s.reproduceBy) {
+	if len(s.found) > 0 || s.reproduceBy.IsZero() {
+		return s.gaveUp
+	}
+	end := s.now().Add(s.took)
+	switch {
+	case s.slicing && end.Add(s.took).After(s.reproduceBy):
+		s.sliced = true
+	case end.After(s.reproduceBy):
 		s.gaveUp = true
 	}
-	return s.gaveUp
+	return s.gaveUp || s.sliced
 }
 
 // reproduce replays plans until they break the invariant again, and

@@ -56,7 +56,7 @@ func (s *Shrinker) State() (report.ShrinkState, string) {
 	if s.gaveUp {
 		after := "before any replay"
 		if s.Runs > 0 {
-			after = "after " + count(s.Runs, "replay") + ", in which the failure did not break it again"
+			after = "after " + count(s.Runs, "replay") + ", none of which broke it again"
 		}
 		bound := time.Duration(float64(s.reproduceIn) / ReproduceShare)
 		notes = append(notes, fmt.Sprintf("gave up %s: one at the %s the failing run took would have ended past %s, the %.0f%% of its %s bound a failure has to reproduce in",

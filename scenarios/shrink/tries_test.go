@@ -227,7 +227,7 @@ func TestShrinkUnreplayedIsNoMiss(t *testing.T) {
 // of the bound, a failure that does not break its invariant again is
 // replayed only while a replay, at the failing run's pace, ends within
 // the half of the bound it has to reproduce in: twice, not the three
-// tries that would fill the bound; the shrinker then gives up, and says
+// tries it would get otherwise; the shrinker then gives up, and says
 // so. One that reproduces on its first replay is shrunk on past that
 // half, and one whose replay alone would end past it is not replayed at
 // all. The clock is the replays' own: each moves it on by a replay.
@@ -245,7 +245,7 @@ func TestShrinkGivesUpOnASlowServer(t *testing.T) {
 		noteHas string
 	}{
 		{"does not reproduce", took, false, false, 2, report.NotShrunk, true,
-			"gave up after 2 replays, in which the failure did not break it again: one at the 2m0s the failing run took would have ended past 5m0s, the 50% of its 10m0s bound a failure has to reproduce in"},
+			"gave up after 2 replays, none of which broke it again: one at the 2m0s the failing run took would have ended past 5m0s, the 50% of its 10m0s bound a failure has to reproduce in"},
 		{"a replay alone ends past the half", 6 * time.Minute, false, false, 0, report.NotShrunk, true, "gave up before any replay"},
 		// Replays at 0, 2, 4 and 6 minutes: the last past the half.
 		{"reproduces", took, true, true, 4, report.Shrunk, false, "candidates tried"},
@@ -266,4 +266,37 @@ func TestShrinkGivesUpOnASlowServer(t *testing.T) {
 			assert.Contains(t, note, tc.noteHas)
 		})
 	}
+}
+
+// TestShrinkSliceLeavesRoomForTheRun: the slice tried first stops where
+// one more of its tries would leave no time, within the half of the
+// bound, for a replay of the failing run's own steps: those are
+// replayed, break the invariant again, and the shrink goes on.
+func TestShrinkSliceLeavesRoomForTheRun(t *testing.T) {
+	other := model.ConversationRef{Key: "key-a", ID: "conv-2"}
+	burst := plan.Plan{Action: plan.BurstAction(2), Release: []int{0, 1}, Sends: []plan.Send{
+		plan.TurnSend(shrinkConv, model.UserToken(2), false), plan.TurnSend(shrinkConv, model.UserToken(3), false)}}
+	plans := []plan.Plan{plan.Single("continue", plan.TurnSend(other, model.UserToken(1), false)), burst}
+	whole := tokens(plans)
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// Only the whole run breaks it: the burst alone, a slice that needs
+	// two tries on a server that does not report its activity, never.
+	f := &fakeServer{at: model.UserToken(2), breaks: func(ps []plan.Plan, _ int) bool { return tokens(ps) == whole },
+		onReplay: func(int) { clock = clock.Add(2 * time.Minute) }}
+	var order []string
+	replay := func(l *execute.Lab, ctx context.Context, ps []plan.Plan) ([]history.Op, *model.Violation, error) {
+		order = append(order, tokens(ps))
+		return f.replay(l, ctx, ps)
+	}
+	s := newShrinker(context.Background(), plans, replay)
+	s.Violation.Conv = shrinkConv
+	s.now, s.took = func() time.Time { return clock }, 2*time.Minute
+	s.reproduceWithin(10 * time.Minute)
+	require.True(t, s.run(plans), "the failing run's own steps were replayed")
+	assert.False(t, s.GaveUp())
+	require.GreaterOrEqual(t, len(order), 3)
+	assert.Equal(t, []string{tokens([]plan.Plan{burst}), whole, tokens([]plan.Plan{burst})}, order[:3],
+		"one try of the slice, then the failing run, then the slice's second try")
+	state, note := s.State()
+	assert.NotContains(t, note, "gave up", state)
 }
