@@ -139,6 +139,12 @@ type candidate struct {
 // break it at all: the failure did not reproduce, or the shrinker gave
 // up before it did (GaveUp).
 func Run(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.Violation, took time.Duration, after func(steps int)) (s *Shrinker, ok bool) {
+	s = newRun(ctx, labs, plans, v, took, after)
+	return s, s.run(plans)
+}
+
+// newRun is Run's shrinker, before it runs.
+func newRun(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.Violation, took time.Duration, after func(steps int)) *Shrinker {
 	// A failing check on a server earlier checks shared is replayed with
 	// their steps first (plan.Plan.Earlier): at its own pace, they take
 	// longer than it did.
@@ -146,13 +152,13 @@ func Run(ctx context.Context, labs []*execute.Lab, plans []plan.Plan, v *model.V
 	if own > 0 {
 		took = took * time.Duration(len(plans)) / time.Duration(own)
 	}
-	s = &Shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), Plans: plans, Violation: v,
+	s := &Shrinker{labs: labs, want: v.Invariant, ctx: ctx, after: after, from: len(plans), Plans: plans, Violation: v,
 		replayOn: (*execute.Lab).Replay, freshOn: (*execute.Lab).FreshReplay,
 		reports: reportsActivity(labs), fresh: labs[0].FreshServers(), took: took, now: time.Now}
 	if bound, ok := ctx.Value(boundKey{}).(time.Duration); ok {
 		s.reproduceWithin(bound)
 	}
-	return s, s.run(plans)
+	return s
 }
 
 // countEarlier is how many of plans are earlier checks' steps.

@@ -300,3 +300,22 @@ func TestShrinkSliceLeavesRoomForTheRun(t *testing.T) {
 	state, note := s.State()
 	assert.NotContains(t, note, "gave up", state)
 }
+
+// TestShrinkPaceCountsEarlierSteps: a failing check replayed with the
+// steps of the earlier checks that shared its server runs longer than the
+// check did, in proportion; the half of the bound a failure has to
+// reproduce in is set where the bound is a shrink's Budget, and nowhere
+// else.
+func TestShrinkPaceCountsEarlierSteps(t *testing.T) {
+	plans := singleSteps(4)
+	plans[0].Earlier, plans[1].Earlier = plan.Origin{Check: 1, Session: 1}, plan.Origin{Check: 1, Session: 1}
+	v := &model.Violation{Invariant: model.T1}
+	ctx, cancel := Budget(context.Background(), 10*time.Minute, "--shrink-time 10m")
+	defer cancel()
+	s := newRun(ctx, []*execute.Lab{{}}, plans, v, time.Second, nil)
+	assert.Equal(t, 2*time.Second, s.took, "two own steps of four took a second")
+	assert.Equal(t, 5*time.Minute, s.reproduceIn)
+	s = newRun(context.Background(), []*execute.Lab{{}}, singleSteps(4), v, time.Second, nil)
+	assert.Equal(t, time.Second, s.took)
+	assert.True(t, s.reproduceBy.IsZero(), "no Budget, no share of it")
+}
