@@ -930,10 +930,9 @@ func (m *Model) answer(w http.ResponseWriter, r *http.Request, req *openai.ChatR
 		m.answerWhole(w, a, usage, f)
 		return
 	}
-	// The chunks go out together, not one write each: a reply's pieces
-	// arrive as the server reads them, and no check depends on one
-	// read a chunk. Where the stream stops (a hold, a cut) all before it
-	// is sent first.
+	// The chunks go out together, not one write each: no check depends
+	// on the server reading them one at a time. Where the stream stops
+	// (a hold, a cut), all before it is sent first.
 	sw := sse.NewBufferedWriter(w)
 	w.WriteHeader(http.StatusOK)
 	_ = sw.Data(openai.Encode(chunk(openai.Delta{Role: openai.RoleAssistant}, nil)))

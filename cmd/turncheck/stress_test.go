@@ -119,9 +119,9 @@ func stressProfile(t *testing.T, protocol string, stall time.Duration, procs int
 // shareOfDeadline is bound, or less: what is left of the test binary's
 // -timeout (less a margin for stopping the servers), shared among the
 // runs still to come (the full campaign's, one after another; the short
-// one's run at once, each within its share, well within what is left). A machine too slow for the checks asked then leaves
-// some unrun, NOT EXERCISED, rather than the test binary panicking at its
-// deadline.
+// one's run at once, each within its share, well within what is left). A
+// machine too slow for the checks asked then leaves some unrun, NOT
+// EXERCISED, rather than the test binary panicking at its deadline.
 func shareOfDeadline(t *testing.T, bound time.Duration, runs int) time.Duration {
 	d, ok := t.Deadline()
 	if !ok {
