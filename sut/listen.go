@@ -124,8 +124,14 @@ func (r *Running) Shutdown(ctx context.Context) error {
 	err := r.hs.Shutdown(ctx)
 	if err != nil {
 		// The grace ran out: the turns still running are dropped, each
-		// answered so before its connection closes.
+		// answered so before its connection closes. An answer leaves
+		// net/http's buffer only after its handler returns: a second
+		// Shutdown, within the same bound, waits for the connections to
+		// go idle, their answers written, before the rest are closed.
 		r.Server.engine.DropTurns(turn.DropAnswerWait)
+		answered, cancel := context.WithTimeout(context.Background(), turn.DropAnswerWait)
+		_ = r.hs.Shutdown(answered)
+		cancel()
 		err = errors.Join(err, r.hs.Close())
 	}
 	<-r.serving
