@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"flag"
 	"fmt"
@@ -529,10 +530,19 @@ func TestIndependentA2AServer(t *testing.T) {
 	require.NoError(t, err)
 	shipped, err := os.ReadFile(filepath.Join(root, "examples/a2a-pyserver/profile.yaml"))
 	require.NoError(t, err)
+	// python3 on PATH may be a shim (pyenv's runs a dozen shell processes,
+	// about 0.3 s of CPU, before every start of the server): the profile
+	// names the interpreter it would run, the same one.
+	python := "python3"
+	if out, err := exec.Command("python3", "-c", "import sys; print(sys.executable)").Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
+		python = string(bytes.TrimSpace(out))
+	}
 	profile := func(t *testing.T, bug string) string {
 		// The profile names its script from the repository's root: here
 		// by its absolute path, so that the subtests can run at once.
 		text := strings.Replace(string(shipped), "examples/a2a-pyserver/server.py", filepath.Join(root, "examples/a2a-pyserver/server.py"), 1)
+		text = strings.Replace(text, "command: [python3, ", "command: ["+python+", ", 1)
+		require.Contains(t, text, "command: ["+python+", ")
 		if bug != "" {
 			text = strings.Replace(text, `--queue-wait, "8"]`, `--queue-wait, "8", --bug, `+bug+`]`, 1)
 			require.Contains(t, text, bug)
