@@ -80,11 +80,23 @@ func (r *Running) URL() string { return "http://" + r.ln.Addr().String() }
 // nothing.
 func (r *Running) Close() error {
 	r.conns.Stop()
-	r.Server.engine.DropTurns(turn.DropAnswerWait)
+	r.dropTurns()
 	err := r.hs.Close()
 	<-r.serving
 	r.conns.Wait()
 	return errors.Join(err, r.Server.Close())
+}
+
+// dropTurns ends the turns still running, each answered that the server
+// dropped it, and waits at most turn.DropAnswerWait for the answers to be
+// written: an answer leaves net/http's buffer only after its handler
+// returns, and a Shutdown returns once every connection is idle, its
+// answer written (or the wait is over). The connections may close after.
+func (r *Running) dropTurns() {
+	r.Server.engine.DropTurns(0)
+	answered, cancel := context.WithTimeout(context.Background(), turn.DropAnswerWait)
+	defer cancel()
+	_ = r.hs.Shutdown(answered)
 }
 
 // Crash is an in-process stand-in for kill -9: it closes the listener and
@@ -124,14 +136,8 @@ func (r *Running) Shutdown(ctx context.Context) error {
 	err := r.hs.Shutdown(ctx)
 	if err != nil {
 		// The grace ran out: the turns still running are dropped, each
-		// answered so before its connection closes. An answer leaves
-		// net/http's buffer only after its handler returns: a second
-		// Shutdown, within the same bound, waits for the connections to
-		// go idle, their answers written, before the rest are closed.
-		r.Server.engine.DropTurns(turn.DropAnswerWait)
-		answered, cancel := context.WithTimeout(context.Background(), turn.DropAnswerWait)
-		_ = r.hs.Shutdown(answered)
-		cancel()
+		// answered so before its connection closes.
+		r.dropTurns()
 		err = errors.Join(err, r.hs.Close())
 	}
 	<-r.serving

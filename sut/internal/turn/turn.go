@@ -648,8 +648,9 @@ func (s *Engine) answerDropped(c Client, o *Output) {
 }
 
 // DropTurns ends the turns still running, each answered that the server
-// dropped it, and waits at most wait for their answers to be written:
-// the connections may close after that.
+// dropped it, and waits at most wait for their handlers to return (an
+// HTTP server's answers are written after that: sut.Running waits for
+// its connections instead).
 func (s *Engine) DropTurns(wait time.Duration) {
 	s.dropping.Store(true)
 	s.EndTurns()
