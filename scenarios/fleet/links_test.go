@@ -103,9 +103,11 @@ func TestLinkFaults(t *testing.T) {
 	} {
 		open := dial()
 		require.NoError(t, echo(open))
+		// From before the fault: a cut's dark spell starts as it is
+		// put in place, inside Break.
+		start := time.Now()
 		heal, err := ps.Break(0, f)
 		require.NoError(t, err, "%s", f)
-		start := time.Now()
 		err = echo(open)
 		took := time.Since(start)
 		switch f.Kind {
