@@ -53,6 +53,10 @@ const (
 // hogEnv, set, makes this test binary a CPU hog (hog).
 const hogEnv = "TURNCHECK_HOG"
 
+// stressAloneEnv, set, says this test binary was started by TestStress to
+// run the short campaign in a process of its own (stressAlone).
+const stressAloneEnv = "TURNCHECK_STRESS_ALONE"
+
 // hog is a hog process's main: it spins on one core (its GOMAXPROCS is
 // 1) until its stdin closes, which it does when the test stops it or
 // when the test process dies, so that no hog outlives the test.
@@ -143,10 +147,15 @@ func shareOfDeadline(t *testing.T, bound time.Duration, runs int) time.Duration 
 // reported, not failed.
 //
 // It sets the stall of every fake model of the process and the
-// GOMAXPROCS of the test binary, so it never runs beside other tests (no
-// t.Parallel): the full campaign's protocols run one after another, the
-// short one's at once.
+// GOMAXPROCS of the test binary, so it never runs beside other tests of
+// its process: the full campaign runs without t.Parallel, its protocols
+// one after another; the short one's run at once, in a test binary of
+// their own (stressAlone), beside the other tests of this one.
 func TestStress(t *testing.T) {
+	if *stressChecks == 0 && os.Getenv(stressAloneEnv) == "" {
+		stressAlone(t)
+		return
+	}
 	onPath(t)
 	checks, steps, hogs, bound := shortStressChecks, shortStressSteps, 0, 10*time.Minute
 	if *stressChecks > 0 {
@@ -210,4 +219,32 @@ func TestStress(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stressAlone runs the short campaign as TestStress alone in a new
+// process of this test binary, and fails t as it fails: its stall and
+// GOMAXPROCS are that process's, and this one's other tests run on beside
+// it rather than wait out its stalls.
+func stressAlone(t *testing.T) {
+	t.Parallel()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	args := []string{"-test.run=^TestStress$", "-test.count=1", "-test.v"}
+	if d, ok := t.Deadline(); ok {
+		args = append(args, "-test.timeout="+time.Until(d).Round(time.Second).String())
+	}
+	if testing.Short() {
+		args = append(args, "-test.short")
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), stressAloneEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	// Its runs' summaries (or its failures), as if it had run here.
+	for line := range strings.Lines(string(out)) {
+		if s := strings.TrimSpace(line); strings.HasPrefix(s, "stress_test.go:") || strings.HasPrefix(s, "Error") {
+			t.Log(s)
+		}
+	}
+	require.NoError(t, err, "TestStress in a process of its own:\n%s", out)
+	require.Contains(t, string(out), "--- PASS: TestStress ", "TestStress did not run in its process:\n%s", out)
 }
