@@ -23,12 +23,16 @@ import (
 	"github.com/turncheck/turncheck/internal/procs"
 	"github.com/turncheck/turncheck/internal/sse"
 	"github.com/turncheck/turncheck/internal/syncbuf"
+	"github.com/turncheck/turncheck/internal/tmpfs"
 	"github.com/turncheck/turncheck/model"
 )
 
 // TestMain fails the tests on a leaked goroutine, and on a server process
 // that outlived them.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(procs.Checked(m)) }
+func TestMain(m *testing.M) {
+	tmpfs.Use()
+	goleak.VerifyTestMain(procs.Checked(m))
+}
 
 // guard bounds how long a test waits for something that must happen; it
 // only turns a hang into a failure, it never decides an outcome.

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/turncheck/turncheck/internal/pgtest"
+	"github.com/turncheck/turncheck/internal/tmpfs"
 )
 
 // TestMain fails the package if any test leaves a goroutine behind: every
@@ -18,6 +19,7 @@ import (
 // server on its stdin and stdout (acp_test.go): the real subprocess the
 // ACP tests drive.
 func TestMain(m *testing.M) {
+	tmpfs.Use() // its servers' data dirs in memory
 	if spec := os.Getenv(acpChildEnv); spec != "" {
 		os.Exit(serveACPChild(spec))
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/turncheck/turncheck/internal/crashtest"
 	"github.com/turncheck/turncheck/internal/procs"
 	"github.com/turncheck/turncheck/internal/syncbuf"
+	"github.com/turncheck/turncheck/internal/tmpfs"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/targets"
@@ -38,6 +39,7 @@ import (
 // instead; as a hog (hogEnv), it spins; as a server that goes down
 // (crashtest.Env), it serves.
 func TestMain(m *testing.M) {
+	tmpfs.Use() // its servers' data dirs in memory
 	crashtest.Main()
 	if spec := os.Getenv(floodEnv); spec != "" {
 		os.Exit(flooder(spec))

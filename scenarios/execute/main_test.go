@@ -7,9 +7,11 @@ import (
 
 	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/internal/procs"
+	"github.com/turncheck/turncheck/internal/tmpfs"
 )
 
 func TestMain(m *testing.M) {
+	tmpfs.Use() // its servers' data dirs in memory
 	// Its tests mostly wait on their servers' stalls and timeouts.
 	procs.WaitBound(3)
 	// A leaked goroutine fails the tests, and so does a server process

@@ -18,9 +18,11 @@ import (
 
 	"github.com/turncheck/turncheck/internal/crashtest"
 	"github.com/turncheck/turncheck/internal/procs"
+	"github.com/turncheck/turncheck/internal/tmpfs"
 )
 
 func TestMain(m *testing.M) {
+	tmpfs.Use() // its servers' data dirs in memory
 	// A re-executed test binary plays a misbehaving server instead.
 	runHostileChild()
 	crashtest.Main()

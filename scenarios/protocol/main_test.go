@@ -7,9 +7,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/turncheck/turncheck/internal/procs"
+	"github.com/turncheck/turncheck/internal/tmpfs"
 )
 
 func TestMain(m *testing.M) {
+	tmpfs.Use() // its servers' data dirs in memory
 	if mode := os.Getenv(scriptEnv); mode != "" {
 		// This test binary, started again by a test: a scripted ACP agent.
 		os.Exit(scriptedAgent(mode, os.Stdin, os.Stdout))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/turncheck/turncheck/internal/pgtest"
 	"github.com/turncheck/turncheck/internal/procs"
+	"github.com/turncheck/turncheck/internal/tmpfs"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/scenarios/protocol"
@@ -29,6 +30,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	tmpfs.Use() // its servers' data dirs in memory
 	procs.WaitBound(3)
 	// A leaked goroutine fails the tests, and so does a server process
 	// that outlived them.

@@ -9,13 +9,17 @@ import (
 
 	"github.com/turncheck/turncheck/internal/openai"
 	"github.com/turncheck/turncheck/internal/pgtest"
+	"github.com/turncheck/turncheck/internal/tmpfs"
 	"github.com/turncheck/turncheck/sut/internal/admission"
 	"github.com/turncheck/turncheck/sut/internal/config"
 )
 
 // TestMain runs the package's tests beside one PostgreSQL (pgtest), and
 // fails them on a leaked goroutine.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	tmpfs.Use()
+	goleak.VerifyTestMain(pgtest.Main(m))
+}
 
 // openPostgres opens a store in the PostgreSQL schema at url, as a
 // replica does (four connections, commits tried for 5 s), closed when t
