@@ -212,8 +212,10 @@ type replicaMutantCase struct {
 // bite runs each case: its mutant's bug must show, and the clean
 // server's must not.
 func bite(t *testing.T, cases []replicaMutantCase) {
+	t.Parallel() // each case on replicas, and a schema, of its own
 	for _, rc := range cases {
 		t.Run(string(rc.mutant), func(t *testing.T) {
+			t.Parallel()
 			assert.True(t, rc.run(t, rc.mutant), "the mutant's bug must show")
 			assert.False(t, rc.run(t, sut.Clean), "the clean server must not have the bug")
 		})
