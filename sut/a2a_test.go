@@ -436,6 +436,7 @@ func TestA2AJSONRPCByTheBook(t *testing.T) {
 // so that what is kept stays inside the budget, and the newest is still
 // there. Bytes are counted, not measured: the same on any machine.
 func TestA2ATasksKeptWithinTheMemoryBudget(t *testing.T) {
+	t.Parallel()
 	const replySize = 1 << 20
 	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)

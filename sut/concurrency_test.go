@@ -421,6 +421,7 @@ func TestRejectAnswers409AndChangesNothing(t *testing.T) {
 // moment it has read the end of the last one (the [DONE] of a stream, the
 // body otherwise) never finds the conversation busy.
 func TestNoSpurious409UnderReject(t *testing.T) {
+	t.Parallel()
 	e := newRaceEnv(t, sut.Config{Concurrency: sut.Reject})
 	const turns = 200
 	for i := 1; i <= turns; i++ {

@@ -111,6 +111,7 @@ func stoppedClock() func() time.Time {
 // server's connection clock here). The body deadline is a minute, so that
 // it is the cap that makes room, not the deadline.
 func TestStalledClientsDoNotStarveTurns(t *testing.T) {
+	t.Parallel()
 	const stalled, maxConns = 300, 64
 	e := newEnv(t, sut.Config{MaxConns: maxConns, BodyTimeout: time.Minute})
 	var ahead atomic.Int64
@@ -347,6 +348,7 @@ func TestShutdownDoesNotWaitForStalledClients(t *testing.T) {
 // handler (headers too large, a malformed header, an unsupported transfer
 // coding), comes in the JSON error shape.
 func TestHTTPLayerErrorsAreJSON(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, sut.Config{})
 	for _, tc := range []struct {
 		name   string

@@ -23,6 +23,7 @@ import (
 // refused before its body is read: 503 overloaded with Retry-After, its
 // connection closed. The reply in flight ends ok.
 func TestMemoryBudgetRefusesABodyItCannotAfford(t *testing.T) {
+	t.Parallel()
 	const maxBody, maxHistory, reply = 64 << 10, 256 << 10, 4<<20 - 4<<10
 	released := make(chan struct{})
 	arrived := make(chan struct{}, 1)

@@ -615,6 +615,7 @@ func TestBrokenStreamIsNotCommitted(t *testing.T) {
 }
 
 func TestModelTimeoutIs504AndNotCommitted(t *testing.T) {
+	t.Parallel()
 	// Small enough to keep the test fast, large enough for a loopback turn
 	// under -race on a small machine.
 	e := newEnv(t, sut.Config{RequestTimeout: 200 * time.Millisecond})

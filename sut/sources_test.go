@@ -196,6 +196,7 @@ func writeAgent(t testing.TB, dir, file, text string) string {
 // TestNewRefusesBadAgents: a reference that does not load or parse fails
 // New with an error naming it, before the data dir is touched.
 func TestNewRefusesBadAgents(t *testing.T) {
+	t.Parallel()
 	restore := sut.SetAgentFetchTimeout(300 * time.Millisecond)
 	defer restore()
 	am := startAgentModel(t)

@@ -22,6 +22,7 @@ import (
 // 0..Stall: that the eighteen pauses of six turns add up to less than
 // Stall has a chance of 1/18!, and a slower machine only adds to them.
 func TestStallChangesNothingButTime(t *testing.T) {
+	t.Parallel()
 	const stall = 20 * time.Millisecond
 	e := newEnv(t, sut.Config{Stall: stall})
 	began := time.Now()
@@ -49,6 +50,7 @@ func TestStallChangesNothingButTime(t *testing.T) {
 // late, as a busy machine does, up to Stall after it left; it then stops,
 // and commits nothing of the turn.
 func TestStallSeesItsClientGoLate(t *testing.T) {
+	t.Parallel()
 	g := &sut.Gauge{}
 	e := newEnv(t, sut.Config{Stall: 200 * time.Millisecond, Gauge: g})
 	arrived := e.model.Script("tc-u1", faults.Fault{Kind: faults.Hold})
