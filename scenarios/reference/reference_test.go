@@ -22,6 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // itself for a replay, and its server passes a short check, its held
 // calls timed out by the harness and its bursts settled by its reports.
 func TestTarget(t *testing.T) {
+	t.Parallel()
 	assert.Equal(t, sut.DefaultConversationHeader, scenarios.DefaultConversationHeader,
 		"the harness's default header is the server's")
 	r := reference.WithMutant(sut.OrphanToolCallOnInterrupt)
@@ -83,6 +84,7 @@ func (o oneSource) Profile() targets.Profile {
 // that changed it sees the bug: one that named the key loaded now would
 // resume under the mutant too.
 func TestSessionKeyAfterSourceChange(t *testing.T) {
+	t.Parallel()
 	mutant := oneSource{reference.WithMutant(sut.SessionExactSourceKey)}
 	require.Contains(t, mutant.Profile().SessionsAPI.Turn.Path, "{source}")
 	// Unshrunk: the finding's name and what the server said are the
