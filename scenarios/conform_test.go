@@ -242,6 +242,7 @@ func TestInterruptionPolicyIsJudged(t *testing.T) {
 // as not applicable, never passed, and no tool turns; a client that drops
 // a turn mid-call is judged all the same (T10).
 func TestConformWithoutTools(t *testing.T) {
+	t.Parallel()
 	toolsUndeclared := misdeclared{reference.Target{}, func(p *targets.Profile) { p.Tools = false }}
 	c, err := Conform(toolsUndeclared, Options{Checks: 10, Seed: 5})
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 // once, each on a server of its own: the first two servers wait for each
 // other to start, which only two checks at once let them do.
 func TestParallelChecksRunAtOnce(t *testing.T) {
+	t.Parallel()
 	target := &meeting{Target: reference.Target{}, want: 2, met: make(chan struct{})}
 	res, err := scenarios.Check(target, scenarios.Options{Checks: 6, Seed: 1, Parallel: 2})
 	require.NoError(t, err)

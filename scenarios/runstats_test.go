@@ -48,6 +48,7 @@ func TestWhereTheTimeGoes(t *testing.T) {
 // TestChecksCountWhatWasAsked: --checks N runs at most N checks, however
 // many failures a Conform finds and rapid replays.
 func TestChecksCountWhatWasAsked(t *testing.T) {
+	t.Parallel()
 	// Seed 1 finds T1 and T10 in the first two checks, and shrinks each.
 	c, err := scenarios.Conform(reference.WithMutant(sut.MutateBeforeRun), scenarios.Options{Checks: 5, Seed: 1, ShrinkTime: 2 * time.Second})
 	require.NoError(t, err)

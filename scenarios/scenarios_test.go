@@ -140,6 +140,7 @@ func TestWithoutActivityReports(t *testing.T) {
 // TestSameSeedSameRun: a seed replays the same steps, so a passing run's
 // counts are identical too.
 func TestSameSeedSameRun(t *testing.T) {
+	t.Parallel()
 	opts := scenarios.Options{Checks: 5, Seed: 42}
 	a, err := scenarios.Check(reference.Target{}, opts)
 	require.NoError(t, err)
@@ -166,6 +167,7 @@ func TestSetupErrorIsNotAViolation(t *testing.T) {
 // TestInterrupt: a run whose context ends stops after the step in flight,
 // with its servers stopped, and says so.
 func TestInterrupt(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	opts := scenarios.Options{Checks: 1000, Context: ctx, Progress: func(s scenarios.Stats) {
@@ -182,6 +184,7 @@ func TestInterrupt(t *testing.T) {
 // TestInterruptKeepsTheFailure: interrupted while shrinking, a run still
 // reports the violation it found and a seed that replays it.
 func TestInterruptKeepsTheFailure(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	opts := scenarios.Options{Checks: 100, Context: ctx, Progress: func(s scenarios.Stats) {

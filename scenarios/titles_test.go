@@ -20,6 +20,7 @@ import (
 // auxiliary (PROTOCOL.md, "Auxiliary model calls"), and the clean server
 // passes every invariant in every protocol.
 func TestTitleCallsRaiseNoFalseAlarm(t *testing.T) {
+	t.Parallel()
 	for _, p := range []targets.Protocol{targets.Chat, targets.Responses, targets.Sessions} {
 		t.Run(string(p), func(t *testing.T) {
 			t.Parallel()
