@@ -28,6 +28,7 @@ import (
 // data, every turn it acknowledged is in the history of its conversation's
 // next model call, in order.
 func TestCrashUnderLoadLosesNothing(t *testing.T) {
+	t.Parallel()
 	bin := testbin.Turncheck(t)
 	fake, err := faults.StartModel(faults.ModelConfig{})
 	require.NoError(t, err)

@@ -146,6 +146,7 @@ func closedPort(t *testing.T) string {
 // stops answering after some requests ends the run with an error that
 // says so, never a pass.
 func TestDeadRemoteServerNeverPasses(t *testing.T) {
+	t.Parallel()
 	modelAddr := closedPort(t)
 	srv, err := sut.New(sut.Config{ModelURL: "http://" + modelAddr + "/v1", DataDir: t.TempDir()})
 	require.NoError(t, err)
