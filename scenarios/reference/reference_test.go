@@ -85,20 +85,25 @@ func (o oneSource) Profile() targets.Profile {
 // resume under the mutant too.
 func TestSessionKeyAfterSourceChange(t *testing.T) {
 	t.Parallel()
-	mutant := oneSource{reference.WithMutant(sut.SessionExactSourceKey)}
-	require.Contains(t, mutant.Profile().SessionsAPI.Turn.Path, "{source}")
-	// Unshrunk: the finding's name and what the server said are the
-	// point, and the failing check's steps hold both.
-	res, err := scenarios.Check(mutant, scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: time.Millisecond})
-	require.NoError(t, err)
-	require.NotNil(t, res.Failure, "not caught in %d checks", res.Checks)
-	require.NotNil(t, res.Failure.Violation, res.Failure.Report)
-	assert.Equal(t, model.T8, res.Failure.Violation.Invariant, res.Failure.Report)
-	assert.Contains(t, res.Failure.Report, "agent not found")
-	assert.NotContains(t, res.Failure.Report, "several loaded agent sources", "one source at a time: never two")
-
-	res, err = scenarios.Check(oneSource{reference.Target{Protocol: targets.Sessions}}, scenarios.Options{Checks: 30, Seed: 1})
-	require.NoError(t, err)
-	assert.Nil(t, res.Failure)
-	assert.Positive(t, res.Outcomes["ok"])
+	t.Run("mutant", func(t *testing.T) {
+		t.Parallel()
+		mutant := oneSource{reference.WithMutant(sut.SessionExactSourceKey)}
+		require.Contains(t, mutant.Profile().SessionsAPI.Turn.Path, "{source}")
+		// Unshrunk: the finding's name and what the server said are the
+		// point, and the failing check's steps hold both.
+		res, err := scenarios.Check(mutant, scenarios.Options{Checks: 100, Seed: 1, ShrinkTime: time.Millisecond})
+		require.NoError(t, err)
+		require.NotNil(t, res.Failure, "not caught in %d checks", res.Checks)
+		require.NotNil(t, res.Failure.Violation, res.Failure.Report)
+		assert.Equal(t, model.T8, res.Failure.Violation.Invariant, res.Failure.Report)
+		assert.Contains(t, res.Failure.Report, "agent not found")
+		assert.NotContains(t, res.Failure.Report, "several loaded agent sources", "one source at a time: never two")
+	})
+	t.Run("clean", func(t *testing.T) {
+		t.Parallel()
+		res, err := scenarios.Check(oneSource{reference.Target{Protocol: targets.Sessions}}, scenarios.Options{Checks: 30, Seed: 1})
+		require.NoError(t, err)
+		assert.Nil(t, res.Failure)
+		assert.Positive(t, res.Outcomes["ok"])
+	})
 }
