@@ -697,7 +697,16 @@ func TestReplicasShareNothingButTheStore(t *testing.T) {
 		saved, err := filepath.Glob(filepath.Join(dir, fails[0][1]+"-*.json"))
 		require.NoError(t, err)
 		require.Len(t, saved, 1)
-		code, replayed, stderr := runCLI(t, "replay", saved[0])
+		code, replayed, stderr := runCLI(t, "replay", saved[0], "--tries", "6")
+		require.NotEqual(t, exitUsage, code, "%s", stderr)
+		if code == exitNotReproduced {
+			// Turns sent at once, on replicas that do not report their
+			// activity, may run in another interleaving on every try
+			// (exit 3, not reproduced, as the replay says); steps sent
+			// one at a time replay.
+			require.True(t, sendsAtOnce(t, saved[0]), "steps sent one at a time replay: %s", replayed)
+			return
+		}
 		require.Equal(t, exitViolation, code, "replay:\n%s\n%s", replayed, stderr)
 		assert.Contains(t, replayed, fails[0][1]+" (")
 	})
