@@ -5,8 +5,12 @@ import (
 	"syscall"
 )
 
-// tmpfsMagic is a tmpfs's f_type in statfs(2).
-const tmpfsMagic = 0x01021994
+// tmpfsMagic is a tmpfs's f_type in statfs(2); wOK and xOK are
+// access(2)'s W_OK and X_OK, which package syscall does not name.
+const (
+	tmpfsMagic = 0x01021994
+	wOK, xOK   = 2, 1
+)
 
 func use() {
 	if os.Getenv("TMPDIR") != "" {
@@ -16,9 +20,8 @@ func use() {
 	if syscall.Statfs(dir, &fs) != nil || fs.Type != tmpfsMagic || fs.Bavail*uint64(fs.Bsize) < room {
 		return
 	}
-	// Writable by this user, and its files kept from others (the sticky
-	// bit /dev/shm has, as /tmp does).
-	if syscall.Access(dir, 2|1) != nil {
+	// A directory this user may make its own in, as in /tmp.
+	if syscall.Access(dir, wOK|xOK) != nil {
 		return
 	}
 	os.Setenv("TMPDIR", dir)
