@@ -101,8 +101,8 @@ func TestConformBaseline(t *testing.T) {
 	assert.Contains(t, stdout, "DOES NOT CONFORM")
 
 	// The baselines of two runs, merged: the findings of both, each once.
-	// (The third's bug is T1's; on a loaded machine its commits of failed
-	// turns have also forked a conversation, a T4 finding of its own.)
+	// (The third's mutant is found as T1; on a loaded machine a run of it
+	// was found as T4 as well, once.)
 	thirdSaved, err := report.ReadBaseline(filepath.Join(dir, "third", report.BaselineFile))
 	require.NoError(t, err)
 	var thirdNamed []string

@@ -141,9 +141,10 @@ func TestMutantsCaught(t *testing.T) {
 	t.Parallel() // its runs are the in-process server's, and share nothing with other tests
 	require.Len(t, caughtAs, len(sut.Mutants()), "every mutant needs an entry")
 	// The mutants whose shrinks take longest start first, rather than
-	// end the package alone: each replay of a2a-cancel-ignored waits out
-	// the server's model timeout (a second), and the others shrink
-	// longest (4 to 6 steps, a hundred replays or more).
+	// end the package alone: each replay of a2a-cancel-ignored waits about
+	// a second for the server to let go of a cancelled task's model call,
+	// and the others shrink longest (4 to 6 steps, a hundred replays or
+	// more).
 	mutants := sut.Mutants()
 	rank := func(m sut.MutantInfo) int {
 		if i := slices.Index(startFirst, m.Mutant); i >= 0 {
