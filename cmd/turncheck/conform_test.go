@@ -320,6 +320,20 @@ func breaksInABurst(t *testing.T, path string) bool {
 	return len(plans) > 0 && len(plans[len(plans)-1].Sends) > 1
 }
 
+// notReproducedBurst reports whether the replay of the failure saved at
+// path ended not reproduced (exit 3), and fails t unless that failure
+// sends turns at once: on replicas that do not report their activity, a
+// burst may run in another interleaving on every try, as the replay
+// says; steps sent one at a time replay.
+func notReproducedBurst(t *testing.T, path string, code int, replay string) bool {
+	t.Helper()
+	if code != exitNotReproduced {
+		return false
+	}
+	require.True(t, sendsAtOnce(t, path), "steps sent one at a time replay: %s", replay)
+	return true
+}
+
 // sendsAtOnce reports whether the failure saved at path has a step that
 // sends more than one request at once (a burst).
 func sendsAtOnce(t *testing.T, path string) bool {
@@ -699,12 +713,7 @@ func TestReplicasShareNothingButTheStore(t *testing.T) {
 		require.Len(t, saved, 1)
 		code, replayed, stderr := runCLI(t, "replay", saved[0], "--tries", "6")
 		require.NotEqual(t, exitUsage, code, "%s", stderr)
-		if code == exitNotReproduced {
-			// Turns sent at once, on replicas that do not report their
-			// activity, may run in another interleaving on every try
-			// (exit 3, not reproduced, as the replay says); steps sent
-			// one at a time replay.
-			require.True(t, sendsAtOnce(t, saved[0]), "steps sent one at a time replay: %s", replayed)
+		if notReproducedBurst(t, saved[0], code, replayed) {
 			return
 		}
 		require.Equal(t, exitViolation, code, "replay:\n%s\n%s", replayed, stderr)
