@@ -68,7 +68,10 @@ func parallelTools(modelURL, _ string) (http.Handler, error) {
 			go func() {
 				defer wg.Done()
 				if i > 0 {
-					time.Sleep(50 * time.Millisecond)
+					// Late enough to come after the drop on a loaded
+					// machine (at 50 ms, once at load 25, it came
+					// before), and before the server sees the drop.
+					time.Sleep(150 * time.Millisecond)
 				}
 				if late.Err() != nil {
 					return // it saw its client go: nothing more starts
