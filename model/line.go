@@ -44,9 +44,10 @@ type rare struct {
 	// of them may stand in a later history is T10's business.
 	interrupted []Token
 	// forks are the dropped turns a call of another turn left out while
-	// they were at the model (segment.ran): should one appear later after
-	// all, it was committed, so it ran beside that turn on one history
-	// (T4), not a turn shown not committed that came back (T6).
+	// their model requests show they ran (segment.runningAt): should one
+	// appear later after all, it was committed, so it ran beside that
+	// turn on one history (T4), not a turn shown not committed that came
+	// back (T6).
 	forks []fork
 }
 
@@ -94,13 +95,18 @@ type segment struct {
 	// where the harness holds the turn's first arrival) may have waited
 	// for its conversation all that time: no fork.
 	left int64
-	// ran is the span, on the run's timeline, from the first model
-	// request of a turn whose outcome is unknown (not interrupted) to the
-	// latest arrival the model had seen when it began to answer the last
-	// of them (Call.Unanswered): the turn was at the model, and had not
-	// ended, all that time. Zero if unknown.
-	ran [2]int64
+	// calls are the times of the model requests of a turn whose outcome
+	// is unknown (not interrupted): when it ran, as far as the model saw
+	// (runningAt).
+	calls []callTime
 }
+
+// runningAt reports whether the model shows s's turn still running at
+// tick at (Turn.runningAt, by its calls): its client's end says nothing
+// of the server's, as a server that runs one turn at a time may end one
+// in part (commit-on-stream-error, an interruption kept in part) and
+// only then run the next, before that client hears of it.
+func (s segment) runningAt(at int64) bool { return runningBy(s.calls, at) }
 
 // node is a segment in a line's list.
 type node struct {
@@ -471,7 +477,7 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 							"must form one line", nd.user, nd.left, call.At)}
 				}
 				dropped = append(dropped, nd.user)
-				if nd.ran[0] < call.At && call.At <= nd.ran[1] {
+				if nd.runningAt(call.At) {
 					forks = append(forks, fork{user: nd.user, by: t.User})
 				}
 			}
@@ -522,12 +528,12 @@ func (l Line) step(t *Turn, why bool) (Line, *Violation) {
 		case t.Detached:
 			// Whole or nothing, as any unknown turn (T6); only a part of
 			// it is T10's.
-			s.detached, s.ran = true, t.ranSpan()
+			s.detached, s.calls = true, t.callTimes()
 		case t.Abandoned:
 			// Whole, nothing, or its user message alone (see match).
 			s.abandoned = true
 		default:
-			s.ran = t.ranSpan()
+			s.calls = t.callTimes()
 		}
 		next = next.appended(s)
 		next = next.withRare(withoutFailure(next.failed(), t.User), next.dropped())
@@ -854,16 +860,15 @@ func (l Line) explain(t Turn, segs []segment, call Call, dropped []Token) *Viola
 		// message alone: the policy's to judge (checkKept), not a part.
 		keptUser := s.abandoned && seen[s.user] > 0
 		if s.pending && !s.partial && !keptUser && (seen[s.user] > 0) != (seen[s.reply] > 0) {
-			if s.done > t.Invoke && !s.abandoned && (!s.detached || s.ran[0] < call.At && call.At <= s.ran[1]) {
-				// The client had not given the turn up when this one was
-				// sent, and the server ran both: this one saw the other
-				// half done, on one history with it, whatever the other
-				// came to. A detached turn runs on after its client left,
-				// so its client's end says nothing of the server's: a
+			if s.done > t.Invoke && !s.abandoned && s.runningAt(call.At) {
+				// The other turn's client had not learned its end when
+				// this one was sent, and the model shows it still ran
+				// when this one's call came: this one saw it half done,
+				// on one history with it, whatever it came to. Its
+				// client's end alone says nothing of the server's: a
 				// server that runs one turn at a time may end it in part
-				// (T10) and only then run this one. Only its call still
-				// at the model when this one's came shows the two ran at
-				// once.
+				// (T6; T10 for one that runs on after its client left)
+				// and only then run this one.
 				v.Invariant = T4
 				v.Reason = fmt.Sprintf("the turn %s, which ran at the same time as this one, appears in part: "+
 					"this turn ran on its history half done, a fork; turns on one conversation must form one line", s.user)

@@ -1320,50 +1320,44 @@ func forkOf(t Turn, line Line, step []Turn, v *Violation) *Violation {
 // far as the client can tell: before its client learned it ended ok; for
 // one whose client disconnected (Interrupted), before it disconnected,
 // where no other turn may take over from it (Held);
-// for one that failed, or whose outcome is unknown, while it had a model
-// call the model had not begun to answer, or one still to make
-// (Call.Unanswered: it cannot have ended before); for one whose client
-// gave up waiting (Abandoned), at any time of its step. One the server
-// runs on after its client left (Detached) counts by its calls too: a
-// server that runs one turn at a time may end it in part at any time
-// after its client left (T10, under the complete policy) and only then
-// run the next, so its client's leaving shows nothing of when it ended.
+// for one that failed, or whose outcome is unknown, by its calls
+// (runningBy). One whose client gave up waiting (Abandoned), or that
+// the server runs on after its client left (Detached), counts by its
+// calls too: a server that runs one turn at a time may end it in part at
+// any time after its client left (T10) and only then run the next, so
+// its client's leaving shows nothing of when it ended.
 func (t Turn) runningAt(at int64) bool {
 	switch {
 	case t.Interrupted:
 		return at < t.Held
 	case t.Outcome == OK:
 		return at < t.Return
-	case t.Abandoned:
-		return true
 	}
-	for _, c := range t.Calls {
-		if c.Turn == t.User && (c.At > at || c.At < at && at <= c.Unanswered) {
-			return true
-		}
-	}
-	return false
+	return runningBy(t.callTimes(), at)
 }
 
-// ranSpan is the span from t's first model request to the latest
-// arrival the model had seen when it began to answer the last of them
-// (Call.Unanswered): all that time t was at the model, and had not ended.
-// Zero if the model began to answer none of them.
-func (t Turn) ranSpan() [2]int64 {
-	var span [2]int64
+// callTime is when a model request of a turn came (Call.At), and the
+// latest arrival the model had seen when it began to answer it
+// (Call.Unanswered).
+type callTime struct{ at, unanswered int64 }
+
+// callTimes are the times of t's own model requests.
+func (t Turn) callTimes() []callTime {
+	var out []callTime
 	for _, c := range t.Calls {
-		if c.Turn != t.User {
-			continue
+		if c.Turn == t.User {
+			out = append(out, callTime{c.At, c.Unanswered})
 		}
-		if span[0] == 0 {
-			span[0] = c.At
-		}
-		span[1] = max(span[1], c.Unanswered)
 	}
-	if span[1] == 0 {
-		return [2]int64{}
-	}
-	return span
+	return out
+}
+
+// runningBy reports whether a turn whose model requests came at times
+// was still running at tick at: one of them came later, or one came
+// before and the model had not begun to answer it by then: the turn
+// cannot have ended before.
+func runningBy(times []callTime, at int64) bool {
+	return slices.ContainsFunc(times, func(c callTime) bool { return c.at > at || c.at < at && at <= c.unanswered })
 }
 
 // tokensOf are the tokens of history that pick holds, in order, for a

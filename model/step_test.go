@@ -312,6 +312,34 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 			c.check(t, gone, at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 9))
 		}
 	})
+	t.Run("a turn whose outcome was unknown, seen in part by one beside it", func(t *testing.T) {
+		// A stream cut before its first chunk: its client never learned
+		// its end, and learned it only after the next turn was sent.
+		for _, c := range []answeredAt{
+			{"while at the model", 7, model.T4},
+			// Its call was answered (cut) first: a server that runs one
+			// turn at a time may have kept it in part (commit-on-stream-
+			// error) and only then run the other. The send times alone
+			// show no fork: a part of an unknown turn is T6.
+			{"after its call was answered", 5, model.T6},
+		} {
+			c.check(t, at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9),
+				at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10))
+		}
+	})
+	t.Run("a turn whose client gave up waiting, seen in part by one beside it", func(t *testing.T) {
+		for _, c := range []answeredAt{
+			{"while at the model", 7, model.T4},
+			// Its call was answered first, and the turn kept as its user
+			// message alone, which rollback does not allow (T10): the
+			// client's giving up shows nothing of when the server ended it.
+			{"after its call was answered", 5, model.T10},
+		} {
+			gone := at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 40)
+			gone.TimedOut, gone.Abandoned = true, true
+			c.check(t, gone, at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10))
+		}
+	})
 	t.Run("the halves interleaved in a later history", func(t *testing.T) {
 		m := model.New()
 		a1 := at(ok(convA, u(1), call(u(1), u(1))), 1, 3, 8)

@@ -366,6 +366,12 @@ func namedAs(m sut.MutantInfo) []string {
 		// An interrupted tool turn kept shows as its message (T10) or
 		// as the tool call it left without a result (T9): one leftover.
 		return []string{"T1", "T10", "T6", "T9"}
+	case sut.CommitOnStreamError:
+		// A failed turn kept in part is T1 where its client heard of the
+		// failure; where it never did (its stream ended without its end,
+		// or the client gave up waiting, on a loaded machine), it is an
+		// unknown turn kept in part (T6), or an interrupted one (T10).
+		return []string{"T1", "T6", "T10"}
 	case sut.ACPConcurrentPrompts:
 		// Prompts run at once on one history (T4); and a session/cancel
 		// for one of them meets another that committed already, answered
