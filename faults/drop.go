@@ -132,6 +132,20 @@ func (m *Model) CarriedOn(tok model.Token) (at int64, after []int64, ok bool) {
 	return 0, nil, false
 }
 
+// GaveUpOn is when the calls and lookups of tok's turn the model held for
+// it since Drop(tok), and the server gave up on, arrived, in order.
+func (m *Model) GaveUpOn(tok model.Token) []int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d := m.dropped[tok]
+	if d == nil {
+		return nil
+	}
+	out := slices.Clone(d.gaveUpOn)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // HoldingTurn is how many calls and lookups of tok's turn the model holds
 // now, at its gates or since Drop.
 func (m *Model) HoldingTurn(tok model.Token) int {

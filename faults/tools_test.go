@@ -828,6 +828,15 @@ func TestDropHoldsWhatArrives(t *testing.T) {
 	cancel()
 	waitResult(t, gaveUp)
 	waitFor(t, func() bool { return f.m.HoldingTurn("tc-u3") == 0 }, "the hold ended with the request")
+	assert.Empty(t, f.m.GaveUpOn("tc-u1"), "the turn let go of was given up on nothing")
+	var call3 []int64
+	for _, c := range f.m.CallsAfter(0) {
+		if c.Turn == "tc-u3" {
+			call3 = append(call3, c.At)
+		}
+	}
+	require.Len(t, call3, 1)
+	assert.Equal(t, call3, f.m.GaveUpOn("tc-u3"), "the call given up on, named by its arrival")
 
 	// Forget lets go of a dropped turn too.
 	f.m.Drop("tc-u4")

@@ -289,6 +289,13 @@ type Turn struct {
 	// call made beside the turn (a title) may have had the turn's own
 	// call on its way when it saw the disconnect.
 	CarriedAfter []int64 `json:"carriedAfter,omitempty"`
+	// ReleasedAfter are, where the harness let go of the turn (Released)
+	// because its server gave up on all the model held of it, when those
+	// arrived. As with CarriedAfter, a give-up only on calls made beside
+	// the turn (a title) leaves the turn's own call, on its way, to come
+	// after the release: it is not judged as started after it. Nil where
+	// the harness let go for another reason.
+	ReleasedAfter []int64 `json:"releasedAfter,omitempty"`
 	// Runs are the tool runs of the turn the harness saw start.
 	Runs []ToolRun `json:"runs,omitempty"`
 	// LateRuns are tool runs the harness saw start while this turn's step
@@ -1635,15 +1642,26 @@ func (m *Model) checkStopped(t Turn) *Violation {
 	carried := "after it gave up on what the model held for the turn, with nothing of the turn answered since: it carried the turn on"
 	released := fmt.Sprintf("once the harness let go of what it waited on (at tick %d)", t.Released)
 	carriedOn := t.CarriedOn
-	if !t.gaveUpOnOwn() {
+	if !t.ownAmong(t.CarriedAfter) {
 		carriedOn = 0
+	}
+	// The turn's first own call after a release that followed a give-up
+	// only on calls made beside it may have been on its way: the model
+	// answers it, and what the server does with that answer is judged.
+	var onItsWay int64
+	if len(t.ReleasedAfter) > 0 && !t.ownAmong(t.ReleasedAfter) {
+		for _, c := range t.Calls {
+			if c.Turn == t.User && c.At > t.Released && (onItsWay == 0 || c.At < onItsWay) {
+				onItsWay = c.At
+			}
+		}
 	}
 	for _, c := range t.Calls {
 		switch {
 		case c.Turn != t.User:
 		case carriedOn != 0 && c.At == carriedOn:
 			return stop("a model call of the turn", c.At, carried)
-		case t.Released != 0 && c.At > t.Released:
+		case t.Released != 0 && c.At > t.Released && c.At != onItsWay:
 			return stop("a model call of the turn", c.At, released)
 		}
 	}
@@ -1681,12 +1699,12 @@ func (m *Model) checkLateRuns(t Turn) *Violation {
 	return nil
 }
 
-// gaveUpOnOwn reports whether, by CarriedOn, the server had given up on
-// one of t's own calls or tool runs (CarriedAfter), not only on calls
-// made beside the turn: only then was the turn's next arrival started
-// after the server stopped waiting on the turn.
-func (t Turn) gaveUpOnOwn() bool {
-	for _, at := range t.CarriedAfter {
+// ownAmong reports whether, of the arrivals the server gave up on that
+// came at ats (CarriedAfter, ReleasedAfter), one was t's own call or tool
+// run, not only calls made beside the turn: only then was the turn's next
+// arrival started after the server stopped waiting on the turn.
+func (t Turn) ownAmong(ats []int64) bool {
+	for _, at := range ats {
 		if slices.ContainsFunc(t.Calls, func(c Call) bool { return c.At == at && c.Turn == t.User }) ||
 			slices.ContainsFunc(t.Runs, func(r ToolRun) bool { return r.At == at }) {
 			return true

@@ -663,6 +663,37 @@ func TestInterruptedTurnStops(t *testing.T) {
 			want: model.T10,
 		},
 		{
+			// The reference server with titles, on a loaded machine: the
+			// title call came first and was held; the server saw the
+			// disconnect and gave it up, and the harness let go of the
+			// turn; the turn's own call, on its way, came after.
+			name: "the turn's own call after a release that followed only a title call's give-up",
+			turn: releasedAfter(beside(interrupted(convA, u(2), released, timed(call(u(2), u(1), a(1), u(2)), 12)),
+				timed(call(u(2), u(2)), 5)), 5),
+		},
+		{
+			name: "a tool run after that call",
+			turn: withRuns(releasedAfter(beside(interrupted(convA, u(2), released, timed(call(u(2), u(1), a(1), u(2)), 12)),
+				timed(call(u(2), u(2)), 5)), 5), model.ToolRun{ID: k2, At: 14}),
+			want: model.T10,
+		},
+		{
+			name: "a second call of the turn after that call",
+			turn: releasedAfter(beside(interrupted(convA, u(2), released,
+				timed(call(u(2), u(1), a(1), u(2)), 12),
+				timed(carrying(u(2), h(u(1), a(1), u(2)), k2), 15)),
+				timed(call(u(2), u(2)), 5)), 5),
+			want: model.T10,
+		},
+		{
+			name: "the turn's own call after a release that followed a give-up of one of the turn's",
+			turn: releasedAfter(beside(interrupted(convA, u(2), released,
+				timed(call(u(2), u(1), a(1), u(2)), 6),
+				timed(call(u(2), u(1), a(1), u(2)), 12)),
+				timed(call(u(2), u(2)), 5)), 5, 6),
+			want: model.T10,
+		},
+		{
 			name: "a model call after the server gave up on the held one, never released",
 			turn: carriedOn(interrupted(convA, u(2), 0,
 				timed(call(u(2), u(1), a(1), u(2)), 5),
@@ -707,6 +738,13 @@ func dropped(tt model.Turn, at int64) model.Turn {
 // server gave up on those the model held for it that arrived at after.
 func carriedOn(tt model.Turn, at int64, after ...int64) model.Turn {
 	tt.CarriedOn, tt.CarriedAfter = at, after
+	return tt
+}
+
+// releasedAfter is tt let go of once its server gave up on what the
+// model held of it: those that arrived at after.
+func releasedAfter(tt model.Turn, after ...int64) model.Turn {
+	tt.ReleasedAfter = after
 	return tt
 }
 

@@ -140,8 +140,11 @@ type flight struct {
 	// Response.SaysStopped).
 	told atomic.Bool
 	// released is when the harness let go of what the model held of this
-	// dropped turn (0: the server gave up on all of it first).
-	released int64
+	// dropped turn (0: the server gave up on all of it first), and
+	// releasedAfter, where it let go because the server gave up on all of
+	// it, when what the server gave up on arrived (model.Turn.ReleasedAfter).
+	released      int64
+	releasedAfter []int64
 	// waitingOut is when the harness left a held call to the server's own
 	// model timeout (zero if it did not), and ended when the request
 	// ended: the time between is what that timeout cost the run.

@@ -306,6 +306,7 @@ func (s *step) end() {
 		default:
 			s.ops[i].Turn.Interrupted = true
 			s.ops[i].Turn.Dropped, s.ops[i].Turn.Released = f.dropped, f.released
+			s.ops[i].Turn.ReleasedAfter = f.releasedAfter
 			if !e.profile.Supersede {
 				// Until its client left, it held its conversation: an
 				// agent that supersedes lets the next prompt take over.
@@ -363,8 +364,10 @@ func (s *step) letGo() {
 		if f.interrupted && !f.runsOn {
 			if f.released == 0 {
 				// The server gave up on all the model held of the turn:
-				// what it starts from now on, it starts after that.
-				f.released = e.tick()
+				// what it starts from now on, it starts after that, but
+				// for the turn's own call on its way where what it gave
+				// up on was only a call made beside the turn (a title).
+				f.released, f.releasedAfter = e.tick(), e.fake.GaveUpOn(f.tok)
 			}
 			e.fake.ReleaseDrop(f.tok)
 		}
