@@ -297,47 +297,41 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		assert.Equal(t, model.T4, v.Invariant, "%v", v)
 		assert.Contains(t, v.Reason, "fork")
 	})
-	t.Run("a detached turn seen in part by one beside it", func(t *testing.T) {
-		for _, c := range []answeredAt{
-			// Its call was still at the model when the other's came: the
-			// two ran at once.
-			{"while at the model", 7, model.T4},
-			// Its call was answered first: a server that runs one turn at
-			// a time may have ended it in part after its client left, and
-			// only then run the other (T10 under the complete policy).
-			{"after its call was answered", 5, model.T10},
+	t.Run("a turn seen in part while it ran, or after", func(t *testing.T) {
+		// Where its call was still at the model when the next turn's
+		// came (answered at 7), the two ran at once: a fork. Where it was
+		// answered first (at 5), the send times alone show none: a
+		// server that runs one turn at a time may have ended it, or kept
+		// it in part, and only then run the next, each its own
+		// invariant's.
+		detached := at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 6)
+		detached.Detached = true
+		abandoned := at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 40)
+		abandoned.TimedOut, abandoned.Abandoned = true, true
+		for _, c := range []struct {
+			name  string
+			seen  model.Turn
+			after model.Invariant
+		}{
+			// Ended in part after its client left (under the complete
+			// policy).
+			{"detached", detached, model.T10},
+			// A stream cut before its first chunk, kept in part
+			// (commit-on-stream-error): its client never learned its end.
+			{"unknown", at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9), model.T6},
+			// Kept as its user message alone, which rollback does not
+			// allow: its client's giving up shows nothing of when the
+			// server ended it.
+			{"abandoned", abandoned, model.T10},
+			// Under its lock, a server that keeps a failed turn shows it
+			// to the next before the client hears of the failure.
+			{"failed", at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9), model.T1},
 		} {
-			gone := at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 6)
-			gone.Detached = true
-			c.check(t, gone, at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 9))
-		}
-	})
-	t.Run("a turn whose outcome was unknown, seen in part by one beside it", func(t *testing.T) {
-		// A stream cut before its first chunk: its client never learned
-		// its end, and learned it only after the next turn was sent.
-		for _, c := range []answeredAt{
-			{"while at the model", 7, model.T4},
-			// Its call was answered (cut) first: a server that runs one
-			// turn at a time may have kept it in part (commit-on-stream-
-			// error) and only then run the other. The send times alone
-			// show no fork: a part of an unknown turn is T6.
-			{"after its call was answered", 5, model.T6},
-		} {
-			c.check(t, at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9),
-				at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10))
-		}
-	})
-	t.Run("a turn whose client gave up waiting, seen in part by one beside it", func(t *testing.T) {
-		for _, c := range []answeredAt{
-			{"while at the model", 7, model.T4},
-			// Its call was answered first, and the turn kept as its user
-			// message alone, which rollback does not allow (T10): the
-			// client's giving up shows nothing of when the server ended it.
-			{"after its call was answered", 5, model.T10},
-		} {
-			gone := at(unknown(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 40)
-			gone.TimedOut, gone.Abandoned = true, true
-			c.check(t, gone, at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10))
+			for _, when := range []answeredAt{{"while at the model", 7, model.T4}, {"after its call was answered", 5, c.after}} {
+				t.Run(c.name+"/"+when.why, func(t *testing.T) {
+					when.check(t, c.seen, at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10))
+				})
+			}
 		}
 	})
 	t.Run("the halves interleaved in a later history", func(t *testing.T) {
@@ -347,20 +341,6 @@ func TestForkNamedT4WhereverItShows(t *testing.T) {
 		v := m.ApplyStep([]model.Turn{a1, b})
 		require.NotNil(t, v)
 		assert.Equal(t, model.T4, v.Invariant, "%v", v)
-	})
-	t.Run("a turn that went on to fail, seen while it ran or after", func(t *testing.T) {
-		for _, c := range []answeredAt{
-			// Its call was answered (with an error) only after the next
-			// turn's call came: the two ran at once.
-			{"seen while it ran", 7, model.T4},
-			// Under its lock, a server that keeps a failed turn shows it
-			// to the next turn before the client hears of the failure: no
-			// fork.
-			{"seen after its call was answered", 5, model.T1},
-		} {
-			c.check(t, at(fail(convA, u(2), call(u(2), u(1), a(1), u(2))), 4, 5, 9),
-				at(ok(convA, u(3), call(u(3), u(1), a(1), u(2), u(3))), 5, 7, 10))
-		}
 	})
 	t.Run("an interrupted turn, seen while it ran, under rollback", func(t *testing.T) {
 		m := model.New()
