@@ -55,6 +55,19 @@ func answeredBy(text string) []int64 {
 	return out
 }
 
+// titleShaped reports whether c shows user messages alone and offers the
+// model no tools, as a title call does. Where it came before the turn's
+// client left (the model holds a turn's first arrival, whichever it is),
+// in a turn that names no answer, it is taken for a call made beside the
+// turn, before any title was learned: the turn's own call shows the
+// replies of the history it runs on, and the tools the server offers,
+// and was perhaps never sent. A server that lost the replies shows it in
+// the turns that follow; what the turn starts after its client left is
+// judged whatever its shape.
+func titleShaped(c Call) bool {
+	return !c.Offers && len(c.History) > 0 && !slices.ContainsFunc(c.History, func(tok Token) bool { return !tok.IsUser() })
+}
+
 // SplitAuxiliary moves t's auxiliary calls from Calls to Aux, and returns
 // the instructions (Call.Prompt) it learned to be auxiliary calls'. known
 // reports those learned before (nil: none).
@@ -89,7 +102,9 @@ func (t *Turn) SplitAuxiliary(known func(prompt uint32) bool) (learned []uint32)
 		}
 	}
 	marked := anchor >= 0
-	auxiliary := func(c Call) bool { return !marked && known != nil && known(c.Prompt) }
+	auxiliary := func(c Call) bool {
+		return !marked && (known != nil && known(c.Prompt) || t.Interrupted && c.At <= t.Dropped && titleShaped(c))
+	}
 	if !marked {
 		for i, c := range t.Calls {
 			if c.Turn == t.User && !auxiliary(c) && (anchor < 0 || longer(c)) {

@@ -155,3 +155,48 @@ func TestAuxiliaryInstructionsAreLearned(t *testing.T) {
 	require.Nil(t, m.Apply(cut), "the title call shows nothing of the conversation's state")
 	require.Nil(t, m.Apply(ok(convA, u3, withPrompt(call(u3, u1, u1.Reply(), u3), agent))))
 }
+
+// TestTitleBeforeAnyLearnedIsSetApartByItsShape: a turn whose client left
+// while the model held its title call, before any title was learned, its
+// own call never sent (the reference server with titles, on a loaded
+// machine, after a crash: "tc-a1 ... missing", T7). The title call shows
+// the user messages alone and offers no tools: it is set apart. The
+// turn's own call, showing the replies, is not; nor is a call of that
+// shape made after the client left, nor one of a turn whose client did
+// not leave.
+func TestTitleBeforeAnyLearnedIsSetApartByItsShape(t *testing.T) {
+	const u1, u3 = model.Token("tc-u1"), model.Token("tc-u3")
+	first := ok(convA, u1, stamped(call(u1, u1), 1))
+	first.Reply = "tc-a1 " + model.CallMark(1)
+	left := func(c model.Call) model.Turn {
+		tt := interrupted(convA, u3, 14, c)
+		tt.Dropped = 12
+		return tt
+	}
+
+	title := left(stamped(call(u3, u1, u3), 11))
+	judged := title
+	unsplit := model.New()
+	require.Nil(t, unsplit.Apply(first))
+	require.NotNil(t, unsplit.Apply(judged), "taken for the turn's own, the title call loses the reply")
+	title.SplitAuxiliary(nil)
+	assert.Empty(t, title.Calls)
+	require.Len(t, title.Aux, 1)
+	m := model.New()
+	require.Nil(t, m.Apply(first))
+	require.Nil(t, m.Apply(title))
+
+	for _, c := range []struct {
+		why  string
+		turn model.Turn
+	}{
+		{"the turn's own call", left(stamped(call(u3, u1, u1.Reply(), u3), 11))},
+		{"one offering tools", left(stamped(model.Call{History: []model.Token{u1, u3}, Turn: u3, Offers: true}, 11))},
+		{"one made after its client left", left(stamped(call(u3, u1, u3), 13))},
+		{"one of a turn that failed", fail(convA, u3, stamped(call(u3, u1, u3), 11))},
+	} {
+		tt := c.turn
+		tt.SplitAuxiliary(nil)
+		assert.Len(t, tt.Calls, 1, c.why)
+	}
+}

@@ -575,9 +575,6 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		}
 		ops[owner].Turn.Calls = append(ops[owner].Turn.Calls, c)
 	}
-	for i := range ops {
-		e.aux.add(ops[i].Turn.SplitAuxiliary(e.aux.has))
-	}
 	// A tool run belongs to the turn whose tool call it runs; the model
 	// names the turn in the call's id.
 	for _, r := range runs {
@@ -593,6 +590,16 @@ func (e *executor) attribute(ops []history.Op, calls []model.Call, runs []model.
 		if ok && len(ops) > 0 {
 			ops[first].Turn.LateRuns = append(ops[first].Turn.LateRuns, r)
 		}
+	}
+}
+
+// splitAuxiliary sets apart each turn's auxiliary calls, and learns their
+// instructions (model.Turn.SplitAuxiliary), once the step has said how
+// each turn ended: what an interrupted turn's first arrival was depends
+// on it.
+func (e *executor) splitAuxiliary(ops []history.Op) {
+	for i := range ops {
+		e.aux.add(ops[i].Turn.SplitAuxiliary(e.aux.has))
 	}
 }
 

@@ -317,6 +317,7 @@ func (s *step) end() {
 			}
 		}
 	}
+	e.splitAuxiliary(s.ops)
 	for _, send := range s.p.Sends {
 		if send.Token != "" {
 			// A fault is for this step only: a server that later replays
