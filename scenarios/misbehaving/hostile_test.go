@@ -199,7 +199,7 @@ func TestHostileHang(t *testing.T) {
 		t.Parallel()
 		// It answers a GET (a liveness probe) but holds every POST.
 		url := "http://" + silentServer(t, true)
-		target := scenarios.Remote{URL: url, ModelAt: freeLoopbackAddr(t), Reaches: hostileProfile}
+		target := scenarios.Remote{URL: url, ModelAt: anyModelAddr, Reaches: hostileProfile}
 		r := conformWithin(t, target, 2*time.Second, scenarios.Options{Checks: 3, Steps: 5})
 		require.NoError(t, r.err)
 		assert.Equal(t, "the time bound was reached", r.c.Stopped)
@@ -213,7 +213,7 @@ func TestHostileHang(t *testing.T) {
 		// that no server answers there, even though the probe ran past
 		// the time bound.
 		url := "http://" + silentServer(t, false)
-		target := scenarios.Remote{URL: url, ModelAt: freeLoopbackAddr(t), Reaches: hostileProfile}
+		target := scenarios.Remote{URL: url, ModelAt: anyModelAddr, Reaches: hostileProfile}
 		r := conformWithin(t, target, 2*time.Second, scenarios.Options{Checks: 3, Steps: 5})
 		require.Error(t, r.err)
 		assert.Contains(t, r.err.Error(), "no server answers at "+url)
@@ -297,15 +297,11 @@ func silentServer(t *testing.T, probes bool) string {
 	return ln.Addr().String()
 }
 
-// freeLoopbackAddr is a loopback address free now, for the fake model.
-func freeLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
+// anyModelAddr is where the fake model listens for a hostile server,
+// which never calls it: a port of the model's own. (One picked free and
+// let go of before was once taken by another process by the time the
+// model bound it.)
+const anyModelAddr = "127.0.0.1:0"
 
 // chunk is a well-formed chat.completion.chunk with content s and no
 // finish reason.

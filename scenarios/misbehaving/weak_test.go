@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/model"
 	"github.com/turncheck/turncheck/scenarios"
 	"github.com/turncheck/turncheck/sut"
@@ -133,12 +134,12 @@ func (s stopStripper) Write(b []byte) (int, error) {
 
 func (s stopStripper) Flush() { s.ResponseWriter.(http.Flusher).Flush() }
 
-// closedPort is a loopback address nothing listens on.
+// closedPort is a loopback address nothing listens on, below the range
+// the kernel hands out for port 0 (loopback.FreeAddr): no other process's
+// server takes it before a fake model binds it.
 func closedPort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := loopback.FreeAddr()
 	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
 	return addr
 }
 
