@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/turncheck/turncheck/internal/loopback"
 	"github.com/turncheck/turncheck/internal/pgserver"
 	"github.com/turncheck/turncheck/internal/syncbuf"
 	"github.com/turncheck/turncheck/internal/testbin"
@@ -447,10 +447,10 @@ func TestConformURLNothingServed(t *testing.T) {
 		_, _ = w.Write([]byte(`{"error":{"message":"no","type":"invalid_request_error"}}`))
 	}))
 	defer srv.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Below the range the kernel hands out for port 0: no other
+	// process's server takes it before the fake model binds it.
+	addr, err := loopback.FreeAddr()
 	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
 	code, stdout, stderr := runCLI(t, "conform", "--url", srv.URL, "--model-addr", addr, "--checks", "3", "--steps", "10")
 	// Nothing broke, and nothing was proven: not proven, not broken.
 	assert.Equal(t, exitNotProven, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
