@@ -101,8 +101,9 @@ func TestConformBaseline(t *testing.T) {
 	assert.Contains(t, stdout, "DOES NOT CONFORM")
 
 	// The baselines of two runs, merged: the findings of both, each once.
-	// (The third's mutant is found as T1; on a loaded machine a run of it
-	// was found as T4 as well, once.)
+	// (The third's mutant is found as T1; where a client never hears its
+	// turn failed, as on a loaded machine, also as T6 or T10: see
+	// namedAs.)
 	thirdSaved, err := report.ReadBaseline(filepath.Join(dir, "third", report.BaselineFile))
 	require.NoError(t, err)
 	var thirdNamed []string
